@@ -1,0 +1,411 @@
+"""Composition of PLDs: FFT convolution, T-fold self-composition in one FFT power, truncation.
+
+Kernels (pure, jit-able, unbatched; the API vmaps them over batch axes):
+
+* :func:`convolve_kernel` -- the exact linear convolution of two PMFs (zero-padded real FFT).
+* :func:`self_compose_kernel` -- the count-fold convolution as one pointwise power of a real FFT of
+  the window's size: the result is the true distribution folded modulo the window, so the window is
+  placed by Chernoff bounds on the sum and the mass that may have been folded in from outside is
+  bounded by the same Chernoff bounds.
+* :func:`truncate_kernel` -- back to a fixed number of points.
+
+Where mass goes (DESIGN.md): in a pessimistic PLD, mass above the window goes to the +inf atom and
+mass below it into the lowest bin; mass that may be misplaced (Chernoff-bounded folding, FFT
+round-off) is added to the +inf atom and the total restored to 1 by taking the surplus from the
+lowest bins -- each step can only raise delta(eps). In an optimistic PLD the same slack is taken from
+the highest bins and moved to the lowest -- each step can only lower delta(eps) for eps above the
+window's bottom.
+
+FFT round-off: every result is clipped at zero and a per-bin round-off level E is added to every bin
+of a pessimistic result (subtracted from an optimistic one), so delta(eps) is charged E for each bin
+above eps. FFT error is spread evenly over the bins, so the bins whose true mass is negligible show
+it: E is a safety factor times the larger of the largest negative tap observed and the rms error of
+the inverse FFT (u log2(N) ||c||_2 / sqrt(N)). This is an estimate, not a proof; tests check
+pessimistic results against closed forms down to delta = 1e-12. For large counts the low
+frequencies, which alone survive the power, are computed without cancellation
+(:func:`_accurate_log_spectrum`), since the FFT's absolute error would be multiplied by the count.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import logsumexp
+
+from pldjax import grid as grid_lib
+from pldjax.pld import PLD, check_same_kind
+from pldjax.precision import float64
+from pldjax.validate import check_count, is_traced
+
+UNIT_ROUNDOFF = 2.0**-53
+#: Largest window (grid points) a composition may use before it refuses (memory guard).
+MAX_SIZE = 2**25
+_ROUNDOFF_SAFETY = 2.0
+_CHERNOFF_SCALES = np.geomspace(1e-3, 1e3, 121)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+# -- mass bookkeeping -----------------------------------------------------------------------------
+def _take_from_bottom(probs, amount):
+    below = jnp.cumsum(probs) - probs
+    return probs - jnp.clip(amount - below, 0.0, probs)
+
+
+def _take_from_top(probs, amount):
+    return _take_from_bottom(probs[::-1], amount)[::-1]
+
+
+def settle(probs, inf_mass, per_bin, tail_slack, pessimistic: bool):
+    """Account for misplaced mass on the safe side and restore total mass 1.
+
+    ``per_bin``: bound on each bin's round-off error; ``tail_slack``: bound on mass folded or
+    truncated into the window from outside it.
+    """
+    if pessimistic:
+        probs = probs + per_bin
+        inf_mass = jnp.minimum(inf_mass + tail_slack, 1.0)
+        excess = jnp.sum(probs) + inf_mass - 1.0
+        probs = _take_from_bottom(probs, jnp.maximum(excess, 0.0))
+        return probs, inf_mass - jnp.minimum(excess, 0.0)
+    probs = _take_from_top(jnp.maximum(probs - per_bin, 0.0), tail_slack)
+    excess = jnp.sum(probs) + inf_mass - 1.0
+    probs = _take_from_top(probs, jnp.maximum(excess, 0.0))
+    return probs.at[0].add(jnp.maximum(-excess, 0.0)), inf_mass
+
+
+def _roundoff_per_bin(raw):
+    """Round-off level of an inverse-FFT result ``raw`` (see the module docstring)."""
+    size = raw.shape[0]
+    rms = UNIT_ROUNDOFF * math.log2(size) * jnp.linalg.norm(raw) / math.sqrt(size)
+    return _ROUNDOFF_SAFETY * jnp.maximum(rms, -jnp.min(raw))
+
+
+# -- tail bounds ----------------------------------------------------------------------------------
+def _log_mgf(probs, offset, step, ts):
+    """log sum_i p_i exp(t z_i) for each t in ``ts`` (finite part only)."""
+    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
+    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+    return logsumexp(logp[None, :] + ts[:, None] * z[None, :], axis=1)
+
+
+def _chernoff_ts(probs, offset, step, count):
+    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
+    mass = jnp.maximum(jnp.sum(probs), 1e-300)
+    mean = jnp.sum(probs * z) / mass
+    sd = jnp.sqrt(jnp.sum(probs * (z - mean) ** 2) / mass) + step
+    return jnp.asarray(_CHERNOFF_SCALES) / (jnp.sqrt(count) * sd)
+
+
+def tail_window(probs, offset, step, count, tail):
+    """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff)."""
+    n = probs.shape[0]
+    ts = _chernoff_ts(probs, offset, step, count)
+    up = count * _log_mgf(probs, offset, step, ts)
+    down = count * _log_mgf(probs, offset, step, -ts)
+    log_half = jnp.log(tail / 2)
+    a = jnp.min((up - log_half) / ts)
+    b = jnp.max((log_half - down) / ts)
+    hi = jnp.minimum(jnp.ceil(a / step), count * (offset + n - 1))
+    lo = jnp.maximum(jnp.floor(b / step), count * offset)
+    return lo.astype(jnp.int64), hi.astype(jnp.int64)
+
+
+def tail_bounds(probs, offset, step, count, lo, hi):
+    """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo."""
+    n = probs.shape[0]
+    ts = _chernoff_ts(probs, offset, step, count)
+    up = count * _log_mgf(probs, offset, step, ts) - ts * (hi + 1) * step
+    down = count * _log_mgf(probs, offset, step, -ts) + ts * (lo - 1) * step
+    above = jnp.exp(jnp.minimum(jnp.min(up), 0.0))
+    below = jnp.exp(jnp.minimum(jnp.min(down), 0.0))
+    above = jnp.where(hi >= count * (offset + n - 1), 0.0, above)
+    below = jnp.where(lo <= count * offset, 0.0, below)
+    return above, below
+
+
+# -- kernels --------------------------------------------------------------------------------------
+def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessimistic: bool):
+    """Exact linear convolution of two single-direction PLDs on a common step (full length)."""
+    length = a_probs.shape[0] + b_probs.shape[0] - 1
+    nfft = next_pow2(length)
+    spectrum = jnp.fft.rfft(a_probs, nfft) * jnp.fft.rfft(b_probs, nfft)
+    raw = jnp.fft.irfft(spectrum, nfft)
+    inf_mass = a_inf + b_inf - a_inf * b_inf
+    probs, inf_mass = settle(
+        jnp.maximum(raw[:length], 0.0), inf_mass, _roundoff_per_bin(raw), 0.0, pessimistic
+    )
+    return probs, inf_mass, a_off + b_off
+
+
+def _accurate_log_spectrum(probs, center, size: int, freqs: int):
+    """log of the first ``freqs`` rfft coefficients of ``probs`` (indices taken relative to
+    ``center``), accurate to round-off *relative to |P_k - 1|*.
+
+    P_k = m + sum_j p_j (e^{-i theta_j} - 1) with 1 - cos = 2 sin^2(theta/2): no cancellation, so
+    T log P_k keeps its accuracy for large T, where the FFT's own absolute error (about u log2 N)
+    would be multiplied by T. Only low frequencies matter after a large power.
+    """
+    rel = jnp.arange(probs.shape[0], dtype=jnp.int64) - center
+    phase = (rel[None, :] * jnp.arange(freqs, dtype=jnp.int64)[:, None]) % size
+    theta = (2.0 * jnp.pi / size) * phase.astype(jnp.float64)
+    mass = jnp.sum(probs)
+    real = -2.0 * jnp.sum(probs * jnp.sin(theta / 2) ** 2, axis=1)
+    imag = -jnp.sum(probs * jnp.sin(theta), axis=1)
+    return jnp.log(mass) + jnp.log1p((real + 1j * imag) / mass)
+
+
+def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail, pessimistic: bool):
+    """The count-fold self-composition on a window of ``size`` points (one FFT power)."""
+    n = probs.shape[0]
+    lo, hi = tail_window(probs, offset, step, count, tail)
+    start = _window_start(lo, hi, size, pessimistic)
+    center = jnp.round(
+        jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
+    ).astype(jnp.int64)
+    folded = jnp.pad(probs, (0, (-n) % size)).reshape(-1, size).sum(axis=0)
+    log_spectrum = jnp.log(jnp.fft.rfft(jnp.roll(folded, -center)))
+    freqs = min(size // 2 + 1, max(16, min(2048, 2**22 // n)))
+    log_spectrum = log_spectrum.at[:freqs].set(_accurate_log_spectrum(probs, center, size, freqs))
+    raw = jnp.fft.irfft(jnp.exp(count * log_spectrum), size)
+    raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
+    above, below = tail_bounds(probs, offset, step, count, start, start + size - 1)
+    composed_inf = -jnp.expm1(count * jnp.log1p(-inf_mass))
+    out, out_inf = settle(
+        jnp.maximum(raw, 0.0), composed_inf, _roundoff_per_bin(raw), above + below, pessimistic
+    )
+    return out, out_inf, start
+
+
+def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic: bool):
+    """Keep ``size`` points: the window holding all but ``tail`` mass, centred, top first."""
+    length = probs.shape[0]
+    if size >= length:
+        return jnp.pad(probs, (0, size - length)), inf_mass, offset
+    lo_need, hi_need = _bulk(probs, tail)
+    start = jnp.clip(_window_start(lo_need, hi_need, size, pessimistic), 0, length - size)
+    kept = jax.lax.dynamic_slice(probs, (start,), (size,))
+    below = jnp.sum(jnp.where(jnp.arange(length) < start, probs, 0.0))
+    above = jnp.sum(jnp.where(jnp.arange(length) >= start + size, probs, 0.0))
+    kept = kept.at[0].add(below)
+    if pessimistic:
+        inf_mass = inf_mass + above
+    else:
+        kept = kept.at[-1].add(above)
+    return kept, inf_mass, offset + start
+
+
+def _window_start(lo, hi, size: int, pessimistic: bool):
+    """First index of a ``size``-point window for the bulk [lo, hi]: centred when it fits;
+    otherwise a pessimistic window keeps the top (the cut-off top goes to +inf) and an optimistic
+    one keeps the bottom (the cut-off top moves down into the top bin)."""
+    need = hi - lo + 1
+    keep = hi - size + 1 if pessimistic else lo
+    return jnp.where(need <= size, lo - (size - need) // 2, keep)
+
+
+def _bulk(probs, tail):
+    """First and last index of the window outside which each side holds at most tail/2 mass."""
+    length = probs.shape[0]
+    lo = jnp.argmax(jnp.cumsum(probs) > tail / 2)
+    hi = length - 1 - jnp.argmax(jnp.cumsum(probs[::-1]) > tail / 2)
+    return lo, jnp.maximum(hi, lo)
+
+
+def needed_size(probs, tail) -> jax.Array:
+    """Number of points of the smallest window holding all but ``tail`` mass of a PMF."""
+    lo, hi = _bulk(probs, tail)
+    return hi - lo + 1
+
+
+# -- API ------------------------------------------------------------------------------------------
+def _broadcast(pld: PLD, shape: tuple[int, ...]) -> PLD:
+    """Broadcast a single-direction PLD's arrays to the batch ``shape`` and flatten the batch."""
+    flat = int(np.prod(shape)) if shape else 1
+    return PLD(
+        jnp.broadcast_to(pld.probs, shape + (pld.size,)).reshape(flat, pld.size),
+        jnp.broadcast_to(pld.inf_mass, shape).reshape(flat),
+        jnp.broadcast_to(pld.offset, shape).reshape(flat),
+        jnp.broadcast_to(pld.step, shape).reshape(flat),
+        pld.pessimistic,
+    )
+
+
+def _unflatten(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:
+    return PLD(
+        probs.reshape(shape + probs.shape[-1:]),
+        inf_mass.reshape(shape),
+        offset.reshape(shape),
+        step.reshape(shape),
+        pessimistic,
+    )
+
+
+def _on_step(pld: PLD, step) -> PLD:
+    """``pld`` (flattened batch) re-expressed exactly on the finer grid ``step``, or ValueError."""
+    if is_traced((pld.step, step)):
+        return pld  # under jit the caller guarantees a common step
+    mine, target = np.asarray(pld.step), np.asarray(step)
+    if np.allclose(mine, target, rtol=1e-12, atol=0):
+        return pld
+    if pld.size == 1 and np.all(np.asarray(pld.offset) == 0):  # all mass at loss 0: any grid
+        return PLD(pld.probs, pld.inf_mass, pld.offset, jnp.asarray(target), pld.pessimistic)
+    ratio = mine / target
+    factor = int(round(float(np.max(ratio))))
+    if factor < 2 or not np.allclose(ratio, factor, rtol=1e-9, atol=0):
+        raise ValueError(
+            "cannot compose PLDs on grids with steps "
+            f"{np.unique(mine)} and {np.unique(target)}: the ratio must be one integer for the "
+            "whole batch. Build both with the same Grid(step=...) or with automatic grids "
+            "(power-of-two steps)."
+        )
+    fine = jnp.zeros(pld.probs.shape[:-1] + ((pld.size - 1) * factor + 1,), pld.probs.dtype)
+    fine = fine.at[..., ::factor].set(pld.probs)
+    return PLD(fine, pld.inf_mass, pld.offset * factor, jnp.asarray(target), pld.pessimistic)
+
+
+@functools.partial(jax.jit, static_argnames=("pessimistic",))
+def _convolve_batch(a: PLD, b: PLD, *, pessimistic: bool):
+    kernel = functools.partial(convolve_kernel, pessimistic=pessimistic)
+    return jax.vmap(kernel)(a.probs, a.inf_mass, a.offset, b.probs, b.inf_mass, b.offset, a.step)
+
+
+@functools.partial(jax.jit, static_argnames=("size", "pessimistic"))
+def _truncate_batch(probs, inf_mass, offset, tail, *, size: int, pessimistic: bool):
+    kernel = functools.partial(truncate_kernel, size=size, tail=tail, pessimistic=pessimistic)
+    return jax.vmap(kernel)(probs, inf_mass, offset)
+
+
+@functools.partial(jax.jit, static_argnames=("size", "pessimistic"))
+def _self_compose_batch(pld: PLD, count, tail, *, size: int, pessimistic: bool):
+    kernel = functools.partial(
+        self_compose_kernel, size=size, tail=tail, pessimistic=pessimistic
+    )
+    return jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(
+        pld.probs, pld.inf_mass, pld.offset, pld.step, count
+    )
+
+
+_needed_size_batch = jax.jit(jax.vmap(needed_size, in_axes=(0, None)))
+_tail_window_batch = jax.jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)))
+
+
+def _checked_size(size: int, what: str) -> int:
+    if size > MAX_SIZE:
+        raise ValueError(
+            f"{what} needs a window of {size} grid points (more than {MAX_SIZE}); use a coarser "
+            "Grid(step=...) for the mechanisms"
+        )
+    return size
+
+
+def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
+    shape = jnp.broadcast_shapes(a.batch_shape, b.batch_shape)
+    a, b = _broadcast(a, shape), _broadcast(b, shape)
+    if not is_traced((a.step, b.step)):
+        fine = np.minimum(np.asarray(a.step), np.asarray(b.step))
+        a, b = _on_step(a, fine), _on_step(b, fine)
+    probs, inf_mass, offset = _convolve_batch(a, b, pessimistic=a.pessimistic)
+    if size is None and not is_traced(probs):
+        need = int(np.max(np.asarray(_needed_size_batch(probs, tail))))
+        size = min(next_pow2(need), probs.shape[-1])
+    if size is not None:
+        probs, inf_mass, offset = _truncate_batch(
+            probs, inf_mass, offset, tail, size=_checked_size(size, "compose"),
+            pessimistic=a.pessimistic,
+        )
+    return _unflatten(probs, inf_mass, offset, a.step, shape, a.pessimistic)
+
+
+def _both_directions(fn, plds: Sequence[PLD]) -> PLD:
+    forward = fn([p._forward() for p in plds])
+    if all(p.reverse is None for p in plds):
+        return forward
+    reverse = fn([p.reverse if p.reverse is not None else p._forward() for p in plds])
+    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step,
+               forward.pessimistic, reverse)
+
+
+@float64
+def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
+    """The PLD of running all mechanisms in ``plds`` (independent, non-adaptive composition).
+
+    Pairwise FFT convolutions, each followed by truncation to the window that holds all but
+    ``grid.TAIL_MASS`` of the mass (pessimistically placed, see the module docstring). ``size``
+    fixes the number of grid points of every intermediate result (required under ``jit``, where
+    the automatic choice cannot look at the values). Batch axes broadcast. PLDs must share a step
+    or have steps in an integer ratio (automatic grids use powers of two); a pessimistic and an
+    optimistic PLD cannot be composed.
+    """
+    plds = list(plds)
+    if not plds:
+        raise ValueError("plds must contain at least one PLD")
+    if not all(isinstance(p, PLD) for p in plds):
+        raise ValueError("plds must be PLD objects")
+    check_same_kind(plds)
+    if size is not None:
+        size = check_count("size", size, minimum=1)
+
+    def fold(single: list[PLD]) -> PLD:
+        result = single[0]
+        for other in single[1:]:
+            result = _compose_pair(result, other, size, grid_lib.TAIL_MASS)
+        return result
+
+    return _both_directions(fold, plds)
+
+
+@float64
+def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
+    """The ``count``-fold composition of ``pld`` with itself, in one FFT power.
+
+    The window (``size`` points, automatic by default) is placed by Chernoff bounds on the sum so
+    that at most ``grid.TAIL_MASS`` falls outside it; the cost is O(size log size) whatever the
+    count. Under ``jit`` pass ``size`` explicitly.
+    """
+    if not isinstance(pld, PLD):
+        raise ValueError("pld must be a PLD")
+    count = check_count("count", count, minimum=0)
+    if size is not None:
+        size = check_count("size", size, minimum=2)
+    if count == 0:
+        return _both_directions(lambda ps: _identity_like(ps[0]), [pld])
+    if count == 1:
+        return pld
+
+    def power(single: list[PLD]) -> PLD:
+        p = single[0]
+        shape = p.batch_shape
+        flat = _broadcast(p, shape)
+        n = size
+        if n is None:
+            if is_traced(flat):
+                raise ValueError("self_compose under jit needs an explicit size=")
+            lo, hi = _tail_window_batch(
+                flat.probs, flat.offset, flat.step, float(count), grid_lib.TAIL_MASS
+            )
+            n = _checked_size(next_pow2(int(np.max(np.asarray(hi - lo))) + 1), "self_compose")
+        probs, inf_mass, offset = _self_compose_batch(
+            flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n, pessimistic=p.pessimistic
+        )
+        return _unflatten(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
+
+    return _both_directions(power, [pld])
+
+
+def _identity_like(pld: PLD) -> PLD:
+    shape = pld.batch_shape
+    return PLD(
+        jnp.ones(shape + (1,)),
+        jnp.zeros(shape),
+        jnp.zeros(shape, jnp.int64),
+        jnp.asarray(pld.step),
+        pld.pessimistic,
+    )

@@ -1,0 +1,134 @@
+"""Connect-the-dots discretization (connect-the-dots.txt, Alg. 1 and Alg. 2).
+
+A mechanism is given by its privacy curve through the log-survival and log-CDF functions of its
+loss under P and Q, evaluated on the grid z_i = (offset + i) * step.
+With x = e^eps the hockey-stick curve delta(x) = P(L > eps) - x Q(L > eps) is convex and decreasing.
+
+* Pessimistic (Alg. 1): the piecewise-linear curve (in x) through the true points
+  (x_i, delta(z_i)), through (0, 1) on the left, and flat at delta(z_{n-1}) after the last point.
+  Chords of a convex curve lie above it, so every hockey-stick value is an upper bound, and the
+  result is the best pessimistic PLD on this grid. The +inf atom is delta at the last grid point.
+* Optimistic (Alg. 2): candidate points on tangent lines (left of x = 1 from the previous point,
+  right of it from the next one), their lower convex hull, then Alg. 1 on the hull's values;
+  the +inf atom is 0. Every hockey-stick value is a lower bound.
+
+Masses come from slope differences written without large exponentials:
+``p_j = (e^h d_{j-1} - d_j) / expm1(h)`` with ``d_i = delta_i - delta_{i+1}``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def hockey_stick(log_sf_p, log_sf_q, eps):
+    """delta(eps) = P(L > eps) - e^eps Q(L > eps), in a cancellation-free form."""
+    safe_p = jnp.where(jnp.isneginf(log_sf_p), 0.0, log_sf_p)
+    ratio = jnp.minimum(eps + log_sf_q - safe_p, 0.0)
+    return jnp.where(jnp.isneginf(log_sf_p), 0.0, jnp.exp(safe_p) * -jnp.expm1(ratio))
+
+
+def hockey_stick_excess(log_cdf_p, log_cdf_q, eps):
+    """delta(eps) - (1 - e^eps) = e^eps Q(L <= eps) - P(L <= eps) >= 0, accurate for eps < 0."""
+    safe_p = jnp.where(jnp.isneginf(log_cdf_p), 0.0, log_cdf_p)
+    ratio = jnp.maximum(eps + log_cdf_q - safe_p, 0.0)
+    plain = jnp.exp(eps + log_cdf_q)
+    return jnp.where(jnp.isneginf(log_cdf_p), plain, jnp.exp(safe_p) * jnp.expm1(ratio))
+
+
+def masses_from_curve(curve, step, excess=None, z=None):
+    """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points).
+
+    ``curve`` must be non-increasing and convex in x = e^eps; returns (probs, inf_mass). Where
+    ``excess`` (the curve minus 1 - x, see :func:`hockey_stick_excess`) is given, masses at grid
+    points z < 0 are taken from its differences instead: the linear part 1 - x has no second
+    difference, so both give the same masses in exact arithmetic, and the excess keeps the digits
+    that 1 - delta loses when delta is close to 1. Round-off can leave masses of order 1e-17 below
+    zero; they are set to zero. The masses telescope to 1 - inf_mass; they are rescaled to that
+    total, a relative change at round-off level (about 1e-14) that would otherwise grow T-fold
+    into a mass defect under self-composition.
+    """
+    curve = jax.lax.cummin(curve)
+    n = curve.shape[0]
+    if n == 1:
+        return jnp.maximum(1.0 - curve, 0.0), curve[0]
+    em1 = jnp.expm1(step)
+    grow = jnp.exp(step)
+
+    def masses(values, first):
+        d = values[:-1] - values[1:]
+        interior = (grow * d[:-1] - d[1:]) / em1
+        return jnp.concatenate([(first - d[0] / em1)[None], interior, (grow * d[-1] / em1)[None]])
+
+    probs = masses(curve, 1.0 - curve[0])
+    if excess is not None:
+        excess = jax.lax.cummax(excess)
+        low = masses(excess, -excess[0])
+        low = low.at[-1].add(jnp.exp(z[-1]))
+        probs = jnp.where(z < 0, low, probs)
+    probs = jnp.maximum(probs, 0.0)
+    return probs * ((1.0 - curve[-1]) / jnp.sum(probs)), curve[-1]
+
+
+def _lower_hull_at(xs, ys):
+    """Values at ``xs`` of the lower convex hull of the points (xs, ys); xs strictly increasing."""
+    m = xs.shape[0]
+
+    def turns_wrong(hx, hy, top, x, y):
+        ax, ay, bx, by = hx[top - 2], hy[top - 2], hx[top - 1], hy[top - 1]
+        return (bx - ax) * (y - ay) - (by - ay) * (x - ax) <= 0.0
+
+    def push(carry, point):
+        hx, hy, top = carry
+        x, y = point
+        top = jax.lax.while_loop(
+            lambda t: (t >= 2) & turns_wrong(hx, hy, t, x, y), lambda t: t - 1, top
+        )
+        return (hx.at[top].set(x), hy.at[top].set(y), top + 1), None
+
+    init = (jnp.zeros_like(xs), jnp.zeros_like(ys), jnp.int32(0))
+    (hx, hy, top), _ = jax.lax.scan(push, init, (xs, ys))
+    idx = jnp.arange(m)
+    pad_x = xs[-1] + 1.0 + idx
+    hx = jnp.where(idx < top, hx, pad_x)
+    hy = jnp.where(idx < top, hy, hy[top - 1])
+    return jnp.interp(xs, hx, hy)
+
+
+def optimistic_curve(delta, log_sf_q, z, step, log_q_finite):
+    """Alg. 2: hockey-stick values at the grid points of an optimistic (lower) estimate.
+
+    ``delta``: true curve at z; ``log_sf_q``: log Q(L > z); ``log_q_finite``: log Q(L > -inf).
+    """
+    n = z.shape[0]
+    slope = jnp.exp(log_sf_q + z)  # -(d delta / dx) * x at z_i, always <= P(L > z_i) <= 1
+    first = 1.0 - jnp.exp(z[0] + log_q_finite)  # tangent at x = 0, evaluated at x_0
+    from_left = jnp.concatenate([first[None], delta[:-1] - slope[:-1] * jnp.expm1(step)])
+    from_right = jnp.concatenate([delta[1:] - slope[1:] * jnp.expm1(-step), jnp.zeros((1,))])
+    split = jnp.searchsorted(z, 0.0, side="left")  # first grid point with z >= 0 (x >= 1)
+    idx = jnp.arange(n)
+    cand = jnp.where(
+        idx < split, from_left, jnp.where(idx > split, from_right, jnp.minimum(from_left, from_right))
+    )
+    cand = cand.at[-1].set(0.0)
+    # x measured relative to the window centre: scaling x keeps convexity and avoids overflow
+    xs = jnp.exp(z - z[n // 2])
+    hull = _lower_hull_at(jnp.concatenate([jnp.zeros((1,)), xs]), jnp.concatenate([jnp.ones((1,)), cand]))
+    return jnp.clip(hull[1:], 0.0, 1.0)
+
+
+def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0):
+    """Discretize a mechanism given by ``tails(eps) -> (log P(L>eps), log Q(L>eps),
+    log P(L<=eps), log Q(L<=eps))``.
+
+    Returns (probs, inf_mass) on the grid z_i = (offset + i) * step, i < n.
+    """
+    z = (offset + jnp.arange(n, dtype=jnp.float64)) * step
+    lsp, lsq, lcp, lcq = tails(z)
+    delta = hockey_stick(lsp, lsq, z)
+    if pessimistic:
+        return masses_from_curve(delta, step, hockey_stick_excess(lcp, lcq, z), z)
+    curve = optimistic_curve(jax.lax.cummin(delta), lsq, z, step, log_q_finite)
+    probs, _ = masses_from_curve(curve, step)
+    return probs, jnp.zeros((), probs.dtype)

@@ -1,0 +1,233 @@
+"""Mechanisms and their PLDs, discretized by connect-the-dots on an automatic grid.
+
+Each mechanism is described by pure functions of its parameters: the log-survival functions of its
+privacy loss under P and Q (which give the hockey-stick curve exactly), the spread of the loss (which
+sets the step), and the window's centre and half-width. :func:`_discretize_mechanism` turns these
+into a :class:`~pldjax.pld.PLD`, batched over parameter arrays in one jitted, vmapped call; the
+parameters are data, so new values never trigger recompilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import log_ndtr
+
+from pldjax import grid as grid_lib
+from pldjax.discretize import discretize
+from pldjax.grid import Grid
+from pldjax.pld import PLD
+from pldjax.precision import float64
+from pldjax.validate import check_range, is_traced
+
+
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+    """Pure functions describing one mechanism's privacy loss; ``params`` is a tuple of arrays."""
+
+    tails: Callable  # (params, eps) -> log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)
+    spread: Callable  # params -> typical scale of the loss (nats), > 0
+    center: Callable  # params -> where the window is centred (nats)
+    half_width: Callable  # params -> half-width the window must cover (nats)
+    log_q_finite: Callable = lambda params: jnp.zeros(())  # log Q(L > -inf)
+
+
+def _gaussian_tails(params, eps):
+    (mu,) = params
+    pos = mu > 0
+    safe = jnp.where(pos, mu, 1.0)
+    sf = jnp.where(eps < 0, 0.0, -jnp.inf)  # mu = 0: the loss is 0 with certainty
+    cdf = jnp.where(eps < 0, -jnp.inf, 0.0)
+    return (
+        jnp.where(pos, log_ndtr(safe / 2 - eps / safe), sf),
+        jnp.where(pos, log_ndtr(-safe / 2 - eps / safe), sf),
+        jnp.where(pos, log_ndtr(eps / safe - safe / 2), cdf),
+        jnp.where(pos, log_ndtr(eps / safe + safe / 2), cdf),
+    )
+
+
+def _positive_or_one(x):
+    return jnp.where(x > 0, x, 1.0)
+
+
+GAUSSIAN = Mechanism(
+    tails=_gaussian_tails,
+    spread=lambda p: _positive_or_one(p[0]),
+    center=lambda p: p[0] ** 2 / 2,
+    half_width=lambda p: 10.0 * _positive_or_one(p[0]),
+)
+
+
+def _laplace_tails(params, eps):
+    # P = Lap(0, b), Q = Lap(1, b), eps0 = 1/b: L = eps0 for x <= 0, eps0 (1 - 2x) on (0, 1),
+    # -eps0 for x >= 1; so L > eps iff x < (1 - eps/eps0) / 2 for eps in [-eps0, eps0).
+    (eps0,) = params
+    inside = (eps >= -eps0) & (eps < eps0)
+    below = eps < -eps0
+    half = -jnp.log(2.0)
+    sf = jnp.where(below, 0.0, -jnp.inf)
+    cdf = jnp.where(below, -jnp.inf, 0.0)
+    return (
+        jnp.where(inside, jnp.log1p(-0.5 * jnp.exp(-(eps0 - eps) / 2)), sf),
+        jnp.where(inside, half - (eps0 + eps) / 2, sf),
+        jnp.where(inside, half - (eps0 - eps) / 2, cdf),
+        jnp.where(inside, jnp.log1p(-0.5 * jnp.exp(-(eps0 + eps) / 2)), cdf),
+    )
+
+
+LAPLACE = Mechanism(
+    tails=_laplace_tails,
+    spread=lambda p: _positive_or_one(p[0]),
+    center=lambda p: jnp.zeros_like(p[0]),
+    half_width=lambda p: 1.01 * _positive_or_one(p[0]),
+)
+
+
+def _rr_tails(params, eps):
+    e, d = params
+    low = (1 - d) * jax.nn.sigmoid(-e)  # mass at loss -e under P (and at +e under Q)
+    high = (1 - d) * jax.nn.sigmoid(e)  # mass at loss +e under P (and at -e under Q)
+    above_low, above_high = eps < -e, eps < e
+    return (
+        jnp.log(d + high * above_high + low * above_low),
+        jnp.log(low * above_high + high * above_low),
+        jnp.log(low * ~above_low + high * ~above_high),
+        jnp.log(d + high * ~above_low + low * ~above_high),
+    )
+
+
+RANDOMIZED_RESPONSE = Mechanism(
+    tails=_rr_tails,
+    spread=lambda p: _positive_or_one(p[0]),
+    center=lambda p: jnp.zeros_like(p[0]),
+    half_width=lambda p: 1.01 * _positive_or_one(p[0]),
+    log_q_finite=lambda p: jnp.log1p(-p[1]),
+)
+
+
+@functools.partial(jax.jit, static_argnames=("mechanism", "size", "pessimistic", "step"))
+def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: bool, step):
+    """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
+    if step is None:
+        h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
+    else:
+        h = jnp.asarray(step, jnp.float64)
+    offset = grid_lib.window_offset(mechanism.center(params), h, size)
+    probs, inf_mass = discretize(
+        lambda eps: mechanism.tails(params, eps),
+        offset,
+        h,
+        size,
+        pessimistic,
+        mechanism.log_q_finite(params),
+    )
+    return probs, inf_mass, offset, h
+
+
+def _discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool) -> PLD:
+    params = jnp.broadcast_arrays(*(jnp.asarray(p, jnp.float64) for p in params))
+    half_width = None
+    if grid is not None and grid.step is not None and grid.size is None:
+        if is_traced(params):
+            raise ValueError("a Grid with a fixed step needs an explicit size under jit")
+        half_width = float(np.max(np.asarray(mechanism.half_width(params))))
+    grid = grid_lib.resolve(grid, half_width)
+    shape = params[0].shape
+    flat = tuple(p.reshape(-1) for p in params)
+    kernel = functools.partial(
+        _mechanism_kernel,
+        mechanism=mechanism,
+        size=grid.size,
+        pessimistic=bool(pessimistic),
+        step=grid.step,
+    )
+    probs, inf_mass, offset, step = jax.vmap(kernel)(flat)
+    return PLD(
+        probs.reshape(shape + (grid.size,)),
+        inf_mass.reshape(shape),
+        offset.reshape(shape),
+        step.reshape(shape),
+        bool(pessimistic),
+    )
+
+
+@float64
+def gaussian(
+    sigma,
+    *,
+    sensitivity=1.0,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The Gaussian mechanism N(f(x), sigma^2) with L2 sensitivity ``sensitivity``: G_{sensitivity/sigma}.
+
+    Args:
+      sigma: noise standard deviation, > 0 (scalar or array: a batch of PLDs).
+      sensitivity: L2 sensitivity, > 0.
+      pessimistic: True for the connect-the-dots upper estimate (default), False for the
+        optimistic lower estimate.
+      grid: optional :class:`Grid`; automatic by default.
+    """
+    check_range("sigma", sigma, 0.0, low_open=True)
+    check_range("sensitivity", sensitivity, 0.0, low_open=True)
+    mu = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(sigma, jnp.float64)
+    return _discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
+
+
+@float64
+def gdp(mu, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
+    """G_mu = PLD(N(0, 1) || N(mu, 1)), the mu-GDP curve; ``mu`` >= 0 (mu = 0 is the identity)."""
+    check_range("mu", mu, 0.0)
+    return _discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
+
+
+@float64
+def laplace(
+    scale,
+    *,
+    sensitivity=1.0,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The Laplace mechanism with noise scale ``scale`` > 0 and L1 sensitivity ``sensitivity`` > 0.
+
+    Its loss lies in [-s/b, s/b] (s = sensitivity, b = scale); delta(eps) = 1 - exp((eps - s/b)/2).
+    """
+    check_range("scale", scale, 0.0, low_open=True)
+    check_range("sensitivity", sensitivity, 0.0, low_open=True)
+    eps0 = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(scale, jnp.float64)
+    return _discretize_mechanism(LAPLACE, (eps0,), grid, pessimistic)
+
+
+@float64
+def randomized_response(
+    epsilon,
+    delta=0.0,
+    *,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """R_{epsilon,delta} (residue-filters.txt Def. 5): the PLD of an (epsilon, delta)-DP guarantee.
+
+    Losses +epsilon and -epsilon with masses (1-delta) e^eps/(1+e^eps) and (1-delta)/(1+e^eps), and
+    an atom delta at +inf. Exact when epsilon is a multiple of the grid step (e.g. dyadic epsilon on
+    the automatic grid); otherwise connect-the-dots gives the pessimistic (or optimistic) estimate.
+    """
+    check_range("epsilon", epsilon, 0.0)
+    check_range("delta", delta, 0.0, 1.0)
+    return _discretize_mechanism(RANDOMIZED_RESPONSE, (epsilon, delta), grid, pessimistic)
+
+
+@float64
+def identity(*, pessimistic: bool = True) -> PLD:
+    """The PLD of a mechanism that reveals nothing: all mass at loss 0 (neutral for composition)."""
+    one = jnp.ones((1,), jnp.float64)
+    return PLD(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
+
+
+__all__ = ["gaussian", "gdp", "laplace", "randomized_response", "identity"]

@@ -1,0 +1,58 @@
+"""Argument checks shared by the public API: clear ValueErrors, nothing clamped silently.
+
+Checks run on concrete values only; under ``jit`` the values are tracers and are passed through
+(the caller is then responsible for valid input, as with any jitted kernel).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import numpy as np
+
+
+def is_traced(x) -> bool:
+    """True for values that are JAX tracers (inside jit / vmap / grad)."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+
+
+def check_range(
+    name: str,
+    value,
+    low: float = -np.inf,
+    high: float = np.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+) -> None:
+    """Raise ValueError unless every element of ``value`` lies in the stated interval (no NaN)."""
+    if is_traced(value):
+        return
+    arr = np.asarray(value, dtype=np.float64)
+    lo_b = "(" if low_open or low == -np.inf else "["
+    hi_b = ")" if high_open or high == np.inf else "]"
+    allowed = f"{lo_b}{low}, {high}{hi_b}"
+    if np.any(np.isnan(arr)):
+        raise ValueError(f"{name} must be a number in {allowed}, got NaN")
+    if not allow_inf and np.any(np.isinf(arr)):
+        raise ValueError(f"{name} must be finite and in {allowed}, got {value!r}")
+    bad = (arr <= low) if low_open else (arr < low)
+    bad |= (arr >= high) if high_open else (arr > high)
+    if np.any(bad):
+        shown = arr[bad].ravel()[0] if arr.ndim else arr
+        raise ValueError(f"{name} must lie in {allowed}, got {float(shown)!r}")
+
+
+def check_count(name: str, value, *, minimum: int = 0) -> int:
+    """A non-negative integer count (Python int or integral numpy scalar), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, numbers.Real) and float(value).is_integer():
+            value = int(value)
+        else:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value

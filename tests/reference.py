@@ -1,0 +1,67 @@
+"""Reference values computed independently of pldjax (mpmath, closed forms)."""
+
+from __future__ import annotations
+
+import mpmath as mp
+
+mp.mp.dps = 50
+
+
+def gaussian_delta(mu: float, eps: float) -> float:
+    """delta(eps) of G_mu: Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
+    mu, eps = mp.mpf(mu), mp.mpf(eps)
+    return float(mp.ncdf(mu / 2 - eps / mu) - mp.e**eps * mp.ncdf(-mu / 2 - eps / mu))
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    mu = mp.mpf(mu)
+    f = lambda e: mp.ncdf(mu / 2 - e / mu) - mp.e**e * mp.ncdf(-mu / 2 - e / mu) - delta
+    if f(0) <= 0:
+        return 0.0
+    lo, hi = mp.mpf(0), mu * mu / 2 + 30 * mu + 10
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if f(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return float(hi)
+
+
+def laplace_delta(eps0: float, eps: float) -> float:
+    """delta(eps) of the Laplace mechanism with eps0 = sensitivity / scale, eps >= 0."""
+    return float(max(0.0, -mp.expm1((mp.mpf(eps) - eps0) / 2))) if eps < eps0 else 0.0
+
+
+def rr_kfold_delta(eps: float, delta: float, k: int, t: float) -> float:
+    """laplace-transform-dp.txt Cor. 4.7: k-fold composition of R_{eps,delta} at t."""
+    eps, t = mp.mpf(eps), mp.mpf(t)
+    p = mp.e**eps / (1 + mp.e**eps)
+    expect = mp.mpf(0)
+    for y in range(k + 1):
+        weight = mp.binomial(k, y) * p**y * (1 - p) ** (k - y)
+        expect += weight * max(mp.mpf(0), 1 - mp.e ** (t - eps * (2 * y - k)))
+    return float(1 - (1 - mp.mpf(delta)) ** k * (1 - expect))
+
+
+def rr_mixed_delta(pairs: list[tuple[float, float]], t: float) -> float:
+    """laplace-transform-dp.txt Thm 4.6: composition of R_{eps_i, delta_i}, by its recursion."""
+
+    def rec(level: int, x):
+        if level == 0:
+            return max(mp.mpf(0), 1 - mp.e**x)
+        e, d = (mp.mpf(v) for v in pairs[level - 1])
+        return d + (1 - d) / (mp.e**e + 1) * (mp.e**e * rec(level - 1, x - e) + rec(level - 1, x + e))
+
+    return float(rec(len(pairs), mp.mpf(t)))
+
+
+def brute_force_delta(losses, probs, inf_mass, eps: float) -> float:
+    """delta(eps) of a finite PLD by direct summation in mpmath."""
+    total = mp.mpf(inf_mass)
+    for z, p in zip(losses, probs, strict=True):
+        if z > eps:
+            total += mp.mpf(p) * (1 - mp.e ** (mp.mpf(eps) - mp.mpf(z)))
+    return float(total)
+
+

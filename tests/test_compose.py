@@ -1,0 +1,139 @@
+import math
+
+import numpy as np
+import pytest
+from reference import gaussian_delta, gaussian_epsilon, rr_kfold_delta, rr_mixed_delta
+
+import pldjax as pj
+
+DELTAS = [1e-3, 1e-5, 1e-8, 1e-12]
+
+
+@pytest.mark.parametrize("sigma,count", [(1.0, 1), (1.0, 100), (2.0, 1000), (0.7, 10), (4.0, 3000)])
+def test_gaussian_composition_matches_gdp_closed_form(sigma, count):
+    mu = math.sqrt(count) / sigma
+    upper = pj.gaussian(sigma).self_compose(count)
+    lower = pj.gaussian(sigma, pessimistic=False).self_compose(count)
+    eps_up, eps_lo = upper.epsilon(DELTAS), lower.epsilon(DELTAS)
+    for i, d in enumerate(DELTAS):
+        exact = gaussian_epsilon(mu, d)
+        assert eps_up[i] >= exact * (1 - 1e-9)
+        assert eps_lo[i] <= exact * (1 + 1e-9)
+        # within 0.1% of exact; at 1e-12 the FFT round-off allowance costs up to 1%
+        tolerance = 0.001 if d >= 1e-8 else 0.01
+        assert eps_up[i] <= exact * (1 + tolerance) + 1e-9
+        assert eps_up[i] - eps_lo[i] <= (tolerance + 0.004) * exact + 1e-9
+    eps = np.array([0.0, 0.5, 1.0]) * mu * mu + np.array([0.0, 1.0, 2.0]) * mu
+    for e, up, lo in zip(eps, upper.delta(eps), lower.delta(eps), strict=True):
+        exact = gaussian_delta(mu, e)
+        assert lo <= exact * (1 + 1e-9) + 1e-15 <= up * (1 + 2e-9) + 2e-15
+
+
+def test_randomized_response_kfold_matches_corollary_4_7():
+    eps, delta, k = 0.5, 1e-6, 20
+    upper = pj.randomized_response(eps, delta).self_compose(k)
+    ts = np.array([0.0, 1.0, 2.5, 4.0, 6.0])
+    got = upper.delta(ts)
+    want = np.array([rr_kfold_delta(eps, delta, k, t) for t in ts])
+    # dyadic epsilon sits on the grid: the discrete PLD is exact up to round-off
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+    assert np.all(got >= want - 1e-15)
+
+
+def test_randomized_response_mixed_matches_theorem_4_6():
+    pairs = [(1.0, 1e-5), (0.5, 0.0), (0.25, 1e-6), (0.3, 1e-7)]  # 0.3 is not on the grid
+    upper = pj.compose([pj.randomized_response(e, d) for e, d in pairs])
+    lower = pj.compose([pj.randomized_response(e, d, pessimistic=False) for e, d in pairs])
+    ts = np.array([0.0, 0.5, 1.0, 1.5, 2.0])
+    want = np.array([rr_mixed_delta(pairs, t) for t in ts])
+    got_up, got_lo = upper.delta(ts), lower.delta(ts)
+    assert np.all(got_up >= want - 1e-15)
+    assert np.all(got_lo <= want + 1e-15)
+    np.testing.assert_allclose(got_up, want, rtol=5e-3, atol=1e-9)
+
+
+def test_compose_sequence_of_gaussians_is_gaussian():
+    sigmas = [1.0, 2.0, 0.5]
+    mu = math.sqrt(sum(1 / s**2 for s in sigmas))
+    upper = pj.compose([pj.gaussian(s) for s in sigmas])
+    for d in [1e-4, 1e-9]:
+        exact = gaussian_epsilon(mu, d)
+        got = float(upper.epsilon(d))
+        assert exact <= got <= exact * 1.001
+
+
+def test_self_compose_equals_repeated_compose():
+    p = pj.laplace(2.0)
+    once = p.self_compose(4)
+    fold = pj.compose([p, p, p, p])
+    eps = np.array([0.0, 0.5, 1.0, 1.5])
+    np.testing.assert_allclose(once.delta(eps), fold.delta(eps), rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_mass_is_conserved_through_composition(pessimistic):
+    p = pj.laplace(0.5, pessimistic=pessimistic)
+    for q in [p.self_compose(50), p.compose(pj.gaussian(1.0, pessimistic=pessimistic)),
+              pj.compose([p, p], size=512)]:
+        assert float(q.total_mass()) == pytest.approx(1.0, abs=1e-13)
+        assert np.all(np.asarray(q.probs) >= 0)
+
+
+def test_truncation_is_pessimistic():
+    p = pj.gaussian(1.0).compose(pj.gaussian(1.0))
+    small = pj.compose([pj.gaussian(1.0), pj.gaussian(1.0)], size=256)
+    assert small.size == 256
+    eps = np.linspace(0, 6, 13)
+    assert np.all(small.delta(eps) >= p.delta(eps) - 1e-15)
+    small_lo = pj.compose([pj.gaussian(1.0, pessimistic=False)] * 2, size=256)
+    assert np.all(small_lo.delta(eps) <= p.delta(eps) + 1e-15)
+
+
+def test_identity_is_neutral():
+    p = pj.gaussian(1.5)
+    eps = np.array([0.0, 1.0, 2.0])
+    np.testing.assert_allclose(p.compose(pj.identity()).delta(eps), p.delta(eps), rtol=1e-9)
+    np.testing.assert_allclose(p.self_compose(0).delta(eps), pj.identity().delta(eps))
+
+
+def test_different_power_of_two_steps_compose_exactly():
+    a = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-6))
+    b = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-8))
+    c = a.compose(b)
+    assert float(c.step) == 2.0**-8
+    exact = gaussian_epsilon(math.sqrt(2), 1e-6)
+    assert exact <= float(c.epsilon(1e-6)) <= exact * 1.001
+
+
+def test_incommensurate_steps_are_refused():
+    a = pj.gaussian(1.0, grid=pj.Grid(step=0.01))
+    b = pj.gaussian(1.0, grid=pj.Grid(step=0.003))
+    with pytest.raises(ValueError, match="steps"):
+        a.compose(b)
+
+
+def test_pessimistic_and_optimistic_cannot_mix():
+    with pytest.raises(ValueError, match="pessimistic"):
+        pj.gaussian(1.0).compose(pj.gaussian(1.0, pessimistic=False))
+
+
+def test_batched_self_composition():
+    sigmas = np.array([0.8, 1.0, 2.0])
+    eps = pj.gaussian(sigmas).self_compose(100).epsilon(1e-5)
+    assert eps.shape == (3,)
+    for s, e in zip(sigmas, eps, strict=True):
+        exact = gaussian_epsilon(10 / s, 1e-5)
+        assert exact <= e <= exact * 1.001
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma,count", [(1.0, 10_000), (0.5, 1000), (5.0, 100_000)])
+def test_gaussian_large_counts(sigma, count):
+    mu = math.sqrt(count) / sigma
+    upper = pj.gaussian(sigma).self_compose(count)
+    lower = pj.gaussian(sigma, pessimistic=False).self_compose(count)
+    for d in [1e-5, 1e-10, 1e-12]:
+        exact = gaussian_epsilon(mu, d)
+        assert float(lower.epsilon(d)) <= exact <= float(upper.epsilon(d))
+    exact = gaussian_epsilon(mu, 1e-5)
+    assert float(upper.epsilon(1e-5)) <= exact * 1.001
