@@ -1,0 +1,109 @@
+"""Precision, jit/vmap, retracing, and bad input."""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pldjax as pj
+from pldjax import mechanisms
+
+compose_lib = importlib.import_module("pldjax.compose")  # the module, not the function
+
+
+def _workload():
+    c = pj.compose([pj.gaussian(0.9).self_compose(300), pj.randomized_response(0.5, 1e-7)])
+    return c.epsilon([1e-5, 1e-10]), c.delta([1.0, 40.0]), np.asarray(c.probs)
+
+
+def test_results_identical_with_x64_on_and_off(x64_off):
+    off = _workload()
+    jax.config.update("jax_enable_x64", True)
+    on = _workload()
+    for a, b in zip(off, on, strict=True):
+        assert a.dtype == np.float64
+        np.testing.assert_array_equal(a, b)
+
+
+def test_pytree_round_trip():
+    p = pj.gaussian(1.0)
+    leaves, tree = jax.tree_util.tree_flatten(p)
+    q = jax.tree_util.tree_unflatten(tree, leaves)
+    assert q.pessimistic and q.size == p.size
+    with pytest.raises(AttributeError):
+        p.step = 1.0
+
+
+def test_user_jit_and_no_retrace_for_new_parameters():
+    traces = []
+
+    @jax.jit
+    def eps_for(sigma):
+        traces.append(sigma)
+        return pj.gaussian(sigma).self_compose(100, size=2**15).epsilon(1e-5)
+
+    with jax.enable_x64(True):
+        a = eps_for(jnp.float64(1.0))
+        b = eps_for(jnp.float64(1.3))
+    assert len(traces) == 1
+    assert float(a) == pytest.approx(float(pj.gaussian(1.0).self_compose(100).epsilon(1e-5)), rel=1e-6)
+    assert float(b) < float(a)
+
+
+def test_api_kernels_do_not_retrace_for_new_values():
+    # the window size is static (automatic sizes come in powers of two); fix it to compare
+    pj.gaussian(1.0).self_compose(50, size=2**13)
+    mech, power = mechanisms._mechanism_kernel._cache_size(), compose_lib._self_compose_batch._cache_size()
+    pj.gaussian(1.1).self_compose(50, size=2**13)
+    pj.gaussian(0.95).self_compose(70, size=2**13)
+    assert mechanisms._mechanism_kernel._cache_size() == mech
+    assert compose_lib._self_compose_batch._cache_size() == power
+
+
+def test_vmap_over_plds():
+    batch = pj.gaussian(jnp.array([0.8, 1.0, 2.0]))
+    with jax.enable_x64(True):
+        out = jax.vmap(lambda p: p.delta(1.0))(batch)
+    np.testing.assert_allclose(out, batch.delta(1.0))
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: pj.gaussian(0.0), "sigma"),
+        (lambda: pj.gaussian(-1.0), "sigma"),
+        (lambda: pj.gaussian(float("nan")), "sigma.*NaN"),
+        (lambda: pj.gaussian(np.array([1.0, -2.0])), "sigma"),
+        (lambda: pj.gaussian(1.0, sensitivity=0.0), "sensitivity"),
+        (lambda: pj.gdp(-0.1), "mu"),
+        (lambda: pj.laplace(0.0), "scale"),
+        (lambda: pj.randomized_response(-1.0), "epsilon"),
+        (lambda: pj.randomized_response(1.0, 1.5), "delta"),
+        (lambda: pj.gaussian(1.0).delta(-0.5), "epsilon"),
+        (lambda: pj.gaussian(1.0).epsilon(1.5), "delta"),
+        (lambda: pj.gaussian(1.0).epsilon(-1e-3), "delta"),
+        (lambda: pj.gaussian(1.0).epsilon(float("nan")), "delta"),
+        (lambda: pj.gaussian(1.0).self_compose(-1), "count"),
+        (lambda: pj.gaussian(1.0).self_compose(2.5), "count"),
+        (lambda: pj.compose([]), "plds"),
+        (lambda: pj.Grid(step=-1.0), "step"),
+        (lambda: pj.Grid(size=1), "size"),
+    ],
+)
+def test_bad_input_names_the_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_cli_epsilon_and_delta(capsys):
+    from pldjax.cli import main
+
+    assert main(["epsilon", "--noise-multiplier", "2.0", "--steps", "10", "--delta", "1e-5"]) == 0
+    out = capsys.readouterr().out
+    pess, opt = float(out.split()[2]), float(out.split("optimistic")[1].strip(" )\n"))
+    assert opt <= pess <= opt * 1.005
+    assert main(["delta", "--noise-multiplier", "2.0", "--steps", "10", "--epsilon", "1.0"]) == 0
+    assert main(["epsilon", "--noise-multiplier", "-1", "--delta", "1e-5"]) == 2
+    assert "sigma" in capsys.readouterr().err

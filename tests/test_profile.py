@@ -1,0 +1,70 @@
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import brute_force_delta
+
+import pldjax as pj
+
+
+def _random_pld(seed: int, n: int, inf_mass: float) -> pj.PLD:
+    rng = np.random.default_rng(seed)
+    probs = rng.exponential(size=n) * (rng.random(n) < 0.6)
+    probs[rng.integers(n)] += 0.1  # never all zero
+    probs = probs / probs.sum() * (1 - inf_mass)
+    offset = int(rng.integers(-n, n // 2))
+    step = float(rng.choice([0.01, 0.1, 0.37]))
+    return pj.PLD(jnp.asarray(probs), jnp.asarray(inf_mass), jnp.asarray(offset), jnp.asarray(step))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 40),
+    inf_mass=st.sampled_from([0.0, 1e-9, 0.01]),
+    eps=st.floats(0.0, 5.0),
+)
+def test_delta_matches_brute_force(seed, n, inf_mass, eps):
+    pld = _random_pld(seed, n, inf_mass)
+    want = brute_force_delta(np.asarray(pld.losses), np.asarray(pld.probs), inf_mass, eps)
+    assert float(pld.delta(eps)) == pytest.approx(want, rel=1e-10, abs=1e-15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 40),
+    target=st.floats(1e-12, 0.5),
+)
+def test_epsilon_inverts_delta(seed, n, target):
+    pld = _random_pld(seed, n, 0.0)
+    eps = float(pld.epsilon(target))
+    assert float(pld.delta(eps)) <= target * (1 + 1e-9) + 1e-15
+    if eps > 1e-9:  # smallest such epsilon: a little less violates the target
+        assert float(pld.delta(eps * (1 - 1e-6) - 1e-9)) > target * (1 - 1e-9)
+
+
+def test_epsilon_is_infinite_when_the_atom_exceeds_delta():
+    p = pj.randomized_response(1.0, 1e-3)
+    assert np.isinf(p.epsilon(1e-4))
+    assert np.isfinite(p.epsilon(2e-3))
+
+
+def test_many_epsilons_in_one_call_and_shapes():
+    p = pj.gaussian(np.array([1.0, 2.0]))
+    eps = np.linspace(0, 5, 12).reshape(3, 4)
+    out = p.delta(eps)
+    assert out.shape == (2, 3, 4)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float64
+    assert np.all(np.diff(out.reshape(2, -1), axis=1) <= 0)
+    assert p.epsilon([1e-3, 1e-6]).shape == (2, 2)
+
+
+def test_two_directions_report_the_worse():
+    fwd = pj.gaussian(1.0)
+    rev = pj.gaussian(0.5)
+    both = pj.PLD(fwd.probs, fwd.inf_mass, fwd.offset, fwd.step, True, rev)
+    eps = np.array([0.5, 1.0, 2.0])
+    np.testing.assert_allclose(both.delta(eps), np.maximum(fwd.delta(eps), rev.delta(eps)))
+    assert float(both.epsilon(1e-5)) == pytest.approx(max(fwd.epsilon(1e-5), rev.epsilon(1e-5)))
