@@ -4,7 +4,7 @@ By default everything is automatic. A mechanism's step is a power of two a fixed
 spread of its privacy loss (so that PLDs of different mechanisms sit on commensurate grids and can
 be composed exactly), its window is ``size`` points around the loss's bulk, and compositions pick
 their own window from tail bounds (see :mod:`pldjax.compose`). A user may pass a :class:`Grid` to
-fix the step, the size, or the tail-mass target.
+fix the step or the size of a mechanism's grid.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pldjax.validate import check_count, check_range
 STEP_FRACTION_LOG2 = 6
 #: Number of grid points of a freshly discretized mechanism.
 MECHANISM_SIZE = 2048
-#: Default bound on the probability mass that truncation may move out of a composition's window.
+#: Bound on the probability mass that truncation may move out of a composition's window.
 TAIL_MASS = 1e-18
 
 
@@ -31,20 +31,16 @@ class Grid:
     Attributes:
       step: grid spacing in nats (> 0). Smaller is tighter and slower.
       size: number of grid points of the discretized mechanism (>= 2).
-      tail_mass: mass allowed outside a composition's window (moved pessimistically), in (0, 1e-3].
     """
 
     step: float | None = None
     size: int | None = None
-    tail_mass: float | None = None
 
     def __post_init__(self):
         if self.step is not None:
             check_range("Grid.step", self.step, 0.0, low_open=True)
         if self.size is not None:
             object.__setattr__(self, "size", check_count("Grid.size", self.size, minimum=2))
-        if self.tail_mass is not None:
-            check_range("Grid.tail_mass", self.tail_mass, 0.0, 1e-3, low_open=True)
 
 
 def resolve(grid: Grid | None, half_width=None) -> Grid:
@@ -57,11 +53,7 @@ def resolve(grid: Grid | None, half_width=None) -> Grid:
     size = grid.size
     if size is None and grid.step is not None and half_width is not None:
         size = max(MECHANISM_SIZE, 1 << int(np.ceil(np.log2(2 * half_width / grid.step + 4))))
-    return Grid(
-        step=grid.step,
-        size=size or MECHANISM_SIZE,
-        tail_mass=grid.tail_mass or TAIL_MASS,
-    )
+    return Grid(step=grid.step, size=size or MECHANISM_SIZE)
 
 
 def auto_step(spread, half_width, size: int):
