@@ -49,10 +49,6 @@ _ROUNDOFF_SAFETY = 2.0
 _CHERNOFF_SCALES = np.geomspace(1e-3, 1e3, 121)
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 # -- mass bookkeeping -----------------------------------------------------------------------------
 def _take_from_bottom(probs, amount):
     below = jnp.cumsum(probs) - probs
@@ -135,7 +131,7 @@ def tail_bounds(probs, offset, step, count, lo, hi):
 def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessimistic: bool):
     """Exact linear convolution of two single-direction PLDs on a common step (full length)."""
     length = a_probs.shape[0] + b_probs.shape[0] - 1
-    nfft = next_pow2(length)
+    nfft = grid_lib.next_pow2(length)
     spectrum = jnp.fft.rfft(a_probs, nfft) * jnp.fft.rfft(b_probs, nfft)
     raw = jnp.fft.irfft(spectrum, nfft)
     inf_mass = a_inf + b_inf - a_inf * b_inf
@@ -315,7 +311,7 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
     probs, inf_mass, offset = _convolve_batch(a, b, pessimistic=a.pessimistic)
     if size is None and not is_traced(probs):
         need = int(np.max(np.asarray(_needed_size_batch(probs, tail))))
-        size = min(next_pow2(need), probs.shape[-1])
+        size = min(grid_lib.next_pow2(need), probs.shape[-1])
     if size is not None:
         probs, inf_mass, offset = _truncate_batch(
             probs, inf_mass, offset, tail, size=_checked_size(size, "compose"),
@@ -391,7 +387,7 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             lo, hi = _tail_window_batch(
                 flat.probs, flat.offset, flat.step, float(count), grid_lib.TAIL_MASS
             )
-            n = _checked_size(next_pow2(int(np.max(np.asarray(hi - lo))) + 1), "self_compose")
+            n = _checked_size(grid_lib.next_pow2(int(np.max(np.asarray(hi - lo))) + 1), "self_compose")
         probs, inf_mass, offset = _self_compose_batch(
             flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n, pessimistic=p.pessimistic
         )

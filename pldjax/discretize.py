@@ -18,8 +18,17 @@ Masses come from slope differences written without large exponentials:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
+
+from pldjax import grid as grid_lib
+from pldjax.grid import Grid
+from pldjax.pld import PLD
+from pldjax.validate import is_traced
 
 
 def hockey_stick(log_sf_p, log_sf_q, eps):
@@ -132,3 +141,74 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0)
     curve = optimistic_curve(jax.lax.cummin(delta), lsq, z, step, log_q_finite)
     probs, _ = masses_from_curve(curve, step)
     return probs, jnp.zeros((), probs.dtype)
+
+
+# -- mechanisms -----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+    """Pure functions describing one mechanism's privacy loss; ``params`` is a tuple of arrays.
+
+    Instances are static jit arguments (hashed by identity): define them once, at module level.
+    """
+
+    tails: Callable  # (params, eps) -> log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)
+    spread: Callable  # params -> typical scale of the loss (nats), > 0; sets the step
+    center: Callable  # params -> where the window is centred (nats)
+    half_width: Callable  # params -> half-width the window must cover (nats)
+    log_q_finite: Callable = lambda params: jnp.zeros(())  # log Q(L > -inf)
+    # chi^2(P || Q) = E_Q[(P/Q)^2] - 1, for Poisson subsampling of the mechanism (None: not offered)
+    chi2: Callable | None = None
+
+
+@functools.partial(jax.jit, static_argnames=("mechanism", "size", "pessimistic", "step"))
+def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: bool, step):
+    """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
+    if step is None:
+        h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
+    else:
+        h = jnp.asarray(step, jnp.float64)
+    offset = grid_lib.window_offset(mechanism.center(params), h, size)
+    probs, inf_mass = discretize(
+        lambda eps: mechanism.tails(params, eps),
+        offset,
+        h,
+        size,
+        pessimistic,
+        mechanism.log_q_finite(params),
+    )
+    return probs, inf_mass, offset, h
+
+
+def _size(mechanism: Mechanism, params, grid: Grid) -> int:
+    if grid.size is not None:
+        return grid.size
+    if is_traced(params):
+        if grid.step is not None:
+            raise ValueError("a Grid with a fixed step needs an explicit size under jit")
+        return grid_lib.MECHANISM_SIZE
+    step = grid.step if grid.step is not None else grid_lib.fine_step(mechanism.spread(params))
+    return grid_lib.mechanism_size(mechanism.half_width(params), step)
+
+
+def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool) -> PLD:
+    """The (single-direction) PLD of ``mechanism``, batched over the broadcast ``params``."""
+    params = jnp.broadcast_arrays(*(jnp.asarray(p, jnp.float64) for p in params))
+    grid = grid or Grid()
+    size = _size(mechanism, tuple(params), grid)
+    shape = params[0].shape
+    flat = tuple(p.reshape(-1) for p in params)
+    kernel = functools.partial(
+        _mechanism_kernel,
+        mechanism=mechanism,
+        size=size,
+        pessimistic=bool(pessimistic),
+        step=grid.step,
+    )
+    probs, inf_mass, offset, step = jax.vmap(kernel)(flat)
+    return PLD(
+        probs.reshape(shape + (size,)),
+        inf_mass.reshape(shape),
+        offset.reshape(shape),
+        step.reshape(shape),
+        bool(pessimistic),
+    )

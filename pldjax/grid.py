@@ -2,9 +2,9 @@
 
 By default everything is automatic. A mechanism's step is a power of two a fixed fraction of the
 spread of its privacy loss (so that PLDs of different mechanisms sit on commensurate grids and can
-be composed exactly), its window is ``size`` points around the loss's bulk, and compositions pick
-their own window from tail bounds (see :mod:`pldjax.compose`). A user may pass a :class:`Grid` to
-fix the step or the size of a mechanism's grid.
+be composed exactly), its window is the power-of-two number of points that covers the loss's
+bulk, and compositions pick their own window from tail bounds (see :mod:`pldjax.compose`). A
+user may pass a :class:`Grid` to fix the step or the size of a mechanism's grid.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from pldjax.validate import check_count, check_range
 
 #: Mechanism steps lie in [spread / 2^(k+1), spread / 2^k] with k = STEP_FRACTION_LOG2.
 STEP_FRACTION_LOG2 = 6
-#: Number of grid points of a freshly discretized mechanism.
+#: Fewest and most grid points of a freshly discretized mechanism (the automatic size is the
+#: power of two in between whose window covers the loss at the fine step; under jit, where the
+#: parameters cannot be looked at, it is MECHANISM_SIZE and the step widens to cover the loss).
 MECHANISM_SIZE = 2048
+MAX_MECHANISM_SIZE = 2**20
 #: Bound on the probability mass that truncation may move out of a composition's window.
 TAIL_MASS = 1e-18
 
@@ -43,17 +46,23 @@ class Grid:
             object.__setattr__(self, "size", check_count("Grid.size", self.size, minimum=2))
 
 
-def resolve(grid: Grid | None, half_width=None) -> Grid:
-    """The grid with defaults filled in (the step stays None if automatic).
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (and >= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
 
-    With a fixed step and no size, the size is the power of two whose window covers
-    ``half_width`` (nats, concrete) on both sides; otherwise it is MECHANISM_SIZE.
-    """
-    grid = grid or Grid()
-    size = grid.size
-    if size is None and grid.step is not None and half_width is not None:
-        size = max(MECHANISM_SIZE, 1 << int(np.ceil(np.log2(2 * half_width / grid.step + 4))))
-    return Grid(step=grid.step, size=size or MECHANISM_SIZE)
+
+def fine_step(spread):
+    """The largest power of two <= spread / 2^STEP_FRACTION_LOG2: the step accuracy asks for."""
+    return jnp.ldexp(1.0, (jnp.floor(jnp.log2(spread)) - STEP_FRACTION_LOG2).astype(jnp.int32))
+
+
+def mechanism_size(half_width, step) -> int:
+    """Number of points (a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]) of a window of
+    spacing at most twice ``step`` reaching ``half_width`` on both sides of its centre (concrete
+    arrays; the largest over a batch). The factor two lets a whole range of parameters share one
+    size, hence one compiled kernel (:func:`auto_step` then picks the step)."""
+    points = np.max(np.asarray(half_width) / np.asarray(step)) + 2
+    return min(max(MECHANISM_SIZE, next_pow2(int(np.ceil(points)))), MAX_MECHANISM_SIZE)
 
 
 def auto_step(spread, half_width, size: int):
@@ -63,9 +72,8 @@ def auto_step(spread, half_width, size: int):
     ``size`` points would then not reach ``half_width`` on both sides of its centre: then the
     smallest power of two that does.
     """
-    fine = jnp.floor(jnp.log2(spread)) - STEP_FRACTION_LOG2
-    cover = jnp.ceil(jnp.log2(2.0 * half_width / (size - 2)))
-    return jnp.ldexp(1.0, jnp.maximum(fine, cover).astype(jnp.int32))
+    cover = jnp.ldexp(1.0, jnp.ceil(jnp.log2(2.0 * half_width / (size - 2))).astype(jnp.int32))
+    return jnp.maximum(fine_step(spread), cover)
 
 
 def window_offset(center, step, size: int):

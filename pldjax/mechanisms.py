@@ -2,39 +2,23 @@
 
 Each mechanism is described by pure functions of its parameters: the log-survival functions of its
 privacy loss under P and Q (which give the hockey-stick curve exactly), the spread of the loss (which
-sets the step), and the window's centre and half-width. :func:`_discretize_mechanism` turns these
-into a :class:`~pldjax.pld.PLD`, batched over parameter arrays in one jitted, vmapped call; the
-parameters are data, so new values never trigger recompilation.
+sets the step), and the window's centre and half-width.
+:func:`~pldjax.discretize.discretize_mechanism` turns these into a :class:`~pldjax.pld.PLD`,
+batched over parameter arrays in one jitted, vmapped call; the parameters are data, so new values
+never trigger recompilation.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.special import log_ndtr
 
-from pldjax import grid as grid_lib
-from pldjax.discretize import discretize
+from pldjax.discretize import Mechanism, discretize_mechanism
 from pldjax.grid import Grid
 from pldjax.pld import PLD
 from pldjax.precision import float64
-from pldjax.validate import check_range, is_traced
-
-
-@dataclasses.dataclass(frozen=True)
-class Mechanism:
-    """Pure functions describing one mechanism's privacy loss; ``params`` is a tuple of arrays."""
-
-    tails: Callable  # (params, eps) -> log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)
-    spread: Callable  # params -> typical scale of the loss (nats), > 0
-    center: Callable  # params -> where the window is centred (nats)
-    half_width: Callable  # params -> half-width the window must cover (nats)
-    log_q_finite: Callable = lambda params: jnp.zeros(())  # log Q(L > -inf)
+from pldjax.validate import check_range
 
 
 def _gaussian_tails(params, eps):
@@ -60,6 +44,7 @@ GAUSSIAN = Mechanism(
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: p[0] ** 2 / 2,
     half_width=lambda p: 10.0 * _positive_or_one(p[0]),
+    chi2=lambda p: jnp.expm1(p[0] ** 2),
 )
 
 
@@ -85,6 +70,8 @@ LAPLACE = Mechanism(
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: jnp.zeros_like(p[0]),
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
+    # E_Q[(P/Q)^2] = (2/3) e^eps0 + (1/3) e^(-2 eps0), integrating over the three pieces of L
+    chi2=lambda p: (2 * jnp.expm1(p[0]) + jnp.expm1(-2 * p[0])) / 3,
 )
 
 
@@ -110,52 +97,6 @@ RANDOMIZED_RESPONSE = Mechanism(
 )
 
 
-@functools.partial(jax.jit, static_argnames=("mechanism", "size", "pessimistic", "step"))
-def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: bool, step):
-    """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
-    if step is None:
-        h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
-    else:
-        h = jnp.asarray(step, jnp.float64)
-    offset = grid_lib.window_offset(mechanism.center(params), h, size)
-    probs, inf_mass = discretize(
-        lambda eps: mechanism.tails(params, eps),
-        offset,
-        h,
-        size,
-        pessimistic,
-        mechanism.log_q_finite(params),
-    )
-    return probs, inf_mass, offset, h
-
-
-def _discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool) -> PLD:
-    params = jnp.broadcast_arrays(*(jnp.asarray(p, jnp.float64) for p in params))
-    half_width = None
-    if grid is not None and grid.step is not None and grid.size is None:
-        if is_traced(params):
-            raise ValueError("a Grid with a fixed step needs an explicit size under jit")
-        half_width = float(np.max(np.asarray(mechanism.half_width(params))))
-    grid = grid_lib.resolve(grid, half_width)
-    shape = params[0].shape
-    flat = tuple(p.reshape(-1) for p in params)
-    kernel = functools.partial(
-        _mechanism_kernel,
-        mechanism=mechanism,
-        size=grid.size,
-        pessimistic=bool(pessimistic),
-        step=grid.step,
-    )
-    probs, inf_mass, offset, step = jax.vmap(kernel)(flat)
-    return PLD(
-        probs.reshape(shape + (grid.size,)),
-        inf_mass.reshape(shape),
-        offset.reshape(shape),
-        step.reshape(shape),
-        bool(pessimistic),
-    )
-
-
 @float64
 def gaussian(
     sigma,
@@ -176,14 +117,14 @@ def gaussian(
     check_range("sigma", sigma, 0.0, low_open=True)
     check_range("sensitivity", sensitivity, 0.0, low_open=True)
     mu = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(sigma, jnp.float64)
-    return _discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
+    return discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
 
 
 @float64
 def gdp(mu, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
     """G_mu = PLD(N(0, 1) || N(mu, 1)), the mu-GDP curve; ``mu`` >= 0 (mu = 0 is the identity)."""
     check_range("mu", mu, 0.0)
-    return _discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
+    return discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
 
 
 @float64
@@ -201,7 +142,7 @@ def laplace(
     check_range("scale", scale, 0.0, low_open=True)
     check_range("sensitivity", sensitivity, 0.0, low_open=True)
     eps0 = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(scale, jnp.float64)
-    return _discretize_mechanism(LAPLACE, (eps0,), grid, pessimistic)
+    return discretize_mechanism(LAPLACE, (eps0,), grid, pessimistic)
 
 
 @float64
@@ -220,7 +161,7 @@ def randomized_response(
     """
     check_range("epsilon", epsilon, 0.0)
     check_range("delta", delta, 0.0, 1.0)
-    return _discretize_mechanism(RANDOMIZED_RESPONSE, (epsilon, delta), grid, pessimistic)
+    return discretize_mechanism(RANDOMIZED_RESPONSE, (epsilon, delta), grid, pessimistic)
 
 
 @float64

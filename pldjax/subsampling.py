@@ -1,0 +1,175 @@
+"""Privacy amplification by subsampling, as mechanisms whose loss tails are exact.
+
+Poisson subsampling with add/remove adjacency (laplace-transform-dp.txt, Thm 5.1). Let A, B be the
+base mechanism's output distributions on neighbouring inputs with loss l = log(A/B), and q the
+sampling probability. The two directions of the subsampled mechanism are
+
+* remove: P = (1 - q) B + q A against Q = B; the loss L = log(1 - q + q e^l) increases with l;
+* add:    P = B against Q = (1 - q) B + q A; the loss L = -log(1 - q + q e^l) decreases with l.
+
+Each is a monotone function of the base loss, so its tails are mixtures of the base's tails at one
+threshold, and the hockey-stick curve the discretization sees is exact. Ties (atoms of l sitting
+exactly on a threshold) do not matter: delta(eps) is continuous and an atom at L = eps contributes
+P(L = eps) - e^eps Q(L = eps) = 0 to it.
+
+Replace-one adjacency for the Gaussian (one record's contribution g replaced by g', both of norm at
+most the sensitivity C, so the worst pair is g = -C, g' = +C, as in dp-accounting): P = (1 - q) N(0, 1)
++ q N(-mu, 1) against Q = (1 - q) N(0, 1) + q N(mu, 1) in units of sigma, mu = C / sigma. The loss
+decreases in the output x and the pair is symmetric under x -> -x, so one direction describes it.
+
+Sampling without replacement (a fixed batch of b records out of n, q = b / n) has a sound PLD under
+replace-one adjacency: the pair (q A + (1 - q) B, B) and its swap, with (A, B) the base mechanism's
+replace-one pair (for the Gaussian, shift 2 C). Under add/remove adjacency the dataset size changes,
+so "a fixed batch size" is not one mechanism and no PLD is offered.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax.scipy.special import log_ndtr
+
+from pldjax.discretize import Mechanism
+
+
+def _log_mix(log_weight_b, log_b, log_q, log_a):
+    """log((1 - q) b + q a) given log(1 - q), log b, log q, log a."""
+    return jnp.logaddexp(log_weight_b + log_b, log_q + log_a)
+
+
+def _threshold(shifted, log_q):
+    """log(shifted / q) where shifted > 0, else -inf: the base loss at which L crosses eps."""
+    positive = shifted > 0
+    return jnp.where(positive, jnp.log(jnp.where(positive, shifted, 1.0)) - log_q, -jnp.inf)
+
+
+def _log1p_q_expm1(q, loss):
+    """log(1 - q + q e^loss) without overflow (used for window placement only)."""
+    return jnp.logaddexp(jnp.log1p(-q), jnp.log(q) + loss)
+
+
+def _remove_tails(base: Mechanism, params, eps):
+    *base_params, q = params
+    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
+    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(jnp.expm1(eps) + q, log_q))
+    return _log_mix(log_1mq, sq, log_q, sp), sq, _log_mix(log_1mq, cq, log_q, cp), cq
+
+
+def _add_tails(base: Mechanism, params, eps):
+    *base_params, q = params
+    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
+    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(jnp.expm1(-eps) + q, log_q))
+    # L > eps  <=>  l < threshold: the "above" tails of L are the "at most" tails of l
+    return cq, _log_mix(log_1mq, cq, log_q, cp), sq, _log_mix(log_1mq, sq, log_q, sp)
+
+
+def _subsampled_spread(base: Mechanism, params):
+    """Heuristic scale of the subsampled loss: q sqrt(chi^2) while q is small, never more than
+    the base's own spread, nor than sqrt(q) times the base's loss scale (a rare, large loss)."""
+    *base_params, q = params
+    base_params = tuple(base_params)
+    base_spread = base.spread(base_params)
+    small_q = q * jnp.sqrt(base.chi2(base_params))
+    rare = jnp.sqrt(q) * (jnp.abs(base.center(base_params)) + base_spread)
+    spread = jnp.minimum(jnp.minimum(small_q, rare), base_spread)
+    return jnp.where(spread > 0, spread, 1.0)
+
+
+def _base_range(base: Mechanism, params):
+    *base_params, q = params
+    base_params = tuple(base_params)
+    center, half = base.center(base_params), base.half_width(base_params)
+    return q, center - half, center + half
+
+
+def _remove_range(base: Mechanism, params):
+    q, low, high = _base_range(base, params)
+    return _log1p_q_expm1(q, low), _log1p_q_expm1(q, high)
+
+
+def _add_range(base: Mechanism, params):
+    q, low, high = _base_range(base, params)
+    return -_log1p_q_expm1(q, high), -_log1p_q_expm1(q, low)
+
+
+def _center(loss_range, params):
+    low, high = loss_range(params)
+    return (low + high) / 2
+
+
+def _half_width(loss_range, params):
+    low, high = loss_range(params)
+    return (high - low) / 2
+
+
+@functools.cache
+def poisson(base: Mechanism, direction: str) -> Mechanism:
+    """The Poisson-subsampled ``base`` in one direction ("remove" or "add"); params: base + (q,).
+
+    Cached, so that the same mechanism object (a static jit argument) is returned every time.
+    """
+    tails = {"remove": _remove_tails, "add": _add_tails}[direction]
+    loss_range = {"remove": _remove_range, "add": _add_range}[direction]
+    loss_range = functools.partial(loss_range, base)
+    return Mechanism(
+        tails=functools.partial(tails, base),
+        spread=functools.partial(_subsampled_spread, base),
+        center=functools.partial(_center, loss_range),
+        half_width=functools.partial(_half_width, loss_range),
+    )
+
+
+# -- replace-one Gaussian -------------------------------------------------------------------------
+def _replace_one_threshold(mu, q, eps):
+    """The output x at which the replace-one loss equals eps (the loss decreases in x).
+
+    With v = e^(-mu x) and c = e^(-mu^2/2): e^L = (1 - q + q c v) / (1 - q + q c / v), so
+    q c v^2 + (1 - q)(1 - e^eps) v - q c e^eps = 0; its positive root, written without
+    cancellation for either sign of D = (1 - q) expm1(eps), in logs.
+    """
+    d = (1 - q) * jnp.expm1(eps)
+    log_2qc = jnp.log(2 * q) - mu**2 / 2
+    log_w = log_2qc + eps / 2  # w = 2 q c e^(eps/2): 4 q^2 c^2 e^eps = w^2
+    w = jnp.exp(log_w)
+    root = jnp.hypot(d, w)
+    log_v = jnp.where(
+        d >= 0,
+        jnp.log(d + root) - log_2qc,
+        2 * log_w - log_2qc - jnp.log(root - d),
+    )
+    return -log_v / mu
+
+
+def _replace_one_tails(params, eps):
+    mu, q = params
+    x = _replace_one_threshold(mu, q, eps)
+    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
+    # P = (1-q) N(0,1) + q N(-mu,1), Q = (1-q) N(0,1) + q N(mu,1); L > eps <=> output < x
+    return (
+        _log_mix(log_1mq, log_ndtr(x), log_q, log_ndtr(x + mu)),
+        _log_mix(log_1mq, log_ndtr(x), log_q, log_ndtr(x - mu)),
+        _log_mix(log_1mq, log_ndtr(-x), log_q, log_ndtr(-x - mu)),
+        _log_mix(log_1mq, log_ndtr(-x), log_q, log_ndtr(mu - x)),
+    )
+
+
+def _replace_one_half_width(params):
+    mu, q = params
+    # the loss at output -(mu + 10): about log(1 - q + q e^(mu^2/2 + 10 mu)) plus the other term
+    return 1.01 * _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) + 2 * q * mu + 1e-300
+
+
+def _replace_one_spread(params):
+    mu, q = params
+    # sd of the loss: about 2 q sqrt(sinh(mu^2)) for small q, 2 mu at q = 1
+    spread = jnp.minimum(2 * q * jnp.sqrt(jnp.sinh(mu**2)), 2 * mu)
+    return jnp.where(spread > 0, spread, 1.0)
+
+
+GAUSSIAN_REPLACE_ONE = Mechanism(
+    tails=_replace_one_tails,
+    spread=_replace_one_spread,
+    center=lambda p: jnp.zeros_like(p[0]),
+    half_width=_replace_one_half_width,
+)
