@@ -1,6 +1,7 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays."""
 
 from pldjax.compose import compose
+from pldjax.dpsgd import dpsgd_delta, dpsgd_epsilon
 from pldjax.grid import Grid
 from pldjax.mechanisms import gaussian, gdp, identity, laplace, randomized_response
 from pldjax.pld import PLD
@@ -9,6 +10,8 @@ __all__ = [
     "PLD",
     "Grid",
     "compose",
+    "dpsgd_delta",
+    "dpsgd_epsilon",
     "gaussian",
     "gdp",
     "identity",

@@ -46,7 +46,7 @@ UNIT_ROUNDOFF = 2.0**-53
 #: Largest window (grid points) a composition may use before it refuses (memory guard).
 MAX_SIZE = 2**25
 _ROUNDOFF_SAFETY = 2.0
-_CHERNOFF_SCALES = np.geomspace(1e-3, 1e3, 121)
+_CHERNOFF_SCALES = np.geomspace(1e-2, 1e2, 49)
 
 
 # -- mass bookkeeping -----------------------------------------------------------------------------
@@ -92,20 +92,23 @@ def _log_mgf(probs, offset, step, ts):
     return logsumexp(logp[None, :] + ts[:, None] * z[None, :], axis=1)
 
 
-def _chernoff_ts(probs, offset, step, count):
+def chernoff_exponents(probs, offset, step, count):
+    """The Chernoff exponents of the count-fold sum: ``(ts, up, down)`` with
+    ``up = count log E[e^{tZ}]`` and ``down = count log E[e^{-tZ}]`` over a geometric grid of t
+    scaled to the sum's spread (finite part of the PMF only)."""
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
     mass = jnp.maximum(jnp.sum(probs), 1e-300)
     mean = jnp.sum(probs * z) / mass
     sd = jnp.sqrt(jnp.sum(probs * (z - mean) ** 2) / mass) + step
-    return jnp.asarray(_CHERNOFF_SCALES) / (jnp.sqrt(count) * sd)
+    ts = jnp.asarray(_CHERNOFF_SCALES) / (jnp.sqrt(count) * sd)
+    both = count * _log_mgf(probs, offset, step, jnp.concatenate([ts, -ts]))
+    return ts, both[: ts.shape[0]], both[ts.shape[0]:]
 
 
-def tail_window(probs, offset, step, count, tail):
+def tail_window(probs, offset, step, count, tail, exponents=None):
     """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff)."""
     n = probs.shape[0]
-    ts = _chernoff_ts(probs, offset, step, count)
-    up = count * _log_mgf(probs, offset, step, ts)
-    down = count * _log_mgf(probs, offset, step, -ts)
+    ts, up, down = exponents or chernoff_exponents(probs, offset, step, count)
     log_half = jnp.log(tail / 2)
     a = jnp.min((up - log_half) / ts)
     b = jnp.max((log_half - down) / ts)
@@ -114,14 +117,12 @@ def tail_window(probs, offset, step, count, tail):
     return lo.astype(jnp.int64), hi.astype(jnp.int64)
 
 
-def tail_bounds(probs, offset, step, count, lo, hi):
+def tail_bounds(probs, offset, step, count, lo, hi, exponents):
     """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo."""
     n = probs.shape[0]
-    ts = _chernoff_ts(probs, offset, step, count)
-    up = count * _log_mgf(probs, offset, step, ts) - ts * (hi + 1) * step
-    down = count * _log_mgf(probs, offset, step, -ts) + ts * (lo - 1) * step
-    above = jnp.exp(jnp.minimum(jnp.min(up), 0.0))
-    below = jnp.exp(jnp.minimum(jnp.min(down), 0.0))
+    ts, up, down = exponents
+    above = jnp.exp(jnp.minimum(jnp.min(up - ts * (hi + 1) * step), 0.0))
+    below = jnp.exp(jnp.minimum(jnp.min(down + ts * (lo - 1) * step), 0.0))
     above = jnp.where(hi >= count * (offset + n - 1), 0.0, above)
     below = jnp.where(lo <= count * offset, 0.0, below)
     return above, below
@@ -161,7 +162,8 @@ def _accurate_log_spectrum(probs, center, size: int, freqs: int):
 def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail, pessimistic: bool):
     """The count-fold self-composition on a window of ``size`` points (one FFT power)."""
     n = probs.shape[0]
-    lo, hi = tail_window(probs, offset, step, count, tail)
+    exponents = chernoff_exponents(probs, offset, step, count)
+    lo, hi = tail_window(probs, offset, step, count, tail, exponents)
     start = _window_start(lo, hi, size, pessimistic)
     center = jnp.round(
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
@@ -172,7 +174,7 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail
     log_spectrum = log_spectrum.at[:freqs].set(_accurate_log_spectrum(probs, center, size, freqs))
     raw = jnp.fft.irfft(jnp.exp(count * log_spectrum), size)
     raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
-    above, below = tail_bounds(probs, offset, step, count, start, start + size - 1)
+    above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)
     composed_inf = -jnp.expm1(count * jnp.log1p(-inf_mass))
     out, out_inf = settle(
         jnp.maximum(raw, 0.0), composed_inf, _roundoff_per_bin(raw), above + below, pessimistic

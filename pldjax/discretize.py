@@ -186,8 +186,13 @@ def _size(mechanism: Mechanism, params, grid: Grid) -> int:
         if grid.step is not None:
             raise ValueError("a Grid with a fixed step needs an explicit size under jit")
         return grid_lib.MECHANISM_SIZE
-    step = grid.step if grid.step is not None else grid_lib.fine_step(mechanism.spread(params))
-    return grid_lib.mechanism_size(mechanism.half_width(params), step)
+    if grid.step is not None:
+        return grid_lib.mechanism_size(mechanism.half_width(params), grid.step)
+    # up to twice the fine step, so that a range of parameters shares one size (one compiled
+    # kernel); auto_step then picks the finest step that covers the loss
+    return grid_lib.mechanism_size(
+        mechanism.half_width(params), 2 * grid_lib.fine_step(mechanism.spread(params))
+    )
 
 
 def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool) -> PLD:

@@ -58,10 +58,9 @@ def fine_step(spread):
 
 def mechanism_size(half_width, step) -> int:
     """Number of points (a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]) of a window of
-    spacing at most twice ``step`` reaching ``half_width`` on both sides of its centre (concrete
-    arrays; the largest over a batch). The factor two lets a whole range of parameters share one
-    size, hence one compiled kernel (:func:`auto_step` then picks the step)."""
-    points = np.max(np.asarray(half_width) / np.asarray(step)) + 2
+    spacing ``step`` reaching ``half_width`` on both sides of its centre (concrete arrays; the
+    largest over a batch)."""
+    points = np.max(2 * np.asarray(half_width) / np.asarray(step)) + 4
     return min(max(MECHANISM_SIZE, next_pow2(int(np.ceil(points)))), MAX_MECHANISM_SIZE)
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr
 
+from pldjax import subsampling
 from pldjax.discretize import Mechanism, discretize_mechanism
 from pldjax.grid import Grid
 from pldjax.pld import PLD
@@ -97,27 +98,106 @@ RANDOMIZED_RESPONSE = Mechanism(
 )
 
 
+NEIGHBORING = ("add_remove", "replace_one")
+SAMPLING = ("poisson", "fixed_batch")
+
+
+def _check_choice(name: str, value, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _noise_mechanism(
+    base: Mechanism,
+    shift,
+    sampling_prob,
+    neighboring: str,
+    sampling: str,
+    pessimistic: bool,
+    grid: Grid | None,
+    replace_one_subsampled: Mechanism | None,
+    name: str,
+) -> PLD:
+    """An additive-noise mechanism whose base pair is ``base`` at loss parameter ``shift`` (output
+    distributions shifted by one sensitivity), under the adjacency and sampling asked for."""
+    _check_choice("neighboring", neighboring, NEIGHBORING)
+    _check_choice("sampling", sampling, SAMPLING)
+    replace_one = neighboring == "replace_one"
+    if replace_one:
+        doubled = 2 * shift  # a record's contribution goes from -sensitivity to +sensitivity
+    if sampling_prob is None:
+        if sampling != "poisson":
+            raise ValueError("sampling='fixed_batch' needs a sampling_prob (batch size / dataset size)")
+        return discretize_mechanism(base, (doubled if replace_one else shift,), grid, pessimistic)
+    check_range("sampling_prob", sampling_prob, 0.0, 1.0)
+    q = jnp.asarray(sampling_prob, jnp.float64)
+    if sampling == "fixed_batch":
+        if not replace_one:
+            raise ValueError(
+                "sampling='fixed_batch' (without replacement) has a PLD under "
+                "neighboring='replace_one' only: with add/remove neighbours the dataset size, "
+                "hence the batch, changes"
+            )
+        shift = doubled
+    elif replace_one:
+        if replace_one_subsampled is None:
+            raise ValueError(
+                f"{name}: Poisson subsampling with neighboring='replace_one' is available for the "
+                "Gaussian only; use sampling='fixed_batch' or neighboring='add_remove'"
+            )
+        return discretize_mechanism(replace_one_subsampled, (shift, q), grid, pessimistic)
+    remove = discretize_mechanism(subsampling.poisson(base, "remove"), (shift, q), grid, pessimistic)
+    add = discretize_mechanism(subsampling.poisson(base, "add"), (shift, q), grid, pessimistic)
+    return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add)
+
+
+_ADJACENCY_DOC = """
+      sampling_prob: probability q in [0, 1] that a record takes part (Poisson subsampling), or the
+        batch fraction for ``sampling="fixed_batch"``; None (default) for no subsampling.
+      neighboring: "add_remove" (default; one record added or removed) or "replace_one" (one
+        record's contribution replaced by another, both of norm at most ``sensitivity``).
+      sampling: "poisson" (default) or "fixed_batch" (sampling without replacement; replace-one
+        adjacency only).
+      pessimistic: True for the connect-the-dots upper estimate (default), False for the
+        optimistic lower estimate.
+      grid: optional :class:`Grid`; automatic by default.
+
+    With Poisson subsampling and add/remove adjacency the PLD has two directions (remove: the
+    mixture against the base; add: the base against the mixture, laplace-transform-dp.txt Thm 5.1);
+    every reported value is the worse of the two.
+"""
+
+
 @float64
 def gaussian(
     sigma,
     *,
     sensitivity=1.0,
+    sampling_prob=None,
+    neighboring: str = "add_remove",
+    sampling: str = "poisson",
     pessimistic: bool = True,
     grid: Grid | None = None,
 ) -> PLD:
-    """The Gaussian mechanism N(f(x), sigma^2) with L2 sensitivity ``sensitivity``: G_{sensitivity/sigma}.
+    """The Gaussian mechanism N(f(x), sigma^2), optionally subsampled.
+
+    Without subsampling and with add/remove neighbours it is G_{sensitivity/sigma}.
 
     Args:
-      sigma: noise standard deviation, > 0 (scalar or array: a batch of PLDs).
-      sensitivity: L2 sensitivity, > 0.
-      pessimistic: True for the connect-the-dots upper estimate (default), False for the
-        optimistic lower estimate.
-      grid: optional :class:`Grid`; automatic by default.
+      sigma: noise standard deviation, > 0 (scalar or array: a batch of PLDs; all array arguments
+        broadcast).
+      sensitivity: L2 sensitivity (the largest norm of one record's contribution), > 0.
     """
     check_range("sigma", sigma, 0.0, low_open=True)
     check_range("sensitivity", sensitivity, 0.0, low_open=True)
     mu = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(sigma, jnp.float64)
-    return discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
+    return _noise_mechanism(
+        GAUSSIAN, mu, sampling_prob, neighboring, sampling, pessimistic, grid,
+        subsampling.GAUSSIAN_REPLACE_ONE, "gaussian",
+    )
+
+
+gaussian.__doc__ += _ADJACENCY_DOC
 
 
 @float64
@@ -132,17 +212,30 @@ def laplace(
     scale,
     *,
     sensitivity=1.0,
+    sampling_prob=None,
+    neighboring: str = "add_remove",
+    sampling: str = "poisson",
     pessimistic: bool = True,
     grid: Grid | None = None,
 ) -> PLD:
     """The Laplace mechanism with noise scale ``scale`` > 0 and L1 sensitivity ``sensitivity`` > 0.
 
-    Its loss lies in [-s/b, s/b] (s = sensitivity, b = scale); delta(eps) = 1 - exp((eps - s/b)/2).
+    Without subsampling its loss lies in [-s/b, s/b] (s = sensitivity, b = scale) and
+    delta(eps) = 1 - exp((eps - s/b)/2).
+
+    Args:
+      scale: noise scale b, > 0 (scalar or array).
+      sensitivity: L1 sensitivity, > 0.
     """
     check_range("scale", scale, 0.0, low_open=True)
     check_range("sensitivity", sensitivity, 0.0, low_open=True)
     eps0 = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(scale, jnp.float64)
-    return discretize_mechanism(LAPLACE, (eps0,), grid, pessimistic)
+    return _noise_mechanism(
+        LAPLACE, eps0, sampling_prob, neighboring, sampling, pessimistic, grid, None, "laplace"
+    )
+
+
+laplace.__doc__ += _ADJACENCY_DOC
 
 
 @float64

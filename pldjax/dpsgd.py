@@ -1,0 +1,201 @@
+"""DP-SGD accounting: epsilon or delta of T steps of the Poisson-subsampled Gaussian mechanism.
+
+For one configuration or for many at once. Configurations are sorted by the grid they need and
+processed in fixed-size chunks: per chunk, one vmapped call discretizes both directions, one
+places every composition's window (Chernoff), and one fused call composes (an FFT power per
+configuration) and evaluates. Chunks keep memory bounded and shapes repeat, so a sweep compiles a
+handful of kernels, whatever its length. When several devices are visible the configuration axis
+of each chunk is sharded over a one-dimensional device mesh (``jax.sharding``).
+
+Every value is pessimistic (an upper bound on the true epsilon or delta) unless
+``pessimistic=False`` is passed, which gives the optimistic lower bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pldjax import grid as grid_lib
+from pldjax.compose import _checked_size, self_compose_kernel, tail_window
+from pldjax.grid import Grid
+from pldjax.mechanisms import gaussian
+from pldjax.precision import float64
+from pldjax.profile import delta_kernel, epsilon_kernel
+from pldjax.validate import check_range, is_traced
+
+#: Configurations per chunk (per device when sharded): bounds memory to about
+#: CHUNK x composition size x 16 bytes per device.
+CHUNK = 64
+
+
+@functools.partial(jax.jit, static_argnames=("size", "pessimistic", "evaluate"))
+def _compose_and_evaluate(probs, inf_mass, offset, step, count, target, *, size, pessimistic, evaluate):
+    kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
+
+    def one(p, m, o, h, c, t):
+        cp, cm, co = self_compose_kernel(
+            p, m, o, h, c, size=size, tail=grid_lib.TAIL_MASS, pessimistic=pessimistic
+        )
+        return kernel(cp, cm, co, h, t[None])[0]
+
+    return jax.vmap(one)(probs, inf_mass, offset, step, count, target)
+
+
+_windows = jax.jit(jax.vmap(tail_window, in_axes=(0, 0, 0, 0, None)))
+
+
+def _sharding() -> NamedSharding | None:
+    devices = jax.devices()
+    if len(devices) == 1:
+        return None
+    return NamedSharding(Mesh(np.asarray(devices), ("configs",)), PartitionSpec("configs"))
+
+
+def _place(arrays, sharding):
+    if sharding is None:
+        return arrays
+    return [jax.device_put(a, sharding) for a in arrays]
+
+
+def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, evaluate, sharding):
+    """Values for one chunk of configurations (all steps >= 1)."""
+    sigma, q, steps, target = _place(
+        [jnp.asarray(a, jnp.float64) for a in (sigma, q, steps, target)], sharding
+    )
+    pld = gaussian(
+        sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
+    )
+    result = None
+    for direction in pld.directions():
+        lo, hi = _windows(direction.probs, direction.offset, direction.step, steps, grid_lib.TAIL_MASS)
+        need = int(np.max(np.asarray(hi - lo))) + 1
+        size = _checked_size(grid_lib.next_pow2(need), "dpsgd accounting")
+        values = _compose_and_evaluate(
+            direction.probs, direction.inf_mass, direction.offset, direction.step, steps, target,
+            size=size, pessimistic=pessimistic, evaluate=evaluate,
+        )
+        result = values if result is None else jnp.maximum(result, values)
+    return np.asarray(result)
+
+
+def _mechanism_points(sigma, q):
+    """Rough relative grid size a configuration needs (used to sort configurations into chunks)."""
+    mu = 1.0 / sigma
+    spread = np.minimum(q * np.sqrt(np.expm1(np.minimum(mu**2, 700.0))), mu)
+    top = np.logaddexp(np.log1p(-np.minimum(q, 1 - 1e-16)), np.log(q) + mu**2 / 2 + 10 * mu)
+    return top / spread
+
+
+def _progress(total: int, enabled: bool) -> Callable[[int], None]:
+    def report(done: int) -> None:
+        if enabled:
+            bar = "#" * (30 * done // total)
+            print(f"\r[{bar:<30}] {done}/{total} configurations", end="", file=sys.stderr)
+            if done == total:
+                print(file=sys.stderr)
+
+    return report
+
+
+def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, neighboring,
+             pessimistic, grid, evaluate, progress):
+    values = (noise_multiplier, sampling_prob, steps, target)
+    if is_traced(values):
+        raise ValueError(
+            f"dpsgd_{evaluate} picks its grids from the values and cannot run under jit; inside "
+            "jit, build the PLD with pj.gaussian(..., grid=pj.Grid(size=...)) and self_compose(size=...)"
+        )
+    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    check_range("sampling_prob", sampling_prob, 0.0, 1.0)
+    check_range("steps", steps, 0.0)
+    if target_name == "delta":
+        check_range("delta", target, 0.0, 1.0)
+    else:
+        check_range("epsilon", target, 0.0, allow_inf=True)
+    steps_arr = np.asarray(steps, np.float64)
+    if np.any(steps_arr != np.floor(steps_arr)):
+        raise ValueError(f"steps must be whole numbers >= 0, got {steps!r}")
+    arrays = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in values))
+    shape = arrays[0].shape
+    sigma, q, steps_arr, target = (a.reshape(-1) for a in arrays)
+    out = np.zeros(sigma.shape[0])  # zero steps: epsilon 0 and delta 0
+    active = np.nonzero((steps_arr > 0) & (q > 0))[0]
+    order = active[np.lexsort((steps_arr[active], _mechanism_points(sigma[active], q[active])))]
+    sharding = _sharding()
+    chunk = CHUNK * (1 if sharding is None else len(jax.devices()))
+    chunk = min(chunk, max(len(order), 1))
+    if sharding is not None:
+        chunk = -(-chunk // len(jax.devices())) * len(jax.devices())
+    report = _progress(len(order), progress)
+    for begin in range(0, len(order), chunk):
+        idx = order[begin:begin + chunk]
+        padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
+        got = _account_chunk(
+            sigma[padded], q[padded], steps_arr[padded], target[padded],
+            neighboring=neighboring, pessimistic=pessimistic, grid=grid, evaluate=evaluate,
+            sharding=sharding,
+        )
+        out[idx] = got[: len(idx)]
+        report(begin + len(idx))
+    return out.reshape(shape) if shape else float(out[0])
+
+
+@float64
+def dpsgd_epsilon(
+    noise_multiplier,
+    sampling_prob,
+    steps,
+    delta,
+    *,
+    neighboring: str = "add_remove",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+    progress: bool = False,
+):
+    """Smallest epsilon such that ``steps`` DP-SGD steps are (epsilon, delta)-DP.
+
+    Each step is the Gaussian mechanism with noise multiplier ``noise_multiplier`` (noise standard
+    deviation / clipping norm) on a Poisson sample of rate ``sampling_prob``. All four arguments
+    broadcast; the result has their broadcast shape (a float for scalars). Pessimistic: an upper
+    bound on the true epsilon (both adjacency directions, the worse reported).
+
+    Args:
+      noise_multiplier: > 0.
+      sampling_prob: in [0, 1] (0: nothing is learned, epsilon 0).
+      steps: whole number of steps >= 0.
+      delta: in [0, 1].
+      neighboring: "add_remove" (default) or "replace_one".
+      pessimistic: False for the optimistic (lower-bound) estimate.
+      grid: optional mechanism :class:`Grid` (a finer step is tighter and slower).
+      progress: print a progress bar to stderr.
+    """
+    return _account(noise_multiplier, sampling_prob, steps, delta, "delta", neighboring=neighboring,
+                    pessimistic=pessimistic, grid=grid, evaluate="epsilon", progress=progress)
+
+
+@float64
+def dpsgd_delta(
+    noise_multiplier,
+    sampling_prob,
+    steps,
+    epsilon,
+    *,
+    neighboring: str = "add_remove",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+    progress: bool = False,
+):
+    """Smallest delta such that ``steps`` DP-SGD steps are (epsilon, delta)-DP (``epsilon`` >= 0).
+
+    Same conventions as :func:`dpsgd_epsilon`; pessimistic (an upper bound) by default.
+    """
+    return _account(noise_multiplier, sampling_prob, steps, epsilon, "epsilon",
+                    neighboring=neighboring, pessimistic=pessimistic, grid=grid, evaluate="delta",
+                    progress=progress)
