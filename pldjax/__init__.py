@@ -3,7 +3,14 @@
 from pldjax.compose import compose
 from pldjax.dpsgd import dpsgd_delta, dpsgd_epsilon
 from pldjax.grid import Grid
-from pldjax.mechanisms import gaussian, gdp, identity, laplace, randomized_response
+from pldjax.mechanisms import (
+    from_privacy_curve,
+    gaussian,
+    gdp,
+    identity,
+    laplace,
+    randomized_response,
+)
 from pldjax.pld import PLD
 
 __all__ = [
@@ -12,6 +19,7 @@ __all__ = [
     "compose",
     "dpsgd_delta",
     "dpsgd_epsilon",
+    "from_privacy_curve",
     "gaussian",
     "gdp",
     "identity",

@@ -127,7 +127,21 @@ def optimistic_curve(delta, log_sf_q, z, step, log_q_finite):
     return jnp.clip(hull[1:], 0.0, 1.0)
 
 
-def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0):
+def privacy_buckets(log_sf_p, pessimistic: bool):
+    """Masses of the loss rounded up (pessimistic) or down (optimistic) to the grid points, from
+    log P(L > z_i): the mass in (z_{i-1}, z_i] goes to z_i, or the mass in [z_i, z_{i+1}) to z_i.
+    Returns (probs, inf_mass); at the window's ends the outside mass goes to +inf and z_0
+    (pessimistic) or to z_0 and z_{n-1} (optimistic)."""
+    sf = jnp.exp(log_sf_p)  # P(L > z_i), non-increasing
+    between = sf[:-1] - sf[1:]  # P(z_i < L <= z_{i+1})
+    if pessimistic:
+        return jnp.concatenate([(1.0 - sf[0])[None], between]), sf[-1]
+    probs = jnp.concatenate([between, jnp.zeros((1,))])
+    return probs.at[0].add(1.0 - sf[0]).at[-1].add(sf[-1]), jnp.zeros(())
+
+
+def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0,
+               rounding: str = "connect_dots"):
     """Discretize a mechanism given by ``tails(eps) -> (log P(L>eps), log Q(L>eps),
     log P(L<=eps), log Q(L<=eps))``.
 
@@ -135,6 +149,8 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0)
     """
     z = (offset + jnp.arange(n, dtype=jnp.float64)) * step
     lsp, lsq, lcp, lcq = tails(z)
+    if rounding == "privacy_buckets":
+        return privacy_buckets(lsp, pessimistic)
     delta = hockey_stick(lsp, lsq, z)
     if pessimistic:
         return masses_from_curve(delta, step, hockey_stick_excess(lcp, lcq, z), z)
@@ -160,8 +176,10 @@ class Mechanism:
     chi2: Callable | None = None
 
 
-@functools.partial(jax.jit, static_argnames=("mechanism", "size", "pessimistic", "step"))
-def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: bool, step):
+@functools.partial(
+    jax.jit, static_argnames=("mechanism", "size", "pessimistic", "step", "rounding")
+)
+def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: bool, step, rounding):
     """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
     if step is None:
         h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
@@ -175,6 +193,7 @@ def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: b
         size,
         pessimistic,
         mechanism.log_q_finite(params),
+        rounding,
     )
     return probs, inf_mass, offset, h
 
@@ -208,6 +227,7 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
         size=size,
         pessimistic=bool(pessimistic),
         step=grid.step,
+        rounding=grid.rounding,
     )
     probs, inf_mass, offset, step = jax.vmap(kernel)(flat)
     return PLD(

@@ -25,6 +25,7 @@ MECHANISM_SIZE = 2048
 MAX_MECHANISM_SIZE = 2**20
 #: Bound on the probability mass that truncation may move out of a composition's window.
 TAIL_MASS = 1e-18
+ROUNDINGS = ("connect_dots", "privacy_buckets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +35,18 @@ class Grid:
     Attributes:
       step: grid spacing in nats (> 0). Smaller is tighter and slower.
       size: number of grid points of the discretized mechanism (>= 2).
+      rounding: "connect_dots" (default; connect-the-dots.txt Alg. 1 / Alg. 2, the best estimate
+        on the grid) or "privacy_buckets" (each loss rounded up to the next grid point, or down
+        for an optimistic PLD; looser, offered for comparison).
     """
 
     step: float | None = None
     size: int | None = None
+    rounding: str = "connect_dots"
 
     def __post_init__(self):
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"Grid.rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
         if self.step is not None:
             check_range("Grid.step", self.step, 0.0, low_open=True)
         if self.size is not None:

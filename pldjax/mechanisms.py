@@ -10,12 +10,16 @@ never trigger recompilation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import log_ndtr
 
+from pldjax import grid as grid_lib
 from pldjax import subsampling
-from pldjax.discretize import Mechanism, discretize_mechanism
+from pldjax.discretize import Mechanism, discretize_mechanism, masses_from_curve
 from pldjax.grid import Grid
 from pldjax.pld import PLD
 from pldjax.precision import float64
@@ -257,6 +261,66 @@ def randomized_response(
     return discretize_mechanism(RANDOMIZED_RESPONSE, (epsilon, delta), grid, pessimistic)
 
 
+def _curve_to_pld(delta_fn, step: float, offset: int, size: int, name: str) -> PLD:
+    z = (offset + np.arange(size)) * step
+    curve = np.asarray(delta_fn(z), np.float64)
+    if curve.shape != z.shape:
+        raise ValueError(f"{name} must map an array of epsilons to an array of the same shape")
+    if np.any(~np.isfinite(curve)) or np.any(curve < 0) or np.any(curve > 1):
+        raise ValueError(f"{name} must return values in [0, 1]")
+    x = np.exp(z - z[size // 2])
+    tol = 1e-9
+    if np.any(np.diff(curve) > tol) or np.any(curve < -np.expm1(z) - tol):
+        raise ValueError(
+            f"{name} is not a privacy curve: it must be non-increasing with delta(eps) >= 1 - e^eps"
+        )
+    slopes = np.diff(curve) / np.diff(x)
+    if size > 2 and np.any(np.diff(slopes) < -tol * np.maximum(1.0, np.abs(slopes[1:]))):
+        raise ValueError(f"{name} is not a privacy curve: it must be convex in e^eps")
+    excess = curve + np.expm1(z)
+    probs, inf_mass = masses_from_curve(jnp.asarray(curve), step, jnp.asarray(excess), jnp.asarray(z))
+    return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step, jnp.float64), True)
+
+
+@float64
+def from_privacy_curve(
+    delta: Callable,
+    *,
+    epsilon_min: float,
+    epsilon_max: float,
+    step: float,
+    reverse: Callable | None = None,
+) -> PLD:
+    """The pessimistic PLD of any mechanism, from its hockey-stick curve(s) (connect-the-dots Alg. 1).
+
+    Args:
+      delta: vectorized function eps (NumPy array, nats) -> delta(eps) of PLD(P || Q): the exact
+        privacy curve, or an upper bound on it that is itself a privacy curve (non-increasing,
+        convex in e^eps, delta(eps) >= 1 - e^eps). The result's curve interpolates it at the grid
+        points and lies above it in between: an upper bound, and the tightest on this grid.
+      epsilon_min, epsilon_max: the loss window (nats); losses below it are moved up into its
+        lowest point, and delta(epsilon_max) becomes the atom at +inf.
+      step: grid spacing (nats); a power of two composes with the automatic grids.
+      reverse: the curve of PLD(Q || P) when the mechanism is not symmetric (e.g. add/remove
+        adjacency); the result then has both directions.
+    """
+    check_range("step", step, 0.0, low_open=True)
+    check_range("epsilon_min", epsilon_min)
+    check_range("epsilon_max", epsilon_max, float(epsilon_min), low_open=True)
+    offset = int(np.floor(epsilon_min / step))
+    size = int(np.ceil(epsilon_max / step)) - offset + 1
+    if size > grid_lib.MAX_MECHANISM_SIZE:
+        raise ValueError(
+            f"the window [{epsilon_min}, {epsilon_max}] at step {step} needs {size} points "
+            f"(more than {grid_lib.MAX_MECHANISM_SIZE}); use a larger step"
+        )
+    forward = _curve_to_pld(delta, step, offset, size, "delta")
+    if reverse is None:
+        return forward
+    back = _curve_to_pld(reverse, step, offset, size, "reverse")
+    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+
+
 @float64
 def identity(*, pessimistic: bool = True) -> PLD:
     """The PLD of a mechanism that reveals nothing: all mass at loss 0 (neutral for composition)."""
@@ -264,4 +328,4 @@ def identity(*, pessimistic: bool = True) -> PLD:
     return PLD(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
 
 
-__all__ = ["gaussian", "gdp", "laplace", "randomized_response", "identity"]
+__all__ = ["from_privacy_curve", "gaussian", "gdp", "identity", "laplace", "randomized_response"]

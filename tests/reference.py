@@ -65,3 +65,21 @@ def brute_force_delta(losses, probs, inf_mass, eps: float) -> float:
     return float(total)
 
 
+
+
+def subsampled_remove_delta(base_delta, q: float, eps: float) -> float:
+    """laplace-transform-dp.txt Thm 5.1: delta of (q A + (1-q) B || B) from delta of (A || B)."""
+    q, eps = mp.mpf(q), mp.mpf(eps)
+    if q < 1 and eps <= mp.log(1 - q):
+        return float(-mp.expm1(eps))
+    return float(q * base_delta(float(mp.log(1 + mp.expm1(eps) / q))))
+
+
+def subsampled_add_delta(base_delta, q: float, eps: float) -> float:
+    """delta of (B || q A + (1-q) B) for a symmetric base (delta(A||B) = delta(B||A)):
+    B - e^eps (q A + (1-q) B) = c (B - e^eps' A) with c = 1 - (1-q) e^eps, e^eps' = q e^eps / c."""
+    q, eps = mp.mpf(q), mp.mpf(eps)
+    c = 1 - (1 - q) * mp.e**eps
+    if c <= 0:
+        return 0.0
+    return float(c * base_delta(float(eps + mp.log(q) - mp.log(c))))

@@ -1,0 +1,169 @@
+"""Subsampled mechanisms: exact single-step profiles (both directions), peers, adjacency relations."""
+
+import logging
+
+import numpy as np
+import pytest
+from dp_accounting.pld import privacy_loss_distribution as pldlib
+from dp_accounting.privacy_accountant import NeighboringRelation
+from reference import gaussian_delta, laplace_delta, subsampled_add_delta, subsampled_remove_delta
+
+import pldjax as pj
+
+EPS = np.array([0.0, 0.01, 0.05, 0.2, 0.5, 1.0, 2.0])
+
+
+def _check_profile(pld_up, pld_lo, want, rel):
+    up, lo = np.asarray(pld_up.delta(EPS)), np.asarray(pld_lo.delta(EPS))
+    assert np.all(up >= want * (1 - 1e-9) - 1e-15)
+    assert np.all(lo <= want * (1 + 1e-9) + 1e-15)
+    # next to the end of the loss's support (the add direction stops at -log(1-q)) the chord
+    # from the last grid point falls to zero over one step: tiny in absolute terms only
+    assert np.all(up <= want * (1 + rel) + 1e-8)
+    big = want > 1e-6
+    assert np.all(up[big] <= want[big] * (1 + rel))
+
+
+@pytest.mark.parametrize("sigma,q", [(1.0, 0.01), (0.6, 0.1), (2.0, 0.5), (1.0, 1.0)])
+def test_subsampled_gaussian_profiles_both_directions(sigma, q):
+    """Thm 5.1 (remove) and its mirror (add) against mpmath, one direction at a time."""
+    base = lambda e: gaussian_delta(1 / sigma, e)  # noqa: E731
+    up = pj.gaussian(sigma, sampling_prob=q)
+    lo = pj.gaussian(sigma, sampling_prob=q, pessimistic=False)
+    assert not up.symmetric
+    for i, reference in enumerate([subsampled_remove_delta, subsampled_add_delta]):
+        want = np.array([reference(base, q, e) for e in EPS])
+        # 2e-3: the add direction's curve ends steeply at -log(1 - q), a few steps from eps
+        _check_profile(up.directions()[i], lo.directions()[i], want, rel=2e-3)
+    # the pair as a whole reports the worse direction
+    np.testing.assert_array_equal(
+        up.delta(EPS), np.maximum(up.directions()[0].delta(EPS), up.directions()[1].delta(EPS))
+    )
+
+
+@pytest.mark.parametrize("scale,q", [(1.0, 0.05), (0.5, 0.3)])
+def test_subsampled_laplace_profiles_both_directions(scale, q):
+    base = lambda e: laplace_delta(1 / scale, e)  # noqa: E731
+    up = pj.laplace(scale, sampling_prob=q)
+    lo = pj.laplace(scale, sampling_prob=q, pessimistic=False)
+    for i, reference in enumerate([subsampled_remove_delta, subsampled_add_delta]):
+        want = np.array([reference(base, q, e) for e in EPS])
+        # the optimistic estimate is loose next to the Laplace atoms; only the upper side is tight
+        _check_profile(up.directions()[i], lo.directions()[i], want, rel=2e-3)
+
+
+def _dp_accounting_epsilon(factory, count, delta, pessimistic):
+    logging.disable(logging.WARNING)  # its optimistic estimate warns that it uses privacy buckets
+    try:
+        pld = factory(value_discretization_interval=1e-4, pessimistic_estimate=pessimistic)
+        return pld.self_compose(count).get_epsilon_for_delta(delta)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("sigma,q,count", [(1.0, 0.01, 1000), (0.8, 0.05, 100), (2.0, 0.002, 3000)])
+def test_subsampled_gaussian_against_dp_accounting(sigma, q, count):
+    factory = lambda **kw: pldlib.from_gaussian_mechanism(sigma, sampling_prob=q, **kw)  # noqa: E731
+    ours = pj.gaussian(sigma, sampling_prob=q).self_compose(count).epsilon(1e-5)
+    theirs_up = _dp_accounting_epsilon(factory, count, 1e-5, True)
+    theirs_lo = _dp_accounting_epsilon(factory, count, 1e-5, False)
+    assert theirs_lo <= ours <= theirs_up * 1.001
+    assert pj.dpsgd_epsilon(sigma, q, count, 1e-5) == pytest.approx(ours, rel=1e-12)
+
+
+def test_subsampled_laplace_against_dp_accounting():
+    scale, q, count = 2.0, 0.05, 100
+    factory = lambda **kw: pldlib.from_laplace_mechanism(scale, sampling_prob=q, **kw)  # noqa: E731
+    ours = pj.laplace(scale, sampling_prob=q).self_compose(count).epsilon(1e-5)
+    theirs_up = _dp_accounting_epsilon(factory, count, 1e-5, True)
+    theirs_lo = _dp_accounting_epsilon(factory, count, 1e-5, False)
+    assert theirs_lo <= ours <= theirs_up * 1.001
+
+
+def test_replace_one_against_dp_accounting_and_never_tighter_than_add_remove():
+    sigma, q, count = 1.5, 0.02, 500
+    relation = NeighboringRelation.REPLACE_ONE
+    factory = lambda **kw: pldlib.from_gaussian_mechanism(  # noqa: E731
+        sigma, sampling_prob=q, neighboring_relation=relation, **kw
+    )
+    replace = pj.gaussian(sigma, sampling_prob=q, neighboring="replace_one")
+    assert replace.symmetric
+    ours = replace.self_compose(count).epsilon(1e-5)
+    assert _dp_accounting_epsilon(factory, count, 1e-5, False) <= ours
+    assert ours <= _dp_accounting_epsilon(factory, count, 1e-5, True) * 1.001
+    add_remove_lower = pj.gaussian(sigma, sampling_prob=q, pessimistic=False).self_compose(count)
+    assert ours >= add_remove_lower.epsilon(1e-5)
+    single = pj.gaussian(sigma, sampling_prob=q, neighboring="replace_one", pessimistic=False)
+    assert np.all(single.delta(EPS) >= pj.gaussian(sigma, sampling_prob=q).delta(EPS) - 1e-12)
+
+
+def test_replace_one_without_subsampling_doubles_the_shift():
+    a = pj.gaussian(2.0, neighboring="replace_one")
+    np.testing.assert_allclose(a.delta(EPS), pj.gdp(1.0).delta(EPS), rtol=1e-12, atol=1e-16)
+
+
+def test_fixed_batch_sampling():
+    fixed = pj.gaussian(1.0, sampling_prob=0.05, neighboring="replace_one", sampling="fixed_batch")
+    assert not fixed.symmetric
+    base = lambda e: gaussian_delta(2.0, e)  # noqa: E731
+    want = np.array([subsampled_remove_delta(base, 0.05, e) for e in EPS])
+    up = np.asarray(fixed.directions()[0].delta(EPS))
+    assert np.all(up >= want - 1e-15) and np.all(up <= want * 1.001 + 1e-13)
+    with pytest.raises(ValueError, match="replace_one"):
+        pj.gaussian(1.0, sampling_prob=0.05, sampling="fixed_batch")
+    with pytest.raises(ValueError, match="Gaussian only"):
+        pj.laplace(1.0, sampling_prob=0.05, neighboring="replace_one")
+
+
+def test_sampling_prob_zero_is_free_and_bad_values_are_refused():
+    assert pj.gaussian(1.0, sampling_prob=0.0).epsilon(1e-5) == 0.0
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="sampling_prob"):
+            pj.gaussian(1.0, sampling_prob=bad)
+    with pytest.raises(ValueError, match="neighboring"):
+        pj.gaussian(1.0, sampling_prob=0.1, neighboring="swap")
+
+
+def test_connect_the_dots_never_worse_than_privacy_buckets_on_the_same_grid():
+    grid_cd = pj.Grid(step=2.0**-10)
+    grid_pb = pj.Grid(step=2.0**-10, rounding="privacy_buckets")
+    for make in (lambda g, p: pj.gaussian(1.0, sampling_prob=0.05, grid=g, pessimistic=p),
+                 lambda g, p: pj.laplace(1.0, grid=g, pessimistic=p)):
+        cd_up, pb_up = make(grid_cd, True).self_compose(50), make(grid_pb, True).self_compose(50)
+        cd_lo, pb_lo = make(grid_cd, False).self_compose(50), make(grid_pb, False).self_compose(50)
+        eps = np.linspace(0.0, 3.0, 13)
+        assert np.all(cd_up.delta(eps) <= pb_up.delta(eps) * (1 + 1e-9) + 1e-15)
+        assert np.all(cd_lo.delta(eps) >= pb_lo.delta(eps) * (1 - 1e-9) - 1e-15)
+        assert cd_up.epsilon(1e-6) <= pb_up.epsilon(1e-6)
+
+
+def test_from_privacy_curve_reproduces_a_pld_on_the_grid():
+    """Connect-the-dots is exact for a PLD already supported on the grid."""
+    pld = pj.randomized_response(0.5, 1e-4).self_compose(6)
+    losses = np.asarray(pld.losses)
+
+    def curve(e):  # symmetric PLD: delta(-t) = 1 - e^-t + e^-t delta(t)
+        d = np.asarray(pld.delta(np.abs(e)))
+        return np.where(e < 0, -np.expm1(e) + np.exp(e) * d, d)
+
+    again = pj.from_privacy_curve(curve, epsilon_min=losses[0], epsilon_max=losses[-1],
+                                  step=float(pld.step))
+    # exact up to round-off: masses are second differences of delta values over expm1(step)
+    np.testing.assert_allclose(np.asarray(again.probs), np.asarray(pld.probs), rtol=1e-9, atol=1e-12)
+    assert float(again.inf_mass) == pytest.approx(float(pld.inf_mass), rel=1e-9)
+
+
+def test_from_privacy_curve_gaussian_both_directions_and_checks():
+    mu = 1.0
+    curve = lambda e: np.array([gaussian_delta(mu, x) if x >= 0 else  # noqa: E731
+                                -np.expm1(x) + np.exp(x) * gaussian_delta(mu, -x) for x in e])
+    pld = pj.from_privacy_curve(curve, epsilon_min=-6.0, epsilon_max=6.0, step=2.0**-6,
+                                reverse=curve)
+    assert not pld.symmetric
+    eps = np.array([0.0, 0.5, 1.0, 2.0])
+    want = np.array([gaussian_delta(mu, e) for e in eps])
+    got = np.asarray(pld.delta(eps))
+    assert np.all(got >= want - 1e-15) and np.all(got <= want * 1.01 + 1e-12)
+    with pytest.raises(ValueError, match="privacy curve"):
+        pj.from_privacy_curve(lambda e: np.clip(0.5 + 0.1 * e, 0, 1), epsilon_min=0.0,
+                              epsilon_max=1.0, step=0.1)
