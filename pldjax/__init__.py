@@ -1,7 +1,7 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays."""
 
 from pldjax.compose import compose
-from pldjax.dpsgd import dpsgd_delta, dpsgd_epsilon
+from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
 from pldjax.grid import Grid
 from pldjax.mechanisms import (
     from_privacy_curve,
@@ -17,6 +17,7 @@ __all__ = [
     "PLD",
     "Grid",
     "compose",
+    "compose_schedule",
     "dpsgd_delta",
     "dpsgd_epsilon",
     "from_privacy_curve",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,12 +23,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
-from pldjax.compose import _checked_size, self_compose_kernel, tail_window
+from pldjax.compose import _checked_size, compose, self_compose_kernel, tail_window
 from pldjax.grid import Grid
-from pldjax.mechanisms import gaussian
+from pldjax.mechanisms import gaussian, identity
+from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.profile import delta_kernel, epsilon_kernel
-from pldjax.validate import check_range, is_traced
+from pldjax.validate import check_count, check_range, is_traced
 
 #: Configurations per chunk (per device when sharded): bounds memory to about
 #: CHUNK x composition size x 16 bytes per device.
@@ -199,3 +200,41 @@ def dpsgd_delta(
     return _account(noise_multiplier, sampling_prob, steps, epsilon, "epsilon",
                     neighboring=neighboring, pessimistic=pessimistic, grid=grid, evaluate="delta",
                     progress=progress)
+
+
+@float64
+def compose_schedule(
+    segments: Sequence[tuple[float, float, int]],
+    *,
+    neighboring: str = "add_remove",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The PLD of a DP-SGD run whose noise or batch size changes: segments (sigma, q, steps).
+
+    Each segment is ``steps`` runs of the Poisson-subsampled Gaussian (noise multiplier sigma,
+    sampling probability q) composed in one FFT power; the segments are then composed exactly by
+    FFT convolution (on the finest of their grids). Both adjacency directions are kept. Returns a
+    :class:`~pldjax.pld.PLD`: read ``.epsilon(delta)`` or ``.delta(epsilon)`` from it.
+    """
+    segments = list(segments)
+    if not segments:
+        raise ValueError("segments must hold at least one (noise_multiplier, sampling_prob, steps)")
+    parts = []
+    for i, segment in enumerate(segments):
+        if len(segment) != 3:
+            raise ValueError(
+                f"segments[{i}] must be (noise_multiplier, sampling_prob, steps), got {segment!r}"
+            )
+        sigma, q, steps = segment
+        check_range(f"segments[{i}] noise_multiplier", sigma, 0.0, low_open=True)
+        check_range(f"segments[{i}] sampling_prob", q, 0.0, 1.0)
+        steps = check_count(f"segments[{i}] steps", steps)
+        if steps > 0 and q > 0:
+            pld = gaussian(
+                sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
+            )
+            parts.append(pld.self_compose(steps))
+    if not parts:
+        return identity(pessimistic=pessimistic)
+    return compose(parts) if len(parts) > 1 else parts[0]

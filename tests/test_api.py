@@ -106,4 +106,4 @@ def test_cli_epsilon_and_delta(capsys):
     assert opt <= pess <= opt * 1.005
     assert main(["delta", "--noise-multiplier", "2.0", "--steps", "10", "--epsilon", "1.0"]) == 0
     assert main(["epsilon", "--noise-multiplier", "-1", "--delta", "1e-5"]) == 2
-    assert "sigma" in capsys.readouterr().err
+    assert "noise_multiplier" in capsys.readouterr().err
