@@ -23,7 +23,7 @@ it: E is a safety factor times the larger of the largest negative tap observed a
 the inverse FFT (u log2(N) ||c||_2 / sqrt(N)). This is an estimate, not a proof; tests check
 pessimistic results against closed forms down to delta = 1e-12. For large counts the low
 frequencies, which alone survive the power, are computed without cancellation
-(:func:`_accurate_log_spectrum`), since the FFT's absolute error would be multiplied by the count.
+(:func:`_log_spectrum`), since the FFT's absolute error would be multiplied by the count.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ UNIT_ROUNDOFF = 2.0**-53
 MAX_SIZE = 2**25
 _ROUNDOFF_SAFETY = 2.0
 _CHERNOFF_SCALES = np.geomspace(1e-2, 1e2, 49)
+#: Low frequencies computed without cancellation, and the bins around the centre summed directly
+#: for them (see :func:`_log_spectrum`).
+_ACCURATE_FREQS = 256
+_NEAR_WIDTH = 2048
 
 
 # -- mass bookkeeping -----------------------------------------------------------------------------
@@ -142,21 +146,41 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessi
     return probs, inf_mass, a_off + b_off
 
 
-def _accurate_log_spectrum(probs, center, size: int, freqs: int):
-    """log of the first ``freqs`` rfft coefficients of ``probs`` (indices taken relative to
-    ``center``), accurate to round-off *relative to |P_k - 1|*.
+def _fold(probs, size: int, center):
+    """``probs`` wrapped modulo ``size`` and rotated so that index ``center`` comes first."""
+    n = probs.shape[0]
+    return jnp.roll(jnp.pad(probs, (0, (-n) % size)).reshape(-1, size).sum(axis=0), -center)
 
-    P_k = m + sum_j p_j (e^{-i theta_j} - 1) with 1 - cos = 2 sin^2(theta/2): no cancellation, so
-    T log P_k keeps its accuracy for large T, where the FFT's own absolute error (about u log2 N)
-    would be multiplied by T. Only low frequencies matter after a large power.
+
+def _log_spectrum(probs, center, size: int):
+    """log of the rfft of ``probs`` folded to ``size`` points (indices relative to ``center``),
+    with the lowest ``_ACCURATE_FREQS`` coefficients accurate to round-off *relative to |P_k - m|*.
+
+    For large counts only low frequencies survive the power, and there P_k is close to the total
+    mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. Near the
+    centre (``_NEAR_WIDTH`` bins, which hold almost all the mass) the deviation is summed directly,
+    P_k - m = sum_j p_j (e^{-i theta_j} - 1) with 1 - cos = 2 sin^2(theta/2), free of
+    cancellation; the bins farther out enter through their own FFT, whose absolute error is
+    relative to their (small) mass.
     """
-    rel = jnp.arange(probs.shape[0], dtype=jnp.int64) - center
+    n = probs.shape[0]
+    freqs = min(size // 2 + 1, _ACCURATE_FREQS)
+    width = min(n, _NEAR_WIDTH)
+    start = jnp.clip(center - width // 2, 0, n - width)
+    index = jnp.arange(n, dtype=jnp.int64)
+    far = jnp.where((index >= start) & (index < start + width), 0.0, probs)
+    spectrum = jnp.fft.rfft(_fold(probs, size, center))
+    far_deviation = jnp.fft.rfft(_fold(far, size, center))[:freqs] - jnp.sum(far)
+    near = jax.lax.dynamic_slice(probs, (start,), (width,))
+    rel = jnp.arange(width, dtype=jnp.int64) + start - center
     phase = (rel[None, :] * jnp.arange(freqs, dtype=jnp.int64)[:, None]) % size
     theta = (2.0 * jnp.pi / size) * phase.astype(jnp.float64)
+    near_deviation = -2.0 * jnp.sum(near * jnp.sin(theta / 2) ** 2, axis=1) - 1j * jnp.sum(
+        near * jnp.sin(theta), axis=1
+    )
     mass = jnp.sum(probs)
-    real = -2.0 * jnp.sum(probs * jnp.sin(theta / 2) ** 2, axis=1)
-    imag = -jnp.sum(probs * jnp.sin(theta), axis=1)
-    return jnp.log(mass) + jnp.log1p((real + 1j * imag) / mass)
+    low = jnp.log(mass) + jnp.log1p((near_deviation + far_deviation) / mass)
+    return jnp.log(spectrum).at[:freqs].set(low)
 
 
 def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail, pessimistic: bool):
@@ -168,11 +192,7 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail
     center = jnp.round(
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
     ).astype(jnp.int64)
-    folded = jnp.pad(probs, (0, (-n) % size)).reshape(-1, size).sum(axis=0)
-    log_spectrum = jnp.log(jnp.fft.rfft(jnp.roll(folded, -center)))
-    freqs = min(size // 2 + 1, max(16, min(2048, 2**22 // n)))
-    log_spectrum = log_spectrum.at[:freqs].set(_accurate_log_spectrum(probs, center, size, freqs))
-    raw = jnp.fft.irfft(jnp.exp(count * log_spectrum), size)
+    raw = jnp.fft.irfft(jnp.exp(count * _log_spectrum(probs, center, size)), size)
     raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
     above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)
     composed_inf = -jnp.expm1(count * jnp.log1p(-inf_mass))

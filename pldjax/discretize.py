@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pldjax import grid as grid_lib
 from pldjax.grid import Grid
@@ -198,6 +199,16 @@ def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: b
     return probs, inf_mass, offset, h
 
 
+@functools.partial(jax.jit, static_argnames=("mechanism",))
+def _widest_half_width(params, step, *, mechanism: Mechanism):
+    """Largest half-width of the batch in units of ``step``. With no fixed step, in units of twice
+    the fine step, so that a range of parameters shares one size (one compiled kernel); auto_step
+    then picks the finest step that covers the loss."""
+    if step is None:
+        step = 2 * grid_lib.fine_step(mechanism.spread(params))
+    return jnp.max(mechanism.half_width(params) / step)
+
+
 def _size(mechanism: Mechanism, params, grid: Grid) -> int:
     if grid.size is not None:
         return grid.size
@@ -205,18 +216,15 @@ def _size(mechanism: Mechanism, params, grid: Grid) -> int:
         if grid.step is not None:
             raise ValueError("a Grid with a fixed step needs an explicit size under jit")
         return grid_lib.MECHANISM_SIZE
-    if grid.step is not None:
-        return grid_lib.mechanism_size(mechanism.half_width(params), grid.step)
-    # up to twice the fine step, so that a range of parameters shares one size (one compiled
-    # kernel); auto_step then picks the finest step that covers the loss
-    return grid_lib.mechanism_size(
-        mechanism.half_width(params), 2 * grid_lib.fine_step(mechanism.spread(params))
-    )
+    return grid_lib.mechanism_size(float(_widest_half_width(params, grid.step, mechanism=mechanism)))
 
 
 def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool) -> PLD:
     """The (single-direction) PLD of ``mechanism``, batched over the broadcast ``params``."""
-    params = jnp.broadcast_arrays(*(jnp.asarray(p, jnp.float64) for p in params))
+    if is_traced(params):
+        params = jnp.broadcast_arrays(*(jnp.asarray(p, jnp.float64) for p in params))
+    else:  # on the host: no small compiled kernels for each array operation
+        params = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params))
     grid = grid or Grid()
     size = _size(mechanism, tuple(params), grid)
     shape = params[0].shape

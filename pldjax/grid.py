@@ -63,11 +63,10 @@ def fine_step(spread):
     return jnp.ldexp(1.0, (jnp.floor(jnp.log2(spread)) - STEP_FRACTION_LOG2).astype(jnp.int32))
 
 
-def mechanism_size(half_width, step) -> int:
-    """Number of points (a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]) of a window of
-    spacing ``step`` reaching ``half_width`` on both sides of its centre (concrete arrays; the
-    largest over a batch)."""
-    points = np.max(2 * np.asarray(half_width) / np.asarray(step)) + 4
+def mechanism_size(half_width_in_steps: float) -> int:
+    """Number of points (a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]) of a window
+    reaching ``half_width_in_steps`` grid steps on both sides of its centre."""
+    points = 2 * half_width_in_steps + 4
     return min(max(MECHANISM_SIZE, next_pow2(int(np.ceil(points)))), MAX_MECHANISM_SIZE)
 
 

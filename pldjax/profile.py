@@ -7,7 +7,7 @@ For a PLD with masses p_i at z_i = (offset + i) h and an atom m at +inf,
 All quantities are built from tail sums with non-negative terms only (no cancellation):
 ``S_k = sum_{i>=k} p_i``, ``R_k = sum_{i>=k} p_i e^{-(i-k)h}`` and
 ``D_k = sum_{i>k} p_i (1 - e^{-(i-k)h})`` (delta at z_k without the atom), the last two by linear
-recurrences solved with ``lax.associative_scan``. Between grid points, with t = z_j - eps in [0, h),
+recurrences (see :func:`_reverse_recurrence`). Between grid points, with t = z_j - eps in [0, h),
 ``delta(eps) = m + e^{-t} D_j + (1 - e^{-t}) S_j``: exact on the discrete PLD, O(n + len(eps)).
 """
 
@@ -20,18 +20,32 @@ from pldjax.pld import PLD, batched
 from pldjax.precision import float64, host_result
 from pldjax.validate import check_range, is_traced
 
+_BLOCK = 128
+
 
 def _reverse_recurrence(decay, terms):
-    """x_k = terms_k + decay * x_{k+1} (x_n = 0), for all k, by an associative scan."""
+    """x_k = terms_k + decay * x_{k+1} (x_n = 0) for all k, i.e. sum_{i>=k} decay^(i-k) terms_i.
 
-    def combine(earlier, later):
-        a1, b1 = earlier
-        a2, b2 = later
-        return a2 * a1, a2 * b1 + b2
+    Blocked: inside blocks of _BLOCK points a product with the triangular matrix of powers of
+    ``decay``, then one short sequential pass over the blocks for what later blocks contribute.
+    All terms are non-negative for the sums used here, so no digits cancel; it compiles much faster
+    than an associative scan over the full length.
+    """
+    n = terms.shape[0]
+    blocks = -(-n // _BLOCK)
+    padded = jnp.pad(terms, (0, blocks * _BLOCK - n)).reshape(blocks, _BLOCK)
+    lag = jnp.arange(_BLOCK)[None, :] - jnp.arange(_BLOCK)[:, None]  # i - k
+    powers = jnp.where(lag >= 0, decay ** jnp.maximum(lag, 0).astype(terms.dtype), 0.0)
+    inner = padded @ powers.T  # inner[b, k] = sum_{i >= k in block b} decay^(i-k) terms[b, i]
 
-    decays = jnp.full_like(terms, decay)
-    _, out = jax.lax.associative_scan(combine, (decays, terms[::-1]))
-    return out[::-1]
+    def carry_in(later, block_inner):
+        # value at the start of the next block, seen from the start of this one
+        here = block_inner[0] + decay**_BLOCK * later
+        return here, later
+
+    _, after = jax.lax.scan(carry_in, jnp.zeros((), terms.dtype), inner, reverse=True)
+    to_end = decay ** (_BLOCK - jnp.arange(_BLOCK)).astype(terms.dtype)  # decay^(block end - k)
+    return (inner + after[:, None] * to_end[None, :]).reshape(-1)[:n]
 
 
 def tail_sums(probs, step):
