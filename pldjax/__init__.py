@@ -1,5 +1,6 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays."""
 
+from pldjax.compilation import enable_compilation_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
 from pldjax.grid import Grid
@@ -20,6 +21,7 @@ __all__ = [
     "compose_schedule",
     "dpsgd_delta",
     "dpsgd_epsilon",
+    "enable_compilation_cache",
     "from_privacy_curve",
     "gaussian",
     "gdp",

@@ -151,6 +151,9 @@ def _sweep(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    from pldjax.compilation import enable_compilation_cache
+
+    enable_compilation_cache()
     try:
         if args.command == "sweep":
             return _sweep(args)

@@ -150,8 +150,15 @@ def _noise_mechanism(
                 "Gaussian only; use sampling='fixed_batch' or neighboring='add_remove'"
             )
         return discretize_mechanism(replace_one_subsampled, (shift, q), grid, pessimistic)
-    remove = discretize_mechanism(subsampling.poisson(base, "remove"), (shift, q), grid, pessimistic)
-    add = discretize_mechanism(subsampling.poisson(base, "add"), (shift, q), grid, pessimistic)
+    directions = jnp.asarray([subsampling.REMOVE, subsampling.ADD])
+    both = discretize_mechanism(
+        subsampling.poisson(base), (shift[..., None], q[..., None], directions), grid, pessimistic
+    )
+    remove, add = (
+        PLD(both.probs[..., i, :], both.inf_mass[..., i], both.offset[..., i], both.step[..., i],
+            both.pessimistic)
+        for i in (0, 1)
+    )
     return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add)
 
 

@@ -83,40 +83,48 @@ def _base_range(base: Mechanism, params):
     return q, center - half, center + half
 
 
-def _remove_range(base: Mechanism, params):
-    q, low, high = _base_range(base, params)
-    return _log1p_q_expm1(q, low), _log1p_q_expm1(q, high)
+def _loss_range(base: Mechanism, params):
+    """(low, high) of the subsampled loss: L = log(1 - q + q e^l) is monotone in the base loss."""
+    *rest, adding = params
+    q, low, high = _base_range(base, tuple(rest))
+    remove = (_log1p_q_expm1(q, low), _log1p_q_expm1(q, high))
+    add = (-_log1p_q_expm1(q, high), -_log1p_q_expm1(q, low))
+    return tuple(jnp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
 
 
-def _add_range(base: Mechanism, params):
-    q, low, high = _base_range(base, params)
-    return -_log1p_q_expm1(q, high), -_log1p_q_expm1(q, low)
+def _tails(base: Mechanism, params, eps):
+    *rest, adding = params
+    rest = tuple(rest)
+    remove, add = _remove_tails(base, rest, eps), _add_tails(base, rest, eps)
+    return tuple(jnp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
 
 
-def _center(loss_range, params):
-    low, high = loss_range(params)
+def _center(base: Mechanism, params):
+    low, high = _loss_range(base, params)
     return (low + high) / 2
 
 
-def _half_width(loss_range, params):
-    low, high = loss_range(params)
+def _half_width(base: Mechanism, params):
+    low, high = _loss_range(base, params)
     return (high - low) / 2
 
 
+#: The direction parameter of :func:`poisson`: remove (the mixture against the base) and add.
+REMOVE, ADD = 0.0, 1.0
+
+
 @functools.cache
-def poisson(base: Mechanism, direction: str) -> Mechanism:
-    """The Poisson-subsampled ``base`` in one direction ("remove" or "add"); params: base + (q,).
+def poisson(base: Mechanism) -> Mechanism:
+    """The Poisson-subsampled ``base``; params: base params + (q, direction), direction REMOVE or
+    ADD (data, so that both directions share one compiled kernel and one vmapped call).
 
     Cached, so that the same mechanism object (a static jit argument) is returned every time.
     """
-    tails = {"remove": _remove_tails, "add": _add_tails}[direction]
-    loss_range = {"remove": _remove_range, "add": _add_range}[direction]
-    loss_range = functools.partial(loss_range, base)
     return Mechanism(
-        tails=functools.partial(tails, base),
-        spread=functools.partial(_subsampled_spread, base),
-        center=functools.partial(_center, loss_range),
-        half_width=functools.partial(_half_width, loss_range),
+        tails=functools.partial(_tails, base),
+        spread=lambda params: _subsampled_spread(base, tuple(params[:-1])),
+        center=functools.partial(_center, base),
+        half_width=functools.partial(_half_width, base),
     )
 
 

@@ -1,5 +1,10 @@
+import os
+
 import jax
 import pytest
+
+# the CLI turns on a persistent compilation cache; tests must not write into the home directory
+os.environ.setdefault("PLDJAX_COMPILATION_CACHE", "0")
 
 jax.config.update("jax_enable_x64", True)
 

@@ -1,6 +1,9 @@
 """Precision, jit/vmap, retracing, and bad input."""
 
 import importlib
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -107,3 +110,20 @@ def test_cli_epsilon_and_delta(capsys):
     assert main(["delta", "--noise-multiplier", "2.0", "--steps", "10", "--epsilon", "1.0"]) == 0
     assert main(["epsilon", "--noise-multiplier", "-1", "--delta", "1e-5"]) == 2
     assert "noise_multiplier" in capsys.readouterr().err
+
+
+def test_compilation_cache_keeps_kernels_across_processes(tmp_path):
+    code = (
+        "import pldjax as pj; d = pj.enable_compilation_cache(); "
+        "print(d); print(pj.gaussian(2.0).self_compose(3).epsilon(1e-5))"
+    )
+    env = dict(os.environ, PLDJAX_COMPILATION_CACHE=str(tmp_path / "xla"), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == str(tmp_path / "xla")
+    assert any((tmp_path / "xla").iterdir())
+    env["PLDJAX_COMPILATION_CACHE"] = "0"
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert off.returncode == 0 and off.stdout.splitlines()[0] == "None"
