@@ -143,6 +143,30 @@ class PLD:
 
         return epsilon(self, delta)
 
+    def tradeoff(self, alpha) -> jax.Array:
+        """The f-DP tradeoff curve: beta(alpha), the smallest type II error of a test of P against
+        Q with type I error ``alpha`` in [0, 1]. A lower bound on the true beta if pessimistic;
+        the smaller of the two directions for a two-direction PLD."""
+        from pldjax.order import tradeoff
+
+        return tradeoff(self, alpha)
+
+    def renyi(self, order) -> jax.Array:
+        """Rényi divergence D_order(P || Q) (nats; order > 0, 1 gives KL): the Rényi-DP epsilon.
+
+        An upper bound if pessimistic; inf for orders >= 1 when there is an atom at +inf (as
+        pessimistic discretizations of unbounded losses have); the larger of two directions.
+        """
+        from pldjax.order import renyi
+
+        return renyi(self, order)
+
+    def swap(self) -> PLD:
+        """PLD(Q || P): the directions exchanged (a symmetric PLD is its own swap)."""
+        from pldjax.order import swap
+
+        return swap(self)
+
     def compose(self, other: PLD, *, size: int | None = None) -> PLD:
         """The PLD of running both mechanisms (independent composition), by FFT convolution."""
         from pldjax.compose import compose

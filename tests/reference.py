@@ -83,3 +83,22 @@ def subsampled_add_delta(base_delta, q: float, eps: float) -> float:
     if c <= 0:
         return 0.0
     return float(c * base_delta(float(eps + mp.log(q) - mp.log(c))))
+
+
+def gaussian_tradeoff(mu: float, alpha: float) -> float:
+    """beta(alpha) of G_mu: Phi(Phi^-1(1 - alpha) - mu)."""
+    alpha = mp.mpf(alpha)
+    if alpha <= 0:
+        return 1.0
+    if alpha >= 1:
+        return 0.0
+    return float(mp.ncdf(-mp.sqrt(2) * mp.erfinv(2 * alpha - 1) - mu))
+
+
+def rr_renyi(eps: float, order: float) -> float:
+    """Rényi divergence of R_{eps,0} (laplace-transform-dp.txt Thm 3.5)."""
+    eps, a = mp.mpf(eps), mp.mpf(order)
+    p = mp.e**eps / (1 + mp.e**eps)
+    if a == 1:  # KL: p log(p / (1-p)) + (1-p) log((1-p) / p)
+        return float((2 * p - 1) * eps)
+    return float(mp.log(p**a * (1 - p) ** (1 - a) + (1 - p) ** a * p ** (1 - a)) / (a - 1))

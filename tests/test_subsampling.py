@@ -167,3 +167,18 @@ def test_from_privacy_curve_gaussian_both_directions_and_checks():
     with pytest.raises(ValueError, match="privacy curve"):
         pj.from_privacy_curve(lambda e: np.clip(0.5 + 0.1 * e, 0, 1), epsilon_min=0.0,
                               epsilon_max=1.0, step=0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma", [0.6, 1.0, 2.5])
+@pytest.mark.parametrize("q", [0.001, 0.01, 0.05])
+@pytest.mark.parametrize("count", [100, 10_000])
+def test_dpsgd_against_dp_accounting_grid(sigma, q, count):
+    """Across (sigma, q, T): between dp-accounting's optimistic and pessimistic (1e-4) + 0.1%."""
+    factory = lambda **kw: pldlib.from_gaussian_mechanism(sigma, sampling_prob=q, **kw)  # noqa: E731
+    ours = pj.dpsgd_epsilon(sigma, q, count, 1e-5)
+    ours_lower = pj.dpsgd_epsilon(sigma, q, count, 1e-5, pessimistic=False)
+    theirs_up = _dp_accounting_epsilon(factory, count, 1e-5, True)
+    theirs_lo = _dp_accounting_epsilon(factory, count, 1e-5, False)
+    assert theirs_lo <= ours <= theirs_up * 1.001 + 1e-9
+    assert ours_lower <= theirs_up + 1e-9
