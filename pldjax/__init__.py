@@ -12,6 +12,7 @@ from pldjax.mechanisms import (
     laplace,
     randomized_response,
 )
+from pldjax.order import gdp_mu, sup
 from pldjax.pld import PLD
 
 __all__ = [
@@ -25,7 +26,9 @@ __all__ = [
     "from_privacy_curve",
     "gaussian",
     "gdp",
+    "gdp_mu",
     "identity",
     "laplace",
     "randomized_response",
+    "sup",
 ]

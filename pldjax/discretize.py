@@ -106,26 +106,30 @@ def _lower_hull_at(xs, ys):
     return jnp.interp(xs, hx, hy)
 
 
-def optimistic_curve(delta, log_sf_q, z, step, log_q_finite):
-    """Alg. 2: hockey-stick values at the grid points of an optimistic (lower) estimate.
+def optimistic_curve(values, slopes, z, step, at_zero, first, last):
+    """Alg. 2: values at the grid points of an optimistic (lower) estimate of a convex curve.
 
-    ``delta``: true curve at z; ``log_sf_q``: log Q(L > z); ``log_q_finite``: log Q(L > -inf).
+    ``values``: the true curve at z (delta, or the excess delta - (1 - x), accurate at z < 0);
+    ``slopes``: x times its derivative in x = e^z there; ``at_zero``: its value at x = 0;
+    ``first``: the tangent at x = 0 evaluated at x_0; ``last``: the lower bound used at the last
+    point. Candidates on tangent lines (left of x = 1 from the previous point, right of it from
+    the next one), then their lower convex hull with the point at x = 0, at the grid points.
+    Adding a linear function (as the excess does) leaves the hull's points unchanged, so both
+    forms describe one optimistic PLD.
     """
     n = z.shape[0]
-    slope = jnp.exp(log_sf_q + z)  # -(d delta / dx) * x at z_i, always <= P(L > z_i) <= 1
-    first = 1.0 - jnp.exp(z[0] + log_q_finite)  # tangent at x = 0, evaluated at x_0
-    from_left = jnp.concatenate([first[None], delta[:-1] - slope[:-1] * jnp.expm1(step)])
-    from_right = jnp.concatenate([delta[1:] - slope[1:] * jnp.expm1(-step), jnp.zeros((1,))])
+    from_left = jnp.concatenate([first[None], values[:-1] + slopes[:-1] * jnp.expm1(step)])
+    from_right = jnp.concatenate([values[1:] + slopes[1:] * jnp.expm1(-step), last[None]])
     split = jnp.searchsorted(z, 0.0, side="left")  # first grid point with z >= 0 (x >= 1)
     idx = jnp.arange(n)
     cand = jnp.where(
         idx < split, from_left, jnp.where(idx > split, from_right, jnp.minimum(from_left, from_right))
     )
-    cand = cand.at[-1].set(0.0)
+    cand = cand.at[-1].set(last)
     # x measured relative to the window centre: scaling x keeps convexity and avoids overflow
     xs = jnp.exp(z - z[n // 2])
-    hull = _lower_hull_at(jnp.concatenate([jnp.zeros((1,)), xs]), jnp.concatenate([jnp.ones((1,)), cand]))
-    return jnp.clip(hull[1:], 0.0, 1.0)
+    points = jnp.concatenate([jnp.full((1,), at_zero, values.dtype), cand])
+    return _lower_hull_at(jnp.concatenate([jnp.zeros((1,)), xs]), points)[1:]
 
 
 def privacy_buckets(log_sf_p, pessimistic: bool):
@@ -155,8 +159,17 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0,
     delta = hockey_stick(lsp, lsq, z)
     if pessimistic:
         return masses_from_curve(delta, step, hockey_stick_excess(lcp, lcq, z), z)
-    curve = optimistic_curve(jax.lax.cummin(delta), lsq, z, step, log_q_finite)
-    probs, _ = masses_from_curve(curve, step)
+    # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0
+    x_first = jnp.exp(z[0])
+    curve = optimistic_curve(
+        jax.lax.cummin(delta), -jnp.exp(lsq + z), z, step, 1.0,
+        1.0 - jnp.exp(z[0] + log_q_finite), jnp.zeros(()),
+    )
+    excess = optimistic_curve(
+        jax.lax.cummax(hockey_stick_excess(lcp, lcq, z)), jnp.exp(lcq + z), z, step, 0.0,
+        -x_first * jnp.expm1(log_q_finite), jnp.expm1(z[-1]),
+    )
+    probs, _ = masses_from_curve(jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, 0.0), z)
     return probs, jnp.zeros((), probs.dtype)
 
 

@@ -1,4 +1,4 @@
-"""Converting PLDs: the swapped pair, tradeoff (f-DP) curves and Rényi divergences.
+"""Comparing and converting PLDs: Blackwell order, suprema, GDP, tradeoff curves, Rényi divergences.
 
 For one direction PLD(P || Q) with masses p_i at losses z_i, the same outcomes have Q-masses
 q_i = p_i e^{-z_i}; the atom at +inf is P-only mass and 1 - sum q_i is Q-only mass (loss -inf).
@@ -10,17 +10,35 @@ q_i = p_i e^{-z_i}; the atom at +inf is P-only mass and 1 - sum q_i is Q-only ma
   D_a = log E_P[e^{(a-1) L}] / (a - 1), infinite for a >= 1 when there is an atom at +inf. Rényi
   divergences obey data processing, so a pessimistic PLD gives an upper bound.
 
-Two-direction PLDs report the worse direction: the smaller beta, the larger divergence.
+* Order (residue-filters.txt Prop. 10): L is dominated by B iff delta_L(eps) <= delta_B(eps) for
+  every real eps. On grids both curves are piecewise linear in e^eps between their points, so the
+  comparison at the union of both grids' points is exact (below both grids both curves are linear
+  from (x = 0, 1); above both they are constant).
+* Supremum (Prop. 11): the pointwise maximum of the curves at the points of a common grid, joined by
+  chords (connect-the-dots): a convex curve above every member's, turned back into masses.
+
+Two-direction PLDs report the worse direction: the smaller beta, the larger divergence, and both
+directions must be dominated.
+
+Pessimistic discretizations of mechanisms with unbounded loss (the Gaussian) and compositions keep
+the mass beyond their window as a small atom at +inf (1e-24 .. 1e-15): delta never reaches 0, so no
+smooth curve that tends to 0 can dominate them exactly. :meth:`dominated_by` and :func:`gdp_mu`
+therefore take an additive ``delta_slack``: they certify delta_L <= delta_B + delta_slack + ROUNDOFF
+(1e-14) at every eps, which a filter must account as an extra delta.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import logsumexp
+import numpy as np
+from jax.scipy.special import log_ndtr, logsumexp
 
-from pldjax.pld import PLD, batched
+from pldjax.compose import settle
+from pldjax.discretize import hockey_stick, masses_from_curve
+from pldjax.pld import PLD, batched, check_same_kind
 from pldjax.precision import float64, host_result
+from pldjax.profile import delta_kernel, grid_deltas
 from pldjax.validate import check_range, is_traced
 
 
@@ -88,3 +106,193 @@ def swap(pld: PLD) -> PLD:
         return pld
     back = pld.reverse
     return PLD(back.probs, back.inf_mass, back.offset, back.step, back.pessimistic, pld._forward())
+
+
+# -- order ----------------------------------------------------------------------------------------
+#: Absolute round-off of delta values computed from grid masses (sums of up to 2^25 terms near 1):
+#: comparisons certify delta_L <= delta_B + delta_slack + ROUNDOFF.
+ROUNDOFF = 1e-14
+
+
+def _grid_points(pld: PLD):
+    return jnp.asarray(pld.losses).reshape(-1)
+
+
+@jax.jit
+def _excess_over(l_probs, l_inf, l_off, l_step, b_probs, b_inf, b_off, b_step, points):
+    """max over ``points`` of delta_L - delta_B (single directions)."""
+    return jnp.max(
+        delta_kernel(l_probs, l_inf, l_off, l_step, points)
+        - delta_kernel(b_probs, b_inf, b_off, b_step, points)
+    )
+
+
+def _unbatched(pld: PLD, what: str) -> None:
+    if pld.batch_shape:
+        raise ValueError(f"{what} takes unbatched PLDs (index the batch: pld[i])")
+
+
+@float64
+def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0) -> bool:
+    """True only if delta_query(eps) <= delta_budget(eps) + delta_slack at every eps for the exact
+    distributions (L is dominated by B in the Blackwell order when delta_slack = 0).
+
+    ``query`` must be pessimistic (its curve is above the truth) and ``budget`` optimistic (below
+    the truth): then the exact comparison of the two grid PLDs is a proof. The answer may be False
+    although the exact relation holds by less than the budget's optimistic gap (build the budget
+    on a finer grid to shrink it); it is never True when the relation fails by more than
+    ``delta_slack`` plus ROUNDOFF.
+    """
+    _unbatched(query, "dominated_by")
+    _unbatched(budget, "dominated_by")
+    if not query.pessimistic:
+        raise ValueError("the query PLD must be pessimistic (an upper bound) for a sound answer")
+    if budget.pessimistic:
+        raise ValueError(
+            "the budget PLD must be optimistic (pessimistic=False: a lower bound on its curve) "
+            "for a sound answer"
+        )
+    check_range("delta_slack", delta_slack, 0.0, 1.0)
+    if query.reverse is None and budget.reverse is None:
+        pairs = [(query, budget)]
+    else:
+        pairs = list(zip(_both(query), _both(budget), strict=True))
+    for q, b in pairs:
+        points = jnp.concatenate([_grid_points(q), _grid_points(b)])
+        excess = _excess_over(q.probs, q.inf_mass, q.offset, q.step,
+                              b.probs, b.inf_mass, b.offset, b.step, points)
+        if not float(excess) <= delta_slack + ROUNDOFF:
+            return False
+    return True
+
+
+def _both(pld: PLD) -> tuple[PLD, PLD]:
+    return (pld._forward(), pld.reverse if pld.reverse is not None else pld._forward())
+
+
+# -- supremum -------------------------------------------------------------------------------------
+@float64
+def sup(plds) -> PLD:
+    """The least upper bound of a family in the Blackwell order, as a pessimistic PLD (Prop. 11).
+
+    ``plds``: a list of PLDs, or one PLD with a batch axis (the family). All must be pessimistic
+    and share one grid step. The result's curve is the maximum of the members' curves at the
+    common grid's points joined by chords: above every member, and the tightest such PLD on the
+    grid; the sup of an ordered family is its largest member.
+    """
+    members = list(plds) if not isinstance(plds, PLD) else [plds[i] for i in range(len(plds))]
+    if not members:
+        raise ValueError("plds must hold at least one PLD")
+    for m in members:
+        _unbatched(m, "sup (a list of unbatched PLDs or one PLD with one batch axis)")
+    if not check_same_kind(members):
+        raise ValueError("sup needs pessimistic PLDs: the maximum of lower bounds bounds nothing")
+    steps = np.array([float(m.step) for m in members])
+    if not np.allclose(steps, steps[0], rtol=1e-12, atol=0):
+        raise ValueError(f"sup needs PLDs on one grid step, got steps {np.unique(steps)}")
+    step = steps[0]
+    if all(m.reverse is None for m in members):
+        return _sup_direction(members, step)
+    forward = _sup_direction([_both(m)[0] for m in members], step)
+    back = _sup_direction([_both(m)[1] for m in members], step)
+    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+
+
+@jax.jit
+def _curve_at(probs, inf_mass, offset, step, points):
+    return delta_kernel(probs, inf_mass, offset, step, points)
+
+
+def _sup_direction(members: list[PLD], step: float) -> PLD:
+    low = min(int(m.offset) for m in members)
+    high = max(int(m.offset) + m.size - 1 for m in members)
+    points = (low + jnp.arange(high - low + 1, dtype=jnp.float64)) * step
+    curve = members[0].probs.dtype.type(0) + jnp.zeros_like(points)
+    for m in members:
+        curve = jnp.maximum(curve, _curve_at(m.probs, m.inf_mass, m.offset, m.step, points))
+    probs, inf_mass = masses_from_curve(curve, step, curve + jnp.expm1(points), points)
+    # round-off in the masses may leave the rebuilt curve a few 1e-13 below the maximum: move that
+    # much mass from the bottom to +inf, which raises delta by it at every grid point
+    shortfall = jnp.max(curve - grid_deltas(probs, inf_mass, step))
+    probs, inf_mass = settle(probs, inf_mass, 0.0, jnp.maximum(shortfall, 0.0), True)
+    return PLD(probs, inf_mass, jnp.asarray(low, jnp.int64), jnp.asarray(step, jnp.float64), True)
+
+
+# -- GDP ------------------------------------------------------------------------------------------
+_BISECTION_STEPS = 64
+
+
+def _below_gdp(probs, inf_mass, offset, step, mu, delta_slack):
+    """True if delta_L <= delta_{G_mu} + delta_slack everywhere (sound for the exact G_mu).
+
+    Between two grid points L's curve is a chord (linear in x = e^eps) and G_mu's is convex, so it
+    lies above both tangents at the ends; chord minus the larger tangent is concave, so comparing
+    at the ends and at the tangents' crossing suffices. Left of the grid L runs linearly from
+    (x = 0, 1) and G_mu lies above its tangents at x = 0 (slope -1) and at the first point; right of
+    it L is flat at its atom while G_mu tends to 0.
+    """
+    n = probs.shape[0]
+    z = (offset + jnp.arange(n, dtype=jnp.float64)) * step
+    d = grid_deltas(probs, inf_mass, step)
+    safe = jnp.maximum(mu, 1e-300)
+    log_q = log_ndtr(-safe / 2 - z / safe)
+    g = hockey_stick(log_ndtr(safe / 2 - z / safe), log_q, z) + delta_slack + ROUNDOFF
+    slope = -jnp.exp(z + log_q)  # x times d delta / dx at the grid points
+    # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
+    # g_{i+1} + s_{i+1} e^-h grow (t - 1)
+    grow, back = jnp.expm1(step), jnp.exp(-step)
+    g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
+    denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
+    numerator = g1 - g0 - s1 * back * grow
+    t = jnp.clip(numerator / jnp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
+    t = jnp.where(denominator < 0, t, 0.0)
+    envelope = jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
+    inside = jnp.all(d[:-1] + (d[1:] - d[:-1]) * t <= envelope) & jnp.all(d <= g)
+    # left of the grid, x = x_0 t: tangent at 0 is 1 + slack - x_0 t, at x_0 it is g_0 + s_0 (t - 1)
+    x0 = jnp.exp(z[0])
+    width = x0 + slope[0]  # x_0 (1 - Q(L_G > z_0)) >= 0
+    top = 1.0 + delta_slack + ROUNDOFF
+    t_left = jnp.clip((top + slope[0] - g[0]) / jnp.where(width > 0, width, 1.0), 0.0, 1.0)
+    left_envelope = jnp.maximum(top - x0 * t_left, g[0] + slope[0] * (t_left - 1.0))
+    left = 1.0 - (1.0 - d[0]) * t_left <= left_envelope
+    return inside & left & (inf_mass <= delta_slack)
+
+
+def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max):
+    """Smallest mu in (0, mu_max] (to bisection resolution, rounded up) with L below G_mu plus the
+    slack; inf if not even mu_max is enough."""
+
+    def halve(_, bracket):
+        low, high = bracket
+        mid = (low + high) / 2
+        ok = _below_gdp(probs, inf_mass, offset, step, mid, delta_slack)
+        return jnp.where(ok, low, mid), jnp.where(ok, mid, high)
+
+    _, high = jax.lax.fori_loop(0, _BISECTION_STEPS, halve, (jnp.zeros(()), mu_max))
+    return jnp.where(_below_gdp(probs, inf_mass, offset, step, mu_max, delta_slack), high, jnp.inf)
+
+
+_gdp_mu_jit = jax.jit(gdp_mu_kernel)
+
+
+@float64
+def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
+    """Smallest mu such that the PLD is dominated by G_mu (mu-GDP), up to ``delta_slack``.
+
+    An upper bound on the true value for a pessimistic PLD: the comparison is with G_mu's exact
+    curve, sound between grid points (tangent lines). Both directions of a two-direction PLD must
+    be dominated. inf when no mu <= ``mu_max`` works (e.g. an atom at +inf above the slack).
+    Batched over the PLD's batch axes.
+    """
+    if not pld.pessimistic:
+        raise ValueError("gdp_mu needs a pessimistic PLD (an upper bound) for a sound answer")
+    check_range("delta_slack", delta_slack, 0.0, 1.0)
+    check_range("mu_max", mu_max, 0.0, low_open=True)
+    kernel = gdp_mu_kernel if is_traced(pld) else _gdp_mu_jit
+    result = None
+    for direction in pld.directions():
+        fn = batched(lambda p, m, o, h: kernel(p, m, o, h, delta_slack, mu_max),
+                     len(direction.batch_shape))
+        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
+        result = out if result is None else jnp.maximum(result, out)
+    return host_result(result)

@@ -161,6 +161,13 @@ class PLD:
 
         return renyi(self, order)
 
+    def dominated_by(self, budget: PLD, *, delta_slack: float = 0.0) -> bool:
+        """True only if this (pessimistic) PLD is dominated by ``budget`` (an optimistic PLD) for
+        the exact distributions, up to an additive ``delta_slack`` (see :func:`pldjax.order.dominated_by`)."""
+        from pldjax.order import dominated_by
+
+        return dominated_by(self, budget, delta_slack=delta_slack)
+
     def swap(self) -> PLD:
         """PLD(Q || P): the directions exchanged (a symmetric PLD is its own swap)."""
         from pldjax.order import swap
