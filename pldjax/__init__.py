@@ -1,5 +1,6 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays."""
 
+from pldjax import plot  # matplotlib is imported only when a figure is drawn
 from pldjax.compilation import enable_compilation_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
@@ -29,6 +30,7 @@ __all__ = [
     "gdp_mu",
     "identity",
     "laplace",
+    "plot",
     "randomized_response",
     "sup",
 ]
