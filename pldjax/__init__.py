@@ -6,6 +6,8 @@ from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
 from pldjax.grid import Grid
 from pldjax.mechanisms import (
+    discrete_gaussian,
+    discrete_laplace,
     from_privacy_curve,
     gaussian,
     gdp,
@@ -21,6 +23,8 @@ __all__ = [
     "Grid",
     "compose",
     "compose_schedule",
+    "discrete_gaussian",
+    "discrete_laplace",
     "dpsgd_delta",
     "dpsgd_epsilon",
     "enable_compilation_cache",

@@ -217,9 +217,11 @@ def _widest_half_width(params, step, *, mechanism: Mechanism):
     """Largest half-width of the batch in units of ``step``. With no fixed step, in units of twice
     the fine step, so that a range of parameters shares one size (one compiled kernel); auto_step
     then picks the finest step that covers the loss."""
-    if step is None:
-        step = 2 * grid_lib.fine_step(mechanism.spread(params))
-    return jnp.max(mechanism.half_width(params) / step)
+    def one(single):
+        h = 2 * grid_lib.fine_step(mechanism.spread(single)) if step is None else step
+        return mechanism.half_width(single) / h
+
+    return jnp.max(jax.vmap(one)(tuple(p.reshape(-1) for p in params)))
 
 
 def _size(mechanism: Mechanism, params, grid: Grid) -> int:

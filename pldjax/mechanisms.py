@@ -10,6 +10,7 @@ never trigger recompilation.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -23,7 +24,7 @@ from pldjax.discretize import Mechanism, discretize_mechanism, masses_from_curve
 from pldjax.grid import Grid
 from pldjax.pld import PLD
 from pldjax.precision import float64
-from pldjax.validate import check_range
+from pldjax.validate import check_range, is_traced
 
 
 def _gaussian_tails(params, eps):
@@ -113,7 +114,7 @@ def _check_choice(name: str, value, allowed: tuple[str, ...]) -> None:
 
 def _noise_mechanism(
     base: Mechanism,
-    shift,
+    params: tuple,
     sampling_prob,
     neighboring: str,
     sampling: str,
@@ -122,37 +123,42 @@ def _noise_mechanism(
     replace_one_subsampled: Mechanism | None,
     name: str,
 ) -> PLD:
-    """An additive-noise mechanism whose base pair is ``base`` at loss parameter ``shift`` (output
-    distributions shifted by one sensitivity), under the adjacency and sampling asked for."""
+    """An additive-noise mechanism whose base pair is ``base`` with ``params`` (the last one being
+    the shift between the output distributions: one sensitivity), under the adjacency and
+    sampling asked for."""
     _check_choice("neighboring", neighboring, NEIGHBORING)
     _check_choice("sampling", sampling, SAMPLING)
-    replace_one = neighboring == "replace_one"
-    if replace_one:
-        doubled = 2 * shift  # a record's contribution goes from -sensitivity to +sensitivity
+    params = tuple(jnp.asarray(p, jnp.float64) for p in params)
+    if neighboring == "replace_one":
+        # a record's contribution goes from -sensitivity to +sensitivity
+        params = params[:-1] + (2 * params[-1],)
     if sampling_prob is None:
         if sampling != "poisson":
             raise ValueError("sampling='fixed_batch' needs a sampling_prob (batch size / dataset size)")
-        return discretize_mechanism(base, (doubled if replace_one else shift,), grid, pessimistic)
+        return discretize_mechanism(base, params, grid, pessimistic)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     q = jnp.asarray(sampling_prob, jnp.float64)
     if sampling == "fixed_batch":
-        if not replace_one:
+        if neighboring != "replace_one":
             raise ValueError(
                 "sampling='fixed_batch' (without replacement) has a PLD under "
                 "neighboring='replace_one' only: with add/remove neighbours the dataset size, "
                 "hence the batch, changes"
             )
-        shift = doubled
-    elif replace_one:
+    elif neighboring == "replace_one":
         if replace_one_subsampled is None:
             raise ValueError(
                 f"{name}: Poisson subsampling with neighboring='replace_one' is available for the "
                 "Gaussian only; use sampling='fixed_batch' or neighboring='add_remove'"
             )
-        return discretize_mechanism(replace_one_subsampled, (shift, q), grid, pessimistic)
+        undoubled = params[:-1] + (params[-1] / 2,)  # the replace-one mechanism takes one shift
+        return discretize_mechanism(replace_one_subsampled, undoubled + (q,), grid, pessimistic)
     directions = jnp.asarray([subsampling.REMOVE, subsampling.ADD])
     both = discretize_mechanism(
-        subsampling.poisson(base), (shift[..., None], q[..., None], directions), grid, pessimistic
+        subsampling.poisson(base),
+        tuple(p[..., None] for p in params) + (q[..., None], directions),
+        grid,
+        pessimistic,
     )
     remove, add = (
         PLD(both.probs[..., i, :], both.inf_mass[..., i], both.offset[..., i], both.step[..., i],
@@ -203,7 +209,7 @@ def gaussian(
     check_range("sensitivity", sensitivity, 0.0, low_open=True)
     mu = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(sigma, jnp.float64)
     return _noise_mechanism(
-        GAUSSIAN, mu, sampling_prob, neighboring, sampling, pessimistic, grid,
+        GAUSSIAN, (mu,), sampling_prob, neighboring, sampling, pessimistic, grid,
         subsampling.GAUSSIAN_REPLACE_ONE, "gaussian",
     )
 
@@ -242,11 +248,210 @@ def laplace(
     check_range("sensitivity", sensitivity, 0.0, low_open=True)
     eps0 = jnp.asarray(sensitivity, jnp.float64) / jnp.asarray(scale, jnp.float64)
     return _noise_mechanism(
-        LAPLACE, eps0, sampling_prob, neighboring, sampling, pessimistic, grid, None, "laplace"
+        LAPLACE, (eps0,), sampling_prob, neighboring, sampling, pessimistic, grid, None, "laplace"
     )
 
 
 laplace.__doc__ += _ADJACENCY_DOC
+
+
+# -- discrete noise ---------------------------------------------------------------------------------
+def _dlap_log_cdf(t, k):
+    """log P(K <= k) for P(K = j) proportional to e^{-t |j|}; k integer-valued (or +-inf)."""
+    log_norm = jnp.log1p(jnp.exp(-t))
+    safe = jnp.where(jnp.isfinite(k), k, 0.0)
+    value = jnp.where(safe <= 0, t * safe - log_norm, jnp.log1p(-jnp.exp(-t * (safe + 1) - log_norm)))
+    return jnp.where(k == jnp.inf, 0.0, jnp.where(k == -jnp.inf, -jnp.inf, value))
+
+
+def _dlap_log_sf(t, k):
+    """log P(K > k) (the mirror image of the CDF: P(K > k) = P(K <= -k - 1))."""
+    return _dlap_log_cdf(t, -k - 1)
+
+
+def _loss_threshold(below_top, above_bottom, position):
+    """The largest integer k with loss(k) > eps: +inf when every k qualifies, -inf when none."""
+    return jnp.where(above_bottom, jnp.inf, jnp.where(below_top, jnp.ceil(position) - 1, -jnp.inf))
+
+
+def _dlap_tails(params, eps):
+    # P = DLap(0), Q = DLap(D), t = 1/scale: loss t(|k - D| - |k|) in [-tD, tD], decreasing in k;
+    # loss > eps  <=>  k <= ceil((D - eps/t) / 2) - 1
+    t, shift = params
+    k = _loss_threshold(eps < t * shift, eps < -t * shift, (shift - eps / t) / 2)
+    return (
+        _dlap_log_cdf(t, k), _dlap_log_cdf(t, k - shift),
+        _dlap_log_sf(t, k), _dlap_log_sf(t, k - shift),
+    )
+
+
+def _dlap_chi2(params):
+    # E_Q[(P/Q)^2] = tanh(t/2) [e^{tD} / (1 - e^-t) + e^{tD} sum_{0<k<D} e^{-3tk} + e^{-2tD} / (1 - e^-t)]
+    t, shift = params
+    one = -jnp.expm1(-t)
+    middle = jnp.exp(-3 * t) * -jnp.expm1(-3 * t * (shift - 1)) / -jnp.expm1(-3 * t)
+    total = jnp.tanh(t / 2) * (jnp.exp(t * shift) * (1 / one + middle) + jnp.exp(-2 * t * shift) / one)
+    return total - 1
+
+
+DISCRETE_LAPLACE = Mechanism(
+    tails=_dlap_tails,
+    spread=lambda p: _positive_or_one(p[0] * p[1]),
+    center=lambda p: jnp.zeros_like(p[0]),
+    half_width=lambda p: 1.01 * _positive_or_one(p[0] * p[1]),
+    chi2=_dlap_chi2,
+)
+
+
+def _dgauss_log_pmf(support: int, sigma, offset=0.0):
+    """(integers k, log P(K = k + offset)) for the discrete Gaussian on ``support`` integers."""
+    half = support // 2
+    ks = jnp.arange(-half, support - half, dtype=jnp.float64)
+    log_norm = jax.scipy.special.logsumexp(-(ks**2) / (2 * sigma**2))
+    return ks, -((ks - offset) ** 2) / (2 * sigma**2) - log_norm
+
+
+def _dgauss_tails(support: int, params, eps):
+    # P(K = k) proportional to e^{-k^2 / (2 s^2)} on k in [-support/2, support/2), Q shifted by D;
+    # loss (D^2 - 2 k D) / (2 s^2) decreases in k: loss > eps  <=>  k <= ceil((D^2 - 2 s^2 eps)/(2D)) - 1
+    sigma, shift = params
+    half = support // 2
+    _, log_p = _dgauss_log_pmf(support, sigma)
+    cdf = jax.lax.cumlogsumexp(log_p)
+    sf = jnp.concatenate([jax.lax.cumlogsumexp(log_p, reverse=True)[1:], jnp.full((1,), -jnp.inf)])
+    k = jnp.ceil((shift**2 - 2 * sigma**2 * eps) / (2 * shift)) - 1
+
+    def lookup(table, index, below, above):
+        inside = jnp.clip(index + half, 0, support - 1).astype(jnp.int32)
+        return jnp.where(index < -half, below, jnp.where(index > support - half - 1, above, table[inside]))
+
+    return (
+        lookup(cdf, k, -jnp.inf, 0.0), lookup(cdf, k - shift, -jnp.inf, 0.0),
+        lookup(sf, k, 0.0, -jnp.inf), lookup(sf, k - shift, 0.0, -jnp.inf),
+    )
+
+
+def _dgauss_chi2(support: int, params):
+    sigma, shift = params
+    _, log_p = _dgauss_log_pmf(support, sigma)
+    _, log_q = _dgauss_log_pmf(support, sigma, shift)
+    return jnp.exp(jax.scipy.special.logsumexp(2 * log_p - log_q)) - 1
+
+
+@functools.cache
+def _discrete_gaussian(support: int) -> Mechanism:
+    """The discrete Gaussian on ``support`` integers around 0 (a static size, hence a factory)."""
+    return Mechanism(
+        tails=functools.partial(_dgauss_tails, support),
+        spread=lambda p: _positive_or_one(p[1] / p[0]),
+        center=lambda p: p[1] ** 2 / (2 * p[0] ** 2),
+        half_width=lambda p: (p[1] ** 2 + 2 * p[1] * (40 * p[0] + p[1])) / (2 * p[0] ** 2),
+        chi2=functools.partial(_dgauss_chi2, support),
+    )
+
+
+#: Integers either side of the discrete Gaussian's centre, in standard deviations: the mass beyond
+#: 38.6 sigma is below 1e-324, zero in float64, so truncating there loses nothing representable.
+_DGAUSS_SIGMAS = 40
+_DGAUSS_MAX_SUPPORT = 2**22
+
+
+def _lattice_grid(grid: Grid | None, sampling_prob, unit, points_per_unit: float) -> Grid | None:
+    """For a lone (scalar, not subsampled) integer-noise mechanism whose losses are multiples of
+    ``unit``: a grid step of unit / 2^j (about 1/``points_per_unit`` of it or finer), so every
+    loss sits on the grid and the discretization is exact. Otherwise ``grid`` unchanged."""
+    if grid is not None or sampling_prob is not None or np.size(unit) != 1 or is_traced(unit):
+        return grid
+    j = max(0, int(np.ceil(np.log2(points_per_unit))))
+    return Grid(step=float(np.asarray(unit).reshape(())) / 2**j)
+
+
+def _check_integer(name: str, value) -> None:
+    check_range(name, value, 1.0)
+    if not is_traced(value) and np.any(np.asarray(value, np.float64) % 1 != 0):
+        raise ValueError(f"{name} must be a whole number >= 1 (integer-valued queries), got {value!r}")
+
+
+@float64
+def discrete_laplace(
+    scale,
+    *,
+    sensitivity=1,
+    sampling_prob=None,
+    neighboring: str = "add_remove",
+    sampling: str = "poisson",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The discrete Laplace mechanism: integer noise K with P(K = k) proportional to e^{-|k|/scale}.
+
+    Its loss takes the values t(D - 2k) clipped to [-tD, tD] (t = 1/scale, D = sensitivity): on a
+    grid whose step divides t the PLD is exact. Pessimistic (an upper bound) by default.
+
+    Args:
+      scale: > 0 (scalar or array).
+      sensitivity: whole number >= 1 (L1 sensitivity of an integer-valued query).
+    """
+    check_range("scale", scale, 0.0, low_open=True)
+    _check_integer("sensitivity", sensitivity)
+    t = 1.0 / np.asarray(scale, np.float64) if not is_traced(scale) else 1.0 / jnp.asarray(scale)
+    shift = jnp.broadcast_to(jnp.asarray(sensitivity, jnp.float64), jnp.shape(t))
+    # losses t (D - 2k): multiples of t; about 64 grid points across the loss range [-tD, tD]
+    grid = _lattice_grid(grid, sampling_prob, t, 64 / float(np.max(sensitivity)))
+    return _noise_mechanism(
+        DISCRETE_LAPLACE, (t, shift), sampling_prob, neighboring, sampling, pessimistic, grid, None,
+        "discrete_laplace",
+    )
+
+
+discrete_laplace.__doc__ += _ADJACENCY_DOC
+
+
+@float64
+def discrete_gaussian(
+    sigma,
+    *,
+    sensitivity=1,
+    sampling_prob=None,
+    neighboring: str = "add_remove",
+    sampling: str = "poisson",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The discrete Gaussian mechanism: integer noise with P(K = k) proportional to
+    e^{-k^2 / (2 sigma^2)} (Canonne, Kamath and Steinke). Pessimistic by default.
+
+    The distribution is summed over the integers within 40 sigma of the centre, beyond which its
+    mass is below float64's smallest number. ``sigma`` must be concrete (the support's length is
+    a static shape).
+
+    Args:
+      sigma: > 0 (scalar or array).
+      sensitivity: whole number >= 1.
+    """
+    check_range("sigma", sigma, 0.0, low_open=True)
+    _check_integer("sensitivity", sensitivity)
+    if is_traced((sigma, sensitivity)):
+        raise ValueError("discrete_gaussian needs concrete sigma and sensitivity (its support is a "
+                         "static size)")
+    needed = 2 * (_DGAUSS_SIGMAS * float(np.max(sigma)) + 2 * float(np.max(sensitivity)) + 2)
+    support = grid_lib.next_pow2(int(np.ceil(needed)))
+    if support > _DGAUSS_MAX_SUPPORT:
+        raise ValueError(f"sigma={np.max(sigma)} needs a support of {support} integers (more than "
+                         f"{_DGAUSS_MAX_SUPPORT}); use gaussian() for such wide noise")
+    s = jnp.asarray(sigma, jnp.float64)
+    shift = jnp.broadcast_to(jnp.asarray(sensitivity, jnp.float64), jnp.shape(s))
+    # losses (D - 2k) D / (2 sigma^2): multiples of D / (2 sigma^2); about 64 points per sd D/sigma
+    unit = np.asarray(sensitivity, np.float64) / (2 * np.asarray(sigma, np.float64) ** 2)
+    if np.size(unit) == 1 and 80 * float(np.max(sigma)) < grid_lib.MAX_MECHANISM_SIZE:
+        grid = _lattice_grid(grid, sampling_prob, unit, 32 / float(np.max(sigma)))
+    return _noise_mechanism(
+        _discrete_gaussian(support), (s, shift), sampling_prob, neighboring, sampling, pessimistic,
+        grid, None, "discrete_gaussian",
+    )
+
+
+discrete_gaussian.__doc__ += _ADJACENCY_DOC
 
 
 @float64
@@ -335,4 +540,13 @@ def identity(*, pessimistic: bool = True) -> PLD:
     return PLD(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
 
 
-__all__ = ["from_privacy_curve", "gaussian", "gdp", "identity", "laplace", "randomized_response"]
+__all__ = [
+    "discrete_gaussian",
+    "discrete_laplace",
+    "from_privacy_curve",
+    "gaussian",
+    "gdp",
+    "identity",
+    "laplace",
+    "randomized_response",
+]
