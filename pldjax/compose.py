@@ -93,7 +93,8 @@ def _log_mgf(probs, offset, step, ts):
     """log sum_i p_i exp(t z_i) for each t in ``ts`` (finite part only)."""
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
     logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
-    return logsumexp(logp[None, :] + ts[:, None] * z[None, :], axis=1)
+    # a few t at a time: a (len(ts), n) matrix per PMF would not fit in memory for batches
+    return jax.lax.map(lambda t: logsumexp(logp + t * z), ts, batch_size=8)
 
 
 def chernoff_exponents(probs, offset, step, count):

@@ -31,9 +31,10 @@ from pldjax.precision import float64
 from pldjax.profile import delta_kernel, epsilon_kernel
 from pldjax.validate import check_count, check_range, is_traced
 
-#: Configurations per chunk (per device when sharded): bounds memory to about
-#: CHUNK x composition size x 16 bytes per device.
-CHUNK = 64
+#: Configurations discretized together (per device when sharded), and the most grid points
+#: (rows x size) one composition call handles: together they bound the memory in use.
+CHUNK = 32
+COMPOSE_ELEMENTS = 2**23
 
 
 @functools.partial(jax.jit, static_argnames=("size", "pessimistic", "evaluate"))
@@ -66,27 +67,45 @@ def _place(arrays, sharding):
 
 
 def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, evaluate, sharding):
-    """Values for one chunk of configurations (all steps >= 1)."""
+    """Values for one chunk of configurations (all steps >= 1).
+
+    Both directions of every configuration are discretized in one call, their windows placed in
+    one call; then rows are grouped by the composition size they need (a power of two) and each
+    group is composed and evaluated in calls of at most COMPOSE_ELEMENTS grid points in all.
+    """
+    devices = 1 if sharding is None else len(jax.devices())
     sigma, q, steps, target = _place(
         [jnp.asarray(a, jnp.float64) for a in (sigma, q, steps, target)], sharding
     )
     pld = gaussian(
         sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
     )
-    # both directions (same grid size) in one call: one compiled kernel, one dispatch
     directions = pld.directions()
-    stacked = [jnp.concatenate([getattr(p, name) for p in directions])
-               for name in ("probs", "inf_mass", "offset", "step")]
+    probs, inf_mass, offset, step = (
+        jnp.concatenate([getattr(p, name) for p in directions])
+        for name in ("probs", "inf_mass", "offset", "step")
+    )
     counts = jnp.concatenate([steps] * len(directions))
     targets = jnp.concatenate([target] * len(directions))
-    probs, inf_mass, offset, step = stacked
     lo, hi = _windows(probs, offset, step, counts, grid_lib.TAIL_MASS)
-    size = _checked_size(grid_lib.next_pow2(int(np.max(np.asarray(hi - lo))) + 1), "dpsgd accounting")
-    values = _compose_and_evaluate(
-        probs, inf_mass, offset, step, counts, targets,
-        size=size, pessimistic=pessimistic, evaluate=evaluate,
-    )
-    return np.max(np.asarray(values).reshape(len(directions), -1), axis=0)
+    sizes = np.array([grid_lib.next_pow2(int(w) + 1) for w in np.asarray(hi - lo)])
+    values = np.zeros(sizes.shape[0])
+    for size in np.unique(sizes):
+        rows = np.nonzero(sizes == size)[0]
+        per_call = max(devices, COMPOSE_ELEMENTS // int(size) // devices * devices)
+        for begin in range(0, rows.size, per_call):
+            part = rows[begin:begin + per_call]
+            batch = min(per_call, -(-grid_lib.next_pow2(part.size) // devices) * devices)
+            padded = jnp.asarray(np.concatenate([part, np.full(batch - part.size, part[-1])]))
+            arrays = _place(
+                [a[padded] for a in (probs, inf_mass, offset, step, counts, targets)], sharding
+            )
+            got = _compose_and_evaluate(
+                *arrays, size=_checked_size(int(size), "dpsgd accounting"),
+                pessimistic=pessimistic, evaluate=evaluate,
+            )
+            values[part] = np.asarray(got)[: part.size]
+    return np.max(values.reshape(len(directions), -1), axis=0)
 
 
 def _mechanism_points(sigma, q):
