@@ -114,17 +114,20 @@ def swap(pld: PLD) -> PLD:
 ROUNDOFF = 1e-14
 
 
-def _grid_points(pld: PLD):
-    return jnp.asarray(pld.losses).reshape(-1)
+def dominance_excess_kernel(l_probs, l_inf, l_off, l_step, b_probs, b_inf, b_off, b_step):
+    """max over every real eps of delta_L(eps) - delta_B(eps), single directions: both curves are
+    piecewise linear in e^eps between their grid points, so the union of the two grids suffices."""
+    def points(probs, off, step):
+        return (off + jnp.arange(probs.shape[-1], dtype=jnp.float64)) * step
 
-
-@jax.jit
-def _excess_over(l_probs, l_inf, l_off, l_step, b_probs, b_inf, b_off, b_step, points):
-    """max over ``points`` of delta_L - delta_B (single directions)."""
+    union = jnp.concatenate([points(l_probs, l_off, l_step), points(b_probs, b_off, b_step)])
     return jnp.max(
-        delta_kernel(l_probs, l_inf, l_off, l_step, points)
-        - delta_kernel(b_probs, b_inf, b_off, b_step, points)
+        delta_kernel(l_probs, l_inf, l_off, l_step, union)
+        - delta_kernel(b_probs, b_inf, b_off, b_step, union)
     )
+
+
+_dominance_excess_jit = jax.jit(dominance_excess_kernel)
 
 
 def _unbatched(pld: PLD, what: str) -> None:
@@ -133,7 +136,7 @@ def _unbatched(pld: PLD, what: str) -> None:
 
 
 @float64
-def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0) -> bool:
+def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
     """True only if delta_query(eps) <= delta_budget(eps) + delta_slack at every eps for the exact
     distributions (L is dominated by B in the Blackwell order when delta_slack = 0).
 
@@ -141,10 +144,10 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0) -> bool:
     the truth): then the exact comparison of the two grid PLDs is a proof. The answer may be False
     although the exact relation holds by less than the budget's optimistic gap (build the budget
     on a finer grid to shrink it); it is never True when the relation fails by more than
-    ``delta_slack`` plus ROUNDOFF.
+    ``delta_slack`` plus ROUNDOFF. Both directions must be dominated. Batched over the query's
+    batch axes (the budget is one PLD); works under jit (the result is then a traced bool array).
     """
-    _unbatched(query, "dominated_by")
-    _unbatched(budget, "dominated_by")
+    _unbatched(budget, "dominated_by (budget)")
     if not query.pessimistic:
         raise ValueError("the query PLD must be pessimistic (an upper bound) for a sound answer")
     if budget.pessimistic:
@@ -153,17 +156,19 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0) -> bool:
             "for a sound answer"
         )
     check_range("delta_slack", delta_slack, 0.0, 1.0)
-    if query.reverse is None and budget.reverse is None:
-        pairs = [(query, budget)]
-    else:
-        pairs = list(zip(_both(query), _both(budget), strict=True))
+    kernel = dominance_excess_kernel if is_traced((query, budget)) else _dominance_excess_jit
+    pairs = [(query, budget)] if query.reverse is None and budget.reverse is None else list(
+        zip(_both(query), _both(budget), strict=True))
+    excess = None
     for q, b in pairs:
-        points = jnp.concatenate([_grid_points(q), _grid_points(b)])
-        excess = _excess_over(q.probs, q.inf_mass, q.offset, q.step,
-                              b.probs, b.inf_mass, b.offset, b.step, points)
-        if not float(excess) <= delta_slack + ROUNDOFF:
-            return False
-    return True
+        fn = batched(
+            lambda p, m, o, h, b=b: kernel(p, m, o, h, b.probs, b.inf_mass, b.offset, b.step),
+            len(q.batch_shape),
+        )
+        out = fn(q.probs, q.inf_mass, q.offset, q.step)
+        excess = out if excess is None else jnp.maximum(excess, out)
+    result = host_result(excess <= delta_slack + ROUNDOFF)
+    return bool(result) if not query.batch_shape and not is_traced(result) else result
 
 
 def _both(pld: PLD) -> tuple[PLD, PLD]:

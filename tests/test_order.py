@@ -146,3 +146,14 @@ def test_gdp_mu():
     assert np.isinf(pj.gdp_mu(pj.gdp(1.0)))  # the atom at +inf without slack
     batch = pj.gdp_mu(pj.gdp(np.array([0.5, 2.0])), delta_slack=1e-15)
     np.testing.assert_allclose(batch, [0.5, 2.0], rtol=2e-4)
+
+
+def test_dominance_batched_and_under_jit():
+    import jax
+
+    budget = _budget(1.0)
+    queries = pj.gdp(np.array([0.3, 0.9, 1.2]))
+    got = queries.dominated_by(budget, delta_slack=1e-15)
+    np.testing.assert_array_equal(got, [True, True, False])
+    jitted = jax.jit(lambda q: q.dominated_by(budget, delta_slack=1e-15))
+    np.testing.assert_array_equal(np.asarray(jitted(queries)), [True, True, False])
