@@ -6,6 +6,7 @@ from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
 from pldjax.grid import Grid
 from pldjax.mechanisms import (
+    approx_dp_composition,
     discrete_gaussian,
     discrete_laplace,
     from_privacy_curve,
@@ -21,6 +22,7 @@ from pldjax.pld import PLD
 __all__ = [
     "PLD",
     "Grid",
+    "approx_dp_composition",
     "compose",
     "compose_schedule",
     "discrete_gaussian",

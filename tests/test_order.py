@@ -157,3 +157,18 @@ def test_dominance_batched_and_under_jit():
     np.testing.assert_array_equal(got, [True, True, False])
     jitted = jax.jit(lambda q: q.dominated_by(budget, delta_slack=1e-15))
     np.testing.assert_array_equal(np.asarray(jitted(queries)), [True, True, False])
+
+
+def test_exact_composition_of_approximate_dp_guarantees():
+    """Cor. 4.7 fast path against the mpmath evaluation and against FFT composition on a grid."""
+    from reference import rr_kfold_delta
+
+    fast = pj.approx_dp_composition(0.3, 1e-6, 40)
+    ts = np.array([0.0, 1.0, 2.5, 4.0, 8.0])
+    want = np.array([rr_kfold_delta(0.3, 1e-6, 40, t) for t in ts])
+    np.testing.assert_allclose(fast.delta(ts), want, rtol=1e-9, atol=1e-15)
+    assert float(fast.total_mass()) == pytest.approx(1.0, abs=1e-12)
+    # the FFT composition on the grid agrees, plus its (pessimistic) round-off allowance
+    slow = pj.randomized_response(0.25, 1e-6).self_compose(40).delta(ts)
+    exact = pj.approx_dp_composition(0.25, 1e-6, 40).delta(ts)
+    assert np.all(slow >= exact * (1 - 1e-12)) and np.all(slow <= exact * (1 + 1e-7))
