@@ -16,7 +16,7 @@ from pldjax.mechanisms import (
     laplace,
     randomized_response,
 )
-from pldjax.order import gdp_mu, sup
+from pldjax.order import gdp_mu, profile_from_tradeoff, sup, tradeoff_from_profile
 from pldjax.pld import PLD
 
 __all__ = [
@@ -37,6 +37,8 @@ __all__ = [
     "identity",
     "laplace",
     "plot",
+    "profile_from_tradeoff",
     "randomized_response",
     "sup",
+    "tradeoff_from_profile",
 ]

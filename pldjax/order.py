@@ -70,6 +70,42 @@ def renyi_kernel(probs, inf_mass, offset, step, orders):
     return jnp.where((orders >= 1.0) & (inf_mass > 0), jnp.inf, value)
 
 
+@float64
+def tradeoff_from_profile(epsilons, deltas, alphas) -> jax.Array:
+    """A lower bound on the tradeoff curve from privacy-profile points (Prop. 9's duality).
+
+    Each point (eps_j, delta_j) with delta(eps_j) <= delta_j forces beta(alpha) >=
+    e^{-eps_j} (1 - delta_j - alpha); the largest such bound (and 0) is returned at ``alphas``.
+    Exact at the kinks when the points are a grid PLD's curve at its grid points.
+    """
+    check_range("alphas", alphas, 0.0, 1.0)
+    check_range("deltas", deltas, 0.0, 1.0)
+    eps = jnp.asarray(epsilons, jnp.float64).reshape(-1)
+    d = jnp.asarray(deltas, jnp.float64).reshape(-1)
+    a = jnp.asarray(alphas, jnp.float64)
+    bounds = jnp.exp(-eps) * (1.0 - d - a[..., None])
+    return host_result(jnp.maximum(jnp.max(bounds, axis=-1), 0.0))
+
+
+@float64
+def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
+    """An upper bound on the privacy profile from tradeoff points (Prop. 9's duality).
+
+    delta(eps) = sup over tests of 1 - alpha - e^eps beta(alpha). If the piecewise-linear curve
+    through the points (alpha_i, beta_i) lies below the true tradeoff curve everywhere (e.g. a
+    pessimistic PLD's curve at its kinks), the supremum over it is attained at the points and
+    max_i (1 - alpha_i - e^eps beta_i) is an upper bound on delta(eps). Points taken *on* a
+    curved tradeoff function give a lower bound instead (their chords lie above it).
+    """
+    check_range("alphas", alphas, 0.0, 1.0)
+    check_range("betas", betas, 0.0, 1.0)
+    a = jnp.asarray(alphas, jnp.float64).reshape(-1)
+    b = jnp.asarray(betas, jnp.float64).reshape(-1)
+    e = jnp.asarray(epsilons, jnp.float64)
+    lines = 1.0 - a - jnp.exp(e[..., None]) * b
+    return host_result(jnp.maximum(jnp.max(lines, axis=-1), 0.0))
+
+
 _tradeoff_jit = jax.jit(tradeoff_kernel)
 _renyi_jit = jax.jit(renyi_kernel)
 

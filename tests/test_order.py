@@ -172,3 +172,25 @@ def test_exact_composition_of_approximate_dp_guarantees():
     slow = pj.randomized_response(0.25, 1e-6).self_compose(40).delta(ts)
     exact = pj.approx_dp_composition(0.25, 1e-6, 40).delta(ts)
     assert np.all(slow >= exact * (1 - 1e-12)) and np.all(slow <= exact * (1 + 1e-7))
+
+
+def test_profile_and_tradeoff_conversions_round_trip():
+    """Prop. 9: the profile and the tradeoff curve determine each other (G_mu closed forms)."""
+    from reference import gaussian_delta
+
+    mu = 1.0
+    eps = np.linspace(-6.0, 8.0, 1401)
+    deltas = np.array([gaussian_delta(mu, e) if e >= 0 else
+                       -np.expm1(e) + np.exp(e) * gaussian_delta(mu, -e) for e in eps])
+    alphas = np.array([1e-4, 0.01, 0.1, 0.5, 0.9])
+    beta = pj.tradeoff_from_profile(eps, deltas, alphas)
+    want = np.array([gaussian_tradeoff(mu, a) for a in alphas])
+    assert np.all(beta <= want + 1e-12) and np.all(beta >= want - 2e-3)
+    grid_alphas = np.linspace(0.0, 1.0, 2001)
+    grid_betas = np.array([gaussian_tradeoff(mu, a) for a in grid_alphas])
+    back = pj.profile_from_tradeoff(grid_alphas, grid_betas, [0.0, 1.0, 2.0])
+    want = np.array([gaussian_delta(mu, e) for e in (0.0, 1.0, 2.0)])
+    # points on the exact (convex) curve: their chords lie above it, so this profile is a lower
+    # bound; an upper bound needs points whose interpolation stays below the curve
+    assert np.all(back <= want + 1e-12)
+    np.testing.assert_allclose(back, want, rtol=5e-3, atol=1e-6)
