@@ -212,51 +212,95 @@ def _both(pld: PLD) -> tuple[PLD, PLD]:
 
 
 # -- supremum -------------------------------------------------------------------------------------
+def sup_kernel(probs, inf_mass, offset, step, *, size: int):
+    """The sup of a family (arrays with a leading family axis, one step) on ``size`` grid points
+    from the lowest member offset: (probs, inf_mass, offset)."""
+    low = jnp.min(offset)
+    points = (low + jnp.arange(size, dtype=jnp.float64)) * step
+    curves = jax.vmap(delta_kernel, in_axes=(0, 0, 0, None, None))(
+        probs, inf_mass, offset, step, points
+    )
+    curve = jnp.max(curves, axis=0)
+    out, out_inf = masses_from_curve(curve, step, curve + jnp.expm1(points), points)
+    # round-off in the masses may leave the rebuilt curve a few 1e-13 below the maximum: move that
+    # much mass from the bottom to +inf, which raises delta by it at every grid point
+    shortfall = jnp.max(curve - grid_deltas(out, out_inf, step))
+    out, out_inf = settle(out, out_inf, 0.0, jnp.maximum(shortfall, 0.0), True)
+    return out, out_inf, low
+
+
+_sup_jit = jax.jit(sup_kernel, static_argnames=("size",))
+
+
 @float64
-def sup(plds) -> PLD:
+def sup(plds, *, size: int | None = None) -> PLD:
     """The least upper bound of a family in the Blackwell order, as a pessimistic PLD (Prop. 11).
 
-    ``plds``: a list of PLDs, or one PLD with a batch axis (the family). All must be pessimistic
-    and share one grid step. The result's curve is the maximum of the members' curves at the
-    common grid's points joined by chords: above every member, and the tightest such PLD on the
-    grid; the sup of an ordered family is its largest member.
+    ``plds``: one PLD whose leading batch axis is the family (one compiled call; works under
+    jit, where ``size`` must be given), or a list of unbatched PLDs. All must be pessimistic and
+    share one grid step. The result's curve is the maximum of the members' curves at the common
+    grid's points joined by chords: above every member, and the tightest such PLD on the grid; the
+    sup of an ordered family is its largest member. ``size``: number of grid points of the result
+    from the lowest member's first point (default: up to the highest member's last point).
     """
-    members = list(plds) if not isinstance(plds, PLD) else [plds[i] for i in range(len(plds))]
-    if not members:
-        raise ValueError("plds must hold at least one PLD")
-    for m in members:
-        _unbatched(m, "sup (a list of unbatched PLDs or one PLD with one batch axis)")
-    if not check_same_kind(members):
+    family = _as_family(plds)
+    if not family.pessimistic:
         raise ValueError("sup needs pessimistic PLDs: the maximum of lower bounds bounds nothing")
-    steps = np.array([float(m.step) for m in members])
-    if not np.allclose(steps, steps[0], rtol=1e-12, atol=0):
-        raise ValueError(f"sup needs PLDs on one grid step, got steps {np.unique(steps)}")
-    step = steps[0]
-    if all(m.reverse is None for m in members):
-        return _sup_direction(members, step)
-    forward = _sup_direction([_both(m)[0] for m in members], step)
-    back = _sup_direction([_both(m)[1] for m in members], step)
+    traced = is_traced(family)
+    if not traced:
+        steps = np.asarray(family.step)
+        if not np.allclose(steps, steps.reshape(-1)[0], rtol=1e-12, atol=0):
+            raise ValueError(f"sup needs PLDs on one grid step, got steps {np.unique(steps)}")
+    elif size is None:
+        raise ValueError("sup under jit needs size=")
+    kernel = sup_kernel if traced else _sup_jit
+
+    def one(direction: PLD) -> PLD:
+        n = size
+        if n is None:
+            offsets = np.asarray(direction.offset)
+            n = int(offsets.max() - offsets.min()) + direction.size
+        probs, inf_mass, offset = kernel(
+            direction.probs, direction.inf_mass, direction.offset, direction.step[0], size=n
+        )
+        return PLD(probs, inf_mass, offset, direction.step[0], True)
+
+    if family.reverse is None:
+        return one(family)
+    forward, back = one(family._forward()), one(family.reverse)
     return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
 
 
-@jax.jit
-def _curve_at(probs, inf_mass, offset, step, points):
-    return delta_kernel(probs, inf_mass, offset, step, points)
-
-
-def _sup_direction(members: list[PLD], step: float) -> PLD:
-    low = min(int(m.offset) for m in members)
-    high = max(int(m.offset) + m.size - 1 for m in members)
-    points = (low + jnp.arange(high - low + 1, dtype=jnp.float64)) * step
-    curve = members[0].probs.dtype.type(0) + jnp.zeros_like(points)
+def _as_family(plds) -> PLD:
+    """A list of unbatched PLDs (or a PLD with one batch axis) as one PLD with a family axis."""
+    if isinstance(plds, PLD):
+        if len(plds.batch_shape) != 1:
+            raise ValueError("sup takes a PLD with exactly one batch axis (the family), or a list")
+        return plds
+    members = list(plds)
+    if not members or not all(isinstance(m, PLD) for m in members):
+        raise ValueError("plds must be a non-empty list of PLDs")
     for m in members:
-        curve = jnp.maximum(curve, _curve_at(m.probs, m.inf_mass, m.offset, m.step, points))
-    probs, inf_mass = masses_from_curve(curve, step, curve + jnp.expm1(points), points)
-    # round-off in the masses may leave the rebuilt curve a few 1e-13 below the maximum: move that
-    # much mass from the bottom to +inf, which raises delta by it at every grid point
-    shortfall = jnp.max(curve - grid_deltas(probs, inf_mass, step))
-    probs, inf_mass = settle(probs, inf_mass, 0.0, jnp.maximum(shortfall, 0.0), True)
-    return PLD(probs, inf_mass, jnp.asarray(low, jnp.int64), jnp.asarray(step, jnp.float64), True)
+        _unbatched(m, "sup (a list of unbatched PLDs or one PLD with one batch axis)")
+    check_same_kind(members)
+    two = any(m.reverse is not None for m in members)
+
+    def stack(directions: list[PLD]) -> PLD:
+        n = max(d.size for d in directions)  # zero mass appended above a window changes nothing
+        return PLD(
+            jnp.stack([jnp.pad(d.probs, (0, n - d.size)) for d in directions]),
+            jnp.stack([d.inf_mass for d in directions]),
+            jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions]),
+            jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions]),
+            members[0].pessimistic,
+        )
+
+    forward = stack([_both(m)[0] for m in members])
+    if not two:
+        return forward
+    back = stack([_both(m)[1] for m in members])
+    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, forward.pessimistic,
+               back)
 
 
 # -- GDP ------------------------------------------------------------------------------------------

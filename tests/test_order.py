@@ -194,3 +194,15 @@ def test_profile_and_tradeoff_conversions_round_trip():
     # bound; an upper bound needs points whose interpolation stays below the curve
     assert np.all(back <= want + 1e-12)
     np.testing.assert_allclose(back, want, rtol=5e-3, atol=1e-6)
+
+
+def test_sup_of_a_batched_family_under_jit():
+    import jax
+
+    grid = pj.Grid(step=2.0**-6)
+    family = pj.gdp(np.array([0.5, 1.0, 1.5]), grid=grid)
+    size = family.size + int(np.ptp(np.asarray(family.offset)))
+    top = jax.jit(lambda f: pj.sup(f, size=size))(family)
+    eps = np.linspace(0.0, 5.0, 21)
+    np.testing.assert_allclose(top.delta(eps), pj.gdp(1.5, grid=grid).delta(eps), rtol=1e-9,
+                               atol=1e-13)
