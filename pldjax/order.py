@@ -59,6 +59,15 @@ def tradeoff_kernel(probs, inf_mass, offset, step, alphas):
     return jnp.clip(beta, 0.0, 1.0 - alphas)
 
 
+def log_mgf_kernel(probs, inf_mass, offset, step, ts):
+    """log E_P[e^{t L}] of one direction for each t (laplace-transform-dp.txt eq. (19)): the atom at
+    +inf makes it infinite for t > 0 and contributes nothing for t < 0."""
+    z, log_p = _log_masses(probs, offset, step)
+    finite = logsumexp(log_p[None, :] + ts[:, None] * z[None, :], axis=1)
+    with_atom = jnp.logaddexp(finite, jnp.where(ts == 0, jnp.log(inf_mass), -jnp.inf))
+    return jnp.where((ts > 0) & (inf_mass > 0), jnp.inf, with_atom)
+
+
 def renyi_kernel(probs, inf_mass, offset, step, orders):
     """Rényi divergence D_a(P || Q) of one direction for each order a > 0 (a = 1: KL)."""
     z, log_p = _log_masses(probs, offset, step)
@@ -108,6 +117,7 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
 
 _tradeoff_jit = jax.jit(tradeoff_kernel)
 _renyi_jit = jax.jit(renyi_kernel)
+_log_mgf_jit = jax.jit(log_mgf_kernel)
 
 
 def _per_direction(pld: PLD, values, kernel, jitted, combine) -> jax.Array:
@@ -134,6 +144,13 @@ def renyi(pld: PLD, order) -> jax.Array:
     """Rényi divergence of the given order(s) > 0 (see :meth:`PLD.renyi`)."""
     check_range("order", order, 0.0, low_open=True)
     return _per_direction(pld, order, renyi_kernel, _renyi_jit, jnp.maximum)
+
+
+@float64
+def log_mgf(pld: PLD, t) -> jax.Array:
+    """log E_P[e^{t L}] (see :meth:`PLD.log_mgf`); the larger of two directions."""
+    check_range("t", t, allow_inf=False)
+    return _per_direction(pld, t, log_mgf_kernel, _log_mgf_jit, jnp.maximum)
 
 
 def swap(pld: PLD) -> PLD:

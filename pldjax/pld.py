@@ -168,6 +168,14 @@ class PLD:
 
         return dominated_by(self, budget, delta_slack=delta_slack)
 
+    def log_mgf(self, t) -> jax.Array:
+        """log E_P[e^{t L}], the log moment generating function of the loss (the PLD's two-sided
+        Laplace transform at -t); D_a = log_mgf(a - 1) / (a - 1). An upper bound for t >= 0 if
+        pessimistic; inf for t > 0 when there is an atom at +inf."""
+        from pldjax.order import log_mgf
+
+        return log_mgf(self, t)
+
     def swap(self) -> PLD:
         """PLD(Q || P): the directions exchanged (a symmetric PLD is its own swap)."""
         from pldjax.order import swap

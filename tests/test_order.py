@@ -206,3 +206,16 @@ def test_sup_of_a_batched_family_under_jit():
     eps = np.linspace(0.0, 5.0, 21)
     np.testing.assert_allclose(top.delta(eps), pj.gdp(1.5, grid=grid).delta(eps), rtol=1e-9,
                                atol=1e-13)
+
+
+def test_log_mgf_of_gaussian_and_randomized_response():
+    ts = np.array([-0.5, 0.0, 1.0, 3.0])
+    # L ~ N(mu^2/2, mu^2) under P: log E[e^{tL}] = t mu^2/2 + t^2 mu^2/2
+    mu = 1.0
+    got = pj.gdp(mu, pessimistic=False).log_mgf(ts)
+    np.testing.assert_allclose(got, ts * mu**2 / 2 + ts**2 * mu**2 / 2, rtol=2e-3, atol=1e-9)
+    rr = pj.randomized_response(0.5)
+    p = np.exp(0.5) / (1 + np.exp(0.5))
+    want = np.log(p * np.exp(0.5 * ts) + (1 - p) * np.exp(-0.5 * ts))
+    np.testing.assert_allclose(rr.log_mgf(ts), want, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(rr.renyi(3.0), rr.log_mgf(2.0) / 2, rtol=1e-12)
