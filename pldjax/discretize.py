@@ -41,10 +41,11 @@ def hockey_stick(log_sf_p, log_sf_q, eps):
 
 def hockey_stick_excess(log_cdf_p, log_cdf_q, eps):
     """delta(eps) - (1 - e^eps) = e^eps Q(L <= eps) - P(L <= eps) >= 0, accurate for eps < 0."""
+    # e^eps Q - P = e^eps Q (1 - e^{-ratio}): no 0 * inf when P(L <= eps) underflows
     safe_p = jnp.where(jnp.isneginf(log_cdf_p), 0.0, log_cdf_p)
     ratio = jnp.maximum(eps + log_cdf_q - safe_p, 0.0)
     plain = jnp.exp(eps + log_cdf_q)
-    return jnp.where(jnp.isneginf(log_cdf_p), plain, jnp.exp(safe_p) * jnp.expm1(ratio))
+    return jnp.where(jnp.isneginf(log_cdf_p), plain, plain * -jnp.expm1(-ratio))
 
 
 def masses_from_curve(curve, step, excess=None, z=None):

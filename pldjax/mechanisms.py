@@ -287,11 +287,13 @@ def _dlap_tails(params, eps):
 
 def _dlap_chi2(params):
     # E_Q[(P/Q)^2] = tanh(t/2) [e^{tD} / (1 - e^-t) + e^{tD} sum_{0<k<D} e^{-3tk} + e^{-2tD} / (1 - e^-t)]
+    # tanh(t/2) / (1 - e^-t) = 1 / (1 + e^-t), so E_Q[(P/Q)^2] - 1 is the sum of
+    #   outer = (e^{tD} + e^{-2tD} - 1 - e^-t) / (1 + e^-t)   (written with expm1: order t^2, not 1 - 1)
+    #   inner = tanh(t/2) e^{tD} e^{-3t} (1 - e^{-3t(D-1)}) / (1 - e^{-3t})   (0 for D = 1, no inf * 0)
     t, shift = params
-    one = -jnp.expm1(-t)
-    middle = jnp.exp(-3 * t) * -jnp.expm1(-3 * t * (shift - 1)) / -jnp.expm1(-3 * t)
-    total = jnp.tanh(t / 2) * (jnp.exp(t * shift) * (1 / one + middle) + jnp.exp(-2 * t * shift) / one)
-    return total - 1
+    outer = (jnp.expm1(t * shift) + jnp.expm1(-2 * t * shift) - jnp.expm1(-t)) / (1 + jnp.exp(-t))
+    log_inner = t * shift - 3 * t + jnp.log(-jnp.expm1(-3 * t * (shift - 1))) - jnp.log(-jnp.expm1(-3 * t))
+    return outer + jnp.tanh(t / 2) * jnp.exp(log_inner)
 
 
 DISCRETE_LAPLACE = Mechanism(
@@ -389,15 +391,18 @@ def discrete_laplace(
     grid whose step divides t the PLD is exact. Pessimistic (an upper bound) by default.
 
     Args:
-      scale: > 0 (scalar or array).
+      scale: > 0, in units of the query's integer output (scalar or array); the loss is in nats.
       sensitivity: whole number >= 1 (L1 sensitivity of an integer-valued query).
     """
     check_range("scale", scale, 0.0, low_open=True)
     _check_integer("sensitivity", sensitivity)
-    t = 1.0 / np.asarray(scale, np.float64) if not is_traced(scale) else 1.0 / jnp.asarray(scale)
-    shift = jnp.broadcast_to(jnp.asarray(sensitivity, jnp.float64), jnp.shape(t))
+    # 1 / scale in float64 also for a traced (possibly float32) scale
+    t = 1.0 / np.asarray(scale, np.float64) if not is_traced(scale) else 1.0 / jnp.asarray(scale, jnp.float64)
+    # no broadcast here: discretize_mechanism broadcasts (a sensitivity array may be wider than scale)
+    shift = sensitivity if is_traced(sensitivity) else np.asarray(sensitivity, np.float64)
     # losses t (D - 2k): multiples of t; about 64 grid points across the loss range [-tD, tD]
-    grid = _lattice_grid(grid, sampling_prob, t, 64 / float(np.max(sensitivity)))
+    if not is_traced(sensitivity):
+        grid = _lattice_grid(grid, sampling_prob, t, 64 / float(np.max(sensitivity)))
     return _noise_mechanism(
         DISCRETE_LAPLACE, (t, shift), sampling_prob, neighboring, sampling, pessimistic, grid, None,
         "discrete_laplace",
@@ -426,8 +431,9 @@ def discrete_gaussian(
     a static shape).
 
     Args:
-      sigma: > 0 (scalar or array).
-      sensitivity: whole number >= 1.
+      sigma: > 0, in units of the query's integer output (scalar or array; the noise's standard
+        deviation is close to sigma for sigma >= 1, below it for small sigma).
+      sensitivity: whole number >= 1 (L1 = L2 sensitivity of an integer-valued query).
     """
     check_range("sigma", sigma, 0.0, low_open=True)
     _check_integer("sensitivity", sensitivity)
@@ -440,7 +446,7 @@ def discrete_gaussian(
         raise ValueError(f"sigma={np.max(sigma)} needs a support of {support} integers (more than "
                          f"{_DGAUSS_MAX_SUPPORT}); use gaussian() for such wide noise")
     s = jnp.asarray(sigma, jnp.float64)
-    shift = jnp.broadcast_to(jnp.asarray(sensitivity, jnp.float64), jnp.shape(s))
+    shift = np.asarray(sensitivity, np.float64)  # broadcast with sigma by discretize_mechanism
     # losses (D - 2k) D / (2 sigma^2): multiples of D / (2 sigma^2); about 64 points per sd D/sigma
     unit = np.asarray(sensitivity, np.float64) / (2 * np.asarray(sigma, np.float64) ** 2)
     if np.size(unit) == 1 and 80 * float(np.max(sigma)) < grid_lib.MAX_MECHANISM_SIZE:

@@ -38,10 +38,15 @@ def _log_mix(log_weight_b, log_b, log_q, log_a):
     return jnp.logaddexp(log_weight_b + log_b, log_q + log_a)
 
 
-def _threshold(shifted, log_q):
-    """log(shifted / q) where shifted > 0, else -inf: the base loss at which L crosses eps."""
-    positive = shifted > 0
-    return jnp.where(positive, jnp.log(jnp.where(positive, shifted, 1.0)) - log_q, -jnp.inf)
+def _threshold(x, q, log_q):
+    """log((e^x - 1 + q) / q) where e^x > 1 - q, else -inf: the base loss at which the subsampled
+    loss crosses (for the remove direction x = eps, for add x = -eps). For x > 0 it is written as
+    x + log1p((q - 1) e^-x) - log q, which does not overflow for x beyond 709."""
+    small = jnp.expm1(jnp.minimum(x, 0.0)) + q  # e^x - 1 + q for x <= 0
+    positive = small > 0
+    below = jnp.where(positive, jnp.log(jnp.where(positive, small, 1.0)) - log_q, -jnp.inf)
+    above = x + jnp.log1p((q - 1.0) * jnp.exp(-jnp.maximum(x, 0.0))) - log_q
+    return jnp.where(x > 0, above, below)
 
 
 def _log1p_q_expm1(q, loss):
@@ -52,14 +57,14 @@ def _log1p_q_expm1(q, loss):
 def _remove_tails(base: Mechanism, params, eps):
     *base_params, q = params
     log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
-    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(jnp.expm1(eps) + q, log_q))
+    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(eps, q, log_q))
     return _log_mix(log_1mq, sq, log_q, sp), sq, _log_mix(log_1mq, cq, log_q, cp), cq
 
 
 def _add_tails(base: Mechanism, params, eps):
     *base_params, q = params
     log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
-    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(jnp.expm1(-eps) + q, log_q))
+    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(-eps, q, log_q))
     # L > eps  <=>  l < threshold: the "above" tails of L are the "at most" tails of l
     return cq, _log_mix(log_1mq, cq, log_q, cp), sq, _log_mix(log_1mq, sq, log_q, sp)
 

@@ -112,3 +112,133 @@ def test_subsampled_discrete_mechanisms_against_dp_accounting():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def _mixture_pair(log_a, log_b, q):
+    """(remove, add) pairs of Poisson subsampling with probability q, from unnormalized logs."""
+    a = np.exp(log_a - np.logaddexp.reduce(log_a))
+    b = np.exp(log_b - np.logaddexp.reduce(log_b))
+    mix = (1 - q) * b + q * a
+    return (mix, b), (b, mix)
+
+
+def _hockey(p, q, eps):
+    return np.array([np.sum(np.maximum(p - np.exp(e) * q, 0.0)) for e in eps])
+
+
+@pytest.mark.parametrize("make,exact,args", [
+    (pj.discrete_laplace, _dlap, (2.0, 1, 0.1)),
+    (pj.discrete_gaussian, _dgauss, (2.0, 1, 0.1)),
+])
+def test_subsampled_single_step_against_explicit_mixtures(make, exact, args):
+    """Both directions of one Poisson-subsampled step against sums over the integers (NumPy)."""
+    scale, shift, q = args
+    (rp, rq), (ap, aq) = _mixture_pair(*exact(scale, shift), q)
+    eps = np.array([0.0, 0.01, 0.05, 0.1, 0.2])
+    want = np.maximum(_hockey(rp, rq, eps), _hockey(ap, aq, eps))
+    up = make(scale, sensitivity=shift, sampling_prob=q)
+    assert not up.symmetric
+    got = np.asarray(up.delta(eps))
+    assert np.all(got >= want * (1 - 1e-12) - 1e-15)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-15)
+    for direction in up.directions():  # mass is never lost
+        assert float(direction.total_mass()) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("make,exact,scale", [
+    (pj.discrete_laplace, _dlap, 1.5),
+    (pj.discrete_gaussian, _dgauss, 1.5),
+])
+def test_replace_one_doubles_the_shift(make, exact, scale):
+    want = _exact_delta(*exact(scale, 2), EPS)
+    got = make(scale, neighboring="replace_one").delta(EPS)
+    assert np.all(got >= want * (1 - 1e-12) - 1e-15)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-14)
+    with pytest.raises(ValueError, match="replace_one"):
+        make(scale, sampling_prob=0.1, neighboring="replace_one")
+
+
+def test_sensitivity_array_wider_than_scale():
+    sens = np.array([1, 3])
+    for make, exact in [(pj.discrete_laplace, _dlap), (pj.discrete_gaussian, _dgauss)]:
+        batch = make(2.0, sensitivity=sens)
+        assert batch.batch_shape == (2,)
+        for i, d in enumerate(sens):
+            want = _exact_delta(*exact(2.0, int(d)), [0.3])[0]
+            assert float(batch[i].delta(0.3)) == pytest.approx(want, rel=1e-6)
+
+
+def test_jit_traced_parameters(x64_off):
+    import jax
+
+    fixed = pj.Grid(step=2.0**-8, size=4096)
+    # a float32 scale traced under jit: 1 / scale must still be taken in float64
+    jitted = jax.jit(lambda s, d: pj.discrete_laplace(s, sensitivity=d, grid=fixed).delta(0.5))
+    eager = pj.discrete_laplace(np.float32(0.7), sensitivity=2, grid=fixed).delta(0.5)
+    assert float(jitted(np.float32(0.7), np.float32(2.0))) == pytest.approx(float(eager), rel=1e-12)
+    with pytest.raises(ValueError, match="concrete"):
+        jax.jit(lambda s: pj.discrete_gaussian(s).delta(0.5))(2.0)
+
+
+def test_discrete_laplace_chi2_closed_form():
+    """chi^2(P || Q) (Poisson subsampling's step heuristic) against an mpmath sum, small t included."""
+    import jax
+    import jax.numpy as jnp
+    import mpmath as mp
+
+    from pldjax.mechanisms import _dlap_chi2
+
+    mp.mp.dps = 50
+    for t, d in [(1e-8, 1), (1e-7, 1), (1e-3, 3), (0.5, 1), (2.0, 4), (30.0, 2)]:
+        tm = mp.mpf(t)
+        total = mp.tanh(tm / 2) * (
+            (mp.e ** (tm * d) + mp.e ** (-2 * tm * d)) / -mp.expm1(-tm)
+            + mp.e ** (tm * d) * mp.fsum(mp.e ** (-3 * tm * k) for k in range(1, d))
+        )
+        with jax.enable_x64(True):
+            got = float(_dlap_chi2((jnp.float64(t), jnp.float64(d))))
+        assert got == pytest.approx(float(total - 1), rel=1e-6, abs=0.0)
+
+
+def test_discrete_gaussian_truncation_below_float64():
+    """The support reaches 40 sigma (+ 2 sensitivities) either side: the mass it leaves out, bounded
+    by a geometric series, is below float64's smallest positive number (so adding it to P(L > eps)
+    as an atom would change nothing)."""
+    import mpmath as mp
+
+    from pldjax.mechanisms import _DGAUSS_SIGMAS
+
+    mp.mp.dps = 30
+    for sigma in [0.01, 0.3, 1.0, 7.0, 1000.0, 50000.0]:
+        s = mp.mpf(sigma)
+        a = mp.ceil(_DGAUSS_SIGMAS * s)  # first integer left out on either side (or beyond)
+        # sum_{k >= a} e^{-k^2/(2 s^2)} <= e^{-a^2/(2 s^2)} / (1 - e^{-a/s^2}); normalizer >= 1
+        outside = 2 * mp.e ** (-(a**2) / (2 * s**2)) / -mp.expm1(-a / s**2)
+        assert outside < mp.mpf(2) ** -1075
+
+
+def test_tiny_noise_gives_no_nan():
+    """The excess curve e^eps Q - P is formed without 0 * inf when P(L <= eps) underflows."""
+    assert np.all(np.isfinite(pj.discrete_laplace(0.001).delta(np.array([0.0, 500.0]))))
+    assert np.all(np.isfinite(pj.discrete_laplace(0.001, sampling_prob=0.5).delta(np.array([0.0, 1.0]))))
+    assert np.all(np.isfinite(pj.laplace(0.0005).delta(np.array([0.0, 100.0]))))
+
+
+def test_subsampled_losses_beyond_709_nats_are_kept():
+    """An atom of mass 0.005 at log(0.99 + 0.01 e^769.2) = 764.6: epsilon(1e-6) must reach it."""
+    assert pj.laplace(0.0013, sampling_prob=0.01).epsilon(1e-6) >= 764.6
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: pj.discrete_laplace(float("nan")), "scale"),
+    (lambda: pj.discrete_laplace(-1.0), "scale"),
+    (lambda: pj.discrete_laplace(1.0, sensitivity=float("nan")), "sensitivity"),
+    (lambda: pj.discrete_gaussian(0.0), "sigma"),
+    (lambda: pj.discrete_gaussian(1.0, sensitivity=2.5), "sensitivity"),
+    (lambda: pj.discrete_gaussian(1.0, sampling_prob=1.5), "sampling_prob"),
+    (lambda: pj.discrete_laplace(1.0, neighboring="swap"), "neighboring"),
+    (lambda: pj.discrete_gaussian(1e7), "sigma"),
+])
+def test_more_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
