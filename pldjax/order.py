@@ -38,7 +38,7 @@ from pldjax.compose import settle
 from pldjax.discretize import hockey_stick, masses_from_curve
 from pldjax.pld import PLD, batched, check_same_kind
 from pldjax.precision import float64, host_result
-from pldjax.profile import delta_kernel, grid_deltas
+from pldjax.profile import delta_kernel, grid_deltas, per_direction
 from pldjax.validate import check_range, is_traced
 
 
@@ -121,15 +121,8 @@ _log_mgf_jit = jax.jit(log_mgf_kernel)
 
 
 def _per_direction(pld: PLD, values, kernel, jitted, combine) -> jax.Array:
-    values = jnp.asarray(values, jnp.float64)
-    flat = values.reshape(-1)
-    chosen = kernel if is_traced(pld) or is_traced(values) else jitted
-    result = None
-    for direction in pld.directions():
-        fn = batched(lambda p, m, o, h: chosen(p, m, o, h, flat), len(direction.batch_shape))
-        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
-        result = out if result is None else combine(result, out)
-    return host_result(result.reshape(pld.batch_shape + values.shape))
+    traced = is_traced(pld) or is_traced(values)
+    return per_direction(pld, values, kernel if traced else jitted, combine)
 
 
 @float64

@@ -96,7 +96,9 @@ _delta_jit = jax.jit(delta_kernel)
 _epsilon_jit = jax.jit(epsilon_kernel)
 
 
-def _evaluate(pld: PLD, values, kernel) -> jax.Array:
+def per_direction(pld: PLD, values, kernel, combine=jnp.maximum) -> jax.Array:
+    """``kernel(probs, inf_mass, offset, step, flat_values)`` over the PLD's batch axes for each
+    direction, combined across directions (the worse one by default); shape batch + values."""
     values = jnp.asarray(values, jnp.float64)
     flat = values.reshape(-1)
     result = None
@@ -104,7 +106,7 @@ def _evaluate(pld: PLD, values, kernel) -> jax.Array:
         nb = len(direction.batch_shape)
         fn = batched(lambda p, m, o, h: kernel(p, m, o, h, flat), nb)
         out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
-        result = out if result is None else jnp.maximum(result, out)
+        result = out if result is None else combine(result, out)
     return host_result(result.reshape(pld.batch_shape + values.shape))
 
 
@@ -113,7 +115,7 @@ def delta(pld: PLD, epsilon) -> jax.Array:
     """delta(epsilon) of ``pld`` (see :meth:`PLD.delta`)."""
     check_range("epsilon", epsilon, 0.0, allow_inf=True)
     kernel = delta_kernel if is_traced(pld) or is_traced(epsilon) else _delta_jit
-    return _evaluate(pld, epsilon, kernel)
+    return per_direction(pld, epsilon, kernel)
 
 
 @float64
@@ -121,4 +123,4 @@ def epsilon(pld: PLD, delta) -> jax.Array:
     """epsilon(delta) of ``pld`` (see :meth:`PLD.epsilon`)."""
     check_range("delta", delta, 0.0, 1.0)
     kernel = epsilon_kernel if is_traced(pld) or is_traced(delta) else _epsilon_jit
-    return _evaluate(pld, delta, kernel)
+    return per_direction(pld, delta, kernel)
