@@ -87,6 +87,7 @@ def tradeoff_from_profile(epsilons, deltas, alphas) -> jax.Array:
     e^{-eps_j} (1 - delta_j - alpha); the largest such bound (and 0) is returned at ``alphas``.
     Exact at the kinks when the points are a grid PLD's curve at its grid points.
     """
+    check_range("epsilons", epsilons)
     check_range("alphas", alphas, 0.0, 1.0)
     check_range("deltas", deltas, 0.0, 1.0)
     eps = jnp.asarray(epsilons, jnp.float64).reshape(-1)
@@ -108,6 +109,7 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     """
     check_range("alphas", alphas, 0.0, 1.0)
     check_range("betas", betas, 0.0, 1.0)
+    check_range("epsilons", epsilons)
     a = jnp.asarray(alphas, jnp.float64).reshape(-1)
     b = jnp.asarray(betas, jnp.float64).reshape(-1)
     e = jnp.asarray(epsilons, jnp.float64)
