@@ -1,9 +1,10 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays."""
 
-from pldjax import plot  # matplotlib is imported only when a figure is drawn
+from pldjax import filters, io, plot  # matplotlib is imported only when a figure is drawn
 from pldjax.compilation import enable_compilation_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
+from pldjax.gaussian_dp import gdp_mu, gdp_residue
 from pldjax.grid import Grid
 from pldjax.mechanisms import (
     approx_dp_composition,
@@ -16,7 +17,7 @@ from pldjax.mechanisms import (
     laplace,
     randomized_response,
 )
-from pldjax.order import gdp_mu, profile_from_tradeoff, sup, tradeoff_from_profile
+from pldjax.order import profile_from_tradeoff, sup, tradeoff_from_profile
 from pldjax.pld import PLD
 
 __all__ = [
@@ -30,11 +31,14 @@ __all__ = [
     "dpsgd_delta",
     "dpsgd_epsilon",
     "enable_compilation_cache",
+    "filters",
     "from_privacy_curve",
     "gaussian",
     "gdp",
     "gdp_mu",
+    "gdp_residue",
     "identity",
+    "io",
     "laplace",
     "plot",
     "profile_from_tradeoff",

@@ -1,4 +1,4 @@
-"""Comparing and converting PLDs: Blackwell order, suprema, GDP, tradeoff curves, Rényi divergences.
+"""Comparing and converting PLDs: Blackwell order, suprema, tradeoff curves, Rényi divergences.
 
 For one direction PLD(P || Q) with masses p_i at losses z_i, the same outcomes have Q-masses
 q_i = p_i e^{-z_i}; the atom at +inf is P-only mass and 1 - sum q_i is Q-only mass (loss -inf).
@@ -22,7 +22,7 @@ directions must be dominated.
 
 Pessimistic discretizations of mechanisms with unbounded loss (the Gaussian) and compositions keep
 the mass beyond their window as a small atom at +inf (1e-24 .. 1e-15): delta never reaches 0, so no
-smooth curve that tends to 0 can dominate them exactly. :meth:`dominated_by` and :func:`gdp_mu`
+smooth curve that tends to 0 can dominate them exactly. :meth:`dominated_by` and :mod:`pldjax.gaussian_dp`
 therefore take an additive ``delta_slack``: they certify delta_L <= delta_B + delta_slack + ROUNDOFF
 (1e-14) at every eps, which a filter must account as an extra delta.
 """
@@ -32,10 +32,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import log_ndtr, logsumexp
+from jax.scipy.special import logsumexp
 
 from pldjax.compose import settle
-from pldjax.discretize import hockey_stick, masses_from_curve
+from pldjax.discretize import masses_from_curve
 from pldjax.pld import PLD, batched, check_same_kind
 from pldjax.precision import float64, host_result
 from pldjax.profile import delta_kernel, grid_deltas, per_direction
@@ -313,83 +313,3 @@ def _as_family(plds) -> PLD:
     back = stack([_both(m)[1] for m in members])
     return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, forward.pessimistic,
                back)
-
-
-# -- GDP ------------------------------------------------------------------------------------------
-_BISECTION_STEPS = 64
-
-
-def _below_gdp(probs, inf_mass, offset, step, mu, delta_slack):
-    """True if delta_L <= delta_{G_mu} + delta_slack everywhere (sound for the exact G_mu).
-
-    Between two grid points L's curve is a chord (linear in x = e^eps) and G_mu's is convex, so it
-    lies above both tangents at the ends; chord minus the larger tangent is concave, so comparing
-    at the ends and at the tangents' crossing suffices. Left of the grid L runs linearly from
-    (x = 0, 1) and G_mu lies above its tangents at x = 0 (slope -1) and at the first point; right of
-    it L is flat at its atom while G_mu tends to 0.
-    """
-    n = probs.shape[0]
-    z = (offset + jnp.arange(n, dtype=jnp.float64)) * step
-    d = grid_deltas(probs, inf_mass, step)
-    safe = jnp.maximum(mu, 1e-300)
-    log_q = log_ndtr(-safe / 2 - z / safe)
-    g = hockey_stick(log_ndtr(safe / 2 - z / safe), log_q, z) + delta_slack + ROUNDOFF
-    slope = -jnp.exp(z + log_q)  # x times d delta / dx at the grid points
-    # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
-    # g_{i+1} + s_{i+1} e^-h grow (t - 1)
-    grow, back = jnp.expm1(step), jnp.exp(-step)
-    g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
-    denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
-    numerator = g1 - g0 - s1 * back * grow
-    t = jnp.clip(numerator / jnp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
-    t = jnp.where(denominator < 0, t, 0.0)
-    envelope = jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
-    inside = jnp.all(d[:-1] + (d[1:] - d[:-1]) * t <= envelope) & jnp.all(d <= g)
-    # left of the grid, x = x_0 t: tangent at 0 is 1 + slack - x_0 t, at x_0 it is g_0 + s_0 (t - 1)
-    x0 = jnp.exp(z[0])
-    width = x0 + slope[0]  # x_0 (1 - Q(L_G > z_0)) >= 0
-    top = 1.0 + delta_slack + ROUNDOFF
-    t_left = jnp.clip((top + slope[0] - g[0]) / jnp.where(width > 0, width, 1.0), 0.0, 1.0)
-    left_envelope = jnp.maximum(top - x0 * t_left, g[0] + slope[0] * (t_left - 1.0))
-    left = 1.0 - (1.0 - d[0]) * t_left <= left_envelope
-    return inside & left & (inf_mass <= delta_slack)
-
-
-def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max):
-    """Smallest mu in (0, mu_max] (to bisection resolution, rounded up) with L below G_mu plus the
-    slack; inf if not even mu_max is enough."""
-
-    def halve(_, bracket):
-        low, high = bracket
-        mid = (low + high) / 2
-        ok = _below_gdp(probs, inf_mass, offset, step, mid, delta_slack)
-        return jnp.where(ok, low, mid), jnp.where(ok, mid, high)
-
-    _, high = jax.lax.fori_loop(0, _BISECTION_STEPS, halve, (jnp.zeros(()), mu_max))
-    return jnp.where(_below_gdp(probs, inf_mass, offset, step, mu_max, delta_slack), high, jnp.inf)
-
-
-_gdp_mu_jit = jax.jit(gdp_mu_kernel)
-
-
-@float64
-def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
-    """Smallest mu such that the PLD is dominated by G_mu (mu-GDP), up to ``delta_slack``.
-
-    An upper bound on the true value for a pessimistic PLD: the comparison is with G_mu's exact
-    curve, sound between grid points (tangent lines). Both directions of a two-direction PLD must
-    be dominated. inf when no mu <= ``mu_max`` works (e.g. an atom at +inf above the slack).
-    Batched over the PLD's batch axes.
-    """
-    if not pld.pessimistic:
-        raise ValueError("gdp_mu needs a pessimistic PLD (an upper bound) for a sound answer")
-    check_range("delta_slack", delta_slack, 0.0, 1.0)
-    check_range("mu_max", mu_max, 0.0, low_open=True)
-    kernel = gdp_mu_kernel if is_traced(pld) else _gdp_mu_jit
-    result = None
-    for direction in pld.directions():
-        fn = batched(lambda p, m, o, h: kernel(p, m, o, h, delta_slack, mu_max),
-                     len(direction.batch_shape))
-        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
-        result = out if result is None else jnp.maximum(result, out)
-    return host_result(result)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 F = TypeVar("F", bound=Callable)
@@ -33,3 +34,13 @@ def host_result(x):
     if isinstance(x, jax.core.Tracer):
         return x
     return np.asarray(x)
+
+
+def add_up(a, b):
+    """a + b rounded up: the float sum, moved one ulp up when it fell below the exact sum (the
+    two-sum error term is positive). Exact sums stay exact, so budgets spent in representable
+    steps are counted exactly and every other running total is an upper bound."""
+    total = a + b
+    b_part = total - a
+    error = (a - (total - b_part)) + (b - b_part)
+    return jnp.where(error > 0, jnp.nextafter(total, jnp.inf), total)

@@ -1,0 +1,226 @@
+"""The natural filter (residue-filters.txt Alg. 2) and the additive discretized profile filter
+(Alg. 3, §7).
+
+The natural filter accepts a query when the composition of everything accepted so far with it is
+still dominated by the budget B. It is NOT free in general (§6: its worst-case cost V_k can exceed
+B); for (epsilon, delta) budgets and symmetric queries Thm 9 bounds the damage, and the additive
+profile filter is the filter that proof runs on: it keeps a budget for each band of privacy loss
+and reports the (chi (epsilon + 1), chi delta) guarantee with the constants of the proof.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats
+
+from pldjax.compose import convolve_kernel
+from pldjax.filters.base import Filter, as_cost, jitted_spend, keep_if, query_directions
+from pldjax.gaussian_dp import stack_directions
+from pldjax.grid import next_pow2
+from pldjax.order import ROUNDOFF, dominance_excess_kernel
+from pldjax.pld import PLD
+from pldjax.precision import add_up, float64
+from pldjax.validate import check_count, check_range, is_traced
+
+
+# -- natural filter -------------------------------------------------------------------------------
+class NaturalState(NamedTuple):
+    """The composition of the accepted queries, both directions, on a fixed window."""
+
+    probs: jax.Array  # (2, size)
+    inf_mass: jax.Array  # (2,)
+
+
+def _into_window(probs, inf_mass, offset, window_offset, size: int):
+    """Masses re-indexed onto ``size`` points from ``window_offset``: mass below moves up to the
+    first point, mass above goes to +inf (both pessimistic)."""
+    index = jnp.clip(offset + jnp.arange(probs.shape[-1]) - window_offset, 0, size)
+    kept = jax.ops.segment_sum(probs, index, num_segments=size + 1)
+    return kept[:size], inf_mass + kept[size]
+
+
+@float64
+def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
+            delta_slack: float = 0.0) -> Filter:
+    """The natural filter: accept L when (accepted so far) (+) L is dominated by ``budget``.
+
+    The comparison is exact between the grid PLDs (the budget is taken as given: build it with
+    ``pessimistic=False`` to compare with an under-estimate of a mechanism's true curve) up to
+    ``delta_slack`` + ROUNDOFF. The composition lives on ``size`` points (default: the budget's
+    loss range) at ``step`` (default: the budget's step; every query must be on it); mass falling
+    outside is moved pessimistically. The interaction is NOT dominated by the budget in general:
+    its worst case is V_k (residue-filters.txt Thm 6).
+    """
+    if not isinstance(budget, PLD) or budget.batch_shape:
+        raise ValueError("natural: budget must be one (unbatched) PLD")
+    check_range("delta_slack", delta_slack, 0.0, 1.0)
+    b_probs, b_inf, b_off, b_step = (np.asarray(a) for a in stack_directions(budget))
+    if len(b_probs) == 1:
+        b_probs, b_inf, b_off, b_step = (np.concatenate([a, a]) for a in (b_probs, b_inf, b_off,
+                                                                          b_step))
+    step = float(b_step[0]) if step is None else float(step)
+    check_range("step", step, 0.0, low_open=True)
+    low = np.floor(b_off * b_step / step).astype(np.int64)
+    high = np.ceil((b_off + b_probs.shape[-1] - 1) * b_step / step).astype(np.int64)
+    if size is None:
+        size = next_pow2(int(np.max(high - low)) + 2)
+    size = check_count("size", size, minimum=2)
+    window = jnp.asarray(low)
+    budget_arrays = tuple(jnp.asarray(a) for a in (b_probs, b_inf, b_off, b_step))
+
+    def init():
+        identity = jnp.zeros((2, size)).at[jnp.arange(2), jnp.clip(-low, 0, size - 1)].set(1.0)
+        return NaturalState(identity, jnp.zeros((2,)))
+
+    def prepare(state, query):
+        if isinstance(query, PLD) and not is_traced(query.step):
+            steps = np.concatenate([np.ravel(np.asarray(d.step)) for d in query.directions()])
+            if not np.allclose(steps, step, rtol=1e-12, atol=0):
+                raise ValueError(f"natural: queries must be on the filter's grid step {step}, "
+                                 f"got {np.unique(steps)} (build them with Grid(step=...))")
+        return query, {}
+
+    def core(state, query):
+        probs, inf_mass, offset, _ = query_directions(query, "natural")
+        if probs.shape[0] == 1:
+            probs, inf_mass, offset = (jnp.concatenate([a, a]) for a in (probs, inf_mass, offset))
+
+        def one(s_probs, s_inf, w_off, q_probs, q_inf, q_off, bp, bi, bo, bh):
+            c_probs, c_inf, c_off = convolve_kernel(s_probs, s_inf, w_off, q_probs, q_inf, q_off,
+                                                    step, pessimistic=True)
+            c_probs, c_inf = _into_window(c_probs, c_inf, c_off, w_off, size)
+            excess = dominance_excess_kernel(c_probs, c_inf, w_off, step, bp, bi, bo, bh)
+            return c_probs, c_inf, excess
+
+        new_probs, new_inf, excess = jax.vmap(one)(state.probs, state.inf_mass, window, probs,
+                                                   inf_mass, offset, *budget_arrays)
+        accepted = jnp.all(excess <= delta_slack + ROUNDOFF)
+        return keep_if(accepted, NaturalState(new_probs, new_inf), state), accepted
+
+    spend = jitted_spend("natural", core, prepare)
+
+    def remaining(state):
+        """The composition so far (a pessimistic PLD); compare it with the budget."""
+        forward = PLD(state.probs[0], state.inf_mass[0], window[0], jnp.asarray(step), True)
+        back = PLD(state.probs[1], state.inf_mass[1], window[1], jnp.asarray(step), True)
+        return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+
+    return Filter(float64(init), spend, float64(remaining),
+                  {"budget": budget, "free": "only for some query families: see V_k (Thm 6)"},
+                  "natural", {"step": step, "size": size, "delta_slack": float(delta_slack)})
+
+
+# -- additive discretized profile filter ----------------------------------------------------------
+def _rr_composition_delta(m: int, eps_rr: float, epsilon: float) -> float:
+    """H_{e^epsilon} of m compositions of eps_rr-randomized response (binomial closed form)."""
+    if m == 0:
+        return 0.0
+    truthful = 1.0 / (1.0 + math.exp(-eps_rr))
+    last = math.ceil((m - epsilon / eps_rr) / 2) - 1  # largest count of flips with loss > epsilon
+    if last < 0:
+        return 0.0
+    under_p = stats.binom.logcdf(last, m, 1.0 - truthful)
+    under_q = stats.binom.logcdf(last, m, truthful)
+    return float(math.exp(under_p) - math.exp(epsilon + under_q))
+
+
+def _most_compositions(eps_rr: float, epsilon: float, bound: float) -> int:
+    """Largest m with H_{e^epsilon}(RR_eps_rr^{(x) m}) <= bound (the curve grows with m)."""
+    high = 1
+    while _rr_composition_delta(high, eps_rr, epsilon) <= bound:
+        high *= 2
+        if high > 2**62:
+            raise ValueError("additive_profile: epsilon too large for these parameters")
+    low = high // 2 if high > 1 else 0
+    while high - low > 1:
+        mid = (low + high) // 2
+        if _rr_composition_delta(mid, eps_rr, epsilon) <= bound:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def additive_parameters(epsilon: float, delta: float, rounds: int):
+    """Eq. (1): band edges eps_1 .. eps_{n-1} (eps_n = inf) and the budgets l*_1 .. l*_n."""
+    n = 1 + math.ceil(math.log2(rounds * (epsilon + 2) / epsilon))
+    edges = np.array([(epsilon + 2) / 2 ** (n - 1 - i) for i in range(1, n)])
+    budgets = np.empty(n)
+    budgets[0] = rounds
+    for i in range(2, n):
+        budgets[i - 1] = 8 * (_most_compositions(edges[i - 2], epsilon, 2 * delta) + 1)
+    budgets[n - 1] = 4 * delta
+    return edges, budgets
+
+
+def additive_guarantee(epsilon: float, delta: float, n: int) -> tuple[float, float]:
+    """Thm 15's (epsilon', delta') with the proof's constants:
+    n 2 ceil(log 1/delta) (9 epsilon + 2) and n (32 ceil(log 1/delta) + 4) delta."""
+    logs = math.ceil(math.log(1.0 / delta))
+    return n * 2 * logs * (9 * epsilon + 2), n * (32 * logs + 4) * delta
+
+
+class AdditiveState(NamedTuple):
+    spent: jax.Array  # (n,) sum of the accepted queries' discretized profiles
+    rounds: jax.Array  # queries accepted so far
+
+
+def _profile(probs, inf_mass, offset, step, edges):
+    """disc_eps(L) of a symmetric grid PLD: P-mass of eps_{i-1} <= |Z| < eps_i, the last band
+    also holding |Z| >= eps_{n-1} and the atom at +inf."""
+    z = jnp.abs((offset + jnp.arange(probs.shape[-1])) * step)
+    band = jnp.searchsorted(edges, z, side="right")
+    profile = jax.ops.segment_sum(probs, band, num_segments=edges.shape[0] + 1)
+    return profile.at[-1].add(inf_mass)
+
+
+@float64
+def additive_profile(epsilon: float, delta: float, rounds: int) -> Filter:
+    """The additive discretized profile filter (Alg. 3) with the parameters of eq. (1), for up to
+    ``rounds`` symmetric queries: a query's profile (its mass in bands of |loss|) is subtracted
+    from per-band budgets. Accepts at least what the natural (epsilon, delta) filter accepts
+    (Thm 14), and the interaction is (epsilon', delta')-DP with the explicit constants of Thm 15
+    (``guarantee``; chi (epsilon + 1), chi delta with chi = O((log k + log(1 + 1/epsilon))
+    log(1/delta))).
+
+    Query: a symmetric pessimistic PLD (a PLD that dominates the true one has a profile whose
+    generalized randomized response still dominates the query, Thm 11), or a profile vector.
+    """
+    check_range("epsilon", epsilon, 0.0, low_open=True)
+    check_range("delta", delta, 0.0, 0.25, low_open=True, high_open=True)
+    rounds = check_count("rounds", rounds, minimum=1)
+    edges, budgets = additive_parameters(epsilon, delta, rounds)
+    n = len(budgets)
+    eps_out, delta_out = additive_guarantee(epsilon, delta, n)
+
+    def init():
+        return AdditiveState(jnp.zeros((n,)), jnp.zeros((), jnp.int64))
+
+    def core(state, query):
+        if isinstance(query, PLD):
+            if query.reverse is not None:
+                raise ValueError("additive_profile: queries must be symmetric PLDs (Thm 11); "
+                                 "this one has two directions")
+            probs, inf_mass, offset, step = query_directions(query, "additive_profile")
+            profile = _profile(probs[0], inf_mass[0], offset[0], step[0], jnp.asarray(edges))
+        else:
+            profile = jnp.broadcast_to(as_cost(query), (n,))
+        new = AdditiveState(add_up(state.spent, profile), state.rounds + 1)
+        accepted = (state.rounds < rounds) & jnp.all(new.spent <= budgets)
+        return keep_if(accepted, new, state), accepted
+
+    spend = jitted_spend("additive_profile", core)
+
+    def remaining(state):
+        return {"bands": budgets - state.spent, "rounds": rounds - state.rounds}
+
+    return Filter(float64(init), spend, float64(remaining),
+                  {"epsilon": eps_out, "delta": delta_out, "bands": n, "edges": edges,
+                   "budgets": budgets},
+                  "additive_profile",
+                  {"epsilon": float(epsilon), "delta": float(delta), "rounds": rounds})

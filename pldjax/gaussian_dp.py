@@ -1,0 +1,274 @@
+"""Gaussian differential privacy: the smallest mu with L below G_mu, and the GDP residue.
+
+G_mu is the PLD of the Gaussian mechanism with sensitivity / sigma = mu; its loss under P is
+N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu).
+
+* :func:`gdp_mu`: the smallest mu with L dominated by G_mu (the naive GDP filter's cost).
+* :func:`gdp_residue` (residue-filters.txt Thm 5): the largest mu' in [0, mu] with
+  G_mu' (+) L dominated by G_mu, by a fixed number of bisection steps inside jit. The composed
+  curve is exact at the query's grid points: for a grid PLD L with masses p_i at z_i,
+  delta_{G_mu' (+) L}(eps) = sum_i p_i delta_mu'(eps - z_i) + p_inf, a discrete convolution of p
+  with delta_mu' sampled on the same grid (one FFT per bisection step). Between the points both
+  curves are convex in x = e^eps: the composed one lies below its chords and G_mu above its
+  tangents, which is what :func:`_curve_below_gdp` compares. The naive update
+  sqrt(mu^2 - nu^2) (nu = gdp_mu(L)) is valid by construction, so the search starts from it and
+  the residue is never below it.
+
+Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps (see
+:mod:`pldjax.order`); a filter charges that slack to its delta budget.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import log_ndtr
+
+from pldjax.discretize import hockey_stick
+from pldjax.grid import next_pow2
+from pldjax.order import ROUNDOFF
+from pldjax.pld import PLD, batched
+from pldjax.precision import float64, host_result
+from pldjax.profile import grid_deltas
+from pldjax.validate import check_count, check_range, is_traced
+
+_BISECTION_STEPS = 64
+#: Default bisection steps of the residue search: its bracket [naive, mu] shrinks 2^-32-fold.
+RESIDUE_STEPS = 32
+#: G_mu's curve beyond mu^2/2 + _TAIL_SIGMAS * mu is below Phi(-11) ~ 2e-28: the residue check
+#: covers [-(that), that] on the query's grid and relies on the flat-tail argument beyond it.
+_TAIL_SIGMAS = 11.0
+#: Largest residue check window (grid points); coarser query grids are used beyond it.
+MAX_RESIDUE_SIZE = 2**15
+
+
+def _gdp_delta(mu, eps):
+    """delta_mu(eps) for every real eps; mu = 0 gives the identity's (1 - e^eps)_+."""
+    safe = jnp.maximum(mu, 1e-300)
+    return hockey_stick(log_ndtr(safe / 2 - eps / safe), log_ndtr(-safe / 2 - eps / safe), eps)
+
+
+def _curve_below_gdp(z, d, step, mu, delta_slack):
+    """True if a curve with values ``d`` at the uniform points ``z`` (spacing ``step``), convex in
+    x = e^eps and equal to 1 at x = 0, is <= delta_mu + delta_slack + ROUNDOFF at every eps.
+
+    Between two points the curve is below its chord and G_mu's convex curve above both tangents
+    at the ends; chord minus the larger tangent is concave, so comparing at the ends and at the
+    tangents' crossing suffices. Left of the points the curve is below the chord from (x = 0, 1)
+    and G_mu above its tangents at x = 0 (slope -1) and at the first point; right of them the
+    curve is at most its last value while G_mu tends to 0.
+    """
+    safe = jnp.maximum(mu, 1e-300)
+    log_q = log_ndtr(-safe / 2 - z / safe)
+    g = hockey_stick(log_ndtr(safe / 2 - z / safe), log_q, z) + delta_slack + ROUNDOFF
+    slope = -jnp.exp(z + log_q)  # x times d delta / dx at the points
+    # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
+    # g_{i+1} + s_{i+1} e^-h grow (t - 1)
+    grow, back = jnp.expm1(step), jnp.exp(-step)
+    g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
+    denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
+    numerator = g1 - g0 - s1 * back * grow
+    t = jnp.clip(numerator / jnp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
+    t = jnp.where(denominator < 0, t, 0.0)
+    envelope = jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
+    inside = jnp.all(d[:-1] + (d[1:] - d[:-1]) * t <= envelope) & jnp.all(d <= g)
+    # left of the points, x = x_0 t: tangent at 0 is 1 + slack - x_0 t, at x_0 it is g_0 + s_0 (t - 1)
+    x0 = jnp.exp(z[0])
+    width = x0 + slope[0]  # x_0 (1 - Q(L_G > z_0)) >= 0
+    top = 1.0 + delta_slack + ROUNDOFF
+    t_left = jnp.clip((top + slope[0] - g[0]) / jnp.where(width > 0, width, 1.0), 0.0, 1.0)
+    left_envelope = jnp.maximum(top - x0 * t_left, g[0] + slope[0] * (t_left - 1.0))
+    left = 1.0 - (1.0 - d[0]) * t_left <= left_envelope
+    return inside & left & (d[-1] <= delta_slack + ROUNDOFF)
+
+
+def _below_gdp(probs, inf_mass, offset, step, mu, delta_slack):
+    """True if the grid PLD's curve is <= delta_mu + delta_slack + ROUNDOFF everywhere."""
+    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
+    return _curve_below_gdp(z, grid_deltas(probs, inf_mass, step), step, mu, delta_slack)
+
+
+def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max):
+    """Smallest mu in (0, mu_max] (to bisection resolution, rounded up) with L below G_mu plus the
+    slack; inf if not even mu_max is enough."""
+
+    def halve(_, bracket):
+        low, high = bracket
+        mid = (low + high) / 2
+        ok = _below_gdp(probs, inf_mass, offset, step, mid, delta_slack)
+        return jnp.where(ok, low, mid), jnp.where(ok, mid, high)
+
+    _, high = jax.lax.fori_loop(0, _BISECTION_STEPS, halve, (jnp.zeros(()), mu_max))
+    return jnp.where(_below_gdp(probs, inf_mass, offset, step, mu_max, delta_slack), high, jnp.inf)
+
+
+_gdp_mu_jit = jax.jit(gdp_mu_kernel)
+
+
+@float64
+def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
+    """Smallest mu such that the PLD is dominated by G_mu (mu-GDP), up to ``delta_slack``.
+
+    An upper bound on the true value for a pessimistic PLD: the comparison is with G_mu's exact
+    curve, sound between grid points (tangent lines); it certifies
+    delta_L <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps. Both directions of a
+    two-direction PLD must be dominated. inf when no mu <= ``mu_max`` works (e.g. an atom at +inf
+    above the slack). Batched over the PLD's batch axes.
+    """
+    if not pld.pessimistic:
+        raise ValueError("gdp_mu needs a pessimistic PLD (an upper bound) for a sound answer")
+    check_range("delta_slack", delta_slack, 0.0, 1.0)
+    check_range("mu_max", mu_max, 0.0, low_open=True)
+    kernel = gdp_mu_kernel if is_traced(pld) else _gdp_mu_jit
+    result = None
+    for direction in pld.directions():
+        fn = batched(lambda p, m, o, h: kernel(p, m, o, h, delta_slack, mu_max),
+                     len(direction.batch_shape))
+        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
+        result = out if result is None else jnp.maximum(result, out)
+    return host_result(result)
+
+
+# -- residue --------------------------------------------------------------------------------------
+def residue_size(mu_max, step, query_size: int) -> int:
+    """Static number of check points covering [-w, w], w = mu^2/2 + _TAIL_SIGMAS mu, at ``step``."""
+    half = float(np.max(mu_max)) ** 2 / 2 + _TAIL_SIGMAS * float(np.max(mu_max))
+    return max(next_pow2(int(np.ceil(2 * half / float(np.min(step)))) + 2), 16)
+
+
+def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int):
+    """(mu', accepted) for one query and one budget mu; ``probs`` etc. carry a leading direction
+    axis (1 or 2 directions, all of which must fit). mu' is the largest value found by ``steps``
+    bisection steps from [naive, mu] with G_mu' (+) L below G_mu plus the slack (0 if rejected)."""
+    n = probs.shape[-1]
+    nfft = next_pow2(2 * n + size - 2)
+    mu = jnp.asarray(mu, jnp.float64)
+    half = mu * mu / 2 + _TAIL_SIGMAS * mu
+    start = jnp.floor(-half / step).astype(jnp.int64)  # first check index, per direction
+    checks = (start[:, None] + jnp.arange(size)) * step[:, None]
+    # lags k = j - i for check j and grid point i: eps_j - z_i = (k + start - offset) h
+    lags = (jnp.arange(-(n - 1), size)[None, :] + (start - offset)[:, None]) * step[:, None]
+    spectra = jnp.fft.rfft(probs, nfft)
+
+    def fits(mu_residue):
+        curves = jnp.fft.irfft(spectra * jnp.fft.rfft(_gdp_delta(mu_residue, lags), nfft), nfft)
+        curves = curves[:, n - 1:n - 1 + size] + inf_mass[:, None]
+        ok = jax.vmap(_curve_below_gdp, in_axes=(0, 0, 0, None, None))(
+            checks, curves, step, mu, delta_slack)
+        return jnp.all(ok)
+
+    below = jax.vmap(_below_gdp, in_axes=(0, 0, 0, 0, None, None))
+    accepted = jnp.all(below(probs, inf_mass, offset, step, mu, delta_slack))
+    nu = jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
+        probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu, 1e-300)))
+    naive = jnp.where(nu <= mu, jnp.sqrt(jnp.maximum((mu - nu) * (mu + nu), 0.0)), 0.0)
+
+    def halve(_, bracket):
+        low, high = bracket
+        mid = (low + high) / 2
+        ok = fits(mid)
+        return jnp.where(ok, mid, low), jnp.where(ok, high, mid)
+
+    low, _ = jax.lax.fori_loop(0, steps, halve, (naive, mu))
+    return jnp.where(accepted, low, 0.0), accepted
+
+
+def coarsen_kernel(probs, offset, factor: int):
+    """A pessimistic copy of a single-direction grid PMF on the step ``factor`` times coarser:
+    each loss rounded up to the next coarse point. Returns (probs, offset)."""
+    n = probs.shape[-1]
+    fine = offset + jnp.arange(n)
+    coarse_offset = -((-offset) // factor)  # ceil(offset / factor)
+    index = -((-fine) // factor) - coarse_offset
+    out = jax.ops.segment_sum(probs, index, num_segments=(n - 1) // factor + 2)
+    return out, coarse_offset
+
+
+def stack_directions(pld: PLD):
+    """(probs, inf_mass, offset, step) with a direction axis right after the batch axes."""
+    directions = pld.directions()
+    n = max(d.size for d in directions)
+    nb = len(pld.batch_shape)
+
+    def pad(d):
+        return jnp.pad(d.probs, [(0, 0)] * nb + [(0, n - d.size)])
+
+    return (jnp.stack([pad(d) for d in directions], axis=nb),
+            jnp.stack([jnp.asarray(d.inf_mass, jnp.float64) for d in directions], axis=nb),
+            jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions], axis=nb),
+            jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions], axis=nb))
+
+
+def _coarsened(pld: PLD, factor: int) -> PLD:
+    if factor == 1:
+        return pld
+
+    def one(d: PLD) -> PLD:
+        fn = batched(lambda p, o: coarsen_kernel(p, o, factor), len(d.batch_shape))
+        probs, offset = fn(d.probs, d.offset)
+        return PLD(probs, d.inf_mass, offset, d.step * factor, True)
+
+    forward = one(pld._forward())
+    back = None if pld.reverse is None else one(pld.reverse)
+    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+
+
+def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[PLD, int]:
+    """The query on a grid whose check window fits (coarsened by a power of two when needed) and
+    the static window size; host-side, before jit."""
+    if size is not None:
+        return pld, check_count("size", size, minimum=16)
+    steps = np.asarray(pld.step, np.float64)
+    factor = 1
+    while residue_size(mu_max, steps * factor, pld.size) > MAX_RESIDUE_SIZE:
+        factor *= 2
+    coarse = _coarsened(pld, factor)
+    return coarse, residue_size(mu_max, steps * factor, coarse.size)
+
+
+def _residue_batch(stacked, mu, delta_slack, *, size: int, steps: int, batch_size: int):
+    """residue_kernel over a flat batch (leading axis) of queries and budgets, a chunk at a time."""
+
+    def one(args):
+        p, m, o, h, u, s = args
+        return residue_kernel(p, m, o, h, u, s, size=size, steps=steps)
+
+    return jax.lax.map(one, (*stacked, mu, delta_slack), batch_size=batch_size)
+
+
+_residue_batch_jit = jax.jit(_residue_batch, static_argnames=("size", "steps", "batch_size"))
+
+
+@float64
+def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
+                size: int | None = None, batch_size: int = 256):
+    """The largest mu' in [0, mu] with G_mu' (+) L dominated by G_mu (residue-filters.txt Thm 5).
+
+    A sound lower bound (pessimistic): G_mu' (+) query is certified below G_mu plus
+    ``delta_slack`` + ROUNDOFF at every eps (charge that to a delta budget; ``delta_slack`` must
+    cover the query's atom at +inf). Never below the naive GDP update sqrt(mu^2 - nu^2). NaN where
+    the query does not fit (query not below G_mu). ``mu`` and the query's batch axes broadcast:
+    many (mu, L) pairs are one compiled call, ``batch_size`` pairs at a time. ``steps``: bisection
+    steps (resolution (mu - naive) 2^-steps); ``size``: check window points (automatic on the
+    host; under jit it must be given, and the query's step then used as is).
+    """
+    if not query.pessimistic:
+        raise ValueError("gdp_residue needs a pessimistic query PLD (an upper bound)")
+    check_range("mu", mu, 0.0)
+    check_range("delta_slack", delta_slack, 0.0, 1.0)
+    steps = check_count("steps", steps, minimum=1)
+    if is_traced((mu, query, delta_slack)) and size is None:
+        raise ValueError("gdp_residue under jit needs size=")
+    query, size = residue_plan(mu, query, size)
+    mu = jnp.asarray(mu, jnp.float64)
+    shape = jnp.broadcast_shapes(mu.shape, query.batch_shape, jnp.shape(delta_slack))
+    stacked = stack_directions(query)
+    nb = len(query.batch_shape)
+    flat = tuple(
+        jnp.broadcast_to(a, shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:]) for a in stacked)
+    mus = jnp.broadcast_to(mu, shape).reshape(-1)
+    slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), shape).reshape(-1)
+    run = _residue_batch if is_traced((mus, flat)) else _residue_batch_jit
+    residue, accepted = run(flat, mus, slack, size=size, steps=steps, batch_size=batch_size)
+    return host_result(jnp.where(accepted, residue, jnp.nan).reshape(shape))
