@@ -1,0 +1,351 @@
+"""Privacy filters: residues against closed forms and an independent dense evaluation, run lengths,
+state that survives (save / restore, failures), jit and vmap of spend, bad input."""
+
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import pldjax as pj
+from pldjax.order import ROUNDOFF
+
+F = pj.filters
+
+
+def spend_until_rejected(f, query, limit=1000):
+    state, count = f.init(), 0
+    for _ in range(limit):
+        state, accepted = f.spend(state, query)
+        if not accepted:
+            return count, state
+        count += 1
+    return count, state
+
+
+# -- independent reference: the curve of G_mu' (+) (randomized response), from scipy --------------
+def gaussian_delta(mu, eps):
+    """delta of G_mu at eps (any real eps), scipy's normal distribution."""
+    eps = np.asarray(eps, np.float64)
+    if mu == 0:
+        return np.maximum(-np.expm1(eps), 0.0)
+    return stats.norm.cdf(mu / 2 - eps / mu) - np.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu)
+
+
+def rr_composed_delta(mu_residue, eps_rr, eps):
+    """delta of G_mu' (+) RR_eps_rr: sum over RR's two atoms of delta_{G_mu'}(eps - loss)."""
+    keep = 1 / (1 + np.exp(-eps_rr))
+    return keep * gaussian_delta(mu_residue, eps - eps_rr) + (1 - keep) * gaussian_delta(
+        mu_residue, eps + eps_rr)
+
+
+DENSE = np.linspace(-30, 30, 240001)
+
+
+@pytest.mark.parametrize("mu, eps_rr", [(1.0, 0.5), (0.8, 0.25), (3.0, 2.0), (2.0, 1.0)])
+def test_residue_condition_holds_by_independent_dense_evaluation(mu, eps_rr):
+    query = pj.randomized_response(eps_rr)
+    residue = float(pj.gdp_residue(mu, query))
+    assert 0 <= residue <= mu
+    excess = rr_composed_delta(residue, eps_rr, DENSE) - gaussian_delta(mu, DENSE)
+    assert excess.max() <= 1e-13
+    # and it is tight: a slightly larger residue breaks the condition somewhere
+    bigger = rr_composed_delta(residue + 1e-3 * mu, eps_rr, DENSE) - gaussian_delta(mu, DENSE)
+    assert bigger.max() > 0
+
+
+@pytest.mark.parametrize("query", [pj.randomized_response(0.5), pj.randomized_response(1.5),
+                                   pj.laplace(2.0), pj.gdp(0.4)], ids=["rr0.5", "rr1.5", "lap", "gdp"])
+@pytest.mark.parametrize("mu", [0.9, 2.0])
+def test_residue_never_below_naive_update(query, mu):
+    slack = float(query.inf_mass)
+    nu = float(pj.gdp_mu(query, delta_slack=slack))
+    naive = np.sqrt(max(mu**2 - nu**2, 0.0))
+    residue = float(pj.gdp_residue(mu, query, delta_slack=slack))
+    if nu > mu:  # the query does not fit the budget at all
+        assert np.isnan(residue)
+        return
+    assert residue >= naive * (1 - 4e-16)  # the naive value, up to its own rounding
+
+
+def test_gaussian_query_leaves_exactly_the_gaussian_residue():
+    # a nu-GDP query given by its nu: exactly sqrt(mu^2 - nu^2)
+    f = F.gdp_residue(1.0)
+    state, accepted = f.spend(f.init(), 0.6)
+    assert bool(accepted)
+    assert float(f.remaining(state)["mu"]) == pytest.approx(0.8, rel=1e-15)
+    # the pessimistic PLD of G_nu: a lower bound, within the grid's accuracy
+    for nu in (0.3, 0.6):
+        query = pj.gdp(nu)
+        got = float(pj.gdp_residue(1.0, query, delta_slack=float(query.inf_mass)))
+        exact = np.sqrt(1 - nu**2)
+        assert got <= exact
+        assert got == pytest.approx(exact, rel=1e-4)
+
+
+def test_gdp_residue_batched_over_pairs_and_nan_when_the_query_does_not_fit():
+    mus = np.array([0.3, 1.0, 2.0])
+    query = pj.randomized_response(0.5)
+    batch = pj.gdp_residue(mus, query)
+    assert np.isnan(batch[0])  # RR_0.5 is not 0.3-GDP
+    assert batch[1] == pytest.approx(float(pj.gdp_residue(1.0, query)), rel=1e-12)
+    queries = pj.randomized_response(np.array([0.25, 0.5, 1.0]))
+    pairs = pj.gdp_residue(np.array([1.0, 1.0, 2.0]), queries)
+    assert pairs[0] > pairs[1]
+    assert pairs[2] == pytest.approx(float(pj.gdp_residue(2.0, pj.randomized_response(1.0))),
+                                     rel=1e-12)
+
+
+# -- run lengths ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("epsilon, eps0", [(1.0, 0.25), (1.0, 0.1), (0.9, 0.3), (2.0, 0.3)])
+def test_pure_dp_filter_admits_floor_epsilon_over_eps0(epsilon, eps0):
+    expected = int(Fraction(epsilon) / Fraction(eps0))  # exact arithmetic on the given floats
+    count, _ = spend_until_rejected(F.pure_dp(epsilon), eps0)
+    assert count == expected
+
+
+def test_pure_dp_filter_with_pld_queries():
+    query = pj.randomized_response(0.25)  # the grid step divides 0.25: its largest loss is exact
+    assert spend_until_rejected(F.pure_dp(1.0), query)[0] == 4
+    # a Gaussian's PLD has an atom at +inf: rejected unless a delta budget pays for it
+    assert spend_until_rejected(F.pure_dp(100.0), pj.gdp(0.5))[0] == 0
+
+
+@pytest.mark.parametrize("mu, nu", [(1.0, 0.5), (1.0, 0.3), (2.0, 0.7)])
+def test_gdp_filter_admits_floor_mu2_over_nu2(mu, nu):
+    expected = int(Fraction(mu) ** 2 / Fraction(nu) ** 2)
+    assert spend_until_rejected(F.gdp(mu), nu)[0] == expected
+    # the residue filter keeps mu itself: square roots may round it a hair low, never high
+    assert spend_until_rejected(F.gdp_residue(mu), nu)[0] in (expected, expected - 1)
+
+
+def test_gdp_filters_with_pld_queries_and_residue_at_least_as_long():
+    query = pj.gdp(0.3)  # nu from the pessimistic PLD is a hair above 0.3: 11 = floor(1/0.09)
+    assert spend_until_rejected(F.gdp(1.0), query)[0] == 11
+    rr = pj.randomized_response(0.5)
+    naive, _ = spend_until_rejected(F.gdp(1.0), rr)
+    residue, _ = spend_until_rejected(F.gdp_residue(1.0), rr)
+    assert residue >= naive > 0
+
+
+def test_whitehouse_residue_solves_the_corrected_equation():
+    from pldjax.filters.whitehouse import residue_epsilon_squared
+
+    for epsilon, delta_prime in [(1.0, 1e-6), (0.3, 1e-9), (5.0, 1e-3)]:
+        y = residue_epsilon_squared(epsilon, delta_prime)
+        log_term = np.log(1 / delta_prime)
+        assert np.sqrt(2 * log_term * y) + y / 2 == pytest.approx(epsilon, rel=1e-13)
+        assert np.sqrt(2 * log_term * y) + y / 2 <= epsilon
+
+
+@pytest.mark.parametrize("epsilon, delta, eps_n", [(1.0, 1e-6, 0.1), (3.0, 1e-5, 0.05)])
+def test_approx_dp_filter_admits_the_closed_form_count(epsilon, delta, eps_n):
+    delta_prime = delta / 2
+    log_term = np.log(1 / delta_prime)
+    y_star = (np.sqrt(2 * log_term + 2 * epsilon) - np.sqrt(2 * log_term)) ** 2
+    expected = int(np.floor(y_star / eps_n**2))
+    assert spend_until_rejected(F.approx_dp(epsilon, delta), eps_n)[0] == expected
+    # a query's delta_n is charged to delta'' = delta / 2
+    assert spend_until_rejected(F.approx_dp(epsilon, 2.0**-20), (0.0, 2.0**-23))[0] == 4
+
+
+def test_approx_zcdp_filter_counts_and_pld_conversion():
+    assert spend_until_rejected(F.approx_zcdp(1.0, 1e-6), (0.125, 0.0))[0] == 8
+    # G_nu is (nu^2 / 2)-zCDP; the PLD bound may overestimate by the order grid (< 1%)
+    f = F.approx_zcdp(1.0, 1e-6)
+    state, _ = f.spend(f.init(), pj.gdp(0.5))
+    rho = 1.0 - float(f.remaining(state)["rho"])
+    assert 0.125 <= rho <= 0.125 * 1.01
+
+
+def test_renyi_filter_counts_per_order():
+    orders = np.array([2.0, 4.0])
+    # G_nu has D_a = a nu^2 / 2: budgets allowing 10 and 5 queries of nu = 0.5 -> 5 (every order)
+    f = F.renyi(orders, orders * 0.25 / 2 * np.array([10, 5]))
+    assert spend_until_rejected(f, orders * 0.25 / 2)[0] == 5
+    laplace = pj.laplace(4.0)  # scale 4: D_a of its PLD is an upper bound on the exact one
+    a = orders
+    exact = np.log(a / (2 * a - 1) * np.exp((a - 1) / 4) + (a - 1) / (2 * a - 1) * np.exp(-a / 4))
+    exact = exact / (a - 1)
+    count, _ = spend_until_rejected(F.renyi(orders, 10 * exact), laplace)
+    assert count in (9, 10)
+    # an atom at +inf (a Gaussian's truncated tail) makes every divergence infinite: rejected
+    assert spend_until_rejected(F.renyi(orders, [100.0, 100.0]), pj.gdp(0.5))[0] == 0
+
+
+def rr(epsilon):
+    """Randomized response on the natural filters' grid step (which divides these epsilons)."""
+    return pj.randomized_response(epsilon, grid=pj.Grid(step=1 / 128))
+
+
+def test_natural_filter_on_an_approximate_dp_budget():
+    budget = pj.approx_dp_composition(1.0, 1e-6, 1)
+    f = F.natural(budget, step=1 / 128)
+    assert spend_until_rejected(f, rr(0.25))[0] == 4
+    count, state = spend_until_rejected(f, rr(0.5))
+    assert count == 2
+    composed = f.remaining(state)
+    assert float(composed.delta(1.0)) <= 1e-6 + ROUNDOFF
+
+
+def test_additive_profile_parameters_and_guarantee():
+    f = F.additive_profile(1.0, 1e-6, 10)
+    g = f.guarantee
+    n = 1 + int(np.ceil(np.log2(10 * 3 / 1.0)))
+    assert g["bands"] == n
+    logs = int(np.ceil(np.log(1e6)))
+    assert g["epsilon"] == n * 2 * logs * 11
+    assert g["delta"] == pytest.approx(n * (32 * logs + 4) * 1e-6)
+    assert g["budgets"][0] == 10 and g["budgets"][-1] == 4e-6
+    assert spend_until_rejected(f, pj.randomized_response(0.1))[0] == 10  # capacity k
+
+
+def test_additive_filter_accepts_whatever_the_natural_filter_accepts():
+    # Thm 14 on one sequence: while the natural (eps, delta) filter accepts, so does the additive
+    epsilon, delta = 1.0, 1e-6
+    natural = F.natural(pj.approx_dp_composition(epsilon, delta, 1), step=1 / 128)
+    additive = F.additive_profile(epsilon, delta, 8)
+    queries = [rr(e) for e in (0.25, 0.125, 0.5, 0.25, 0.125)]
+    s_nat, s_add = natural.init(), additive.init()
+    for q in queries:
+        s_nat, ok_nat = natural.spend(s_nat, q)
+        s_add, ok_add = additive.spend(s_add, q)
+        assert bool(ok_add) or not bool(ok_nat)
+
+
+# -- the interface: rejection, continuing, jit, vmap ----------------------------------------------
+def test_rejected_query_leaves_state_unchanged_and_filter_continues():
+    f = F.pure_dp(1.0)
+    state, _ = f.spend(f.init(), 0.75)
+    after, accepted = f.spend(state, 0.5)
+    assert not bool(accepted)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, after, state))
+    after, accepted = f.spend(after, 0.25)  # a smaller query still fits
+    assert bool(accepted)
+
+
+def test_spend_is_jittable_and_vmappable():
+    f = F.gdp_residue(1.0, size=4096)
+    rr = pj.randomized_response(0.5)
+    eager, ok = f.spend(f.init(), rr)
+    jitted, ok_jit = jax.jit(f.spend)(f.init(), rr)
+    assert bool(ok) and bool(ok_jit)
+    assert float(jitted.mu) == pytest.approx(float(eager.mu), rel=1e-12)
+    states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), f.init())
+    queries = pj.randomized_response(np.array([0.25, 0.5, 4.0]))
+    new, accepted = jax.vmap(f.spend)(states, queries)
+    assert np.asarray(accepted).tolist() == [True, True, False]
+    assert float(new.mu[1]) == pytest.approx(float(eager.mu), rel=1e-12)
+    assert float(new.mu[2]) == 1.0  # rejected: unchanged
+    # per-example budgets with native costs
+    g = F.gdp(1.0)
+    many = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (5,) + x.shape), g.init())
+    _, ok = jax.vmap(g.spend)(many, jnp.array([0.1, 0.5, 1.0, 1.5, 0.0]))
+    assert np.asarray(ok).tolist() == [True, True, True, False, True]
+
+
+# -- state that survives --------------------------------------------------------------------------
+FILTERS = {
+    "pure_dp": (lambda: F.pure_dp(1.0), 0.3),
+    "gdp_residue": (lambda: F.gdp_residue(1.0), pj.randomized_response(0.5)),
+    "renyi": (lambda: F.renyi([2.0, 8.0], [1.0, 3.0]), pj.randomized_response(0.3)),
+    "approx_dp": (lambda: F.approx_dp(1.0, 1e-6), (0.1, 1e-8)),
+    "natural": (lambda: F.natural(pj.approx_dp_composition(1.0, 1e-6, 1), step=1 / 128),
+                pj.randomized_response(0.25, grid=pj.Grid(step=1 / 128))),
+    "additive": (lambda: F.additive_profile(1.0, 1e-6, 5), pj.randomized_response(0.25)),
+}
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".json"])
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_save_restore_round_trips_exactly(tmp_path, name, suffix):
+    make, query = FILTERS[name]
+    f = make()
+    state, _ = f.spend(f.init(), query)
+    state, _ = f.spend(state, query)
+    path = tmp_path / f"state{suffix}"
+    pj.io.save_filter_state(path, f, state)
+    restored = pj.io.load_filter_state(path, make())
+    for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(restored),
+                    strict=True):
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    # and the restored filter carries on exactly as the original
+    one, ok1 = f.spend(state, query)
+    two, ok2 = f.spend(restored, query)
+    assert bool(ok1) == bool(ok2)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, one, two))
+
+
+def test_restore_refuses_another_filter_or_version(tmp_path):
+    f = F.pure_dp(1.0)
+    path = tmp_path / "state.json"
+    pj.io.save_filter_state(path, f, f.init())
+    with pytest.raises(ValueError, match="saved for pure_dp"):
+        pj.io.load_filter_state(path, F.pure_dp(2.0))
+    text = path.read_text().replace('"version": 1', '"version": 99')
+    path.write_text(text)
+    with pytest.raises(ValueError, match="version"):
+        pj.io.load_filter_state(path, f)
+
+
+def test_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    f = F.pure_dp(1.0)
+    path = tmp_path / "state.npz"
+    first, _ = f.spend(f.init(), 0.25)
+    pj.io.save_filter_state(path, f, first)
+    second, _ = f.spend(first, 0.25)
+
+    def broken(stream, **arrays):
+        stream.write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", broken)
+    with pytest.raises(OSError, match="disk full"):
+        pj.io.save_filter_state(path, f, second)
+    monkeypatch.undo()
+    restored = pj.io.load_filter_state(path, f)
+    assert float(restored.epsilon_spent) == 0.25
+    assert [p.name for p in tmp_path.iterdir()] == ["state.npz"]
+
+
+def test_failed_spend_leaves_the_state_usable():
+    f = F.gdp_residue(1.0)
+    state, _ = f.spend(f.init(), 0.5)
+    before = jax.tree_util.tree_map(np.asarray, state)
+    with pytest.raises(ValueError, match="pessimistic"):
+        f.spend(state, pj.randomized_response(0.5, pessimistic=False))
+    with pytest.raises(ValueError, match="number >= 0"):
+        f.spend(state, float("nan"))
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, state, before))
+    state, accepted = f.spend(state, 0.5)
+    assert bool(accepted)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+def test_bad_input_is_refused_with_the_argument_named():
+    with pytest.raises(ValueError, match="mu"):
+        F.gdp_residue(-1.0)
+    with pytest.raises(ValueError, match="epsilon"):
+        F.pure_dp(float("nan"))
+    with pytest.raises(ValueError, match="delta"):
+        F.approx_dp(1.0, 1.5)
+    with pytest.raises(ValueError, match="delta"):
+        F.additive_profile(1.0, 0.3, 10)
+    with pytest.raises(ValueError, match="orders"):
+        F.renyi([0.5], [1.0])
+    with pytest.raises(ValueError, match="number >= 0"):
+        F.pure_dp(1.0).spend(F.pure_dp(1.0).init(), -0.1)
+    with pytest.raises(ValueError, match="one query"):
+        f = F.gdp(1.0)
+        f.spend(f.init(), pj.randomized_response(np.array([0.1, 0.2])))
+    with pytest.raises(ValueError, match="symmetric"):
+        f = F.additive_profile(1.0, 1e-6, 4)
+        f.spend(f.init(), pj.gaussian(2.0, sampling_prob=0.1))
+    with pytest.raises(ValueError, match="grid step"):
+        f = F.natural(pj.approx_dp_composition(1.0, 1e-6, 1), step=1 / 128)
+        f.spend(f.init(), pj.gdp(2.0))  # on the step 1/32
+    with pytest.raises(ValueError, match="mu"):
+        pj.gdp_residue(-0.5, pj.randomized_response(0.5))
