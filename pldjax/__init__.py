@@ -1,6 +1,12 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays."""
 
 from pldjax import filters, io, plot  # matplotlib is imported only when a figure is drawn
+from pldjax.adversary import (
+    natural_filter_bounds,
+    natural_filter_cost,
+    natural_filter_free,
+    totally_ordered,
+)
 from pldjax.compilation import enable_compilation_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
@@ -40,9 +46,13 @@ __all__ = [
     "identity",
     "io",
     "laplace",
+    "natural_filter_bounds",
+    "natural_filter_cost",
+    "natural_filter_free",
     "plot",
     "profile_from_tradeoff",
     "randomized_response",
     "sup",
+    "totally_ordered",
     "tradeoff_from_profile",
 ]

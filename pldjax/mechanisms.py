@@ -540,15 +540,18 @@ def from_privacy_curve(
 
 
 @float64
-def approx_dp_composition(epsilon: float, delta: float, count: int) -> PLD:
+def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
+                          grid: Grid | None = None) -> PLD:
     """The exact PLD of ``count`` compositions of an (epsilon, delta)-DP guarantee (R_{eps,delta}).
 
     laplace-transform-dp.txt Cor. 4.7 in closed form: losses (count - 2j) epsilon with masses
     (1-delta)^count C(count, j) p^(count-j) (1-p)^j, p = e^eps / (1 + e^eps), and an atom
     1 - (1-delta)^count at +inf; built directly on the lattice of step epsilon (O(count), no FFT, no
     discretization error). Tight: no composition of (epsilon, delta)-DP mechanisms is worse.
+    ``grid``: put it on ``grid.step`` instead (exact when the step divides epsilon, otherwise
+    each loss is rounded up: pessimistic); ``epsilon = 0`` (R_{0,delta}) needs no grid.
     """
-    check_range("epsilon", epsilon, 0.0, low_open=True)
+    check_range("epsilon", epsilon, 0.0)
     check_range("delta", delta, 0.0, 1.0)
     count = check_count("count", count, minimum=1)
     j = jnp.arange(count + 1, dtype=jnp.float64)
@@ -559,9 +562,15 @@ def approx_dp_composition(epsilon: float, delta: float, count: int) -> PLD:
     # losses (count - 2 j) eps, ascending in the index i = count - j
     log_mass = (log_keep + log_binomial - (count - j) * jax.nn.softplus(-eps)
                 - j * jax.nn.softplus(eps))[::-1]
-    probs = jnp.zeros(2 * count + 1).at[::2].set(jnp.exp(log_mass))
     inf_mass = -jnp.expm1(log_keep)
-    return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), eps, True)
+    if grid is None and epsilon > 0:
+        probs = jnp.zeros(2 * count + 1).at[::2].set(jnp.exp(log_mass))
+        return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), eps, True)
+    step = 1.0 if grid is None or grid.step is None else float(grid.step)
+    losses = (2 * np.arange(count + 1) - count) * float(epsilon)
+    index = np.ceil(losses / step - 1e-12).astype(np.int64)
+    probs = jnp.zeros(int(index[-1] - index[0]) + 1).at[index - index[0]].add(jnp.exp(log_mass))
+    return PLD(probs, inf_mass, jnp.asarray(index[0], jnp.int64), jnp.asarray(step), True)
 
 
 @float64
