@@ -18,7 +18,8 @@ curve is the pointwise maximum (Prop. 11).
   below B at the grid points, a necessary condition), and the supremum of grid values joined by
   chords, which lies above the true maximum of the members' curves between grid points.
 * Lower bound (is it not free?): legality strict (the composed grid PLD is dominated by B at every
-  eps, compared exactly between the two grids, without tolerance), and grid values only: at the
+  eps, compared exactly between the two grids; up to ROUNDOFF, so a witness is a proof up to
+  float round-off, and the tests re-check witnesses in exact arithmetic), and grid values only: at the
   grid points the maximum of lower values is below the true supremum, and compositions need only
   grid values.
 
@@ -28,6 +29,7 @@ response is represented exactly; a Gaussian's grid PLD stands for itself), and s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import NamedTuple
@@ -89,10 +91,12 @@ def _window(family: Family, rounds: int, budget: PLD | None = None) -> Window:
     n = family.probs.shape[1]
     low = min(0, rounds * family.offset)
     high = max(0, rounds * (family.offset + n - 1))
-    if budget is not None:
+    if budget is not None:  # the range of the budget's masses
         b_step = float(budget.step)
-        low = min(low, math.floor(int(budget.offset) * b_step / family.step))
-        high = max(high, math.ceil((int(budget.offset) + budget.size - 1) * b_step / family.step))
+        nonzero = np.flatnonzero(np.asarray(budget.probs) > 0)
+        first, last = (0, 0) if nonzero.size == 0 else (int(nonzero[0]), int(nonzero[-1]))
+        low = min(low, math.floor((int(budget.offset) + first) * b_step / family.step))
+        high = max(high, math.ceil((int(budget.offset) + last) * b_step / family.step))
     pad = abs(family.offset) + n
     return Window(low, high - low + 1, pad)
 
@@ -106,16 +110,67 @@ def _extend(curve, window: Window, step):
     return jnp.concatenate([head, curve, tail])
 
 
+#: Queries with at most this many grid points are composed by direct sums (exact zeros stay
+#: zero); wider ones by FFT, whose absolute round-off (~1e-13) is then below the tolerances.
+_DIRECT_WIDTH = 128
+
+
 def _compose_curve(curve, probs, inf_mass, offset, window: Window, step):
     """delta_{L (+) V} at the window's points from V's values there (L on the common grid)."""
     n = probs.shape[0]
     extended = _extend(curve, window, step)
+    # F_j = sum_i p_i E[j - offset - i], E indexed from -pad
+    begin = window.pad - offset
+    if n <= _DIRECT_WIDTH:
+        rows = begin + jnp.arange(window.size)[None, :] - jnp.arange(n)[:, None]
+        return probs @ extended[rows] + inf_mass
     size = extended.shape[0] + n - 1
     nfft = next_pow2(size)
     full = jnp.fft.irfft(jnp.fft.rfft(probs, nfft) * jnp.fft.rfft(extended, nfft), nfft)
-    # F_j = sum_i p_i E[j - offset - i], E indexed from -pad
-    begin = window.pad - offset
     return jax.lax.dynamic_slice(full, (begin,), (window.size,)) + inf_mass
+
+
+def _padded(batch: int) -> int:
+    """Batches are padded to powers of two so that few shapes are ever compiled."""
+    return next_pow2(max(batch, 1))
+
+
+@functools.partial(jax.jit, static_argnames=("offset", "window"))
+def _compose_batch(curves, probs, inf_mass, step, *, offset: int, window: Window):
+    return jax.vmap(_compose_curve, in_axes=(0, 0, 0, None, None, None))(
+        curves, probs, inf_mass, offset, window, step)
+
+
+def compose_rows(curves, probs, inf_mass, offset: int, window: Window, step):
+    """_compose_curve for each row (curve i with query row i), in padded batches."""
+    count = curves.shape[0]
+    size = _padded(count)
+
+    def pad(a):
+        return jnp.concatenate([a, jnp.repeat(a[:1], size - count, axis=0)]) if size > count else a
+
+    out = _compose_batch(pad(curves), pad(probs), pad(inf_mass), jnp.asarray(step),
+                         offset=offset, window=window)
+    return out[:count]
+
+
+@functools.partial(jax.jit, static_argnames=("window",))
+def _legality_batch(curves, b_probs, b_inf, b_off, b_step, step, *, window: Window):
+    budget = _Budget(b_probs, b_inf, b_off, b_step)
+    eps = (window.start + jnp.arange(window.size)) * step
+    at_points = jax.vmap(lambda c: _excess_at_points(c, budget, eps))(curves)
+    everywhere = jax.vmap(lambda c: _full_excess(c, budget, window, step))(curves)
+    return at_points, everywhere
+
+
+def legality(curves, budget: _Budget, window: Window, step):
+    """(excess at the grid points, excess everywhere) of each curve over the budget."""
+    count = curves.shape[0]
+    size = _padded(count)
+    if size > count:
+        curves = jnp.concatenate([curves, jnp.repeat(curves[:1], size - count, axis=0)])
+    up, low = _legality_batch(curves, *budget, jnp.asarray(step), window=window)
+    return np.asarray(up)[:count], np.asarray(low)[:count]
 
 
 def _identity_curve(window: Window, step):
@@ -174,14 +229,9 @@ def _analyse(queries, budget: PLD, rounds: int) -> Analysis:
     b = _budget(budget)
     window = _window(family, rounds, budget)
     step = family.step
-    eps = (window.start + jnp.arange(window.size)) * step
     probs = jnp.asarray(family.probs)
     inf_mass = jnp.asarray(family.inf_mass)
     m = probs.shape[0]
-    compose_many = jax.jit(jax.vmap(
-        lambda c, p, i: _compose_curve(c, p, i, family.offset, window, step)))
-    upper_many = jax.jit(jax.vmap(lambda c: _excess_at_points(c, b, eps)))
-    lower_many = jax.jit(jax.vmap(lambda c: _full_excess(c, b, window, step)))
 
     multisets = [[()]]
     index = {(): (0, 0)}
@@ -194,9 +244,10 @@ def _analyse(queries, budget: PLD, rounds: int) -> Analysis:
         level = _multisets(m, t)
         parents = np.array([index[ms[:-1]][1] for ms in level])
         last = np.array([ms[-1] for ms in level])
-        level_curves = compose_many(curves[t - 1][parents], probs[last], inf_mass[last])
-        up = np.asarray(upper_many(level_curves)) <= ROUNDOFF
-        low = np.asarray(lower_many(level_curves)) <= 0.0
+        level_curves = compose_rows(curves[t - 1][parents], probs[last], inf_mass[last],
+                                    family.offset, window, step)
+        up, low = legality(level_curves, b, window, step)
+        up, low = up <= ROUNDOFF, low <= ROUNDOFF
         r_up = np.zeros(len(level), bool)
         r_low = np.zeros(len(level), bool)
         for row, ms in enumerate(level):
@@ -227,8 +278,6 @@ def _recursion(a: Analysis, rounds: int, upper: bool):
     inf_mass = jnp.asarray(family.inf_mass)
     m = probs.shape[0]
     reach = a.reach_upper if upper else a.reach_lower
-    compose_many = jax.jit(jax.vmap(
-        lambda c, p, i: _compose_curve(c, p, i, family.offset, window, family.step)))
     identity = _identity_curve(window, family.step)
     # values[t]: V_j at every multiset of level t (|M| = t <= rounds - j)
     values = [jnp.broadcast_to(identity, (len(level), window.size)) for level in a.multisets]
@@ -240,9 +289,9 @@ def _recursion(a: Analysis, rounds: int, upper: bool):
             children = np.array([[a.index[tuple(sorted(ms + (i,)))][1] for i in range(m)]
                                  for ms in level])
             allowed = reach[t + 1][children]  # (count_t, m)
-            moved = compose_many(values[t + 1][children.reshape(-1)],
-                                 jnp.tile(probs, (len(level), 1)),
-                                 jnp.tile(inf_mass, len(level)))
+            moved = compose_rows(values[t + 1][children.reshape(-1)],
+                                 jnp.tile(probs, (len(level), 1)), jnp.tile(inf_mass, len(level)),
+                                 family.offset, window, family.step)
             moved = moved.reshape(len(level), m, window.size)
             moved = jnp.where(jnp.asarray(allowed)[:, :, None], moved, -jnp.inf)
             new_values.append(jnp.maximum(best, jnp.max(moved, axis=1)))
@@ -311,7 +360,6 @@ def _witness(a: Analysis, budget: PLD, rounds: int) -> dict | None:
     budget_curve = np.asarray(delta_kernel(b.probs, b.inf_mass, b.offset, b.step, eps))
     probs = jnp.asarray(family.probs)
     inf_mass = jnp.asarray(family.inf_mass)
-    compose = jax.jit(lambda c, p, i: _compose_curve(c, p, i, family.offset, window, step))
     best = None
     for t in range(rounds):
         for row, prefix in enumerate(a.multisets[t]):
@@ -328,7 +376,8 @@ def _witness(a: Analysis, budget: PLD, rounds: int) -> dict | None:
             top = jnp.max(jnp.stack([a.curves[len(more)][a.index[more][1]]
                                      for more, _ in options]), axis=0)
             for i in prefix:
-                top = compose(top, probs[i], inf_mass[i])
+                top = compose_rows(top[None], probs[i][None], inf_mass[i][None],
+                                   family.offset, window, step)[0]
             excess = np.asarray(top) - budget_curve
             j = int(np.argmax(excess))
             if excess[j] > rounds * ROUNDOFF and (best is None or excess[j] > best["excess"]):
@@ -389,8 +438,6 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
     step = family.step
     probs = jnp.asarray(family.probs)
     inf_mass = jnp.asarray(family.inf_mass)
-    compose = jax.jit(jax.vmap(
-        lambda c, p, i: _compose_curve(c, p, i, family.offset, window, step)))
     level_curves = [_identity_curve(window, step)[None, :]]
     index = {(): 0}
     members = []
@@ -398,7 +445,8 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
         level = _multisets(probs.shape[0], t)
         parents = np.array([index[ms[:-1]] for ms in level])
         last = np.array([ms[-1] for ms in level])
-        curves = compose(level_curves[-1][parents], probs[last], inf_mass[last])
+        curves = compose_rows(level_curves[-1][parents], probs[last], inf_mass[last],
+                              family.offset, window, step)
         index = {ms: row for row, ms in enumerate(level)}
         level_curves.append(curves)
         members.append(curves)
