@@ -1,12 +1,13 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays."""
 
-from pldjax import filters, io, plot  # matplotlib is imported only when a figure is drawn
+from pldjax import accountant, filters, io, optax, plot  # matplotlib: imported when drawing
 from pldjax.adversary import (
     natural_filter_bounds,
     natural_filter_cost,
     natural_filter_free,
     totally_ordered,
 )
+from pldjax.calibrate import calibrate_noise_multiplier, calibrate_sampling_prob, calibrate_steps
 from pldjax.compilation import enable_compilation_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
@@ -28,6 +29,10 @@ from pldjax.pld import PLD
 
 __all__ = [
     "PLD",
+    "accountant",
+    "calibrate_noise_multiplier",
+    "calibrate_sampling_prob",
+    "calibrate_steps",
     "Grid",
     "approx_dp_composition",
     "compose",
@@ -49,6 +54,7 @@ __all__ = [
     "natural_filter_bounds",
     "natural_filter_cost",
     "natural_filter_free",
+    "optax",
     "plot",
     "profile_from_tradeoff",
     "randomized_response",
@@ -56,3 +62,12 @@ __all__ = [
     "totally_ordered",
     "tradeoff_from_profile",
 ]
+
+
+def __getattr__(name: str):
+    """``pj.dp_accounting`` is imported on first use (it needs the dp-accounting package)."""
+    if name == "dp_accounting":
+        import importlib
+
+        return importlib.import_module("pldjax.dp_accounting")
+    raise AttributeError(f"module 'pldjax' has no attribute {name!r}")

@@ -75,7 +75,7 @@ def _decode_json(entry: dict) -> np.ndarray:
 def save(path, state, *, kind: str, params: dict) -> None:
     """Write ``state`` (a pytree of arrays) for the filter or accountant ``kind``/``params``."""
     path = Path(path)
-    leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(state)]
+    leaves = [np.asarray(_plain_leaf(leaf)) for leaf in jax.tree_util.tree_leaves(state)]
     header = _header(kind, params)
     if path.suffix == ".json":
         text = json.dumps({**header, "leaves": [_encode_json(leaf) for leaf in leaves]})
@@ -112,12 +112,29 @@ def load(path, template, *, kind: str, params: dict):
     template_leaves, treedef = jax.tree_util.tree_flatten(template)
     if len(leaves) != len(template_leaves):
         raise ValueError(f"{path}: {len(leaves)} arrays, the state has {len(template_leaves)}")
-    for got, want in zip(leaves, template_leaves, strict=True):
-        want = np.asarray(want)
+    restored = []
+    for got, like in zip(leaves, template_leaves, strict=True):
+        want = np.asarray(_plain_leaf(like))
         if got.shape != want.shape or got.dtype != want.dtype:
             raise ValueError(f"{path}: array of shape {got.shape} {got.dtype}, the state needs "
                              f"{want.shape} {want.dtype}")
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(leaf) for leaf in leaves])
+        restored.append(_like(got, like))
+    return jax.tree_util.tree_unflatten(treedef, restored)
+
+
+def _is_key(leaf) -> bool:
+    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _plain_leaf(leaf):
+    """Typed PRNG keys (noise keys in optimizer states) are stored as their key data."""
+    return jax.random.key_data(leaf) if _is_key(leaf) else leaf
+
+
+def _like(array: np.ndarray, template_leaf):
+    if _is_key(template_leaf):
+        return jax.random.wrap_key_data(array, impl=jax.random.key_impl(template_leaf))
+    return jnp.asarray(array)
 
 
 def save_filter_state(path, filter_, state) -> None:

@@ -1,0 +1,194 @@
+"""DP-SGD integration: the accountant, calibration, the optax transformations, per-example
+filters, the dp_accounting adapter, checkpoints."""
+
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import pldjax as pj
+
+DELTA = 1e-5
+
+
+# -- accountant -----------------------------------------------------------------------------------
+def test_accountant_composes_changing_steps_exactly():
+    state = pj.accountant.init()
+    assert pj.accountant.epsilon(state, DELTA) == 0.0
+    for _ in range(3):
+        state = pj.accountant.step(state, noise_multiplier=1.1, sampling_prob=0.01)
+    state = pj.accountant.step(state, noise_multiplier=0.9, sampling_prob=0.02, steps=200)
+    state = pj.accountant.step(state, noise_multiplier=1.1, sampling_prob=0.01, steps=97)
+    assert pj.accountant.segments(state) == [(1.1, 0.01, 3), (0.9, 0.02, 200), (1.1, 0.01, 97)]
+    expected = float(pj.compose_schedule([(1.1, 0.01, 3), (0.9, 0.02, 200),
+                                          (1.1, 0.01, 97)]).epsilon(DELTA))
+    assert pj.accountant.epsilon(state, DELTA) == pytest.approx(expected, rel=1e-12)
+    # one segment is the plain DP-SGD accounting
+    one = pj.accountant.step(pj.accountant.init(), 1.0, 0.01, steps=500)
+    assert pj.accountant.epsilon(one, DELTA) == pytest.approx(
+        float(pj.dpsgd_epsilon(1.0, 0.01, 500, DELTA)), rel=1e-12)
+
+
+def test_accountant_step_is_jittable_and_overflow_refuses_to_report():
+    step = jax.jit(pj.accountant.step)
+    state = pj.accountant.init(capacity=2)
+    for sigma in (1.0, 1.0, 2.0):
+        state = step(state, sigma, 0.01, 1)
+    assert pj.accountant.segments(state) == [(1.0, 0.01, 2), (2.0, 0.01, 1)]
+    state = step(state, 3.0, 0.01, 1)  # a third segment does not fit
+    with pytest.raises(ValueError, match="capacity"):
+        pj.accountant.epsilon(state, DELTA)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        pj.accountant.step(pj.accountant.init(), -1.0, 0.01)
+    with pytest.raises(ValueError, match="sampling_prob"):
+        pj.accountant.step(pj.accountant.init(), 1.0, 1.5)
+
+
+def test_accountant_checkpoint_midway_ends_with_the_same_epsilon(tmp_path):
+    state = pj.accountant.init()
+    for sigma in (1.0, 1.2, 0.8):
+        state = pj.accountant.step(state, sigma, 0.01, steps=100)
+    pj.accountant.save(tmp_path / "acct.npz", state)
+    restored = pj.accountant.load(tmp_path / "acct.npz")
+    for s in (state, restored):
+        s = pj.accountant.step(s, 1.5, 0.02, steps=50)
+        if s is not restored:
+            whole = pj.accountant.epsilon(s, DELTA)
+    resumed = pj.accountant.epsilon(pj.accountant.step(restored, 1.5, 0.02, steps=50), DELTA)
+    assert resumed == whole
+
+
+# -- calibration ----------------------------------------------------------------------------------
+def test_calibrated_noise_meets_the_target_and_is_tight():
+    targets = np.array([1.0, 4.0])
+    sigmas = pj.calibrate_noise_multiplier(targets, DELTA, 0.05, 100)
+    assert sigmas.shape == (2,)
+    achieved = pj.dpsgd_epsilon(sigmas, 0.05, 100, DELTA)
+    assert np.all(achieved <= targets)
+    assert np.all(pj.dpsgd_epsilon(sigmas * 0.999, 0.05, 100, DELTA) > targets)
+    with pytest.raises(ValueError, match="no noise multiplier"):
+        pj.calibrate_noise_multiplier(1e-3, DELTA, 1.0, 10**4, sigma_max=2.0)
+
+
+def test_calibrated_steps_and_sampling_prob():
+    steps = pj.calibrate_steps(2.0, DELTA, 1.0, 0.05)
+    eps = pj.dpsgd_epsilon(1.0, 0.05, [steps, steps + 1], DELTA)
+    assert eps[0] <= 2.0 < eps[1]
+    q = pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100)
+    assert pj.dpsgd_epsilon(1.0, q, 100, DELTA) <= 2.0
+    assert pj.dpsgd_epsilon(1.0, q * 1.001, 100, DELTA) > 2.0
+    with pytest.raises(ValueError, match="one step already exceeds"):
+        pj.calibrate_steps(0.01, DELTA, 0.5, 1.0)
+
+
+# -- optax ----------------------------------------------------------------------------------------
+def loss(params, x, y):
+    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+def per_example_grads(params, x, y):
+    return jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, x[:, None, :], y[:, None])
+
+
+def test_dpsgd_stops_exactly_where_the_accountant_says():
+    tx = pj.optax.dpsgd(0.1, 1.0, 2.0, 0.05, key=jax.random.key(0), epsilon_budget=1.0,
+                        delta=DELTA)
+    params = {"w": jnp.ones(3), "b": jnp.zeros(())}
+    state = tx.init(params)
+    allowed = int(state.max_steps)
+    assert allowed == pj.calibrate_steps(1.0, DELTA, 2.0, 0.05)
+    x = jax.random.normal(jax.random.key(1), (8, 3))
+    y = jnp.ones(8)
+    update = jax.jit(tx.update)
+    moved = []
+    for _ in range(allowed + 3):
+        updates, state = update(per_example_grads(params, x, y), state, params)
+        moved.append(bool(jnp.any(updates["w"] != 0)))
+    assert moved == [True] * allowed + [False] * 3
+    assert pj.optax.epsilon(state, DELTA) <= 1.0
+    assert float(pj.dpsgd_epsilon(2.0, 0.05, allowed + 1, DELTA)) > 1.0
+    with pytest.raises(ValueError, match="key"):
+        pj.optax.dpsgd(0.1, 1.0, 1.0, 0.05, key=None, epsilon_budget=1.0, delta=DELTA)
+
+
+def test_noise_has_the_right_scale():
+    """Zero gradients: the update is -lr * N(0, (C sigma)^2) / batch; a KS test against that
+    normal accepts it and rejects the scale without the clipping norm."""
+    clip, sigma, lr, batch = 2.0, 1.5, 0.5, 4
+    tx = pj.optax.dpsgd(lr, clip, sigma, 0.1, key=jax.random.key(3), epsilon_budget=50.0,
+                        delta=DELTA)
+    params = {"w": jnp.zeros(20000)}
+    grads = {"w": jnp.zeros((batch, 20000))}
+    updates, _ = tx.update(grads, tx.init(params), params)
+    sample = np.asarray(updates["w"])
+    right = lr * clip * sigma / batch
+    assert stats.kstest(sample, "norm", args=(0, right)).pvalue > 1e-3
+    assert stats.kstest(sample, "norm", args=(0, lr * sigma / batch)).pvalue < 1e-6
+
+
+def test_dpsgd_state_checkpoint_round_trip(tmp_path):
+    tx = pj.optax.dpsgd(0.1, 1.0, 1.0, 0.05, key=jax.random.key(0), epsilon_budget=2.0,
+                        delta=DELTA)
+    params = {"w": jnp.ones(3), "b": jnp.zeros(())}
+    x, y = jax.random.normal(jax.random.key(1), (8, 3)), jnp.ones(8)
+    state = tx.init(params)
+    trail = []
+    for i in range(6):
+        if i == 3:
+            pj.io.save(tmp_path / "opt.npz", state, kind="dpsgd", params={})
+            restored = pj.io.load(tmp_path / "opt.npz", tx.init(params), kind="dpsgd", params={})
+        updates, state = tx.update(per_example_grads(params, x, y), state, params)
+        trail.append(updates)
+    for i in range(3, 6):
+        updates, restored = tx.update(per_example_grads(params, x, y), restored, params)
+        assert np.array_equal(np.asarray(updates["w"]), np.asarray(trail[i]["w"]))
+    assert pj.optax.epsilon(restored, DELTA) == pj.optax.epsilon(state, DELTA)
+
+
+def test_individual_filters_retire_examples_by_their_own_norms():
+    clip, sigma, mu = 1.0, 2.0, 1.0
+    tx = pj.optax.individual_dpsgd(0.1, clip, sigma, key=jax.random.key(0), mu_budget=mu,
+                                   num_examples=3)
+    params = {"w": jnp.zeros(2)}
+    # per-example gradients of norms 5 (clipped to 1), 0.5 and 0.25: nu = clipped / (C sigma)
+    grads = {"w": jnp.array([[3.0, 4.0], [0.3, 0.4], [0.15, 0.2]])}
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    active_for = np.zeros(3, int)
+    for _ in range(80):
+        _, state = update(grads, state, params)
+        active_for += np.asarray(state.active)
+    nus = np.array([1.0, 0.5, 0.25]) / (clip * sigma)
+    expected = np.floor(mu**2 / nus**2 * (1 + 1e-12)).astype(int)
+    assert np.all(np.abs(active_for - expected) <= 1)
+    assert active_for[0] < active_for[1] < active_for[2]
+    assert np.all(np.asarray(pj.optax.remaining_mu(state)) >= 0)
+
+
+# -- dp_accounting adapter ------------------------------------------------------------------------
+def test_dp_accounting_adapter_matches_pldjax():
+    acct = pj.dp_accounting.PLDAccountant()
+    sampled = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0))
+    acct.compose(dpa.SelfComposedDpEvent(sampled, 300))
+    assert acct.get_epsilon(DELTA) == pytest.approx(float(pj.dpsgd_epsilon(1.0, 0.01, 300, DELTA)),
+                                                    rel=1e-12)
+    acct.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(20.0), dpa.NoOpDpEvent()]), 2)
+    expected = pj.compose_schedule([(1.0, 0.01, 300), (20.0, 1.0, 2)])
+    assert acct.get_epsilon(DELTA) == pytest.approx(float(expected.epsilon(DELTA)), rel=1e-12)
+    assert acct.get_delta(1.0) == pytest.approx(float(expected.delta(1.0)), rel=1e-12)
+    assert not acct.supports(dpa.LaplaceDpEvent(1.0))
+    with pytest.raises(dpa.UnsupportedEventError):
+        acct.compose(dpa.PoissonSampledDpEvent(0.1, dpa.LaplaceDpEvent(1.0)))
+
+
+def test_dp_accounting_calibration_with_the_adapter():
+    def make(sigma):
+        return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(sigma)),
+                                       200)
+
+    sigma = dpa.calibrate_dp_mechanism(pj.dp_accounting.PLDAccountant, make, 2.0, DELTA,
+                                       dpa.LowerEndpointAndGuess(0.3, 1.0), tol=1e-3)
+    assert float(pj.dpsgd_epsilon(sigma, 0.02, 200, DELTA)) <= 2.0
+    assert float(pj.dpsgd_epsilon(sigma - 2e-3, 0.02, 200, DELTA)) > 2.0
