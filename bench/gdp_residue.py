@@ -1,0 +1,681 @@
+"""GDP-residue updates per second, batched: ``pj.gdp_residue`` and the GDP-residue filter's spend.
+
+An update takes a budget mu and a query PLD L and returns mu', the largest value with
+G_mu' (+) L dominated by G_mu (by ``steps`` = 32 bisection steps, each one FFT convolution of the
+query with G_mu''s curve over the check window). B (mu, L) pairs are one call:
+
+* ``function``: ``pj.gdp_residue(mu, query)`` with ``mu`` of shape (B,) and a query PLD of batch
+  shape (B,); the library picks the check window on the host and runs ``batch_size`` pairs at a
+  time (``jax.lax.map``);
+* ``filter``: ``f = pj.filters.gdp_residue(1.0, size=window)``; B states (``f.init()`` broadcast,
+  their budgets set to the same mu) and the same queries through ``jax.jit`` of ``jax.lax.map``
+  of ``f.spend`` with ``batch_size`` (a ``jax.vmap(f.spend)`` per chunk: a single vmap over all
+  B pairs holds B x nfft complex arrays at once). Under jit the filter needs a static check window
+  (``size=``); by default it gets the window ``pj.gdp_residue`` chose for the same batch.
+
+Query families (seeded; every pair fits, so every update is a real one):
+
+* ``rr``: ``pj.randomized_response(eps)``, eps uniform in [0.1, 0.5] (pure-DP queries), mu
+  uniform in [0.75, 1];
+* ``gauss``: ``pj.gaussian(sigma, sampling_prob=0.1)``, sigma uniform in [1, 2] (per-example
+  DP-SGD-style queries, add/remove: two directions), mu uniform in [0.75, 1].
+
+Both keep the query grid inside the library's largest check window (no coarsening: see the
+coarsening check below). For each (family, form, B): the first call (compilation included) and the
+warm time (median of ``--repeats`` further calls, each ended by ``block_until_ready``), updates per
+second = B / warm, how many pairs came back NaN / rejected, and, on the first 256 pairs,
+(mu' - naive) / naive with naive = sqrt(mu^2 - gdp_mu(L)^2). A size is skipped when the previous
+size predicts one call above ``--max-seconds``. Reference lines give the bare cost of the kernel's
+two main ingredients per pair at the same sizes: ``steps`` rfft + irfft of the FFT length, and the
+log_ndtr evaluations (G_mu'' curve on the lags and G_mu on the check points, each bisection step).
+
+Accuracy: queries G_nu = ``pj.gdp(nu)``, whose exact residue is sqrt(mu^2 - nu^2); relative error
+(exact - mu') / exact of ``pj.gdp_residue`` and of the naive update. Coarsening check: Poisson-
+subsampled Gaussian queries at q = 0.01 whose grid is finer than the check window allows, so that
+``pj.gdp_residue`` coarsens them first; mu' there against the naive update.
+
+    python bench/gdp_residue.py --quick                       # seconds to a few minutes on a CPU
+    python bench/gdp_residue.py --sizes 100,1000,10000        # CPU: 10000 is skipped (too slow)
+    python bench/gdp_residue.py --sizes 100,1000,10000,100000 # GPU
+
+Not part of CI. Prints a table and writes bench/results/gdp_residue_<device>_<UTC time>.{txt,json}
+(rewritten after every row, so a run cut short keeps what it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAMILIES = ("rr", "gauss")
+FORMS = ("function", "filter")
+GAIN_PAIRS = 256
+
+
+# -- environment ----------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info():
+    import jax
+
+    versions = {}
+    for dist in ("pldjax", "jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "numpy"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
+        dirty = subprocess.run(
+            ["git", "-C", HERE, "status", "--porcelain", "--", "../pldjax"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        if commit and dirty:
+            commit += " (pldjax/ modified)"
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    devices = jax.devices()
+    return dict(
+        cpu=cpu_model(),
+        cpus=os.cpu_count(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        jax_backend=jax.default_backend(),
+        devices=[f"{d.platform}:{d.id} {d.device_kind}" for d in devices],
+        device_kind=devices[0].device_kind,
+        versions=versions,
+        pldjax_commit=commit,
+        load_average=os.getloadavg(),
+    )
+
+
+def device_label(machine) -> str:
+    if machine["jax_backend"] == "cpu":
+        return "cpu"
+    kind = re.sub(r"[^a-z0-9]+", "-", machine["device_kind"].lower()).strip("-")
+    return f"{machine['jax_backend']}-{kind}"
+
+
+# -- formatting -----------------------------------------------------------------------------------
+def table(header, rows, left=1):
+    cells = [header] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r):
+        pairs = enumerate(zip(r, widths, strict=True))
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in pairs)
+
+    return [line(r) for r in cells]
+
+
+def fmt(value, spec):
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return None if value is None else str(value)
+    return format(value, spec)
+
+
+def jsonable(x):
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return None if not np.isfinite(x) else float(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    return x
+
+
+# -- workloads ------------------------------------------------------------------------------------
+def make_pairs(family: str, count: int, seed: int):
+    """(mu, query, description) for ``count`` pairs of one family."""
+    import jax.numpy as jnp
+
+    import pldjax as pj
+
+    rng = np.random.default_rng([seed, FAMILIES.index(family), count])
+    mu = rng.uniform(0.75, 1.0, count)
+    if family == "rr":
+        query = pj.randomized_response(jnp.asarray(rng.uniform(0.1, 0.5, count)))
+    elif family == "gauss":
+        query = pj.gaussian(jnp.asarray(rng.uniform(1.0, 2.0, count)), sampling_prob=0.1)
+    else:
+        raise ValueError(family)
+    return jnp.asarray(mu), query
+
+
+def plan(mu_max: float, query) -> dict:
+    """The check window pj.gdp_residue picks on the host (without running the coarsening)."""
+    from pldjax.gaussian_dp import MAX_RESIDUE_SIZE, residue_size
+    from pldjax.grid import next_pow2
+
+    steps = np.asarray(query.step, np.float64)
+    factor = 1
+    while residue_size(mu_max, steps * factor, query.size) > MAX_RESIDUE_SIZE:
+        factor *= 2
+    n = query.size if factor == 1 else (query.size - 1) // factor + 2
+    window = residue_size(mu_max, steps * factor, n)
+    return dict(
+        n=n,
+        window=window,
+        nfft=next_pow2(2 * n + window - 2),
+        coarsen=factor,
+        directions=len(query.directions()),
+        min_step=float(steps.min()),
+    )
+
+
+def function_call(mu, query, args):
+    import pldjax as pj
+
+    def call():
+        return pj.gdp_residue(mu, query, steps=args.steps, batch_size=args.batch_size)
+
+    return call
+
+
+def filter_call(mu, query, window, args):
+    import jax
+    import jax.numpy as jnp
+
+    import pldjax as pj
+
+    f = pj.filters.gdp_residue(1.0, steps=args.steps, size=window)
+    count = mu.shape[0]
+    states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (count,) + x.shape), f.init())
+    states = states._replace(mu=jnp.asarray(mu, jnp.float64))
+
+    @jax.jit
+    def spend_all(states, queries):
+        return jax.lax.map(lambda pair: f.spend(*pair), (states, queries), batch_size=args.batch_size)
+
+    def call():
+        new, accepted = spend_all(states, query)
+        return jnp.where(accepted, new.mu, jnp.nan)
+
+    return call
+
+
+def timed(call):
+    import jax
+
+    start = time.perf_counter()
+    out = jax.block_until_ready(call())
+    return time.perf_counter() - start, np.asarray(out)
+
+
+def naive_gain(mu, query, residue):
+    """Median and min of (mu' - naive) / naive over the first GAIN_PAIRS pairs."""
+    import pldjax as pj
+
+    k = min(GAIN_PAIRS, mu.shape[0])
+    nu = np.asarray(pj.gdp_mu(query[:k]))
+    m = np.asarray(mu[:k])
+    naive = np.sqrt(np.maximum(m * m - nu * nu, 0.0))
+    res = residue[:k]
+    ok = np.isfinite(res) & (naive > 0)
+    if not ok.any():
+        return None, None
+    gain = (res[ok] - naive[ok]) / naive[ok]
+    return float(np.median(gain)), float(np.min(gain))
+
+
+def reference(plan_info, args):
+    """Seconds per pair of the kernel's two main ingredients, bare, at this plan (per direction,
+    ``steps`` times): an rfft + irfft of nfft points, and 2 x (n - 1 + window) log_ndtr (G_mu'' curve
+    on the lags); ``args.ref_chunk`` pairs per vmapped call."""
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy.special import log_ndtr
+
+    with jax.enable_x64(True):
+        dirs, n, window, nfft, steps = (plan_info[k] for k in ("directions", "n", "window", "nfft", "steps"))
+        chunk = args.ref_chunk
+        probs = jnp.ones((chunk, dirs, n), jnp.float64) / n
+        lags = jnp.linspace(-25.0, 25.0, n - 1 + window, dtype=jnp.float64)
+        spectrum = jnp.fft.rfft(jnp.exp(-lags * lags)[:n], nfft)
+
+        def fft_one(p):
+            def body(i, acc):
+                curve = jnp.fft.irfft(jnp.fft.rfft(p * (1.0 + i), nfft) * spectrum, nfft)
+                return acc + curve[..., n - 1 : n - 1 + window].sum()
+
+            return jax.lax.fori_loop(0, steps, body, jnp.zeros(()))
+
+        def ndtr_one(p):
+            def body(i, acc):
+                mu = 0.5 + 1e-3 * i + p[:, :1]  # (dirs, 1)
+                return acc + (log_ndtr(mu / 2 - lags / mu) + log_ndtr(-mu / 2 - lags / mu)).sum()
+
+            return jax.lax.fori_loop(0, steps, body, jnp.zeros(()))
+
+        out = {}
+        for name, one in (("fft", fft_one), ("log_ndtr", ndtr_one)):
+            fn = jax.jit(jax.vmap(one))
+            jax.block_until_ready(fn(probs))
+            times = []
+            for _ in range(max(args.repeats, 1)):
+                start = time.perf_counter()
+                jax.block_until_ready(fn(probs))
+                times.append(time.perf_counter() - start)
+            out[name] = statistics.median(times) / chunk
+        return out
+
+
+# -- parts ----------------------------------------------------------------------------------------
+def throughput(args, report, log, deadline):
+    import jax
+
+    header = [
+        "family",
+        "form",
+        "pairs B",
+        "grid n",
+        "window",
+        "nfft",
+        "build s",
+        "first s",
+        "warm s (n)",
+        "updates/s",
+        "NaN",
+        "gain med",
+        "gain min",
+        "filter vs function",
+    ]
+    rows, records = [], []
+    report.part("throughput", header, rows)
+    refs = {}
+    for family in args.families:
+        results_by_form = {}
+        for form in args.forms:
+            last = None  # (pairs, seconds per call) of the previous size
+            for count in args.sizes:
+                row_id = f"{family} {form} B={count}"
+                if last is not None:
+                    predicted = last[1] * count / last[0]
+                    late = time.time() + predicted * (1 + args.repeats) > deadline
+                    if predicted > args.max_seconds or late:
+                        why = (
+                            "past --deadline" if late and predicted <= args.max_seconds else "> --max-seconds"
+                        )
+                        log(f"{row_id}: skipped (one call predicted {predicted:.0f} s, {why})")
+                        rows.append(
+                            [
+                                family,
+                                form,
+                                count,
+                                None,
+                                None,
+                                None,
+                                None,
+                                f"skipped: ~{predicted:.0f} s/call, {why}",
+                                None,
+                                None,
+                                None,
+                                None,
+                                None,
+                                None,
+                            ]
+                        )
+                        records.append(dict(family=family, form=form, pairs=count, skipped=predicted))
+                        report.write()
+                        break
+                log(f"{row_id}: building queries")
+                start = time.perf_counter()
+                mu, query = make_pairs(family, count, args.seed)
+                jax.block_until_ready((mu, query))
+                build = time.perf_counter() - start
+                info = plan(float(np.max(np.asarray(mu))), query)
+                window = info["window"] if args.filter_size is None else args.filter_size
+                call = (
+                    function_call(mu, query, args)
+                    if form == "function"
+                    else filter_call(mu, query, window, args)
+                )
+                log(
+                    f"{row_id}: first call (n={info['n']}, window={info['window']}, nfft={info['nfft']}, "
+                    f"coarsen={info['coarsen']})"
+                )
+                first, out = timed(call)
+                warm_times = []
+                for _ in range(args.repeats):
+                    if (
+                        sum(warm_times) + first > args.max_seconds * (1 + args.repeats)
+                        or time.time() > deadline
+                    ):
+                        break
+                    seconds, out = timed(call)
+                    warm_times.append(seconds)
+                    log(f"{row_id}: warm {seconds:.3f} s")
+                warm = statistics.median(warm_times) if warm_times else None
+                if not warm_times:
+                    log(f"{row_id}: no warm call (past --deadline or --max-seconds)")
+                nan = int(np.sum(~np.isfinite(out)))
+                gain_med, gain_min = naive_gain(mu, query, out)
+                results_by_form[(form, count)] = out
+                other = results_by_form.get(("function" if form == "filter" else "filter", count))
+                diff = None
+                if other is not None:
+                    both = np.isfinite(other) & np.isfinite(out)
+                    diff = (
+                        float(np.max(np.abs(other - out)[both] / out[both])) if both.any() else float("nan")
+                    )
+                rate = count / warm if warm else None
+                grid = info["n"] if info["coarsen"] == 1 else f"{info['n']} (/{info['coarsen']})"
+                rows.append(
+                    [
+                        family,
+                        form,
+                        count,
+                        grid,
+                        window if form == "filter" else info["window"],
+                        info["nfft"],
+                        fmt(build, ".2f"),
+                        fmt(first, ".2f"),
+                        f"{warm:.3f} ({len(warm_times)})" if warm is not None else None,
+                        fmt(rate, ".1f"),
+                        nan,
+                        fmt(gain_med, ".2e"),
+                        fmt(gain_min, ".2e"),
+                        fmt(diff, ".1e"),
+                    ]
+                )
+                records.append(
+                    dict(
+                        family=family,
+                        form=form,
+                        pairs=count,
+                        plan=info,
+                        window=window,
+                        build_s=build,
+                        first_s=first,
+                        warm_s=warm_times,
+                        warm_median_s=warm,
+                        updates_per_s=rate,
+                        nan=nan,
+                        gain_median=gain_med,
+                        gain_min=gain_min,
+                        filter_function_max_abs_diff=diff,
+                    )
+                )
+                report.write()
+                last = (count, warm if warm is not None else first)
+                del mu, query, call, out
+                if (family, info["n"], info["window"]) not in refs:
+                    refs[(family, info["n"], info["window"])] = dict(info, steps=args.steps)
+        for key, info in refs.items():
+            if key[0] == family and "fft" not in info:
+                log(f"{family}: reference timings")
+                info.update(reference(info, args))
+                report.notes.append(
+                    f"{family} reference (per pair, {info['directions']} direction(s), grid n {info['n']}, "
+                    f"window {info['window']}): {args.steps} x rfft+irfft of {info['nfft']} points "
+                    f"{info['fft'] * 1e3:.3f} ms, {args.steps} x 2 x (n - 1 + window) log_ndtr "
+                    f"{info['log_ndtr'] * 1e3:.3f} ms (per pair, all directions; {args.ref_chunk} pairs per "
+                    f"call) -> these two alone: {1 / (info['fft'] + info['log_ndtr']):.1f} pairs/s"
+                )
+                report.write()
+    report.notes.append(
+        "first s: first call in this process (compilation included; each B compiles anew); warm s: median "
+        "of (n) further calls with block_until_ready; updates/s = B / warm s; NaN: pairs not updated "
+        f"(rejected); gain: (mu' - naive) / naive on the first {GAIN_PAIRS} pairs; filter vs function: "
+        "max |mu'_filter - mu'_function| / mu' over the pairs; build s: constructing the B query PLDs "
+        "(not in the update time)"
+    )
+    return records, [dict(v) for v in refs.values()]
+
+
+def accuracy(args, report, log):
+    import jax.numpy as jnp
+
+    import pldjax as pj
+
+    header = [
+        "mu",
+        "nu",
+        "G_nu step",
+        "window",
+        "coarsen",
+        "exact mu'",
+        "pldjax mu'",
+        "rel err",
+        "naive rel err",
+    ]
+    rows, records = [], []
+    report.part("accuracy", header, rows)
+    for mu in args.acc_mus:
+        nus = np.array([f * mu for f in args.acc_fractions])
+        log(f"accuracy: mu={mu}")
+        query = pj.gdp(jnp.asarray(nus))
+        info = plan(mu, query)
+        residue = np.asarray(pj.gdp_residue(mu, query, steps=args.steps, batch_size=args.batch_size))
+        naive_nu = np.asarray(pj.gdp_mu(query))
+        exact = np.sqrt(mu * mu - nus * nus)
+        naive = np.sqrt(np.maximum(mu * mu - naive_nu * naive_nu, 0.0))
+        steps = np.broadcast_to(np.asarray(query.step), nus.shape)
+        for nu, h, e, r, v in zip(nus, steps, exact, residue, naive, strict=True):
+            rel, naive_rel = (e - r) / e, (e - v) / e
+            rows.append(
+                [
+                    f"{mu:g}",
+                    f"{nu:.3g}",
+                    f"{h:.3g}",
+                    info["window"],
+                    info["coarsen"],
+                    f"{e:.10f}",
+                    fmt(float(r), ".10f"),
+                    fmt(float(rel), ".2e"),
+                    fmt(float(naive_rel), ".2e"),
+                ]
+            )
+            records.append(
+                dict(
+                    mu=mu,
+                    nu=nu,
+                    step=h,
+                    plan=info,
+                    exact=e,
+                    residue=r,
+                    rel_err=rel,
+                    naive=v,
+                    naive_rel_err=naive_rel,
+                )
+            )
+        report.write()
+    report.notes.append(
+        "rel err = (exact - mu') / exact, exact = sqrt(mu^2 - nu^2): mu' is a sound lower bound, "
+        "so rel err >= 0; naive = sqrt(mu^2 - gdp_mu(G_nu)^2)"
+    )
+    return records
+
+
+def coarsening_check(args, report, log):
+    import jax.numpy as jnp
+
+    import pldjax as pj
+
+    header = ["sigma", "q", "mu", "grid n", "step", "coarsen", "nu = gdp_mu(L)", "naive mu'", "pldjax mu'"]
+    rows, records = [], []
+    report.part("coarsening", header, rows)
+    log("coarsening check")
+    sigmas = np.array([1.0, 1.5, 2.0])
+    query = pj.gaussian(jnp.asarray(sigmas), sampling_prob=0.01)
+    nu = np.asarray(pj.gdp_mu(query))
+    for mu in (1.0, 2.0):
+        info = plan(mu, query)
+        residue = np.asarray(pj.gdp_residue(mu, query, steps=args.steps, batch_size=args.batch_size))
+        naive = np.sqrt(np.maximum(mu * mu - nu * nu, 0.0))
+        steps = np.asarray(query.step)
+        for s, h, v, a, r in zip(sigmas, steps, nu, naive, residue, strict=True):
+            rows.append(
+                [
+                    f"{s:g}",
+                    "0.01",
+                    f"{mu:g}",
+                    query.size,
+                    f"{h:.3g}",
+                    info["coarsen"],
+                    f"{v:.5f}",
+                    f"{a:.5f}",
+                    fmt(float(r), ".5f"),
+                ]
+            )
+            records.append(dict(sigma=s, q=0.01, mu=mu, plan=info, nu=v, naive=a, residue=r))
+        report.write()
+    report.notes.append(
+        "coarsening: queries whose grid is finer than the largest check window allows; "
+        "pj.gdp_residue coarsens them by the factor shown first (the docstring promises mu' >= naive)"
+    )
+    return records
+
+
+class Report:
+    """Collects the tables and notes; rewrites the .txt and .json after every row."""
+
+    def __init__(self, base, machine, args):
+        self.base, self.machine, self.args = base, machine, args
+        self.parts, self.notes, self.record = [], [], {}
+        self.start = time.perf_counter()
+
+    def part(self, name, header, rows):
+        self.parts.append((name, header, rows))
+
+    def lines(self):
+        m = self.machine
+        out = []
+        for name, header, rows in self.parts:
+            out.append(f"{name}:")
+            out.extend(table(header, rows, left=2 if name == "throughput" else 0))
+            out.append("")
+        out.extend(self.notes)
+        out.append(
+            f"machine: {m['cpu']}, {m['cpus']} CPUs, {m['platform']}; jax {m['versions'].get('jax')} "
+            f"(jaxlib {m['versions'].get('jaxlib')}) backend {m['jax_backend']} {m['devices']}; "
+            f"pldjax {m['pldjax_commit']}; steps={self.args.steps}, batch_size={self.args.batch_size}, "
+            f"repeats={self.args.repeats}; load average {m['load_average'][0]:.1f} at start, "
+            f"{os.getloadavg()[0]:.1f} now; {time.perf_counter() - self.start:.0f} s so far"
+        )
+        out.append("command: python bench/gdp_residue.py " + " ".join(sys.argv[1:]))
+        return out
+
+    def write(self):
+        os.makedirs(os.path.dirname(self.base), exist_ok=True)
+        with open(self.base + ".txt", "w") as fh:
+            fh.write("\n".join(self.lines()) + "\n")
+        with open(self.base + ".json", "w") as fh:
+            json.dump(jsonable(dict(args=vars(self.args), machine=self.machine, **self.record)), fh, indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sizes",
+        default="100,1000,10000,100000",
+        help="comma-separated numbers of (mu, query) pairs per call (default %(default)s)",
+    )
+    parser.add_argument("--families", default=",".join(FAMILIES), help="rr, gauss (default %(default)s)")
+    parser.add_argument("--forms", default=",".join(FORMS), help="function, filter (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="warm calls per size (median)")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=300,
+        help="skip a size when the previous one predicts a call above this (default %(default)s)",
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=None, help="stop starting new work after this many seconds"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=256, help="pairs per chunk (pj.gdp_residue batch_size)"
+    )
+    parser.add_argument("--steps", type=int, default=32, help="bisection steps")
+    parser.add_argument(
+        "--filter-size",
+        type=int,
+        default=None,
+        help="filter check window (default: the window pj.gdp_residue picks for the batch)",
+    )
+    parser.add_argument(
+        "--ref-chunk",
+        type=int,
+        default=None,
+        help="pairs per call of the reference timings (default 16 on CPU, else --batch-size)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy and coarsening checks")
+    parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="sizes 16,64, one warm repeat, fewer accuracy points (a smoke test)",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.repeats = "16,64", min(args.repeats, 1)
+    args.sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+    args.families = [f for f in args.families.split(",") if f]
+    args.forms = [f for f in args.forms.split(",") if f]
+    args.acc_mus = [1.0, 3.0] if args.quick else [0.5, 1.0, 2.0, 4.0]
+    args.acc_fractions = [0.2, 0.6] if args.quick else [0.1, 0.3, 0.5, 0.7, 0.9]
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    start = time.perf_counter()
+    deadline = time.time() + (args.deadline if args.deadline else 1e9)
+
+    def log(text):
+        print(f"[{time.perf_counter() - start:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+    machine = machine_info()
+    if args.ref_chunk is None:
+        args.ref_chunk = 16 if machine["jax_backend"] == "cpu" else args.batch_size
+    log(f"devices: {machine['devices']}; cpu: {machine['cpu']}")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = os.path.join(args.out_dir, f"gdp_residue_{device_label(machine)}_{stamp}")
+    report = Report(base, machine, args)
+    if not args.no_accuracy:
+        report.record["accuracy"] = accuracy(args, report, log)
+        report.record["coarsening"] = coarsening_check(args, report, log)
+    report.record["throughput"], report.record["references"] = throughput(args, report, log, deadline)
+    report.record["wall_s"] = time.perf_counter() - start
+    report.write()
+    print("\n".join(report.lines()))
+    print(f"saved {base}.txt and .json")
+
+
+if __name__ == "__main__":
+    main()
