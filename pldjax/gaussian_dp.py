@@ -14,8 +14,9 @@ N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(
   sqrt(mu^2 - nu^2) (nu = gdp_mu(L)) is valid by construction, so the search starts from it and
   the residue is never below it.
 
-Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps (see
-:mod:`pldjax.order`); a filter charges that slack to its delta budget.
+Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps >= 0
+in every direction, which for the symmetric G_mu is the full order (see :func:`_curve_below_gdp`
+and :mod:`pldjax.order`); a filter charges that slack to its delta budget.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ _BISECTION_STEPS = 64
 #: Default bisection steps of the residue search: its bracket [naive, mu] shrinks 2^-32-fold.
 RESIDUE_STEPS = 32
 #: G_mu's curve beyond mu^2/2 + _TAIL_SIGMAS * mu is below Phi(-11) ~ 2e-28: the residue check
-#: covers [-(that), that] on the query's grid and relies on the flat-tail argument beyond it.
+#: covers [0, that] on the query's grid and relies on the flat-tail argument beyond it.
 _TAIL_SIGMAS = 11.0
 #: Largest residue check window (grid points); coarser query grids are used beyond it.
 MAX_RESIDUE_SIZE = 2**15
@@ -49,44 +50,49 @@ def _gdp_delta(mu, eps):
     return hockey_stick(log_ndtr(safe / 2 - eps / safe), log_ndtr(-safe / 2 - eps / safe), eps)
 
 
-def _curve_below_gdp(z, d, step, mu, delta_slack):
-    """True if a curve with values ``d`` at the uniform points ``z`` (spacing ``step``), convex in
-    x = e^eps and equal to 1 at x = 0, is <= delta_mu + delta_slack + ROUNDOFF at every eps.
+def _curve_below_gdp(z, d, mu, delta_slack):
+    """True if a curve with values ``d`` at the increasing points ``z`` (multiples of one step, or
+    at least with 0 among them when they straddle it), convex in x = e^eps and linear in x below
+    ``z[0]``, is <= delta_mu + delta_slack + ROUNDOFF at every eps >= 0.
+
+    Why eps >= 0 is enough: G_mu is symmetric, so a pair is below it iff both directions' curves
+    are below it at eps >= 0 (the curve at -eps is fixed by the other direction's at eps), and
+    every direction is checked (a one-direction PLD stands for a symmetric pair, DESIGN.md). Below
+    eps = 0 a pessimistic grid curve carries the Q-only mass its rounding creates (about 1e-4 after
+    coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
 
     Between two points the curve is below its chord and G_mu's convex curve above both tangents
     at the ends; chord minus the larger tangent is concave, so comparing at the ends and at the
-    tangents' crossing suffices. Left of the points the curve is below the chord from (x = 0, 1)
-    and G_mu above its tangents at x = 0 (slope -1) and at the first point; right of them the
-    curve is at most its last value while G_mu tends to 0.
+    tangents' crossing suffices. Right of the points the curve is at most its last value while
+    G_mu tends to 0.
     """
+    # the curve at eps = 0 when the points start above it: linear in x from the first point
+    lead = jnp.minimum(z[0], 0.0)
+    z = jnp.concatenate([lead[None], z])
+    d = jnp.concatenate([(1.0 - (1.0 - d[0]) * jnp.exp(lead - z[1]))[None], d])
     safe = jnp.maximum(mu, 1e-300)
     log_q = log_ndtr(-safe / 2 - z / safe)
     g = hockey_stick(log_ndtr(safe / 2 - z / safe), log_q, z) + delta_slack + ROUNDOFF
     slope = -jnp.exp(z + log_q)  # x times d delta / dx at the points
     # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
-    # g_{i+1} + s_{i+1} e^-h grow (t - 1)
-    grow, back = jnp.expm1(step), jnp.exp(-step)
+    # g_{i+1} + s_{i+1} e^-h grow (t - 1), h = z_{i+1} - z_i
+    width = z[1:] - z[:-1]
+    grow, back = jnp.expm1(width), jnp.exp(-width)
     g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
     denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
     numerator = g1 - g0 - s1 * back * grow
     t = jnp.clip(numerator / jnp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
     t = jnp.where(denominator < 0, t, 0.0)
     envelope = jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
-    inside = jnp.all(d[:-1] + (d[1:] - d[:-1]) * t <= envelope) & jnp.all(d <= g)
-    # left of the points, x = x_0 t: tangent at 0 is 1 + slack - x_0 t, at x_0 it is g_0 + s_0 (t - 1)
-    x0 = jnp.exp(z[0])
-    width = x0 + slope[0]  # x_0 (1 - Q(L_G > z_0)) >= 0
-    top = 1.0 + delta_slack + ROUNDOFF
-    t_left = jnp.clip((top + slope[0] - g[0]) / jnp.where(width > 0, width, 1.0), 0.0, 1.0)
-    left_envelope = jnp.maximum(top - x0 * t_left, g[0] + slope[0] * (t_left - 1.0))
-    left = 1.0 - (1.0 - d[0]) * t_left <= left_envelope
-    return inside & left & (d[-1] <= delta_slack + ROUNDOFF)
+    chord_ok = (d[:-1] + (d[1:] - d[:-1]) * t <= envelope) | (z[1:] <= 0.0)
+    point_ok = (d <= g) | (z < 0.0)
+    return jnp.all(chord_ok) & jnp.all(point_ok) & (d[-1] <= delta_slack + ROUNDOFF)
 
 
 def _below_gdp(probs, inf_mass, offset, step, mu, delta_slack):
-    """True if the grid PLD's curve is <= delta_mu + delta_slack + ROUNDOFF everywhere."""
+    """True if the grid PLD's curve is <= delta_mu + delta_slack + ROUNDOFF at every eps >= 0."""
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
-    return _curve_below_gdp(z, grid_deltas(probs, inf_mass, step), step, mu, delta_slack)
+    return _curve_below_gdp(z, grid_deltas(probs, inf_mass, step), mu, delta_slack)
 
 
 def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max):
@@ -132,9 +138,9 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
 
 # -- residue --------------------------------------------------------------------------------------
 def residue_size(mu_max, step, query_size: int) -> int:
-    """Static number of check points covering [-w, w], w = mu^2/2 + _TAIL_SIGMAS mu, at ``step``."""
-    half = float(np.max(mu_max)) ** 2 / 2 + _TAIL_SIGMAS * float(np.max(mu_max))
-    return max(next_pow2(int(np.ceil(2 * half / float(np.min(step)))) + 2), 16)
+    """Static number of check points covering [0, w], w = mu^2/2 + _TAIL_SIGMAS mu, at ``step``."""
+    reach = float(np.max(mu_max)) ** 2 / 2 + _TAIL_SIGMAS * float(np.max(mu_max))
+    return max(next_pow2(int(np.ceil(reach / float(np.min(step)))) + 2), 16)
 
 
 def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int):
@@ -144,18 +150,15 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     n = probs.shape[-1]
     nfft = next_pow2(2 * n + size - 2)
     mu = jnp.asarray(mu, jnp.float64)
-    half = mu * mu / 2 + _TAIL_SIGMAS * mu
-    start = jnp.floor(-half / step).astype(jnp.int64)  # first check index, per direction
-    checks = (start[:, None] + jnp.arange(size)) * step[:, None]
-    # lags k = j - i for check j and grid point i: eps_j - z_i = (k + start - offset) h
-    lags = (jnp.arange(-(n - 1), size)[None, :] + (start - offset)[:, None]) * step[:, None]
+    checks = jnp.arange(size)[None, :] * step[:, None]  # eps_j = j h, per direction
+    # lags k = j - i for check j and grid point i: eps_j - z_i = (k - offset) h
+    lags = (jnp.arange(-(n - 1), size)[None, :] - offset[:, None]) * step[:, None]
     spectra = jnp.fft.rfft(probs, nfft)
 
     def fits(mu_residue):
         curves = jnp.fft.irfft(spectra * jnp.fft.rfft(_gdp_delta(mu_residue, lags), nfft), nfft)
         curves = curves[:, n - 1:n - 1 + size] + inf_mass[:, None]
-        ok = jax.vmap(_curve_below_gdp, in_axes=(0, 0, 0, None, None))(
-            checks, curves, step, mu, delta_slack)
+        ok = jax.vmap(_curve_below_gdp, in_axes=(0, 0, None, None))(checks, curves, mu, delta_slack)
         return jnp.all(ok)
 
     below = jax.vmap(_below_gdp, in_axes=(0, 0, 0, 0, None, None))

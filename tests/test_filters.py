@@ -44,7 +44,8 @@ def rr_composed_delta(mu_residue, eps_rr, eps):
 DENSE = np.linspace(-30, 30, 240001)
 
 
-@pytest.mark.parametrize("mu, eps_rr", [(1.0, 0.5), (0.8, 0.25), (3.0, 2.0), (2.0, 1.0)])
+@pytest.mark.parametrize("mu, eps_rr", [(1.0, 0.5), (0.8, 0.25), (3.0, 2.0), (2.0, 1.0),
+                                        (3.0, 0.02)])  # the last one runs on a coarsened grid
 def test_residue_condition_holds_by_independent_dense_evaluation(mu, eps_rr):
     query = pj.randomized_response(eps_rr)
     residue = float(pj.gdp_residue(mu, query))
@@ -57,7 +58,9 @@ def test_residue_condition_holds_by_independent_dense_evaluation(mu, eps_rr):
 
 
 @pytest.mark.parametrize("query", [pj.randomized_response(0.5), pj.randomized_response(1.5),
-                                   pj.laplace(2.0), pj.gdp(0.4)], ids=["rr0.5", "rr1.5", "lap", "gdp"])
+                                   pj.laplace(2.0), pj.gdp(0.4),
+                                   pj.gaussian(1.0, sampling_prob=0.01)],  # coarsened, 2 directions
+                         ids=["rr0.5", "rr1.5", "lap", "gdp", "sgm"])
 @pytest.mark.parametrize("mu", [0.9, 2.0])
 def test_residue_never_below_naive_update(query, mu):
     slack = float(query.inf_mass)
