@@ -18,10 +18,14 @@ curve is the pointwise maximum (Prop. 11).
   below B at the grid points, a necessary condition), and the supremum of grid values joined by
   chords, which lies above the true maximum of the members' curves between grid points.
 * Lower bound (is it not free?): legality strict (the composed grid PLD is dominated by B at every
-  eps, compared exactly between the two grids; up to ROUNDOFF, so a witness is a proof up to
+  eps, compared exactly at both grids' points; up to ROUNDOFF, so a witness is a proof up to
   float round-off, and the tests re-check witnesses in exact arithmetic), and grid values only: at the
   grid points the maximum of lower values is below the true supremum, and compositions need only
   grid values.
+
+Queries and budget are symmetric pairs (one direction each), and so are their compositions and
+suprema, so "below B" is decided at eps >= 0 only (the curve at -eps follows from the one at eps).
+There the curves are away from 1, where the round-off of values near 1 would swamp a comparison.
 
 The queries are the given grid PLDs exactly (a family of lattice mechanisms such as randomized
 response is represented exactly; a Gaussian's grid PLD stands for itself), and so is the budget.
@@ -40,7 +44,7 @@ import numpy as np
 
 from pldjax.discretize import masses_from_curve
 from pldjax.grid import next_pow2
-from pldjax.order import ROUNDOFF, dominance_excess_kernel
+from pldjax.order import ROUNDOFF
 from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.profile import delta_kernel
@@ -154,6 +158,39 @@ def compose_rows(curves, probs, inf_mass, offset: int, window: Window, step):
     return out[:count]
 
 
+@functools.partial(jax.jit, static_argnames=("offset", "window"))
+def _moves_batch(curves, children, probs, inf_mass, step, *, offset: int, window: Window):
+    """L_i (+) V for V = curves[children[r, i]], every row r and query i: (rows, m, size). Each
+    curve's spectrum is taken once, however many moves lead to it."""
+    m, n = probs.shape
+    if n <= _DIRECT_WIDTH:
+        def row(indices):
+            return jax.vmap(lambda c, p, u: _compose_curve(curves[c], p, u, offset, window, step))(
+                indices, probs, inf_mass)
+        return jax.lax.map(row, children, batch_size=16)
+    extended = jax.vmap(lambda c: _extend(c, window, step))(curves)
+    nfft = next_pow2(extended.shape[1] + n - 1)
+    spectra = jnp.fft.rfft(extended, nfft)
+    query_spectra = jnp.fft.rfft(probs, nfft)
+    begin = window.pad - offset
+
+    def row(indices):
+        full = jnp.fft.irfft(spectra[indices] * query_spectra, nfft)
+        return jax.lax.dynamic_slice_in_dim(full, begin, window.size, axis=-1) + inf_mass[:, None]
+
+    return jax.lax.map(row, children, batch_size=16)
+
+
+def moves(curves, children, probs, inf_mass, offset: int, window: Window, step):
+    """_moves_batch in padded shapes (few compilations)."""
+    count, rows = curves.shape[0], children.shape[0]
+    curves = jnp.concatenate([curves, jnp.repeat(curves[:1], _padded(count) - count, axis=0)])
+    children = np.concatenate([children, np.zeros((_padded(rows) - rows, children.shape[1]), int)])
+    out = _moves_batch(curves, jnp.asarray(children), probs, inf_mass, jnp.asarray(step),
+                       offset=offset, window=window)
+    return out[:rows]
+
+
 @functools.partial(jax.jit, static_argnames=("window",))
 def _legality_batch(curves, b_probs, b_inf, b_off, b_step, step, *, window: Window):
     budget = _Budget(b_probs, b_inf, b_off, b_step)
@@ -197,17 +234,28 @@ def _budget(budget: PLD) -> _Budget:
 
 
 def _excess_at_points(curves, budget: _Budget, eps):
-    """max_j (curve_j - delta_B(eps_j)) for each curve (leading axis)."""
+    """max over eps_j >= 0 of curve_j - delta_B(eps_j) for each curve (leading axis)."""
     b = delta_kernel(budget.probs, budget.inf_mass, budget.offset, budget.step, eps)
-    return jnp.max(curves - b, axis=-1)
+    return jnp.max(jnp.where(eps >= 0, curves - b, -jnp.inf), axis=-1)
 
 
 def _full_excess(curve, budget: _Budget, window: Window, step):
-    """max over every eps of delta_V - delta_B, V the grid PLD through the curve's values."""
+    """max over every eps >= 0 of delta_V - delta_B, V the grid PLD through the curve's values.
+
+    V's curve is linear in e^eps between the window's points (flat beyond them) and B's between
+    its own, so comparing at both sets of points is exact; V is interpolated at B's points
+    directly from the values (rebuilding V's masses would amplify their round-off ~1/step-fold).
+    """
     eps = (window.start + jnp.arange(window.size)) * step
-    probs, inf_mass = masses_from_curve(curve, step, curve + jnp.expm1(eps), eps)
-    return dominance_excess_kernel(probs, inf_mass, window.start, step, budget.probs,
-                                   budget.inf_mass, budget.offset, budget.step)
+    own = jnp.where(eps >= 0, curve - delta_kernel(*budget, eps), -jnp.inf)
+    b_eps = (budget.offset + jnp.arange(budget.probs.shape[0])) * budget.step
+    position = b_eps / step - window.start
+    j = jnp.clip(jnp.floor(position).astype(jnp.int64), 0, window.size - 2)
+    weight = jnp.clip(jnp.expm1(b_eps - eps[j]) / jnp.expm1(step), 0.0, 1.0)
+    inside = curve[j] + (curve[j + 1] - curve[j]) * weight
+    values = jnp.where(position >= window.size - 1, curve[-1], inside)
+    theirs = jnp.where(b_eps >= 0, values - delta_kernel(*budget, b_eps), -jnp.inf)
+    return jnp.maximum(jnp.max(own), jnp.max(theirs))
 
 
 class Analysis(NamedTuple):
@@ -289,10 +337,8 @@ def _recursion(a: Analysis, rounds: int, upper: bool):
             children = np.array([[a.index[tuple(sorted(ms + (i,)))][1] for i in range(m)]
                                  for ms in level])
             allowed = reach[t + 1][children]  # (count_t, m)
-            moved = compose_rows(values[t + 1][children.reshape(-1)],
-                                 jnp.tile(probs, (len(level), 1)), jnp.tile(inf_mass, len(level)),
-                                 family.offset, window, family.step)
-            moved = moved.reshape(len(level), m, window.size)
+            moved = moves(values[t + 1], children, probs, inf_mass, family.offset, window,
+                          family.step)
             moved = jnp.where(jnp.asarray(allowed)[:, :, None], moved, -jnp.inf)
             new_values.append(jnp.maximum(best, jnp.max(moved, axis=1)))
         values = new_values + values[rounds - j + 1:]
@@ -315,7 +361,8 @@ def _bounds(a: Analysis, rounds: int) -> Bounds:
     step = a.family.step
     eps = (a.window.start + jnp.arange(a.window.size)) * step
     up = _recursion(a, rounds, upper=True)
-    low = _recursion(a, rounds, upper=False)
+    same_moves = all(np.array_equal(u, v) for u, v in zip(a.reach_upper, a.reach_lower, strict=True))
+    low = up if same_moves else _recursion(a, rounds, upper=False)
     probs, inf_mass = masses_from_curve(up, step, up + jnp.expm1(eps), eps)
     pld = PLD(probs, inf_mass, jnp.asarray(a.window.start, jnp.int64),
               jnp.asarray(step, jnp.float64), True)
@@ -378,7 +425,7 @@ def _witness(a: Analysis, budget: PLD, rounds: int) -> dict | None:
             for i in prefix:
                 top = compose_rows(top[None], probs[i][None], inf_mass[i][None],
                                    family.offset, window, step)[0]
-            excess = np.asarray(top) - budget_curve
+            excess = np.where(np.asarray(eps) >= 0, np.asarray(top) - budget_curve, -np.inf)
             j = int(np.argmax(excess))
             if excess[j] > rounds * ROUNDOFF and (best is None or excess[j] > best["excess"]):
                 best = {"prefix": list(prefix), "options": [list(more) for more, _ in options],
@@ -428,7 +475,7 @@ def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
 @float64
 def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> bool:
     """Thm 8's condition: every two compositions of fewer than ``rounds`` queries are ordered
-    (one's curve below the other's at every grid point, up to ``tolerance``). If it holds the
+    (one's curve below the other's at every grid point eps >= 0, up to ``tolerance``). If it holds the
     natural filter is free for every budget; if it fails for non-degenerate members it is not
     free for some budget at 2 rounds - 3 rounds."""
     rounds = check_count("rounds", rounds, minimum=1)
@@ -450,7 +497,8 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
         index = {ms: row for row, ms in enumerate(level)}
         level_curves.append(curves)
         members.append(curves)
-    stacked = jnp.concatenate(members)
+    nonnegative = (window.start + jnp.arange(window.size)) * step >= 0
+    stacked = jnp.concatenate(members)[:, nonnegative]
     difference = stacked[:, None, :] - stacked[None, :, :]
     below = jnp.max(difference, axis=-1) <= tolerance
     return bool(jnp.all(below | below.T))
