@@ -64,11 +64,13 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
     aggregate = _contrib.differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)
     sgd = _optax.sgd(learning_rate)
 
+    @float64
     def init(params):
         return DPSGDState(aggregate.init(params), sgd.init(params),
                           _accountant.init(capacity=1), jnp.zeros((), jnp.int64),
                           jnp.asarray(allowed, jnp.int64))
 
+    @float64
     def update(grads, state, params=None):
         noised, aggregate_state = aggregate.update(grads, state.aggregate)
         updates, sgd_state = sgd.update(noised, state.sgd, params)
@@ -109,12 +111,14 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     aggregate = _contrib.differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)
     sgd = _optax.sgd(learning_rate)
 
+    @float64
     def init(params):
         states = jax.tree_util.tree_map(
             lambda x: jnp.broadcast_to(x, (num_examples,) + x.shape), budget.init())
         return IndividualState(aggregate.init(params), sgd.init(params), states,
                                jnp.ones((num_examples,), bool))
 
+    @float64
     def update(grads, state, params=None):
         leaves = jax.tree_util.tree_leaves(grads)
         norms = jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in leaves))

@@ -113,6 +113,21 @@ def test_dpsgd_stops_exactly_where_the_accountant_says():
         pj.optax.dpsgd(0.1, 1.0, 1.0, 0.05, key=None, epsilon_budget=1.0, delta=DELTA)
 
 
+def test_dpsgd_state_stays_64_bit_with_x64_off(x64_off):
+    tx = pj.optax.dpsgd(0.1, 1.0, 2.0, 0.05, key=jax.random.key(0), epsilon_budget=1.0,
+                        delta=DELTA)
+    params = {"w": jnp.ones(3, jnp.float32)}
+    state = tx.init(params)
+    grads = {"w": jnp.ones((4, 3), jnp.float32)}
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    assert updates["w"].dtype == jnp.float32  # the model keeps its own precision
+    for leaf in (state.steps, state.max_steps, state.accountant.steps):
+        assert leaf.dtype == np.int64
+    assert state.accountant.noise_multiplier.dtype == np.float64
+    one_step = pj.accountant.step(pj.accountant.init(), noise_multiplier=2.0, sampling_prob=0.05)
+    assert pj.optax.epsilon(state, DELTA) == pj.accountant.epsilon(one_step, DELTA)
+
+
 def test_noise_has_the_right_scale():
     """Zero gradients: the update is -lr * N(0, (C sigma)^2) / batch; a KS test against that
     normal accepts it and rejects the scale without the clipping norm."""
