@@ -116,12 +116,22 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     target, delta, sigma, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
         target_epsilon, delta, noise_multiplier, steps)))
-    low = np.full(target.shape, float(q_min))
-    high = np.ones(target.shape)
-    _fail("sampling probability >= q_min", _epsilons(sigma, low, steps, delta, neighboring)
-          > target, target, "raise noise_multiplier or lower steps")
-    done = _epsilons(sigma, high, steps, delta, neighboring) <= target
-    low = np.where(done, high, low)
+    check_range("q_min", q_min, 0.0, 1.0, low_open=True)
+
+    def meets(q):
+        return _epsilons(sigma, q, steps, delta, neighboring) <= target
+
+    # bracket downwards from q = 1 by factors of 10: a tiny q needs a very fine (large) grid, so
+    # q_min is only evaluated where nothing larger meets the target
+    low = np.ones(target.shape)
+    high = low.copy()
+    low_ok = meets(low)
+    while not np.all(low_ok):
+        _fail("sampling probability >= q_min", ~low_ok & (low <= q_min), target,
+              "raise noise_multiplier or lower steps")
+        high = np.where(low_ok, high, low)
+        low = np.where(low_ok, low, np.maximum(low / 10, q_min))
+        low_ok = low_ok | meets(low)
     while np.any(high / low > 1 + rtol):
         mid = np.sqrt(low * high)
         ok = _epsilons(sigma, mid, steps, delta, neighboring) <= target
