@@ -1,10 +1,18 @@
 import os
+from pathlib import Path
 
-import jax
-import pytest
-
-# the CLI turns on a persistent compilation cache; tests must not write into the home directory
+# Every test process (xdist workers, notebook kernels, subprocesses) shares one persistent cache of
+# compiled kernels: they compile many of the same kernels, and a CPU compile takes seconds. Set
+# before jax is imported so that the processes started from here inherit it.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "xla")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# the CLI turns on its own persistent cache; tests must not write into the home directory
 os.environ.setdefault("PLDJAX_COMPILATION_CACHE", "0")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -15,3 +23,14 @@ def x64_off():
     jax.config.update("jax_enable_x64", False)
     yield
     jax.config.update("jax_enable_x64", True)
+
+
+#: Notebooks too long for the default run (they execute with the slow tests, `pytest -m slow`).
+SLOW_NOTEBOOKS = {"03_natural_filter_cost.ipynb"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in SLOW_NOTEBOOKS:
+            item.add_marker(pytest.mark.slow)

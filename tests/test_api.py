@@ -118,6 +118,7 @@ def test_compilation_cache_keeps_kernels_across_processes(tmp_path):
         "print(d); print(pj.gaussian(2.0).self_compose(3).epsilon(1e-5))"
     )
     env = dict(os.environ, PLDJAX_COMPILATION_CACHE=str(tmp_path / "xla"), JAX_PLATFORMS="cpu")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the test run's own cache (conftest)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr

@@ -12,12 +12,12 @@ import pytest
 import pldjax as pj
 
 SIGMAS = np.array([[0.8], [1.5]])
-QS = np.array([0.02, 0.1, 1.0])
+QS = np.array([0.02, 1.0])
 
 
 def test_arrays_broadcast_and_match_one_at_a_time():
     got = pj.dpsgd_epsilon(SIGMAS, QS, 50, 1e-5)
-    assert got.shape == (2, 3)
+    assert got.shape == (2, 2)
     for i, sigma in enumerate(SIGMAS[:, 0]):
         for j, q in enumerate(QS):
             # alone, a configuration may get a coarser grid (the batch shares the largest size)
@@ -68,7 +68,8 @@ def test_schedule_composes_segments_exactly():
         pj.compose_schedule([(1.0, -0.1, 100)])
 
 
-_SWEEP = [[0.6, 0.9, 2.0, 1.1, 3.0, 0.5], [0.01, 0.05, 0.003, 0.2, 0.02, 0.001], [300, 40, 1000, 7, 60, 500]]
+# five configurations on four devices (one chunk padded); alike, so that they share few kernels
+_SWEEP = [[1.0, 1.1, 0.9, 1.0, 1.2], [0.02, 0.02, 0.025, 0.03, 0.02], [100, 50, 300, 200, 10]]
 
 
 def test_sharded_sweep_agrees_with_unsharded():

@@ -79,6 +79,10 @@ def test_calibrated_steps_and_sampling_prob():
     q = pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100)
     assert pj.dpsgd_epsilon(1.0, q, 100, DELTA) <= 2.0
     assert pj.dpsgd_epsilon(1.0, q * 1.001, 100, DELTA) > 2.0
+    with pytest.raises(ValueError, match="sampling probability >= q_min"):
+        pj.calibrate_sampling_prob(0.01, DELTA, 0.5, 10, q_min=0.1)
+    with pytest.raises(ValueError, match="q_min"):
+        pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100, q_min=0.0)
     with pytest.raises(ValueError, match="one step already exceeds"):
         pj.calibrate_steps(0.01, DELTA, 0.5, 1.0)
 
@@ -132,7 +136,7 @@ def test_noise_has_the_right_scale():
     """Zero gradients: the update is -lr * N(0, (C sigma)^2) / batch; a KS test against that
     normal accepts it and rejects the scale without the clipping norm."""
     clip, sigma, lr, batch = 2.0, 1.5, 0.5, 4
-    tx = pj.optax.dpsgd(lr, clip, sigma, 0.1, key=jax.random.key(3), epsilon_budget=50.0,
+    tx = pj.optax.dpsgd(lr, clip, sigma, 0.1, key=jax.random.key(3), epsilon_budget=2.0,
                         delta=DELTA)
     params = {"w": jnp.zeros(20000)}
     grads = {"w": jnp.zeros((batch, 20000))}
