@@ -134,6 +134,6 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
         low_ok = low_ok | meets(low)
     while np.any(high / low > 1 + rtol):
         mid = np.sqrt(low * high)
-        ok = _epsilons(sigma, mid, steps, delta, neighboring) <= target
+        ok = meets(mid)
         low, high = np.where(ok, mid, low), np.where(ok, high, mid)
     return low[()] if low.ndim == 0 else low
