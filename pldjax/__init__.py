@@ -1,12 +1,13 @@
-"""pldjax: privacy loss distributions as fixed-grid JAX arrays."""
+"""pldjax: privacy loss distributions as fixed-grid JAX arrays.
 
-from pldjax import accountant, filters, io, optax, plot  # matplotlib: imported when drawing
-from pldjax.adversary import (
-    natural_filter_bounds,
-    natural_filter_cost,
-    natural_filter_free,
-    totally_ordered,
-)
+The core (PLDs, mechanisms, composition, evaluation, DP-SGD accounting) is imported with the
+package; the filters, the natural-filter analysis, the accountant, state I/O, plotting and the
+optax / dp_accounting integrations are imported on first use (they pull in scipy.stats, optax or
+dp_accounting, which a script that only asks for an epsilon does not need).
+"""
+
+import importlib
+
 from pldjax.calibrate import calibrate_noise_multiplier, calibrate_sampling_prob, calibrate_steps
 from pldjax.compilation import enable_compilation_cache
 from pldjax.compose import compose
@@ -64,10 +65,30 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    """``pj.dp_accounting`` is imported on first use (it needs the dp-accounting package)."""
-    if name == "dp_accounting":
-        import importlib
+#: Submodules and names imported on first use: attribute -> module holding it.
+_LAZY = {
+    "accountant": "pldjax.accountant",
+    "dp_accounting": "pldjax.dp_accounting",
+    "filters": "pldjax.filters",
+    "io": "pldjax.io",
+    "optax": "pldjax.optax",
+    "plot": "pldjax.plot",
+    "natural_filter_bounds": "pldjax.adversary",
+    "natural_filter_cost": "pldjax.adversary",
+    "natural_filter_free": "pldjax.adversary",
+    "totally_ordered": "pldjax.adversary",
+}
 
-        return importlib.import_module("pldjax.dp_accounting")
-    raise AttributeError(f"module 'pldjax' has no attribute {name!r}")
+
+def __getattr__(name: str):
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'pldjax' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"pldjax.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
