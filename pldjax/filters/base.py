@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.special import logsumexp
 
 from pldjax.gaussian_dp import stack_directions
 from pldjax.pld import PLD
@@ -73,6 +74,14 @@ def pld_cost(cost):
     return jnp.where(jnp.isnan(cost), jnp.inf, jnp.maximum(cost, 0.0))
 
 
+def _log_q_mass(probs, offset, step):
+    """log sum_i p_i e^{-z_i} (NaN-free for any finite masses; -inf when all are 0)."""
+    z = (jnp.asarray(offset) + jnp.arange(probs.shape[-1])) * step
+    positive = probs > 0
+    log_p = jnp.log(jnp.where(positive, probs, 1.0))
+    return logsumexp(jnp.where(positive, log_p - z, -jnp.inf))
+
+
 def _pld_problems(query: PLD):
     """(name, traced bool) pairs, True where the query PLD is degenerate, one per rule."""
     rules = []
@@ -88,6 +97,9 @@ def _pld_problems(query: PLD):
             (f"the total mass is not 1 (within {MASS_TOLERANCE})",
              ~(jnp.abs(total - 1.0) <= MASS_TOLERANCE)),
             ("the step is not finite and > 0", ~(jnp.isfinite(step) & (step > 0))),
+            # E_P[e^-L] is the mass of Q where P > 0: at most 1 for any pair of distributions
+            (f"the losses imply a Q mass above 1 (sum of p e^-z > 1 + {MASS_TOLERANCE})",
+             ~(_log_q_mass(probs, d.offset, step) <= jnp.log1p(MASS_TOLERANCE))),
         ]
     return rules
 
@@ -112,7 +124,7 @@ def _is_number(leaf) -> bool:
     return bool(np.issubdtype(dtype, np.number)) or dtype == np.bool_
 
 
-def _canonical(kind: str, query, cost_shape: tuple[int, ...]):
+def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
     """The query checked for structure (always) and values (on the host), costs in float64."""
     if isinstance(query, PLD):
         if query.batch_shape:
@@ -132,8 +144,18 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...]):
                     raise ValueError(f"{kind}: the query PLD is degenerate ({reason}); such a "
                                      f"query is never accepted")
         return query
+    if isinstance(query, tuple) and cost_pair:
+        if len(query) != 2:
+            raise ValueError(f"{kind}: a query cost is a pair (cost, delta_n) or one number, "
+                             f"got {query!r}")
+        return tuple(_canonical(kind, part, cost_shape, False) for part in query)
+    if isinstance(query, list):
+        if not all(_is_number(v) for v in query):
+            raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers "
+                             f">= 0), got {query!r}")
+        query = jnp.asarray(query)
     leaves = jax.tree_util.tree_leaves(query)
-    if not leaves or not all(_is_number(leaf) for leaf in leaves):
+    if len(leaves) != 1 or leaves[0] is not query or not _is_number(query):
         raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers >= 0), "
                          f"got {query!r}")
     for leaf in leaves:
@@ -154,13 +176,15 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...]):
 
 def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
                 core: Callable, remaining: Callable[[Any], Any], prepare: Callable | None = None,
-                static: tuple[str, ...] = (), cost_shape: tuple[int, ...] = ()) -> Filter:
+                static: tuple[str, ...] = (), cost_shape: tuple[int, ...] = (),
+                cost_pair: bool = False) -> Filter:
     """A :class:`Filter` from its float64 parts.
 
     ``init() -> state`` and ``core(state, query, **static) -> (state, accepted)`` work on plain
     float64 / int64 states (``core`` pure, traced once per query structure); ``remaining(state)``
     reads one. ``prepare(state, query) -> (query, static values)`` may adapt a query on the host
-    before tracing. ``cost_shape``: the shape a cost given in numbers broadcasts to."""
+    before tracing. ``cost_shape``: the shape a cost given in numbers broadcasts to;
+    ``cost_pair``: such a cost may also be a tuple of two (the filter's cost, delta_n)."""
     with jax.enable_x64(True):
         like = jax.eval_shape(init)
 
@@ -182,7 +206,7 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
 
     @float64
     def spend(state, query):
-        query = _canonical(kind, query, cost_shape)
+        query = _canonical(kind, query, cost_shape, cost_pair)
         options = {}
         if prepare is not None:
             query, options = prepare(state, query)

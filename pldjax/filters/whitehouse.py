@@ -85,16 +85,13 @@ def _zcdp_filter(rho_budget, delta_budget, native, guarantee, kind, params,
         return {"rho": rho_budget - state.rho_spent, "delta": delta_budget - state.delta_spent}
 
     return make_filter(kind, params, guarantee, init=init, core=core,
-                       remaining=left if remaining is None else remaining)
+                       remaining=left if remaining is None else remaining, cost_pair=True)
 
 
-def _pair(query, kind: str, first: str):
-    """(first, delta_n) of a cost given as a pair or as one number (delta_n = 0)."""
-    if isinstance(query, (tuple, list)):
-        if len(query) != 2:
-            raise ValueError(f"{kind}: a query cost is ({first}, delta_n), got {query!r}")
-        return query[0], query[1]
-    return query, jnp.zeros(())
+def _pair(query):
+    """(first, delta_n) of a cost given as a pair (checked by make_filter) or as one number
+    (delta_n = 0)."""
+    return query if isinstance(query, tuple) else (query, jnp.zeros(()))
 
 
 @float64
@@ -106,7 +103,7 @@ def approx_zcdp(rho: float, delta: float) -> Filter:
     """
     check_range("rho", rho, 0.0)
     check_range("delta", delta, 0.0, 1.0)
-    return _zcdp_filter(rho, delta, lambda q: _pair(q, "approx_zcdp", "rho_n"),
+    return _zcdp_filter(rho, delta, _pair,
                         {"rho": rho, "delta": delta}, "approx_zcdp",
                         {"rho": float(rho), "delta": float(delta)})
 
@@ -135,7 +132,7 @@ def approx_dp(epsilon: float, delta: float, *, delta_queries: float | None = Non
     y_star = float(residue_epsilon_squared(epsilon, delta - delta_queries))
 
     def native(query):
-        eps_n, delta_n = _pair(query, "approx_dp", "epsilon_n")
+        eps_n, delta_n = _pair(query)
         return eps_n * eps_n / 2, delta_n
 
     def remaining(state):
