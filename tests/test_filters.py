@@ -550,3 +550,14 @@ def test_upper_of_rounded_is_the_top_of_the_float32_rounding_interval():
     tiny = float(np.finfo(np.float32).tiny)
     assert float(upper_of_rounded(jnp.float32(0.0))) == tiny  # subnormals included
     assert float(upper_of_rounded(jnp.asarray(0.1, jnp.float64))) == 0.1  # float64: exact
+
+
+@pytest.mark.slow
+def test_residue_filter_never_below_the_gdp_filter_at_large_mu():
+    rr = pj.randomized_response(0.5)
+    nu = float(pj.gdp_mu(rr))
+    for mu in (300.0, 1e4, 1e6):
+        f = F.gdp_residue(mu)
+        state, accepted = f.spend(f.init(), rr)
+        assert bool(accepted)
+        assert f.remaining(state)["mu"] >= np.sqrt(mu * mu - nu * nu) * (1 - 1e-15)

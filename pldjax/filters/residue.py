@@ -145,19 +145,19 @@ def gdp_residue(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
 
     def prepare(state, query):
         if not isinstance(query, PLD):
-            return query, {"window": 0}
+            return query, {"window": 0, "factor": 1}
         if is_traced((query, state)):
-            return query, {"window": MAX_RESIDUE_SIZE if size is None else size}
-        query, window = residue_plan(mu, query, size)
-        return query, {"window": window}
+            return query, {"window": MAX_RESIDUE_SIZE if size is None else size, "factor": 1}
+        factor, window = residue_plan(mu, query, size)
+        return query, {"window": window, "factor": factor}
 
-    def core(state, query, window):
+    def core(state, query, window, factor):
         if isinstance(query, PLD):
             probs, inf_mass, offset, step = query_directions(query, "gdp_residue")
             slack = jnp.max(inf_mass)
             cost_delta = slack + ROUNDOFF
             left, fits = residue_kernel(probs, inf_mass, offset, step, state.mu, slack,
-                                        size=window, steps=steps)
+                                        size=window, steps=steps, factor=factor)
         else:
             nu = query
             fits = nu <= state.mu
@@ -173,7 +173,7 @@ def gdp_residue(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
     return make_filter("gdp_residue",
                        {"mu": float(mu), "delta": float(delta), "steps": steps, "size": size},
                        {"mu": mu, "delta": delta}, init=init, core=core, remaining=remaining,
-                       prepare=prepare, static=("window",))
+                       prepare=prepare, static=("window", "factor"))
 
 
 # -- Rényi ----------------------------------------------------------------------------------------
