@@ -7,6 +7,12 @@ epsilon or delta composes the segments exactly (:func:`pldjax.compose_schedule`)
 any time. Any number of steps fits; only the number of parameter *changes* is bounded by the
 capacity (``init(capacity=...)``, default 64). A step that would need one more segment than the
 capacity sets ``overflow``, after which readings raise instead of reporting a wrong value.
+
+The state's 64-bit leaves are stored as exact uint32 bit pairs (:func:`pldjax.precision.pack`), so
+it crosses a caller's jit, vmap and save/load bit for bit whatever ``jax_enable_x64``. Parameters
+that arrive in float32 (with x64 off, a caller's jit rounds Python floats to float32) are recorded
+pessimistically: the noise multiplier as the smallest real number and the sampling probability as
+the largest (at most 1) that round to the value received.
 """
 
 from __future__ import annotations
@@ -20,34 +26,45 @@ import numpy as np
 from pldjax import io
 from pldjax.dpsgd import compose_schedule
 from pldjax.mechanisms import identity
-from pldjax.precision import float64
+from pldjax.precision import float64, lower_of_rounded, pack, unpack, upper_of_rounded
 from pldjax.validate import check_count, check_range, is_traced
 
 CAPACITY = 64
 
 
 class AccountantState(NamedTuple):
-    """Segments (noise_multiplier, sampling_prob, steps) of a DP-SGD run; ``count`` are in use."""
+    """Segments (noise_multiplier, sampling_prob, steps) of a DP-SGD run; ``count`` are in use.
+    64-bit leaves are packed (uint32 pairs, see the module docstring); :func:`segments` reads them."""
 
-    noise_multiplier: jax.Array  # (capacity,)
-    sampling_prob: jax.Array  # (capacity,)
-    steps: jax.Array  # (capacity,) int64
-    count: jax.Array  # () int64: segments in use
+    noise_multiplier: jax.Array  # (capacity,) float64, packed
+    sampling_prob: jax.Array  # (capacity,) float64, packed
+    steps: jax.Array  # (capacity,) int64, packed
+    count: jax.Array  # () int64, packed: segments in use
     overflow: jax.Array  # () bool: a step did not fit
+
+
+def _plain(capacity: int) -> AccountantState:
+    return AccountantState(jnp.ones(capacity), jnp.zeros(capacity),
+                           jnp.zeros(capacity, jnp.int64), jnp.zeros((), jnp.int64),
+                           jnp.zeros((), bool))
+
+
+def _unpacked(state: AccountantState) -> AccountantState:
+    capacity = state.noise_multiplier.shape[0]
+    return unpack(state, jax.eval_shape(lambda: _plain(capacity)))
 
 
 @float64
 def init(capacity: int = CAPACITY) -> AccountantState:
     """An empty run (no steps: epsilon 0)."""
     capacity = check_count("capacity", capacity, minimum=1)
-    return AccountantState(jnp.ones(capacity), jnp.zeros(capacity),
-                           jnp.zeros(capacity, jnp.int64), jnp.zeros((), jnp.int64),
-                           jnp.zeros((), bool))
+    return pack(_plain(capacity))
 
 
-def _step(state: AccountantState, noise_multiplier, sampling_prob, steps) -> AccountantState:
-    sigma = jnp.asarray(noise_multiplier, jnp.float64)
-    q = jnp.asarray(sampling_prob, jnp.float64)
+def _step(packed: AccountantState, noise_multiplier, sampling_prob, steps) -> AccountantState:
+    state = _unpacked(packed)
+    sigma = lower_of_rounded(noise_multiplier)
+    q = jnp.minimum(upper_of_rounded(sampling_prob), 1.0)
     last = jnp.maximum(state.count - 1, 0)
     same = (state.count > 0) & (state.noise_multiplier[last] == sigma) & (
         state.sampling_prob[last] == q)
@@ -63,7 +80,7 @@ def _step(state: AccountantState, noise_multiplier, sampling_prob, steps) -> Acc
         jnp.where(same | ~room, state.count, state.count + 1),
         state.overflow | ~fits,
     )
-    return new
+    return pack(new)
 
 
 _step_jit = jax.jit(_step)
@@ -82,8 +99,10 @@ def step(state: AccountantState, noise_multiplier, sampling_prob, steps=1) -> Ac
     return kernel(state, noise_multiplier, sampling_prob, steps)
 
 
+@float64
 def segments(state: AccountantState) -> list[tuple[float, float, int]]:
     """The recorded run as (noise_multiplier, sampling_prob, steps), on the host."""
+    state = _unpacked(state)
     if bool(np.asarray(state.overflow)):
         raise ValueError(
             f"the accountant recorded more parameter changes than its capacity "

@@ -72,7 +72,8 @@ def _curve_below_gdp(z, d, mu, delta_slack):
     d = jnp.concatenate([(1.0 - (1.0 - d[0]) * jnp.exp(lead - z[1]))[None], d])
     safe = jnp.maximum(mu, 1e-300)
     log_q = log_ndtr(-safe / 2 - z / safe)
-    g = hockey_stick(log_ndtr(safe / 2 - z / safe), log_q, z) + delta_slack + ROUNDOFF
+    g = hockey_stick(log_ndtr(safe / 2 - z / safe), log_q, z)
+    g = g * (1.0 - 8.0 * np.finfo(np.float64).eps) + delta_slack + ROUNDOFF  # below the exact
     slope = -jnp.exp(z + log_q)  # x times d delta / dx at the points
     # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
     # g_{i+1} + s_{i+1} e^-h grow (t - 1), h = z_{i+1} - z_i
@@ -90,9 +91,22 @@ def _curve_below_gdp(z, d, mu, delta_slack):
 
 
 def _below_gdp(probs, inf_mass, offset, step, mu, delta_slack):
-    """True if the grid PLD's curve is <= delta_mu + delta_slack + ROUNDOFF at every eps >= 0."""
+    """True if the grid PLD's curve is <= delta_mu + delta_slack + ROUNDOFF at every eps >= 0.
+
+    The curve's values come from tail sums and recurrences of non-negative terms, whose relative
+    round-off grows with the grid (about n ulps): they are raised by :func:`_curve_error` first so
+    that the comparison is made with an upper bound on the exact curve of the grid PLD."""
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
-    return _curve_below_gdp(z, grid_deltas(probs, inf_mass, step), mu, delta_slack)
+    d = grid_deltas(probs, inf_mass, step)
+    return _curve_below_gdp(z, d * (1.0 + _curve_error(probs.shape[0])), mu, delta_slack)
+
+
+def _curve_error(n: int) -> float:
+    """Relative round-off bound of :func:`pldjax.profile.grid_deltas` on ``n`` points: the tail
+    sum S (a sum of n non-negative terms), the blocked recurrence D (one 128-term block product
+    and n / 128 carries) and the atom, each a few ulps per operation on its longest path; a
+    generous 4 n + 512 ulps. Relative, so a zero tail stays zero."""
+    return float((4 * n + 512) * np.finfo(np.float64).eps)
 
 
 def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max):
@@ -143,13 +157,24 @@ def residue_size(mu_max, step, query_size: int) -> int:
     return max(next_pow2(int(np.ceil(reach / float(np.min(step)))) + 2), 16)
 
 
-def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int):
+def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int,
+                   factor: int = 1):
     """(mu', accepted) for one query and one budget mu; ``probs`` etc. carry a leading direction
-    axis (1 or 2 directions, all of which must fit). mu' is the largest value found by ``steps``
-    bisection steps from [naive, mu] with G_mu' (+) L below G_mu plus the slack (0 if rejected)."""
+    axis (1 or 2 directions, all of which must fit). The query fits when nu = gdp_mu(query) <= mu
+    (certified on the query's own grid), and mu' >= the naive update sqrt(mu^2 - nu^2); from
+    there ``steps`` bisection steps on [naive, mu] look for larger values with G_mu' (+) L below
+    G_mu plus the slack, on the query's grid coarsened ``factor``-fold (pessimistically) so that
+    the check window of ``size`` points reaches the tail of G_mu (0 if rejected)."""
+    mu = jnp.asarray(mu, jnp.float64)
+    nu = jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
+        probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu, 1e-300)))
+    accepted = nu <= mu
+    naive = jnp.where(accepted, jnp.sqrt(jnp.maximum((mu - nu) * (mu + nu), 0.0)), 0.0)
+    if factor > 1:
+        probs, offset = jax.vmap(lambda p, o: coarsen_kernel(p, o, factor))(probs, offset)
+        step = step * factor
     n = probs.shape[-1]
     nfft = next_pow2(2 * n + size - 2)
-    mu = jnp.asarray(mu, jnp.float64)
     checks = jnp.arange(size)[None, :] * step[:, None]  # eps_j = j h, per direction
     # lags k = j - i for check j and grid point i: eps_j - z_i = (k - offset) h
     lags = (jnp.arange(-(n - 1), size)[None, :] - offset[:, None]) * step[:, None]
@@ -161,12 +186,6 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
         ok = jax.vmap(_curve_below_gdp, in_axes=(0, 0, None, None))(checks, curves, mu, delta_slack)
         return jnp.all(ok)
 
-    below = jax.vmap(_below_gdp, in_axes=(0, 0, 0, 0, None, None))
-    accepted = jnp.all(below(probs, inf_mass, offset, step, mu, delta_slack))
-    nu = jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
-        probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu, 1e-300)))
-    naive = jnp.where(nu <= mu, jnp.sqrt(jnp.maximum((mu - nu) * (mu + nu), 0.0)), 0.0)
-
     def halve(_, bracket):
         low, high = bracket
         mid = (low + high) / 2
@@ -174,7 +193,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
         return jnp.where(ok, mid, low), jnp.where(ok, high, mid)
 
     low, _ = jax.lax.fori_loop(0, steps, halve, (naive, mu))
-    return jnp.where(accepted, low, 0.0), accepted
+    return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
 
 
 def coarsen_kernel(probs, offset, factor: int):
@@ -203,44 +222,31 @@ def stack_directions(pld: PLD):
             jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions], axis=nb))
 
 
-def _coarsened(pld: PLD, factor: int) -> PLD:
-    if factor == 1:
-        return pld
-
-    def one(d: PLD) -> PLD:
-        fn = batched(lambda p, o: coarsen_kernel(p, o, factor), len(d.batch_shape))
-        probs, offset = fn(d.probs, d.offset)
-        return PLD(probs, d.inf_mass, offset, d.step * factor, True)
-
-    forward = one(pld._forward())
-    back = None if pld.reverse is None else one(pld.reverse)
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
-
-
-def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[PLD, int]:
-    """The query on a grid whose check window fits (coarsened by a power of two when needed) and
-    the static window size; host-side, before jit."""
+def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
+    """(factor, size): how many-fold the query's grid is coarsened for the residue search so that
+    its check window fits, and the static window size; host-side, before jit."""
     if size is not None:
-        return pld, check_count("size", size, minimum=16)
+        return 1, check_count("size", size, minimum=16)
     steps = np.asarray(pld.step, np.float64)
     factor = 1
     while residue_size(mu_max, steps * factor, pld.size) > MAX_RESIDUE_SIZE:
         factor *= 2
-    coarse = _coarsened(pld, factor)
-    return coarse, residue_size(mu_max, steps * factor, coarse.size)
+    return factor, residue_size(mu_max, steps * factor, (pld.size - 1) // factor + 2)
 
 
-def _residue_batch(stacked, mu, delta_slack, *, size: int, steps: int, batch_size: int):
+def _residue_batch(stacked, mu, delta_slack, *, size: int, steps: int, batch_size: int,
+                   factor: int):
     """residue_kernel over a flat batch (leading axis) of queries and budgets, a chunk at a time."""
 
     def one(args):
         p, m, o, h, u, s = args
-        return residue_kernel(p, m, o, h, u, s, size=size, steps=steps)
+        return residue_kernel(p, m, o, h, u, s, size=size, steps=steps, factor=factor)
 
     return jax.lax.map(one, (*stacked, mu, delta_slack), batch_size=batch_size)
 
 
-_residue_batch_jit = jax.jit(_residue_batch, static_argnames=("size", "steps", "batch_size"))
+_residue_batch_jit = jax.jit(_residue_batch,
+                             static_argnames=("size", "steps", "batch_size", "factor"))
 
 
 @float64
@@ -263,7 +269,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     steps = check_count("steps", steps, minimum=1)
     if is_traced((mu, query, delta_slack)) and size is None:
         raise ValueError("gdp_residue under jit needs size=")
-    query, size = residue_plan(mu, query, size)
+    factor, size = residue_plan(mu, query, size)
     mu = jnp.asarray(mu, jnp.float64)
     shape = jnp.broadcast_shapes(mu.shape, query.batch_shape, jnp.shape(delta_slack))
     stacked = stack_directions(query)
@@ -273,5 +279,6 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     mus = jnp.broadcast_to(mu, shape).reshape(-1)
     slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), shape).reshape(-1)
     run = _residue_batch if is_traced((mus, flat)) else _residue_batch_jit
-    residue, accepted = run(flat, mus, slack, size=size, steps=steps, batch_size=batch_size)
+    residue, accepted = run(flat, mus, slack, size=size, steps=steps, batch_size=batch_size,
+                            factor=factor)
     return host_result(jnp.where(accepted, residue, jnp.nan).reshape(shape))

@@ -8,6 +8,10 @@ restored into the filter that made it. Two formats, chosen by the file suffix:
 * ``.npz``: NumPy's archive, leaves stored bit for bit;
 * ``.json``: leaves as hexadecimal floats (``float.hex``), exact and readable.
 
+States store their 64-bit values as exact uint32 bit pairs (:func:`pldjax.precision.pack`), so a
+restored state is bit-identical whatever the caller's ``jax_enable_x64``. Files of version 1
+(float64 / int64 leaves) are still read: their leaves are packed on loading.
+
 Writes go to a temporary file in the same directory, then replace the target in one step: a crash
 or an error while saving leaves the previous file intact.
 """
@@ -23,8 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.precision import pack
+
 FORMAT = "pldjax-state"
-VERSION = 1
+VERSION = 2
+#: Older versions still read (their 64-bit leaves are packed on loading).
+_READABLE = (1, 2)
 
 
 def _header(kind: str, params: dict) -> dict:
@@ -102,7 +110,7 @@ def load(path, template, *, kind: str, params: dict):
             leaves = [archive[f"leaf_{i}"] for i in range(count)]
     else:
         raise ValueError(f"path must end in .npz or .json, got {path.name!r}")
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
+    if header.get("format") != FORMAT or header.get("version") not in _READABLE:
         raise ValueError(f"{path}: not a {FORMAT} file of version {VERSION} "
                          f"(format {header.get('format')!r}, version {header.get('version')!r})")
     expected = _header(kind, params)
@@ -115,6 +123,10 @@ def load(path, template, *, kind: str, params: dict):
     restored = []
     for got, like in zip(leaves, template_leaves, strict=True):
         want = np.asarray(_plain_leaf(like))
+        if (header["version"] == 1 and got.dtype in (np.float64, np.int64)
+                and want.dtype == np.uint32 and want.shape == got.shape + (2,)):
+            with jax.enable_x64(True):
+                got = np.asarray(pack(jnp.asarray(got)))
         if got.shape != want.shape or got.dtype != want.dtype:
             raise ValueError(f"{path}: array of shape {got.shape} {got.dtype}, the state needs "
                              f"{want.shape} {want.dtype}")

@@ -28,7 +28,7 @@ from optax import contrib as _contrib
 from pldjax import accountant as _accountant
 from pldjax import filters as _filters
 from pldjax.calibrate import calibrate_steps
-from pldjax.precision import float64
+from pldjax.precision import float64, pack, unpack
 from pldjax.validate import check_count, check_range
 
 
@@ -36,8 +36,8 @@ class DPSGDState(NamedTuple):
     aggregate: _optax.OptState
     sgd: _optax.OptState
     accountant: _accountant.AccountantState
-    steps: jax.Array  # steps taken (with non-zero updates)
-    max_steps: jax.Array  # steps the budget allows
+    steps: jax.Array  # steps taken (with non-zero updates): int64, packed (pldjax.precision.pack)
+    max_steps: jax.Array  # steps the budget allows: int64, packed
 
 
 def _check_key(key) -> None:
@@ -52,7 +52,7 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
     """DP-SGD over per-example gradients (leading batch axis), stopping at the budget.
 
     ``sampling_prob``: the Poisson sampling rate the caller uses to form batches (the accounting
-    assumes it). ``state.max_steps`` is the number of steps the budget allows; after that many
+    assumes it). ``steps(state)[1]`` is the number of steps the budget allows; after that many
     updates the transformation returns zeros. ``epsilon(state, delta)`` reads the privacy spent so far.
     """
     _check_key(key)
@@ -67,19 +67,21 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
     @float64
     def init(params):
         return DPSGDState(aggregate.init(params), sgd.init(params),
-                          _accountant.init(capacity=1), jnp.zeros((), jnp.int64),
-                          jnp.asarray(allowed, jnp.int64))
+                          _accountant.init(capacity=1), pack(jnp.zeros((), jnp.int64)),
+                          pack(jnp.asarray(allowed, jnp.int64)))
 
     @float64
     def update(grads, state, params=None):
         noised, aggregate_state = aggregate.update(grads, state.aggregate)
         updates, sgd_state = sgd.update(noised, state.sgd, params)
-        go = state.steps < state.max_steps
+        count = jax.ShapeDtypeStruct((), jnp.int64)
+        taken, allowed_steps = unpack((state.steps, state.max_steps), (count, count))
+        go = taken < allowed_steps
         updates = jax.tree_util.tree_map(lambda u: jnp.where(go, u, jnp.zeros_like(u)), updates)
         recorded = _accountant.step(state.accountant, noise_multiplier, sampling_prob,
                                     go.astype(jnp.int64))
         return updates, DPSGDState(aggregate_state, sgd_state, recorded,
-                                   state.steps + go.astype(jnp.int64), state.max_steps)
+                                   pack(taken + go.astype(jnp.int64)), state.max_steps)
 
     return _optax.GradientTransformation(init, update)
 
@@ -89,10 +91,18 @@ def epsilon(state: DPSGDState, delta: float) -> float:
     return _accountant.epsilon(state.accountant, delta)
 
 
+@float64
+def steps(state: DPSGDState) -> tuple[int, int]:
+    """(steps taken, steps the budget allows), read from the packed state."""
+    count = jax.ShapeDtypeStruct((), jnp.int64)
+    taken, allowed = unpack((state.steps, state.max_steps), (count, count))
+    return int(taken), int(allowed)
+
+
 class IndividualState(NamedTuple):
     aggregate: _optax.OptState
     sgd: _optax.OptState
-    filters: _filters.residue.ResidueState  # one per example (leading axis)
+    filters: _filters.residue.ResidueState  # one per example (leading axis), packed
     active: jax.Array  # (examples,) bool: still training
 
 
@@ -121,7 +131,13 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     @float64
     def update(grads, state, params=None):
         leaves = jax.tree_util.tree_leaves(grads)
-        norms = jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in leaves))
+        shapes = [jnp.shape(g) for g in leaves]
+        if not leaves or any(shape[:1] != (num_examples,) for shape in shapes):
+            raise ValueError(f"grads must hold per-example gradients of all num_examples = "
+                             f"{num_examples} examples (leading axis), got leaf shapes {shapes}")
+        # norms in float64 whatever the model's precision: nu is a privacy cost
+        norms = jnp.sqrt(sum(jnp.sum(jnp.asarray(g, jnp.float64).reshape(num_examples, -1) ** 2,
+                                     axis=1) for g in leaves))
         nu = jnp.minimum(norms, l2_norm_clip) / (l2_norm_clip * noise_multiplier)
         nu = jnp.where(state.active, nu, 0.0)
         filters, accepted = jax.vmap(budget.spend)(state.filters, nu)
@@ -135,6 +151,7 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     return _optax.GradientTransformation(init, update)
 
 
+@float64
 def remaining_mu(state: IndividualState) -> jax.Array:
-    """Each example's remaining GDP budget."""
-    return state.filters.mu
+    """Each example's remaining GDP budget (float64)."""
+    return unpack(state.filters.mu, jax.ShapeDtypeStruct((), jnp.float64))

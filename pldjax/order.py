@@ -76,6 +76,9 @@ def renyi_kernel(probs, inf_mass, offset, step, orders):
     general = logsumexp(log_p[None, :] + (safe - 1.0) * z[None, :], axis=1) / (safe[:, 0] - 1.0)
     kl = jnp.sum(probs * z)
     value = jnp.where(orders == 1.0, kl, general)
+    # D_a >= 0 for distributions: a value below 0 is round-off (clamped), -inf or NaN a failed
+    # evaluation (e.g. overflow at huge orders), reported as inf (an upper bound)
+    value = jnp.where(jnp.isnan(value) | jnp.isneginf(value), jnp.inf, jnp.maximum(value, 0.0))
     return jnp.where((orders >= 1.0) & (inf_mass > 0), jnp.inf, value)
 
 

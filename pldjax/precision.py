@@ -44,3 +44,66 @@ def add_up(a, b):
     b_part = total - a
     error = (a - (total - b_part)) + (b - b_part)
     return jnp.where(error > 0, jnp.nextafter(total, jnp.inf), total)
+
+
+# -- 64-bit values that survive any jit boundary ----------------------------------------------------
+# With x64 off, a caller's jax.jit turns float64/int64 arguments into float32/int32 before pldjax
+# code runs, and restored arrays come back in 32 bits. State leaves that hold 64-bit quantities
+# are therefore stored as their exact bits, a trailing axis of two uint32 words: uint32 crosses
+# every boundary (jit, vmap, save/load) unchanged whatever the x64 flag.
+_WIDE = (np.dtype(np.float64), np.dtype(np.int64))
+
+
+def pack(tree):
+    """Every float64 / int64 leaf of ``tree`` as uint32 bit pairs (shape ``(..., 2)``); other
+    leaves unchanged. Exact; call with x64 enabled."""
+    def one(leaf):
+        leaf = jnp.asarray(leaf)
+        if leaf.dtype in _WIDE:
+            return jax.lax.bitcast_convert_type(leaf, jnp.uint32)
+        return leaf
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def unpack(tree, like):
+    """Inverse of :func:`pack`: leaves of ``like`` (arrays or ShapeDtypeStructs, the unpacked
+    structure) give each leaf's 64-bit dtype. Call with x64 enabled."""
+    def one(leaf, spec):
+        dtype = np.dtype(spec.dtype)
+        leaf = jnp.asarray(leaf)
+        if dtype in _WIDE:
+            if leaf.dtype != jnp.uint32 or leaf.shape[-1:] != (2,):
+                raise ValueError(f"a packed state leaf must be uint32 of shape (..., 2), got "
+                                 f"{leaf.dtype} {leaf.shape}: pass the state the filter returned")
+            return jax.lax.bitcast_convert_type(leaf, dtype)
+        return leaf
+
+    return jax.tree_util.tree_map(one, tree, like)
+
+
+def upper_of_rounded(x):
+    """A float64 upper bound on every real number that rounds to ``x`` in its own dtype.
+
+    Float64 (and integer) values are returned as they are (exact). A float32 / float16 / bfloat16
+    value, e.g. a Python float that a caller's jit with x64 off rounded to float32, cannot be
+    recovered; the largest real that rounds to it is x plus half its ulp (toward +inf), exact in
+    float64, and is what a sound budget must charge. Call with x64 enabled."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == jnp.float64:
+        return x.astype(jnp.float64)
+    info = jnp.finfo(x.dtype)
+    wide = x.astype(jnp.float64)
+    _, exponent = jnp.frexp(wide)  # |x| in [2^(e-1), 2^e): the ulp above |x| is 2^(e-1-nmant)
+    half = jnp.ldexp(jnp.ones_like(wide), exponent - info.nmant - 2)
+    top = jnp.where(wide == float(info.max), jnp.inf, wide + half)  # above max rounds to inf
+    # subnormals (which the conversion may flush to zero) and zero: below the smallest normal
+    top = jnp.where(jnp.abs(wide) < float(info.tiny), float(info.tiny), top)
+    return jnp.where(jnp.isfinite(wide), top, wide)
+
+
+def lower_of_rounded(x):
+    """A float64 lower bound on every real number that rounds to ``x`` (see
+    :func:`upper_of_rounded`)."""
+    x = jnp.asarray(x)
+    return -upper_of_rounded(-x)

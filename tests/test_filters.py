@@ -235,13 +235,14 @@ def test_spend_is_jittable_and_vmappable():
     eager, ok = f.spend(f.init(), rr)
     jitted, ok_jit = jax.jit(f.spend)(f.init(), rr)
     assert bool(ok) and bool(ok_jit)
-    assert float(jitted.mu) == pytest.approx(float(eager.mu), rel=1e-12)
+    assert f.remaining(jitted)["mu"] == f.remaining(eager)["mu"]
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), f.init())
     queries = pj.randomized_response(np.array([0.25, 0.5, 4.0]))
     new, accepted = jax.vmap(f.spend)(states, queries)
     assert np.asarray(accepted).tolist() == [True, True, False]
-    assert float(new.mu[1]) == pytest.approx(float(eager.mu), rel=1e-12)
-    assert float(new.mu[2]) == 1.0  # rejected: unchanged
+    left = f.remaining(new)["mu"]
+    assert left[1] == pytest.approx(float(f.remaining(eager)["mu"]), rel=1e-12)
+    assert left[2] == 1.0  # rejected: unchanged
     # per-example budgets with native costs
     g = F.gdp(1.0)
     many = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (5,) + x.shape), g.init())
@@ -288,7 +289,7 @@ def test_restore_refuses_another_filter_or_version(tmp_path):
     pj.io.save_filter_state(path, f, f.init())
     with pytest.raises(ValueError, match="saved for pure_dp"):
         pj.io.load_filter_state(path, F.pure_dp(2.0))
-    text = path.read_text().replace('"version": 1', '"version": 99')
+    text = path.read_text().replace('"version": 2', '"version": 99')
     path.write_text(text)
     with pytest.raises(ValueError, match="version"):
         pj.io.load_filter_state(path, f)
@@ -310,7 +311,7 @@ def test_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
         pj.io.save_filter_state(path, f, second)
     monkeypatch.undo()
     restored = pj.io.load_filter_state(path, f)
-    assert float(restored.epsilon_spent) == 0.25
+    assert f.remaining(restored)["epsilon"] == 0.75
     assert [p.name for p in tmp_path.iterdir()] == ["state.npz"]
 
 
@@ -352,3 +353,211 @@ def test_bad_input_is_refused_with_the_argument_named():
         f.spend(f.init(), pj.gdp(2.0))  # on the step 1/32
     with pytest.raises(ValueError, match="mu"):
         pj.gdp_residue(-0.5, pj.randomized_response(0.5))
+
+
+# -- degenerate queries (issue 15): never accepted, state untouched ---------------------------------
+def _pld(probs, inf_mass=0.0, offset=-1, step=0.5):
+    return pj.PLD(jnp.asarray(probs, jnp.float64), jnp.asarray(inf_mass, jnp.float64),
+                  jnp.asarray(offset, jnp.int64), jnp.asarray(step, jnp.float64))
+
+
+DEGENERATE = {
+    "nan mass": (lambda: _pld([np.nan, 0.5]), "NaN"),
+    "nan atom": (lambda: _pld([0.5, 0.5], np.nan), "NaN"),
+    "negative mass": (lambda: _pld([1.2, -0.2]), "negative"),
+    "mass deficit": (lambda: _pld([0.5, 0.4]), "total mass"),
+    "empty": (lambda: _pld([0.0, 0.0]), "total mass"),
+    "zero step": (lambda: _pld([0.5, 0.5], step=0.0), "step"),
+    "infinite step": (lambda: _pld([0.5, 0.5], step=np.inf), "step"),
+    "negative step": (lambda: _pld([0.5, 0.5], step=-0.5), "step"),
+    "only negative losses": (lambda: _pld([1.0]), "Q mass"),
+}
+ALL_FILTERS = {
+    "pure_dp": lambda: F.pure_dp(1e300, delta=1.0),
+    "gdp": lambda: F.gdp(1e6, delta=1.0),
+    "gdp_residue": lambda: F.gdp_residue(10.0, delta=1.0),
+    "renyi": lambda: F.renyi([2.0, 8.0], [1e300, 1e300]),
+    "approx_zcdp": lambda: F.approx_zcdp(1e300, 1.0),
+    "approx_dp": lambda: F.approx_dp(1e3, 0.5),
+    "additive_profile": lambda: F.additive_profile(1.0, 1e-6, 5),
+}
+
+
+def _same(a, b):
+    return jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, a, b))
+
+
+@pytest.mark.parametrize("name", sorted(ALL_FILTERS))
+def test_degenerate_query_plds_raise_on_the_host(name):
+    f = ALL_FILTERS[name]()
+    for case, (make, reason) in DEGENERATE.items():
+        with pytest.raises(ValueError, match=f"{f.kind}: the query PLD is degenerate.*{reason}"):
+            f.spend(f.init(), make())
+            pytest.fail(case)
+
+
+@pytest.mark.parametrize("name", ["pure_dp", "renyi", "gdp"])
+def test_degenerate_query_plds_are_rejected_under_jit_and_vmap(name):
+    f = ALL_FILTERS[name]()
+    spend = jax.jit(f.spend)
+    for make, _ in DEGENERATE.values():
+        state, accepted = spend(f.init(), make())
+        assert not bool(accepted) and _same(state, f.init())
+    batch = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *(m() for m, _ in
+                                                             list(DEGENERATE.values())[:5]))
+    states, accepted = jax.vmap(f.spend, in_axes=(None, 0))(f.init(), batch)
+    assert not np.any(np.asarray(accepted))
+    assert _same(states, jax.tree_util.tree_map(lambda x: jnp.stack([x] * 5), f.init()))
+
+
+def test_issue_examples_degenerate_queries_cost_nothing_no_more():
+    # pure_dp accepted laplace(1e-5) (NaN masses) again and again at zero cost
+    f = F.pure_dp(1.0)
+    tiny = pj.laplace(1e-5)
+    state = f.init()
+    for _ in range(3):
+        try:
+            state, accepted = f.spend(state, tiny)
+        except ValueError:
+            accepted = False
+        assert not bool(accepted)
+    assert f.remaining(state)["epsilon"] == 1.0
+    # a Rényi filter recorded spent = -inf for RR(0.5, delta=1) composed twice, then took anything
+    r = F.renyi([2.0, 8.0], [1.0, 1.0])
+    state = r.init()
+    try:
+        state, accepted = r.spend(state, pj.randomized_response(0.5, 1.0).self_compose(2))
+    except ValueError:
+        accepted = False
+    assert not bool(accepted)
+    assert np.all(r.remaining(state)["budget"] == 1.0)
+    _, accepted = r.spend(state, 1e9)
+    assert not bool(accepted)
+
+
+@pytest.mark.parametrize("cost", [np.nan, -1e-300, -1.0])
+def test_nan_or_negative_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
+    for f, wrap in ((F.pure_dp(1.0), float), (F.gdp(1.0), float), (F.gdp_residue(1.0), float),
+                    (F.renyi([2.0, 4.0], 1.0), lambda c: [0.1, c]),
+                    (F.approx_dp(1.0, 1e-6), lambda c: (0.1, c)),
+                    (F.additive_profile(1.0, 1e-6, 5), float)):
+        with pytest.raises(ValueError, match=f"{f.kind}: a query cost must be a number >= 0"):
+            f.spend(f.init(), wrap(cost))
+        state, accepted = jax.jit(f.spend)(f.init(), jax.tree_util.tree_map(
+            jnp.asarray, wrap(cost)))
+        assert not bool(accepted) and _same(state, f.init())
+
+
+def test_an_infinite_cost_is_valid_and_rejected():
+    for f, query in ((F.pure_dp(1.0), np.inf), (F.approx_dp(1.0, 1e-6), (0.1, np.inf)),
+                     (F.renyi([2.0], 1.0), np.inf)):
+        state, accepted = f.spend(f.init(), query)
+        assert not bool(accepted) and _same(state, f.init())
+
+
+def test_malformed_queries_and_budgets_name_the_argument():
+    r = F.renyi([2.0, 4.0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="renyi: the query must be a pessimistic PLD or a cost"):
+        r.spend(r.init(), None)
+    with pytest.raises(ValueError, match="renyi: the query must be"):
+        r.spend(r.init(), "0.1")
+    with pytest.raises(ValueError, match=r"renyi: a query cost must have shape \(2,\)"):
+        r.spend(r.init(), [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match=r"budget must be one number or one per order \(3"):
+        F.renyi([2.0, 4.0, 8.0], [1.0, 1.0])
+    a = F.approx_dp(1.0, 1e-6)
+    with pytest.raises(ValueError, match="approx_dp: a query cost is a pair"):
+        a.spend(a.init(), (0.1, 1e-8, 0.0))
+    p = F.pure_dp(1.0)
+    with pytest.raises(ValueError, match="pure_dp: the query must be"):
+        p.spend(p.init(), None)
+    with pytest.raises(ValueError, match="pure_dp: spend takes one query PLD"):
+        p.spend(p.init(), pj.randomized_response(np.array([0.1, 0.2])))
+
+
+# -- x64 off in the caller (issue 15) -------------------------------------------------------------
+def test_states_are_bit_identical_with_x64_on_and_off():
+    runs = {}
+    for flag in (True, False):
+        jax.config.update("jax_enable_x64", flag)
+        try:
+            runs[flag] = {}
+            for name, (make, query) in FILTERS.items():
+                f = make()
+                state, _ = f.spend(f.init(), query)
+                state, _ = f.spend(state, query)
+                runs[flag][name] = jax.tree_util.tree_map(np.asarray, state)
+        finally:
+            jax.config.update("jax_enable_x64", True)
+    for name in FILTERS:
+        assert _same(runs[True][name], runs[False][name]), name
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".json"])
+def test_restored_state_keeps_its_budget_exactly_with_x64_off(x64_off, tmp_path, suffix):
+    f = F.pure_dp(1.0)
+    state, _ = f.spend(f.init(), 0.9)
+    path = tmp_path / f"s{suffix}"
+    pj.io.save_filter_state(path, f, state)
+    restored = pj.io.load_filter_state(path, f)
+    assert _same(state, restored)
+    assert not bool(f.spend(restored, 0.1000000001)[1])
+    assert bool(f.spend(restored, 0.0999999999)[1])
+    assert f.remaining(restored)["epsilon"] == 1.0 - 0.9
+
+
+def test_jitted_spend_with_python_floats_stays_sound_with_x64_off(x64_off):
+    f = F.pure_dp(1.0)
+    spend = jax.jit(f.spend)
+    state, accepted = spend(f.init(), 0.9)  # rounded to float32 at the caller's jit boundary
+    assert bool(accepted)
+    spent = 1.0 - float(f.remaining(state)["epsilon"])
+    low, high = np.float32(0.9), np.nextafter(np.float32(0.9), np.float32(1))
+    assert spent >= (float(low) + float(high)) / 2  # the top of 0.9's float32 interval
+    assert not bool(spend(state, 0.10000001)[1])
+    assert not bool(spend(state, 0.1)[1])  # documented: rejected by < 3e-8 relative
+    assert bool(spend(state, 0.0999999)[1])
+
+
+def test_vmapped_spend_takes_jax_and_numpy_costs_with_x64_off(x64_off):
+    f = F.gdp(1.0)
+    states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), f.init())
+    _, one = jax.vmap(f.spend)(states, jnp.array([0.1, 0.5, 2.0]))
+    _, two = jax.vmap(f.spend)(states, np.array([0.1, 0.5, 2.0]))
+    assert np.asarray(one).tolist() == np.asarray(two).tolist() == [True, True, False]
+
+
+def test_float32_query_plds_are_refused_inside_a_jit_with_x64_off(x64_off):
+    f = F.gdp(1.0)
+    rr = pj.randomized_response(0.5)
+    numpy_leaves = pj.PLD(np.asarray(rr.probs), np.asarray(rr.inf_mass), np.asarray(rr.offset),
+                          np.asarray(rr.step))  # NumPy float64 becomes float32 at the boundary
+    with pytest.raises(ValueError, match="gdp: the query PLD's probs arrived as float32"):
+        jax.jit(f.spend)(f.init(), numpy_leaves)
+    _, accepted = jax.jit(f.spend)(f.init(), rr)  # JAX float64 arrays pass unchanged
+    assert bool(accepted)
+
+
+def test_upper_of_rounded_is_the_top_of_the_float32_rounding_interval():
+    from pldjax.precision import lower_of_rounded, upper_of_rounded
+
+    values = np.array([0.1, 0.9, 1.0, 2.0, 3.0, 1e-30, 1e30, 65504.0], np.float32)
+    up = np.asarray(upper_of_rounded(jnp.asarray(values)))
+    above = np.nextafter(values, np.float32(np.inf))
+    np.testing.assert_array_equal(up, (values.astype(np.float64) + above) / 2)  # exact midpoint
+    assert np.all(np.asarray(lower_of_rounded(jnp.asarray(values))) < values)
+    assert float(upper_of_rounded(jnp.float32(np.finfo(np.float32).max))) == np.inf
+    tiny = float(np.finfo(np.float32).tiny)
+    assert float(upper_of_rounded(jnp.float32(0.0))) == tiny  # subnormals included
+    assert float(upper_of_rounded(jnp.asarray(0.1, jnp.float64))) == 0.1  # float64: exact
+
+
+@pytest.mark.slow
+def test_residue_filter_never_below_the_gdp_filter_at_large_mu():
+    rr = pj.randomized_response(0.5)
+    nu = float(pj.gdp_mu(rr))
+    for mu in (300.0, 1e4, 1e6):
+        f = F.gdp_residue(mu)
+        state, accepted = f.spend(f.init(), rr)
+        assert bool(accepted)
+        assert f.remaining(state)["mu"] >= np.sqrt(mu * mu - nu * nu) * (1 - 1e-15)

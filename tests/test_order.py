@@ -219,3 +219,12 @@ def test_log_mgf_of_gaussian_and_randomized_response():
     want = np.log(p * np.exp(0.5 * ts) + (1 - p) * np.exp(-0.5 * ts))
     np.testing.assert_allclose(rr.log_mgf(ts), want, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(rr.renyi(3.0), rr.log_mgf(2.0) / 2, rtol=1e-12)
+
+
+def test_renyi_is_never_negative_or_nan_at_extreme_orders():
+    # issue 15 findings: gdp(1).renyi(1e-300) was -8.9e-16, gdp(1.7e-155).renyi(1e300) was -inf
+    assert float(pj.gdp(1.0).renyi(1e-300)) >= 0.0
+    assert float(pj.gdp(1.7e-155).renyi(1e300)) >= 1e300 * 1.7e-155**2 / 2  # an upper bound
+    values = np.asarray(pj.randomized_response(0.5).renyi(np.array([1e-300, 0.5, 1.0, 2.0,
+                                                                      1e300])))
+    assert not np.any(np.isnan(values)) and np.all(values >= 0)

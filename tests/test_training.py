@@ -101,7 +101,7 @@ def test_dpsgd_stops_exactly_where_the_accountant_says():
                         delta=DELTA)
     params = {"w": jnp.ones(3), "b": jnp.zeros(())}
     state = tx.init(params)
-    allowed = int(state.max_steps)
+    allowed = pj.optax.steps(state)[1]
     assert allowed == pj.calibrate_steps(1.0, DELTA, 2.0, 0.05)
     x = jax.random.normal(jax.random.key(1), (8, 3))
     y = jnp.ones(8)
@@ -125,9 +125,8 @@ def test_dpsgd_state_stays_64_bit_with_x64_off(x64_off):
     grads = {"w": jnp.ones((4, 3), jnp.float32)}
     updates, state = jax.jit(tx.update)(grads, state, params)
     assert updates["w"].dtype == jnp.float32  # the model keeps its own precision
-    for leaf in (state.steps, state.max_steps, state.accountant.steps):
-        assert leaf.dtype == np.int64
-    assert state.accountant.noise_multiplier.dtype == np.float64
+    assert pj.optax.steps(state) == (1, pj.calibrate_steps(1.0, DELTA, 2.0, 0.05))
+    assert pj.accountant.segments(state.accountant) == [(2.0, 0.05, 1)]
     one_step = pj.accountant.step(pj.accountant.init(), noise_multiplier=2.0, sampling_prob=0.05)
     assert pj.optax.epsilon(state, DELTA) == pj.accountant.epsilon(one_step, DELTA)
 
@@ -211,3 +210,45 @@ def test_dp_accounting_calibration_with_the_adapter():
                                        dpa.LowerEndpointAndGuess(0.3, 1.0), tol=1e-3)
     assert float(pj.dpsgd_epsilon(sigma, 0.02, 200, DELTA)) <= 2.0
     assert float(pj.dpsgd_epsilon(sigma - 2e-3, 0.02, 200, DELTA)) > 2.0
+
+
+# -- x64 off in the caller (issue 15) -------------------------------------------------------------
+def test_accountant_with_x64_off_is_exact_or_pessimistic(x64_off, tmp_path):
+    eager = pj.accountant.step(pj.accountant.init(), 1.1, 0.01, 100)
+    pj.accountant.save(tmp_path / "a.npz", eager)
+    restored = pj.accountant.load(tmp_path / "a.npz")
+    assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
+    assert pj.accountant.epsilon(restored, DELTA) == pj.accountant.epsilon(eager, DELTA)
+    # Python floats rounded to float32 by the caller's jit: recorded on the pessimistic side
+    jitted = jax.jit(pj.accountant.step)(pj.accountant.init(), 1.1, 0.01, 100)
+    [(sigma, q, steps)] = pj.accountant.segments(jitted)
+    assert steps == 100
+    assert sigma <= float(np.float32(1.1)) and sigma <= 1.1 and sigma == pytest.approx(1.1, 1e-7)
+    assert q >= float(np.float32(0.01)) and q >= 0.01 and q == pytest.approx(0.01, 1e-7)
+    assert pj.accountant.epsilon(jitted, DELTA) >= pj.accountant.epsilon(eager, DELTA)
+    one = jax.jit(pj.accountant.step)(pj.accountant.init(), 2.0, 1.0)
+    assert pj.accountant.segments(one)[0][1] == 1.0  # q = 1 stays a probability
+
+
+def test_accountant_state_is_the_same_with_x64_on_and_off(x64_off):
+    off = pj.accountant.step(pj.accountant.init(), 0.7, 0.3, 5)
+    jax.config.update("jax_enable_x64", True)
+    on = pj.accountant.step(pj.accountant.init(), 0.7, 0.3, 5)
+    jax.config.update("jax_enable_x64", False)
+    for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_individual_dpsgd_with_x64_off_and_a_wrong_batch(x64_off):
+    tx = pj.optax.individual_dpsgd(0.1, 1.0, 1.0, key=jax.random.key(0), mu_budget=1.0,
+                                   num_examples=4)
+    params = {"w": jnp.ones(3, jnp.float32)}
+    state = tx.init(params)
+    grads = {"w": jnp.full((4, 3), 0.3, jnp.float32)}
+    _, state = jax.jit(tx.update)(grads, state, params)
+    nu = float(np.sqrt(np.sum(np.float64(np.float32(0.3)) ** 2 * 3)))  # norm in float64
+    expected = np.sqrt(1.0 - nu * nu)
+    np.testing.assert_allclose(np.asarray(pj.optax.remaining_mu(state)), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="grads must hold per-example gradients of all "
+                                         "num_examples = 4"):
+        tx.update({"w": jnp.ones((5, 3), jnp.float32)}, state, params)

@@ -21,6 +21,10 @@ rejection learns nothing it could not have computed itself, so the continuing fi
 post-processing of the stopping filter run by an analyst who never submits a query it knows would
 be rejected (submitting nothing is the identity query, which every filter accepts for free).
 
+Degenerate queries (NaN, negative or missing mass, a bad step, a NaN or negative cost) are never
+accepted, and states keep their 64-bit values as exact bit pairs whatever the caller's
+``jax_enable_x64`` (see :mod:`pldjax.filters.base`); read them with ``remaining``.
+
 Slack. Pessimistic PLDs of unbounded mechanisms keep a tiny atom at +inf, and comparisons of
 curves computed in floating point hold up to :data:`pldjax.order.ROUNDOFF` (1e-14). Filters that
 compare curves therefore keep a separate ``delta`` budget (the "catastrophic" delta): each

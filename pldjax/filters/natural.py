@@ -19,7 +19,7 @@ import numpy as np
 from scipy import stats
 
 from pldjax.compose import convolve_kernel
-from pldjax.filters.base import Filter, as_cost, jitted_spend, keep_if, query_directions
+from pldjax.filters.base import Filter, keep_if, make_filter, query_directions
 from pldjax.gaussian_dp import stack_directions
 from pldjax.grid import next_pow2
 from pldjax.order import ROUNDOFF, dominance_excess_kernel
@@ -102,17 +102,16 @@ def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
         accepted = jnp.all(excess <= delta_slack + ROUNDOFF)
         return keep_if(accepted, NaturalState(new_probs, new_inf), state), accepted
 
-    spend = jitted_spend("natural", core, prepare)
-
     def remaining(state):
         """The composition so far (a pessimistic PLD); compare it with the budget."""
         forward = PLD(state.probs[0], state.inf_mass[0], window[0], jnp.asarray(step), True)
         back = PLD(state.probs[1], state.inf_mass[1], window[1], jnp.asarray(step), True)
         return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
 
-    return Filter(float64(init), spend, float64(remaining),
-                  {"budget": budget, "free": "only for some query families: see V_k (Thm 6)"},
-                  "natural", {"step": step, "size": size, "delta_slack": float(delta_slack)})
+    return make_filter("natural", {"step": step, "size": size, "delta_slack": float(delta_slack)},
+                       {"budget": budget,
+                        "free": "only for some query families: see V_k (Thm 6)"},
+                       init=init, core=core, remaining=remaining, prepare=prepare)
 
 
 # -- additive discretized profile filter ----------------------------------------------------------
@@ -209,18 +208,16 @@ def additive_profile(epsilon: float, delta: float, rounds: int) -> Filter:
             probs, inf_mass, offset, step = query_directions(query, "additive_profile")
             profile = _profile(probs[0], inf_mass[0], offset[0], step[0], jnp.asarray(edges))
         else:
-            profile = jnp.broadcast_to(as_cost(query), (n,))
+            profile = jnp.broadcast_to(query, (n,))
         new = AdditiveState(add_up(state.spent, profile), state.rounds + 1)
         accepted = (state.rounds < rounds) & jnp.all(new.spent <= budgets)
         return keep_if(accepted, new, state), accepted
 
-    spend = jitted_spend("additive_profile", core)
-
     def remaining(state):
         return {"bands": budgets - state.spent, "rounds": rounds - state.rounds}
 
-    return Filter(float64(init), spend, float64(remaining),
-                  {"epsilon": eps_out, "delta": delta_out, "bands": n, "edges": edges,
-                   "budgets": budgets},
-                  "additive_profile",
-                  {"epsilon": float(epsilon), "delta": float(delta), "rounds": rounds})
+    return make_filter("additive_profile",
+                       {"epsilon": float(epsilon), "delta": float(delta), "rounds": rounds},
+                       {"epsilon": eps_out, "delta": delta_out, "bands": n, "edges": edges,
+                        "budgets": budgets},
+                       init=init, core=core, remaining=remaining, cost_shape=(n,))

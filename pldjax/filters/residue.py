@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pldjax.filters.base import Filter, as_cost, jitted_spend, keep_if, query_directions
+from pldjax.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
 from pldjax.gaussian_dp import MAX_RESIDUE_SIZE, RESIDUE_STEPS, gdp_mu_kernel, residue_kernel, residue_plan
 from pldjax.order import ROUNDOFF, renyi_kernel
 from pldjax.pld import PLD
@@ -53,22 +53,20 @@ def pure_dp(epsilon: float, *, delta: float = 0.0) -> Filter:
     def core(state, query):
         if isinstance(query, PLD):
             probs, inf_mass, offset, step = query_directions(query, "pure_dp")
-            cost = jnp.max(_max_loss(probs, offset, step))
-            cost_delta = jnp.max(inf_mass)
+            cost = pld_cost(jnp.max(_max_loss(probs, offset, step)))
+            cost_delta = pld_cost(jnp.max(inf_mass))
         else:
-            cost, cost_delta = as_cost(query), jnp.zeros(())
+            cost, cost_delta = query, jnp.zeros(())
         new = PureDPState(add_up(state.epsilon_spent, cost), add_up(state.delta_spent, cost_delta))
         accepted = (new.epsilon_spent <= epsilon) & (new.delta_spent <= delta)
         return keep_if(accepted, new, state), accepted
 
-    spend = jitted_spend("pure_dp", core)
-
     def remaining(state):
         return {"epsilon": epsilon - state.epsilon_spent, "delta": delta - state.delta_spent}
 
-    return Filter(float64(init), spend, float64(remaining),
-                  {"epsilon": epsilon, "delta": delta}, "pure_dp",
-                  {"epsilon": float(epsilon), "delta": float(delta)})
+    return make_filter("pure_dp", {"epsilon": float(epsilon), "delta": float(delta)},
+                       {"epsilon": epsilon, "delta": delta}, init=init, core=core,
+                       remaining=remaining)
 
 
 # -- GDP ------------------------------------------------------------------------------------------
@@ -83,7 +81,7 @@ def _nu(query: PLD, mu_max: float):
     slack = jnp.max(inf_mass)
     nus = jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
         probs, inf_mass, offset, step, slack, mu_max)
-    return jnp.max(nus), slack + ROUNDOFF
+    return pld_cost(jnp.max(nus)), pld_cost(slack) + ROUNDOFF
 
 
 @float64
@@ -105,21 +103,18 @@ def gdp(mu: float, *, delta: float = 1e-10) -> Filter:
         if isinstance(query, PLD):
             nu, cost_delta = _nu(query, max(float(mu), 1e-300))
         else:
-            nu, cost_delta = as_cost(query), jnp.zeros(())
+            nu, cost_delta = query, jnp.zeros(())
         new = GDPState(add_up(state.mu_squared_spent, nu * nu),
                        add_up(state.delta_spent, cost_delta))
         accepted = (new.mu_squared_spent <= mu * mu) & (new.delta_spent <= delta)
         return keep_if(accepted, new, state), accepted
 
-    spend = jitted_spend("gdp", core)
-
     def remaining(state):
         return {"mu": jnp.sqrt(jnp.maximum(mu * mu - state.mu_squared_spent, 0.0)),
                 "delta": delta - state.delta_spent}
 
-    return Filter(float64(init), spend, float64(remaining),
-                  {"mu": mu, "delta": delta}, "gdp",
-                  {"mu": float(mu), "delta": float(delta)})
+    return make_filter("gdp", {"mu": float(mu), "delta": float(delta)},
+                       {"mu": mu, "delta": delta}, init=init, core=core, remaining=remaining)
 
 
 # -- GDP residue ----------------------------------------------------------------------------------
@@ -150,21 +145,21 @@ def gdp_residue(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
 
     def prepare(state, query):
         if not isinstance(query, PLD):
-            return query, {"window": 0}
+            return query, {"window": 0, "factor": 1}
         if is_traced((query, state)):
-            return query, {"window": MAX_RESIDUE_SIZE if size is None else size}
-        query, window = residue_plan(mu, query, size)
-        return query, {"window": window}
+            return query, {"window": MAX_RESIDUE_SIZE if size is None else size, "factor": 1}
+        factor, window = residue_plan(mu, query, size)
+        return query, {"window": window, "factor": factor}
 
-    def core(state, query, window):
+    def core(state, query, window, factor):
         if isinstance(query, PLD):
             probs, inf_mass, offset, step = query_directions(query, "gdp_residue")
             slack = jnp.max(inf_mass)
             cost_delta = slack + ROUNDOFF
             left, fits = residue_kernel(probs, inf_mass, offset, step, state.mu, slack,
-                                        size=window, steps=steps)
+                                        size=window, steps=steps, factor=factor)
         else:
-            nu = as_cost(query)
+            nu = query
             fits = nu <= state.mu
             left = jnp.sqrt(jnp.maximum((state.mu - nu) * (state.mu + nu), 0.0))
             cost_delta = jnp.zeros(())
@@ -172,14 +167,13 @@ def gdp_residue(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
         new = ResidueState(left, -add_up(-state.delta_left, cost_delta))  # rounded down
         return keep_if(accepted, new, state), accepted
 
-    spend = jitted_spend("gdp_residue", core, prepare, static=("window",))
-
     def remaining(state):
         return {"mu": state.mu, "delta": state.delta_left}
 
-    return Filter(float64(init), spend, float64(remaining),
-                  {"mu": mu, "delta": delta}, "gdp_residue",
-                  {"mu": float(mu), "delta": float(delta), "steps": steps, "size": size})
+    return make_filter("gdp_residue",
+                       {"mu": float(mu), "delta": float(delta), "steps": steps, "size": size},
+                       {"mu": mu, "delta": delta}, init=init, core=core, remaining=remaining,
+                       prepare=prepare, static=("window", "factor"))
 
 
 # -- Rényi ----------------------------------------------------------------------------------------
@@ -199,7 +193,11 @@ def renyi(orders, budget) -> Filter:
     """
     orders = np.atleast_1d(np.asarray(orders, np.float64))
     check_range("orders", orders, 1.0, low_open=True)
-    budget = np.broadcast_to(np.asarray(budget, np.float64), orders.shape).copy()
+    budget = np.asarray(budget, np.float64)
+    if budget.ndim > 1 or budget.size not in (1, orders.size):
+        raise ValueError(f"budget must be one number or one per order ({orders.size} "
+                         f"numbers), got shape {budget.shape}")
+    budget = np.broadcast_to(budget, orders.shape).copy()
     check_range("budget", budget, 0.0)
 
     def init():
@@ -210,18 +208,16 @@ def renyi(orders, budget) -> Filter:
             probs, inf_mass, offset, step = query_directions(query, "renyi")
             costs = jax.vmap(renyi_kernel, in_axes=(0, 0, 0, 0, None))(
                 probs, inf_mass, offset, step, jnp.asarray(orders))
-            cost = jnp.max(costs, axis=0)
+            cost = pld_cost(jnp.max(costs, axis=0))
         else:
-            cost = jnp.broadcast_to(as_cost(query), orders.shape)
+            cost = jnp.broadcast_to(query, orders.shape)
         new = RenyiState(add_up(state.spent, cost))
         accepted = jnp.all(new.spent <= budget)
         return keep_if(accepted, new, state), accepted
 
-    spend = jitted_spend("renyi", core)
-
     def remaining(state):
         return {"orders": orders, "budget": budget - state.spent}
 
-    return Filter(float64(init), spend, float64(remaining),
-                  {"orders": orders, "rdp": budget}, "renyi",
-                  {"orders": orders.tolist(), "budget": budget.tolist()})
+    return make_filter("renyi", {"orders": orders.tolist(), "budget": budget.tolist()},
+                       {"orders": orders, "rdp": budget}, init=init, core=core,
+                       remaining=remaining, cost_shape=orders.shape)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.filters.base import Filter, as_cost, jitted_spend, keep_if, query_directions
+from pldjax.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
 from pldjax.pld import PLD
 from pldjax.precision import add_up, float64
 from pldjax.validate import check_range
@@ -59,7 +59,7 @@ def zcdp_cost(query: PLD, name: str):
     """(rho_n, delta_n) of a pessimistic PLD query: the worse direction."""
     probs, inf_mass, offset, step = query_directions(query, name)
     rho, delta = jax.vmap(_zcdp_of_direction)(probs, inf_mass, offset, step)
-    return jnp.max(rho), jnp.max(delta)
+    return pld_cost(jnp.max(rho)), pld_cost(jnp.max(delta))
 
 
 class ZCDPState(NamedTuple):
@@ -67,8 +67,10 @@ class ZCDPState(NamedTuple):
     delta_spent: jax.Array
 
 
-def _zcdp_filter(rho_budget, delta_budget, native, guarantee, kind, params) -> Filter:
-    """Thm 1's filter; ``native(query) -> (rho_n, delta_n)`` reads a cost given in numbers."""
+def _zcdp_filter(rho_budget, delta_budget, native, guarantee, kind, params,
+                 remaining=None) -> Filter:
+    """Thm 1's filter; ``native(query) -> (rho_n, delta_n)`` reads a cost given in numbers;
+    ``remaining(state)`` replaces the default reading (rho and delta left)."""
 
     def init():
         return ZCDPState(jnp.zeros(()), jnp.zeros(()))
@@ -79,20 +81,17 @@ def _zcdp_filter(rho_budget, delta_budget, native, guarantee, kind, params) -> F
         accepted = (new.rho_spent <= rho_budget) & (new.delta_spent <= delta_budget)
         return keep_if(accepted, new, state), accepted
 
-    spend = jitted_spend(kind, core)
-
-    def remaining(state):
+    def left(state):
         return {"rho": rho_budget - state.rho_spent, "delta": delta_budget - state.delta_spent}
 
-    return Filter(float64(init), spend, float64(remaining), guarantee, kind, params)
+    return make_filter(kind, params, guarantee, init=init, core=core,
+                       remaining=left if remaining is None else remaining, cost_pair=True)
 
 
-def _pair(query, kind: str, first: str):
-    if isinstance(query, tuple):
-        if len(query) != 2:
-            raise ValueError(f"{kind}: a query cost is ({first}, delta_n), got {query!r}")
-        return as_cost(query[0]), as_cost(query[1])
-    return as_cost(query), jnp.zeros(())
+def _pair(query):
+    """(first, delta_n) of a cost given as a pair (checked by make_filter) or as one number
+    (delta_n = 0)."""
+    return query if isinstance(query, tuple) else (query, jnp.zeros(()))
 
 
 @float64
@@ -104,7 +103,7 @@ def approx_zcdp(rho: float, delta: float) -> Filter:
     """
     check_range("rho", rho, 0.0)
     check_range("delta", delta, 0.0, 1.0)
-    return _zcdp_filter(rho, delta, lambda q: _pair(q, "approx_zcdp", "rho_n"),
+    return _zcdp_filter(rho, delta, _pair,
                         {"rho": rho, "delta": delta}, "approx_zcdp",
                         {"rho": float(rho), "delta": float(delta)})
 
@@ -133,15 +132,13 @@ def approx_dp(epsilon: float, delta: float, *, delta_queries: float | None = Non
     y_star = float(residue_epsilon_squared(epsilon, delta - delta_queries))
 
     def native(query):
-        eps_n, delta_n = _pair(query, "approx_dp", "epsilon_n")
+        eps_n, delta_n = _pair(query)
         return eps_n * eps_n / 2, delta_n
-
-    inner = _zcdp_filter(y_star / 2, delta_queries, native, {"epsilon": epsilon, "delta": delta},
-                         "approx_dp", {"epsilon": float(epsilon), "delta": float(delta),
-                                       "delta_queries": float(delta_queries)})
 
     def remaining(state):
         return {"epsilon_squared": y_star - 2 * state.rho_spent,
                 "delta": delta_queries - state.delta_spent}
 
-    return inner._replace(remaining=float64(remaining))
+    return _zcdp_filter(y_star / 2, delta_queries, native, {"epsilon": epsilon, "delta": delta},
+                        "approx_dp", {"epsilon": float(epsilon), "delta": float(delta),
+                                      "delta_queries": float(delta_queries)}, remaining)

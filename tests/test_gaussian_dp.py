@@ -1,0 +1,53 @@
+"""Gaussian DP (issue 15): gdp_mu's certificate holds with its documented slack against an
+independent mpmath evaluation, and the GDP residue is never NaN for a query that fits and never
+below the naive update sqrt(mu^2 - nu^2), for mu over its whole practical range."""
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+import pldjax as pj
+from pldjax.order import ROUNDOFF
+
+
+def _exact_delta0(direction) -> mp.mpf:
+    """delta at eps = 0 of a grid PLD, from its masses in 40-digit arithmetic."""
+    probs = np.asarray(direction.probs)
+    z = (int(direction.offset) + np.arange(probs.size)) * float(direction.step)
+    total = mp.mpf(float(direction.inf_mass))
+    for p, loss in zip(probs, z, strict=True):
+        if loss > 0 and p > 0:
+            total += mp.mpf(float(p)) * -mp.expm1(-mp.mpf(float(loss)))
+    return total
+
+
+@pytest.mark.parametrize("size", [None, 2**14])
+def test_gdp_mu_certificate_holds_at_eps_0_by_mpmath(size):
+    mp.mp.dps = 40
+    grid = None if size is None else pj.Grid(size=size)
+    worst = -np.inf
+    for eps in np.geomspace(1e-3, 20.0, 12 if size is None else 5):
+        for delta in (0.0, 1e-8):
+            query = pj.randomized_response(float(eps), delta, grid=grid)
+            mu = float(pj.gdp_mu(query))
+            gdp0 = 2 * mp.ncdf(mp.mpf(mu) / 2) - 1  # delta of G_mu at eps = 0
+            for direction in query.directions():
+                worst = max(worst, float(_exact_delta0(direction) - gdp0))
+    assert worst <= ROUNDOFF
+
+
+@pytest.mark.parametrize("query", [pytest.param("rr", marks=pytest.mark.slow), "gaussian"])
+def test_gdp_residue_is_finite_and_at_least_naive_for_all_mu(query):
+    q = pj.randomized_response(0.5) if query == "rr" else pj.gaussian(2.0)
+    mus = np.geomspace(1e-3, 1e6, 19)
+    nu = float(pj.gdp_mu(q, mu_max=1e7))
+    residue = np.asarray(pj.gdp_residue(mus, q))
+    fits = mus > nu * (1 + 1e-12)
+    assert not np.any(np.isnan(residue[fits])) and np.all(np.isnan(residue[mus < nu]))
+    naive = np.sqrt(mus[fits] ** 2 - nu**2)
+    assert np.all(residue[fits] >= naive * (1 - 1e-15))
+    assert np.all(residue[fits] <= mus[fits])
+    # the issue's cases: 1e4 fits (it was NaN), 300 at least the naive 299.99935
+    if query == "rr":
+        assert float(pj.gdp_residue(1e4, q)) >= np.sqrt(1e8 - nu**2) * (1 - 1e-15)
+        assert float(pj.gdp_residue(300.0, q)) >= 299.99935
