@@ -428,18 +428,12 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             if n is None:
                 raise ValueError("self_compose under jit needs an explicit size=")
         else:
-            lo, hi = (np.asarray(x) for x in _tail_window_batch(
+            lo, hi = _tail_window_batch(
                 flat.probs, flat.offset, flat.step, float(count), grid_lib.TAIL_MASS
-            ))
-            live = np.asarray(jnp.sum(flat.probs, axis=-1)) > 0  # rows with finite losses
-            lo, hi = lo[live], hi[live]
-            if np.any(hi < lo):  # the Chernoff exponents have lost their precision
-                raise ValueError(f"count = {count} is too large for this PLD: its tail window "
-                                 "cannot be placed in float64; use a coarser Grid(step=...)")
+            )
+            widths = window_widths(flat.probs, flat.offset, count, lo, hi)
             if n is None:
-                width = float(np.max(hi - lo, initial=0.0)) + 1
-                n = _checked_size(grid_lib.next_pow2(int(min(width, 2.0**62))), "self_compose")
-            _check_index_range(flat, count, lo, hi)
+                n = _checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose")
         probs, inf_mass, offset = _self_compose_batch(
             flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n, pessimistic=p.pessimistic
         )
@@ -448,23 +442,36 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
     return _both_directions(power, [pld])
 
 
-def _check_index_range(flat: PLD, count: int, lo: np.ndarray, hi: np.ndarray) -> None:
-    """ValueError unless the composition's grid indices stay below MAX_INDEX in magnitude: count
-    times the outermost indices with mass (the kernel shifts by count times the mean index) and
-    the window's ends ``lo``, ``hi``."""
-    probs, offset = np.asarray(flat.probs), np.asarray(flat.offset)
+def window_widths(probs, offset, count, lo, hi, name: str = "count") -> np.ndarray:
+    """Host-side guards of self-compositions, and the width (grid points) of each row's window.
+
+    ``probs`` (rows, n) and ``offset`` (rows,) describe single-direction PLDs, ``count`` (scalar or
+    per row) their numbers of compositions, ``lo`` and ``hi`` their Chernoff windows
+    (:func:`tail_window`). ValueError where a window has lost its precision (hi < lo: the Chernoff
+    exponents of a huge count are below float64 round-off) or where an index of the composition
+    (count times the outermost index with mass, or a window's end) reaches MAX_INDEX, beyond which
+    float64 cannot place it exactly. Rows with no finite mass get width 1. Widths are capped at
+    2^62 (callers compare them with grid.MAX_SIZE). ``name``: the caller's argument for count.
+    """
+    probs, offset = np.asarray(probs), np.asarray(offset)
+    count = np.broadcast_to(np.asarray(count, np.float64), offset.shape)
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     has_mass = probs > 0
+    live = np.any(has_mass, axis=-1)
+    if np.any(live & ~(hi >= lo)):
+        raise ValueError(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: its tail "
+                         "window cannot be placed in float64; use a coarser Grid(step=...)")
     first = np.argmax(has_mass, axis=-1)
     last = probs.shape[-1] - 1 - np.argmax(has_mass[..., ::-1], axis=-1)
     support = np.maximum(np.abs(offset + first), np.abs(offset + last)).astype(np.float64)
-    reach = max(count * float(np.max(support)), float(np.max(np.abs(lo), initial=0.0)),
-                float(np.max(np.abs(hi), initial=0.0)))
-    if reach >= MAX_INDEX:
+    reach = np.where(live, np.maximum(count * support, np.maximum(np.abs(lo), np.abs(hi))), 0.0)
+    if np.any(reach >= MAX_INDEX):
         raise ValueError(
-            f"count = {count} is too large for this grid: the composition's losses reach "
-            f"{reach:.3g} grid steps (at most 2^53 can be placed exactly in float64); use a "
-            "coarser Grid(step=...) for the mechanism"
+            f"{name} = {np.max(count[live]):.6g} is too large for this grid: the composition's "
+            f"losses reach {np.max(reach):.3g} grid steps (at most 2^53 can be placed exactly in "
+            "float64); use a coarser Grid(step=...) for the mechanism"
         )
+    return np.where(live, np.minimum(hi - lo + 1, 2.0**62), 1.0)
 
 
 def _identity_like(pld: PLD) -> PLD:
