@@ -337,9 +337,15 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
         fine = np.minimum(np.asarray(a.step), np.asarray(b.step))
         for p in (a, b):  # re-expressed on a finer step it has (size - 1) * ratio + 1 points
             points = (p.size - 1) * float(np.max(np.asarray(p.step) / fine)) + 1
-            _checked_size(int(min(points, 2.0**62)), "re-gridding a PLD for compose")
+            if points > p.size:
+                _checked_size(int(min(points, 2.0**62)), "re-gridding a PLD for compose")
         a, b = _on_step(a, fine), _on_step(b, fine)
-    _checked_size((a.size + b.size) // 2, "compose (the convolution's FFT, halved)")
+    fft = grid_lib.next_pow2(a.size + b.size - 1)
+    if fft > 2 * grid_lib.MAX_SIZE:
+        raise ValueError(
+            f"compose needs an FFT of {fft} points for PLDs of {a.size} and {b.size} points (more "
+            f"than 2 * grid.MAX_SIZE = {2 * grid_lib.MAX_SIZE}, a memory guard); use coarser grids"
+        )
     probs, inf_mass, offset = _convolve_batch(a, b, pessimistic=a.pessimistic)
     if size is None and not is_traced(probs):
         need = int(np.max(np.asarray(_needed_size_batch(probs, tail))))

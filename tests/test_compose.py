@@ -164,7 +164,7 @@ def test_convolution_and_automatic_windows_are_capped(monkeypatch):
 
     g = pj.gaussian(1.0)  # 2048 points
     monkeypatch.setattr(grid, "MAX_SIZE", 1024)
-    with pytest.raises(ValueError, match="MAX_SIZE = 1024"):
+    with pytest.raises(ValueError, match="FFT of 4096 points.*2 \\* grid.MAX_SIZE = 2048"):
         pj.compose([g, g])
     with pytest.raises(ValueError, match="MAX_SIZE = 1024"):
         g.self_compose(10**4)
@@ -230,3 +230,10 @@ def test_all_mass_at_infinity_composes_to_itself(count):
 def test_dpsgd_huge_steps_refused():
     with pytest.raises(ValueError, match="steps"):
         pj.dpsgd_epsilon(1.0, 0.01, 10**18, 1e-5)
+
+
+def test_regridding_for_compose_is_capped():
+    a = pj.gaussian(1.0, grid=pj.Grid(step=1.0, size=2**16))  # 2**26 points at 2**-10
+    b = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-10, size=16))
+    with pytest.raises(ValueError, match="re-gridding a PLD for compose needs a window"):
+        pj.compose([a, b])
