@@ -46,6 +46,8 @@ UNIT_ROUNDOFF = 2.0**-53
 #: Grid indices of a self-composition (count times an index of the PLD) must stay below this, so
 #: that they and the window's placement are exact in float64.
 MAX_INDEX = 2.0**53
+#: Largest count of self_compose (int64; larger counts cannot even be converted to float64 safely).
+MAX_COUNT = 2**63 - 1
 _ROUNDOFF_SAFETY = 2.0
 _CHERNOFF_SCALES = np.geomspace(1e-2, 1e2, 49)
 #: Low frequencies computed without cancellation, and the bins around the centre summed directly
@@ -407,17 +409,20 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
     that at most ``grid.TAIL_MASS`` falls outside it; the cost is O(size log size) whatever the
     count. Under ``jit`` pass ``size`` explicitly, an integer in [2, grid.MAX_SIZE].
 
-    Huge counts are refused, not rounded: a ValueError when the automatic window would need more
-    than grid.MAX_SIZE points (a memory guard), when a loss of the composition in grid steps
-    (count times the PLD's outermost index with mass) would reach MAX_INDEX = 2^53, beyond which
-    float64 cannot place the window exactly, or when the Chernoff window has lost its precision.
-    A coarser grid (``Grid(step=...)``) helps in each case. (The true composition of so many runs
-    of a non-trivial mechanism has delta(eps) near 1 at any modest eps; an explicit, smaller
-    ``size`` gives such a sound bound: mass outside the window is charged to the +inf atom.)
+    Huge counts are refused, not rounded: a ValueError above MAX_COUNT (2^63 - 1), when the
+    automatic window would need more than grid.MAX_SIZE points (a memory guard), when a loss of
+    the composition in grid steps (count times the PLD's outermost index with mass) would reach
+    MAX_INDEX = 2^53, beyond which float64 cannot place the window exactly, or when the Chernoff
+    window has lost its precision. A coarser grid (``Grid(step=...)``) helps in the last three
+    cases. (The true composition of so many runs of a non-trivial mechanism has delta(eps) near 1
+    at any modest eps; an explicit, smaller ``size`` gives such a sound bound: mass outside the
+    window is charged to the +inf atom.)
     """
     if not isinstance(pld, PLD):
         raise ValueError("pld must be a PLD")
     count = check_count("count", count, minimum=0)
+    if count > MAX_COUNT:
+        raise ValueError(f"count must be an integer in [0, {MAX_COUNT}], got {count}")
     if size is not None:
         size = grid_lib.check_size("size", size, minimum=2, maximum=grid_lib.MAX_SIZE)
     if count == 0:
