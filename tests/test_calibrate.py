@@ -173,3 +173,17 @@ def test_iterations_raise_past_their_bound():
     with pytest.raises(RuntimeError, match="did not converge in 3"):
         for _ in calibrate._iterations(3, "loop"):
             pass
+
+
+def test_bad_neighboring_is_refused_before_any_evaluation(linear_epsilon):
+    for call in (pj.calibrate_noise_multiplier, pj.calibrate_steps, pj.calibrate_sampling_prob):
+        with pytest.raises(ValueError, match="^neighboring must be one of"):
+            call(1.0, DELTA, 0.5, 10, neighboring="bogus")
+
+
+def test_evaluation_errors_say_where_the_search_was(monkeypatch):
+    def refuse(sigma, q, steps, delta, neighboring):
+        raise ValueError("steps = 5e+08 is too large")
+    monkeypatch.setattr(calibrate, "dpsgd_epsilon", refuse)
+    with pytest.raises(ValueError, match=r"could not evaluate epsilon .* steps 1 .*max_steps"):
+        pj.calibrate_steps(1.0, DELTA, 1.0, 0.1)
