@@ -187,3 +187,9 @@ def test_evaluation_errors_say_where_the_search_was(monkeypatch):
     monkeypatch.setattr(calibrate, "dpsgd_epsilon", refuse)
     with pytest.raises(ValueError, match=r"could not evaluate epsilon .* steps 1 .*max_steps"):
         pj.calibrate_steps(1.0, DELTA, 1.0, 0.1)
+
+
+def test_caller_x64_off_same_answers(x64_off):
+    assert pj.calibrate_steps(2.0, DELTA, 1.0, 0.05, max_steps=1) == 1
+    with pytest.raises(ValueError, match="rtol"):
+        pj.calibrate_noise_multiplier(1.0, DELTA, 0.1, 10, rtol=0.0)

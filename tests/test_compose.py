@@ -237,3 +237,10 @@ def test_regridding_for_compose_is_capped():
     b = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-10, size=16))
     with pytest.raises(ValueError, match="re-gridding a PLD for compose needs a window"):
         pj.compose([a, b])
+
+
+def test_huge_count_guards_with_caller_x64_off(x64_off):
+    g = pj.gaussian(1.0)
+    with pytest.raises(ValueError, match="too large"):
+        g.self_compose(10**18)
+    assert float(pj.approx_dp_composition(0.0, 1.0).self_compose(10**18).delta(3.0)) == 1.0
