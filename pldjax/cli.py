@@ -7,7 +7,10 @@
   batched computation, with a progress bar on long sweeps.
 
 Values printed are pessimistic (upper bounds on the truth) with the optimistic estimate beside
-them, to show how tight they are.
+them, to show how tight they are. Bad input (a NaN, a value out of range, a CSV row with a missing
+or malformed field) is reported on standard error, naming the argument (and the CSV row and
+column), with exit code 2; a computation that fails (a NaN result) exits with code 1, printing
+no result.
 """
 
 from __future__ import annotations
@@ -20,6 +23,29 @@ from collections.abc import Sequence
 #: Sweeps with more rows than this show a progress bar.
 PROGRESS_ROWS = 64
 _NEIGHBORING = ("add_remove", "replace_one")
+#: The range of each CSV column, as pldjax.validate.check_range arguments (low, high, options).
+_COLUMN_RANGES = {
+    "noise_multiplier": (0.0, float("inf"), {"low_open": True}),
+    "sampling_prob": (0.0, 1.0, {}),
+    "steps": (0.0, float("inf"), {}),
+    "delta": (0.0, 1.0, {}),
+    "epsilon": (0.0, float("inf"), {"allow_inf": True}),
+}
+
+
+class ComputationError(RuntimeError):
+    """A result that is not a number (a failure of the library, not of the input)."""
+
+
+def _check_numbers(values, where: str) -> None:
+    import numpy as np
+
+    bad = np.isnan(np.asarray(values, np.float64))
+    if np.any(bad):
+        raise ComputationError(
+            f"the computation gave NaN {where(bad)}; no result is printed (please report this "
+            "as a bug, with the arguments)"
+        )
 
 
 def _add_mechanism_options(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +125,7 @@ def _single(args) -> str:
            neighboring=args.neighboring, pessimistic=pessimistic)
         for pessimistic in (True, False)
     ]
+    _check_numbers(bounds, lambda bad: "for these arguments")
     return f"{args.command} = {bounds[0]:.6g}  (optimistic {bounds[1]:.6g})"
 
 
@@ -106,10 +133,11 @@ def _read_configs(path: str):
     import numpy as np
 
     with open(path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
+        reader = csv.DictReader(handle)
+        rows = list(reader)
     if not rows:
         raise ValueError(f"{path}: no rows")
-    header = list(rows[0])
+    header = list(reader.fieldnames)
     targets = [name for name in ("delta", "epsilon") if name in header]
     missing = [c for c in ("noise_multiplier", "sampling_prob", "steps") if c not in header]
     if missing or len(targets) != 1:
@@ -118,17 +146,39 @@ def _read_configs(path: str):
             f"delta, epsilon; found {header}"
         )
 
-    def column(name):
-        try:
-            return np.array([float(r[name]) for r in rows])
-        except ValueError as err:
-            raise ValueError(f"{path}: column {name}: {err}") from None
+    from pldjax.validate import check_range
 
-    columns = [column(c) for c in ("noise_multiplier", "sampling_prob", "steps", targets[0])]
+    def cell(number: int, row: dict, name: str) -> float:
+        where = f"{path}: row {number} (line {number + 1}), column {name}"
+        text = row.get(name)
+        if text is None or not text.strip():
+            raise ValueError(f"{where}: missing value")
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{where}: not a number: {text!r}") from None
+        low, high, options = _COLUMN_RANGES[name]
+        try:
+            check_range(name, value, low, high, **options)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        if name == "steps" and not value.is_integer():
+            raise ValueError(f"{where}: steps must be a whole number >= 0, got {text!r}")
+        return value
+
+    names = ("noise_multiplier", "sampling_prob", "steps", targets[0])
+    for number, row in enumerate(rows, start=1):
+        if None in row:  # csv.DictReader's key for fields beyond the header
+            raise ValueError(f"{path}: row {number} (line {number + 1}) has more fields than the "
+                             f"header ({len(header)})")
+    columns = [np.array([cell(i, r, name) for i, r in enumerate(rows, start=1)])
+               for name in names]
     return rows, header, targets[0], columns
 
 
 def _sweep(args) -> int:
+    import numpy as np
+
     import pldjax as pj
 
     rows, header, target_name, (sigma, q, steps, target) = _read_configs(args.configs)
@@ -137,6 +187,8 @@ def _sweep(args) -> int:
     progress = len(rows) > PROGRESS_ROWS
     upper = fn(sigma, q, steps, target, neighboring=args.neighboring, progress=progress)
     lower = fn(sigma, q, steps, target, neighboring=args.neighboring, pessimistic=False)
+    _check_numbers([upper, lower], lambda bad: (
+        f"in rows {(np.nonzero(bad.any(axis=0))[0] + 1)[:10].tolist()} of {args.configs}"))
     out = open(args.output, "w", newline="") if args.output else sys.stdout
     try:
         writer = csv.writer(out)
@@ -158,7 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sweep":
             return _sweep(args)
         print(_single(args))
-    except (ValueError, OSError) as err:
+    except ComputationError as err:
+        print(f"pldjax: error: {err}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, csv.Error) as err:
         print(f"pldjax: error: {err}", file=sys.stderr)
         return 2
     return 0

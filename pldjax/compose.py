@@ -43,8 +43,11 @@ from pldjax.precision import float64
 from pldjax.validate import check_count, is_traced
 
 UNIT_ROUNDOFF = 2.0**-53
-#: Largest window (grid points) a composition may use before it refuses (memory guard).
-MAX_SIZE = 2**25
+#: Grid indices of a self-composition (count times an index of the PLD) must stay below this, so
+#: that they and the window's placement are exact in float64.
+MAX_INDEX = 2.0**53
+#: Largest count of self_compose (int64; larger counts cannot even be converted to float64 safely).
+MAX_COUNT = 2**63 - 1
 _ROUNDOFF_SAFETY = 2.0
 _CHERNOFF_SCALES = np.geomspace(1e-2, 1e2, 49)
 #: Low frequencies computed without cancellation, and the bins around the centre summed directly
@@ -111,7 +114,8 @@ def chernoff_exponents(probs, offset, step, count):
 
 
 def tail_window(probs, offset, step, count, tail, exponents=None):
-    """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff)."""
+    """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff),
+    as integral float64 values (a huge count must not overflow an integer type)."""
     n = probs.shape[0]
     ts, up, down = exponents or chernoff_exponents(probs, offset, step, count)
     log_half = jnp.log(tail / 2)
@@ -119,7 +123,7 @@ def tail_window(probs, offset, step, count, tail, exponents=None):
     b = jnp.max((log_half - down) / ts)
     hi = jnp.minimum(jnp.ceil(a / step), count * (offset + n - 1))
     lo = jnp.maximum(jnp.floor(b / step), count * offset)
-    return lo.astype(jnp.int64), hi.astype(jnp.int64)
+    return lo, hi
 
 
 def tail_bounds(probs, offset, step, count, lo, hi, exponents):
@@ -187,9 +191,12 @@ def _log_spectrum(probs, center, size: int):
 def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail, pessimistic: bool):
     """The count-fold self-composition on a window of ``size`` points (one FFT power)."""
     n = probs.shape[0]
+    # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
+    live = jnp.sum(probs) > 0
+    probs = jnp.where(live, probs, jnp.zeros_like(probs).at[0].set(1.0))
     exponents = chernoff_exponents(probs, offset, step, count)
     lo, hi = tail_window(probs, offset, step, count, tail, exponents)
-    start = _window_start(lo, hi, size, pessimistic)
+    start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
     center = jnp.round(
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
     ).astype(jnp.int64)
@@ -200,7 +207,7 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail
     out, out_inf = settle(
         jnp.maximum(raw, 0.0), composed_inf, _roundoff_per_bin(raw), above + below, pessimistic
     )
-    return out, out_inf, start
+    return jnp.where(live, out, 0.0), jnp.where(live, out_inf, composed_inf), start
 
 
 def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic: bool):
@@ -317,10 +324,10 @@ _tail_window_batch = jax.jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)
 
 
 def _checked_size(size: int, what: str) -> int:
-    if size > MAX_SIZE:
+    if size > grid_lib.MAX_SIZE:
         raise ValueError(
-            f"{what} needs a window of {size} grid points (more than {MAX_SIZE}); use a coarser "
-            "Grid(step=...) for the mechanisms"
+            f"{what} needs a window of {size} grid points (more than grid.MAX_SIZE = "
+            f"{grid_lib.MAX_SIZE}, a memory guard); use a coarser Grid(step=...) for the mechanisms"
         )
     return size
 
@@ -330,7 +337,17 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
     a, b = _broadcast(a, shape), _broadcast(b, shape)
     if not is_traced((a.step, b.step)):
         fine = np.minimum(np.asarray(a.step), np.asarray(b.step))
+        for p in (a, b):  # re-expressed on a finer step it has (size - 1) * ratio + 1 points
+            points = (p.size - 1) * float(np.max(np.asarray(p.step) / fine)) + 1
+            if points > p.size:
+                _checked_size(int(min(points, 2.0**62)), "re-gridding a PLD for compose")
         a, b = _on_step(a, fine), _on_step(b, fine)
+    fft = grid_lib.next_pow2(a.size + b.size - 1)
+    if fft > 2 * grid_lib.MAX_SIZE:
+        raise ValueError(
+            f"compose needs an FFT of {fft} points for PLDs of {a.size} and {b.size} points (more "
+            f"than 2 * grid.MAX_SIZE = {2 * grid_lib.MAX_SIZE}, a memory guard); use coarser grids"
+        )
     probs, inf_mass, offset = _convolve_batch(a, b, pessimistic=a.pessimistic)
     if size is None and not is_traced(probs):
         need = int(np.max(np.asarray(_needed_size_batch(probs, tail))))
@@ -359,7 +376,10 @@ def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
     Pairwise FFT convolutions, each followed by truncation to the window that holds all but
     ``grid.TAIL_MASS`` of the mass (pessimistically placed, see the module docstring). ``size``
     fixes the number of grid points of every intermediate result (required under ``jit``, where
-    the automatic choice cannot look at the values). Batch axes broadcast. PLDs must share a step
+    the automatic choice cannot look at the values), an integer in [1, grid.MAX_SIZE]; an
+    automatic window is refused beyond grid.MAX_SIZE too, and so is a pair of PLDs whose
+    convolution would need an FFT of more than 2 * grid.MAX_SIZE points (memory guards, each a
+    ValueError). Batch axes broadcast. PLDs must share a step
     or have steps in an integer ratio (automatic grids use powers of two); a pessimistic and an
     optimistic PLD cannot be composed.
     """
@@ -370,7 +390,7 @@ def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
         raise ValueError("plds must be PLD objects")
     check_same_kind(plds)
     if size is not None:
-        size = check_count("size", size, minimum=1)
+        size = grid_lib.check_size("size", size, minimum=1, maximum=grid_lib.MAX_SIZE)
 
     def fold(single: list[PLD]) -> PLD:
         result = single[0]
@@ -387,13 +407,24 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
 
     The window (``size`` points, automatic by default) is placed by Chernoff bounds on the sum so
     that at most ``grid.TAIL_MASS`` falls outside it; the cost is O(size log size) whatever the
-    count. Under ``jit`` pass ``size`` explicitly.
+    count. Under ``jit`` pass ``size`` explicitly, an integer in [2, grid.MAX_SIZE].
+
+    Huge counts are refused, not rounded: a ValueError above MAX_COUNT (2^63 - 1), when the
+    automatic window would need more than grid.MAX_SIZE points (a memory guard), when a loss of
+    the composition in grid steps (count times the PLD's outermost index with mass) would reach
+    MAX_INDEX = 2^53, beyond which float64 cannot place the window exactly, or when the Chernoff
+    window has lost its precision. A coarser grid (``Grid(step=...)``) helps in the last three
+    cases. (The true composition of so many runs of a non-trivial mechanism has delta(eps) near 1
+    at any modest eps; an explicit, smaller ``size`` gives such a sound bound: mass outside the
+    window is charged to the +inf atom.)
     """
     if not isinstance(pld, PLD):
         raise ValueError("pld must be a PLD")
     count = check_count("count", count, minimum=0)
+    if count > MAX_COUNT:
+        raise ValueError(f"count must be an integer in [0, {MAX_COUNT}], got {count}")
     if size is not None:
-        size = check_count("size", size, minimum=2)
+        size = grid_lib.check_size("size", size, minimum=2, maximum=grid_lib.MAX_SIZE)
     if count == 0:
         return _both_directions(lambda ps: _identity_like(ps[0]), [pld])
     if count == 1:
@@ -404,19 +435,54 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
         shape = p.batch_shape
         flat = _broadcast(p, shape)
         n = size
-        if n is None:
-            if is_traced(flat):
+        if is_traced(flat):
+            if n is None:
                 raise ValueError("self_compose under jit needs an explicit size=")
+        else:
             lo, hi = _tail_window_batch(
                 flat.probs, flat.offset, flat.step, float(count), grid_lib.TAIL_MASS
             )
-            n = _checked_size(grid_lib.next_pow2(int(np.max(np.asarray(hi - lo))) + 1), "self_compose")
+            widths = window_widths(flat.probs, flat.offset, count, lo, hi)
+            if n is None:
+                n = _checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose")
         probs, inf_mass, offset = _self_compose_batch(
             flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n, pessimistic=p.pessimistic
         )
         return _unflatten(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
 
     return _both_directions(power, [pld])
+
+
+def window_widths(probs, offset, count, lo, hi, name: str = "count") -> np.ndarray:
+    """Host-side guards of self-compositions, and the width (grid points) of each row's window.
+
+    ``probs`` (rows, n) and ``offset`` (rows,) describe single-direction PLDs, ``count`` (scalar or
+    per row) their numbers of compositions, ``lo`` and ``hi`` their Chernoff windows
+    (:func:`tail_window`). ValueError where a window has lost its precision (hi < lo: the Chernoff
+    exponents of a huge count are below float64 round-off) or where an index of the composition
+    (count times the outermost index with mass, or a window's end) reaches MAX_INDEX, beyond which
+    float64 cannot place it exactly. Rows with no finite mass get width 1. Widths are capped at
+    2^62 (callers compare them with grid.MAX_SIZE). ``name``: the caller's argument for count.
+    """
+    probs, offset = np.asarray(probs), np.asarray(offset)
+    count = np.broadcast_to(np.asarray(count, np.float64), offset.shape)
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    has_mass = probs > 0
+    live = np.any(has_mass, axis=-1)
+    if np.any(live & ~(hi >= lo)):
+        raise ValueError(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: its tail "
+                         "window cannot be placed in float64; use a coarser Grid(step=...)")
+    first = np.argmax(has_mass, axis=-1)
+    last = probs.shape[-1] - 1 - np.argmax(has_mass[..., ::-1], axis=-1)
+    support = np.maximum(np.abs(offset + first), np.abs(offset + last)).astype(np.float64)
+    reach = np.where(live, np.maximum(count * support, np.maximum(np.abs(lo), np.abs(hi))), 0.0)
+    if np.any(reach >= MAX_INDEX):
+        raise ValueError(
+            f"{name} = {np.max(count[live]):.6g} is too large for this grid: the composition's "
+            f"losses reach {np.max(reach):.3g} grid steps (at most 2^53 can be placed exactly in "
+            "float64); use a coarser Grid(step=...) for the mechanism"
+        )
+    return np.where(live, np.minimum(hi - lo + 1, 2.0**62), 1.0)
 
 
 def _identity_like(pld: PLD) -> PLD:

@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
-from pldjax.compose import _checked_size, compose, self_compose_kernel, tail_window
+from pldjax.compose import _checked_size, compose, self_compose_kernel, tail_window, window_widths
 from pldjax.grid import Grid
 from pldjax.mechanisms import gaussian, identity
 from pldjax.pld import PLD
@@ -88,7 +88,8 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
     counts = jnp.concatenate([steps] * len(directions))
     targets = jnp.concatenate([target] * len(directions))
     lo, hi = _windows(probs, offset, step, counts, grid_lib.TAIL_MASS)
-    sizes = np.array([grid_lib.next_pow2(int(w) + 1) for w in np.asarray(hi - lo)])
+    sizes = np.array([grid_lib.next_pow2(int(w))
+                      for w in window_widths(probs, offset, counts, lo, hi, "steps")])
     values = np.zeros(sizes.shape[0])
     for size in np.unique(sizes):
         rows = np.nonzero(sizes == size)[0]

@@ -22,7 +22,15 @@ STEP_FRACTION_LOG2 = 6
 #: power of two in between whose window covers the loss at the fine step; under jit, where the
 #: parameters cannot be looked at, it is MECHANISM_SIZE and the step widens to cover the loss).
 MECHANISM_SIZE = 2048
+# Memory guards, the one place they are set: every size a caller can pass or cause (Grid.size,
+# compose / self_compose windows and their size=, approx_dp_composition's lattice) is checked
+# against one of these before anything is allocated, and refused with a ValueError naming the
+# argument. Memory is about 40 bytes per point at the peak of a discretization or an FFT.
+#: Most grid points of a discretized mechanism (Grid.size, the automatic size, a privacy curve).
 MAX_MECHANISM_SIZE = 2**20
+#: Most grid points of a composition's window (compose / self_compose size=, automatic windows,
+#: approx_dp_composition's lattice); a pairwise convolution's FFT has at most twice as many.
+MAX_SIZE = 2**25
 #: Bound on the probability mass that truncation may move out of a composition's window.
 TAIL_MASS = 1e-18
 ROUNDINGS = ("connect_dots", "privacy_buckets")
@@ -34,7 +42,8 @@ class Grid:
 
     Attributes:
       step: grid spacing in nats (> 0). Smaller is tighter and slower.
-      size: number of grid points of the discretized mechanism (>= 2).
+      size: number of grid points of the discretized mechanism, an integer in
+        [2, MAX_MECHANISM_SIZE] (a memory guard).
       rounding: "connect_dots" (default; connect-the-dots.txt Alg. 1 / Alg. 2, the best estimate
         on the grid) or "privacy_buckets" (each loss rounded up to the next grid point, or down
         for an optimistic PLD; looser, offered for comparison).
@@ -50,7 +59,17 @@ class Grid:
         if self.step is not None:
             check_range("Grid.step", self.step, 0.0, low_open=True)
         if self.size is not None:
-            object.__setattr__(self, "size", check_count("Grid.size", self.size, minimum=2))
+            object.__setattr__(self, "size", check_size("Grid.size", self.size, minimum=2,
+                                                        maximum=MAX_MECHANISM_SIZE))
+
+
+def check_size(name: str, value, *, minimum: int, maximum: int) -> int:
+    """A number of grid points in [minimum, maximum] (a memory guard), else ValueError."""
+    value = check_count(name, value, minimum=minimum)
+    if value > maximum:
+        raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}] (a memory guard), "
+                         f"got {value}")
+    return value
 
 
 def next_pow2(n: int) -> int:

@@ -550,10 +550,26 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     discretization error). Tight: no composition of (epsilon, delta)-DP mechanisms is worse.
     ``grid``: put it on ``grid.step`` instead (exact when the step divides epsilon, otherwise
     each loss is rounded up: pessimistic); ``epsilon = 0`` (R_{0,delta}) needs no grid.
+    ``epsilon`` and ``delta`` are scalars (build a batch by stacking). Memory guard: the lattice has
+    2 count + 1 points (2 count epsilon / step + 1 on ``grid``), at most grid.MAX_SIZE, so
+    ``count`` <= (grid.MAX_SIZE - 1) // 2; larger is a ValueError.
     """
+    for name, value in (("epsilon", epsilon), ("delta", delta)):
+        if np.ndim(value) != 0:
+            raise ValueError(f"{name} must be a scalar, got shape {np.shape(value)}")
     check_range("epsilon", epsilon, 0.0)
     check_range("delta", delta, 0.0, 1.0)
     count = check_count("count", count, minimum=1)
+    max_count = (grid_lib.MAX_SIZE - 1) // 2
+    if count > max_count:
+        raise ValueError(f"count must be an integer in [1, {max_count}] (a memory guard: the "
+                         f"lattice has 2 count + 1 points), got {count}")
+    step = 1.0 if grid is None or grid.step is None else float(grid.step)
+    if grid is not None and 2 * count * float(epsilon) / step + 1 > grid_lib.MAX_SIZE:
+        raise ValueError(f"grid.step = {step} is too fine for count = {count} and epsilon = "
+                         f"{float(epsilon)}: the lattice would need more than grid.MAX_SIZE = "
+                         f"{grid_lib.MAX_SIZE} points (a memory guard); use a step of at least "
+                         f"{2 * count * float(epsilon) / (grid_lib.MAX_SIZE - 1):.3g}")
     j = jnp.arange(count + 1, dtype=jnp.float64)
     log_binomial = (jax.scipy.special.gammaln(count + 1.0) - jax.scipy.special.gammaln(j + 1.0)
                     - jax.scipy.special.gammaln(count - j + 1.0))
@@ -566,7 +582,6 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     if grid is None and epsilon > 0:
         probs = jnp.zeros(2 * count + 1).at[::2].set(jnp.exp(log_mass))
         return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), eps, True)
-    step = 1.0 if grid is None or grid.step is None else float(grid.step)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
     index = np.ceil(losses / step - 1e-12).astype(np.int64)
     probs = jnp.zeros(int(index[-1] - index[0]) + 1).at[index - index[0]].add(jnp.exp(log_mass))

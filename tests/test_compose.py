@@ -137,3 +137,110 @@ def test_gaussian_large_counts(sigma, count):
         assert float(lower.epsilon(d)) <= exact <= float(upper.epsilon(d))
     exact = gaussian_epsilon(mu, 1e-5)
     assert float(upper.epsilon(1e-5)) <= exact * 1.001
+
+
+# -- guards: every size a caller can pass is capped, huge counts refused, never NaN ---------------
+def test_grid_size_is_capped():
+    from pldjax import grid
+
+    assert pj.Grid(size=grid.MAX_MECHANISM_SIZE).size == grid.MAX_MECHANISM_SIZE
+    for size in (grid.MAX_MECHANISM_SIZE + 1, 2**28, 10**18):
+        with pytest.raises(ValueError, match=r"Grid.size must be an integer in \[2, 1048576\]"):
+            pj.Grid(size=size)
+
+
+def test_explicit_window_sizes_are_capped():
+    from pldjax import grid
+
+    g = pj.gaussian(1.0)
+    with pytest.raises(ValueError, match=r"size must be an integer in \[2, 33554432\]"):
+        g.self_compose(10, size=2**26)
+    with pytest.raises(ValueError, match=r"size must be an integer in \[1, 33554432\]"):
+        pj.compose([g, g], size=grid.MAX_SIZE + 1)
+
+
+def test_convolution_and_automatic_windows_are_capped(monkeypatch):
+    from pldjax import grid
+
+    g = pj.gaussian(1.0)  # 2048 points
+    monkeypatch.setattr(grid, "MAX_SIZE", 1024)
+    with pytest.raises(ValueError, match="FFT of 4096 points.*2 \\* grid.MAX_SIZE = 2048"):
+        pj.compose([g, g])
+    with pytest.raises(ValueError, match="MAX_SIZE = 1024"):
+        g.self_compose(10**4)
+
+
+def test_approx_dp_composition_guards():
+    from pldjax import grid
+
+    limit = (grid.MAX_SIZE - 1) // 2
+    for count in (limit + 1, 10**9, 10**18):
+        with pytest.raises(ValueError, match=rf"count must be an integer in \[1, {limit}\]"):
+            pj.approx_dp_composition(0.1, 0.0, count)
+    with pytest.raises(ValueError, match="grid.step"):
+        pj.approx_dp_composition(1.0, 0.0, 10, grid=pj.Grid(step=1e-9))
+    with pytest.raises(ValueError, match="grid.step"):
+        pj.approx_dp_composition(1e300, 0.0, 10, grid=pj.Grid(step=1.0))
+    with pytest.raises(ValueError, match="epsilon must be a scalar"):
+        pj.approx_dp_composition(np.array([0.1, 0.2]), 0.0, 10)
+    with pytest.raises(ValueError, match="delta must be a scalar"):
+        pj.approx_dp_composition(0.1, [1e-5], 10)
+
+
+@pytest.mark.parametrize("count", [10**12, 10**13, 10**15, 10**18, 2**63, 10**30, 10**400])
+def test_huge_counts_are_refused_consistently(count):
+    g = pj.gaussian(1.0)
+    with pytest.raises(ValueError, match="MAX_SIZE|too large|count must be an integer in"):
+        g.self_compose(count)
+    if count > 10**12:  # an explicit window cannot rescue indices beyond float64's integers
+        with pytest.raises(ValueError, match="too large|count must be an integer in"):
+            g.self_compose(count, size=1024)
+
+
+def test_huge_count_in_a_small_explicit_window_is_a_sound_bound():
+    # 10**12 runs of G_1 are G_(10**6): delta(eps) = 1 to double precision for eps << mu^2 / 2
+    p = pj.gaussian(1.0).self_compose(10**12, size=1024)
+    delta = p.delta([0.0, 10.0, 1e6])
+    assert np.all(delta >= 1.0 - 1e-12) and np.all(delta <= 1.0)
+
+
+def test_window_widths_refuse_lost_precision_and_huge_indices():
+    from pldjax.compose import MAX_INDEX, window_widths
+
+    probs = np.array([[0.5, 0.5]])
+    offset = np.array([-1])
+    assert window_widths(probs, offset, 10, np.array([-10.0]), np.array([0.0])).tolist() == [11.0]
+    with pytest.raises(ValueError, match="cannot be placed"):
+        window_widths(probs, offset, 10, np.array([0.0]), np.array([-1.0]))
+    with pytest.raises(ValueError, match="steps = .* too large for this grid"):
+        window_widths(probs, offset, MAX_INDEX, np.array([-1.0]), np.array([0.0]), "steps")
+    # no finite mass: nothing to place
+    assert window_widths(np.zeros((1, 2)), offset, 10**30, np.array([np.inf]),
+                         np.array([-np.inf])).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("count", [2, 5, 10**18])
+def test_all_mass_at_infinity_composes_to_itself(count):
+    p = pj.approx_dp_composition(0.0, 1.0).self_compose(count)
+    assert float(p.delta(3.0)) == 1.0
+    assert float(p.epsilon(0.5)) == np.inf
+    assert float(pj.identity().self_compose(count).delta(0.0)) == 0.0
+
+
+def test_dpsgd_huge_steps_refused():
+    with pytest.raises(ValueError, match="steps"):
+        pj.dpsgd_epsilon(1.0, 0.01, 10**18, 1e-5)
+
+
+def test_regridding_for_compose_is_capped():
+    a = pj.gaussian(1.0, grid=pj.Grid(step=1.0, size=2**16))  # 2**26 points at 2**-10
+    b = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-10, size=16))
+    with pytest.raises(ValueError, match="re-gridding a PLD for compose needs a window"):
+        pj.compose([a, b])
+
+
+def test_huge_count_guards_with_caller_x64_off(x64_off):
+    g = pj.gaussian(1.0)
+    with pytest.raises(ValueError, match="too large"):
+        g.self_compose(10**18)
+    assert float(pj.approx_dp_composition(0.0, 1.0).self_compose(10**18).delta(3.0)) == 1.0

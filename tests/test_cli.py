@@ -1,0 +1,95 @@
+"""The command line at the edges: bad arguments and bad CSV rows give a clear message naming the
+argument (and row and column) with exit code 2; a NaN result is never printed (exit code 1)."""
+
+import numpy as np
+import pytest
+
+import pldjax as pj
+from pldjax.cli import main
+
+HEADER = "noise_multiplier,sampling_prob,steps,delta\n"
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    (["epsilon", "--noise-multiplier", "nan", "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "inf", "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "-1", "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "0", "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "1", "--delta", "nan"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", "--delta", "inf"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", "--delta", "-0.5"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", "--delta", "1.5"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "nan", "--delta", "1e-5"],
+     "sampling_prob"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-prob=-inf", "--delta", "1e-5"],
+     "sampling_prob"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "2", "--delta", "1e-5"],
+     "sampling_prob"),
+    (["epsilon", "--noise-multiplier", "1", "--steps", "-5", "--delta", "1e-5"], "steps"),
+    (["delta", "--noise-multiplier", "1", "--epsilon", "nan"], "epsilon"),
+    (["delta", "--noise-multiplier", "1", "--epsilon=-inf"], "epsilon"),
+    (["delta", "--noise-multiplier", "1", "--epsilon", "-1"], "epsilon"),
+])
+def test_bad_arguments_exit_2_naming_them(capsys, args, name):
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert name in captured.err
+
+
+@pytest.mark.parametrize("args", [
+    ["epsilon", "--noise-multiplier", "1", "--steps", "nan", "--delta", "1e-5"],
+    ["epsilon", "--noise-multiplier", "1", "--steps", "1e3", "--delta", "1e-5"],
+    ["epsilon", "--noise-multiplier", "1"],
+])
+def test_unparsable_arguments_exit_2(capsys, args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_nan_result_is_never_printed(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(pj, "dpsgd_epsilon", lambda *a, **k: np.full(np.shape(a[0]), np.nan))
+    assert main(["epsilon", "--noise-multiplier", "1", "--delta", "1e-5"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "NaN" in captured.err
+    configs = tmp_path / "configs.csv"
+    configs.write_text(HEADER + "1.0,0.05,30,1e-5\n2.0,0.1,5,1e-6\n")
+    out = tmp_path / "out.csv"
+    assert main(["sweep", str(configs), "--output", str(out)]) == 1
+    assert "rows [1, 2]" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ("1.0,0.05,30\n", "row 1 (line 2), column delta: missing value"),
+    ("1.0,0.05,30,1e-5\n2.0,0.1\n", "row 2 (line 3), column steps: missing value"),
+    ("1.0,,30,1e-5\n", "row 1 (line 2), column sampling_prob: missing value"),
+    ("1.0,0.05,thirty,1e-5\n", "row 1 (line 2), column steps: not a number: 'thirty'"),
+    ("nan,0.05,30,1e-5\n", "row 1 (line 2), column noise_multiplier: noise_multiplier must be"),
+    ("1.0,0.05,30,1e-5\n1.0,-0.05,30,1e-5\n", "row 2 (line 3), column sampling_prob"),
+    ("1.0,0.05,inf,1e-5\n", "row 1 (line 2), column steps"),
+    ("1.0,0.05,2.5,1e-5\n", "row 1 (line 2), column steps: steps must be a whole number"),
+    ("1.0,0.05,30,1e-5,7\n", "row 1 (line 2) has more fields than the header (4)"),
+])
+def test_bad_sweep_rows_name_row_and_column(tmp_path, capsys, rows, message):
+    configs = tmp_path / "configs.csv"
+    configs.write_text(HEADER + rows)
+    assert main(["sweep", str(configs)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_sweep_missing_or_unreadable_file(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path / "absent.csv")]) == 2
+    assert "absent.csv" in capsys.readouterr().err
+    empty = tmp_path / "empty.csv"
+    empty.write_text(HEADER)
+    assert main(["sweep", str(empty)]) == 2
+    assert "no rows" in capsys.readouterr().err
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
+    assert main(["sweep", str(binary)]) == 2
