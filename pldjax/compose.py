@@ -339,8 +339,14 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
         fine = np.minimum(np.asarray(a.step), np.asarray(b.step))
         for p in (a, b):  # re-expressed on a finer step it has (size - 1) * ratio + 1 points
             points = (p.size - 1) * float(np.max(np.asarray(p.step) / fine)) + 1
-            if points > p.size:
-                _checked_size(int(min(points, 2.0**62)), "re-gridding a PLD for compose")
+            if points > grid_lib.MAX_SIZE:
+                raise ValueError(
+                    f"compose would re-grid a PLD of {p.size} points on step "
+                    f"{float(np.max(np.asarray(p.step))):.3g} onto the finer step "
+                    f"{float(np.min(fine)):.3g}: {points:.3g} points, more than grid.MAX_SIZE = "
+                    f"{grid_lib.MAX_SIZE} (a memory guard); build both with one "
+                    "Grid(step=...) of a coarser step"
+                )
         a, b = _on_step(a, fine), _on_step(b, fine)
     fft = grid_lib.next_pow2(a.size + b.size - 1)
     if fft > 2 * grid_lib.MAX_SIZE:

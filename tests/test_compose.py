@@ -235,8 +235,19 @@ def test_dpsgd_huge_steps_refused():
 def test_regridding_for_compose_is_capped():
     a = pj.gaussian(1.0, grid=pj.Grid(step=1.0, size=2**16))  # 2**26 points at 2**-10
     b = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-10, size=16))
-    with pytest.raises(ValueError, match="re-gridding a PLD for compose needs a window"):
+    with pytest.raises(ValueError, match="re-grid a PLD .* more than grid.MAX_SIZE"):
         pj.compose([a, b])
+    # found by the property tests: 25.8 GB allocation, and a raw TypeError for 1e-300
+    for mu in (1e-6, 1e-300):
+        with pytest.raises(ValueError, match="re-grid a PLD .* more than grid.MAX_SIZE"):
+            pj.compose([pj.gdp(mu), pj.gdp(0.5)])
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1.0])
+def test_no_finite_mass_self_composes_without_nan(epsilon):
+    # found by the property tests: randomized_response(eps, delta=1) has all its mass at +inf
+    p = pj.randomized_response(epsilon, 1.0).self_compose(2)
+    assert float(p.delta(0.0)) == 1.0
 
 
 def test_huge_count_guards_with_caller_x64_off(x64_off):
