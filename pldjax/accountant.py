@@ -6,7 +6,8 @@ segment. Recording is pure and jit-able (arrays of fixed capacity, no host calls
 epsilon or delta composes the segments exactly (:func:`pldjax.compose_schedule`) on the host, at
 any time. Any number of steps fits; only the number of parameter *changes* is bounded by the
 capacity (``init(capacity=...)``, default 64). A step that would need one more segment than the
-capacity sets ``overflow``, after which readings raise instead of reporting a wrong value.
+capacity sets ``overflow``, after which readings raise instead of reporting a wrong value; so does
+a step recorded under jit with invalid values (which cannot raise there).
 
 The state's 64-bit leaves are stored as exact uint32 bit pairs (:func:`pldjax.precision.pack`), so
 it crosses a caller's jit, vmap and save/load bit for bit whatever ``jax_enable_x64``. Parameters
@@ -65,19 +66,23 @@ def _step(packed: AccountantState, noise_multiplier, sampling_prob, steps) -> Ac
     state = _unpacked(packed)
     sigma = lower_of_rounded(noise_multiplier)
     q = jnp.minimum(upper_of_rounded(sampling_prob), 1.0)
+    steps = jnp.asarray(steps, jnp.int64)
+    # under jit bad values cannot raise: the step is not recorded and the state is marked, so
+    # that every later reading raises (NaN fails every comparison here)
+    valid = (jnp.isfinite(sigma) & (sigma > 0) & (lower_of_rounded(sampling_prob) >= 0)
+             & (lower_of_rounded(sampling_prob) <= 1) & (steps >= 0))
     last = jnp.maximum(state.count - 1, 0)
     same = (state.count > 0) & (state.noise_multiplier[last] == sigma) & (
         state.sampling_prob[last] == q)
     capacity = state.steps.shape[0]
     room = state.count < capacity
     slot = jnp.where(same, last, jnp.minimum(state.count, capacity - 1))
-    fits = same | room
-    steps = jnp.asarray(steps, jnp.int64)
+    fits = (same | room) & valid
     new = AccountantState(
         state.noise_multiplier.at[slot].set(jnp.where(fits, sigma, state.noise_multiplier[slot])),
         state.sampling_prob.at[slot].set(jnp.where(fits, q, state.sampling_prob[slot])),
         state.steps.at[slot].add(jnp.where(fits, steps, 0)),
-        jnp.where(same | ~room, state.count, state.count + 1),
+        jnp.where(same | ~room | ~valid, state.count, state.count + 1),
         state.overflow | ~fits,
     )
     return pack(new)
@@ -105,8 +110,10 @@ def segments(state: AccountantState) -> list[tuple[float, float, int]]:
     state = _unpacked(state)
     if bool(np.asarray(state.overflow)):
         raise ValueError(
-            f"the accountant recorded more parameter changes than its capacity "
-            f"({state.steps.shape[0]}): the run is not fully recorded; use init(capacity=...)")
+            f"the accountant's run is not fully recorded: more parameter changes than its "
+            f"capacity ({state.steps.shape[0]}; use init(capacity=...)), or a step under jit with "
+            f"an invalid noise_multiplier (not finite > 0), sampling_prob (not in [0, 1]) or "
+            f"steps (< 0)")
     count = int(np.asarray(state.count))
     return [(float(s), float(q), int(t)) for s, q, t in zip(
         np.asarray(state.noise_multiplier)[:count], np.asarray(state.sampling_prob)[:count],

@@ -30,7 +30,7 @@ from pldjax.discretize import hockey_stick
 from pldjax.grid import next_pow2
 from pldjax.order import ROUNDOFF
 from pldjax.pld import PLD, batched
-from pldjax.precision import float64, host_result
+from pldjax.precision import float64, host_result, root_of_difference_down
 from pldjax.profile import grid_deltas
 from pldjax.validate import check_count, check_range, is_traced
 
@@ -169,7 +169,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     nu = jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
         probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu, 1e-300)))
     accepted = nu <= mu
-    naive = jnp.where(accepted, jnp.sqrt(jnp.maximum((mu - nu) * (mu + nu), 0.0)), 0.0)
+    naive = jnp.where(accepted, root_of_difference_down(mu, nu), 0.0)
     if factor > 1:
         probs, offset = jax.vmap(lambda p, o: coarsen_kernel(p, o, factor))(probs, offset)
         step = step * factor

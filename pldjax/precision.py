@@ -107,3 +107,12 @@ def lower_of_rounded(x):
     :func:`upper_of_rounded`)."""
     x = jnp.asarray(x)
     return -upper_of_rounded(-x)
+
+
+def root_of_difference_down(mu, nu):
+    """sqrt(mu^2 - nu^2) for 0 <= nu <= mu, rounded down: the float computation
+    sqrt((mu - nu)(mu + nu)) is within 2 ulps of the exact value (three roundings of relative
+    size <= 2^-53 each under the root, halved by it, plus the root's own), so two steps toward 0
+    put it below. 0 where nu >= mu."""
+    root = jnp.sqrt(jnp.maximum((mu - nu) * (mu + nu), 0.0))
+    return jnp.maximum(jnp.nextafter(jnp.nextafter(root, 0.0), 0.0), 0.0)

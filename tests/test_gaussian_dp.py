@@ -51,3 +51,11 @@ def test_gdp_residue_is_finite_and_at_least_naive_for_all_mu(query):
     if query == "rr":
         assert float(pj.gdp_residue(1e4, q)) >= np.sqrt(1e8 - nu**2) * (1 - 1e-15)
         assert float(pj.gdp_residue(300.0, q)) >= 299.99935
+
+
+def test_gdp_residue_of_a_small_gdp_query_at_least_naive():
+    # property finding: gdp_residue(50, gdp(0.05)) was 49.99991 < naive 49.999975
+    q = pj.gdp(0.05)
+    nu = float(pj.gdp_mu(q, mu_max=50.0))
+    got = float(pj.gdp_residue(50.0, q, delta_slack=float(q.inf_mass)))
+    assert got >= np.sqrt(2500.0 - nu * nu) * (1 - 1e-15)

@@ -17,7 +17,7 @@ from pldjax.filters.base import Filter, keep_if, make_filter, pld_cost, query_di
 from pldjax.gaussian_dp import MAX_RESIDUE_SIZE, RESIDUE_STEPS, gdp_mu_kernel, residue_kernel, residue_plan
 from pldjax.order import ROUNDOFF, renyi_kernel
 from pldjax.pld import PLD
-from pldjax.precision import add_up, float64
+from pldjax.precision import add_up, float64, root_of_difference_down
 from pldjax.validate import check_count, check_range, is_traced
 
 
@@ -130,7 +130,7 @@ def gdp_residue(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
     the largest value (by ``steps`` bisection steps, rounded down) such that G_mu' (+) L is below
     G_mu. Never worse than the GDP filter: it starts from the naive sqrt(mu^2 - nu^2).
 
-    Query: a float nu (a nu-GDP query: mu' = sqrt(mu^2 - nu^2) exactly) or a pessimistic PLD (its
+    Query: a float nu (a nu-GDP query: mu' = sqrt(mu^2 - nu^2), rounded down) or a pessimistic PLD (its
     atom at +inf plus ROUNDOFF charged to ``delta``). The interaction has
     delta(eps) <= delta_{G_mu}(eps) + delta at every eps. ``size``: points of the check window on
     the query's grid; by default chosen on the host (coarsening too-fine query grids
@@ -161,7 +161,7 @@ def gdp_residue(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
         else:
             nu = query
             fits = nu <= state.mu
-            left = jnp.sqrt(jnp.maximum((state.mu - nu) * (state.mu + nu), 0.0))
+            left = root_of_difference_down(state.mu, nu)
             cost_delta = jnp.zeros(())
         accepted = fits & (cost_delta <= state.delta_left)
         new = ResidueState(left, -add_up(-state.delta_left, cost_delta))  # rounded down
