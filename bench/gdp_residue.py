@@ -212,11 +212,13 @@ def filter_call(mu, query, window, args):
     import jax.numpy as jnp
 
     import pldjax as pj
+    from pldjax.precision import pack
 
     f = pj.filters.gdp_residue(1.0, steps=args.steps, size=window)
     count = mu.shape[0]
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (count,) + x.shape), f.init())
-    states = states._replace(mu=jnp.asarray(mu, jnp.float64))
+    with jax.enable_x64(True):
+        states = states._replace(mu=pack(jnp.asarray(mu, jnp.float64)))  # states hold bit pairs
 
     @jax.jit
     def spend_all(states, queries):
@@ -224,7 +226,7 @@ def filter_call(mu, query, window, args):
 
     def call():
         new, accepted = spend_all(states, query)
-        return jnp.where(accepted, new.mu, jnp.nan)
+        return jnp.where(accepted, f.remaining(new)["mu"], jnp.nan)
 
     return call
 

@@ -85,13 +85,17 @@ def unpack(tree, like):
 def upper_of_rounded(x):
     """A float64 upper bound on every real number that rounds to ``x`` in its own dtype.
 
-    Float64 (and integer) values are returned as they are (exact). A float32 / float16 / bfloat16
-    value, e.g. a Python float that a caller's jit with x64 off rounded to float32, cannot be
-    recovered; the largest real that rounds to it is x plus half its ulp (toward +inf), exact in
-    float64, and is what a sound budget must charge. Call with x64 enabled."""
+    Float64 values are returned as they are, integers as float64 (one step up from 2^53, where the
+    conversion may round down). A float32 / float16 / bfloat16 value, e.g. a Python float that a
+    caller's jit with x64 off rounded to float32, cannot be recovered; the largest real that rounds
+    to it is x plus half its ulp (toward +inf), exact in float64, and is what a sound budget must
+    charge. Call with x64 enabled."""
     x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == jnp.float64:
-        return x.astype(jnp.float64)
+    if x.dtype == jnp.float64:
+        return x
+    if not jnp.issubdtype(x.dtype, jnp.floating):  # integers above 2^53 may round down
+        wide = x.astype(jnp.float64)
+        return jnp.where(jnp.abs(wide) >= 2.0**53, jnp.nextafter(wide, jnp.inf), wide)
     info = jnp.finfo(x.dtype)
     wide = x.astype(jnp.float64)
     _, exponent = jnp.frexp(wide)  # |x| in [2^(e-1), 2^e): the ulp above |x| is 2^(e-1-nmant)

@@ -561,3 +561,18 @@ def test_residue_filter_never_below_the_gdp_filter_at_large_mu():
         state, accepted = f.spend(f.init(), rr)
         assert bool(accepted)
         assert f.remaining(state)["mu"] >= np.sqrt(mu * mu - nu * nu) * (1 - 1e-15)
+
+
+def test_version_1_files_with_64_bit_leaves_still_load(tmp_path):
+    import json
+
+    f = F.pure_dp(1.0)
+    leaf = {"dtype": "<f8", "shape": [], "values": [(0.25).hex()]}
+    zero = {"dtype": "<f8", "shape": [], "values": [(0.0).hex()]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": "pldjax-state", "version": 1, "kind": "pure_dp",
+                                "params": {"epsilon": 1.0, "delta": 0.0},
+                                "leaves": [leaf, zero]}))
+    restored = pj.io.load_filter_state(path, f)
+    assert f.remaining(restored)["epsilon"] == 0.75
+    assert _same(restored, f.spend(f.init(), 0.25)[0])

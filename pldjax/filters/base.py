@@ -218,7 +218,11 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
 
     @float64
     def read(state):
-        return jax.tree_util.tree_map(host_result, remaining(unpack(state, like)))
+        # numbers leave as NumPy float64; a PLD (the natural filter's composition) keeps its
+        # JAX float64 arrays, which pass a caller's jit unchanged whatever the x64 flag
+        return jax.tree_util.tree_map(
+            lambda x: x if isinstance(x, PLD) else host_result(x), remaining(unpack(state, like)),
+            is_leaf=lambda x: isinstance(x, PLD))
 
     return Filter(packed_init, spend, read, guarantee, kind, params)
 
