@@ -27,7 +27,7 @@ import numpy as np
 from jax.scipy.special import log_ndtr
 
 from pldjax.discretize import hockey_stick
-from pldjax.grid import next_pow2
+from pldjax.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.order import ROUNDOFF
 from pldjax.pld import PLD, batched
 from pldjax.precision import float64, host_result, root_of_difference_down
@@ -226,7 +226,7 @@ def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
     """(factor, size): how many-fold the query's grid is coarsened for the residue search so that
     its check window fits, and the static window size; host-side, before jit."""
     if size is not None:
-        return 1, check_count("size", size, minimum=16)
+        return 1, check_size("size", size, minimum=16, maximum=MAX_SIZE)
     steps = np.asarray(pld.step, np.float64)
     factor = 1
     while residue_size(mu_max, steps * factor, pld.size) > MAX_RESIDUE_SIZE:

@@ -576,3 +576,8 @@ def test_version_1_files_with_64_bit_leaves_still_load(tmp_path):
     restored = pj.io.load_filter_state(path, f)
     assert f.remaining(restored)["epsilon"] == 0.75
     assert _same(restored, f.spend(f.init(), 0.25)[0])
+
+
+def test_natural_filter_window_size_is_capped():
+    with pytest.raises(ValueError, match="size"):
+        pj.filters.natural(pj.gdp(1.0, pessimistic=False), size=2**40)

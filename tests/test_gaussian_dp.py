@@ -59,3 +59,8 @@ def test_gdp_residue_of_a_small_gdp_query_at_least_naive():
     nu = float(pj.gdp_mu(q, mu_max=50.0))
     got = float(pj.gdp_residue(50.0, q, delta_slack=float(q.inf_mass)))
     assert got >= np.sqrt(2500.0 - nu * nu) * (1 - 1e-15)
+
+
+def test_residue_window_size_is_capped():
+    with pytest.raises(ValueError, match="size"):
+        pj.gdp_residue(1.0, pj.randomized_response(0.5), size=2**40)

@@ -21,7 +21,7 @@ from scipy import stats
 from pldjax.compose import convolve_kernel
 from pldjax.filters.base import Filter, keep_if, make_filter, query_directions
 from pldjax.gaussian_dp import stack_directions
-from pldjax.grid import next_pow2
+from pldjax.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.order import ROUNDOFF, dominance_excess_kernel
 from pldjax.pld import PLD
 from pldjax.precision import add_up, float64
@@ -69,7 +69,7 @@ def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
     high = np.ceil((b_off + b_probs.shape[-1] - 1) * b_step / step).astype(np.int64)
     if size is None:
         size = next_pow2(int(np.max(high - low)) + 2)
-    size = check_count("size", size, minimum=2)
+    size = check_size("size", size, minimum=2, maximum=MAX_SIZE)
     window = jnp.asarray(low)
     budget_arrays = tuple(jnp.asarray(a) for a in (b_probs, b_inf, b_off, b_step))
 
