@@ -47,7 +47,9 @@ def check_range(
 
 def check_count(name: str, value, *, minimum: int = 0) -> int:
     """A non-negative integer count (Python int or integral numpy scalar), else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and float(value).is_integer():
             value = int(value)
         else:

@@ -90,6 +90,7 @@ def test_vmap_over_plds():
         (lambda: pj.gaussian(1.0).epsilon(float("nan")), "delta"),
         (lambda: pj.gaussian(1.0).self_compose(-1), "count"),
         (lambda: pj.gaussian(1.0).self_compose(2.5), "count"),
+        (lambda: pj.gaussian(1.0).self_compose(True), "count"),
         (lambda: pj.compose([]), "plds"),
         (lambda: pj.Grid(step=-1.0), "step"),
         (lambda: pj.Grid(size=1), "size"),
