@@ -325,7 +325,8 @@ def test_subsampled_variants_never_nan(profile, whole):
 
 
 # -- Laplace, discrete noise, randomized response -------------------------------------------------
-@variants("laplace NaN for sensitivity / scale >= 1e5")
+@variants("laplace NaN for sensitivity / scale >= 1e5",
+          ordinary_bug="FINDINGS: optimistic laplace NaN and pessimistic delta > 1 from s/b ~ 100")
 def test_laplace_sound(profile, whole):
     def prop(scale, sensitivity, eps, delta, pessimistic):
         pld = refused(("scale", "sensitivity"), lambda: pj.laplace(
@@ -368,7 +369,8 @@ def test_discrete_noise_never_nan(profile, whole):
           eps=epsilons(whole), delta=probability(whole), pessimistic=st.booleans())
 
 
-@variants("randomized_response NaN for epsilon >= 1e5 and epsilon <= 1e-20 (FINDINGS)")
+@variants("randomized_response NaN for epsilon >= 1e5 and epsilon <= 1e-20 (FINDINGS)",
+          ordinary_bug="FINDINGS: randomized_response(0, 1).self_compose(2) NaN")
 def test_randomized_response_sound(profile, whole):
     def prop(eps_rr, delta_rr, k, eps, delta, pessimistic):
         pld = refused(("epsilon", "delta"), lambda: pj.randomized_response(
@@ -563,7 +565,8 @@ def test_dpsgd_alone_and_in_a_batch(profile, whole):
         a, b = float(assert_epsilon(alone)), float(assert_epsilon(batch)[0])
         low = float(assert_epsilon(pj.dpsgd_epsilon(sigma, q, steps, delta, pessimistic=False)))
         assert low <= a + allowance(a) and low <= b + allowance(b)
-        assert abs(a - b) <= max(a - low, 0.0) + allowance(a) + 1e-9, (a, b, low)
+        if a != b:  # (both inf when delta = 0: the truth is inf)
+            assert abs(a - b) <= max(a - low, 0.0) + allowance(a) + 1e-9, (a, b, low)
 
     check(profile, prop, fast=1, sigma=positive(whole, 0.5, 20.0), q=probability(whole, 1e-3),
           steps=count(whole, 10**4), delta=probability(whole))
@@ -678,6 +681,7 @@ def test_filters_never_overspend(profile, whole):
             "gdp_residue": lambda: pj.filters.gdp_residue(budget),
             "renyi": lambda: pj.filters.renyi([2.0, 8.0], budget),
             "approx_zcdp": lambda: pj.filters.approx_zcdp(budget, 1e-6),
+            "approx_dp": lambda: pj.filters.approx_dp(budget, 1e-6),
         }[name]()
         state = filt.init()
         accepted = 0
@@ -699,9 +703,15 @@ def test_filters_never_overspend(profile, whole):
             assert accepted * truth["renyi"](8.0) <= budget * slack
         elif name == "approx_zcdp" and truth["rho"] is not None:
             assert accepted * truth["rho"] <= budget * slack
+        elif name == "approx_dp" and truth["rho"] is not None:
+            # Whitehouse et al. Thm 8: sum of eps_n^2 = 2 rho_n at most y* = (sqrt(2L + 2 eps) -
+            # sqrt(2L))^2, L = log(1 / delta'), delta' = delta / 2 (the default split)
+            two_log = 2 * math.log(2 / 1e-6)
+            y_star = (math.sqrt(two_log + 2 * budget) - math.sqrt(two_log)) ** 2
+            assert accepted * 2 * truth["rho"] <= y_star * slack
 
     check(profile, prop, fast=3,
-          name=st.sampled_from(["pure_dp", "gdp", "gdp_residue", "renyi", "approx_zcdp"]),
+          name=st.sampled_from(["pure_dp", "gdp", "gdp_residue", "renyi", "approx_zcdp", "approx_dp"]),
           budget=positive(False, 0.1, 10.0), kind=st.sampled_from(["laplace", "rr", "gaussian"]),
           x=positive(whole, 0.1, 20.0))
 
