@@ -25,7 +25,7 @@ How to run:
       pytest tests/test_properties.py -n 0
   long profile (the slow tests, random, many examples):
       pytest tests/test_properties.py -m slow -n 0
-  The long profile's number of examples can be raised with PLDJAX_HYPOTHESIS_EXAMPLES=1000.
+  The long profile runs 100 examples a test; PLDJAX_HYPOTHESIS_EXAMPLES=1000 runs more.
 The two hypothesis profiles ("pldjax-fast", "pldjax-slow") are registered in conftest.py.
 
 Shapes are kept few (scalars and batches of a fixed size BATCH) because JAX compiles one kernel
@@ -519,7 +519,7 @@ def test_gaussian_alone_and_in_a_batch(profile, whole):
 DPSGD_NAMES = ("noise_multiplier", "sampling_prob", "steps", "delta", "epsilon")
 
 
-@variants("dpsgd_epsilon NaN for sigma <= 0.03; dpsgd_delta > 1; dpsgd_epsilon(delta=1) > 0", heavy=True)
+@variants("dpsgd_epsilon NaN / unnamed ValueError at extreme sigma; dpsgd_delta > 1", heavy=True)
 def test_dpsgd_sound(profile, whole):
     # never NaN and in range; q = 1 is G_{sqrt(T) / sigma}; T = 1 is the subsampled Gaussian
     def prop(sigma, q, steps, eps, delta, pessimistic):
@@ -624,7 +624,7 @@ def test_gdp_mu_certificate(profile, whole):
     check(profile, prop, kind=st.sampled_from(["gdp", "rr"]), x=positive(whole, 1e-2, 8.0))
 
 
-@variants("gdp_residue NaN although the query fits (gdp_residue(1e4, randomized_response(0.5)))",
+@variants("gdp_residue NaN although the query fits; OverflowError for mu >= 1e155 (FINDINGS)",
           heavy=True, ordinary_bug="FINDINGS: gdp_residue(50, gdp(0.05)) below the naive update")
 def test_gdp_residue_sound(profile, whole):
     # For a GDP query G_nu the true residue is sqrt(mu^2 - nu^2): the returned residue is at most
