@@ -13,8 +13,20 @@ os.environ.setdefault("PLDJAX_COMPILATION_CACHE", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+# Hypothesis profiles of tests/test_properties.py: "pldjax-fast" in the default run (few examples,
+# derandomized so CI is deterministic, not shrunk), "pldjax-slow" with the slow tests (`pytest -m slow`;
+# PLDJAX_HYPOTHESIS_EXAMPLES sets its number of examples). No deadline: a first call compiles.
+_UNHEALTHY = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
+settings.register_profile("pldjax-fast", max_examples=6, deadline=None, derandomize=True,
+                          database=None, suppress_health_check=_UNHEALTHY, print_blob=True,
+                          phases=[Phase.explicit, Phase.generate])  # no shrinking: report as found
+settings.register_profile("pldjax-slow", deadline=None, database=None, print_blob=True,
+                          max_examples=int(os.environ.get("PLDJAX_HYPOTHESIS_EXAMPLES", "100")),
+                          suppress_health_check=_UNHEALTHY)
 
 
 @pytest.fixture
