@@ -99,8 +99,23 @@ RANDOMIZED_RESPONSE = Mechanism(
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: jnp.zeros_like(p[0]),
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
-    log_q_finite=lambda p: jnp.log1p(-p[1]),
 )
+
+
+#: Below this (in nats, or as a sampling probability) a mechanism's parameter no longer shows in
+#: float64 log-tails (log 1/2 + 1e-17 rounds to log 1/2), so its curve would come out 0.
+MIN_PARAMETER = 2.0**-30
+
+
+def _resolvable(x, pessimistic: bool):
+    """``x`` (an array, >= 0), with values in (0, MIN_PARAMETER) replaced by MIN_PARAMETER for a
+    pessimistic PLD and by 0 for an optimistic one. Sound for a mechanism whose privacy loss grows
+    with ``x`` (Gaussian and Laplace 1/scale, randomized-response epsilon, sampling probability:
+    the smaller one is a post-processing of the larger): the result dominates the truth or is
+    dominated by it. 0 gives the identity, and MIN_PARAMETER a curve of order 1e-9."""
+    x = jnp.asarray(x, jnp.float64)
+    tiny = (x > 0) & (x < MIN_PARAMETER)
+    return jnp.where(tiny, MIN_PARAMETER if pessimistic else 0.0, x)
 
 
 NEIGHBORING = ("add_remove", "replace_one")
@@ -129,6 +144,8 @@ def _noise_mechanism(
     _check_choice("neighboring", neighboring, NEIGHBORING)
     _check_choice("sampling", sampling, SAMPLING)
     params = tuple(jnp.asarray(p, jnp.float64) for p in params)
+    if any(base is m for m in _MONOTONE_IN_SHIFT):
+        params = params[:-1] + (_resolvable(params[-1], pessimistic),)
     if neighboring == "replace_one":
         # a record's contribution goes from -sensitivity to +sensitivity
         params = params[:-1] + (2 * params[-1],)
@@ -137,7 +154,7 @@ def _noise_mechanism(
             raise ValueError("sampling='fixed_batch' needs a sampling_prob (batch size / dataset size)")
         return discretize_mechanism(base, params, grid, pessimistic)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
-    q = jnp.asarray(sampling_prob, jnp.float64)
+    q = _resolvable(sampling_prob, pessimistic)
     if sampling == "fixed_batch":
         if neighboring != "replace_one":
             raise ValueError(
@@ -221,7 +238,7 @@ gaussian.__doc__ += _ADJACENCY_DOC
 def gdp(mu, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
     """G_mu = PLD(N(0, 1) || N(mu, 1)), the mu-GDP curve; ``mu`` >= 0 (mu = 0 is the identity)."""
     check_range("mu", mu, 0.0)
-    return discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
+    return discretize_mechanism(GAUSSIAN, (_resolvable(mu, pessimistic),), grid, pessimistic)
 
 
 @float64
@@ -253,6 +270,10 @@ def laplace(
 
 
 laplace.__doc__ += _ADJACENCY_DOC
+
+
+#: Mechanisms whose last parameter (mu or 1/scale) can be floored by :func:`_resolvable`.
+_MONOTONE_IN_SHIFT = (GAUSSIAN, LAPLACE)
 
 
 # -- discrete noise ---------------------------------------------------------------------------------
@@ -476,7 +497,9 @@ def randomized_response(
     """
     check_range("epsilon", epsilon, 0.0)
     check_range("delta", delta, 0.0, 1.0)
-    return discretize_mechanism(RANDOMIZED_RESPONSE, (epsilon, delta), grid, pessimistic)
+    return discretize_mechanism(
+        RANDOMIZED_RESPONSE, (_resolvable(epsilon, pessimistic), delta), grid, pessimistic
+    )
 
 
 def _curve_to_pld(delta_fn, step: float, offset: int, size: int, name: str) -> PLD:
