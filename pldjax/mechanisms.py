@@ -379,14 +379,22 @@ _DGAUSS_SIGMAS = 40
 _DGAUSS_MAX_SUPPORT = 2**22
 
 
-def _lattice_grid(grid: Grid | None, sampling_prob, unit, points_per_unit: float) -> Grid | None:
+def _lattice_grid(grid: Grid | None, sampling_prob, unit, points_per_unit: float,
+                  mechanism: Mechanism, params: tuple, pessimistic: bool) -> Grid | None:
     """For a lone (scalar, not subsampled) integer-noise mechanism whose losses are multiples of
     ``unit``: a grid step of unit / 2^j (about 1/``points_per_unit`` of it or finer), so every
-    loss sits on the grid and the discretization is exact. Otherwise ``grid`` unchanged."""
+    loss sits on the grid and the discretization is exact. Otherwise ``grid`` unchanged (also
+    for an optimistic PLD whose lattice window would span more than the optimistic construction
+    allows: the automatic grid then)."""
     if grid is not None or sampling_prob is not None or np.size(unit) != 1 or is_traced(unit):
         return grid
     j = max(0, int(np.ceil(np.log2(points_per_unit))))
-    return Grid(step=float(np.asarray(unit).reshape(())) / 2**j)
+    step = float(np.asarray(unit).reshape(())) / 2**j
+    if not pessimistic:
+        half = float(np.max(mechanism.half_width(tuple(np.asarray(p, np.float64) for p in params))))
+        if step > grid_lib.optimistic_step_limit(grid_lib.mechanism_size(half / step)):
+            return grid
+    return Grid(step=step)
 
 
 def _check_integer(name: str, value) -> None:
@@ -423,7 +431,8 @@ def discrete_laplace(
     shift = sensitivity if is_traced(sensitivity) else np.asarray(sensitivity, np.float64)
     # losses t (D - 2k): multiples of t; about 64 grid points across the loss range [-tD, tD]
     if not is_traced(sensitivity):
-        grid = _lattice_grid(grid, sampling_prob, t, 64 / float(np.max(sensitivity)))
+        grid = _lattice_grid(grid, sampling_prob, t, 64 / float(np.max(sensitivity)),
+                             DISCRETE_LAPLACE, (t, shift), pessimistic)
     return _noise_mechanism(
         DISCRETE_LAPLACE, (t, shift), sampling_prob, neighboring, sampling, pessimistic, grid, None,
         "discrete_laplace",
@@ -471,7 +480,8 @@ def discrete_gaussian(
     # losses (D - 2k) D / (2 sigma^2): multiples of D / (2 sigma^2); about 64 points per sd D/sigma
     unit = np.asarray(sensitivity, np.float64) / (2 * np.asarray(sigma, np.float64) ** 2)
     if np.size(unit) == 1 and 80 * float(np.max(sigma)) < grid_lib.MAX_MECHANISM_SIZE:
-        grid = _lattice_grid(grid, sampling_prob, unit, 32 / float(np.max(sigma)))
+        grid = _lattice_grid(grid, sampling_prob, unit, 32 / float(np.max(sigma)),
+                             _discrete_gaussian(support), (s, shift), pessimistic)
     return _noise_mechanism(
         _discrete_gaussian(support), (s, shift), sampling_prob, neighboring, sampling, pessimistic,
         grid, None, "discrete_gaussian",

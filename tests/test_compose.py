@@ -137,3 +137,11 @@ def test_gaussian_large_counts(sigma, count):
         assert float(lower.epsilon(d)) <= exact <= float(upper.epsilon(d))
     exact = gaussian_epsilon(mu, 1e-5)
     assert float(upper.epsilon(1e-5)) <= exact * 1.001
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_self_compose_with_all_mass_at_infinity(pessimistic):
+    """R_{eps,1} has no finite mass: its composition is fully revealing, never NaN."""
+    composed = pj.randomized_response(1.0, 1.0, pessimistic=pessimistic).self_compose(2)
+    assert np.all(composed.delta(np.array([0.0, 1.0])) >= (1.0 if pessimistic else 1 - 1e-12))
+    assert not np.isnan(composed.epsilon(0.5))

@@ -269,3 +269,12 @@ def test_optimistic_window_far_below_the_loss_keeps_its_mass():
                                  -4000, 0.5, 256, False)
     assert float(jnp.sum(probs)) == pytest.approx(1.0) and float(inf_mass) == 0.0
     assert float(probs[-1]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.1])
+def test_optimistic_small_noise_is_finite_and_below_pessimistic(scale):
+    """The exact lattice grid is too wide for the optimistic construction here: the automatic grid."""
+    for make in (pj.discrete_gaussian, pj.discrete_laplace):
+        lower = make(scale, pessimistic=False).delta(EPS)
+        upper = make(scale).delta(EPS)
+        assert np.all(np.isfinite(lower)) and np.all(lower <= upper + 1e-12)
