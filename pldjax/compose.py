@@ -123,6 +123,9 @@ def tail_window(probs, offset, step, count, tail, exponents=None):
     b = jnp.max((log_half - down) / ts)
     hi = jnp.minimum(jnp.ceil(a / step), count * (offset + n - 1))
     lo = jnp.maximum(jnp.floor(b / step), count * offset)
+    # no finite mass (all at +inf): the bounds are -inf and +inf; a one-point window instead
+    empty = jnp.sum(probs) <= 0
+    hi, lo = jnp.where(empty, count * offset, hi), jnp.where(empty, count * offset, lo)
     return lo, hi
 
 
@@ -201,6 +204,7 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
     ).astype(jnp.int64)
     raw = jnp.fft.irfft(jnp.exp(count * _log_spectrum(probs, center, size)), size)
+    raw = jnp.where(jnp.sum(probs) > 0, raw, 0.0)  # all mass at +inf: log 0 * count is NaN + NaN i
     raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
     above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)
     composed_inf = -jnp.expm1(count * jnp.log1p(-inf_mass))

@@ -13,7 +13,17 @@ With x = e^eps the hockey-stick curve delta(x) = P(L > eps) - x Q(L > eps) is co
   the +inf atom is 0. Every hockey-stick value is a lower bound.
 
 Masses come from slope differences written without large exponentials:
-``p_j = (e^h d_{j-1} - d_j) / expm1(h)`` with ``d_i = delta_i - delta_{i+1}``.
+``p_j = (e^h d_{j-1} - d_j) / expm1(h)`` with ``d_i = delta_i - delta_{i+1}``, or for a step so
+large that e^h overflows the equal ``d_{j-1} / (1 - e^-h) - d_j / expm1(h)``.
+
+The window (where the grid sits, see :func:`safe_window`) never affects soundness: losses below
+it are moved up into it (pessimistic) and losses above it into the +inf atom (pessimistic) or
+nowhere (optimistic, whose curve is 0 beyond the window). So the window is kept where the
+arithmetic is safe: a step of at most ``grid.MAX_STEP`` and, for the optimistic construction
+(which works in x = e^z), z at most ``OPTIMISTIC_Z_MAX`` and a span of at most ``OPTIMISTIC_SPAN``.
+A mechanism whose loss lies beyond (e.g. the Gaussian with sigma = 1e-5, loss about 5e9) gets a
+pessimistic PLD with its tail in the +inf atom (delta = 1 up there: an upper bound) and an
+optimistic one that is 0 beyond the window (a lower bound).
 """
 
 from __future__ import annotations
@@ -48,8 +58,9 @@ def hockey_stick_excess(log_cdf_p, log_cdf_q, eps):
     return jnp.where(jnp.isneginf(log_cdf_p), plain, plain * -jnp.expm1(-ratio))
 
 
-def masses_from_curve(curve, step, excess=None, z=None):
-    """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points).
+def masses_from_curve(curve, step, excess=None, z=None, below=0.0):
+    """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points)
+    and reaches 1 - ``below`` at x = 0 (``below``: mass dropped to -inf by an optimistic estimate).
 
     ``curve`` must be non-increasing and convex in x = e^eps; returns (probs, inf_mass). Where
     ``excess`` (the curve minus 1 - x, see :func:`hockey_stick_excess`) is given, masses at grid
@@ -60,26 +71,34 @@ def masses_from_curve(curve, step, excess=None, z=None):
     total, a relative change at round-off level (about 1e-14) that would otherwise grow T-fold
     into a mass defect under self-composition.
     """
-    curve = jax.lax.cummin(curve)
+    curve = jax.lax.cummin(jnp.clip(curve, 0.0, 1.0))
     n = curve.shape[0]
     if n == 1:
-        return jnp.maximum(1.0 - curve, 0.0), curve[0]
-    em1 = jnp.expm1(step)
-    grow = jnp.exp(step)
+        return 1.0 - curve, curve[0]
+    huge = step > 700.0  # e^h overflows: divide first (1 / expm1(h) -> 0, e^h / expm1(h) -> 1)
+    em1 = jnp.expm1(jnp.minimum(step, 700.0))
+    grow = jnp.exp(jnp.minimum(step, 700.0))
 
     def masses(values, first):
         d = values[:-1] - values[1:]
-        interior = (grow * d[:-1] - d[1:]) / em1
-        return jnp.concatenate([(first - d[0] / em1)[None], interior, (grow * d[-1] / em1)[None]])
+        interior = jnp.where(huge, d[:-1] / -jnp.expm1(-step) - d[1:] / jnp.expm1(step),
+                             (grow * d[:-1] - d[1:]) / em1)
+        last = jnp.where(huge, d[-1] / -jnp.expm1(-step), grow * d[-1] / em1)
+        return jnp.concatenate([(first - d[0] / jnp.expm1(step))[None], interior, last[None]])
 
-    probs = masses(curve, 1.0 - curve[0])
+    target = 1.0 - below - curve[-1]
+    probs = jnp.maximum(masses(curve, 1.0 - below - curve[0]), 0.0)
     if excess is not None:
         excess = jax.lax.cummax(excess)
-        low = masses(excess, -excess[0])
-        low = low.at[-1].add(jnp.exp(z[-1]))
-        probs = jnp.where(z < 0, low, probs)
-    probs = jnp.maximum(probs, 0.0)
-    return probs * ((1.0 - curve[-1]) / jnp.sum(probs)), curve[-1]
+        low = masses(excess, -below - excess[0])
+        low = low.at[-1].add(jnp.exp(jnp.minimum(z[-1], 0.0)))  # only used when z[-1] < 0
+        mixed = jnp.maximum(jnp.where(z < 0, low, probs), 0.0)
+        # the excess keeps digits where the curve is close to 1, but where the window lies far
+        # below the loss (x = e^z underflows) it has lost the masses: then the curve's own
+        # masses, which telescope to the right total, are used
+        probs = jnp.where(jnp.abs(jnp.sum(mixed) - target) <= 1e-9, mixed, probs)
+    total = jnp.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
+    return probs * (target / jnp.where(total > 0, total, 1.0)), curve[-1]
 
 
 def _lower_hull_at(xs, ys):
@@ -101,26 +120,31 @@ def _lower_hull_at(xs, ys):
     init = (jnp.zeros_like(xs), jnp.zeros_like(ys), jnp.int32(0))
     (hx, hy, top), _ = jax.lax.scan(push, init, (xs, ys))
     idx = jnp.arange(m)
-    pad_x = xs[-1] + 1.0 + idx
+    pad_x = xs[-1] * (2.0 + idx)  # strictly increasing also where xs[-1] + 1 rounds to xs[-1]
     hx = jnp.where(idx < top, hx, pad_x)
     hy = jnp.where(idx < top, hy, hy[top - 1])
     return jnp.interp(xs, hx, hy)
 
 
-def optimistic_curve(values, slopes, z, step, at_zero, first, last):
+def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):
     """Alg. 2: values at the grid points of an optimistic (lower) estimate of a convex curve.
 
     ``values``: the true curve at z (delta, or the excess delta - (1 - x), accurate at z < 0);
-    ``slopes``: x times its derivative in x = e^z there; ``at_zero``: its value at x = 0;
-    ``first``: the tangent at x = 0 evaluated at x_0; ``last``: the lower bound used at the last
-    point. Candidates on tangent lines (left of x = 1 from the previous point, right of it from
-    the next one), then their lower convex hull with the point at x = 0, at the grid points.
+    ``sign * exp(log_slopes)``: x times its derivative in x = e^z there (in logs, so that a
+    tangent followed across a large step neither overflows nor gives 0 * inf);
+    ``at_zero``: its value at x = 0; ``first``, ``last``: the lower bounds used at the first and
+    last points (following the tangent at x_0 to x = 0: the curve's own value at x_0, and that
+    tangent's value at 0 as ``at_zero``). Candidates on tangent lines (left of x = 1 from the
+    previous point, right of it from the next one), then their lower convex hull with the point
+    at x = 0, at the grid points.
     Adding a linear function (as the excess does) leaves the hull's points unchanged, so both
     forms describe one optimistic PLD.
     """
     n = z.shape[0]
-    from_left = jnp.concatenate([first[None], values[:-1] + slopes[:-1] * jnp.expm1(step)])
-    from_right = jnp.concatenate([values[1:] + slopes[1:] * jnp.expm1(-step), last[None]])
+    log_up = step + jnp.log(-jnp.expm1(-step))  # log(e^h - 1), finite for any step
+    log_down = jnp.log(-jnp.expm1(-step))  # log(1 - e^-h)
+    from_left = jnp.concatenate([first[None], values[:-1] + sign * jnp.exp(log_slopes[:-1] + log_up)])
+    from_right = jnp.concatenate([values[1:] - sign * jnp.exp(log_slopes[1:] + log_down), last[None]])
     split = jnp.searchsorted(z, 0.0, side="left")  # first grid point with z >= 0 (x >= 1)
     idx = jnp.arange(n)
     cand = jnp.where(
@@ -137,17 +161,16 @@ def privacy_buckets(log_sf_p, pessimistic: bool):
     """Masses of the loss rounded up (pessimistic) or down (optimistic) to the grid points, from
     log P(L > z_i): the mass in (z_{i-1}, z_i] goes to z_i, or the mass in [z_i, z_{i+1}) to z_i.
     Returns (probs, inf_mass); at the window's ends the outside mass goes to +inf and z_0
-    (pessimistic) or to z_0 and z_{n-1} (optimistic)."""
+    (pessimistic), or to z_{n-1} and -inf (optimistic: dropped, never rounded up)."""
     sf = jnp.exp(log_sf_p)  # P(L > z_i), non-increasing
     between = sf[:-1] - sf[1:]  # P(z_i < L <= z_{i+1})
     if pessimistic:
         return jnp.concatenate([(1.0 - sf[0])[None], between]), sf[-1]
     probs = jnp.concatenate([between, jnp.zeros((1,))])
-    return probs.at[0].add(1.0 - sf[0]).at[-1].add(sf[-1]), jnp.zeros(())
+    return probs.at[-1].add(sf[-1]), jnp.zeros(())
 
 
-def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0,
-               rounding: str = "connect_dots"):
+def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "connect_dots"):
     """Discretize a mechanism given by ``tails(eps) -> (log P(L>eps), log Q(L>eps),
     log P(L<=eps), log Q(L<=eps))``.
 
@@ -158,19 +181,20 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, log_q_finite=0.0,
     if rounding == "privacy_buckets":
         return privacy_buckets(lsp, pessimistic)
     delta = hockey_stick(lsp, lsq, z)
+    excess = hockey_stick_excess(lcp, lcq, z)
     if pessimistic:
-        return masses_from_curve(delta, step, hockey_stick_excess(lcp, lcq, z), z)
+        return masses_from_curve(delta, step, excess, z)
+    # Left of the window the estimate follows the tangent at x_0 = e^{z_0}: it reaches
+    # P(L > z_0) = 1 - lost at x = 0, i.e. P's mass at losses <= z_0 is dropped (moved down to
+    # -inf), where rounding it up to z_0 would overstate delta below z_0.
+    lost = jnp.exp(lcp[0])
+    delta, excess = jax.lax.cummin(delta), jax.lax.cummax(excess)
     # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0
-    x_first = jnp.exp(z[0])
-    curve = optimistic_curve(
-        jax.lax.cummin(delta), -jnp.exp(lsq + z), z, step, 1.0,
-        1.0 - jnp.exp(z[0] + log_q_finite), jnp.zeros(()),
+    curve = optimistic_curve(delta, lsq + z, -1.0, z, step, 1.0 - lost, delta[0], jnp.zeros(()))
+    excess = optimistic_curve(excess, lcq + z, 1.0, z, step, -lost, excess[0], jnp.expm1(z[-1]))
+    probs, _ = masses_from_curve(
+        jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost), z, below=lost
     )
-    excess = optimistic_curve(
-        jax.lax.cummax(hockey_stick_excess(lcp, lcq, z)), jnp.exp(lcq + z), z, step, 0.0,
-        -x_first * jnp.expm1(log_q_finite), jnp.expm1(z[-1]),
-    )
-    probs, _ = masses_from_curve(jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, 0.0), z)
     return probs, jnp.zeros((), probs.dtype)
 
 
@@ -186,7 +210,6 @@ class Mechanism:
     spread: Callable  # params -> typical scale of the loss (nats), > 0; sets the step
     center: Callable  # params -> where the window is centred (nats)
     half_width: Callable  # params -> half-width the window must cover (nats)
-    log_q_finite: Callable = lambda params: jnp.zeros(())  # log Q(L > -inf)
     # chi^2(P || Q) = E_Q[(P/Q)^2] - 1, for Poisson subsampling of the mechanism (None: not offered)
     chi2: Callable | None = None
 
@@ -198,16 +221,17 @@ def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: b
     """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
     if step is None:
         h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
+        if not pessimistic:
+            h = jnp.minimum(h, grid_lib.optimistic_step_limit(size))
     else:
         h = jnp.asarray(step, jnp.float64)
-    offset = grid_lib.window_offset(mechanism.center(params), h, size)
+    offset = grid_lib.window_offset(mechanism.center(params), h, size, pessimistic)
     probs, inf_mass = discretize(
         lambda eps: mechanism.tails(params, eps),
         offset,
         h,
         size,
         pessimistic,
-        mechanism.log_q_finite(params),
         rounding,
     )
     return probs, inf_mass, offset, h
@@ -235,6 +259,20 @@ def _size(mechanism: Mechanism, params, grid: Grid) -> int:
     return grid_lib.mechanism_size(float(_widest_half_width(params, grid.step, mechanism=mechanism)))
 
 
+def _check_step(grid: Grid, size: int, pessimistic: bool) -> None:
+    """A user's step must keep the discretization's exponentials finite (see the module notes)."""
+    if grid.step is None:
+        return
+    if grid.step > grid_lib.MAX_STEP:
+        raise ValueError(f"Grid.step must be in (0, {grid_lib.MAX_STEP}] nats, got {grid.step!r}")
+    limit = grid_lib.optimistic_step_limit(size)
+    if not pessimistic and grid.step > limit:
+        raise ValueError(
+            f"Grid.step must be at most {limit} for an optimistic PLD of {size} points (its window "
+            f"spans at most {grid_lib.OPTIMISTIC_SPAN} nats), got {grid.step!r}"
+        )
+
+
 def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool) -> PLD:
     """The (single-direction) PLD of ``mechanism``, batched over the broadcast ``params``."""
     if is_traced(params):
@@ -243,6 +281,7 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
         params = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params))
     grid = grid or Grid()
     size = _size(mechanism, tuple(params), grid)
+    _check_step(grid, size, pessimistic)
     shape = params[0].shape
     flat = tuple(p.reshape(-1) for p in params)
     kernel = functools.partial(

@@ -168,6 +168,10 @@ def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, nei
         )
         out[idx] = got[: len(idx)]
         report(begin + len(idx))
+    # never NaN: should a configuration still produce one, report the trivial sound bound
+    # (epsilon inf or delta 1 pessimistic, 0 optimistic) rather than a number that is none
+    out = np.where(np.isnan(out), (np.inf if evaluate == "epsilon" else 1.0) if pessimistic else 0.0,
+                   out)
     return out.reshape(shape) if shape else float(out[0])
 
 

@@ -31,6 +31,19 @@ MAX_MECHANISM_SIZE = 2**20
 #: Most grid points of a composition's window (compose / self_compose size=, automatic windows,
 #: approx_dp_composition's lattice); a pairwise convolution's FFT has at most twice as many.
 MAX_SIZE = 2**25
+#: Largest automatic step and smallest spread a step is derived from (nats): e^step stays far from
+#: overflow, and a loss narrower than MIN_SPREAD (sigma -> inf: near the identity) is put on steps
+#: of about MIN_SPREAD / 64 instead of denormal ones (coarser, so pessimistic values rise a little).
+MAX_STEP = 2.0**8
+MIN_SPREAD = 2.0**-40
+#: The optimistic construction works in x = e^z: its window ends below OPTIMISTIC_Z_MAX and spans
+#: at most OPTIMISTIC_SPAN nats (so e^z and the hull's cross products stay finite). Its curve is 0
+#: beyond the window: a lower bound whatever the mechanism, only less tight for larger losses.
+OPTIMISTIC_Z_MAX = 320.0
+OPTIMISTIC_SPAN = 640.0
+#: The centre of a window is kept within +-CENTER_MAX nats (grid indices stay far from int64
+#: overflow); a loss beyond goes to the +inf atom (pessimistic) or nowhere (optimistic).
+CENTER_MAX = 2.0**50
 #: Bound on the probability mass that truncation may move out of a composition's window.
 TAIL_MASS = 1e-18
 ROUNDINGS = ("connect_dots", "privacy_buckets")
@@ -79,13 +92,15 @@ def next_pow2(n: int) -> int:
 
 def fine_step(spread):
     """The largest power of two <= spread / 2^STEP_FRACTION_LOG2: the step accuracy asks for."""
+    spread = jnp.clip(spread, MIN_SPREAD, 2.0**STEP_FRACTION_LOG2 * MAX_STEP)
     return jnp.ldexp(1.0, (jnp.floor(jnp.log2(spread)) - STEP_FRACTION_LOG2).astype(jnp.int32))
 
 
 def mechanism_size(half_width_in_steps: float) -> int:
     """Number of points (a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]) of a window
     reaching ``half_width_in_steps`` grid steps on both sides of its centre."""
-    points = 2 * half_width_in_steps + 4
+    points = min(2 * half_width_in_steps + 4, MAX_MECHANISM_SIZE)  # inf or nan: the largest
+    points = MAX_MECHANISM_SIZE if np.isnan(points) else points
     return min(max(MECHANISM_SIZE, next_pow2(int(np.ceil(points)))), MAX_MECHANISM_SIZE)
 
 
@@ -95,11 +110,23 @@ def auto_step(spread, half_width, size: int):
     The largest power of two <= spread / 2^STEP_FRACTION_LOG2 (accuracy), unless the window of
     ``size`` points would then not reach ``half_width`` on both sides of its centre: then the
     smallest power of two that does.
+    Never above MAX_STEP (a wider loss is then not covered: its tails go to the window's ends).
     """
-    cover = jnp.ldexp(1.0, jnp.ceil(jnp.log2(2.0 * half_width / (size - 2))).astype(jnp.int32))
-    return jnp.maximum(fine_step(spread), cover)
+    wanted = jnp.clip(2.0 * half_width / (size - 2), 2.0**-1000, MAX_STEP)
+    cover = jnp.ldexp(1.0, jnp.ceil(jnp.log2(wanted)).astype(jnp.int32))
+    return jnp.minimum(jnp.maximum(fine_step(spread), cover), MAX_STEP)
 
 
-def window_offset(center, step, size: int):
-    """Grid index of the first point of a window of ``size`` points centred on ``center``."""
+def optimistic_step_limit(size: int) -> float:
+    """The largest power-of-two step whose window of ``size`` points spans <= OPTIMISTIC_SPAN."""
+    return float(2.0 ** np.floor(np.log2(OPTIMISTIC_SPAN / (size - 1))))
+
+
+def window_offset(center, step, size: int, pessimistic: bool = True):
+    """Grid index of the first point of a window of ``size`` points centred on ``center`` (kept
+    within +-CENTER_MAX; an optimistic window also ends below OPTIMISTIC_Z_MAX, see above)."""
+    center = jnp.clip(jnp.nan_to_num(center), -CENTER_MAX, CENTER_MAX)
+    if not pessimistic:
+        center = jnp.minimum(center, OPTIMISTIC_Z_MAX - (size - size // 2) * step)
     return jnp.floor(center / step).astype(jnp.int64) - size // 2
+

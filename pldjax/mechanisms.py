@@ -99,8 +99,23 @@ RANDOMIZED_RESPONSE = Mechanism(
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: jnp.zeros_like(p[0]),
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
-    log_q_finite=lambda p: jnp.log1p(-p[1]),
 )
+
+
+#: Below this (in nats, or as a sampling probability) a mechanism's parameter no longer shows in
+#: float64 log-tails (log 1/2 + 1e-17 rounds to log 1/2), so its curve would come out 0.
+MIN_PARAMETER = 2.0**-30
+
+
+def _resolvable(x, pessimistic: bool):
+    """``x`` (an array, >= 0), with values in (0, MIN_PARAMETER) replaced by MIN_PARAMETER for a
+    pessimistic PLD and by 0 for an optimistic one. Sound for a mechanism whose privacy loss grows
+    with ``x`` (Gaussian and Laplace 1/scale, randomized-response epsilon, sampling probability:
+    the smaller one is a post-processing of the larger): the result dominates the truth or is
+    dominated by it. 0 gives the identity, and MIN_PARAMETER a curve of order 1e-9."""
+    x = jnp.asarray(x, jnp.float64)
+    tiny = (x > 0) & (x < MIN_PARAMETER)
+    return jnp.where(tiny, MIN_PARAMETER if pessimistic else 0.0, x)
 
 
 NEIGHBORING = ("add_remove", "replace_one")
@@ -129,6 +144,8 @@ def _noise_mechanism(
     _check_choice("neighboring", neighboring, NEIGHBORING)
     _check_choice("sampling", sampling, SAMPLING)
     params = tuple(jnp.asarray(p, jnp.float64) for p in params)
+    if any(base is m for m in _MONOTONE_IN_SHIFT):
+        params = params[:-1] + (_resolvable(params[-1], pessimistic),)
     if neighboring == "replace_one":
         # a record's contribution goes from -sensitivity to +sensitivity
         params = params[:-1] + (2 * params[-1],)
@@ -137,7 +154,7 @@ def _noise_mechanism(
             raise ValueError("sampling='fixed_batch' needs a sampling_prob (batch size / dataset size)")
         return discretize_mechanism(base, params, grid, pessimistic)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
-    q = jnp.asarray(sampling_prob, jnp.float64)
+    q = _resolvable(sampling_prob, pessimistic)
     if sampling == "fixed_batch":
         if neighboring != "replace_one":
             raise ValueError(
@@ -221,7 +238,7 @@ gaussian.__doc__ += _ADJACENCY_DOC
 def gdp(mu, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
     """G_mu = PLD(N(0, 1) || N(mu, 1)), the mu-GDP curve; ``mu`` >= 0 (mu = 0 is the identity)."""
     check_range("mu", mu, 0.0)
-    return discretize_mechanism(GAUSSIAN, (mu,), grid, pessimistic)
+    return discretize_mechanism(GAUSSIAN, (_resolvable(mu, pessimistic),), grid, pessimistic)
 
 
 @float64
@@ -253,6 +270,10 @@ def laplace(
 
 
 laplace.__doc__ += _ADJACENCY_DOC
+
+
+#: Mechanisms whose last parameter (mu or 1/scale) can be floored by :func:`_resolvable`.
+_MONOTONE_IN_SHIFT = (GAUSSIAN, LAPLACE)
 
 
 # -- discrete noise ---------------------------------------------------------------------------------
@@ -358,14 +379,22 @@ _DGAUSS_SIGMAS = 40
 _DGAUSS_MAX_SUPPORT = 2**22
 
 
-def _lattice_grid(grid: Grid | None, sampling_prob, unit, points_per_unit: float) -> Grid | None:
+def _lattice_grid(grid: Grid | None, sampling_prob, unit, points_per_unit: float,
+                  mechanism: Mechanism, params: tuple, pessimistic: bool) -> Grid | None:
     """For a lone (scalar, not subsampled) integer-noise mechanism whose losses are multiples of
     ``unit``: a grid step of unit / 2^j (about 1/``points_per_unit`` of it or finer), so every
-    loss sits on the grid and the discretization is exact. Otherwise ``grid`` unchanged."""
+    loss sits on the grid and the discretization is exact. Otherwise ``grid`` unchanged (also
+    for an optimistic PLD whose lattice window would span more than the optimistic construction
+    allows: the automatic grid then)."""
     if grid is not None or sampling_prob is not None or np.size(unit) != 1 or is_traced(unit):
         return grid
     j = max(0, int(np.ceil(np.log2(points_per_unit))))
-    return Grid(step=float(np.asarray(unit).reshape(())) / 2**j)
+    step = float(np.asarray(unit).reshape(())) / 2**j
+    if not pessimistic:
+        half = float(np.max(mechanism.half_width(tuple(np.asarray(p, np.float64) for p in params))))
+        if step > grid_lib.optimistic_step_limit(grid_lib.mechanism_size(half / step)):
+            return grid
+    return Grid(step=step)
 
 
 def _check_integer(name: str, value) -> None:
@@ -402,7 +431,8 @@ def discrete_laplace(
     shift = sensitivity if is_traced(sensitivity) else np.asarray(sensitivity, np.float64)
     # losses t (D - 2k): multiples of t; about 64 grid points across the loss range [-tD, tD]
     if not is_traced(sensitivity):
-        grid = _lattice_grid(grid, sampling_prob, t, 64 / float(np.max(sensitivity)))
+        grid = _lattice_grid(grid, sampling_prob, t, 64 / float(np.max(sensitivity)),
+                             DISCRETE_LAPLACE, (t, shift), pessimistic)
     return _noise_mechanism(
         DISCRETE_LAPLACE, (t, shift), sampling_prob, neighboring, sampling, pessimistic, grid, None,
         "discrete_laplace",
@@ -450,7 +480,8 @@ def discrete_gaussian(
     # losses (D - 2k) D / (2 sigma^2): multiples of D / (2 sigma^2); about 64 points per sd D/sigma
     unit = np.asarray(sensitivity, np.float64) / (2 * np.asarray(sigma, np.float64) ** 2)
     if np.size(unit) == 1 and 80 * float(np.max(sigma)) < grid_lib.MAX_MECHANISM_SIZE:
-        grid = _lattice_grid(grid, sampling_prob, unit, 32 / float(np.max(sigma)))
+        grid = _lattice_grid(grid, sampling_prob, unit, 32 / float(np.max(sigma)),
+                             _discrete_gaussian(support), (s, shift), pessimistic)
     return _noise_mechanism(
         _discrete_gaussian(support), (s, shift), sampling_prob, neighboring, sampling, pessimistic,
         grid, None, "discrete_gaussian",
@@ -476,7 +507,9 @@ def randomized_response(
     """
     check_range("epsilon", epsilon, 0.0)
     check_range("delta", delta, 0.0, 1.0)
-    return discretize_mechanism(RANDOMIZED_RESPONSE, (epsilon, delta), grid, pessimistic)
+    return discretize_mechanism(
+        RANDOMIZED_RESPONSE, (_resolvable(epsilon, pessimistic), delta), grid, pessimistic
+    )
 
 
 def _curve_to_pld(delta_fn, step: float, offset: int, size: int, name: str) -> PLD:

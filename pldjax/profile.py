@@ -59,9 +59,9 @@ def tail_sums(probs, step):
 
 
 def grid_deltas(probs, inf_mass, step):
-    """delta at every grid point z_k, shape (n,): non-increasing in k."""
+    """delta at every grid point z_k, shape (n,): non-increasing in k, at most 1."""
     _, _, d = tail_sums(probs, step)
-    return inf_mass + d[:-1]
+    return jnp.minimum(inf_mass + d[:-1], 1.0)
 
 
 def delta_kernel(probs, inf_mass, offset, step, epsilons):
@@ -73,7 +73,9 @@ def delta_kernel(probs, inf_mass, offset, step, epsilons):
     t = jnp.maximum((offset + j) * step - epsilons, 0.0)
     finite = jnp.exp(-t) * d[j] - jnp.expm1(-t) * s[j]
     finite = jnp.where(j >= n, 0.0, finite)
-    return inf_mass + finite
+    # in [0, 1] as every delta is: round-off in the masses (which sum to 1 only up to it) can
+    # push the sum an ulp or two above 1, and 1 bounds every true delta from above
+    return jnp.clip(inf_mass + finite, 0.0, 1.0)
 
 
 def epsilon_kernel(probs, inf_mass, offset, step, deltas):
@@ -89,7 +91,9 @@ def epsilon_kernel(probs, inf_mass, offset, step, deltas):
     t = jnp.log(r[j]) - jnp.log(room)
     eps = jnp.where(room <= 0, -jnp.inf, z_j - jnp.maximum(t, 0.0))
     eps = jnp.maximum(eps, 0.0)
-    return jnp.where(inf_mass > deltas, jnp.inf, eps)
+    # every mechanism is (0, 1)-DP: delta >= 1 needs no epsilon, whatever round-off left in
+    # masses summing to 1 + ulp (this also keeps epsilon(delta) non-increasing up to delta = 1)
+    return jnp.where(deltas >= 1.0, 0.0, jnp.where(inf_mass > deltas, jnp.inf, eps))
 
 
 _delta_jit = jax.jit(delta_kernel)

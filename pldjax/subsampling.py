@@ -81,11 +81,22 @@ def _subsampled_spread(base: Mechanism, params):
     return jnp.where(spread > 0, spread, 1.0)
 
 
+#: Base losses beyond this many nats are left out of the subsampled window (so that it stays
+#: near the bulk at log(1 - q) for tiny noise): their mass goes to the +inf atom (pessimistic)
+#: or to the window's top (optimistic), both sound.
+BASE_REACH_MAX = 1e4
+
+
 def _base_range(base: Mechanism, params):
+    """(q, low, high): the base loss's range under both of its distributions, at most
+    BASE_REACH_MAX. The base window covers the loss under A (centre +- half-width); under B a
+    symmetric base's loss is its mirror image, and the subsampled mechanism sees both (the add
+    direction's P is B)."""
     *base_params, q = params
     base_params = tuple(base_params)
     center, half = base.center(base_params), base.half_width(base_params)
-    return q, center - half, center + half
+    reach = jnp.minimum(jnp.maximum(jnp.abs(center - half), jnp.abs(center + half)), BASE_REACH_MAX)
+    return q, -reach, reach
 
 
 def _loss_range(base: Mechanism, params):
@@ -139,38 +150,47 @@ def _replace_one_threshold(mu, q, eps):
 
     With v = e^(-mu x) and c = e^(-mu^2/2): e^L = (1 - q + q c v) / (1 - q + q c / v), so
     q c v^2 + (1 - q)(1 - e^eps) v - q c e^eps = 0; its positive root, written without
-    cancellation for either sign of D = (1 - q) expm1(eps), in logs.
+    cancellation for either sign of D = (1 - q) expm1(eps), wholly in logs (c underflows for
+    mu beyond about 38, and expm1(eps) overflows beyond 709).
     """
-    d = (1 - q) * jnp.expm1(eps)
     log_2qc = jnp.log(2 * q) - mu**2 / 2
     log_w = log_2qc + eps / 2  # w = 2 q c e^(eps/2): 4 q^2 c^2 e^eps = w^2
-    w = jnp.exp(log_w)
-    root = jnp.hypot(d, w)
-    log_v = jnp.where(
-        d >= 0,
-        jnp.log(d + root) - log_2qc,
-        2 * log_w - log_2qc - jnp.log(root - d),
-    )
+    # log |D|, -inf at eps = 0
+    log_abs_expm1 = jnp.where(eps > 0, eps + jnp.log(-jnp.expm1(-jnp.abs(eps))),
+                              jnp.log(-jnp.expm1(-jnp.abs(eps))))
+    log_d = jnp.log1p(-q) + log_abs_expm1
+    log_root = jnp.logaddexp(2 * log_d, 2 * log_w) / 2  # log hypot(D, w)
+    log_sum = jnp.logaddexp(log_d, log_root)  # log(root + |D|)
+    log_v = jnp.where(eps >= 0, log_sum - log_2qc, 2 * log_w - log_2qc - log_sum)
     return -log_v / mu
 
 
 def _replace_one_tails(params, eps):
     mu, q = params
+    active = (q > 0) & (mu > 0)
+    # mu^2 must stay finite; beyond mu = 1e150 the curve no longer changes in float64 (the losses
+    # away from 0 exceed 1e299 nats, far beyond any window)
+    mu, q = jnp.where(active, jnp.minimum(mu, 1e150), 1.0), jnp.where(active, q, 0.5)
     x = _replace_one_threshold(mu, q, eps)
     log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
     # P = (1-q) N(0,1) + q N(-mu,1), Q = (1-q) N(0,1) + q N(mu,1); L > eps <=> output < x
-    return (
+    tails = (
         _log_mix(log_1mq, log_ndtr(x), log_q, log_ndtr(x + mu)),
         _log_mix(log_1mq, log_ndtr(x), log_q, log_ndtr(x - mu)),
         _log_mix(log_1mq, log_ndtr(-x), log_q, log_ndtr(-x - mu)),
         _log_mix(log_1mq, log_ndtr(-x), log_q, log_ndtr(mu - x)),
     )
+    # q = 0 or mu = 0: P = Q, the loss is 0 with certainty
+    sf = jnp.where(eps < 0, 0.0, -jnp.inf)
+    cdf = jnp.where(eps < 0, -jnp.inf, 0.0)
+    return tuple(jnp.where(active, t, i) for t, i in zip(tails, (sf, sf, cdf, cdf), strict=True))
 
 
 def _replace_one_half_width(params):
     mu, q = params
     # the loss at output -(mu + 10): about log(1 - q + q e^(mu^2/2 + 10 mu)) plus the other term
-    return 1.01 * _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) + 2 * q * mu + 1e-300
+    reach = 1.01 * _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) + 2 * q * mu + 1e-300
+    return jnp.minimum(reach, BASE_REACH_MAX)
 
 
 def _replace_one_spread(params):

@@ -255,3 +255,11 @@ def test_huge_count_guards_with_caller_x64_off(x64_off):
     with pytest.raises(ValueError, match="too large"):
         g.self_compose(10**18)
     assert float(pj.approx_dp_composition(0.0, 1.0).self_compose(10**18).delta(3.0)) == 1.0
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_self_compose_with_all_mass_at_infinity(pessimistic):
+    """R_{eps,1} has no finite mass: its composition is fully revealing, never NaN."""
+    composed = pj.randomized_response(1.0, 1.0, pessimistic=pessimistic).self_compose(2)
+    assert np.all(composed.delta(np.array([0.0, 1.0])) >= (1.0 if pessimistic else 1 - 1e-12))
+    assert not np.isnan(composed.epsilon(0.5))

@@ -242,3 +242,39 @@ def test_subsampled_losses_beyond_709_nats_are_kept():
 def test_more_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_masses_from_curve_with_a_huge_step():
+    """A step beyond 709 nats (e^h overflows) still gives masses that add up, never NaN."""
+    import jax.numpy as jnp
+
+    from pldjax.discretize import masses_from_curve
+
+    curve = jnp.array([1.0, 0.5, 0.25, 0.0])
+    probs, inf_mass = masses_from_curve(curve, 1024.0)
+    assert np.all(np.isfinite(probs)) and float(inf_mass) == 0.0
+    assert float(jnp.sum(probs)) == pytest.approx(1.0)
+    np.testing.assert_allclose(np.asarray(probs), [0.0, 0.5, 0.25, 0.25], atol=1e-15)
+
+
+def test_optimistic_window_far_below_the_loss_keeps_its_mass():
+    """An optimistic window wholly below the loss (x = e^z underflows): the mass goes to the top
+    of the window (a lower bound), none is lost."""
+    import jax.numpy as jnp
+
+    from pldjax import mechanisms
+    from pldjax.discretize import discretize
+
+    probs, inf_mass = discretize(lambda e: mechanisms.GAUSSIAN.tails((jnp.array(1.0),), e),
+                                 -4000, 0.5, 256, False)
+    assert float(jnp.sum(probs)) == pytest.approx(1.0) and float(inf_mass) == 0.0
+    assert float(probs[-1]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.1])
+def test_optimistic_small_noise_is_finite_and_below_pessimistic(scale):
+    """The exact lattice grid is too wide for the optimistic construction here: the automatic grid."""
+    for make in (pj.discrete_gaussian, pj.discrete_laplace):
+        lower = make(scale, pessimistic=False).delta(EPS)
+        upper = make(scale).delta(EPS)
+        assert np.all(np.isfinite(lower)) and np.all(lower <= upper + 1e-12)

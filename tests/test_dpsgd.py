@@ -108,3 +108,48 @@ def test_cli_dpsgd_and_sweep(tmp_path, capsys):
     configs.write_text("noise_multiplier,steps,delta\n1.0,30,1e-5\n")
     assert main(["sweep", str(configs)]) == 2
     assert "sampling_prob" in capsys.readouterr().err
+
+
+def _one_step_exact_epsilon(sigma, q, delta):
+    """epsilon(delta) of one Poisson-subsampled Gaussian step (both directions), by bisection on the
+    closed-form curve (laplace-transform-dp.txt Thm 5.1 with mpmath Gaussian tails)."""
+    from reference import gaussian_delta, subsampled_add_delta, subsampled_remove_delta
+
+    base = lambda e: gaussian_delta(1 / sigma, e)  # noqa: E731
+    curve = lambda e: max(subsampled_remove_delta(base, q, e), subsampled_add_delta(base, q, e))  # noqa: E731
+    lo, hi = 0.0, 1e4
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if curve(mid) > delta else (lo, mid)
+    return lo, hi
+
+
+def test_small_noise_brackets_exact_one_step():
+    """sigma = 0.05, q = 0.5: the optimistic value was 284.73 above the exact 280.547 (issue 15)."""
+    lo, hi = _one_step_exact_epsilon(0.05, 0.5, 1e-5)
+    assert pj.dpsgd_epsilon(0.05, 0.5, 1, 1e-5) >= lo
+    assert pj.dpsgd_epsilon(0.05, 0.5, 1, 1e-5, pessimistic=False) <= hi
+
+
+@pytest.mark.parametrize("q", [0.1, 0.5, 0.9])
+def test_tiny_noise_is_finite_and_sound(q):
+    """sigma <= 0.03 gave NaN: the add direction's window missed its loss."""
+    lo, hi = _one_step_exact_epsilon(0.02, q, 1e-5)
+    upper = pj.dpsgd_epsilon(0.02, q, 1, 1e-5)
+    lower = pj.dpsgd_epsilon(0.02, q, 1, 1e-5, pessimistic=False)
+    assert np.isfinite(upper) and upper >= lo
+    assert not np.isnan(lower) and 0 <= lower <= hi
+
+
+def test_alone_and_in_a_batch_at_small_noise():
+    """NaN alone and finite in a batch (issue 15): both finite and sound now (a batch shares one
+    grid size, so the two can differ within the discretization error)."""
+    lo, _ = _one_step_exact_epsilon(0.02, 0.01, 1e-5)
+    alone = pj.dpsgd_epsilon(0.02, 0.01, 1, 1e-5)
+    batch = pj.dpsgd_epsilon(np.array([0.02, 1.0]), 0.01, 1, 1e-5)
+    assert lo <= alone == pytest.approx(batch[0], rel=1e-4) and batch[0] >= lo
+
+
+def test_delta_one_costs_nothing_and_delta_at_most_one():
+    assert pj.dpsgd_epsilon(0.5, 0.05, 1000, 1.0) == 0.0
+    assert pj.dpsgd_delta(1.1, 0.05, 100788, 0.0) <= 1.0

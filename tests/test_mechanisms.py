@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from reference import gaussian_delta, laplace_delta
@@ -83,3 +85,62 @@ def test_user_grid():
     p = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-5, size=512))
     assert p.size == 512 and float(p.step) == 2.0**-5
     assert p.delta(1.0) >= gaussian_delta(1.0, 1.0) - 1e-15
+
+
+# -- extreme but valid parameters (issue 15): a sound bound, never NaN --------------------------
+EDGE_EPS = np.array([0.0, 1.0, 10.0, 300.0])
+
+
+def _gaussian_exact(mu, eps):
+    """gaussian_delta where mpmath can evaluate it; beyond, its limits: 1 for mu >= 1e3 (the loss
+    sits near mu^2/2 > 300), erf(mu / 2 sqrt 2) at eps = 0 and 0 above for mu <= 1e-6."""
+    if mu >= 1e3:
+        return 1.0
+    if mu <= 1e-6:
+        return math.erf(mu / (2 * math.sqrt(2))) if eps == 0 else 0.0
+    return gaussian_delta(mu, eps)
+
+
+def _sound_bracket(make, exact):
+    upper = make(True).delta(EDGE_EPS)
+    lower = make(False).delta(EDGE_EPS)
+    for value in (upper, lower):
+        assert np.all(np.isfinite(value)) and np.all((value >= 0) & (value <= 1))
+    assert np.all(upper >= exact * (1 - 1e-12) - 1e-15)
+    assert np.all(lower <= exact * (1 + 1e-12) + 1e-15)
+    for pld in (make(True), make(False)):
+        eps = pld.epsilon(np.array([1e-12, 1e-5, 0.5, 1.0]))
+        assert not np.any(np.isnan(eps)) and np.all(eps >= 0) and np.all(eps[:-1] >= eps[1:])
+
+
+@pytest.mark.parametrize("sigma", [1e-300, 1e-5, 1e17, 1e300])
+def test_gaussian_extreme_sigma_is_sound(sigma):
+    # sigma -> 0: the loss sits beyond any sane grid (delta = 1 up to mu^2/2); sigma -> inf: identity
+    mu = 1 / sigma
+    exact = np.array([_gaussian_exact(mu, e) for e in EDGE_EPS])
+    _sound_bracket(lambda p: pj.gaussian(sigma, pessimistic=p), exact)
+
+
+@pytest.mark.parametrize("mu", [60.0, 7e4, 1e300])
+def test_gdp_large_mu_is_sound(mu):
+    exact = np.array([_gaussian_exact(mu, e) for e in EDGE_EPS])
+    _sound_bracket(lambda p: pj.gdp(mu, pessimistic=p), exact)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-5, 1e17])
+def test_laplace_extreme_scale_is_sound(scale):
+    exact = np.array([laplace_delta(1 / scale, e) if scale > 1e-200 else 1.0 for e in EDGE_EPS])
+    _sound_bracket(lambda p: pj.laplace(scale, pessimistic=p), exact)
+
+
+@pytest.mark.parametrize("epsilon", [1e-17, 1e5, 1e300])
+def test_randomized_response_extreme_epsilon_is_sound(epsilon):
+    # delta(e) = (e^eps0 - e^e) / (1 + e^eps0) for e < eps0, written without overflow
+    exact = np.array([max(0.0, float(-np.expm1(e - epsilon) / (1 + np.exp(-epsilon))))
+                      for e in EDGE_EPS])
+    _sound_bracket(lambda p: pj.randomized_response(epsilon, pessimistic=p), exact)
+
+
+def test_delta_never_exceeds_one():
+    assert pj.gaussian(0.01).delta(1.0) <= 1.0
+    assert np.all(pj.gaussian(np.array([0.01, 0.02])).delta(np.array([0.0, 1.0])) <= 1.0)

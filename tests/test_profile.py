@@ -68,3 +68,13 @@ def test_two_directions_report_the_worse():
     eps = np.array([0.5, 1.0, 2.0])
     np.testing.assert_allclose(both.delta(eps), np.maximum(fwd.delta(eps), rev.delta(eps)))
     assert float(both.epsilon(1e-5)) == pytest.approx(max(fwd.epsilon(1e-5), rev.epsilon(1e-5)))
+
+
+def test_delta_capped_at_one_and_epsilon_zero_at_delta_one():
+    """Masses summing to 1 + ulp must not give delta > 1; any PLD is (0, 1)-DP."""
+    pld = pj.PLD(jnp.array([0.5, 0.5 + 4e-16]), jnp.array(0.0), jnp.array(-3, jnp.int64),
+                 jnp.array(1.0))
+    d = pld.delta(np.array([0.0, 0.5, 10.0]))
+    assert np.all(d <= 1.0) and np.all(d >= 0.0)
+    eps = pld.epsilon(np.array([0.5, 1 - 1e-16, 1.0]))
+    assert eps[-1] == 0.0 and np.all(np.diff(eps) <= 0)

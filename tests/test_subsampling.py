@@ -182,3 +182,33 @@ def test_dpsgd_against_dp_accounting_grid(sigma, q, count):
     theirs_lo = _dp_accounting_epsilon(factory, count, 1e-5, False)
     assert theirs_lo <= ours <= theirs_up * 1.001 + 1e-9
     assert ours_lower <= theirs_up + 1e-9
+
+
+@pytest.mark.parametrize("neighboring", ["add_remove", "replace_one"])
+def test_tiny_sampling_prob_is_sound(neighboring):
+    """q far below float64's resolution of 1 - q: the pessimistic PLD is that of a larger q (a
+    bound), the optimistic one the identity; never NaN."""
+    eps = np.array([0.0, 1.0])
+    upper = pj.gaussian(1.0, sampling_prob=1e-20, neighboring=neighboring).delta(eps)
+    lower = pj.gaussian(1.0, sampling_prob=1e-20, neighboring=neighboring, pessimistic=False)
+    lower = lower.delta(eps)
+    assert np.all(np.isfinite(upper)) and np.all(np.isfinite(lower))
+    assert np.all(lower >= 0) and np.all(lower <= upper) and np.all(upper <= 1e-8)
+    if neighboring == "add_remove":
+        base = lambda e: gaussian_delta(1.0, e)  # noqa: E731
+        exact = np.array([max(subsampled_remove_delta(base, 1e-20, e),
+                              subsampled_add_delta(base, 1e-20, e)) for e in eps])
+        assert np.all(upper >= exact) and np.all(lower <= exact)
+
+
+def test_small_noise_add_direction_window_covers_its_loss():
+    """The add direction's P is the base's B: its loss sits near -log(1 - q), which the window
+    must reach (it used to sit below it, every mass in the +inf atom)."""
+    mu, q = 1 / 0.03, 0.1
+    pld = pj.gaussian(0.03, sampling_prob=q)
+    add = pld.directions()[1]
+    assert float(add.inf_mass) < 1e-12
+    eps = np.array([0.0, 1.0, 10.0])
+    exact = np.array([subsampled_add_delta(lambda e: gaussian_delta(mu, e), q, e) for e in eps])
+    got = add.delta(eps)
+    assert np.all(got >= exact - 1e-15) and np.all(got <= exact + 1e-3)
