@@ -345,7 +345,7 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
             points = (p.size - 1) * float(np.max(np.asarray(p.step) / fine)) + 1
             if points > grid_lib.MAX_SIZE:
                 raise ValueError(
-                    f"compose would re-grid a PLD of {p.size} points on step "
+                    f"plds: compose would re-grid a PLD of {p.size} points on step "
                     f"{float(np.max(np.asarray(p.step))):.3g} onto the finer step "
                     f"{float(np.min(fine)):.3g}: {points:.3g} points, more than grid.MAX_SIZE = "
                     f"{grid_lib.MAX_SIZE} (a memory guard); build both with one "
