@@ -342,8 +342,9 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
     if not is_traced((a.step, b.step)):
         fine = np.minimum(np.asarray(a.step), np.asarray(b.step))
         for p in (a, b):  # re-expressed on a finer step it has (size - 1) * ratio + 1 points
-            points = (p.size - 1) * float(np.max(np.asarray(p.step) / fine)) + 1
-            if points > grid_lib.MAX_SIZE:
+            ratio = float(np.max(np.asarray(p.step) / fine))
+            points = (p.size - 1) * ratio + 1
+            if ratio > 1 and points > grid_lib.MAX_SIZE:
                 raise ValueError(
                     f"plds: compose would re-grid a PLD of {p.size} points on step "
                     f"{float(np.max(np.asarray(p.step))):.3g} onto the finer step "
