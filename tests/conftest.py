@@ -25,7 +25,7 @@ settings.register_profile("pldjax-fast", max_examples=6, deadline=None, derandom
                           database=None, suppress_health_check=_UNHEALTHY, print_blob=True,
                           phases=[Phase.explicit, Phase.generate])  # no shrinking: report as found
 settings.register_profile("pldjax-slow", deadline=None, database=None, print_blob=True,
-                          max_examples=int(os.environ.get("PLDJAX_HYPOTHESIS_EXAMPLES", "100")),
+                          max_examples=int(os.environ.get("PLDJAX_HYPOTHESIS_EXAMPLES", "25")),
                           suppress_health_check=_UNHEALTHY)
 
 

@@ -24,7 +24,7 @@ How to run:
       pytest tests/test_properties.py -n 0
   long profile (the slow tests, random, many examples):
       pytest tests/test_properties.py -m slow -n 0
-  The long profile runs 100 examples a test; PLDJAX_HYPOTHESIS_EXAMPLES=1000 runs more.
+  The long profile runs 25 examples a test; PLDJAX_HYPOTHESIS_EXAMPLES=1000 runs more.
 The two hypothesis profiles ("pldjax-fast", "pldjax-slow") are registered in conftest.py.
 
 Shapes are kept few (scalars and batches of a fixed size BATCH) because JAX compiles one kernel
