@@ -387,7 +387,8 @@ def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
 @float64
 def natural_filter_cost(queries, *, budget: PLD, rounds: int) -> PLD:
     """V_rounds(Id) as a pessimistic PLD: an upper bound on the privacy of every analyst
-    interacting with the natural filter of ``budget`` for ``rounds`` rounds using ``queries``."""
+    interacting with the natural filter of ``budget`` for ``rounds`` rounds using ``queries``
+    (aligned onto one step first, see the module docstring)."""
     return natural_filter_bounds(queries, budget=budget, rounds=rounds).upper
 
 
@@ -458,7 +459,9 @@ def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
     "free" when the upper bound on V_rounds(Id) is dominated by the budget (up to
     rounds * ROUNDOFF); "not free" when the lower bound exceeds it by more than that at some eps,
     with a witness strategy (see :func:`_witness`; None if the excess needs deeper adaptivity than
-    one branching point); "undecided" otherwise.
+    one branching point); "undecided" otherwise. Queries on different steps are aligned first
+    (exactly when possible, else pessimistically: see the module docstring); the budget may sit
+    on any step.
     """
     rounds = check_count("rounds", rounds, minimum=1)
     a = _analyse(queries, budget, rounds)
