@@ -134,12 +134,12 @@ def test_sup_under_jit_of_a_family_on_different_steps():
 
 
 def test_natural_filter_analysis_of_queries_on_different_steps():
-    grid = pj.Grid(step=2.0**-3)
-    queries = [pj.randomized_response(0.5, grid=grid), pj.randomized_response(0.25)]  # 2^-7
-    budget = pj.randomized_response(1.0, grid=grid)
-    verdict = pj.natural_filter_free(queries, budget=budget, rounds=2)
-    same = [pj.randomized_response(e, grid=pj.Grid(step=2.0**-7)) for e in (0.5, 0.25)]
-    want = pj.natural_filter_free(same, budget=budget, rounds=2)  # refined exactly
+    grid = pj.Grid(step=2.0**-1)
+    queries = [pj.randomized_response(1.5, grid=grid), pj.randomized_response(1.0)]  # 2^-6
+    budget = pj.randomized_response(3.0, grid=grid)
+    verdict = pj.natural_filter_free(queries, budget=budget, rounds=1)
+    same = [pj.randomized_response(e, grid=pj.Grid(step=2.0**-6)) for e in (1.5, 1.0)]
+    want = pj.natural_filter_free(same, budget=budget, rounds=1)  # refined exactly
     assert verdict.status == want.status
     assert verdict.upper_excess == pytest.approx(want.upper_excess, abs=1e-12)
     assert verdict.lower_excess == pytest.approx(want.lower_excess, abs=1e-12)
@@ -195,3 +195,22 @@ def test_optimistic_randomized_response_keeps_its_atom():
     f = pj.filters.natural(budget)
     _, ok = f.spend(f.init(), pj.randomized_response(0.0, 0.04, grid=grid))
     assert bool(ok)
+
+
+def test_both_directions_are_aligned():
+    def pair(pessimistic, steps):
+        return pj.compose([pj.laplace(1.0, sampling_prob=0.2, pessimistic=pessimistic,
+                                      grid=pj.Grid(step=s)) for s in steps])
+
+    upper = pair(True, (0.01, 0.003))
+    assert len(upper.directions()) == 2
+    assert all(float(d.step) == 0.01 for d in upper.directions())
+    lower = pair(False, (0.01, 0.003))
+    assert all(float(d.step) == 0.01 for d in lower.directions())
+    fine_upper, fine_lower = pair(True, (2.0**-10,) * 2), pair(False, (2.0**-10,) * 2)
+    for d_up, d_low, f_up, f_low in zip(upper.directions(), lower.directions(),
+                                        fine_upper.directions(), fine_lower.directions(),
+                                        strict=True):
+        # each aligned bound lies on its side of the other side's bound on a fine common grid
+        assert np.all(d_up.delta(EPS) >= f_low.delta(EPS) - 1e-13)
+        assert np.all(d_low.delta(EPS) <= f_up.delta(EPS) + 1e-13)
