@@ -28,7 +28,12 @@ suprema, so "below B" is decided at eps >= 0 only (the curve at -eps follows fro
 There the curves are away from 1, where the round-off of values near 1 would swamp a comparison.
 
 The queries are the given grid PLDs exactly (a family of lattice mechanisms such as randomized
-response is represented exactly; a Gaussian's grid PLD stands for itself), and so is the budget.
+response is represented exactly; a Gaussian's grid PLD stands for itself), and so is the budget,
+which may sit on any step. Queries on different steps are aligned first
+(:func:`pldjax.align.align`): exactly onto the finest step when their steps are integer multiples
+of it and the result fits grid.MAX_SIZE, otherwise onto the coarsest step by connect-the-dots
+(pessimistic: each query replaced by one that dominates it, as :func:`pldjax.filters.natural`
+does with its queries); the analysis is then that of the aligned family.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.align import align
 from pldjax.discretize import masses_from_curve
 from pldjax.grid import next_pow2
 from pldjax.order import ROUNDOFF
@@ -67,9 +73,8 @@ def _family(queries) -> Family:
     for q in queries:
         if q.batch_shape or q.reverse is not None:
             raise ValueError("the recursion takes unbatched, symmetric PLDs (one direction)")
+    queries = align(queries, "the natural-filter analysis")
     steps = np.array([float(q.step) for q in queries])
-    if not np.allclose(steps, steps[0], rtol=1e-12, atol=0):
-        raise ValueError(f"the queries must share one grid step, got {np.unique(steps)}")
     spans = []
     for q in queries:
         nonzero = np.flatnonzero(np.asarray(q.probs) > 0)
@@ -373,7 +378,8 @@ def _bounds(a: Analysis, rounds: int) -> Bounds:
 @float64
 def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
     """Upper and lower bounds on V_rounds(Id), the natural filter's worst-case PLD (Thm 6), for a
-    finite family of symmetric query PLDs on one grid step (Id is always allowed)."""
+    finite family of symmetric query PLDs (aligned onto one grid step, see the module docstring;
+    Id is always allowed)."""
     rounds = check_count("rounds", rounds, minimum=1)
     return _bounds(_analyse(queries, budget, rounds), rounds)
 
@@ -381,7 +387,8 @@ def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
 @float64
 def natural_filter_cost(queries, *, budget: PLD, rounds: int) -> PLD:
     """V_rounds(Id) as a pessimistic PLD: an upper bound on the privacy of every analyst
-    interacting with the natural filter of ``budget`` for ``rounds`` rounds using ``queries``."""
+    interacting with the natural filter of ``budget`` for ``rounds`` rounds using ``queries``
+    (aligned onto one step first, see the module docstring)."""
     return natural_filter_bounds(queries, budget=budget, rounds=rounds).upper
 
 
@@ -452,7 +459,9 @@ def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
     "free" when the upper bound on V_rounds(Id) is dominated by the budget (up to
     rounds * ROUNDOFF); "not free" when the lower bound exceeds it by more than that at some eps,
     with a witness strategy (see :func:`_witness`; None if the excess needs deeper adaptivity than
-    one branching point); "undecided" otherwise.
+    one branching point); "undecided" otherwise. Queries on different steps are aligned first
+    (exactly when possible, else pessimistically: see the module docstring); the budget may sit
+    on any step.
     """
     rounds = check_count("rounds", rounds, minimum=1)
     a = _analyse(queries, budget, rounds)

@@ -38,6 +38,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from pldjax import grid as grid_lib
+from pldjax.align import align
 from pldjax.pld import PLD, check_same_kind
 from pldjax.precision import float64
 from pldjax.validate import check_count, is_traced
@@ -278,29 +279,6 @@ def _unflatten(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:
     )
 
 
-def _on_step(pld: PLD, step) -> PLD:
-    """``pld`` (flattened batch) re-expressed exactly on the finer grid ``step``, or ValueError."""
-    if is_traced((pld.step, step)):
-        return pld  # under jit the caller guarantees a common step
-    mine, target = np.asarray(pld.step), np.asarray(step)
-    if np.allclose(mine, target, rtol=1e-12, atol=0):
-        return pld
-    if pld.size == 1 and np.all(np.asarray(pld.offset) == 0):  # all mass at loss 0: any grid
-        return PLD(pld.probs, pld.inf_mass, pld.offset, jnp.asarray(target), pld.pessimistic)
-    ratio = mine / target
-    factor = int(round(float(np.max(ratio))))
-    if factor < 2 or not np.allclose(ratio, factor, rtol=1e-9, atol=0):
-        raise ValueError(
-            "cannot compose PLDs on grids with steps "
-            f"{np.unique(mine)} and {np.unique(target)}: the ratio must be one integer for the "
-            "whole batch. Build both with the same Grid(step=...) or with automatic grids "
-            "(power-of-two steps)."
-        )
-    fine = jnp.zeros(pld.probs.shape[:-1] + ((pld.size - 1) * factor + 1,), pld.probs.dtype)
-    fine = fine.at[..., ::factor].set(pld.probs)
-    return PLD(fine, pld.inf_mass, pld.offset * factor, jnp.asarray(target), pld.pessimistic)
-
-
 @functools.partial(jax.jit, static_argnames=("pessimistic",))
 def _convolve_batch(a: PLD, b: PLD, *, pessimistic: bool):
     kernel = functools.partial(convolve_kernel, pessimistic=pessimistic)
@@ -338,21 +316,7 @@ def _checked_size(size: int, what: str) -> int:
 
 def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
     shape = jnp.broadcast_shapes(a.batch_shape, b.batch_shape)
-    a, b = _broadcast(a, shape), _broadcast(b, shape)
-    if not is_traced((a.step, b.step)):
-        fine = np.minimum(np.asarray(a.step), np.asarray(b.step))
-        for p in (a, b):  # re-expressed on a finer step it has (size - 1) * ratio + 1 points
-            ratio = float(np.max(np.asarray(p.step) / fine))
-            points = (p.size - 1) * ratio + 1
-            if ratio > 1 and points > grid_lib.MAX_SIZE:
-                raise ValueError(
-                    f"plds: compose would re-grid a PLD of {p.size} points on step "
-                    f"{float(np.max(np.asarray(p.step))):.3g} onto the finer step "
-                    f"{float(np.min(fine)):.3g}: {points:.3g} points, more than grid.MAX_SIZE = "
-                    f"{grid_lib.MAX_SIZE} (a memory guard); build both with one "
-                    "Grid(step=...) of a coarser step"
-                )
-        a, b = _on_step(a, fine), _on_step(b, fine)
+    a, b = align([_broadcast(a, shape), _broadcast(b, shape)], "compose")
     fft = grid_lib.next_pow2(a.size + b.size - 1)
     if fft > 2 * grid_lib.MAX_SIZE:
         raise ValueError(
@@ -390,9 +354,13 @@ def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
     the automatic choice cannot look at the values), an integer in [1, grid.MAX_SIZE]; an
     automatic window is refused beyond grid.MAX_SIZE too, and so is a pair of PLDs whose
     convolution would need an FFT of more than 2 * grid.MAX_SIZE points (memory guards, each a
-    ValueError). Batch axes broadcast. PLDs must share a step
-    or have steps in an integer ratio (automatic grids use powers of two); a pessimistic and an
-    optimistic PLD cannot be composed.
+    ValueError). Batch axes broadcast; a pessimistic and an optimistic PLD cannot be composed.
+
+    PLDs on different steps are aligned first (:func:`pldjax.align.align`), on the PLDs' own safe
+    side: exactly onto the finest step when every step is an integer multiple of it (automatic
+    grids use powers of two) and the refined PLDs fit grid.MAX_SIZE; otherwise onto the coarsest
+    step, a pessimistic PLD by connect-the-dots (an upper bound), an optimistic one by rounding
+    its losses down (a lower bound). Under ``jit`` (traced steps) onto the largest step.
     """
     plds = list(plds)
     if not plds:

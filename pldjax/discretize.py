@@ -10,7 +10,9 @@ With x = e^eps the hockey-stick curve delta(x) = P(L > eps) - x Q(L > eps) is co
   result is the best pessimistic PLD on this grid. The +inf atom is delta at the last grid point.
 * Optimistic (Alg. 2): candidate points on tangent lines (left of x = 1 from the previous point,
   right of it from the next one), their lower convex hull, then Alg. 1 on the hull's values;
-  the +inf atom is 0. Every hockey-stick value is a lower bound.
+  the +inf atom is the mechanism's own P(L = +inf) (``Mechanism.inf_mass``; 0 if it has none),
+  which is exactly representable, the estimate is built for the rest. Every hockey-stick value
+  is a lower bound.
 
 Masses come from slope differences written without large exponentials:
 ``p_j = (e^h d_{j-1} - d_j) / expm1(h)`` with ``d_i = delta_i - delta_{i+1}``, or for a step so
@@ -157,29 +159,35 @@ def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):
     return _lower_hull_at(jnp.concatenate([jnp.zeros((1,)), xs]), points)[1:]
 
 
-def privacy_buckets(log_sf_p, pessimistic: bool):
+def privacy_buckets(log_sf_p, pessimistic: bool, atom=0.0):
     """Masses of the loss rounded up (pessimistic) or down (optimistic) to the grid points, from
     log P(L > z_i): the mass in (z_{i-1}, z_i] goes to z_i, or the mass in [z_i, z_{i+1}) to z_i.
     Returns (probs, inf_mass); at the window's ends the outside mass goes to +inf and z_0
-    (pessimistic), or to z_{n-1} and -inf (optimistic: dropped, never rounded up)."""
+    (pessimistic), or to z_{n-1} and -inf (optimistic: dropped, never rounded up); ``atom``,
+    P(L = +inf), stays at +inf in the optimistic case too."""
     sf = jnp.exp(log_sf_p)  # P(L > z_i), non-increasing
     between = sf[:-1] - sf[1:]  # P(z_i < L <= z_{i+1})
     if pessimistic:
         return jnp.concatenate([(1.0 - sf[0])[None], between]), sf[-1]
     probs = jnp.concatenate([between, jnp.zeros((1,))])
-    return probs.at[-1].add(sf[-1]), jnp.zeros(())
+    atom = jnp.minimum(atom, sf[-1])
+    return probs.at[-1].add(sf[-1] - atom), atom * jnp.ones(())
 
 
-def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "connect_dots"):
+def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "connect_dots",
+               atom=0.0):
     """Discretize a mechanism given by ``tails(eps) -> (log P(L>eps), log Q(L>eps),
-    log P(L<=eps), log Q(L<=eps))``.
+    log P(L<=eps), log Q(L<=eps))``; ``atom`` is P(L = +inf), the mass P puts where Q has none.
 
-    Returns (probs, inf_mass) on the grid z_i = (offset + i) * step, i < n.
+    Returns (probs, inf_mass) on the grid z_i = (offset + i) * step, i < n. The pessimistic
+    construction finds the atom in its last point's delta; the optimistic one keeps it at +inf
+    (it is exactly representable) and builds its estimate for the finite part, whose curve is
+    delta - atom.
     """
     z = (offset + jnp.arange(n, dtype=jnp.float64)) * step
     lsp, lsq, lcp, lcq = tails(z)
     if rounding == "privacy_buckets":
-        return privacy_buckets(lsp, pessimistic)
+        return privacy_buckets(lsp, pessimistic, atom)
     delta = hockey_stick(lsp, lsq, z)
     excess = hockey_stick_excess(lcp, lcq, z)
     if pessimistic:
@@ -189,13 +197,20 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     # -inf), where rounding it up to z_0 would overstate delta below z_0.
     lost = jnp.exp(lcp[0])
     delta, excess = jax.lax.cummin(delta), jax.lax.cummax(excess)
+    # the finite part: delta - atom tends to 0 beyond the window (no Q mass at +inf: the slopes
+    # and the excess e^eps Q(L <= eps) - P(L <= eps) are those of the finite part already)
+    atom = jnp.clip(jnp.minimum(atom, delta[-1]), 0.0, 1.0 - lost)
+    delta = jnp.maximum(delta - atom, 0.0)
+    excess = excess - atom
     # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0
-    curve = optimistic_curve(delta, lsq + z, -1.0, z, step, 1.0 - lost, delta[0], jnp.zeros(()))
-    excess = optimistic_curve(excess, lcq + z, 1.0, z, step, -lost, excess[0], jnp.expm1(z[-1]))
+    curve = optimistic_curve(delta, lsq + z, -1.0, z, step, 1.0 - lost - atom, delta[0],
+                             jnp.zeros(()))
+    excess = optimistic_curve(excess, lcq + z, 1.0, z, step, -lost - atom, excess[0],
+                              jnp.expm1(z[-1]))
     probs, _ = masses_from_curve(
-        jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost), z, below=lost
+        jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost - atom), z, below=lost + atom
     )
-    return probs, jnp.zeros((), probs.dtype)
+    return probs, atom * jnp.ones((), probs.dtype)
 
 
 # -- mechanisms -----------------------------------------------------------------------------------
@@ -212,6 +227,9 @@ class Mechanism:
     half_width: Callable  # params -> half-width the window must cover (nats)
     # chi^2(P || Q) = E_Q[(P/Q)^2] - 1, for Poisson subsampling of the mechanism (None: not offered)
     chi2: Callable | None = None
+    # params -> P(L = +inf), the mass P puts where Q has none (None: no such atom); kept at +inf
+    # by the optimistic construction
+    inf_mass: Callable | None = None
 
 
 @functools.partial(
@@ -226,6 +244,7 @@ def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: b
     else:
         h = jnp.asarray(step, jnp.float64)
     offset = grid_lib.window_offset(mechanism.center(params), h, size, pessimistic)
+    atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(params)
     probs, inf_mass = discretize(
         lambda eps: mechanism.tails(params, eps),
         offset,
@@ -233,6 +252,7 @@ def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: b
         size,
         pessimistic,
         rounding,
+        atom,
     )
     return probs, inf_mass, offset, h
 

@@ -240,8 +240,11 @@ def compose_schedule(
     """The PLD of a DP-SGD run whose noise or batch size changes: segments (sigma, q, steps).
 
     Each segment is ``steps`` runs of the Poisson-subsampled Gaussian (noise multiplier sigma,
-    sampling probability q) composed in one FFT power; the segments are then composed exactly by
-    FFT convolution (on the finest of their grids). Both adjacency directions are kept. Returns a
+    sampling probability q) composed in one FFT power; the segments are then composed by FFT
+    convolution (:func:`pldjax.compose.compose`, which aligns their grids on the safe side: exactly
+    onto the finest step when the automatic power-of-two steps allow it within grid.MAX_SIZE,
+    otherwise onto the coarsest, pessimistically or optimistically as the PLDs are). Both
+    adjacency directions are kept. Returns a
     :class:`~pldjax.pld.PLD`: read ``.epsilon(delta)`` or ``.delta(epsilon)`` from it.
     """
     segments = list(segments)

@@ -21,11 +21,14 @@ and :mod:`pldjax.order`); a filter charges that slack to its delta budget.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import log_ndtr
 
+from pldjax.align import regrid_kernel, regrid_size
 from pldjax.discretize import hockey_stick
 from pldjax.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.order import ROUNDOFF
@@ -163,15 +166,18 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     axis (1 or 2 directions, all of which must fit). The query fits when nu = gdp_mu(query) <= mu
     (certified on the query's own grid), and mu' >= the naive update sqrt(mu^2 - nu^2); from
     there ``steps`` bisection steps on [naive, mu] look for larger values with G_mu' (+) L below
-    G_mu plus the slack, on the query's grid coarsened ``factor``-fold (pessimistically) so that
-    the check window of ``size`` points reaches the tail of G_mu (0 if rejected)."""
+    G_mu plus the slack, on the query's grid coarsened ``factor``-fold (pessimistically, by
+    connect-the-dots: :func:`pldjax.align.regrid_kernel`) so that the check window of ``size``
+    points reaches the tail of G_mu (0 if rejected)."""
     mu = jnp.asarray(mu, jnp.float64)
     nu = jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
         probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu, 1e-300)))
     accepted = nu <= mu
     naive = jnp.where(accepted, root_of_difference_down(mu, nu), 0.0)
     if factor > 1:
-        probs, offset = jax.vmap(lambda p, o: coarsen_kernel(p, o, factor))(probs, offset)
+        coarse = functools.partial(regrid_kernel, size=regrid_size(probs.shape[-1], 1 / factor),
+                                   pessimistic=True)
+        probs, offset = jax.vmap(coarse)(probs, offset, step, step * factor)
         step = step * factor
     n = probs.shape[-1]
     nfft = next_pow2(2 * n + size - 2)
@@ -194,17 +200,6 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
 
     low, _ = jax.lax.fori_loop(0, steps, halve, (naive, mu))
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
-
-
-def coarsen_kernel(probs, offset, factor: int):
-    """A pessimistic copy of a single-direction grid PMF on the step ``factor`` times coarser:
-    each loss rounded up to the next coarse point. Returns (probs, offset)."""
-    n = probs.shape[-1]
-    fine = offset + jnp.arange(n)
-    coarse_offset = -((-offset) // factor)  # ceil(offset / factor)
-    index = -((-fine) // factor) - coarse_offset
-    out = jax.ops.segment_sum(probs, index, num_segments=(n - 1) // factor + 2)
-    return out, coarse_offset
 
 
 def stack_directions(pld: PLD):

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
+from pldjax.align import align, regrid
 from pldjax.compose import settle
 from pldjax.discretize import masses_from_curve
 from pldjax.pld import PLD, batched, check_same_kind
@@ -197,6 +198,8 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
     on a finer grid to shrink it); it is never True when the relation fails by more than
     ``delta_slack`` plus ROUNDOFF. Both directions must be dominated. Batched over the query's
     batch axes (the budget is one PLD); works under jit (the result is then a traced bool array).
+    The two may sit on any grid steps, eager or under jit: both curves are compared at the union
+    of their grids' points, which is exact, so nothing is re-gridded (no alignment is needed).
     """
     _unbatched(budget, "dominated_by (budget)")
     if not query.pessimistic:
@@ -252,21 +255,21 @@ def sup(plds, *, size: int | None = None) -> PLD:
     """The least upper bound of a family in the Blackwell order, as a pessimistic PLD (Prop. 11).
 
     ``plds``: one PLD whose leading batch axis is the family (one compiled call; works under
-    jit, where ``size`` must be given), or a list of unbatched PLDs. All must be pessimistic and
-    share one grid step. The result's curve is the maximum of the members' curves at the common
-    grid's points joined by chords: above every member, and the tightest such PLD on the grid; the
-    sup of an ordered family is its largest member. ``size``: number of grid points of the result
-    from the lowest member's first point (default: up to the highest member's last point).
+    jit, where ``size`` must be given), or a list of unbatched PLDs. All must be pessimistic.
+    Members on different steps are first aligned on the safe side (:func:`pldjax.align.align`):
+    exactly onto the finest step when the steps are integer multiples of it and the result fits
+    grid.MAX_SIZE, otherwise onto the coarsest step by connect-the-dots (each member's curve
+    raised to its chords there: still an upper bound); under jit onto the largest step. The
+    result's curve is the maximum of the members' curves at the common grid's points joined by
+    chords: above every member, and the tightest such PLD on the grid; the sup of an ordered
+    family is its largest member. ``size``: number of grid points of the result from the lowest
+    member's first point (default: up to the highest member's last point).
     """
     family = _as_family(plds)
     if not family.pessimistic:
         raise ValueError("sup needs pessimistic PLDs: the maximum of lower bounds bounds nothing")
     traced = is_traced(family)
-    if not traced:
-        steps = np.asarray(family.step)
-        if not np.allclose(steps, steps.reshape(-1)[0], rtol=1e-12, atol=0):
-            raise ValueError(f"sup needs PLDs on one grid step, got steps {np.unique(steps)}")
-    elif size is None:
+    if traced and size is None:
         raise ValueError("sup under jit needs size=")
     kernel = sup_kernel if traced else _sup_jit
 
@@ -287,20 +290,33 @@ def sup(plds, *, size: int | None = None) -> PLD:
 
 
 def _as_family(plds) -> PLD:
-    """A list of unbatched PLDs (or a PLD with one batch axis) as one PLD with a family axis."""
+    """A list of unbatched PLDs (or a PLD with one batch axis) as one PLD with a family axis,
+    each direction on one step (aligned, see :func:`sup`)."""
     if isinstance(plds, PLD):
         if len(plds.batch_shape) != 1:
             raise ValueError("sup takes a PLD with exactly one batch axis (the family), or a list")
-        return plds
-    members = list(plds)
-    if not members or not all(isinstance(m, PLD) for m in members):
-        raise ValueError("plds must be a non-empty list of PLDs")
-    for m in members:
-        _unbatched(m, "sup (a list of unbatched PLDs or one PLD with one batch axis)")
+        if is_traced(plds.step):  # the largest step of the family: a static size
+            def widest(d: PLD) -> PLD:
+                return regrid(d, jnp.max(d.step), d.size + 2)
+
+            forward = widest(plds._forward())
+            if plds.reverse is None:
+                return forward
+            back = widest(plds.reverse)
+            return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step,
+                       forward.pessimistic, back)
+        members = [plds[i] for i in range(len(plds))]
+    else:
+        members = list(plds)
+        if not members or not all(isinstance(m, PLD) for m in members):
+            raise ValueError("plds must be a non-empty list of PLDs")
+        for m in members:
+            _unbatched(m, "sup (a list of unbatched PLDs or one PLD with one batch axis)")
     check_same_kind(members)
     two = any(m.reverse is not None for m in members)
 
     def stack(directions: list[PLD]) -> PLD:
+        directions = align(directions, "sup")
         n = max(d.size for d in directions)  # zero mass appended above a window changes nothing
         return PLD(
             jnp.stack([jnp.pad(d.probs, (0, n - d.size)) for d in directions]),

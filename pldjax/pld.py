@@ -183,7 +183,8 @@ class PLD:
         return swap(self)
 
     def compose(self, other: PLD, *, size: int | None = None) -> PLD:
-        """The PLD of running both mechanisms (independent composition), by FFT convolution."""
+        """The PLD of running both mechanisms (independent composition), by FFT convolution; on
+        different steps the grids are aligned on the safe side (see :func:`pldjax.compose.compose`)."""
         from pldjax.compose import compose
 
         return compose([self, other], size=size)

@@ -202,8 +202,6 @@ def test_upper_bound_is_above_lower_bound():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="grid step"):
-        pj.natural_filter_free([rr(0.5), pj.randomized_response(0.5)], budget=rr(1.0), rounds=2)
     with pytest.raises(ValueError, match="symmetric"):
         pj.natural_filter_free([pj.gaussian(1.0, sampling_prob=0.1)], budget=rr(1.0), rounds=2)
     with pytest.raises(ValueError, match="rounds"):

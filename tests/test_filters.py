@@ -348,9 +348,9 @@ def test_bad_input_is_refused_with_the_argument_named():
     with pytest.raises(ValueError, match="symmetric"):
         f = F.additive_profile(1.0, 1e-6, 4)
         f.spend(f.init(), pj.gaussian(2.0, sampling_prob=0.1))
-    with pytest.raises(ValueError, match="grid step"):
-        f = F.natural(pj.approx_dp_composition(1.0, 1e-6, 1), step=1 / 128)
-        f.spend(f.init(), pj.gdp(2.0))  # on the step 1/32
+    with pytest.raises(ValueError, match="query: natural would re-grid .* grid.MAX_SIZE"):
+        f = F.natural(pj.approx_dp_composition(1.0, 1e-6, 1), step=2.0**-20)
+        f.spend(f.init(), pj.gdp(2.0))  # 2048 points on the step 1/32: 2^26 points at 2^-20
     with pytest.raises(ValueError, match="mu"):
         pj.gdp_residue(-0.5, pj.randomized_response(0.5))
 

@@ -10,6 +10,7 @@ and reports the (chi (epsilon + 1), chi delta) guarantee with the constants of t
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from pldjax.align import STEP_RTOL, onto_step, regrid_kernel
 from pldjax.compose import convolve_kernel
 from pldjax.filters.base import Filter, keep_if, make_filter, query_directions
 from pldjax.gaussian_dp import stack_directions
@@ -52,9 +54,15 @@ def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
     The comparison is exact between the grid PLDs (the budget is taken as given: build it with
     ``pessimistic=False`` to compare with an under-estimate of a mechanism's true curve) up to
     ``delta_slack`` + ROUNDOFF. The composition lives on ``size`` points (default: the budget's
-    loss range) at ``step`` (default: the budget's step; every query must be on it); mass falling
-    outside is moved pessimistically. The interaction is NOT dominated by the budget in general:
-    its worst case is V_k (residue-filters.txt Thm 6).
+    loss range) at ``step`` (default: the budget's step); mass falling outside is moved
+    pessimistically. The budget may sit on any step (compared at both grids' points, exactly).
+    Each query is aligned onto ``step`` on the safe (pessimistic) side
+    (:func:`pldjax.align.onto_step`): exactly when its step is a multiple of ``step``, otherwise
+    by connect-the-dots, which replaces it by a PLD that dominates it. Under jit (traced query
+    steps) a query on a step at most ``step`` is coarsened so in the compiled call; one on a
+    coarser step is rejected (it cannot be put on the filter's grid in a static shape). The
+    interaction is NOT dominated by the budget in general: its worst case is V_k
+    (residue-filters.txt Thm 6).
     """
     if not isinstance(budget, PLD) or budget.batch_shape:
         raise ValueError("natural: budget must be one (unbatched) PLD")
@@ -79,14 +87,17 @@ def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
 
     def prepare(state, query):
         if isinstance(query, PLD) and not is_traced(query.step):
-            steps = np.concatenate([np.ravel(np.asarray(d.step)) for d in query.directions()])
-            if not np.allclose(steps, step, rtol=1e-12, atol=0):
-                raise ValueError(f"natural: queries must be on the filter's grid step {step}, "
-                                 f"got {np.unique(steps)} (build them with Grid(step=...))")
-        return query, {}
+            return onto_step(query, step, "natural"), {"aligned": True}
+        return query, {"aligned": False}
 
-    def core(state, query):
-        probs, inf_mass, offset, _ = query_directions(query, "natural")
+    def core(state, query, aligned: bool):
+        probs, inf_mass, offset, q_step = query_directions(query, "natural")
+        fits = jnp.asarray(True)
+        if not aligned:  # traced steps (a caller's jit): coarsen onto the filter's step if finer
+            fits = jnp.all(q_step <= step * (1 + STEP_RTOL))
+            probs, offset = jax.vmap(functools.partial(
+                regrid_kernel, size=probs.shape[-1] + 2, pessimistic=True))(
+                    probs, offset, q_step, jnp.full(q_step.shape, step))
         if probs.shape[0] == 1:
             probs, inf_mass, offset = (jnp.concatenate([a, a]) for a in (probs, inf_mass, offset))
 
@@ -99,7 +110,7 @@ def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
 
         new_probs, new_inf, excess = jax.vmap(one)(state.probs, state.inf_mass, window, probs,
                                                    inf_mass, offset, *budget_arrays)
-        accepted = jnp.all(excess <= delta_slack + ROUNDOFF)
+        accepted = fits & jnp.all(excess <= delta_slack + ROUNDOFF)
         return keep_if(accepted, NaturalState(new_probs, new_inf), state), accepted
 
     def remaining(state):
@@ -111,7 +122,8 @@ def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
     return make_filter("natural", {"step": step, "size": size, "delta_slack": float(delta_slack)},
                        {"budget": budget,
                         "free": "only for some query families: see V_k (Thm 6)"},
-                       init=init, core=core, remaining=remaining, prepare=prepare)
+                       init=init, core=core, remaining=remaining, prepare=prepare,
+                       static=("aligned",))
 
 
 # -- additive discretized profile filter ----------------------------------------------------------
