@@ -39,6 +39,7 @@ from jax.scipy.special import logsumexp
 
 from pldjax import grid as grid_lib
 from pldjax.align import align
+from pldjax.mass import settle
 from pldjax.pld import PLD, check_same_kind
 from pldjax.precision import float64
 from pldjax.validate import check_count, is_traced
@@ -55,34 +56,6 @@ _CHERNOFF_SCALES = np.geomspace(1e-2, 1e2, 49)
 #: for them (see :func:`_log_spectrum`).
 _ACCURATE_FREQS = 256
 _NEAR_WIDTH = 2048
-
-
-# -- mass bookkeeping -----------------------------------------------------------------------------
-def _take_from_bottom(probs, amount):
-    below = jnp.cumsum(probs) - probs
-    return probs - jnp.clip(amount - below, 0.0, probs)
-
-
-def _take_from_top(probs, amount):
-    return _take_from_bottom(probs[::-1], amount)[::-1]
-
-
-def settle(probs, inf_mass, per_bin, tail_slack, pessimistic: bool):
-    """Account for misplaced mass on the safe side and restore total mass 1.
-
-    ``per_bin``: bound on each bin's round-off error; ``tail_slack``: bound on mass folded or
-    truncated into the window from outside it.
-    """
-    if pessimistic:
-        probs = probs + per_bin
-        inf_mass = jnp.minimum(inf_mass + tail_slack, 1.0)
-        excess = jnp.sum(probs) + inf_mass - 1.0
-        probs = _take_from_bottom(probs, jnp.maximum(excess, 0.0))
-        return probs, inf_mass - jnp.minimum(excess, 0.0)
-    probs = _take_from_top(jnp.maximum(probs - per_bin, 0.0), tail_slack)
-    excess = jnp.sum(probs) + inf_mass - 1.0
-    probs = _take_from_top(probs, jnp.maximum(excess, 0.0))
-    return probs.at[0].add(jnp.maximum(-excess, 0.0)), inf_mass
 
 
 def _roundoff_per_bin(raw):

@@ -35,8 +35,8 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from pldjax.align import align, regrid
-from pldjax.compose import settle
 from pldjax.discretize import masses_from_curve
+from pldjax.mass import settle
 from pldjax.pld import PLD, batched, check_same_kind
 from pldjax.precision import float64, host_result
 from pldjax.profile import delta_kernel, grid_deltas, per_direction

@@ -144,3 +144,15 @@ def test_randomized_response_extreme_epsilon_is_sound(epsilon):
 def test_delta_never_exceeds_one():
     assert pj.gaussian(0.01).delta(1.0) <= 1.0
     assert np.all(pj.gaussian(np.array([0.01, 0.02])).delta(np.array([0.0, 1.0])) <= 1.0)
+
+
+def test_pessimistic_masses_stay_above_the_curve_off_lattice():
+    # R_{1.95,0.05} on step 2^-10 (1.95 is not on the grid): the masses' round-off surplus used to
+    # be removed by a proportional rescaling, which put delta 5e-11 below the exact curve
+    eps0, atom = 1.95, 0.05
+    pld = pj.randomized_response(eps0, atom, grid=pj.Grid(step=2.0**-10))
+    ts = np.linspace(0.0, 2.0, 41)
+    # exact: atom + (1 - atom) e^eps0 / (1 + e^eps0) (1 - e^(t - eps0)) for t < eps0
+    exact = atom + (1 - atom) / (1 + np.exp(-eps0)) * np.maximum(-np.expm1(ts - eps0), 0.0)
+    assert np.all(np.asarray(pld.delta(ts)) >= exact - 1e-14)
+    assert abs(float(pld.total_mass()) - 1.0) < 1e-14
