@@ -191,13 +191,19 @@ def _log_spectrum(probs, center, size: int):
     return jnp.log(spectrum).at[:freqs].set(low)
 
 
-def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail, pessimistic: bool):
-    """The count-fold self-composition on a window of ``size`` points (one FFT power)."""
+def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *, size: int, tail,
+                        pessimistic: bool):
+    """The count-fold self-composition on a window of ``size`` points (one FFT power).
+
+    ``exponents``: the PMF's :func:`chernoff_exponents` for ``count`` when the caller has them
+    (computed here otherwise).
+    """
     n = probs.shape[0]
     # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
     live = jnp.sum(probs) > 0
     probs = jnp.where(live, probs, jnp.zeros_like(probs).at[0].set(1.0))
-    exponents = chernoff_exponents(probs, offset, step, count)
+    if exponents is None:
+        exponents = chernoff_exponents(probs, offset, step, count)
     lo, hi = tail_window(probs, offset, step, count, tail, exponents)
     start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
     center = jnp.round(
