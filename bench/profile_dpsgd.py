@@ -12,6 +12,10 @@ alone, so the parts of the fused composition call need not add up to it exactly 
     python bench/profile_dpsgd.py --rounds 31 --json out.json
     python bench/profile_dpsgd.py --fresh 3    # fresh processes: pldjax with an empty and a filled
                                                # compilation cache, dp-accounting (1e-4)
+    python bench/profile_dpsgd.py --total      # only the call and the FFT floor, alternated
+
+``--total`` is for before/after comparisons: run it back to back in two checkouts
+(``PYTHONPATH=<checkout>``), a few times each, and compare the "x floor" ratios.
 
 ``--fresh N`` times N fresh ``python -c`` processes each (import and the call, wall clock):
 pldjax with an empty cache directory, then with the cache it filled, and dp-accounting's
@@ -139,13 +143,45 @@ def fresh(runs: int) -> None:
               f"runs {', '.join(f'{s:.2f}' for s, _ in got)})")
 
 
+def total(rounds: int) -> None:
+    """The warm call and the FFT floor alternated in one process: medians and their ratio."""
+    with jax.enable_x64(True):  # public API only, so that it runs in older checkouts too
+        pld = pj.gaussian(SIGMA, sampling_prob=Q)
+        size = int(pld.self_compose(STEPS).size)
+        probs = jnp.stack([d.probs for d in pld.directions()])
+        fft_floor = jax.jit(lambda p: jnp.fft.irfft(jnp.fft.rfft(p, size) ** STEPS, size))
+
+        def call():
+            return pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA)
+
+        def floor():
+            return fft_floor(probs)
+
+        times = ([], [])
+        for thunk in (call, floor):
+            jax.block_until_ready(thunk())
+        for _ in range(rounds):
+            for thunk, got in zip((call, floor), times, strict=True):
+                start = time.perf_counter()
+                jax.block_until_ready(thunk())
+                got.append(time.perf_counter() - start)
+    call_ms, floor_ms = (1e3 * float(np.median(t)) for t in times)
+    print(f"{pj.__file__}: call {call_ms:.1f} ms, FFT floor ({size} points x 2) {floor_ms:.2f} ms, "
+          f"{call_ms / floor_ms:.1f} x floor; median of {rounds}; load {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", help="also write the table as JSON here")
     parser.add_argument("--fresh", type=int, default=0,
                         help="instead: time N fresh processes each (see the module docstring)")
+    parser.add_argument("--total", action="store_true",
+                        help="instead: only the call and the FFT floor (see the module docstring)")
     args = parser.parse_args()
+    if args.total:
+        total(args.rounds)
+        return
     if args.fresh:
         fresh(args.fresh)
         return
