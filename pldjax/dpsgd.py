@@ -91,20 +91,24 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
     group is composed and evaluated in calls of at most COMPOSE_ELEMENTS grid points in all.
     """
     devices = 1 if sharding is None else len(jax.devices())
+    # the glue between the compiled calls runs in NumPy on one device (each eager jnp operation
+    # would be one more small program to compile, or to load from the cache, per process)
+    xp = np if sharding is None else jnp
     sigma, q, steps, target = _place(
-        [jnp.asarray(a, jnp.float64) for a in (sigma, q, steps, target)], sharding
+        [np.asarray(a, np.float64) for a in (sigma, q, steps, target)], sharding
     )
     pld = gaussian(
         sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
     )
     directions = pld.directions()
     probs, inf_mass, offset, step = (
-        jnp.concatenate([getattr(p, name) for p in directions])
+        xp.concatenate([xp.asarray(getattr(p, name)) for p in directions])
         for name in ("probs", "inf_mass", "offset", "step")
     )
-    counts = jnp.concatenate([steps] * len(directions))
-    targets = jnp.concatenate([target] * len(directions))
+    counts = xp.concatenate([steps] * len(directions))
+    targets = xp.concatenate([target] * len(directions))
     lo, hi, exponents = window_placement(probs, offset, step, counts)
+    exponents = [xp.asarray(e) for e in exponents]
     sizes = np.array([grid_lib.next_pow2(int(w))
                       for w in window_widths(probs, offset, counts, lo, hi, "steps")])
     values = np.zeros(sizes.shape[0])
@@ -114,7 +118,7 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
         for begin in range(0, rows.size, per_call):
             part = rows[begin:begin + per_call]
             batch = min(per_call, -(-grid_lib.next_pow2(part.size) // devices) * devices)
-            padded = jnp.asarray(np.concatenate([part, np.full(batch - part.size, part[-1])]))
+            padded = xp.asarray(np.concatenate([part, np.full(batch - part.size, part[-1])]))
             arrays = _place(
                 [a[padded] for a in (probs, inf_mass, offset, step, counts, targets, *exponents)],
                 sharding,
