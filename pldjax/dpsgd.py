@@ -27,6 +27,7 @@ from pldjax.compose import (
     _checked_size,
     chernoff_exponents,
     compose,
+    deviation_weights,
     self_compose_kernel,
     tail_window,
     window_widths,
@@ -45,13 +46,13 @@ COMPOSE_ELEMENTS = 2**23
 
 
 @functools.partial(jax.jit, static_argnames=("size", "pessimistic", "evaluate"))
-def _compose_and_evaluate(probs, inf_mass, offset, step, count, target, exponents, *,
+def _compose_and_evaluate(probs, inf_mass, offset, step, count, target, exponents, weights, *,
                           size, pessimistic, evaluate):
     kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
 
     def one(p, m, o, h, c, t, e):
         cp, cm, co = self_compose_kernel(
-            p, m, o, h, c, e, size=size, tail=grid_lib.TAIL_MASS, pessimistic=pessimistic
+            p, m, o, h, c, weights, e, size=size, tail=grid_lib.TAIL_MASS, pessimistic=pessimistic
         )
         return kernel(cp, cm, co, h, t[None])[0]
 
@@ -125,7 +126,7 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
             )
             size = _checked_size(int(size), "dpsgd accounting")
             got = _compose_and_evaluate(
-                *arrays[:6], tuple(arrays[6:]), size=size,
+                *arrays[:6], tuple(arrays[6:]), deviation_weights(size), size=size,
                 pessimistic=pessimistic, evaluate=evaluate,
             )
             values[part] = np.asarray(got)[: part.size]
