@@ -60,10 +60,11 @@ def stages():
     lo, hi, chernoff = windows(probs, offset, step, count)
     widths = compose_lib.window_widths(probs, offset, count, lo, hi, "steps")
     size = grid_lib.next_pow2(int(np.max(widths)))
+    weights = compose_lib.deviation_weights(size)
     center = jnp.round(jnp.sum(probs * jnp.arange(probs.shape[1]), axis=1)).astype(jnp.int64)
 
     exponents = jax.jit(jax.vmap(compose_lib.chernoff_exponents))
-    spectrum = jax.jit(jax.vmap(lambda p, c: compose_lib._log_spectrum(p, c, size)))
+    spectrum = jax.jit(jax.vmap(lambda p, c: compose_lib._log_spectrum(p, c, size, weights)))
     fold_rfft = jax.jit(jax.vmap(lambda p, c: jnp.fft.rfft(compose_lib._fold(p, size, c))))
 
     @jax.jit
@@ -84,7 +85,7 @@ def stages():
 
     def fused():
         return dpsgd_lib._compose_and_evaluate(
-            probs, inf_mass, offset, step, count, target, chernoff,
+            probs, inf_mass, offset, step, count, target, chernoff, weights,
             size=size, pessimistic=True, evaluate="epsilon")
 
     return size, [
