@@ -9,7 +9,7 @@ dp_accounting, which a script that only asks for an epsilon does not need).
 import importlib
 
 from pldjax.calibrate import calibrate_noise_multiplier, calibrate_sampling_prob, calibrate_steps
-from pldjax.compilation import enable_compilation_cache
+from pldjax.compilation import enable_compilation_cache, enable_default_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
 from pldjax.gaussian_dp import gdp_mu, gdp_residue
@@ -92,3 +92,8 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+# the persistent compilation cache is on by default (opt out: PLDJAX_COMPILATION_CACHE=0; a cache
+# directory configured for JAX wins); see pldjax.compilation
+enable_default_cache()

@@ -1,14 +1,23 @@
 """A persistent cache of compiled kernels, so that a new process does not compile them again.
 
 pldjax's kernels take a few seconds to compile on a CPU (the first call of a session); JAX can keep
-the compiled executables on disk and load them in a fraction of that. This changes a global JAX
-setting, so the library leaves it to you (``pj.enable_compilation_cache()`` at the top of a notebook
-or script); the ``pldjax`` command line turns it on (set ``PLDJAX_COMPILATION_CACHE=0`` to opt out).
+the compiled executables on disk and load them in a fraction of that. Policy: the cache is on by
+default -- ``import pldjax`` calls :func:`enable_default_cache` -- with three ways out:
+
+* ``PLDJAX_COMPILATION_CACHE=0`` in the environment: pldjax leaves JAX's cache settings alone;
+* a cache directory you configured for JAX (``JAX_COMPILATION_CACHE_DIR`` or
+  ``jax.config.update("jax_compilation_cache_dir", ...)`` before the import) wins, untouched;
+* ``PLDJAX_COMPILATION_CACHE=/some/dir`` picks another directory than ``~/.cache/pldjax/xla``.
+
+Turning it on sets three global JAX options (the directory, and caching every compiled executable
+whatever its compile time or size), which then apply to the rest of the process's JAX code too. A
+directory that cannot be created leaves the cache off (a warning, never a failed import).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import jax
@@ -37,3 +46,14 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return directory
+
+
+def enable_default_cache() -> Path | None:
+    """What ``import pldjax`` does: :func:`enable_compilation_cache` at the default directory,
+    warning instead of raising when that directory cannot be created (a read-only home)."""
+    try:
+        return enable_compilation_cache()
+    except OSError as error:
+        warnings.warn(f"pldjax: persistent compilation cache left off ({error}); set "
+                      "PLDJAX_COMPILATION_CACHE to a writable directory, or to 0", stacklevel=2)
+        return None

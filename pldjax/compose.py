@@ -53,9 +53,10 @@ MAX_COUNT = 2**63 - 1
 _ROUNDOFF_SAFETY = 2.0
 _CHERNOFF_SCALES = np.geomspace(1e-2, 1e2, 49)
 #: Low frequencies computed without cancellation, and the bins around the centre summed directly
-#: for them (see :func:`_log_spectrum`).
+#: for them (see :func:`_log_spectrum`; its weights take 2 x 8 x _ACCURATE_FREQS x _NEAR_WIDTH
+#: bytes, 16 MB, per window size in use).
 _ACCURATE_FREQS = 256
-_NEAR_WIDTH = 2048
+_NEAR_WIDTH = 4096
 
 
 def _roundoff_per_bin(raw):
@@ -134,50 +135,72 @@ def _fold(probs, size: int, center):
     return jnp.roll(jnp.pad(probs, (0, (-n) % size)).reshape(-1, size).sum(axis=0), -center)
 
 
-def _log_spectrum(probs, center, size: int):
+@functools.lru_cache(maxsize=4)  # 16 MB each: a sweep's few size classes, memory bounded
+def deviation_weights(size: int) -> tuple[jax.Array, jax.Array]:
+    """The weights of :func:`_log_spectrum`'s direct sums for a window of ``size`` points: for
+    frequency k < min(size // 2 + 1, _ACCURATE_FREQS) and offset r = j - _NEAR_WIDTH // 2 from the
+    centre, with theta = 2 pi (r k mod size) / size, ``2 sin^2(theta / 2)`` and ``sin(theta)``.
+
+    Computed on the host (NumPy float64, accurate to an ulp), kept for the last few sizes, and
+    passed to the compiled kernels as arguments (as constants they would bloat every compiled
+    executable). Call with 64-bit types enabled.
+    """
+    freqs = min(size // 2 + 1, _ACCURATE_FREQS)
+    rel = np.arange(_NEAR_WIDTH, dtype=np.int64) - _NEAR_WIDTH // 2
+    phase = (rel[None, :] * np.arange(freqs, dtype=np.int64)[:, None]) % size
+    theta = (2.0 * np.pi / size) * phase.astype(np.float64)
+    return jnp.asarray(2.0 * np.sin(theta / 2) ** 2), jnp.asarray(np.sin(theta))
+
+
+def _log_spectrum(probs, center, size: int, weights):
     """log of the rfft of ``probs`` folded to ``size`` points (indices relative to ``center``),
     with the lowest ``_ACCURATE_FREQS`` coefficients accurate to round-off *relative to |P_k - m|*.
 
     For large counts only low frequencies survive the power, and there P_k is close to the total
     mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. Near the
-    centre (``_NEAR_WIDTH`` bins, which hold almost all the mass) the deviation is summed directly,
-    P_k - m = sum_j p_j (e^{-i theta_j} - 1) with 1 - cos = 2 sin^2(theta/2), free of
-    cancellation; the bins farther out enter through their own FFT, whose absolute error is
-    relative to their (small) mass.
+    centre (the ``_NEAR_WIDTH`` bins around it, which hold almost all the mass) the deviation is
+    summed directly, P_k - m = sum_j p_j (e^{-i theta_j} - 1) with 1 - cos = 2 sin^2(theta/2),
+    free of cancellation (weighted sums with :func:`deviation_weights`, written as a product and a
+    sum, not a matrix product: its summation order depends on the batch, and results of one
+    configuration alone and in a batch should agree to round-off); the bins
+    farther out enter through their own FFT, whose absolute error is relative to their (small)
+    mass.
     """
     n = probs.shape[0]
-    freqs = min(size // 2 + 1, _ACCURATE_FREQS)
-    width = min(n, _NEAR_WIDTH)
-    start = jnp.clip(center - width // 2, 0, n - width)
+    one_minus_cos, sin = weights
+    freqs = one_minus_cos.shape[0]
+    half = _NEAR_WIDTH // 2
+    start = center - half  # the near bins: start .. start + _NEAR_WIDTH - 1 (zeros beyond the PMF)
     index = jnp.arange(n, dtype=jnp.int64)
-    far = jnp.where((index >= start) & (index < start + width), 0.0, probs)
+    far = jnp.where((index >= start) & (index < start + _NEAR_WIDTH), 0.0, probs)
     spectrum = jnp.fft.rfft(_fold(probs, size, center))
     far_deviation = jnp.fft.rfft(_fold(far, size, center))[:freqs] - jnp.sum(far)
-    near = jax.lax.dynamic_slice(probs, (start,), (width,))
-    rel = jnp.arange(width, dtype=jnp.int64) + start - center
-    phase = (rel[None, :] * jnp.arange(freqs, dtype=jnp.int64)[:, None]) % size
-    theta = (2.0 * jnp.pi / size) * phase.astype(jnp.float64)
-    near_deviation = -2.0 * jnp.sum(near * jnp.sin(theta / 2) ** 2, axis=1) - 1j * jnp.sum(
-        near * jnp.sin(theta), axis=1
-    )
+    near = jax.lax.dynamic_slice(jnp.pad(probs, (half, half)), (center,), (_NEAR_WIDTH,))
+    near_deviation = -jnp.sum(one_minus_cos * near, axis=1) - 1j * jnp.sum(sin * near, axis=1)
     mass = jnp.sum(probs)
     low = jnp.log(mass) + jnp.log1p((near_deviation + far_deviation) / mass)
     return jnp.log(spectrum).at[:freqs].set(low)
 
 
-def self_compose_kernel(probs, inf_mass, offset, step, count, *, size: int, tail, pessimistic: bool):
-    """The count-fold self-composition on a window of ``size`` points (one FFT power)."""
+def self_compose_kernel(probs, inf_mass, offset, step, count, weights, exponents=None, *,
+                        size: int, tail, pessimistic: bool):
+    """The count-fold self-composition on a window of ``size`` points (one FFT power).
+
+    ``weights``: :func:`deviation_weights` of ``size``; ``exponents``: the PMF's
+    :func:`chernoff_exponents` for ``count`` when the caller has them (computed here otherwise).
+    """
     n = probs.shape[0]
     # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
     live = jnp.sum(probs) > 0
     probs = jnp.where(live, probs, jnp.zeros_like(probs).at[0].set(1.0))
-    exponents = chernoff_exponents(probs, offset, step, count)
+    if exponents is None:
+        exponents = chernoff_exponents(probs, offset, step, count)
     lo, hi = tail_window(probs, offset, step, count, tail, exponents)
     start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
     center = jnp.round(
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
     ).astype(jnp.int64)
-    raw = jnp.fft.irfft(jnp.exp(count * _log_spectrum(probs, center, size)), size)
+    raw = jnp.fft.irfft(jnp.exp(count * _log_spectrum(probs, center, size, weights)), size)
     raw = jnp.where(jnp.sum(probs) > 0, raw, 0.0)  # all mass at +inf: log 0 * count is NaN + NaN i
     raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
     above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)
@@ -265,12 +288,12 @@ def _truncate_batch(probs, inf_mass, offset, tail, *, size: int, pessimistic: bo
 
 
 @functools.partial(jax.jit, static_argnames=("size", "pessimistic"))
-def _self_compose_batch(pld: PLD, count, tail, *, size: int, pessimistic: bool):
+def _self_compose_batch(pld: PLD, count, tail, weights, *, size: int, pessimistic: bool):
     kernel = functools.partial(
         self_compose_kernel, size=size, tail=tail, pessimistic=pessimistic
     )
-    return jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(
-        pld.probs, pld.inf_mass, pld.offset, pld.step, count
+    return jax.vmap(kernel, in_axes=(0, 0, 0, 0, None, None))(
+        pld.probs, pld.inf_mass, pld.offset, pld.step, count, weights
     )
 
 
@@ -398,7 +421,8 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             if n is None:
                 n = _checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose")
         probs, inf_mass, offset = _self_compose_batch(
-            flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n, pessimistic=p.pessimistic
+            flat, jnp.float64(count), grid_lib.TAIL_MASS, deviation_weights(n), size=n,
+            pessimistic=p.pessimistic,
         )
         return _unflatten(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
 

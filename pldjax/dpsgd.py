@@ -23,7 +23,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
-from pldjax.compose import _checked_size, compose, self_compose_kernel, tail_window, window_widths
+from pldjax.compose import (
+    _checked_size,
+    chernoff_exponents,
+    compose,
+    deviation_weights,
+    self_compose_kernel,
+    tail_window,
+    window_widths,
+)
 from pldjax.grid import Grid
 from pldjax.mechanisms import gaussian, identity
 from pldjax.pld import PLD
@@ -38,19 +46,29 @@ COMPOSE_ELEMENTS = 2**23
 
 
 @functools.partial(jax.jit, static_argnames=("size", "pessimistic", "evaluate"))
-def _compose_and_evaluate(probs, inf_mass, offset, step, count, target, *, size, pessimistic, evaluate):
+def _compose_and_evaluate(probs, inf_mass, offset, step, count, target, exponents, weights, *,
+                          size, pessimistic, evaluate):
     kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
 
-    def one(p, m, o, h, c, t):
+    def one(p, m, o, h, c, t, e):
         cp, cm, co = self_compose_kernel(
-            p, m, o, h, c, size=size, tail=grid_lib.TAIL_MASS, pessimistic=pessimistic
+            p, m, o, h, c, weights, e, size=size, tail=grid_lib.TAIL_MASS, pessimistic=pessimistic
         )
         return kernel(cp, cm, co, h, t[None])[0]
 
-    return jax.vmap(one)(probs, inf_mass, offset, step, count, target)
+    return jax.vmap(one)(probs, inf_mass, offset, step, count, target, exponents)
 
 
-_windows = jax.jit(jax.vmap(tail_window, in_axes=(0, 0, 0, 0, None)))
+@jax.jit
+def window_placement(probs, offset, step, count):
+    """Each row's count-fold composition: its Chernoff tail window (lo, hi) (grid indices) and
+    the exponents it came from (which the composition reuses for its tail bounds), in one call."""
+    def one(p, o, h, c):
+        exponents = chernoff_exponents(p, o, h, c)
+        lo, hi = tail_window(p, o, h, c, grid_lib.TAIL_MASS, exponents)
+        return lo, hi, exponents
+
+    return jax.vmap(one)(probs, offset, step, count)
 
 
 def _sharding() -> NamedSharding | None:
@@ -74,20 +92,24 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
     group is composed and evaluated in calls of at most COMPOSE_ELEMENTS grid points in all.
     """
     devices = 1 if sharding is None else len(jax.devices())
+    # the glue between the compiled calls runs in NumPy on one device (each eager jnp operation
+    # would be one more small program to compile, or to load from the cache, per process)
+    xp = np if sharding is None else jnp
     sigma, q, steps, target = _place(
-        [jnp.asarray(a, jnp.float64) for a in (sigma, q, steps, target)], sharding
+        [np.asarray(a, np.float64) for a in (sigma, q, steps, target)], sharding
     )
     pld = gaussian(
         sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
     )
     directions = pld.directions()
     probs, inf_mass, offset, step = (
-        jnp.concatenate([getattr(p, name) for p in directions])
+        xp.concatenate([xp.asarray(getattr(p, name)) for p in directions])
         for name in ("probs", "inf_mass", "offset", "step")
     )
-    counts = jnp.concatenate([steps] * len(directions))
-    targets = jnp.concatenate([target] * len(directions))
-    lo, hi = _windows(probs, offset, step, counts, grid_lib.TAIL_MASS)
+    counts = xp.concatenate([steps] * len(directions))
+    targets = xp.concatenate([target] * len(directions))
+    lo, hi, exponents = window_placement(probs, offset, step, counts)
+    exponents = [xp.asarray(e) for e in exponents]
     sizes = np.array([grid_lib.next_pow2(int(w))
                       for w in window_widths(probs, offset, counts, lo, hi, "steps")])
     values = np.zeros(sizes.shape[0])
@@ -97,12 +119,14 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
         for begin in range(0, rows.size, per_call):
             part = rows[begin:begin + per_call]
             batch = min(per_call, -(-grid_lib.next_pow2(part.size) // devices) * devices)
-            padded = jnp.asarray(np.concatenate([part, np.full(batch - part.size, part[-1])]))
+            padded = xp.asarray(np.concatenate([part, np.full(batch - part.size, part[-1])]))
             arrays = _place(
-                [a[padded] for a in (probs, inf_mass, offset, step, counts, targets)], sharding
+                [a[padded] for a in (probs, inf_mass, offset, step, counts, targets, *exponents)],
+                sharding,
             )
+            size = _checked_size(int(size), "dpsgd accounting")
             got = _compose_and_evaluate(
-                *arrays, size=_checked_size(int(size), "dpsgd accounting"),
+                *arrays[:6], tuple(arrays[6:]), deviation_weights(size), size=size,
                 pessimistic=pessimistic, evaluate=evaluate,
             )
             values[part] = np.asarray(got)[: part.size]

@@ -54,21 +54,6 @@ def _log1p_q_expm1(q, loss):
     return jnp.logaddexp(jnp.log1p(-q), jnp.log(q) + loss)
 
 
-def _remove_tails(base: Mechanism, params, eps):
-    *base_params, q = params
-    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
-    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(eps, q, log_q))
-    return _log_mix(log_1mq, sq, log_q, sp), sq, _log_mix(log_1mq, cq, log_q, cp), cq
-
-
-def _add_tails(base: Mechanism, params, eps):
-    *base_params, q = params
-    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
-    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(-eps, q, log_q))
-    # L > eps  <=>  l < threshold: the "above" tails of L are the "at most" tails of l
-    return cq, _log_mix(log_1mq, cq, log_q, cp), sq, _log_mix(log_1mq, sq, log_q, sp)
-
-
 def _subsampled_spread(base: Mechanism, params):
     """Heuristic scale of the subsampled loss: q sqrt(chi^2) while q is small, never more than
     the base's own spread, nor than sqrt(q) times the base's loss scale (a rare, large loss)."""
@@ -109,10 +94,17 @@ def _loss_range(base: Mechanism, params):
 
 
 def _tails(base: Mechanism, params, eps):
-    *rest, adding = params
-    rest = tuple(rest)
-    remove, add = _remove_tails(base, rest, eps), _add_tails(base, rest, eps)
-    return tuple(jnp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
+    """Tails of the remove or add direction (see the module docstring), from one evaluation of
+    the base's tails per point: remove needs them at the threshold of eps, add at that of -eps."""
+    *base_params, q, adding = params
+    add = adding > 0
+    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
+    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(jnp.where(add, -eps, eps), q, log_q))
+    mixed_sf, mixed_cdf = _log_mix(log_1mq, sq, log_q, sp), _log_mix(log_1mq, cq, log_q, cp)
+    remove = (mixed_sf, sq, mixed_cdf, cq)
+    # add: L > eps  <=>  l < threshold, so the "above" tails of L are the "at most" tails of l
+    added = (cq, mixed_cdf, sq, mixed_sf)
+    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
 
 
 def _center(base: Mechanism, params):

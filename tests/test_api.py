@@ -113,10 +113,34 @@ def test_cli_epsilon_and_delta(capsys):
     assert "noise_multiplier" in capsys.readouterr().err
 
 
+def _cache_dir_after_import(env) -> str:
+    code = "import jax, pldjax; print(jax.config.jax_compilation_cache_dir)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_compilation_cache_is_on_by_default_with_opt_outs(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "home"), JAX_PLATFORMS="cpu")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the test run's own cache (conftest)
+    env.pop("PLDJAX_COMPILATION_CACHE", None)
+    assert _cache_dir_after_import(env) == str(tmp_path / "home" / "pldjax" / "xla")
+    # opt out: JAX's settings untouched
+    assert _cache_dir_after_import(dict(env, PLDJAX_COMPILATION_CACHE="0")) == "None"
+    # a directory configured for JAX wins
+    mine = str(tmp_path / "mine")
+    assert _cache_dir_after_import(dict(env, JAX_COMPILATION_CACHE_DIR=mine)) == mine
+    # a directory that cannot be created leaves the cache off, the import works
+    (tmp_path / "file").write_text("")
+    blocked = dict(env, PLDJAX_COMPILATION_CACHE=str(tmp_path / "file" / "xla"))
+    assert _cache_dir_after_import(blocked) == "None"
+
+
 def test_compilation_cache_keeps_kernels_across_processes(tmp_path):
     code = (
-        "import pldjax as pj; d = pj.enable_compilation_cache(); "
-        "print(d); print(pj.gaussian(2.0).self_compose(3).epsilon(1e-5))"
+        "import jax, pldjax as pj; print(jax.config.jax_compilation_cache_dir); "
+        "print(pj.gaussian(2.0).self_compose(3).epsilon(1e-5))"
     )
     env = dict(os.environ, PLDJAX_COMPILATION_CACHE=str(tmp_path / "xla"), JAX_PLATFORMS="cpu")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the test run's own cache (conftest)

@@ -1,0 +1,220 @@
+"""Where the time of one warm ``pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)`` goes (issue 17).
+
+Times the call, then each of its stages on the same inputs (both adjacency directions, as the call
+computes them), each stage as its own jitted function, and the "FFT floor": a bare jitted rfft,
+pointwise power and irfft of the composition window for the two directions. Rounds run every
+stage once in turn (so that load from other processes spreads over all of them); the table gives
+the median over rounds, in milliseconds, and each stage over the FFT floor. Stages are measured
+alone, so the parts of the fused composition call need not add up to it exactly (XLA fuses them);
+"host and dispatch" is the total minus the three device calls.
+
+    python bench/profile_dpsgd.py              # 15 rounds
+    python bench/profile_dpsgd.py --rounds 31 --json out.json
+    python bench/profile_dpsgd.py --fresh 3    # fresh processes: pldjax with an empty and a filled
+                                               # compilation cache, dp-accounting (1e-4)
+    python bench/profile_dpsgd.py --total      # only the call and the FFT floor, alternated
+
+``--total`` is for before/after comparisons: run it back to back in two checkouts
+(``PYTHONPATH=<checkout>``), a few times each, and compare the "x floor" ratios.
+
+``--fresh N`` times N fresh ``python -c`` processes each (import and the call, wall clock):
+pldjax with an empty cache directory, then with the cache it filled, and dp-accounting's
+``PLDAccountant`` (value_discretization_interval 1e-4) on the same event; medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pldjax as pj
+from pldjax import grid as grid_lib
+
+compose_lib = importlib.import_module("pldjax.compose")
+dpsgd_lib = importlib.import_module("pldjax.dpsgd")
+profile_lib = importlib.import_module("pldjax.profile")
+
+SIGMA, Q, STEPS, DELTA = 1.0, 0.01, 10_000, 1e-5
+
+
+def stages():
+    """(name, thunk) pairs; every thunk returns device arrays (blocked on by the timer)."""
+    pld = pj.gaussian(SIGMA, sampling_prob=Q)
+    rows = pld.directions()
+    probs = jnp.stack([d.probs for d in rows])
+    inf_mass = jnp.stack([d.inf_mass for d in rows])
+    offset = jnp.stack([d.offset for d in rows])
+    step = jnp.stack([d.step for d in rows])
+    count = jnp.full((2,), float(STEPS))
+    target = jnp.full((2,), DELTA)
+    tail = grid_lib.TAIL_MASS
+    windows = dpsgd_lib.window_placement
+    lo, hi, chernoff = windows(probs, offset, step, count)
+    widths = compose_lib.window_widths(probs, offset, count, lo, hi, "steps")
+    size = grid_lib.next_pow2(int(np.max(widths)))
+    weights = compose_lib.deviation_weights(size)
+    center = jnp.round(jnp.sum(probs * jnp.arange(probs.shape[1]), axis=1)).astype(jnp.int64)
+
+    exponents = jax.jit(jax.vmap(compose_lib.chernoff_exponents))
+    spectrum = jax.jit(jax.vmap(lambda p, c: compose_lib._log_spectrum(p, c, size, weights)))
+    fold_rfft = jax.jit(jax.vmap(lambda p, c: jnp.fft.rfft(compose_lib._fold(p, size, c))))
+
+    @jax.jit
+    def power_irfft(log_spec):
+        return jnp.fft.irfft(jnp.exp(STEPS * log_spec), size)
+
+    @jax.jit
+    def fft_floor(p):
+        return jnp.fft.irfft(jnp.fft.rfft(p, size) ** STEPS, size)
+
+    log_spec = spectrum(probs, center)
+    raw = power_irfft(log_spec)
+    settle = jax.jit(jax.vmap(lambda r, m: compose_lib.settle(
+        jnp.maximum(r, 0.0), m, compose_lib._roundoff_per_bin(r), tail, True)))
+    evaluate = jax.jit(jax.vmap(
+        lambda p, m, o, h, t: profile_lib.epsilon_kernel(p, m, o, h, t[None])[0]))
+    composed = settle(raw, inf_mass)[0]
+
+    def fused():
+        return dpsgd_lib._compose_and_evaluate(
+            probs, inf_mass, offset, step, count, target, chernoff, weights,
+            size=size, pessimistic=True, evaluate="epsilon")
+
+    return size, [
+        ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA)),
+        ("discretize both directions (pj.gaussian)",
+         lambda: pj.gaussian(SIGMA, sampling_prob=Q).probs),
+        ("window placement (Chernoff, one call)", lambda: windows(probs, offset, step, count)),
+        ("compose + evaluate (one fused call)", fused),
+        ("  part: Chernoff exponents (now in window placement)",
+         lambda: exponents(probs, offset, step, count)),
+        ("  part: _log_spectrum (fold, 2 rfft, direct sums)", lambda: spectrum(probs, center)),
+        ("  part: of which fold + rfft", lambda: fold_rfft(probs, center)),
+        ("  part: exp(T log P) + irfft", lambda: power_irfft(log_spec)),
+        ("  part: settle + round-off bound", lambda: settle(raw, inf_mass)),
+        ("  part: evaluate (epsilon_kernel)",
+         lambda: evaluate(composed, inf_mass, offset, step, target)),
+        ("FFT floor: rfft, P**T, irfft", lambda: fft_floor(probs)),
+    ]
+
+
+PLDJAX_FRESH = (
+    "import time; t = time.perf_counter(); import pldjax as pj; "
+    f"e = pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}); print(time.perf_counter() - t, e)"
+)
+DPA_FRESH = (
+    "import time; t = time.perf_counter(); "
+    "from dp_accounting import dp_event; from dp_accounting.pld import pld_privacy_accountant; "
+    "a = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4); "
+    f"a.compose(dp_event.PoissonSampledDpEvent({Q}, dp_event.GaussianDpEvent({SIGMA})), {STEPS}); "
+    f"e = a.get_epsilon({DELTA}); print(time.perf_counter() - t, e)"
+)
+
+
+def fresh(runs: int) -> None:
+    """Wall-clock seconds of fresh processes (import + call), medians of ``runs`` each."""
+    import subprocess
+    import sys
+    import tempfile
+
+    def run(code, env):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True)
+        seconds, value = out.stdout.split()
+        return float(seconds), float(value)
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    rows = {"pldjax, empty cache": [], "pldjax, cache filled": [], "dp-accounting (1e-4)": []}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as cache:
+            env["PLDJAX_COMPILATION_CACHE"] = cache
+            rows["pldjax, empty cache"].append(run(PLDJAX_FRESH, env))
+            rows["pldjax, cache filled"].append(run(PLDJAX_FRESH, env))
+        rows["dp-accounting (1e-4)"].append(run(DPA_FRESH, env))
+    for name, got in rows.items():
+        print(f"{name:<24} {np.median([s for s, _ in got]):7.2f} s  (epsilon {got[0][1]:.6f}; "
+              f"runs {', '.join(f'{s:.2f}' for s, _ in got)})")
+
+
+def total(rounds: int) -> None:
+    """The warm call and the FFT floor alternated in one process: medians and their ratio."""
+    with jax.enable_x64(True):  # public API only, so that it runs in older checkouts too
+        pld = pj.gaussian(SIGMA, sampling_prob=Q)
+        size = int(pld.self_compose(STEPS).size)
+        probs = jnp.stack([d.probs for d in pld.directions()])
+        fft_floor = jax.jit(lambda p: jnp.fft.irfft(jnp.fft.rfft(p, size) ** STEPS, size))
+
+        def call():
+            return pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA)
+
+        def floor():
+            return fft_floor(probs)
+
+        times = ([], [])
+        for thunk in (call, floor):
+            jax.block_until_ready(thunk())
+        for _ in range(rounds):
+            for thunk, got in zip((call, floor), times, strict=True):
+                start = time.perf_counter()
+                jax.block_until_ready(thunk())
+                got.append(time.perf_counter() - start)
+    call_ms, floor_ms = (1e3 * float(np.median(t)) for t in times)
+    print(f"{pj.__file__}: call {call_ms:.1f} ms, FFT floor ({size} points x 2) {floor_ms:.2f} ms, "
+          f"{call_ms / floor_ms:.1f} x floor; median of {rounds}; load {os.getloadavg()[0]:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", help="also write the table as JSON here")
+    parser.add_argument("--fresh", type=int, default=0,
+                        help="instead: time N fresh processes each (see the module docstring)")
+    parser.add_argument("--total", action="store_true",
+                        help="instead: only the call and the FFT floor (see the module docstring)")
+    args = parser.parse_args()
+    if args.total:
+        total(args.rounds)
+        return
+    if args.fresh:
+        fresh(args.fresh)
+        return
+    with jax.enable_x64(True):
+        size, named = stages()
+        for _, thunk in named:  # compile and warm every stage first
+            jax.block_until_ready(thunk())
+        times = {name: [] for name, _ in named}
+        for _ in range(args.rounds):
+            for name, thunk in named:
+                start = time.perf_counter()
+                jax.block_until_ready(thunk())
+                times[name].append(time.perf_counter() - start)
+    median = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+    device = median["discretize both directions (pj.gaussian)"] + median[
+        "window placement (Chernoff, one call)"] + median["compose + evaluate (one fused call)"]
+    floor = median["FFT floor: rfft, P**T, irfft"]
+    print(f"pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}) = "
+          f"{pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA):.6f}; composition window {size} points, "
+          f"2 directions; median of {args.rounds} rounds")
+    print(f"{'stage':<52} {'ms':>8} {'/ FFT floor':>12}")
+    for name, value in median.items():
+        print(f"{name:<52} {value:8.2f} {value / floor:12.1f}")
+    host = median["total: pj.dpsgd_epsilon"] - device
+    print(f"{'host and dispatch (total - the three calls)':<52} {host:8.2f} {host / floor:12.1f}")
+    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} "
+               f"{jax.default_backend()}, load average {os.getloadavg()[0]:.1f}")
+    print("machine:", machine)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"median_ms": median, "size": size, "machine": machine}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
