@@ -301,10 +301,11 @@ _needed_size_batch = jax.jit(jax.vmap(needed_size, in_axes=(0, None)))
 _tail_window_batch = jax.jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)))
 
 
-def _checked_size(size: int, what: str) -> int:
+def _checked_size(size: int, what: str, argument: str) -> int:
+    """``size`` if it fits grid.MAX_SIZE, else a ValueError naming the ``argument`` that asked."""
     if size > grid_lib.MAX_SIZE:
         raise ValueError(
-            f"{what} needs a window of {size} grid points (more than grid.MAX_SIZE = "
+            f"{argument}: {what} needs a window of {size} grid points (more than grid.MAX_SIZE = "
             f"{grid_lib.MAX_SIZE}, a memory guard); use a coarser Grid(step=...) for the mechanisms"
         )
     return size
@@ -325,7 +326,7 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
         size = min(grid_lib.next_pow2(need), probs.shape[-1])
     if size is not None:
         probs, inf_mass, offset = _truncate_batch(
-            probs, inf_mass, offset, tail, size=_checked_size(size, "compose"),
+            probs, inf_mass, offset, tail, size=_checked_size(size, "compose", "plds"),
             pessimistic=a.pessimistic,
         )
     return _unflatten(probs, inf_mass, offset, a.step, shape, a.pessimistic)
@@ -419,7 +420,7 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             )
             widths = window_widths(flat.probs, flat.offset, count, lo, hi)
             if n is None:
-                n = _checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose")
+                n = _checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose", "count")
         probs, inf_mass, offset = _self_compose_batch(
             flat, jnp.float64(count), grid_lib.TAIL_MASS, deviation_weights(n), size=n,
             pessimistic=p.pessimistic,

@@ -124,7 +124,7 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
                 [a[padded] for a in (probs, inf_mass, offset, step, counts, targets, *exponents)],
                 sharding,
             )
-            size = _checked_size(int(size), "dpsgd accounting")
+            size = _checked_size(int(size), "dpsgd accounting", "steps")
             got = _compose_and_evaluate(
                 *arrays[:6], tuple(arrays[6:]), deviation_weights(size), size=size,
                 pessimistic=pessimistic, evaluate=evaluate,

@@ -45,6 +45,9 @@ RESIDUE_STEPS = 32
 _TAIL_SIGMAS = 11.0
 #: Largest residue check window (grid points); coarser query grids are used beyond it.
 MAX_RESIDUE_SIZE = 2**15
+#: Largest budget mu of a residue (mu^2 must stay finite in float64; G_mu is fully revealing to
+#: double precision far below it).
+MAX_MU = 1e100
 
 
 def _gdp_delta(mu, eps):
@@ -259,7 +262,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     """
     if not query.pessimistic:
         raise ValueError("gdp_residue needs a pessimistic query PLD (an upper bound)")
-    check_range("mu", mu, 0.0)
+    check_range("mu", mu, 0.0, MAX_MU)
     check_range("delta_slack", delta_slack, 0.0, 1.0)
     steps = check_count("steps", steps, minimum=1)
     if is_traced((mu, query, delta_slack)) and size is None:
