@@ -180,8 +180,9 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     if factor > 1:
         coarse = functools.partial(regrid_kernel, size=regrid_size(probs.shape[-1], 1 / factor),
                                    pessimistic=True)
-        probs, offset = jax.vmap(coarse)(probs, offset, step, step * factor)
-        step = step * factor
+        step_coarse = step * float(factor)  # a float: the factor may exceed int64 for huge mu
+        probs, offset = jax.vmap(coarse)(probs, offset, step, step_coarse)
+        step = step_coarse
     n = probs.shape[-1]
     nfft = next_pow2(2 * n + size - 2)
     checks = jnp.arange(size)[None, :] * step[:, None]  # eps_j = j h, per direction

@@ -64,3 +64,12 @@ def test_gdp_residue_of_a_small_gdp_query_at_least_naive():
 def test_residue_window_size_is_capped():
     with pytest.raises(ValueError, match="size"):
         pj.gdp_residue(1.0, pj.randomized_response(0.5), size=2**40)
+
+
+@pytest.mark.parametrize("mu", [1e11, 1e50, 1e100])
+def test_residue_for_huge_budgets(mu):
+    # found by the long property profile: the coarsening factor overflowed int64 (raw OverflowError)
+    residue = float(pj.gdp_residue(mu, pj.gdp(0.05)))
+    assert mu * (1 - 1e-12) <= residue <= mu
+    with pytest.raises(ValueError, match="mu"):
+        pj.gdp_residue(1e200, pj.gdp(0.05))

@@ -260,7 +260,7 @@ def check_pld_against(pld, eps, delta, truth_delta, pessimistic: bool) -> None:
 
 
 # -- Gaussian / GDP -------------------------------------------------------------------------------
-@variants(open_bug="pessimistic delta 3e-7 relative below the truth at sigma = 1e6 (mu = 1e-6)")
+@variants()
 def test_gaussian_sound(profile, whole):
     def prop(sigma, eps, delta, pessimistic):
         pld = refused("sigma", lambda: pj.gaussian(sigma, pessimistic=pessimistic))
