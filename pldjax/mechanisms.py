@@ -378,6 +378,9 @@ def _discrete_gaussian(support: int) -> Mechanism:
 #: 38.6 sigma is below 1e-324, zero in float64, so truncating there loses nothing representable.
 _DGAUSS_SIGMAS = 40
 _DGAUSS_MAX_SUPPORT = 2**22
+#: Below this sigma the loss scale 1 / (2 sigma^2) overflows float64 (a smaller sigma is refused,
+#: not rounded up: a larger sigma would understate the loss).
+_DGAUSS_MIN_SIGMA = 1e-150
 
 
 def _lattice_grid(grid: Grid | None, sampling_prob, unit, points_per_unit: float,
@@ -386,11 +389,13 @@ def _lattice_grid(grid: Grid | None, sampling_prob, unit, points_per_unit: float
     ``unit``: a grid step of unit / 2^j (about 1/``points_per_unit`` of it or finer), so every
     loss sits on the grid and the discretization is exact. Otherwise ``grid`` unchanged (also
     for an optimistic PLD whose lattice window would span more than the optimistic construction
-    allows: the automatic grid then)."""
+    allows, or a step above grid.MAX_STEP: the automatic grid then)."""
     if grid is not None or sampling_prob is not None or np.size(unit) != 1 or is_traced(unit):
         return grid
     j = max(0, int(np.ceil(np.log2(points_per_unit))))
     step = float(np.asarray(unit).reshape(())) / 2**j
+    if not step <= grid_lib.MAX_STEP:  # losses too far apart for any grid (or inf): automatic
+        return grid
     if not pessimistic:
         half = float(np.max(mechanism.half_width(tuple(np.asarray(p, np.float64) for p in params))))
         if step > grid_lib.optimistic_step_limit(grid_lib.mechanism_size(half / step)):
@@ -462,11 +467,12 @@ def discrete_gaussian(
     a static shape).
 
     Args:
-      sigma: > 0, in units of the query's integer output (scalar or array; the noise's standard
-        deviation is close to sigma for sigma >= 1, below it for small sigma).
+      sigma: >= 1e-150 (below it the loss overflows float64), in units of the query's integer
+        output (scalar or array; the noise's standard deviation is close to sigma for sigma >= 1,
+        below it for small sigma).
       sensitivity: whole number >= 1 (L1 = L2 sensitivity of an integer-valued query).
     """
-    check_range("sigma", sigma, 0.0, low_open=True)
+    check_range("sigma", sigma, _DGAUSS_MIN_SIGMA)
     _check_integer("sensitivity", sensitivity)
     if is_traced((sigma, sensitivity)):
         raise ValueError("discrete_gaussian needs concrete sigma and sensitivity (its support is a "

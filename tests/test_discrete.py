@@ -278,3 +278,14 @@ def test_optimistic_small_noise_is_finite_and_below_pessimistic(scale):
         lower = make(scale, pessimistic=False).delta(EPS)
         upper = make(scale).delta(EPS)
         assert np.all(np.isfinite(lower)) and np.all(lower <= upper + 1e-12)
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_discrete_noise_at_vanishing_scale(pessimistic):
+    # found by the long property profile: lattice steps of 1e300 nats and sigma^2 underflow
+    pld = pj.discrete_laplace(1e-300, pessimistic=pessimistic)
+    assert not np.any(np.isnan(pld.delta(np.array([0.0, 1.0]))))
+    if pessimistic:
+        assert np.all(pld.delta(np.array([0.0, 1.0])) == 1.0)  # the exact delta is 1 - ~0
+    with pytest.raises(ValueError, match="sigma"):
+        pj.discrete_gaussian(1e-160, pessimistic=pessimistic)

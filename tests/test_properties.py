@@ -350,7 +350,7 @@ def test_subsampled_laplace_q1_is_laplace(profile, whole):
           delta=probability(whole), pessimistic=st.booleans())
 
 
-@variants(heavy=True, open_bug="whole-range discrete noise failed the long profile (not yet diagnosed)")
+@variants(heavy=True)
 def test_discrete_noise_never_nan(profile, whole):
     def prop(kind, scale, sensitivity, eps, delta, pessimistic):
         build = pj.discrete_laplace if kind == "laplace" else pj.discrete_gaussian
