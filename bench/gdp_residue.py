@@ -7,7 +7,7 @@ query with G_mu''s curve over the check window). B (mu, L) pairs are one call:
 * ``function``: ``pj.gdp_residue(mu, query)`` with ``mu`` of shape (B,) and a query PLD of batch
   shape (B,); the library picks the check window on the host and runs ``batch_size`` pairs at a
   time (``jax.lax.map``);
-* ``filter``: ``f = pj.filters.gdp_residue(1.0, size=window)``; B states (``f.init()`` broadcast,
+* ``filter``: ``f = pj.filters.gdp_residue_filter(1.0, size=window)``; B states (``f.init()`` broadcast,
   their budgets set to the same mu) and the same queries through ``jax.jit`` of ``jax.lax.map``
   of ``f.spend`` with ``batch_size`` (a ``jax.vmap(f.spend)`` per chunk: a single vmap over all
   B pairs holds B x nfft complex arrays at once). Under jit the filter needs a static check window
@@ -214,7 +214,7 @@ def filter_call(mu, query, window, args):
     import pldjax as pj
     from pldjax.precision import pack
 
-    f = pj.filters.gdp_residue(1.0, steps=args.steps, size=window)
+    f = pj.filters.gdp_residue_filter(1.0, steps=args.steps, size=window)
     count = mu.shape[0]
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (count,) + x.shape), f.init())
     with jax.enable_x64(True):

@@ -65,27 +65,29 @@ __all__ = [
 ]
 
 
-#: Submodules and names imported on first use: attribute -> module holding it.
+#: Names imported on first use: attribute -> (module, name in it, or None for the module itself).
+#: The integrations live in modules that do not shadow the packages they wrap (``pj.optax`` is
+#: :mod:`pldjax.optax_transforms`, ``pj.dp_accounting`` is :mod:`pldjax.dp_accounting_adapter`).
 _LAZY = {
-    "accountant": "pldjax.accountant",
-    "dp_accounting": "pldjax.dp_accounting",
-    "filters": "pldjax.filters",
-    "io": "pldjax.io",
-    "optax": "pldjax.optax",
-    "plot": "pldjax.plot",
-    "natural_filter_bounds": "pldjax.adversary",
-    "natural_filter_cost": "pldjax.adversary",
-    "natural_filter_free": "pldjax.adversary",
-    "totally_ordered": "pldjax.adversary",
+    "accountant": ("pldjax.accountant", None),
+    "dp_accounting": ("pldjax.dp_accounting_adapter", None),
+    "filters": ("pldjax.filters", None),
+    "io": ("pldjax.io", None),
+    "optax": ("pldjax.optax_transforms", None),
+    "plot": ("pldjax.plot", None),
+    "natural_filter_bounds": ("pldjax.adversary", "natural_filter_bounds"),
+    "natural_filter_cost": ("pldjax.adversary", "natural_filter_cost"),
+    "natural_filter_free": ("pldjax.adversary", "natural_filter_free"),
+    "totally_ordered": ("pldjax.adversary", "totally_ordered"),
 }
 
 
 def __getattr__(name: str):
-    module_name = _LAZY.get(name)
-    if module_name is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'pldjax' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
     module = importlib.import_module(module_name)
-    value = module if module_name == f"pldjax.{name}" else getattr(module, name)
+    value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value
     return value
 

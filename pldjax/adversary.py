@@ -32,7 +32,7 @@ response is represented exactly; a Gaussian's grid PLD stands for itself), and s
 which may sit on any step. Queries on different steps are aligned first
 (:func:`pldjax.align.align`): exactly onto the finest step when their steps are integer multiples
 of it and the result fits grid.MAX_SIZE, otherwise onto the coarsest step by connect-the-dots
-(pessimistic: each query replaced by one that dominates it, as :func:`pldjax.filters.natural`
+(pessimistic: each query replaced by one that dominates it, as :func:`pldjax.filters.natural_filter`
 does with its queries); the analysis is then that of the aligned family.
 """
 

@@ -160,7 +160,7 @@ def test_natural_filter_analysis_of_gaussians_on_different_steps():
 
 def test_natural_filter_aligns_its_queries_eager_and_under_jit():
     budget = pj.approx_dp_composition(1.0, 1e-6, 1)
-    f = pj.filters.natural(budget, step=1 / 128)
+    f = pj.filters.natural_filter(budget, step=1 / 128)
     exact = pj.randomized_response(0.25, grid=pj.Grid(step=1 / 128))
     finer = pj.randomized_response(0.25, grid=pj.Grid(step=1 / 512))  # refined onto 1/128: exact
     odd = pj.randomized_response(0.25, grid=pj.Grid(step=0.003))  # coarsened, dominates
@@ -192,7 +192,7 @@ def test_optimistic_randomized_response_keeps_its_atom():
         assert float(low.total_mass()) == pytest.approx(1.0, abs=1e-12)
     # as a natural-filter budget: R_{0,0.04} is below R_{1.95,0.05}, and the filter now sees it
     budget = pj.randomized_response(1.95, 0.05, pessimistic=False, grid=grid)
-    f = pj.filters.natural(budget)
+    f = pj.filters.natural_filter(budget)
     _, ok = f.spend(f.init(), pj.randomized_response(0.0, 0.04, grid=grid))
     assert bool(ok)
 

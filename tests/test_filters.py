@@ -75,7 +75,7 @@ def test_residue_never_below_naive_update(query, mu):
 
 def test_gaussian_query_leaves_exactly_the_gaussian_residue():
     # a nu-GDP query given by its nu: exactly sqrt(mu^2 - nu^2)
-    f = F.gdp_residue(1.0)
+    f = F.gdp_residue_filter(1.0)
     state, accepted = f.spend(f.init(), 0.6)
     assert bool(accepted)
     assert float(f.remaining(state)["mu"]) == pytest.approx(0.8, rel=1e-15)
@@ -105,31 +105,31 @@ def test_gdp_residue_batched_over_pairs_and_nan_when_the_query_does_not_fit():
 @pytest.mark.parametrize("epsilon, eps0", [(1.0, 0.25), (1.0, 0.1), (0.9, 0.3), (2.0, 0.3)])
 def test_pure_dp_filter_admits_floor_epsilon_over_eps0(epsilon, eps0):
     expected = int(Fraction(epsilon) / Fraction(eps0))  # exact arithmetic on the given floats
-    count, _ = spend_until_rejected(F.pure_dp(epsilon), eps0)
+    count, _ = spend_until_rejected(F.pure_dp_filter(epsilon), eps0)
     assert count == expected
 
 
 def test_pure_dp_filter_with_pld_queries():
     query = pj.randomized_response(0.25)  # the grid step divides 0.25: its largest loss is exact
-    assert spend_until_rejected(F.pure_dp(1.0), query)[0] == 4
+    assert spend_until_rejected(F.pure_dp_filter(1.0), query)[0] == 4
     # a Gaussian's PLD has an atom at +inf: rejected unless a delta budget pays for it
-    assert spend_until_rejected(F.pure_dp(100.0), pj.gdp(0.5))[0] == 0
+    assert spend_until_rejected(F.pure_dp_filter(100.0), pj.gdp(0.5))[0] == 0
 
 
 @pytest.mark.parametrize("mu, nu", [(1.0, 0.5), (1.0, 0.3), (2.0, 0.7)])
 def test_gdp_filter_admits_floor_mu2_over_nu2(mu, nu):
     expected = int(Fraction(mu) ** 2 / Fraction(nu) ** 2)
-    assert spend_until_rejected(F.gdp(mu), nu)[0] == expected
+    assert spend_until_rejected(F.gdp_filter(mu), nu)[0] == expected
     # the residue filter keeps mu itself: square roots may round it a hair low, never high
-    assert spend_until_rejected(F.gdp_residue(mu), nu)[0] in (expected, expected - 1)
+    assert spend_until_rejected(F.gdp_residue_filter(mu), nu)[0] in (expected, expected - 1)
 
 
 def test_gdp_filters_with_pld_queries_and_residue_at_least_as_long():
     query = pj.gdp(0.3)  # nu from the pessimistic PLD is a hair above 0.3: 11 = floor(1/0.09)
-    assert spend_until_rejected(F.gdp(1.0), query)[0] == 11
+    assert spend_until_rejected(F.gdp_filter(1.0), query)[0] == 11
     rr = pj.randomized_response(0.5)
-    naive, _ = spend_until_rejected(F.gdp(1.0), rr)
-    residue, _ = spend_until_rejected(F.gdp_residue(1.0), rr)
+    naive, _ = spend_until_rejected(F.gdp_filter(1.0), rr)
+    residue, _ = spend_until_rejected(F.gdp_residue_filter(1.0), rr)
     assert residue >= naive > 0
 
 
@@ -149,15 +149,15 @@ def test_approx_dp_filter_admits_the_closed_form_count(epsilon, delta, eps_n):
     log_term = np.log(1 / delta_prime)
     y_star = (np.sqrt(2 * log_term + 2 * epsilon) - np.sqrt(2 * log_term)) ** 2
     expected = int(np.floor(y_star / eps_n**2))
-    assert spend_until_rejected(F.approx_dp(epsilon, delta), eps_n)[0] == expected
+    assert spend_until_rejected(F.approx_dp_filter(epsilon, delta), eps_n)[0] == expected
     # a query's delta_n is charged to delta'' = delta / 2
-    assert spend_until_rejected(F.approx_dp(epsilon, 2.0**-20), (0.0, 2.0**-23))[0] == 4
+    assert spend_until_rejected(F.approx_dp_filter(epsilon, 2.0**-20), (0.0, 2.0**-23))[0] == 4
 
 
 def test_approx_zcdp_filter_counts_and_pld_conversion():
-    assert spend_until_rejected(F.approx_zcdp(1.0, 1e-6), (0.125, 0.0))[0] == 8
+    assert spend_until_rejected(F.approx_zcdp_filter(1.0, 1e-6), (0.125, 0.0))[0] == 8
     # G_nu is (nu^2 / 2)-zCDP; the PLD bound may overestimate by the order grid (< 1%)
-    f = F.approx_zcdp(1.0, 1e-6)
+    f = F.approx_zcdp_filter(1.0, 1e-6)
     state, _ = f.spend(f.init(), pj.gdp(0.5))
     rho = 1.0 - float(f.remaining(state)["rho"])
     assert 0.125 <= rho <= 0.125 * 1.01
@@ -166,16 +166,16 @@ def test_approx_zcdp_filter_counts_and_pld_conversion():
 def test_renyi_filter_counts_per_order():
     orders = np.array([2.0, 4.0])
     # G_nu has D_a = a nu^2 / 2: budgets allowing 10 and 5 queries of nu = 0.5 -> 5 (every order)
-    f = F.renyi(orders, orders * 0.25 / 2 * np.array([10, 5]))
+    f = F.renyi_filter(orders, orders * 0.25 / 2 * np.array([10, 5]))
     assert spend_until_rejected(f, orders * 0.25 / 2)[0] == 5
     laplace = pj.laplace(4.0)  # scale 4: D_a of its PLD is an upper bound on the exact one
     a = orders
     exact = np.log(a / (2 * a - 1) * np.exp((a - 1) / 4) + (a - 1) / (2 * a - 1) * np.exp(-a / 4))
     exact = exact / (a - 1)
-    count, _ = spend_until_rejected(F.renyi(orders, 10 * exact), laplace)
+    count, _ = spend_until_rejected(F.renyi_filter(orders, 10 * exact), laplace)
     assert count in (9, 10)
     # an atom at +inf (a Gaussian's truncated tail) makes every divergence infinite: rejected
-    assert spend_until_rejected(F.renyi(orders, [100.0, 100.0]), pj.gdp(0.5))[0] == 0
+    assert spend_until_rejected(F.renyi_filter(orders, [100.0, 100.0]), pj.gdp(0.5))[0] == 0
 
 
 def rr(epsilon):
@@ -185,7 +185,7 @@ def rr(epsilon):
 
 def test_natural_filter_on_an_approximate_dp_budget():
     budget = pj.approx_dp_composition(1.0, 1e-6, 1)
-    f = F.natural(budget, step=1 / 128)
+    f = F.natural_filter(budget, step=1 / 128)
     assert spend_until_rejected(f, rr(0.25))[0] == 4
     count, state = spend_until_rejected(f, rr(0.5))
     assert count == 2
@@ -194,7 +194,7 @@ def test_natural_filter_on_an_approximate_dp_budget():
 
 
 def test_additive_profile_parameters_and_guarantee():
-    f = F.additive_profile(1.0, 1e-6, 10)
+    f = F.additive_profile_filter(1.0, 1e-6, 10)
     g = f.guarantee
     n = 1 + int(np.ceil(np.log2(10 * 3 / 1.0)))
     assert g["bands"] == n
@@ -208,8 +208,8 @@ def test_additive_profile_parameters_and_guarantee():
 def test_additive_filter_accepts_whatever_the_natural_filter_accepts():
     # Thm 14 on one sequence: while the natural (eps, delta) filter accepts, so does the additive
     epsilon, delta = 1.0, 1e-6
-    natural = F.natural(pj.approx_dp_composition(epsilon, delta, 1), step=1 / 128)
-    additive = F.additive_profile(epsilon, delta, 8)
+    natural = F.natural_filter(pj.approx_dp_composition(epsilon, delta, 1), step=1 / 128)
+    additive = F.additive_profile_filter(epsilon, delta, 8)
     queries = [rr(e) for e in (0.25, 0.125, 0.5, 0.25, 0.125)]
     s_nat, s_add = natural.init(), additive.init()
     for q in queries:
@@ -220,7 +220,7 @@ def test_additive_filter_accepts_whatever_the_natural_filter_accepts():
 
 # -- the interface: rejection, continuing, jit, vmap ----------------------------------------------
 def test_rejected_query_leaves_state_unchanged_and_filter_continues():
-    f = F.pure_dp(1.0)
+    f = F.pure_dp_filter(1.0)
     state, _ = f.spend(f.init(), 0.75)
     after, accepted = f.spend(state, 0.5)
     assert not bool(accepted)
@@ -230,7 +230,7 @@ def test_rejected_query_leaves_state_unchanged_and_filter_continues():
 
 
 def test_spend_is_jittable_and_vmappable():
-    f = F.gdp_residue(1.0, size=4096)
+    f = F.gdp_residue_filter(1.0, size=4096)
     rr = pj.randomized_response(0.5)
     eager, ok = f.spend(f.init(), rr)
     jitted, ok_jit = jax.jit(f.spend)(f.init(), rr)
@@ -244,7 +244,7 @@ def test_spend_is_jittable_and_vmappable():
     assert left[1] == pytest.approx(float(f.remaining(eager)["mu"]), rel=1e-12)
     assert left[2] == 1.0  # rejected: unchanged
     # per-example budgets with native costs
-    g = F.gdp(1.0)
+    g = F.gdp_filter(1.0)
     many = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (5,) + x.shape), g.init())
     _, ok = jax.vmap(g.spend)(many, jnp.array([0.1, 0.5, 1.0, 1.5, 0.0]))
     assert np.asarray(ok).tolist() == [True, True, True, False, True]
@@ -252,13 +252,13 @@ def test_spend_is_jittable_and_vmappable():
 
 # -- state that survives --------------------------------------------------------------------------
 FILTERS = {
-    "pure_dp": (lambda: F.pure_dp(1.0), 0.3),
-    "gdp_residue": (lambda: F.gdp_residue(1.0), pj.randomized_response(0.5)),
-    "renyi": (lambda: F.renyi([2.0, 8.0], [1.0, 3.0]), pj.randomized_response(0.3)),
-    "approx_dp": (lambda: F.approx_dp(1.0, 1e-6), (0.1, 1e-8)),
-    "natural": (lambda: F.natural(pj.approx_dp_composition(1.0, 1e-6, 1), step=1 / 128),
+    "pure_dp": (lambda: F.pure_dp_filter(1.0), 0.3),
+    "gdp_residue": (lambda: F.gdp_residue_filter(1.0), pj.randomized_response(0.5)),
+    "renyi": (lambda: F.renyi_filter([2.0, 8.0], [1.0, 3.0]), pj.randomized_response(0.3)),
+    "approx_dp": (lambda: F.approx_dp_filter(1.0, 1e-6), (0.1, 1e-8)),
+    "natural": (lambda: F.natural_filter(pj.approx_dp_composition(1.0, 1e-6, 1), step=1 / 128),
                 pj.randomized_response(0.25, grid=pj.Grid(step=1 / 128))),
-    "additive": (lambda: F.additive_profile(1.0, 1e-6, 5), pj.randomized_response(0.25)),
+    "additive": (lambda: F.additive_profile_filter(1.0, 1e-6, 5), pj.randomized_response(0.25)),
 }
 
 
@@ -284,11 +284,11 @@ def test_save_restore_round_trips_exactly(tmp_path, name, suffix):
 
 
 def test_restore_refuses_another_filter_or_version(tmp_path):
-    f = F.pure_dp(1.0)
+    f = F.pure_dp_filter(1.0)
     path = tmp_path / "state.json"
     pj.io.save_filter_state(path, f, f.init())
     with pytest.raises(ValueError, match="saved for pure_dp"):
-        pj.io.load_filter_state(path, F.pure_dp(2.0))
+        pj.io.load_filter_state(path, F.pure_dp_filter(2.0))
     text = path.read_text().replace('"version": 2', '"version": 99')
     path.write_text(text)
     with pytest.raises(ValueError, match="version"):
@@ -296,7 +296,7 @@ def test_restore_refuses_another_filter_or_version(tmp_path):
 
 
 def test_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
-    f = F.pure_dp(1.0)
+    f = F.pure_dp_filter(1.0)
     path = tmp_path / "state.npz"
     first, _ = f.spend(f.init(), 0.25)
     pj.io.save_filter_state(path, f, first)
@@ -316,7 +316,7 @@ def test_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
 
 
 def test_failed_spend_leaves_the_state_usable():
-    f = F.gdp_residue(1.0)
+    f = F.gdp_residue_filter(1.0)
     state, _ = f.spend(f.init(), 0.5)
     before = jax.tree_util.tree_map(np.asarray, state)
     with pytest.raises(ValueError, match="pessimistic"):
@@ -331,25 +331,25 @@ def test_failed_spend_leaves_the_state_usable():
 # -- bad input ------------------------------------------------------------------------------------
 def test_bad_input_is_refused_with_the_argument_named():
     with pytest.raises(ValueError, match="mu"):
-        F.gdp_residue(-1.0)
+        F.gdp_residue_filter(-1.0)
     with pytest.raises(ValueError, match="epsilon"):
-        F.pure_dp(float("nan"))
+        F.pure_dp_filter(float("nan"))
     with pytest.raises(ValueError, match="delta"):
-        F.approx_dp(1.0, 1.5)
+        F.approx_dp_filter(1.0, 1.5)
     with pytest.raises(ValueError, match="delta"):
-        F.additive_profile(1.0, 0.3, 10)
+        F.additive_profile_filter(1.0, 0.3, 10)
     with pytest.raises(ValueError, match="orders"):
-        F.renyi([0.5], [1.0])
+        F.renyi_filter([0.5], [1.0])
     with pytest.raises(ValueError, match="number >= 0"):
-        F.pure_dp(1.0).spend(F.pure_dp(1.0).init(), -0.1)
+        F.pure_dp_filter(1.0).spend(F.pure_dp_filter(1.0).init(), -0.1)
     with pytest.raises(ValueError, match="one query"):
-        f = F.gdp(1.0)
+        f = F.gdp_filter(1.0)
         f.spend(f.init(), pj.randomized_response(np.array([0.1, 0.2])))
     with pytest.raises(ValueError, match="symmetric"):
-        f = F.additive_profile(1.0, 1e-6, 4)
+        f = F.additive_profile_filter(1.0, 1e-6, 4)
         f.spend(f.init(), pj.gaussian(2.0, sampling_prob=0.1))
     with pytest.raises(ValueError, match="query: natural would re-grid .* grid.MAX_SIZE"):
-        f = F.natural(pj.approx_dp_composition(1.0, 1e-6, 1), step=2.0**-20)
+        f = F.natural_filter(pj.approx_dp_composition(1.0, 1e-6, 1), step=2.0**-20)
         f.spend(f.init(), pj.gdp(2.0))  # 2048 points on the step 1/32: 2^26 points at 2^-20
     with pytest.raises(ValueError, match="mu"):
         pj.gdp_residue(-0.5, pj.randomized_response(0.5))
@@ -373,13 +373,13 @@ DEGENERATE = {
     "only negative losses": (lambda: _pld([1.0]), "Q mass"),
 }
 ALL_FILTERS = {
-    "pure_dp": lambda: F.pure_dp(1e300, delta=1.0),
-    "gdp": lambda: F.gdp(1e6, delta=1.0),
-    "gdp_residue": lambda: F.gdp_residue(10.0, delta=1.0),
-    "renyi": lambda: F.renyi([2.0, 8.0], [1e300, 1e300]),
-    "approx_zcdp": lambda: F.approx_zcdp(1e300, 1.0),
-    "approx_dp": lambda: F.approx_dp(1e3, 0.5),
-    "additive_profile": lambda: F.additive_profile(1.0, 1e-6, 5),
+    "pure_dp": lambda: F.pure_dp_filter(1e300, delta=1.0),
+    "gdp": lambda: F.gdp_filter(1e6, delta=1.0),
+    "gdp_residue": lambda: F.gdp_residue_filter(10.0, delta=1.0),
+    "renyi": lambda: F.renyi_filter([2.0, 8.0], [1e300, 1e300]),
+    "approx_zcdp": lambda: F.approx_zcdp_filter(1e300, 1.0),
+    "approx_dp": lambda: F.approx_dp_filter(1e3, 0.5),
+    "additive_profile": lambda: F.additive_profile_filter(1.0, 1e-6, 5),
 }
 
 
@@ -412,7 +412,7 @@ def test_degenerate_query_plds_are_rejected_under_jit_and_vmap(name):
 
 def test_issue_examples_degenerate_queries_cost_nothing_no_more():
     # pure_dp accepted laplace(1e-5) (NaN masses) again and again at zero cost
-    f = F.pure_dp(1.0)
+    f = F.pure_dp_filter(1.0)
     tiny = pj.laplace(1e-5)
     state = f.init()
     for _ in range(3):
@@ -423,7 +423,7 @@ def test_issue_examples_degenerate_queries_cost_nothing_no_more():
         assert not bool(accepted)
     assert f.remaining(state)["epsilon"] == 1.0
     # a Rényi filter recorded spent = -inf for RR(0.5, delta=1) composed twice, then took anything
-    r = F.renyi([2.0, 8.0], [1.0, 1.0])
+    r = F.renyi_filter([2.0, 8.0], [1.0, 1.0])
     state = r.init()
     try:
         state, accepted = r.spend(state, pj.randomized_response(0.5, 1.0).self_compose(2))
@@ -437,10 +437,11 @@ def test_issue_examples_degenerate_queries_cost_nothing_no_more():
 
 @pytest.mark.parametrize("cost", [np.nan, -1e-300, -1.0])
 def test_nan_or_negative_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
-    for f, wrap in ((F.pure_dp(1.0), float), (F.gdp(1.0), float), (F.gdp_residue(1.0), float),
-                    (F.renyi([2.0, 4.0], 1.0), lambda c: [0.1, c]),
-                    (F.approx_dp(1.0, 1e-6), lambda c: (0.1, c)),
-                    (F.additive_profile(1.0, 1e-6, 5), float)):
+    for f, wrap in ((F.pure_dp_filter(1.0), float), (F.gdp_filter(1.0), float),
+                    (F.gdp_residue_filter(1.0), float),
+                    (F.renyi_filter([2.0, 4.0], 1.0), lambda c: [0.1, c]),
+                    (F.approx_dp_filter(1.0, 1e-6), lambda c: (0.1, c)),
+                    (F.additive_profile_filter(1.0, 1e-6, 5), float)):
         with pytest.raises(ValueError, match=f"{f.kind}: a query cost must be a number >= 0"):
             f.spend(f.init(), wrap(cost))
         state, accepted = jax.jit(f.spend)(f.init(), jax.tree_util.tree_map(
@@ -449,14 +450,14 @@ def test_nan_or_negative_costs_raise_on_the_host_and_are_rejected_under_jit(cost
 
 
 def test_an_infinite_cost_is_valid_and_rejected():
-    for f, query in ((F.pure_dp(1.0), np.inf), (F.approx_dp(1.0, 1e-6), (0.1, np.inf)),
-                     (F.renyi([2.0], 1.0), np.inf)):
+    for f, query in ((F.pure_dp_filter(1.0), np.inf), (F.approx_dp_filter(1.0, 1e-6), (0.1, np.inf)),
+                     (F.renyi_filter([2.0], 1.0), np.inf)):
         state, accepted = f.spend(f.init(), query)
         assert not bool(accepted) and _same(state, f.init())
 
 
 def test_malformed_queries_and_budgets_name_the_argument():
-    r = F.renyi([2.0, 4.0], [1.0, 1.0])
+    r = F.renyi_filter([2.0, 4.0], [1.0, 1.0])
     with pytest.raises(ValueError, match="renyi: the query must be a pessimistic PLD or a cost"):
         r.spend(r.init(), None)
     with pytest.raises(ValueError, match="renyi: the query must be"):
@@ -464,11 +465,11 @@ def test_malformed_queries_and_budgets_name_the_argument():
     with pytest.raises(ValueError, match=r"renyi: a query cost must have shape \(2,\)"):
         r.spend(r.init(), [0.1, 0.2, 0.3])
     with pytest.raises(ValueError, match=r"budget must be one number or one per order \(3"):
-        F.renyi([2.0, 4.0, 8.0], [1.0, 1.0])
-    a = F.approx_dp(1.0, 1e-6)
+        F.renyi_filter([2.0, 4.0, 8.0], [1.0, 1.0])
+    a = F.approx_dp_filter(1.0, 1e-6)
     with pytest.raises(ValueError, match="approx_dp: a query cost is a pair"):
         a.spend(a.init(), (0.1, 1e-8, 0.0))
-    p = F.pure_dp(1.0)
+    p = F.pure_dp_filter(1.0)
     with pytest.raises(ValueError, match="pure_dp: the query must be"):
         p.spend(p.init(), None)
     with pytest.raises(ValueError, match="pure_dp: spend takes one query PLD"):
@@ -495,7 +496,7 @@ def test_states_are_bit_identical_with_x64_on_and_off():
 
 @pytest.mark.parametrize("suffix", [".npz", ".json"])
 def test_restored_state_keeps_its_budget_exactly_with_x64_off(x64_off, tmp_path, suffix):
-    f = F.pure_dp(1.0)
+    f = F.pure_dp_filter(1.0)
     state, _ = f.spend(f.init(), 0.9)
     path = tmp_path / f"s{suffix}"
     pj.io.save_filter_state(path, f, state)
@@ -507,7 +508,7 @@ def test_restored_state_keeps_its_budget_exactly_with_x64_off(x64_off, tmp_path,
 
 
 def test_jitted_spend_with_python_floats_stays_sound_with_x64_off(x64_off):
-    f = F.pure_dp(1.0)
+    f = F.pure_dp_filter(1.0)
     spend = jax.jit(f.spend)
     state, accepted = spend(f.init(), 0.9)  # rounded to float32 at the caller's jit boundary
     assert bool(accepted)
@@ -520,7 +521,7 @@ def test_jitted_spend_with_python_floats_stays_sound_with_x64_off(x64_off):
 
 
 def test_vmapped_spend_takes_jax_and_numpy_costs_with_x64_off(x64_off):
-    f = F.gdp(1.0)
+    f = F.gdp_filter(1.0)
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), f.init())
     _, one = jax.vmap(f.spend)(states, jnp.array([0.1, 0.5, 2.0]))
     _, two = jax.vmap(f.spend)(states, np.array([0.1, 0.5, 2.0]))
@@ -528,7 +529,7 @@ def test_vmapped_spend_takes_jax_and_numpy_costs_with_x64_off(x64_off):
 
 
 def test_float32_query_plds_are_refused_inside_a_jit_with_x64_off(x64_off):
-    f = F.gdp(1.0)
+    f = F.gdp_filter(1.0)
     rr = pj.randomized_response(0.5)
     numpy_leaves = pj.PLD(np.asarray(rr.probs), np.asarray(rr.inf_mass), np.asarray(rr.offset),
                           np.asarray(rr.step))  # NumPy float64 becomes float32 at the boundary
@@ -557,7 +558,7 @@ def test_residue_filter_never_below_the_gdp_filter_at_large_mu():
     rr = pj.randomized_response(0.5)
     nu = float(pj.gdp_mu(rr))
     for mu in (300.0, 1e4, 1e6):
-        f = F.gdp_residue(mu)
+        f = F.gdp_residue_filter(mu)
         state, accepted = f.spend(f.init(), rr)
         assert bool(accepted)
         assert f.remaining(state)["mu"] >= np.sqrt(mu * mu - nu * nu) * (1 - 1e-15)
@@ -566,7 +567,7 @@ def test_residue_filter_never_below_the_gdp_filter_at_large_mu():
 def test_version_1_files_with_64_bit_leaves_still_load(tmp_path):
     import json
 
-    f = F.pure_dp(1.0)
+    f = F.pure_dp_filter(1.0)
     leaf = {"dtype": "<f8", "shape": [], "values": [(0.25).hex()]}
     zero = {"dtype": "<f8", "shape": [], "values": [(0.0).hex()]}
     path = tmp_path / "old.json"
@@ -580,4 +581,4 @@ def test_version_1_files_with_64_bit_leaves_still_load(tmp_path):
 
 def test_natural_filter_window_size_is_capped():
     with pytest.raises(ValueError, match="size"):
-        pj.filters.natural(pj.gdp(1.0, pessimistic=False), size=2**40)
+        pj.filters.natural_filter(pj.gdp(1.0, pessimistic=False), size=2**40)

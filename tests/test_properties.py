@@ -672,12 +672,12 @@ def test_filters_never_overspend(profile, whole):
         if query is None:
             return
         filt = {
-            "pure_dp": lambda: pj.filters.pure_dp(budget, delta=1e-6),
-            "gdp": lambda: pj.filters.gdp(budget),
-            "gdp_residue": lambda: pj.filters.gdp_residue(budget),
-            "renyi": lambda: pj.filters.renyi([2.0, 8.0], budget),
-            "approx_zcdp": lambda: pj.filters.approx_zcdp(budget, 1e-6),
-            "approx_dp": lambda: pj.filters.approx_dp(budget, 1e-6),
+            "pure_dp": lambda: pj.filters.pure_dp_filter(budget, delta=1e-6),
+            "gdp": lambda: pj.filters.gdp_filter(budget),
+            "gdp_residue": lambda: pj.filters.gdp_residue_filter(budget),
+            "renyi": lambda: pj.filters.renyi_filter([2.0, 8.0], budget),
+            "approx_zcdp": lambda: pj.filters.approx_zcdp_filter(budget, 1e-6),
+            "approx_dp": lambda: pj.filters.approx_dp_filter(budget, 1e-6),
         }[name]()
         state = filt.init()
         accepted = 0
@@ -713,7 +713,7 @@ def test_filters_never_overspend(profile, whole):
 
 
 def test_renyi_filter_refuses_a_two_fold_randomized_response_without_losing_budget():
-    f = pj.filters.renyi([2.0, 8.0], 1.0)
+    f = pj.filters.renyi_filter([2.0, 8.0], 1.0)
     state, _ = f.spend(f.init(), pj.randomized_response(0.5, 1.0).self_compose(2))
     left = np.asarray(f.remaining(state)["budget"])
     assert not np.any(np.isnan(left)) and np.all(left <= 1.0)

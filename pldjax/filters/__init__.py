@@ -2,14 +2,15 @@
 
 Every filter is a :class:`Filter`, a named tuple of pure functions in the style of optax::
 
-    f = pj.filters.gdp_residue(mu=1.0)
+    f = pj.filters.gdp_residue_filter(mu=1.0)
     state = f.init()                          # a pytree (a NamedTuple of arrays)
     state, accepted = f.spend(state, query)   # pure: jit-able, vmappable over states and queries
     f.remaining(state)                        # what is left, in the filter's own terms
     f.guarantee                               # what the whole interaction satisfies
 
 A query is a pessimistic PLD (its curve is above the true one), or the filter's own cost in its
-own units (documented per filter: e.g. an epsilon for ``pure_dp``, a GDP mu for ``gdp``). A
+own units (documented per filter: e.g. an epsilon for ``pure_dp_filter``, a GDP mu for
+``gdp_filter``). A
 rejected query leaves the state unchanged (``spend`` returns the old state and False); a failing
 ``spend`` (bad input) raises before anything is returned, and the caller's state is never
 modified (states are immutable values).
@@ -34,18 +35,18 @@ delta_A <= delta_B + a and delta_C <= delta_D + c, everywhere).
 """
 
 from pldjax.filters.base import Filter
-from pldjax.filters.natural import additive_profile, natural
-from pldjax.filters.residue import gdp, gdp_residue, pure_dp, renyi
-from pldjax.filters.whitehouse import approx_dp, approx_zcdp
+from pldjax.filters.natural import additive_profile_filter, natural_filter
+from pldjax.filters.residue import gdp_filter, gdp_residue_filter, pure_dp_filter, renyi_filter
+from pldjax.filters.whitehouse import approx_dp_filter, approx_zcdp_filter
 
 __all__ = [
     "Filter",
-    "additive_profile",
-    "approx_dp",
-    "approx_zcdp",
-    "gdp",
-    "gdp_residue",
-    "natural",
-    "pure_dp",
-    "renyi",
+    "additive_profile_filter",
+    "approx_dp_filter",
+    "approx_zcdp_filter",
+    "gdp_filter",
+    "gdp_residue_filter",
+    "natural_filter",
+    "pure_dp_filter",
+    "renyi_filter",
 ]

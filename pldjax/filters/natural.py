@@ -47,7 +47,7 @@ def _into_window(probs, inf_mass, offset, window_offset, size: int):
 
 
 @float64
-def natural(budget: PLD, *, step: float | None = None, size: int | None = None,
+def natural_filter(budget: PLD, *, step: float | None = None, size: int | None = None,
             delta_slack: float = 0.0) -> Filter:
     """The natural filter: accept L when (accepted so far) (+) L is dominated by ``budget``.
 
@@ -191,7 +191,7 @@ def _profile(probs, inf_mass, offset, step, edges):
 
 
 @float64
-def additive_profile(epsilon: float, delta: float, rounds: int) -> Filter:
+def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter:
     """The additive discretized profile filter (Alg. 3) with the parameters of eq. (1), for up to
     ``rounds`` symmetric queries: a query's profile (its mass in bands of |loss|) is subtracted
     from per-band budgets. Accepts at least what the natural (epsilon, delta) filter accepts

@@ -35,7 +35,7 @@ class PureDPState(NamedTuple):
 
 
 @float64
-def pure_dp(epsilon: float, *, delta: float = 0.0) -> Filter:
+def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
     """The pure-DP filter (Rogers et al.; residue-filters.txt Remark 3): accept while the sum of
     the queries' epsilons stays <= ``epsilon``. The interaction is (epsilon, delta)-DP.
 
@@ -85,7 +85,7 @@ def _nu(query: PLD, mu_max: float):
 
 
 @float64
-def gdp(mu: float, *, delta: float = 1e-10) -> Filter:
+def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     """The GDP filter (Koskela et al.; residue-filters.txt Remark 2): a query L costs nu^2, nu the
     smallest with L below G_nu; accept while the sum of nu^2 stays <= mu^2.
 
@@ -124,7 +124,7 @@ class ResidueState(NamedTuple):
 
 
 @float64
-def gdp_residue(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
+def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
                 size: int | None = None) -> Filter:
     """The GDP residue filter (residue-filters.txt Thm 5): the budget G_mu becomes G_mu' with mu'
     the largest value (by ``steps`` bisection steps, rounded down) such that G_mu' (+) L is below
@@ -182,7 +182,7 @@ class RenyiState(NamedTuple):
 
 
 @float64
-def renyi(orders, budget) -> Filter:
+def renyi_filter(orders, budget) -> Filter:
     """The Rényi filter (Feldman and Zrnic; residue-filters.txt Remark 4), for a vector of orders
     at once: accept while, at EVERY order a, the sum of the queries' D_a stays <= ``budget[a]``.
     The interaction is then (a, budget[a])-RDP at each order (the conjunction of one filter per

@@ -95,7 +95,7 @@ def _pair(query):
 
 
 @float64
-def approx_zcdp(rho: float, delta: float) -> Filter:
+def approx_zcdp_filter(rho: float, delta: float) -> Filter:
     """Whitehouse et al. Thm 1: the interaction is ``delta``-approximate ``rho``-zCDP.
 
     Query: (rho_n, delta_n), a float rho_n (delta_n = 0), or a pessimistic PLD (converted soundly,
@@ -117,7 +117,7 @@ def residue_epsilon_squared(epsilon, delta_prime):
 
 
 @float64
-def approx_dp(epsilon: float, delta: float, *, delta_queries: float | None = None) -> Filter:
+def approx_dp_filter(epsilon: float, delta: float, *, delta_queries: float | None = None) -> Filter:
     """Whitehouse et al. Thm 8: the interaction is (``epsilon``, ``delta``)-DP.
 
     ``delta`` = delta' + delta'': ``delta_queries`` (delta'', default delta / 2) bounds the sum of

@@ -117,7 +117,7 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     check_range("l2_norm_clip", l2_norm_clip, 0.0, low_open=True)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     num_examples = check_count("num_examples", num_examples, minimum=1)
-    budget = _filters.gdp_residue(mu_budget, delta=delta_slack)
+    budget = _filters.gdp_residue_filter(mu_budget, delta=delta_slack)
     aggregate = _contrib.differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)
     sgd = _optax.sgd(learning_rate)
 
