@@ -333,12 +333,10 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
 
 
 def _both_directions(fn, plds: Sequence[PLD]) -> PLD:
-    forward = fn([p._forward() for p in plds])
+    forward = fn([p.forward for p in plds])
     if all(p.reverse is None for p in plds):
         return forward
-    reverse = fn([p.reverse if p.reverse is not None else p._forward() for p in plds])
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step,
-               forward.pessimistic, reverse)
+    return PLD.from_directions(forward, fn([p.backward for p in plds]))
 
 
 @float64

@@ -156,8 +156,7 @@ def swap(pld: PLD) -> PLD:
     """PLD(Q || P) from PLD(P || Q): the two directions exchanged (a symmetric PLD is unchanged)."""
     if pld.reverse is None:
         return pld
-    back = pld.reverse
-    return PLD(back.probs, back.inf_mass, back.offset, back.step, back.pessimistic, pld._forward())
+    return PLD.from_directions(pld.reverse, pld.forward)
 
 
 # -- order ----------------------------------------------------------------------------------------
@@ -212,7 +211,7 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
     check_range("delta_slack", delta_slack, 0.0, 1.0)
     kernel = dominance_excess_kernel if is_traced((query, budget)) else _dominance_excess_jit
     pairs = [(query, budget)] if query.reverse is None and budget.reverse is None else list(
-        zip(_both(query), _both(budget), strict=True))
+        zip((query.forward, query.backward), (budget.forward, budget.backward), strict=True))
     excess = None
     for q, b in pairs:
         fn = batched(
@@ -223,10 +222,6 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
         excess = out if excess is None else jnp.maximum(excess, out)
     result = host_result(excess <= delta_slack + ROUNDOFF)
     return bool(result) if not query.batch_shape and not is_traced(result) else result
-
-
-def _both(pld: PLD) -> tuple[PLD, PLD]:
-    return (pld._forward(), pld.reverse if pld.reverse is not None else pld._forward())
 
 
 # -- supremum -------------------------------------------------------------------------------------
@@ -283,10 +278,7 @@ def sup(plds, *, size: int | None = None) -> PLD:
         )
         return PLD(probs, inf_mass, offset, direction.step[0], True)
 
-    if family.reverse is None:
-        return one(family)
-    forward, back = one(family._forward()), one(family.reverse)
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+    return family.map_directions(one)
 
 
 def _as_family(plds) -> PLD:
@@ -299,12 +291,7 @@ def _as_family(plds) -> PLD:
             def widest(d: PLD) -> PLD:
                 return regrid(d, jnp.max(d.step), d.size + 2)
 
-            forward = widest(plds._forward())
-            if plds.reverse is None:
-                return forward
-            back = widest(plds.reverse)
-            return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step,
-                       forward.pessimistic, back)
+            return plds.map_directions(widest)
         members = [plds[i] for i in range(len(plds))]
     else:
         members = list(plds)
@@ -326,9 +313,5 @@ def _as_family(plds) -> PLD:
             members[0].pessimistic,
         )
 
-    forward = stack([_both(m)[0] for m in members])
-    if not two:
-        return forward
-    back = stack([_both(m)[1] for m in members])
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, forward.pessimistic,
-               back)
+    forward = stack([m.forward for m in members])
+    return PLD.from_directions(forward, stack([m.backward for m in members]) if two else None)

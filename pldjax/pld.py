@@ -74,14 +74,51 @@ class PLD:
     def symmetric(self) -> bool:
         return self.reverse is None
 
+    # -- directions -------------------------------------------------------------------------
     def directions(self) -> tuple[PLD, ...]:
         """The one or two single-direction PLDs this object stands for."""
         if self.reverse is None:
             return (self,)
-        return (self._forward(), self.reverse)
+        return (self.forward, self.reverse)
 
-    def _forward(self) -> PLD:
+    @property
+    def forward(self) -> PLD:
+        """The first direction, PLD(P || Q), alone (without ``reverse``)."""
+        if self.reverse is None:
+            return self
         return PLD(self.probs, self.inf_mass, self.offset, self.step, self.pessimistic)
+
+    @property
+    def backward(self) -> PLD:
+        """The second direction, PLD(Q || P); the PLD itself when both coincide."""
+        return self.forward if self.reverse is None else self.reverse
+
+    @staticmethod
+    def from_directions(forward: PLD, backward: PLD | None = None) -> PLD:
+        """The PLD whose directions are ``forward`` and ``backward`` (None: symmetric)."""
+        return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step,
+                   forward.pessimistic, backward)
+
+    def map_directions(self, fn: Callable[[PLD], PLD]) -> PLD:
+        """``fn`` applied to each direction, the results joined again (once if symmetric)."""
+        if self.reverse is None:
+            return fn(self)
+        return PLD.from_directions(fn(self.forward), fn(self.reverse))
+
+    def stack_directions(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(probs, inf_mass, offset, step) with a direction axis (length 1 or 2) right after the
+        batch axes; the shorter direction is padded with zero mass above its window."""
+        directions = self.directions()
+        n = max(d.size for d in directions)
+        nb = len(self.batch_shape)
+
+        def pad(d: PLD):
+            return jnp.pad(d.probs, [(0, 0)] * nb + [(0, n - d.size)])
+
+        return (jnp.stack([pad(d) for d in directions], axis=nb),
+                jnp.stack([jnp.asarray(d.inf_mass, jnp.float64) for d in directions], axis=nb),
+                jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions], axis=nb),
+                jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions], axis=nb))
 
     def __getitem__(self, index) -> PLD:
         """Index the batch axes (``pld[2]``, ``pld[:, 0]``)."""
