@@ -434,8 +434,10 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
     steps = check_count("steps", steps, minimum=1)
     if not isinstance(residue, (bool, np.bool_)):
         raise ValueError(f"residue must be True or False, got {residue!r}")
-    mus = float(mu0) * float(growth) ** np.arange(count, dtype=np.float64)
-    if not np.all(np.isfinite(mus * mus)):
+    with np.errstate(over="ignore"):
+        mus = float(mu0) * float(growth) ** np.arange(count, dtype=np.float64)
+        finite = np.all(np.isfinite(mus * mus))
+    if not finite:
         raise ValueError(f"(mu0 * growth^(rungs - 1))^2 overflows: mu0 = {mu0!r}, growth = "
                          f"{growth!r}, rungs = {count}")
     delta_k = float(delta) / count
@@ -486,9 +488,9 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
 
     @float64
     def bound(state):
-        alive = jnp.asarray(state.alive)
-        lowest = jnp.argmax(alive)
-        some = jnp.any(alive)
+        alive = jnp.asarray(state.alive)  # (..., K): batched states read one by one
+        lowest = jnp.argmax(alive, axis=-1)
+        some = jnp.any(alive, axis=-1)
         reading = {"mu": jnp.where(some, mus_table[lowest], jnp.inf),
                    "epsilon": jnp.where(some, eps_table[lowest], jnp.inf)}
         return jax.tree_util.tree_map(host_result, reading)
