@@ -105,9 +105,12 @@ def _round_up(x):
 
 
 def _square_up(x):
-    """x^2 rounded up (one ulp above the rounded product bounds the exact square)."""
+    """x^2 rounded up: one ulp above the rounded product bounds the exact square; a square below
+    the smallest normal float (which XLA may flush to 0) is charged that normal; only x = 0 gives 0."""
     square = x * x
-    return jnp.where(square > 0, jnp.nextafter(square, jnp.inf), square)
+    tiny = float(np.finfo(np.float64).tiny)
+    up = jnp.where(square < tiny, tiny, jnp.nextafter(square, jnp.inf))
+    return jnp.where(x != 0, up, 0.0)
 
 
 def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
@@ -304,6 +307,8 @@ def rogers_odometer(delta: float, *, dataset_size: int,
         raise ValueError(f"rogers_odometer needs delta' = delta - delta_queries <= 1/e, got "
                          f"{delta_prime!r}")
     size = check_count("dataset_size", dataset_size, minimum=2)
+    if size > 10**150:  # n^2 must stay a finite float
+        raise ValueError(f"dataset_size must be an integer in [2, 1e150], got {size}")
     inner = math.log(110.0 * math.e) + 2.0 * math.log(math.log(size) / delta_prime)
     outer = math.log(math.log(4.0 * math.log2(size) / delta_prime))
     floor = 1.0 / (float(size) * float(size))

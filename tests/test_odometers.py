@@ -169,6 +169,19 @@ def test_reading_is_inf_once_the_deltas_exceed_delta_queries():
     assert od.bound(state)["epsilon"] == np.inf  # and stays so
 
 
+def test_extreme_valid_steps_give_sound_readings():
+    for name in sorted(FAMILIES):
+        od = FAMILIES[name][0](1e-6)
+        state, ok = od.step(od.init(), 1e-200)  # its square underflows: still charged > 0
+        assert bool(ok) and float(od.bound(state)["epsilon"]) > 0
+        assert np.asarray(state.variance).view(np.float64)[0] > 0  # packed bits of V_n
+        state, ok = od.step(state, 1e200)  # square overflows: V = inf, reading inf
+        assert bool(ok) and od.bound(state)["epsilon"] == np.inf
+    tiny = OD.mixture_odometer(1e-300, gamma=1e-300)
+    state, _ = tiny.step(tiny.init(), 1.0, 0.0)
+    assert np.isfinite(tiny.bound(state)["epsilon"])
+
+
 def test_infinite_epsilon_is_valid_and_reads_inf():
     for name in sorted(FAMILIES):
         od = FAMILIES[name][0](1e-6)
@@ -363,6 +376,8 @@ def test_reading_increases_with_each_epsilon(name):
     (lambda: OD.rogers_odometer(0.9, dataset_size=100), "1/e"),
     (lambda: OD.rogers_odometer(1e-6, dataset_size=1), "dataset_size"),
     (lambda: OD.rogers_odometer(1e-6, dataset_size=2.5), "dataset_size"),
+    (lambda: OD.rogers_odometer(1e-6, dataset_size=10**200), "dataset_size"),
+    (lambda: OD.filter_odometer(1e-6, epsilon=1e-300), "too small"),
     (lambda: OD.gdp_ladder_odometer(0.0, delta=1e-6), "mu0"),
     (lambda: OD.gdp_ladder_odometer(0.1, delta=2.0), "delta"),
     (lambda: OD.gdp_ladder_odometer(0.1, delta=1e-6, growth=1.0), "growth"),
