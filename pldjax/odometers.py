@@ -205,8 +205,9 @@ def filter_odometer(delta: float, *, epsilon: float | None = None, y_star: float
     ``epsilon``: then y* = (sqrt(2L + 2 epsilon) - sqrt(2L))^2, the **"+ 2 epsilon" convention**,
     which solves sqrt(2 L y) + y / 2 = epsilon, so that the reading equals ``epsilon`` exactly
     where V_n = y*, touches the pointwise bound sqrt(2 L V) + V / 2 there (same value and slope),
-    and is <= epsilon exactly while :func:`pldjax.filters.approx_dp_filter` (``epsilon``, same
-    delta') would still accept. Theorem 3 as printed has "+ epsilon" under the root, which tunes
+    and is <= epsilon (up to the round-off margin READING_MARGIN) exactly while
+    :func:`pldjax.filters.approx_dp_filter` (``epsilon``, same delta') would still accept: both
+    use the same y*. Theorem 3 as printed has "+ epsilon" under the root, which tunes
     the odometer at a smaller V_n where it reads epsilon / 2: valid, but the parameter then does
     not mean the epsilon it names (the same slip as eq. (11), see DESIGN.md).
 
