@@ -26,7 +26,7 @@ Families (all readings are pessimistic: upper bounds on the exact formula, round
 
 * The three families of Whitehouse et al. (§4.2, Theorem 3) for steps that are
   (epsilon_n, delta_n)-**pDP** conditioned on the past (probabilistic DP: P(|L_n| > epsilon_n) <=
-  delta_n; (epsilon_n, 0)-DP steps such as randomized response qualify, approximate-DP steps in
+  delta_n; pure epsilon_n-DP steps such as randomized response qualify, approximate-DP steps in
   general do not): :func:`filter_odometer`, :func:`mixture_odometer`, :func:`stitched_odometer`,
   and the original odometer of Rogers et al. (Theorem 6.5 there; Lemma 3 of Whitehouse et al.) as
   the baseline, :func:`rogers_odometer`. Each reads a function of the intrinsic time

@@ -505,3 +505,19 @@ def test_readings_do_not_depend_on_the_x64_flag():
     finally:
         jax.config.update("jax_enable_x64", True)
     assert _same(on, off)
+
+
+@pytest.mark.slow
+def test_residue_ladder_is_never_above_the_gdp_ladder_on_pld_steps():
+    """Randomized-response PLD steps: the residue rungs (GDP residue filters) keep every rung alive
+    at least as long as the GDP rungs (the residue update is never below the naive one)."""
+    common = {"delta": 1e-6, "growth": 2.0, "rungs": 4}
+    residue = OD.gdp_ladder_odometer(0.5, residue=True, **common)
+    plain = OD.gdp_ladder_odometer(0.5, **common)
+    s_res, s_plain = residue.init(), plain.init()
+    query = pj.randomized_response(0.5)
+    for _ in range(8):
+        s_res, ok_res = residue.step(s_res, query)
+        s_plain, ok_plain = plain.step(s_plain, query)
+        assert bool(ok_res) and bool(ok_plain)
+        assert float(residue.bound(s_res)["mu"]) <= float(plain.bound(s_plain)["mu"])
