@@ -474,9 +474,7 @@ def test_jit_and_vmap_agree_with_the_host(name):
         assert _same(jax.tree_util.tree_map(lambda leaf, i=i: leaf[i], batched), single)
 
 
-@pytest.mark.parametrize("name", ["mixture", "ladder"])
-@pytest.mark.parametrize("suffix", [".json", ".npz"])
-def test_save_restore_is_exact_with_x64_off(x64_off, tmp_path, name, suffix):
+def _save_restore_round_trip(tmp_path, name, suffix):
     od = (OD.gdp_ladder_odometer(0.1, delta=1e-6) if name == "ladder"
           else OD.mixture_odometer(1e-6, gamma=0.1))
     state = od.init()
@@ -489,6 +487,21 @@ def test_save_restore_is_exact_with_x64_off(x64_off, tmp_path, name, suffix):
     assert od.bound(restored) == od.bound(state)
     with pytest.raises(ValueError, match="saved for"):
         pj.io.load_odometer_state(path, OD.stitched_odometer(1e-6, v0=0.1))
+    return od.bound(restored)
+
+
+@pytest.mark.parametrize("name", ["mixture", "ladder"])
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+def test_save_restore_is_exact(tmp_path, name, suffix):
+    _save_restore_round_trip(tmp_path, name, suffix)
+
+
+@pytest.mark.parametrize("name", ["mixture", "ladder"])
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+def test_save_restore_is_exact_with_x64_off(x64_off, tmp_path, name, suffix):
+    off = _save_restore_round_trip(tmp_path, name, suffix)
+    jax.config.update("jax_enable_x64", True)
+    assert off == _save_restore_round_trip(tmp_path / "on", name, suffix)
 
 
 def test_readings_do_not_depend_on_the_x64_flag():
