@@ -271,8 +271,9 @@ def stitched_odometer(delta: float, *, v0: float,
 
         U_n = 1.7 sqrt(V_n (log log(2 V_n / v0) + 0.72 log(5.2 / delta'))) + V_n / 2   (V_n >= v0)
 
-    and +inf while V_n < ``v0``. Asymptotically the best of the three (rate sqrt(V log log V)).
-    Steps and reading as in :func:`filter_odometer`.
+    and +inf while V_n < ``v0`` (so a larger epsilon_n that carries V_n past v0 lowers the reading
+    from +inf; beyond v0 it is non-decreasing in every epsilon_n). Asymptotically the best of the
+    three (rate sqrt(V log log V)). Steps and reading as in :func:`filter_odometer`.
     """
     delta_prime, delta_queries = _split(delta, delta_queries)
     check_range("v0", v0, 0.0, low_open=True)
@@ -301,7 +302,9 @@ def rogers_odometer(delta: float, *, dataset_size: int,
                                                                                otherwise.
 
     The baseline the three families improve on (it depends on the dataset size and loosens outside
-    [1/n^2, 1]). Steps and reading as in :func:`filter_odometer`.
+    [1/n^2, 1]). Implemented as Whitehouse et al. print it, including its drop at V = 1 where the
+    two cases meet (so it is not monotone in V there). Steps and reading as in
+    :func:`filter_odometer`.
     """
     delta_prime, delta_queries = _split(delta, delta_queries)
     if not delta_prime <= math.exp(-1.0):
