@@ -339,7 +339,9 @@ def test_ladder_reading_decreases_with_delta():
 @pytest.mark.parametrize("name", [*sorted(FAMILIES), "ladder"])
 def test_reading_increases_with_each_epsilon(name):
     rng = np.random.default_rng(5)
-    base = list(rng.uniform(0, 0.4, 10))
+    # Rogers et al.'s printed formula drops at V = 1 (see below): keep V_n below 1 for it
+    top = 0.2 if name == "rogers" else 0.4
+    base = list(rng.uniform(0, top, 10))
     if name == "ladder":
         od = OD.gdp_ladder_odometer(0.1, delta=1e-6)
 
@@ -357,8 +359,16 @@ def test_reading_increases_with_each_epsilon(name):
     reference = readings_of(base)
     for i in range(len(base)):
         bumped = list(base)
-        bumped[i] += float(rng.uniform(0.01, 0.5))
+        bumped[i] += float(rng.uniform(0.01, top / 2))
         assert all(b >= r for b, r in zip(readings_of(bumped), reference, strict=True))
+
+
+def test_rogers_formula_as_printed_drops_at_v_equal_1():
+    od = OD.rogers_odometer(1e-6, dataset_size=10_000)
+    below = _run(od, [1.0 - 1e-6])[1][0]  # V_n just below 1: the middle case
+    above = _run(od, [1.0 + 1e-6])[1][0]
+    assert below == pytest.approx(float(ref_rogers((1 - 1e-6) ** 2, 5e-7, 10_000)), rel=1e-11)
+    assert above < below
 
 
 # -- bad input -----------------------------------------------------------------------------------------
