@@ -1,4 +1,4 @@
-"""Saving and restoring filter and accountant states, exactly and atomically.
+"""Saving and restoring filter, odometer and accountant states, exactly and atomically.
 
 A state is a pytree of arrays. :func:`save` writes its leaves with a header naming the format
 version, the filter kind and its parameters; :func:`load` checks all three against the filter it
@@ -157,3 +157,13 @@ def save_filter_state(path, filter_, state) -> None:
 def load_filter_state(path, filter_):
     """Restore a state saved by :func:`save_filter_state` for this very filter."""
     return load(path, filter_.init(), kind=filter_.kind, params=filter_.params)
+
+
+def save_odometer_state(path, odometer, state) -> None:
+    """Save an odometer's state (see :func:`save`)."""
+    save(path, state, kind=odometer.kind, params=odometer.params)
+
+
+def load_odometer_state(path, odometer):
+    """Restore a state saved by :func:`save_odometer_state` for this very odometer."""
+    return load(path, odometer.init(), kind=odometer.kind, params=odometer.params)
