@@ -4,6 +4,21 @@ The core (PLDs, mechanisms, composition, evaluation, DP-SGD accounting) is impor
 package; the filters, the natural-filter analysis, the accountant, state I/O, plotting and the
 optax / dp_accounting integrations are imported on first use (they pull in scipy.stats, optax or
 dp_accounting, which a script that only asks for an epsilon does not need).
+
+Docstrings cite these papers by first author and year:
+
+* Doroshenko, Ghazi, Kamath, Kumar, Manurangsi, "Connect the Dots: Tighter Discrete
+  Approximations of Privacy Loss Distributions", PETS 2022 (pessimistic and optimistic
+  discretization);
+* Chourasia, Javaid, Sikdar, "Laplace Transform Interpretation of Differential Privacy", 2024
+  (Rényi divergences from the PLD, subsampling);
+* Whitehouse, Ramdas, Rogers, Wu, "Fully Adaptive Composition in Differential Privacy", ICML 2023
+  (approximate-zCDP and (epsilon, delta) filters, odometers);
+* Regehr, Hu, Leeman, Manurangsi, Tholoniat, Lécuyer, "Privacy Filters are Captured by Residues: A
+  Characterization of Free Natural Filters and the Cost of Adaptivity", arXiv:2602.15815, 2026
+  (residue filters, the GDP residue, natural filters, V_k).
+
+The layers, and where each kind of change goes, are described in ARCHITECTURE.md.
 """
 
 import importlib

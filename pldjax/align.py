@@ -9,7 +9,7 @@ each PLD onto it with :func:`regrid_kernel`:
   are re-expressed on the finest step: every loss is a point of the finer grid, nothing changes.
 * **Otherwise coarsen, on the safe side.** Each PLD goes onto the coarsest step. A pessimistic PLD
   splits the mass p at a loss z between the neighbouring coarse points z_lo <= z <= z_hi so that
-  both its P-mass and its Q-mass p e^-z are kept (connect-the-dots, connect-the-dots.txt Alg. 1):
+  both its P-mass and its Q-mass p e^-z are kept (connect-the-dots, Doroshenko et al. 2022, Alg. 1):
   its hockey-stick curve is unchanged at the coarse points and joined by chords in x = e^eps in
   between, which lie above the convex original, so the result is an upper bound (and the tightest
   on the coarse grid; rounding each loss up to z_hi is looser). An optimistic PLD rounds each loss

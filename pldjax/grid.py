@@ -57,7 +57,7 @@ class Grid:
       step: grid spacing in nats (> 0). Smaller is tighter and slower.
       size: number of grid points of the discretized mechanism, an integer in
         [2, MAX_MECHANISM_SIZE] (a memory guard).
-      rounding: "connect_dots" (default; connect-the-dots.txt Alg. 1 / Alg. 2, the best estimate
+      rounding: "connect_dots" (default; Doroshenko et al. 2022, Alg. 1 / Alg. 2, the best estimate
         on the grid) or "privacy_buckets" (each loss rounded up to the next grid point, or down
         for an optimistic PLD; looser, offered for comparison).
     """

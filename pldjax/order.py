@@ -6,11 +6,11 @@ q_i = p_i e^{-z_i}; the atom at +inf is P-only mass and 1 - sum q_i is Q-only ma
 * Tradeoff curve (Neyman-Pearson): the most powerful test rejects P on the lowest losses first, so
   beta(alpha) is the piecewise-linear curve through (sum_{i<k} p_i, sum_{i>=k} q_i). A pessimistic
   PLD dominates the true pair, so its curve is a lower bound on the true beta.
-* Rényi divergence of order a (laplace-transform-dp.txt eqs. (19)-(21)):
+* Rényi divergence of order a (Chourasia et al. 2024, eqs. (19)-(21)):
   D_a = log E_P[e^{(a-1) L}] / (a - 1), infinite for a >= 1 when there is an atom at +inf. Rényi
   divergences obey data processing, so a pessimistic PLD gives an upper bound.
 
-* Order (residue-filters.txt Prop. 10): L is dominated by B iff delta_L(eps) <= delta_B(eps) for
+* Order (Regehr et al. 2026, Prop. 10): L is dominated by B iff delta_L(eps) <= delta_B(eps) for
   every real eps. On grids both curves are piecewise linear in e^eps between their points, so the
   comparison at the union of both grids' points is exact (below both grids both curves are linear
   from (x = 0, 1); above both they are constant).
@@ -61,7 +61,7 @@ def tradeoff_kernel(probs, inf_mass, offset, step, alphas):
 
 
 def log_mgf_kernel(probs, inf_mass, offset, step, ts):
-    """log E_P[e^{t L}] of one direction for each t (laplace-transform-dp.txt eq. (19)): the atom at
+    """log E_P[e^{t L}] of one direction for each t (Chourasia et al. 2024, eq. (19)): the atom at
     +inf makes it infinite for t > 0 and contributes nothing for t < 0."""
     z, log_p = _log_masses(probs, offset, step)
     finite = logsumexp(log_p[None, :] + ts[:, None] * z[None, :], axis=1)

@@ -1,4 +1,4 @@
-"""The natural filter (residue-filters.txt Alg. 2) and the additive discretized profile filter
+"""The natural filter (Regehr et al. 2026, Alg. 2) and the additive discretized profile filter
 (Alg. 3, §7).
 
 The natural filter accepts a query when the composition of everything accepted so far with it is
@@ -62,7 +62,7 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     steps) a query on a step at most ``step`` is coarsened so in the compiled call; one on a
     coarser step is rejected (it cannot be put on the filter's grid in a static shape). The
     interaction is NOT dominated by the budget in general: its worst case is V_k
-    (residue-filters.txt Thm 6).
+    (Regehr et al. 2026, Thm 6).
     """
     if not isinstance(budget, PLD) or budget.batch_shape:
         raise ValueError("natural: budget must be one (unbatched) PLD")

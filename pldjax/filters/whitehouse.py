@@ -1,12 +1,13 @@
-"""Approximate zCDP and (epsilon, delta) filters of Whitehouse et al. (fully-adaptive-composition.txt).
+"""Approximate zCDP and (epsilon, delta) filters of Whitehouse, Ramdas, Rogers and Wu, "Fully
+Adaptive Composition in Differential Privacy" (ICML 2023), §3.
 
 Thm 1: accept while the sum of the queries' rho_n stays <= rho and the sum of their delta_n <= delta;
 the interaction is delta-approximate rho-zCDP. Thm 8 ((epsilon, delta) filter, stated in sums of
 epsilon_n^2): with delta = delta' + delta'', accept while sum epsilon_n^2 <= y* and
 sum delta_n <= delta'', where y* solves sqrt(2 log(1/delta') y) + y / 2 = epsilon:
 y* = (sqrt(2 log(1/delta') + 2 epsilon) - sqrt(2 log(1/delta')))^2 (eq. (11) as printed solves for
-epsilon / 2 instead; see DESIGN.md). It is Thm 1 with rho = y* / 2 and an (epsilon_n, delta_n)-DP
-query counted as delta_n-approximate epsilon_n^2 / 2-zCDP (Lemma 1).
+epsilon / 2 instead: substituting it back gives epsilon / 2). It is Thm 1 with rho = y* / 2 and an
+(epsilon_n, delta_n)-DP query counted as delta_n-approximate epsilon_n^2 / 2-zCDP (Lemma 1).
 
 A PLD query is converted soundly to (rho_n, delta_n): with m its atom at +inf and 1 - c its
 missing Q mass (c = sum p_i e^{-z_i}), P = (1 - delta_n) P' + delta_n P'' and
