@@ -6,15 +6,18 @@ probability q; when more than B (``truncated_batch_size``) records are drawn, a 
 of them are kept. The sum of the kept records' clipped contributions (norm <= 1) gets Gaussian
 noise of standard deviation sigma. Selection looks at indices only, never at the data.
 
-The source of the scheme and of dp_accounting's bound is L. Chua, B. Ghazi, P. Kamath, R. Kumar,
-P. Manurangsi, A. Sinha and C. Zhang, "Scalable DP-SGD: Shuffling vs. Poisson Subsampling"
-(NeurIPS 2024, arXiv:2411.04205), Section 4 (Poisson subsampling with truncation, "truncated
-Poisson"); a tighter analysis is the subject of "Tighter Privacy Analysis for Truncated Poisson
-Sampling" (arXiv:2508.15089, 2025), which jax-privacy cites. dp_accounting bounds the step by a
-mixture: with the probability t that at least B other records are drawn, a replace-one
+Sources. The scheme is the fixed-shape Poisson subsampling of L. Chua, B. Ghazi, P. Kamath,
+R. Kumar, P. Manurangsi, A. Sinha and C. Zhang, "Scalable DP-SGD: Shuffling vs. Poisson
+Subsampling" (NeurIPS 2024, arXiv:2411.04205), in its part on implementing Poisson subsampling at
+scale (batches truncated to B and padded with zero-weight examples); they absorb the probability
+that any batch exceeds B into delta. jax-privacy's accounting for it cites also "Tighter Privacy
+Analysis for Truncated Poisson Sampling" (arXiv:2508.15089, 2025), and dp_accounting bounds one
+step by a mixture: with the probability t that at least B other records are drawn, a replace-one
 Gaussian at sigma / 2 subsampled at a conditional rate, otherwise the plain Poisson-subsampled
-Gaussian. The derivation below is pldjax's own; it reveals a little more to the adversary (the
-number of other records kept) and gets an exact mixture of Poisson-subsampled Gaussians.
+Gaussian. The derivation below is pldjax's own (it lets the adversary see how many other records
+were kept, which gives an exact mixture of Poisson-subsampled Gaussians); tests/
+test_truncated_poisson.py checks its weights and rates against an enumeration of the sampling and
+its curve against mpmath.
 
 Derivation, zero-out (REPLACE_SPECIAL) and replace-one adjacency. Both datasets have n records
 and the sensitive index i is kept in both, so the selection has the same law under both. Let Z
