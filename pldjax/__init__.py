@@ -73,6 +73,7 @@ _LAZY = {
     "dp_accounting": ("pldjax.dp_accounting_adapter", None),
     "filters": ("pldjax.filters", None),
     "io": ("pldjax.io", None),
+    "opacus": ("pldjax.opacus_accountant", None),
     "optax": ("pldjax.optax_transforms", None),
     "plot": ("pldjax.plot", None),
     "natural_filter_bounds": ("pldjax.adversary", "natural_filter_bounds"),
