@@ -78,7 +78,7 @@ eps = acct.get_epsilon(delta)
 """,
     "prv-accountant": """
 from prv_accountant import PRVAccountant, PoissonSubsampledGaussianMechanism, LaplaceMechanism
-prv = LaplaceMechanism(mu=scale) if laplace else PoissonSubsampledGaussianMechanism(
+prv = LaplaceMechanism(mu=1 / scale) if laplace else PoissonSubsampledGaussianMechanism(
     noise_multiplier=sigma, sampling_probability=q)
 acct = PRVAccountant(prvs=prv, max_self_compositions=steps, eps_error=0.01, delta_error=delta / 1000)
 eps = acct.compute_epsilon(delta=delta, num_self_compositions=[steps])[2]

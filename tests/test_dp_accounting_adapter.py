@@ -5,6 +5,7 @@ import copy
 import math
 
 import dp_accounting as dpa
+import jax
 import mpmath as mp
 import pytest
 from dp_accounting import dp_event as ev
@@ -244,3 +245,22 @@ def test_randomized_response_composes_its_count_exactly():
     eps = ours.get_epsilon(DELTA)
     assert brute_force_delta([z for z, _ in terms], [m for _, m in terms], 0.0, eps) <= DELTA
     assert brute_force_delta([z for z, _ in terms], [m for _, m in terms], 0.0, eps - 1e-5) > DELTA
+
+
+def test_results_do_not_depend_on_the_callers_x64_setting(x64_off):
+    def account():
+        acct = pj.dp_accounting.PLDAccountant(RS)
+        acct.compose(dpa.TruncatedSubsampledGaussianDpEvent(1000, 0.05, 55, 1.3), 5)
+        acct.compose(dpa.RandomizedResponseDpEvent(0.55, 3))
+        return acct.get_epsilon(DELTA), acct.get_delta(1.0)
+
+    def fresh():  # the event PLDs are cached by their parameters: build them again
+        pj.dp_accounting._event_pld.cache_clear()
+        pj.dp_accounting.k_randomized_response.cache_clear()
+
+    fresh()
+    off = account()
+    with jax.enable_x64(True):
+        fresh()
+        on = account()
+    assert off == on

@@ -140,3 +140,11 @@ def test_prv_failure_cases_are_answered_soundly_and_quickly(sigma, q, steps, del
     if delta >= 1e-12:  # where the PLD resolves delta, get_delta inverts get_epsilon
         assert acct.get_delta(eps) <= delta * (1 + 1e-9)
     assert 0 <= acct.get_delta(eps) <= 1
+
+
+def test_tiny_privacy_loss_is_never_negative():
+    acct = pj.opacus.PLDAccountant()
+    acct.history = [(20.0, 1e-4, 100)]
+    eps = acct.get_epsilon(DELTA)
+    assert 0.0 <= eps <= 1e-2
+    assert eps >= float(pj.dpsgd_epsilon(20.0, 1e-4, 100, DELTA, pessimistic=False))
