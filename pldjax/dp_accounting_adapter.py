@@ -169,10 +169,12 @@ def mixture_of_gaussians(standard_deviation: float, sensitivities: tuple, sampli
     check_range("sampling_probs", sampling_probs, 0.0, 1.0)
     if len(sensitivities) != len(sampling_probs) or not sensitivities:
         raise ValueError("sensitivities and sampling_probs must be non-empty and of one length")
+    if abs(math.fsum(sampling_probs) - 1.0) > 1e-9:
+        raise ValueError(f"sampling_probs must sum to 1, got {math.fsum(sampling_probs)!r}")
     s = np.asarray(sensitivities, np.float64) / float(standard_deviation)
     w = np.asarray(sampling_probs, np.float64)
     keep = w > 0
-    s, w = s[keep], w[keep] / np.sum(w[keep])
+    s, w = s[keep], w[keep] / np.sum(w[keep])  # round-off only (the sum is 1 within 1e-9)
     if np.all(s == 0):
         return identity()
     log_w = np.log(w)
