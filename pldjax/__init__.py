@@ -90,6 +90,7 @@ _LAZY = {
     "filters": ("pldjax.filters", None),
     "io": ("pldjax.io", None),
     "odometers": ("pldjax.odometers", None),
+    "opacus": ("pldjax.opacus_accountant", None),
     "optax": ("pldjax.optax_transforms", None),
     "plot": ("pldjax.plot", None),
     "natural_filter_bounds": ("pldjax.adversary", "natural_filter_bounds"),

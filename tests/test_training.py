@@ -1,7 +1,6 @@
 """DP-SGD integration: the accountant, calibration, the optax transformations, per-example
-filters, the dp_accounting adapter, checkpoints."""
+filters, checkpoints (the dp_accounting adapter: tests/test_dp_accounting_adapter.py)."""
 
-import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -188,33 +187,6 @@ def test_individual_filters_retire_examples_by_their_own_norms():
     assert np.all(np.abs(active_for - expected) <= 1)
     assert active_for[0] < active_for[1] < active_for[2]
     assert np.all(np.asarray(pj.optax.remaining_mu(state)) >= 0)
-
-
-# -- dp_accounting adapter ------------------------------------------------------------------------
-def test_dp_accounting_adapter_matches_pldjax():
-    acct = pj.dp_accounting.PLDAccountant()
-    sampled = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0))
-    acct.compose(dpa.SelfComposedDpEvent(sampled, 300))
-    assert acct.get_epsilon(DELTA) == pytest.approx(float(pj.dpsgd_epsilon(1.0, 0.01, 300, DELTA)),
-                                                    rel=1e-12)
-    acct.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(20.0), dpa.NoOpDpEvent()]), 2)
-    expected = pj.compose_schedule([(1.0, 0.01, 300), (20.0, 1.0, 2)])
-    assert acct.get_epsilon(DELTA) == pytest.approx(float(expected.epsilon(DELTA)), rel=1e-12)
-    assert acct.get_delta(1.0) == pytest.approx(float(expected.delta(1.0)), rel=1e-12)
-    assert not acct.supports(dpa.LaplaceDpEvent(1.0))
-    with pytest.raises(dpa.UnsupportedEventError):
-        acct.compose(dpa.PoissonSampledDpEvent(0.1, dpa.LaplaceDpEvent(1.0)))
-
-
-def test_dp_accounting_calibration_with_the_adapter():
-    def make(sigma):
-        return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(sigma)),
-                                       200)
-
-    sigma = dpa.calibrate_dp_mechanism(pj.dp_accounting.PLDAccountant, make, 2.0, DELTA,
-                                       dpa.LowerEndpointAndGuess(0.3, 1.0), tol=1e-3)
-    assert float(pj.dpsgd_epsilon(sigma, 0.02, 200, DELTA)) <= 2.0
-    assert float(pj.dpsgd_epsilon(sigma - 2e-3, 0.02, 200, DELTA)) > 2.0
 
 
 # -- x64 off in the caller (issue 15) -------------------------------------------------------------

@@ -1,0 +1,85 @@
+"""jax-privacy with pldjax's accountant: its event builders, dp_accounting's calibration, its training
+accountants (whose PLD type checks must pass) and its BandMF execution plan with truncated Poisson
+sampling. Reference values come from dp_accounting's own accountants."""
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+
+jax_privacy = pytest.importorskip("jax_privacy")
+
+from jax_privacy import accounting as jp_accounting  # noqa: E402
+from jax_privacy.experimental import accounting as jp_events  # noqa: E402
+from jax_privacy.experimental import execution_plan  # noqa: E402
+
+import pldjax as pj  # noqa: E402
+
+DELTA = 1e-6
+NR = dpa.NeighboringRelation
+
+
+def test_dpsgd_event_calibration_matches_dp_accounting():
+    def make(sigma):
+        return jp_events.dpsgd_event(sigma, 500, sampling_prob=0.01)
+
+    sigma = dpa.calibrate_dp_mechanism(pj.dp_accounting.PLDAccountant, make, 2.0, DELTA, tol=1e-3)
+    assert pj.dp_accounting.PLDAccountant().compose(make(sigma)).get_epsilon(DELTA) <= 2.0
+    theirs = dpa.pld.PLDAccountant().compose(make(sigma)).get_epsilon(DELTA)
+    assert 2.0 - 2e-2 <= theirs <= 2.0 + 1e-3  # dp_accounting agrees: sigma is calibrated
+
+
+def test_truncated_dpsgd_event_under_zero_out():
+    event = jp_events.truncated_dpsgd_event(1.0, 20, sampling_prob=0.05, num_examples=1000,
+                                            truncated_batch_size=55)
+    ours = pj.dp_accounting.PLDAccountant(NR.REPLACE_SPECIAL).compose(event).get_epsilon(DELTA)
+    theirs = dpa.pld.PLDAccountant(NR.REPLACE_SPECIAL).compose(event).get_epsilon(DELTA)
+    untruncated = pj.dp_accounting.PLDAccountant(NR.REPLACE_SPECIAL).compose(
+        jp_events.dpsgd_event(1.0, 20, sampling_prob=0.05)).get_epsilon(DELTA)
+    assert untruncated <= ours <= theirs + 1e-3
+
+
+def test_fixed_batch_event_is_at_or_below_dp_accountings_rdp():
+    event = jp_events.fixed_dpsgd_event(1.0, 200, dataset_size=1000, batch_size=10)
+    rdp = dpa.rdp.RdpAccountant(neighboring_relation=NR.REPLACE_ONE).compose(event)
+    assert pj.dp_accounting.PLDAccountant(NR.REPLACE_ONE).compose(event).get_epsilon(DELTA) <= (
+        rdp.get_epsilon(DELTA))
+
+
+def test_training_accountants_accept_pldjax_config():
+    config = pj.dp_accounting.jax_privacy_config()
+    assert isinstance(config, jp_accounting.PldAccountantConfig)
+    assert isinstance(config.create_accountant(), pj.dp_accounting.PLDAccountant)
+    params = jp_accounting.DpParams(noise_multipliers=1.0, num_samples=10_000, batch_size=100,
+                                    delta=DELTA)
+    ours = jp_accounting.DpsgdTrainingAccountant(config).compute_epsilon(300, params)
+    theirs = jp_accounting.DpsgdTrainingAccountant(
+        jp_accounting.PldAccountantConfig()).compute_epsilon(300, params)
+    assert ours == pytest.approx(theirs, abs=1e-3)
+    sigma = jp_accounting.calibrate_noise_multiplier(
+        target_epsilon=2.0, accountant=jp_accounting.DpsgdTrainingAccountant(config),
+        batch_sizes=100, num_updates=300, num_samples=10_000, target_delta=DELTA)
+    assert pj.dp_accounting.PLDAccountant().compose(
+        jp_events.dpsgd_event(sigma, 300, sampling_prob=0.01)).get_epsilon(DELTA) <= 2.0 + 1e-2
+
+
+@pytest.mark.slow
+def test_user_level_accountant_passes_its_pld_type_check():
+    """jax-privacy's user-level accountant insists on a dp_accounting PLDAccountant and composes
+    MixtureOfGaussiansDpEvents."""
+    params = jp_accounting.DpParams(noise_multipliers=2.0, num_samples=10_000, batch_size=100,
+                                    delta=DELTA, examples_per_user=2)
+    ours = jp_accounting.DpsgdTrainingUserLevelAccountant(
+        pj.dp_accounting.jax_privacy_config()).compute_epsilon(50, params)
+    theirs = jp_accounting.DpsgdTrainingUserLevelAccountant(
+        jp_accounting.PldAccountantConfig()).compute_epsilon(50, params)
+    assert ours == pytest.approx(theirs, abs=1e-3)
+
+
+def test_bandmf_plan_with_truncated_poisson_calibrates_with_pldjax():
+    config = execution_plan.BandMFExecutionPlanConfig(
+        iterations=20, strategy=np.array([1.0]), epsilon=4.0, delta=DELTA, sampling_prob=0.05,
+        truncated_batch_size=60, num_examples=1000,
+        accountant=pj.dp_accounting.PLDAccountant(NR.REPLACE_SPECIAL))
+    plan = config.plan
+    eps = pj.dp_accounting.PLDAccountant(NR.REPLACE_SPECIAL).compose(plan.dp_event).get_epsilon(DELTA)
+    assert eps <= 4.0 + 1e-6
