@@ -71,6 +71,7 @@ __all__ = [
     "natural_filter_cost",
     "natural_filter_free",
     "odometers",
+    "opacus",
     "optax",
     "plot",
     "profile_from_tradeoff",
