@@ -100,7 +100,7 @@ def _family(queries) -> Family:
     for row, (q, (a, b)) in enumerate(zip(queries, spans, strict=True)):
         start = a - int(q.offset)
         probs[row, a - low:b - low + 1] = np.asarray(q.probs)[start:start + b - a + 1]
-    return Family(probs, np.array([float(q.inf_mass) for q in queries]), low, float(steps[0]))
+    return Family(probs, np.array([float(q.inf_mass) for q in queries]), int(low), float(steps[0]))
 
 
 class Window(NamedTuple):
@@ -125,7 +125,8 @@ def _window(family: Family, rounds: int, budget: PLD | None = None) -> Window:
         low = min(low, math.floor((int(budget.offset) + first) * b_step / family.step))
         high = max(high, math.ceil((int(budget.offset) + last) * b_step / family.step))
     # F_j = sum_i p_i V_(j - offset - i) reads V at window offsets -(offset + n - 1) .. size - 1 - offset
-    return Window(low, high - low + 1, max(0, family.offset + n - 1), max(0, -family.offset))
+    return Window(int(low), int(high - low + 1), max(0, int(family.offset) + n - 1),
+                  max(0, -int(family.offset)))
 
 
 #: Queries with at most this many grid points are composed by direct sums (exact zeros stay
@@ -207,86 +208,6 @@ def _chunk(array, c):
     return jax.lax.dynamic_slice_in_dim(array, c * _CHUNK, _CHUNK)
 
 
-def _spectra(curves, rows, count, step, plan: _Plan):
-    """rfft of the extended curves[rows[r]] for r < count (the rest of the table stays zero)."""
-    def body(c, table):
-        extended = jax.vmap(lambda v: _extend(v, plan.window, step))(curves[_chunk(rows, c)])
-        return jax.lax.dynamic_update_slice_in_dim(
-            table, jnp.fft.rfft(extended, plan.nfft), c * _CHUNK, axis=0)
-
-    table = jnp.zeros((rows.shape[0], plan.nfft // 2 + 1), jnp.complex128)
-    return jax.lax.fori_loop(0, _chunks(count), body, table)
-
-
-def _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs, inf_mass, step,
-                 plan: _Plan):
-    """L_q (+) V for the chunk c of moves: V = curves[rows[source[e]]], q = query[e]."""
-    window = plan.window
-    src, q = _chunk(source, c), _chunk(query, c)
-    begin = window.left - plan.offset  # output j reads extended index j + begin - i
-    if plan.nfft:
-        full = jnp.fft.irfft(spectra[src] * query_spectra[q], plan.nfft)
-        out = full[:, begin:begin + window.size]
-    else:
-        taps = begin + jnp.arange(window.size)[None, :] - jnp.arange(plan.width)[:, None]
-        out = jax.vmap(lambda v, p: p @ _extend(v, window, step)[taps])(curves[rows[src]], probs[q])
-    return out + inf_mass[q][:, None]
-
-
-def _prepare(curves, rows, count, probs, step, plan: _Plan):
-    if not plan.nfft:
-        return None, None
-    return _spectra(curves, rows, count, step, plan), jnp.fft.rfft(probs, plan.nfft)
-
-
-@functools.partial(jax.jit, static_argnames=("plan",))
-def _forward_level(curves, rows, count, source, query, moves, probs, inf_mass, step, budget, *,
-                   plan: _Plan):
-    """The compositions L_query[e] (+) curves[rows[source[e]]] for e < moves, in rows of the
-    output (as many as ``source`` has), with their excess over the budget at the grid points and
-    everywhere (inf beyond ``moves``; 0 without a budget)."""
-    window = plan.window
-    spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan)
-    eps = (window.start + jnp.arange(window.size)) * step
-    budget_curve = None if budget is None else delta_kernel(*budget, eps)
-
-    def body(c, carry):
-        out, at_points, everywhere = carry
-        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
-                              inf_mass, step, plan)
-        out = jax.lax.dynamic_update_slice_in_dim(out, values, c * _CHUNK, axis=0)
-        if budget is not None:
-            points, full = jax.vmap(
-                lambda v: _excesses(v, budget, window, step, budget_curve))(values)
-            at_points = jax.lax.dynamic_update_slice_in_dim(at_points, points, c * _CHUNK, 0)
-            everywhere = jax.lax.dynamic_update_slice_in_dim(everywhere, full, c * _CHUNK, 0)
-        return out, at_points, everywhere
-
-    size = source.shape[0]
-    fill = jnp.inf if budget is not None else 0.0
-    init = (jnp.zeros((size, window.size)), jnp.full((size,), fill), jnp.full((size,), fill))
-    return jax.lax.fori_loop(0, _chunks(moves), body, init)
-
-
-@functools.partial(jax.jit, static_argnames=("plan",))
-def _backward_level(curves, count, source, query, target, moves, probs, inf_mass, step, *,
-                    plan: _Plan):
-    """W at the level above: row r is max(Id, L_query[e] (+) curves[source[e]] for the moves
-    e < ``moves`` with target[e] = r), for the first ``count`` rows of ``curves`` as sources."""
-    window = plan.window
-    rows = jnp.arange(curves.shape[0])
-    spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan)
-
-    def body(c, out):
-        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
-                              inf_mass, step, plan)
-        valid = c * _CHUNK + jnp.arange(_CHUNK) < moves
-        return out.at[_chunk(target, c)].max(jnp.where(valid[:, None], values, -jnp.inf))
-
-    init = jnp.broadcast_to(_identity_curve(window, step), curves.shape)
-    return jax.lax.fori_loop(0, _chunks(moves), body, init)
-
-
 def _padded_ints(values, size: int):
     out = np.zeros(size, np.int32)
     out[:len(values)] = values
@@ -307,6 +228,7 @@ def _removals(ms: tuple) -> list[tuple[int, tuple]]:
     return out
 
 
+# -- the budget -----------------------------------------------------------------------------------
 class _Budget(NamedTuple):
     probs: jax.Array
     inf_mass: jax.Array
@@ -321,81 +243,194 @@ def _budget(budget: PLD) -> _Budget:
                    jnp.asarray(budget.offset, jnp.int64), jnp.asarray(budget.step, jnp.float64))
 
 
-def _excess_at_points(curves, budget: _Budget, eps):
-    """max over eps_j >= 0 of curve_j - delta_B(eps_j) for each curve (leading axis)."""
-    b = delta_kernel(budget.probs, budget.inf_mass, budget.offset, budget.step, eps)
-    return jnp.max(jnp.where(eps >= 0, curves - b, -jnp.inf), axis=-1)
+class _Limits(NamedTuple):
+    """The budget's curve where legality compares it: at the window's points, and at its own
+    grid points ``points`` (eps, nats)."""
+
+    at_window: jax.Array
+    points: jax.Array
+    at_points: jax.Array
 
 
-def _excesses(curve, budget: _Budget, window: Window, step, budget_curve=None):
-    """(max over the window's points eps >= 0, max over every eps >= 0) of delta_V - delta_B, V
-    the grid PLD through the curve's values; ``budget_curve``: delta_B at the window's points.
+def _limits(budget: _Budget, window: Window, step) -> _Limits:
+    eps = (window.start + jnp.arange(window.size)) * step
+    points = (budget.offset + jnp.arange(budget.probs.shape[0])) * budget.step
+    return _Limits(delta_kernel(*budget, eps), points, delta_kernel(*budget, points))
+
+
+def _excess_at_points(curve, limits: _Limits, window: Window, step):
+    """max over the window's points eps_j >= 0 of curve_j - delta_B(eps_j)."""
+    eps = (window.start + jnp.arange(window.size)) * step
+    return jnp.max(jnp.where(eps >= 0, curve - limits.at_window, -jnp.inf))
+
+
+def _full_excess(curve, limits: _Limits, window: Window, step):
+    """max over every eps >= 0 of delta_V - delta_B, V the grid PLD through the curve's values
+    (at least :func:`_excess_at_points`: it includes the same comparisons).
 
     V's curve is linear in e^eps between the window's points (flat beyond them) and B's between
     its own, so comparing at both sets of points is exact; V is interpolated at B's points
     directly from the values (rebuilding V's masses would amplify their round-off ~1/step-fold).
-    The second is at least the first (it includes the same comparisons).
     """
     eps = (window.start + jnp.arange(window.size)) * step
-    if budget_curve is None:
-        budget_curve = delta_kernel(*budget, eps)
-    own = jnp.max(jnp.where(eps >= 0, curve - budget_curve, -jnp.inf))
-    b_eps = (budget.offset + jnp.arange(budget.probs.shape[0])) * budget.step
+    b_eps = limits.points
     position = b_eps / step - window.start
     j = jnp.clip(jnp.floor(position).astype(jnp.int64), 0, window.size - 2)
     weight = jnp.clip(jnp.expm1(b_eps - eps[j]) / jnp.expm1(step), 0.0, 1.0)
     inside = curve[j] + (curve[j + 1] - curve[j]) * weight
     values = jnp.where(position >= window.size - 1, curve[-1], inside)
-    theirs = jnp.where(b_eps >= 0, values - delta_kernel(*budget, b_eps), -jnp.inf)
-    return own, jnp.maximum(own, jnp.max(theirs))
+    theirs = jnp.where(b_eps >= 0, values - limits.at_points, -jnp.inf)
+    return jnp.maximum(_excess_at_points(curve, limits, window, step), jnp.max(theirs))
 
 
+# -- the level kernels ----------------------------------------------------------------------------
+def _spectra(curves, rows, count, step, plan: _Plan, table):
+    """rfft of the extended curves[rows[r]] for r < count, written into the rows of ``table``
+    (the rest is left as it is)."""
+    def body(c, table):
+        extended = jax.vmap(lambda v: _extend(v, plan.window, step))(curves[_chunk(rows, c)])
+        return jax.lax.dynamic_update_slice_in_dim(
+            table, jnp.fft.rfft(extended, plan.nfft), c * _CHUNK, axis=0)
+
+    return jax.lax.fori_loop(0, _chunks(count), body, table)
+
+
+def _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs, inf_mass, step,
+                 plan: _Plan):
+    """L_q (+) V for the chunk c of moves: V = curves[rows[source[e]]], q = query[e]."""
+    window = plan.window
+    src, q = _chunk(source, c), _chunk(query, c)
+    begin = window.left - plan.offset  # output j reads extended index j + begin - i
+    if plan.nfft:
+        full = jnp.fft.irfft(spectra[src] * query_spectra[q], plan.nfft)
+        out = full[:, begin:begin + window.size]
+    else:
+        taps = begin + jnp.arange(window.size)[None, :] - jnp.arange(plan.width)[:, None]
+        out = jax.vmap(lambda v, p: p @ _extend(v, window, step)[taps])(curves[rows[src]], probs[q])
+    return out + inf_mass[q][:, None]
+
+
+def _prepare(curves, rows, count, probs, step, plan: _Plan, table):
+    if not plan.nfft:
+        return None, None
+    return _spectra(curves, rows, count, step, plan, table), jnp.fft.rfft(probs, plan.nfft)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "rows"))
+def _start(step, budget, *, plan: _Plan, rows: int):
+    """What a forward pass starts from: Id in every row (level 0), a spare buffer and a spectra
+    table of as many rows (for :func:`_forward_level` to take over), and the budget's limits."""
+    window = plan.window
+    table = jnp.zeros((rows, plan.nfft // 2 + 1), jnp.complex128) if plan.nfft else None
+    limits = None if budget is None else _limits(budget, window, step)
+    return (jnp.broadcast_to(_identity_curve(window, step), (rows, window.size)),
+            jnp.zeros((rows, window.size)), table, limits)
+
+
+@functools.partial(jax.jit, static_argnames=("plan",), donate_argnames=("out", "table"))
+def _forward_level(curves, out, table, rows, count, source, query, moves, probs, inf_mass, step,
+                   limits, *, plan: _Plan):
+    """The compositions L_query[e] (+) curves[rows[source[e]]] for e < moves, written into the
+    first rows of ``out`` (the rest keep what they held), with their excess over the budget at the
+    grid points and everywhere (inf beyond ``moves``; 0 without ``limits``); ``table``: room for
+    the sources' spectra. Returns (out, table, excesses at the points, excesses everywhere):
+    ``out`` and ``table`` are taken over (donated), so a pass allocates them once."""
+    window = plan.window
+    spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
+
+    def body(c, carry):
+        out, at_points, everywhere = carry
+        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
+                              inf_mass, step, plan)
+        out = jax.lax.dynamic_update_slice_in_dim(out, values, c * _CHUNK, axis=0)
+        if limits is not None:
+            points = jax.vmap(lambda v: _excess_at_points(v, limits, window, step))(values)
+            full = jax.vmap(lambda v: _full_excess(v, limits, window, step))(values)
+            at_points = jax.lax.dynamic_update_slice_in_dim(at_points, points, c * _CHUNK, 0)
+            everywhere = jax.lax.dynamic_update_slice_in_dim(everywhere, full, c * _CHUNK, 0)
+        return out, at_points, everywhere
+
+    size = source.shape[0]
+    fill = jnp.inf if limits is not None else 0.0
+    init = (out, jnp.full((size,), fill), jnp.full((size,), fill))
+    out, at_points, everywhere = jax.lax.fori_loop(0, _chunks(moves), body, init)
+    return out, spectra, at_points, everywhere
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _backward_level(curves, count, source, query, target, moves, probs, inf_mass, step, *,
+                    plan: _Plan):
+    """W at the level above: row r is max(Id, L_query[e] (+) curves[source[e]] for the moves
+    e < ``moves`` with target[e] = r), for the first ``count`` rows of ``curves`` as sources."""
+    window = plan.window
+    rows = jnp.arange(curves.shape[0])
+    table = jnp.zeros((rows.shape[0], plan.nfft // 2 + 1), jnp.complex128) if plan.nfft else None
+    spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
+
+    def body(c, out):
+        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
+                              inf_mass, step, plan)
+        valid = c * _CHUNK + jnp.arange(_CHUNK) < moves
+        return out.at[_chunk(target, c)].max(jnp.where(valid[:, None], values, -jnp.inf))
+
+    init = jnp.broadcast_to(_identity_curve(window, step), curves.shape)
+    return jax.lax.fori_loop(0, _chunks(moves), body, init)
+
+
+# -- the passes -----------------------------------------------------------------------------------
 class _Problem(NamedTuple):
     """The family on device and the kernels' static shape."""
 
     family: Family
     plan: _Plan
-    probs: jax.Array
-    inf_mass: jax.Array
-    step: jax.Array
+    probs: np.ndarray  # host arrays: the kernels take them as arguments
+    inf_mass: np.ndarray
+    step: np.float64
     capacity: int  # rows of the forward kernels: the largest level, padded
 
 
 def _problem(family: Family, window: Window, rounds: int) -> _Problem:
     m = family.probs.shape[0]
     largest = max(math.comb(m + t - 1, t) for t in range(rounds + 1))
-    return _Problem(family, _plan(family, window), jnp.asarray(family.probs),
-                    jnp.asarray(family.inf_mass), jnp.asarray(family.step, jnp.float64),
+    return _Problem(family, _plan(family, window), np.asarray(family.probs, np.float64),
+                    np.asarray(family.inf_mass, np.float64), np.float64(family.step),
                     _capacity(largest))
 
 
-def _forward(p: _Problem, curves, sources: list[int], moves: list[tuple[int, int]], budget):
+def _forward(p: _Problem, curves, sources: list[int], moves: list[tuple[int, int]], limits,
+             buffers):
     """_forward_level on padded arrays: ``sources`` rows of ``curves``, ``moves`` (position in
-    ``sources``, query). Returns (curves in rows 0 .. len(moves) - 1, excess at the grid points,
-    excess everywhere) of the moves."""
+    ``sources``, query), into ``buffers`` (out, table), which it takes over. Returns (curves in
+    rows 0 .. len(moves) - 1, the spectra table, excess at the grid points, excess everywhere)."""
     cap = p.capacity
+    out, table = buffers
     source = _padded_ints([s for s, _ in moves], cap)
     query = _padded_ints([q for _, q in moves], cap)
-    out, at_points, everywhere = _forward_level(
-        curves, jnp.asarray(_padded_ints(sources, cap)), np.int32(len(sources)),
-        jnp.asarray(source), jnp.asarray(query), np.int32(len(moves)), p.probs, p.inf_mass,
-        p.step, budget, plan=p.plan)
-    return out, at_points, everywhere
+    return _forward_level(curves, out, table, _padded_ints(sources, cap), np.int32(len(sources)),
+                          source, query, np.int32(len(moves)), p.probs, p.inf_mass, p.step,
+                          limits, plan=p.plan)
+
+
+def _fresh(p: _Problem, budget):
+    """(Id rows, (spare rows, spectra table), limits) from :func:`_start`."""
+    identity, spare, table, limits = _start(p.step, budget, plan=p.plan, rows=p.capacity)
+    return identity, (spare, table), limits
 
 
 def _all_curves(p: _Problem, rounds: int, budget) -> list:
     """The composition of every multiset of at most ``rounds`` queries: per level, the device
     array of padded rows in the order of :func:`_multisets` (the parent of ms is ms[:-1])."""
     m = p.probs.shape[0]
-    curves = _identity_rows(p.step, window=p.plan.window, rows=p.capacity)
+    curves, buffers, limits = _fresh(p, budget)
     levels = [curves]
     index = {(): 0}
     for t in range(1, rounds + 1):
         level = _multisets(m, t)
         moves = [(index[ms[:-1]], ms[-1]) for ms in level]
-        curves, _, _ = _forward(p, curves, list(range(len(index))), moves, budget)
+        curves = _forward(p, curves, list(range(len(index))), moves, limits, buffers)[0]
         index = {ms: row for row, ms in enumerate(level)}
         levels.append(curves)
+        buffers = _fresh(p, budget)[1]  # every level is kept
     return levels
 
 
@@ -405,6 +440,7 @@ class Analysis(NamedTuple):
 
     problem: _Problem
     budget: _Budget
+    limits: _Limits
     multisets: list  # list of levels: level t holds the multisets of size t
     index: dict  # multiset -> (level, row)
     legal_upper: list  # level t: (count_t,) composition below B at the grid points (+ROUNDOFF)
@@ -425,7 +461,8 @@ def _analyse(queries, budget: PLD, rounds: int) -> Analysis:
     legal_lower = [np.array([True])]
     reach_upper = [np.array([True])]
     reach_lower = [np.array([True])]
-    curves = _identity_rows(p.step, window=p.plan.window, rows=p.capacity)
+    # the two curve buffers alternate: the last level's and the next one's
+    curves, (spare, table), limits = _fresh(p, b)
     position = {(): 0}  # row in ``curves`` of each computed multiset of the last level
     for t in range(1, rounds + 1):
         level = _multisets(m, t)
@@ -445,8 +482,9 @@ def _analyse(queries, budget: PLD, rounds: int) -> Analysis:
         r_up = np.zeros(len(level), bool)
         r_low = np.zeros(len(level), bool)
         if candidates:
-            curves, at_points, everywhere = _forward(
-                p, curves, [position[ms] for ms in sources], moves, b)
+            new, table, at_points, everywhere = _forward(
+                p, curves, [position[ms] for ms in sources], moves, limits, (spare, table))
+            curves, spare = new, curves
             at_points = np.asarray(at_points)[:len(candidates)]
             everywhere = np.asarray(everywhere)[:len(candidates)]
             up[candidates] = at_points <= ROUNDOFF
@@ -464,12 +502,14 @@ def _analyse(queries, budget: PLD, rounds: int) -> Analysis:
         legal_lower.append(low)
         reach_upper.append(r_up)
         reach_lower.append(r_low)
-    return Analysis(p, b, multisets, index, legal_upper, legal_lower, reach_upper, reach_lower)
+    return Analysis(p, b, limits, multisets, index, legal_upper, legal_lower, reach_upper,
+                    reach_lower)
 
 
 def _recursion(a: Analysis, rounds: int, upper: bool):
-    """V_rounds(Id) as curve values (upper or lower bound): W(M) = max(Id, L_i (+) W(M + i) over
-    the reachable M + i), level by level from the top (see the module docstring)."""
+    """V_rounds(Id) in row 0 of the result, as curve values (upper or lower bound):
+    W(M) = max(Id, L_i (+) W(M + i) over the reachable M + i), level by level from the top (see
+    the module docstring)."""
     p = a.problem
     m = p.probs.shape[0]
     reach = a.reach_upper if upper else a.reach_lower
@@ -489,11 +529,11 @@ def _recursion(a: Analysis, rounds: int, upper: bool):
                     query.append(i)
                     target.append(k)
         values = _backward_level(
-            values, np.int32(len(position)), jnp.asarray(_padded_ints(source, moves_cap)),
-            jnp.asarray(_padded_ints(query, moves_cap)), jnp.asarray(_padded_ints(target, moves_cap)),
-            np.int32(len(source)), p.probs, p.inf_mass, p.step, plan=p.plan)
+            values, np.int32(len(position)), _padded_ints(source, moves_cap),
+            _padded_ints(query, moves_cap), _padded_ints(target, moves_cap), np.int32(len(source)),
+            p.probs, p.inf_mass, p.step, plan=p.plan)
         position = {ms: k for k, ms in enumerate(reached[t])}
-    return values[0]
+    return values
 
 
 class Bounds(NamedTuple):
@@ -509,14 +549,16 @@ class Bounds(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("window",))
-def _summary(up, low, step, budget: _Budget, *, window: Window):
-    """The grid, the upper curve's PLD (Alg. 1), the gap, and the excess over the budget of the
-    upper bound (everywhere) and of the lower one (at the grid points)."""
+def _summary(up_rows, low_rows, step, limits: _Limits, *, window: Window):
+    """From row 0 of the recursions' results: the grid, both curves, the upper curve's PLD
+    (Alg. 1: masses, inf mass, offset, step), the gap, and the excess over the budget of the upper
+    bound (everywhere) and of the lower one (at the grid points)."""
+    up, low = up_rows[0], low_rows[0]
     eps = (window.start + jnp.arange(window.size)) * step
     probs, inf_mass = masses_from_curve(up, step, up + jnp.expm1(eps), eps)
-    _, upper_excess = _excesses(up, budget, window, step)
-    lower_excess = _excess_at_points(low[None], budget, eps)[0]
-    return eps, probs, inf_mass, jnp.max(up - low), upper_excess, lower_excess
+    offset = jnp.asarray(window.start, jnp.int64)
+    return (eps, up, low, probs, inf_mass, offset, jnp.asarray(step), jnp.max(up - low),
+            _full_excess(up, limits, window, step), _excess_at_points(low, limits, window, step))
 
 
 def _bounds(a: Analysis, rounds: int) -> tuple[Bounds, float, float]:
@@ -525,9 +567,9 @@ def _bounds(a: Analysis, rounds: int) -> tuple[Bounds, float, float]:
     up = _recursion(a, rounds, upper=True)
     same_moves = all(np.array_equal(u, v) for u, v in zip(a.reach_upper, a.reach_lower, strict=True))
     low = up if same_moves else _recursion(a, rounds, upper=False)
-    eps, probs, inf_mass, gap, upper_excess, lower_excess = _summary(
-        up, low, p.step, a.budget, window=p.plan.window)
-    pld = PLD(probs, inf_mass, jnp.asarray(p.plan.window.start, jnp.int64), p.step, True)
+    eps, up, low, probs, inf_mass, offset, step, gap, upper_excess, lower_excess = _summary(
+        up, low, p.step, a.limits, window=p.plan.window)
+    pld = PLD(probs, inf_mass, offset, step, True)
     bounds = Bounds(pld, np.asarray(eps), np.asarray(up), np.asarray(low), float(gap))
     return bounds, float(upper_excess), float(lower_excess)
 
@@ -566,11 +608,10 @@ def _witness(a: Analysis, rounds: int) -> dict | None:
     is prefix (+) sup(options) <= V_k(Id); returned with an eps where it exceeds the budget."""
     p = a.problem
     window = p.plan.window
-    b = a.budget
-    eps = (window.start + jnp.arange(window.size)) * p.step
-    budget_curve = np.asarray(delta_kernel(b.probs, b.inf_mass, b.offset, b.step, eps))
+    eps = (window.start + np.arange(window.size)) * p.step
+    budget_curve = np.asarray(a.limits.at_window)
     m = p.probs.shape[0]
-    curves = _all_curves(p, rounds, b)
+    curves = _all_curves(p, rounds, a.budget)
     best = None
     for t in range(rounds):
         for row, prefix in enumerate(a.multisets[t]):
@@ -588,8 +629,8 @@ def _witness(a: Analysis, rounds: int) -> dict | None:
                                      for more, _ in options]), axis=0)
             for i in prefix:
                 rows = jnp.broadcast_to(top, (p.capacity, window.size))
-                top = _forward(p, rows, [0], [(0, i)], b)[0][0]
-            excess = np.where(np.asarray(eps) >= 0, np.asarray(top) - budget_curve, -np.inf)
+                top = _forward(p, rows, [0], [(0, i)], a.limits, _fresh(p, a.budget)[1])[0][0]
+            excess = np.where(eps >= 0, np.asarray(top) - budget_curve, -np.inf)
             j = int(np.argmax(excess))
             if excess[j] > rounds * ROUNDOFF and (best is None or excess[j] > best["excess"]):
                 best = {"prefix": list(prefix), "options": [list(more) for more, _ in options],
