@@ -62,13 +62,15 @@ def worker(function: str, n: int, rounds: int, mus, budget_mu: float) -> dict:
     queries = _queries(n, mus)
     budget = pj.gdp(budget_mu, pessimistic=False)
     call = getattr(pj, function)
-    times = []
+    times, cpu = [], []
     result = None
     for _ in range(2):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = call(queries, budget=budget, rounds=rounds)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     row = dict(function=function, n=n, step=32.0 / n, rounds=rounds, first_s=times[0], warm_s=times[1],
+               first_cpu_s=cpu[0], warm_cpu_s=cpu[1],
                multisets=math.comb(len(mus) + rounds, rounds),
                peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                jax=jax.__version__, backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
@@ -124,8 +126,8 @@ def fmt(x, spec):
 
 def table(rows, info, args) -> str:
     head = (f"{'function':<22}{'n':>6}{'step':>10}{'k':>3}{'states':>7}{'window':>8}{'first s':>9}"
-            f"{'warm s':>9}{'cached s':>9}{'peak MB':>9}  {'status':<10}{'gap':>9}{'upper exc.':>12}"
-            f"{'lower exc.':>12}")
+            f"{'warm s':>9}{'cached s':>9}{'cpu first':>10}{'cpu warm':>9}{'peak MB':>9}  {'status':<10}"
+            f"{'gap':>9}{'upper exc.':>12}{'lower exc.':>12}")
     lines = [f"natural filter V_k: queries G_mu, mu = {args.mus}, on Grid(step=32/n, size=n); budget "
              f"pj.gdp({args.budget_mu}, pessimistic=False); {args.rounds} rounds", head]
     for r in rows:
@@ -134,14 +136,17 @@ def table(rows, info, args) -> str:
             continue
         lines.append(f"{r['function']:<22}{r['n']:>6}{r['step']:>10.6f}{r['rounds']:>3}"
                      f"{r['multisets']:>7}{fmt(r['window'], 'd'):>8}{r['first_s']:>9.2f}{r['warm_s']:>9.2f}"
-                     f"{fmt(r.get('cached_s'), '.2f'):>9}{r['peak_mb']:>9.0f}  "
+                     f"{fmt(r.get('cached_s'), '.2f'):>9}{fmt(r.get('first_cpu_s'), '.2f'):>10}"
+                     f"{fmt(r.get('warm_cpu_s'), '.2f'):>9}{r['peak_mb']:>9.0f}  "
                      f"{r['status']:<10}{r['gap']:>9.2e}{fmt(r.get('upper_excess'), '.2e'):>12}"
                      f"{fmt(r.get('lower_excess'), '.2e'):>12}")
     lines.append("first s: first call in a fresh process with an empty compilation cache; warm s: the same "
-                 "call again; cached s: the first\ncall in another fresh process with that cache filled; "
-                 "states: query multisets of at most k queries;\nwindow: grid points of each curve; "
-                 "gap: largest difference of the upper and lower bracketing curves; exc.: largest\n"
-                 "delta_V - delta_B over the budget (natural_filter_free only)")
+                 "call again; cached s: the first\ncall in another fresh process with that cache filled; cpu "
+                 "first / warm: CPU seconds of the process (all threads)\nin those calls, which other work "
+                 "on a shared machine inflates less than wall time; states: query multisets of at most\n"
+                 "k queries; window: grid points of each curve; gap: largest difference of the upper and "
+                 "lower bracketing curves;\nexc.: largest delta_V - delta_B over the budget "
+                 "(natural_filter_free only)")
     lines.append(f"machine: {info['cpu_model']} ({info['machine']}, {info['cpus']} CPUs), "
                  f"{info['platform']}; python {info['python']}, jax {info.get('jax')} backend "
                  f"{info.get('backend')} {info.get('devices')}; pldjax {info['commit']}; load average "
