@@ -136,6 +136,11 @@ _DIRECT_WIDTH = 128
 #: Rows (curves, moves) handled together inside the level kernels.
 _CHUNK = 4
 
+#: Memory guards: the most multisets of one level (padded), and the most float64 values the
+#: forward kernel holds (two buffers of curves and a spectra table: 2**30 is 8 GiB).
+_MAX_ROWS = 2**16
+_MAX_VALUES = 2**30
+
 
 def _fft_size(n: int) -> int:
     """The smallest 2^a 3^b 5^c >= n (XLA's CPU FFT is as fast per point on these as on powers of
@@ -390,11 +395,20 @@ class _Problem(NamedTuple):
 
 
 def _problem(family: Family, window: Window, rounds: int) -> _Problem:
+    """The kernels' shapes; ValueError when they exceed the memory guards."""
     m = family.probs.shape[0]
     largest = max(math.comb(m + t - 1, t) for t in range(rounds + 1))
-    return _Problem(family, _plan(family, window), np.asarray(family.probs, np.float64),
-                    np.asarray(family.inf_mass, np.float64), np.float64(family.step),
-                    _capacity(largest))
+    plan = _plan(family, window)
+    capacity = _capacity(largest)
+    values = capacity * (2 * window.size + plan.nfft + 2)
+    if capacity > _MAX_ROWS or values > _MAX_VALUES:
+        raise ValueError(
+            f"queries, rounds: {m} queries over {rounds} rounds need up to {largest} query "
+            f"multisets a level, each a curve of {window.size} grid points ({values} values at "
+            f"once), more than the memory guards allow ({_MAX_ROWS} multisets, {_MAX_VALUES} "
+            "values); use fewer queries or rounds, or coarser grids")
+    return _Problem(family, plan, np.asarray(family.probs, np.float64),
+                    np.asarray(family.inf_mass, np.float64), np.float64(family.step), capacity)
 
 
 def _forward(p: _Problem, curves, sources: list[int], moves: list[tuple[int, int]], limits,

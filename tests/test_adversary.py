@@ -207,6 +207,14 @@ def test_bad_input():
         pj.natural_filter_free([pj.gaussian(1.0, sampling_prob=0.1)], budget=rr(1.0), rounds=2)
     with pytest.raises(ValueError, match="rounds"):
         pj.natural_filter_cost([rr(0.5)], budget=rr(1.0), rounds=0)
+    # 40 queries over 8 rounds: 3e8 multisets on the last level. Refused before any of them is
+    # listed (it used to try to enumerate them, then to hold every curve)
+    many = [rr(0.0625 * k) for k in range(1, 41)]
+    for call in (pj.natural_filter_free, pj.natural_filter_bounds):
+        with pytest.raises(ValueError, match="queries, rounds: 40 queries over 8 rounds"):
+            call(many, budget=rr(1.0), rounds=8)
+    with pytest.raises(ValueError, match="memory guard"):
+        pj.totally_ordered(many, rounds=9)
 
 
 def test_approximate_dp_queries_are_not_free_under_an_approximate_gdp_budget():
