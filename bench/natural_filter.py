@@ -13,6 +13,12 @@ GDP queries are totally ordered (Cor. 5), so the exact answer is "free". A case 
 ``--timeout`` seconds (default 300) is recorded as such and the larger sizes of that function are
 skipped.
 
+Compilation: each case's process starts with an empty persistent compilation cache of its own (a
+temporary directory; ``JAX_COMPILATION_CACHE_DIR`` is not passed on), so ``first s`` includes
+every compilation; a second fresh process then makes the first call with that cache filled
+(``cached s``; ``--no-cached`` skips it). The workers import the pldjax of this checkout (its root
+is put first on ``PYTHONPATH``).
+
     python bench/natural_filter.py --quick    # n = 4096, 4 rounds (about a minute on a CPU)
     python bench/natural_filter.py            # n = 4096, 8192, 16384; 8 rounds
 
@@ -28,12 +34,15 @@ import math
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 FUNCTIONS = ("natural_filter_free", "natural_filter_bounds")
 
 
@@ -53,13 +62,15 @@ def worker(function: str, n: int, rounds: int, mus, budget_mu: float) -> dict:
     queries = _queries(n, mus)
     budget = pj.gdp(budget_mu, pessimistic=False)
     call = getattr(pj, function)
-    times = []
+    times, cpu = [], []
     result = None
     for _ in range(2):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = call(queries, budget=budget, rounds=rounds)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     row = dict(function=function, n=n, step=32.0 / n, rounds=rounds, first_s=times[0], warm_s=times[1],
+               first_cpu_s=cpu[0], warm_cpu_s=cpu[1],
                multisets=math.comb(len(mus) + rounds, rounds),
                peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                jax=jax.__version__, backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
@@ -115,7 +126,8 @@ def fmt(x, spec):
 
 def table(rows, info, args) -> str:
     head = (f"{'function':<22}{'n':>6}{'step':>10}{'k':>3}{'states':>7}{'window':>8}{'first s':>9}"
-            f"{'warm s':>9}{'peak MB':>9}  {'status':<10}{'gap':>9}{'upper exc.':>12}{'lower exc.':>12}")
+            f"{'warm s':>9}{'cached s':>9}{'cpu first':>10}{'cpu warm':>9}{'peak MB':>9}  {'status':<10}"
+            f"{'gap':>9}{'upper exc.':>12}{'lower exc.':>12}")
     lines = [f"natural filter V_k: queries G_mu, mu = {args.mus}, on Grid(step=32/n, size=n); budget "
              f"pj.gdp({args.budget_mu}, pessimistic=False); {args.rounds} rounds", head]
     for r in rows:
@@ -124,18 +136,35 @@ def table(rows, info, args) -> str:
             continue
         lines.append(f"{r['function']:<22}{r['n']:>6}{r['step']:>10.6f}{r['rounds']:>3}"
                      f"{r['multisets']:>7}{fmt(r['window'], 'd'):>8}{r['first_s']:>9.2f}{r['warm_s']:>9.2f}"
-                     f"{r['peak_mb']:>9.0f}  "
+                     f"{fmt(r.get('cached_s'), '.2f'):>9}{fmt(r.get('first_cpu_s'), '.2f'):>10}"
+                     f"{fmt(r.get('warm_cpu_s'), '.2f'):>9}{r['peak_mb']:>9.0f}  "
                      f"{r['status']:<10}{r['gap']:>9.2e}{fmt(r.get('upper_excess'), '.2e'):>12}"
                      f"{fmt(r.get('lower_excess'), '.2e'):>12}")
-    lines.append("first s: first call in a fresh process (compilation included); warm s: the same call "
-                 "again; states: query multisets\nof at most k queries; window: grid points of each curve; "
-                 "gap: largest difference of the upper and lower bracketing curves;\nexc.: largest "
-                 "delta_V - delta_B over the budget (natural_filter_free only)")
+    lines.append("first s: first call in a fresh process with an empty compilation cache; warm s: the same "
+                 "call again; cached s: the first\ncall in another fresh process with that cache filled; cpu "
+                 "first / warm: CPU seconds of the process (all threads)\nin those calls, which other work "
+                 "on a shared machine inflates less than wall time; states: query multisets of at most\n"
+                 "k queries; window: grid points of each curve; gap: largest difference of the upper and "
+                 "lower bracketing curves;\nexc.: largest delta_V - delta_B over the budget "
+                 "(natural_filter_free only)")
     lines.append(f"machine: {info['cpu_model']} ({info['machine']}, {info['cpus']} CPUs), "
                  f"{info['platform']}; python {info['python']}, jax {info.get('jax')} backend "
                  f"{info.get('backend')} {info.get('devices')}; pldjax {info['commit']}; load average "
                  f"{info['load_average']} at start, {info.get('load_average_end', '-')} at end")
     return "\n".join(lines)
+
+
+def run_worker(cmd, env, timeout: float) -> dict:
+    """One worker process; its row, or RuntimeError saying why there is none."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as error:
+        raise RuntimeError(f"stopped after {timeout:.0f} s (timeout)") from error
+    lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1][:200]
+        raise RuntimeError(f"failed (rc {out.returncode}): {tail}")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def main():
@@ -146,7 +175,9 @@ def main():
     parser.add_argument("--mus", default="0.5,0.75,1.0,1.25", help="the queries' GDP parameters")
     parser.add_argument("--budget-mu", type=float, default=2.0)
     parser.add_argument("--functions", default=",".join(FUNCTIONS))
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case (both calls)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per process (both calls)")
+    parser.add_argument("--no-cached", dest="cached", action="store_false",
+                        help="skip the second process with the compilation cache filled")
     parser.add_argument("--worker", nargs=2, metavar=("FUNCTION", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     mus = [float(x) for x in args.mus.split(",")]
@@ -171,28 +202,29 @@ def main():
         for n in sizes:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", function, str(n),
                    "--rounds", str(args.rounds), "--mus", args.mus, "--budget-mu", str(args.budget_mu)]
+            cache = tempfile.mkdtemp(prefix="pldjax_natural_filter_cache_")
+            env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+            env["PLDJAX_COMPILATION_CACHE"] = cache
+            env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
             t0 = time.perf_counter()
             try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                rows.append(dict(function=function, n=n, error=f"stopped after {args.timeout:.0f} s "
-                                 "(timeout); larger sizes skipped"))
+                row = run_worker(cmd, env, args.timeout)
+                row["process_s"] = time.perf_counter() - t0
+                if args.cached:
+                    row["cached_s"] = run_worker(cmd, env, args.timeout)["first_s"]
+            except RuntimeError as error:
+                rows.append(dict(function=function, n=n, error=f"{error}; larger sizes skipped"))
                 print(rows[-1], flush=True)
                 break
-            lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-            if out.returncode != 0 or not lines:
-                tail = (out.stderr.strip().splitlines() or ["?"])[-1][:200]
-                rows.append(dict(function=function, n=n, error=f"failed (rc {out.returncode}): {tail}"))
-                print(rows[-1], flush=True)
-                break
-            row = json.loads(lines[-1][len("RESULT "):])
-            row["process_s"] = time.perf_counter() - t0
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
             rows.append(row)
             if base is None:
                 info.update({k: row[k] for k in ("jax", "backend", "devices", "device_kind")})
                 base = os.path.join(HERE, "results", f"natural_filter_{device_name(info)}_{stamp}")
                 os.makedirs(os.path.dirname(base), exist_ok=True)
-            print({k: row[k] for k in ("function", "n", "first_s", "warm_s", "status", "gap")}, flush=True)
+            keys = ("function", "n", "first_s", "warm_s", "cached_s", "status", "gap")
+            print({k: row.get(k) for k in keys}, flush=True)
             text = table(rows, info, args)
             with open(base + ".txt", "w") as fh:
                 fh.write(text + "\n")

@@ -4,8 +4,17 @@ residue-filters.txt Thm 6: with a query family L (Id always allowed) and budget 
 V_1(L') = sup{L : L' (+) L <= B} and V_{j+1}(L') = sup{L (+) V_j(L' (+) L) : L' (+) L <= B}; the
 interaction with the natural filter over k rounds has PLD V_k(Id). Composition commutes, so the
 state is the multiset M of queries played; with Id allowed, V_j(M) = sup(V_{j-1}(M),
-L_i (+) V_{j-1}(M + i) for every legal i), from V_0 = Id, for all multisets with |M| <= k - j, one
-vmapped call per j.
+L_i (+) V_{j-1}(M + i) for every legal i), from V_0 = Id.
+
+One pass over the levels suffices. V_j(M) grows with j (it includes V_{j-1}(M)) and composition is
+monotone, so by induction on j, V_j(M) = sup(Id, L_i (+) V_{j-1}(M + i) for every legal i): the
+term V_{j-1}(M) = sup(Id, L_i (+) V_{j-2}(M + i)) is below it. Only W(M) = V_{k-|M|}(M) is ever
+needed, and W(M) = sup(Id, L_i (+) W(M + i) for every legal i), W = Id on level k: one
+composition per legal move, from level k - 1 down to V_k(Id) = W(()). The grid recursion below is
+monotone in the same way (non-negative weights, maxima), so this is the j-by-j recursion's
+result, not an approximation of it. Only *reachable* multisets matter (every multiset on a path of
+legal moves from the empty one is legal): the compositions, legality checks and W are computed
+for those and for the candidates one legal move beyond them, nothing else.
 
 Everything runs in *curve space* on one uniform grid eps_j = (w0 + j) h that holds every possible
 composition: a PLD is represented by its hockey-stick values at the grid points. For a query L on
@@ -34,6 +43,11 @@ which may sit on any step. Queries on different steps are aligned first
 of it and the result fits grid.MAX_SIZE, otherwise onto the coarsest step by connect-the-dots
 (pessimistic: each query replaced by one that dominates it, as :func:`pldjax.filters.natural_filter`
 does with its queries); the analysis is then that of the aligned family.
+
+Speed: each level is one compiled call on arrays padded to a power-of-two number of rows (so one
+program serves every level and most calls), looping over the level's actual rows in chunks;
+each curve's spectrum is taken once for all the moves that lead to it, the queries' once per
+call, and the FFT length is the shortest 5-smooth one without wrap-around.
 """
 
 from __future__ import annotations
@@ -86,13 +100,17 @@ def _family(queries) -> Family:
     for row, (q, (a, b)) in enumerate(zip(queries, spans, strict=True)):
         start = a - int(q.offset)
         probs[row, a - low:b - low + 1] = np.asarray(q.probs)[start:start + b - a + 1]
-    return Family(probs, np.array([float(q.inf_mass) for q in queries]), low, float(steps[0]))
+    return Family(probs, np.array([float(q.inf_mass) for q in queries]), int(low), float(steps[0]))
 
 
 class Window(NamedTuple):
-    start: int  # grid index of the first point
-    size: int  # points
-    pad: int  # extension on each side for compositions
+    """The recursion's grid points start, ..., start + size - 1 (in steps), and how far a curve is
+    extended on each side for a composition with a query of the family."""
+
+    start: int
+    size: int
+    left: int
+    right: int
 
 
 def _window(family: Family, rounds: int, budget: PLD | None = None) -> Window:
@@ -106,113 +124,75 @@ def _window(family: Family, rounds: int, budget: PLD | None = None) -> Window:
         first, last = (0, 0) if nonzero.size == 0 else (int(nonzero[0]), int(nonzero[-1]))
         low = min(low, math.floor((int(budget.offset) + first) * b_step / family.step))
         high = max(high, math.ceil((int(budget.offset) + last) * b_step / family.step))
-    pad = abs(family.offset) + n
-    return Window(low, high - low + 1, pad)
-
-
-def _extend(curve, window: Window, step):
-    """The curve on [start - pad, start + size + pad): linear in e^eps from (0, 1) on the left,
-    flat on the right."""
-    left = jnp.arange(-window.pad, 0) * step  # eps - eps_0
-    head = 1.0 - (1.0 - curve[0]) * jnp.exp(left)
-    tail = jnp.full((window.pad,), curve[-1])
-    return jnp.concatenate([head, curve, tail])
+    # F_j = sum_i p_i V_(j - offset - i) reads V at window offsets -(offset + n - 1) .. size - 1 - offset
+    return Window(int(low), int(high - low + 1), max(0, int(family.offset) + n - 1),
+                  max(0, -int(family.offset)))
 
 
 #: Queries with at most this many grid points are composed by direct sums (exact zeros stay
 #: zero); wider ones by FFT, whose absolute round-off (~1e-13) is then below the tolerances.
 _DIRECT_WIDTH = 128
 
+#: Rows (curves, moves) handled together inside the level kernels.
+_CHUNK = 4
 
-def _compose_curve(curve, probs, inf_mass, offset, window: Window, step):
-    """delta_{L (+) V} at the window's points from V's values there (L on the common grid)."""
-    n = probs.shape[0]
-    extended = _extend(curve, window, step)
-    # F_j = sum_i p_i E[j - offset - i], E indexed from -pad
-    begin = window.pad - offset
+#: Memory guards: the most multisets of one level (padded), and the most float64 values the
+#: forward kernel holds (two buffers of curves and a spectra table: 2**30 is 8 GiB).
+_MAX_ROWS = 2**16
+_MAX_VALUES = 2**30
+
+
+def _fft_size(n: int) -> int:
+    """The smallest 2^a 3^b 5^c >= n (XLA's CPU FFT is as fast per point on these as on powers of
+    two, which can be almost twice as long)."""
+    best = next_pow2(n)
+    five = 1
+    while five < best:
+        three = five
+        while three < best:
+            size = three
+            while size < n:
+                size *= 2
+            best = min(best, size)
+            three *= 3
+        five *= 5
+    return best
+
+
+class _Plan(NamedTuple):
+    """Static shape of the level kernels: the window, the family's offset and width, and the FFT
+    length (0: direct sums)."""
+
+    window: Window
+    offset: int
+    width: int
+    nfft: int
+
+
+def _plan(family: Family, window: Window) -> _Plan:
+    n = family.probs.shape[1]
     if n <= _DIRECT_WIDTH:
-        rows = begin + jnp.arange(window.size)[None, :] - jnp.arange(n)[:, None]
-        return probs @ extended[rows] + inf_mass
-    size = extended.shape[0] + n - 1
-    nfft = next_pow2(size)
-    full = jnp.fft.irfft(jnp.fft.rfft(probs, nfft) * jnp.fft.rfft(extended, nfft), nfft)
-    return jax.lax.dynamic_slice(full, (begin,), (window.size,)) + inf_mass
+        return _Plan(window, family.offset, n, 0)
+    extended = window.left + window.size + window.right
+    begin = window.left - family.offset
+    # circular convolution of length N: the outputs read at begin .. begin + size - 1 must not
+    # receive the wrapped tail of the linear one (extended + n - 1 points)
+    need = max(extended + n - 1 - begin, begin + window.size, extended)
+    return _Plan(window, family.offset, n, _fft_size(need))
 
 
-def _padded(batch: int) -> int:
-    """Batches are padded to powers of two so that few shapes are ever compiled."""
-    return next_pow2(max(batch, 1))
+def _capacity(count: int) -> int:
+    """Rows of a padded batch: a power of two, at least one chunk."""
+    return max(next_pow2(count), _CHUNK)
 
 
-@functools.partial(jax.jit, static_argnames=("offset", "window"))
-def _compose_batch(curves, probs, inf_mass, step, *, offset: int, window: Window):
-    return jax.vmap(_compose_curve, in_axes=(0, 0, 0, None, None, None))(
-        curves, probs, inf_mass, offset, window, step)
-
-
-def compose_rows(curves, probs, inf_mass, offset: int, window: Window, step):
-    """_compose_curve for each row (curve i with query row i), in padded batches."""
-    count = curves.shape[0]
-    size = _padded(count)
-
-    def pad(a):
-        return jnp.concatenate([a, jnp.repeat(a[:1], size - count, axis=0)]) if size > count else a
-
-    out = _compose_batch(pad(curves), pad(probs), pad(inf_mass), jnp.asarray(step),
-                         offset=offset, window=window)
-    return out[:count]
-
-
-@functools.partial(jax.jit, static_argnames=("offset", "window"))
-def _moves_batch(curves, children, probs, inf_mass, step, *, offset: int, window: Window):
-    """L_i (+) V for V = curves[children[r, i]], every row r and query i: (rows, m, size). Each
-    curve's spectrum is taken once, however many moves lead to it."""
-    m, n = probs.shape
-    if n <= _DIRECT_WIDTH:
-        def row(indices):
-            return jax.vmap(lambda c, p, u: _compose_curve(curves[c], p, u, offset, window, step))(
-                indices, probs, inf_mass)
-        return jax.lax.map(row, children, batch_size=16)
-    extended = jax.vmap(lambda c: _extend(c, window, step))(curves)
-    nfft = next_pow2(extended.shape[1] + n - 1)
-    spectra = jnp.fft.rfft(extended, nfft)
-    query_spectra = jnp.fft.rfft(probs, nfft)
-    begin = window.pad - offset
-
-    def row(indices):
-        full = jnp.fft.irfft(spectra[indices] * query_spectra, nfft)
-        return jax.lax.dynamic_slice_in_dim(full, begin, window.size, axis=-1) + inf_mass[:, None]
-
-    return jax.lax.map(row, children, batch_size=16)
-
-
-def moves(curves, children, probs, inf_mass, offset: int, window: Window, step):
-    """_moves_batch in padded shapes (few compilations)."""
-    count, rows = curves.shape[0], children.shape[0]
-    curves = jnp.concatenate([curves, jnp.repeat(curves[:1], _padded(count) - count, axis=0)])
-    children = np.concatenate([children, np.zeros((_padded(rows) - rows, children.shape[1]), int)])
-    out = _moves_batch(curves, jnp.asarray(children), probs, inf_mass, jnp.asarray(step),
-                       offset=offset, window=window)
-    return out[:rows]
-
-
-@functools.partial(jax.jit, static_argnames=("window",))
-def _legality_batch(curves, b_probs, b_inf, b_off, b_step, step, *, window: Window):
-    budget = _Budget(b_probs, b_inf, b_off, b_step)
-    eps = (window.start + jnp.arange(window.size)) * step
-    at_points = jax.vmap(lambda c: _excess_at_points(c, budget, eps))(curves)
-    everywhere = jax.vmap(lambda c: _full_excess(c, budget, window, step))(curves)
-    return at_points, everywhere
-
-
-def legality(curves, budget: _Budget, window: Window, step):
-    """(excess at the grid points, excess everywhere) of each curve over the budget."""
-    count = curves.shape[0]
-    size = _padded(count)
-    if size > count:
-        curves = jnp.concatenate([curves, jnp.repeat(curves[:1], size - count, axis=0)])
-    up, low = _legality_batch(curves, *budget, jnp.asarray(step), window=window)
-    return np.asarray(up)[:count], np.asarray(low)[:count]
+def _extend(curve, window: Window, step):
+    """The curve on [start - left, start + size + right): linear in e^eps from (0, 1) on the
+    left, flat on the right."""
+    left = jnp.arange(-window.left, 0) * step  # eps - eps_0
+    head = 1.0 - (1.0 - curve[0]) * jnp.exp(left)
+    tail = jnp.full((window.right,), curve[-1])
+    return jnp.concatenate([head, curve, tail])
 
 
 def _identity_curve(window: Window, step):
@@ -220,10 +200,40 @@ def _identity_curve(window: Window, step):
     return jnp.maximum(-jnp.expm1(eps), 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("window", "rows"))
+def _identity_rows(step, *, window: Window, rows: int):
+    return jnp.broadcast_to(_identity_curve(window, step), (rows, window.size))
+
+
+def _chunks(count):
+    return (count + _CHUNK - 1) // _CHUNK
+
+
+def _chunk(array, c):
+    return jax.lax.dynamic_slice_in_dim(array, c * _CHUNK, _CHUNK)
+
+
+def _padded_ints(values, size: int):
+    out = np.zeros(size, np.int32)
+    out[:len(values)] = values
+    return out
+
+
 def _multisets(m: int, size: int) -> list[tuple[int, ...]]:
     return list(itertools.combinations_with_replacement(range(m), size))
 
 
+def _removals(ms: tuple) -> list[tuple[int, tuple]]:
+    """(i, ms - {i}) for each distinct element i of the multiset ms."""
+    out = []
+    for i in sorted(set(ms)):
+        rest = list(ms)
+        rest.remove(i)
+        out.append((i, tuple(rest)))
+    return out
+
+
+# -- the budget -----------------------------------------------------------------------------------
 class _Budget(NamedTuple):
     probs: jax.Array
     inf_mass: jax.Array
@@ -238,39 +248,215 @@ def _budget(budget: PLD) -> _Budget:
                    jnp.asarray(budget.offset, jnp.int64), jnp.asarray(budget.step, jnp.float64))
 
 
-def _excess_at_points(curves, budget: _Budget, eps):
-    """max over eps_j >= 0 of curve_j - delta_B(eps_j) for each curve (leading axis)."""
-    b = delta_kernel(budget.probs, budget.inf_mass, budget.offset, budget.step, eps)
-    return jnp.max(jnp.where(eps >= 0, curves - b, -jnp.inf), axis=-1)
+class _Limits(NamedTuple):
+    """The budget's curve where legality compares it: at the window's points, and at its own
+    grid points ``points`` (eps, nats)."""
+
+    at_window: jax.Array
+    points: jax.Array
+    at_points: jax.Array
 
 
-def _full_excess(curve, budget: _Budget, window: Window, step):
-    """max over every eps >= 0 of delta_V - delta_B, V the grid PLD through the curve's values.
+def _limits(budget: _Budget, window: Window, step) -> _Limits:
+    eps = (window.start + jnp.arange(window.size)) * step
+    points = (budget.offset + jnp.arange(budget.probs.shape[0])) * budget.step
+    return _Limits(delta_kernel(*budget, eps), points, delta_kernel(*budget, points))
+
+
+def _excess_at_points(curve, limits: _Limits, window: Window, step):
+    """max over the window's points eps_j >= 0 of curve_j - delta_B(eps_j)."""
+    eps = (window.start + jnp.arange(window.size)) * step
+    return jnp.max(jnp.where(eps >= 0, curve - limits.at_window, -jnp.inf))
+
+
+def _full_excess(curve, limits: _Limits, window: Window, step):
+    """max over every eps >= 0 of delta_V - delta_B, V the grid PLD through the curve's values
+    (at least :func:`_excess_at_points`: it includes the same comparisons).
 
     V's curve is linear in e^eps between the window's points (flat beyond them) and B's between
     its own, so comparing at both sets of points is exact; V is interpolated at B's points
     directly from the values (rebuilding V's masses would amplify their round-off ~1/step-fold).
     """
     eps = (window.start + jnp.arange(window.size)) * step
-    own = jnp.where(eps >= 0, curve - delta_kernel(*budget, eps), -jnp.inf)
-    b_eps = (budget.offset + jnp.arange(budget.probs.shape[0])) * budget.step
+    b_eps = limits.points
     position = b_eps / step - window.start
     j = jnp.clip(jnp.floor(position).astype(jnp.int64), 0, window.size - 2)
     weight = jnp.clip(jnp.expm1(b_eps - eps[j]) / jnp.expm1(step), 0.0, 1.0)
     inside = curve[j] + (curve[j + 1] - curve[j]) * weight
     values = jnp.where(position >= window.size - 1, curve[-1], inside)
-    theirs = jnp.where(b_eps >= 0, values - delta_kernel(*budget, b_eps), -jnp.inf)
-    return jnp.maximum(jnp.max(own), jnp.max(theirs))
+    theirs = jnp.where(b_eps >= 0, values - limits.at_points, -jnp.inf)
+    return jnp.maximum(_excess_at_points(curve, limits, window, step), jnp.max(theirs))
+
+
+# -- the level kernels ----------------------------------------------------------------------------
+def _spectra(curves, rows, count, step, plan: _Plan, table):
+    """rfft of the extended curves[rows[r]] for r < count, written into the rows of ``table``
+    (the rest is left as it is)."""
+    def body(c, table):
+        extended = jax.vmap(lambda v: _extend(v, plan.window, step))(curves[_chunk(rows, c)])
+        return jax.lax.dynamic_update_slice_in_dim(
+            table, jnp.fft.rfft(extended, plan.nfft), c * _CHUNK, axis=0)
+
+    return jax.lax.fori_loop(0, _chunks(count), body, table)
+
+
+def _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs, inf_mass, step,
+                 plan: _Plan):
+    """L_q (+) V for the chunk c of moves: V = curves[rows[source[e]]], q = query[e]."""
+    window = plan.window
+    src, q = _chunk(source, c), _chunk(query, c)
+    begin = window.left - plan.offset  # output j reads extended index j + begin - i
+    if plan.nfft:
+        full = jnp.fft.irfft(spectra[src] * query_spectra[q], plan.nfft)
+        out = full[:, begin:begin + window.size]
+    else:
+        taps = begin + jnp.arange(window.size)[None, :] - jnp.arange(plan.width)[:, None]
+        out = jax.vmap(lambda v, p: p @ _extend(v, window, step)[taps])(curves[rows[src]], probs[q])
+    return out + inf_mass[q][:, None]
+
+
+def _prepare(curves, rows, count, probs, step, plan: _Plan, table):
+    if not plan.nfft:
+        return None, None
+    return _spectra(curves, rows, count, step, plan, table), jnp.fft.rfft(probs, plan.nfft)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "rows"))
+def _start(step, budget, *, plan: _Plan, rows: int):
+    """What a forward pass starts from: Id in every row (level 0), a spare buffer and a spectra
+    table of as many rows (for :func:`_forward_level` to take over), and the budget's limits."""
+    window = plan.window
+    table = jnp.zeros((rows, plan.nfft // 2 + 1), jnp.complex128) if plan.nfft else None
+    limits = None if budget is None else _limits(budget, window, step)
+    return (jnp.broadcast_to(_identity_curve(window, step), (rows, window.size)),
+            jnp.zeros((rows, window.size)), table, limits)
+
+
+@functools.partial(jax.jit, static_argnames=("plan",), donate_argnames=("out", "table"))
+def _forward_level(curves, out, table, rows, count, source, query, moves, probs, inf_mass, step,
+                   limits, *, plan: _Plan):
+    """The compositions L_query[e] (+) curves[rows[source[e]]] for e < moves, written into the
+    first rows of ``out`` (the rest keep what they held), with their excess over the budget at the
+    grid points and everywhere (inf beyond ``moves``; 0 without ``limits``); ``table``: room for
+    the sources' spectra. Returns (out, table, excesses at the points, excesses everywhere):
+    ``out`` and ``table`` are taken over (donated), so a pass allocates them once."""
+    window = plan.window
+    spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
+
+    def body(c, carry):
+        out, at_points, everywhere = carry
+        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
+                              inf_mass, step, plan)
+        out = jax.lax.dynamic_update_slice_in_dim(out, values, c * _CHUNK, axis=0)
+        if limits is not None:
+            points = jax.vmap(lambda v: _excess_at_points(v, limits, window, step))(values)
+            full = jax.vmap(lambda v: _full_excess(v, limits, window, step))(values)
+            at_points = jax.lax.dynamic_update_slice_in_dim(at_points, points, c * _CHUNK, 0)
+            everywhere = jax.lax.dynamic_update_slice_in_dim(everywhere, full, c * _CHUNK, 0)
+        return out, at_points, everywhere
+
+    size = source.shape[0]
+    fill = jnp.inf if limits is not None else 0.0
+    init = (out, jnp.full((size,), fill), jnp.full((size,), fill))
+    out, at_points, everywhere = jax.lax.fori_loop(0, _chunks(moves), body, init)
+    return out, spectra, at_points, everywhere
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _backward_level(curves, count, source, query, target, moves, probs, inf_mass, step, *,
+                    plan: _Plan):
+    """W at the level above: row r is max(Id, L_query[e] (+) curves[source[e]] for the moves
+    e < ``moves`` with target[e] = r), for the first ``count`` rows of ``curves`` as sources."""
+    window = plan.window
+    rows = jnp.arange(curves.shape[0])
+    table = jnp.zeros((rows.shape[0], plan.nfft // 2 + 1), jnp.complex128) if plan.nfft else None
+    spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
+
+    def body(c, out):
+        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
+                              inf_mass, step, plan)
+        valid = c * _CHUNK + jnp.arange(_CHUNK) < moves
+        return out.at[_chunk(target, c)].max(jnp.where(valid[:, None], values, -jnp.inf))
+
+    init = jnp.broadcast_to(_identity_curve(window, step), curves.shape)
+    return jax.lax.fori_loop(0, _chunks(moves), body, init)
+
+
+# -- the passes -----------------------------------------------------------------------------------
+class _Problem(NamedTuple):
+    """The family on device and the kernels' static shape."""
+
+    family: Family
+    plan: _Plan
+    probs: np.ndarray  # host arrays: the kernels take them as arguments
+    inf_mass: np.ndarray
+    step: np.float64
+    capacity: int  # rows of the forward kernels: the largest level, padded
+
+
+def _problem(family: Family, window: Window, rounds: int) -> _Problem:
+    """The kernels' shapes; ValueError when they exceed the memory guards."""
+    m = family.probs.shape[0]
+    largest = max(math.comb(m + t - 1, t) for t in range(rounds + 1))
+    plan = _plan(family, window)
+    capacity = _capacity(largest)
+    values = capacity * (2 * window.size + plan.nfft + 2)
+    if capacity > _MAX_ROWS or values > _MAX_VALUES:
+        raise ValueError(
+            f"queries, rounds: {m} queries over {rounds} rounds need up to {largest} query "
+            f"multisets a level, each a curve of {window.size} grid points ({values} values at "
+            f"once), more than the memory guards allow ({_MAX_ROWS} multisets, {_MAX_VALUES} "
+            "values); use fewer queries or rounds, or coarser grids")
+    return _Problem(family, plan, np.asarray(family.probs, np.float64),
+                    np.asarray(family.inf_mass, np.float64), np.float64(family.step), capacity)
+
+
+def _forward(p: _Problem, curves, sources: list[int], moves: list[tuple[int, int]], limits,
+             buffers):
+    """_forward_level on padded arrays: ``sources`` rows of ``curves``, ``moves`` (position in
+    ``sources``, query), into ``buffers`` (out, table), which it takes over. Returns (curves in
+    rows 0 .. len(moves) - 1, the spectra table, excess at the grid points, excess everywhere)."""
+    cap = p.capacity
+    out, table = buffers
+    source = _padded_ints([s for s, _ in moves], cap)
+    query = _padded_ints([q for _, q in moves], cap)
+    return _forward_level(curves, out, table, _padded_ints(sources, cap), np.int32(len(sources)),
+                          source, query, np.int32(len(moves)), p.probs, p.inf_mass, p.step,
+                          limits, plan=p.plan)
+
+
+def _fresh(p: _Problem, budget):
+    """(Id rows, (spare rows, spectra table), limits) from :func:`_start`."""
+    identity, spare, table, limits = _start(p.step, budget, plan=p.plan, rows=p.capacity)
+    return identity, (spare, table), limits
+
+
+def _all_curves(p: _Problem, rounds: int, budget) -> list:
+    """The composition of every multiset of at most ``rounds`` queries: per level, the device
+    array of padded rows in the order of :func:`_multisets` (the parent of ms is ms[:-1])."""
+    m = p.probs.shape[0]
+    curves, buffers, limits = _fresh(p, budget)
+    levels = [curves]
+    index = {(): 0}
+    for t in range(1, rounds + 1):
+        level = _multisets(m, t)
+        moves = [(index[ms[:-1]], ms[-1]) for ms in level]
+        curves = _forward(p, curves, list(range(len(index))), moves, limits, buffers)[0]
+        index = {ms: row for row, ms in enumerate(level)}
+        levels.append(curves)
+        buffers = _fresh(p, budget)[1]  # every level is kept
+    return levels
 
 
 class Analysis(NamedTuple):
-    """Compositions of every multiset of at most ``rounds`` queries and their legality."""
+    """Legality and reachability of every multiset of at most ``rounds`` queries (False for
+    multisets that no reachable one leads to: their compositions are never needed)."""
 
-    family: Family
-    window: Window
+    problem: _Problem
+    budget: _Budget
+    limits: _Limits
     multisets: list  # list of levels: level t holds the multisets of size t
     index: dict  # multiset -> (level, row)
-    curves: list  # level t: (count_t, size) curves of the compositions
     legal_upper: list  # level t: (count_t,) composition below B at the grid points (+ROUNDOFF)
     legal_lower: list  # level t: (count_t,) composition below B at every eps
     reach_upper: list
@@ -280,74 +466,88 @@ class Analysis(NamedTuple):
 def _analyse(queries, budget: PLD, rounds: int) -> Analysis:
     family = _family(queries)
     b = _budget(budget)
-    window = _window(family, rounds, budget)
-    step = family.step
-    probs = jnp.asarray(family.probs)
-    inf_mass = jnp.asarray(family.inf_mass)
-    m = probs.shape[0]
+    p = _problem(family, _window(family, rounds, budget), rounds)
+    m = family.probs.shape[0]
 
     multisets = [[()]]
     index = {(): (0, 0)}
-    curves = [_identity_curve(window, step)[None, :]]
     legal_upper = [np.array([True])]
     legal_lower = [np.array([True])]
     reach_upper = [np.array([True])]
     reach_lower = [np.array([True])]
+    # the two curve buffers alternate: the last level's and the next one's
+    curves, (spare, table), limits = _fresh(p, b)
+    position = {(): 0}  # row in ``curves`` of each computed multiset of the last level
     for t in range(1, rounds + 1):
         level = _multisets(m, t)
-        parents = np.array([index[ms[:-1]][1] for ms in level])
-        last = np.array([ms[-1] for ms in level])
-        level_curves = compose_rows(curves[t - 1][parents], probs[last], inf_mass[last],
-                                    family.offset, window, step)
-        up, low = legality(level_curves, b, window, step)
-        up, low = up <= ROUNDOFF, low <= ROUNDOFF
-        r_up = np.zeros(len(level), bool)
-        r_low = np.zeros(len(level), bool)
-        for row, ms in enumerate(level):
-            for drop in set(ms):
-                rest = list(ms)
-                rest.remove(drop)
-                _, prow = index[tuple(rest)]
-                r_up[row] |= reach_upper[t - 1][prow]
-                r_low[row] |= reach_lower[t - 1][prow]
-            r_up[row] &= up[row]
-            r_low[row] &= low[row]
         for row, ms in enumerate(level):
             index[ms] = (t, row)
+        sources = [ms for row, ms in enumerate(multisets[t - 1]) if reach_upper[t - 1][row]]
+        source_of = {ms: k for k, ms in enumerate(sources)}
+        candidates, moves = [], []
+        for row, ms in enumerate(level):
+            reached = [(i, rest) for i, rest in _removals(ms) if rest in source_of]
+            if reached:  # the parent ms[:-1] when it is reached, as the full table would use
+                i, rest = next((x for x in reached if x[1] == ms[:-1]), reached[0])
+                candidates.append(row)
+                moves.append((source_of[rest], i))
+        up = np.zeros(len(level), bool)
+        low = np.zeros(len(level), bool)
+        r_up = np.zeros(len(level), bool)
+        r_low = np.zeros(len(level), bool)
+        if candidates:
+            new, table, at_points, everywhere = _forward(
+                p, curves, [position[ms] for ms in sources], moves, limits, (spare, table))
+            curves, spare = new, curves
+            at_points = np.asarray(at_points)[:len(candidates)]
+            everywhere = np.asarray(everywhere)[:len(candidates)]
+            up[candidates] = at_points <= ROUNDOFF
+            low[candidates] = everywhere <= ROUNDOFF
+        for row in candidates:
+            for _, rest in _removals(level[row]):
+                _, prow = index[rest]
+                r_up[row] |= reach_upper[t - 1][prow]
+                r_low[row] |= reach_lower[t - 1][prow]
+        r_up &= up
+        r_low &= low
+        position = {level[row]: k for k, row in enumerate(candidates)}
         multisets.append(level)
-        curves.append(level_curves)
         legal_upper.append(up)
         legal_lower.append(low)
         reach_upper.append(r_up)
         reach_lower.append(r_low)
-    return Analysis(family, window, multisets, index, curves, legal_upper, legal_lower,
-                    reach_upper, reach_lower)
+    return Analysis(p, b, limits, multisets, index, legal_upper, legal_lower, reach_upper,
+                    reach_lower)
 
 
 def _recursion(a: Analysis, rounds: int, upper: bool):
-    """V_rounds(Id) as curve values (upper or lower bound)."""
-    family, window = a.family, a.window
-    probs = jnp.asarray(family.probs)
-    inf_mass = jnp.asarray(family.inf_mass)
-    m = probs.shape[0]
+    """V_rounds(Id) in row 0 of the result, as curve values (upper or lower bound):
+    W(M) = max(Id, L_i (+) W(M + i) over the reachable M + i), level by level from the top (see
+    the module docstring)."""
+    p = a.problem
+    m = p.probs.shape[0]
     reach = a.reach_upper if upper else a.reach_lower
-    identity = _identity_curve(window, family.step)
-    # values[t]: V_j at every multiset of level t (|M| = t <= rounds - j)
-    values = [jnp.broadcast_to(identity, (len(level), window.size)) for level in a.multisets]
-    for j in range(1, rounds + 1):
-        new_values = []
-        for t in range(0, rounds - j + 1):
-            level = a.multisets[t]
-            best = values[t]
-            children = np.array([[a.index[tuple(sorted(ms + (i,)))][1] for i in range(m)]
-                                 for ms in level])
-            allowed = reach[t + 1][children]  # (count_t, m)
-            moved = moves(values[t + 1], children, probs, inf_mass, family.offset, window,
-                          family.step)
-            moved = jnp.where(jnp.asarray(allowed)[:, :, None], moved, -jnp.inf)
-            new_values.append(jnp.maximum(best, jnp.max(moved, axis=1)))
-        values = new_values + values[rounds - j + 1:]
-    return values[0][0]
+    reached = [[ms for ms, r in zip(level, flags, strict=True) if r]
+               for level, flags in zip(a.multisets, reach, strict=True)]
+    rows = _capacity(max(len(level) for level in reached))
+    moves_cap = _capacity(m * rows)
+    values = _identity_rows(p.step, window=p.plan.window, rows=rows)  # W = Id on level rounds
+    position = {ms: k for k, ms in enumerate(reached[rounds])}
+    for t in range(rounds - 1, -1, -1):
+        source, query, target = [], [], []
+        for k, ms in enumerate(reached[t]):
+            for i in range(m):
+                child = tuple(sorted(ms + (i,)))
+                if child in position:
+                    source.append(position[child])
+                    query.append(i)
+                    target.append(k)
+        values = _backward_level(
+            values, np.int32(len(position)), _padded_ints(source, moves_cap),
+            _padded_ints(query, moves_cap), _padded_ints(target, moves_cap), np.int32(len(source)),
+            p.probs, p.inf_mass, p.step, plan=p.plan)
+        position = {ms: k for k, ms in enumerate(reached[t])}
+    return values
 
 
 class Bounds(NamedTuple):
@@ -362,17 +562,30 @@ class Bounds(NamedTuple):
     gap: float
 
 
-def _bounds(a: Analysis, rounds: int) -> Bounds:
-    step = a.family.step
-    eps = (a.window.start + jnp.arange(a.window.size)) * step
+@functools.partial(jax.jit, static_argnames=("window",))
+def _summary(up_rows, low_rows, step, limits: _Limits, *, window: Window):
+    """From row 0 of the recursions' results: the grid, both curves, the upper curve's PLD
+    (Alg. 1: masses, inf mass, offset, step), the gap, and the excess over the budget of the upper
+    bound (everywhere) and of the lower one (at the grid points)."""
+    up, low = up_rows[0], low_rows[0]
+    eps = (window.start + jnp.arange(window.size)) * step
+    probs, inf_mass = masses_from_curve(up, step, up + jnp.expm1(eps), eps)
+    offset = jnp.asarray(window.start, jnp.int64)
+    return (eps, up, low, probs, inf_mass, offset, jnp.asarray(step), jnp.max(up - low),
+            _full_excess(up, limits, window, step), _excess_at_points(low, limits, window, step))
+
+
+def _bounds(a: Analysis, rounds: int) -> tuple[Bounds, float, float]:
+    """The bounds, and the excesses over the budget of the upper and of the lower one."""
+    p = a.problem
     up = _recursion(a, rounds, upper=True)
     same_moves = all(np.array_equal(u, v) for u, v in zip(a.reach_upper, a.reach_lower, strict=True))
     low = up if same_moves else _recursion(a, rounds, upper=False)
-    probs, inf_mass = masses_from_curve(up, step, up + jnp.expm1(eps), eps)
-    pld = PLD(probs, inf_mass, jnp.asarray(a.window.start, jnp.int64),
-              jnp.asarray(step, jnp.float64), True)
-    return Bounds(pld, np.asarray(eps), np.asarray(up), np.asarray(low),
-                  float(jnp.max(up - low)))
+    eps, up, low, probs, inf_mass, offset, step, gap, upper_excess, lower_excess = _summary(
+        up, low, p.step, a.limits, window=p.plan.window)
+    pld = PLD(probs, inf_mass, offset, step, True)
+    bounds = Bounds(pld, np.asarray(eps), np.asarray(up), np.asarray(low), float(gap))
+    return bounds, float(upper_excess), float(lower_excess)
 
 
 @float64
@@ -381,7 +594,7 @@ def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
     finite family of symmetric query PLDs (aligned onto one grid step, see the module docstring;
     Id is always allowed)."""
     rounds = check_count("rounds", rounds, minimum=1)
-    return _bounds(_analyse(queries, budget, rounds), rounds)
+    return _bounds(_analyse(queries, budget, rounds), rounds)[0]
 
 
 @float64
@@ -403,17 +616,16 @@ class Verdict(NamedTuple):
     witness: dict | None
 
 
-def _witness(a: Analysis, budget: PLD, rounds: int) -> dict | None:
+def _witness(a: Analysis, rounds: int) -> dict | None:
     """A strategy that provably exceeds the budget: play the multiset ``prefix``, then, depending
     on its outputs, one of the ``options`` (multisets played after it; each path legal). Its PLD
     is prefix (+) sup(options) <= V_k(Id); returned with an eps where it exceeds the budget."""
-    family, window = a.family, a.window
-    step = family.step
-    b = _budget(budget)
-    eps = (window.start + jnp.arange(window.size)) * step
-    budget_curve = np.asarray(delta_kernel(b.probs, b.inf_mass, b.offset, b.step, eps))
-    probs = jnp.asarray(family.probs)
-    inf_mass = jnp.asarray(family.inf_mass)
+    p = a.problem
+    window = p.plan.window
+    eps = (window.start + np.arange(window.size)) * p.step
+    budget_curve = np.asarray(a.limits.at_window)
+    m = p.probs.shape[0]
+    curves = _all_curves(p, rounds, a.budget)
     best = None
     for t in range(rounds):
         for row, prefix in enumerate(a.multisets[t]):
@@ -421,18 +633,18 @@ def _witness(a: Analysis, budget: PLD, rounds: int) -> dict | None:
                 continue
             options = []
             for extra in range(1, rounds - t + 1):
-                for more in _multisets(family.probs.shape[0], extra):
+                for more in _multisets(m, extra):
                     whole = tuple(sorted(prefix + more))
                     if _path_legal(a, prefix, more):
                         options.append((more, whole))
             if len(options) < 2:
                 continue
-            top = jnp.max(jnp.stack([a.curves[len(more)][a.index[more][1]]
+            top = jnp.max(jnp.stack([curves[len(more)][a.index[more][1]]
                                      for more, _ in options]), axis=0)
             for i in prefix:
-                top = compose_rows(top[None], probs[i][None], inf_mass[i][None],
-                                   family.offset, window, step)[0]
-            excess = np.where(np.asarray(eps) >= 0, np.asarray(top) - budget_curve, -np.inf)
+                rows = jnp.broadcast_to(top, (p.capacity, window.size))
+                top = _forward(p, rows, [0], [(0, i)], a.limits, _fresh(p, a.budget)[1])[0][0]
+            excess = np.where(eps >= 0, np.asarray(top) - budget_curve, -np.inf)
             j = int(np.argmax(excess))
             if excess[j] > rounds * ROUNDOFF and (best is None or excess[j] > best["excess"]):
                 best = {"prefix": list(prefix), "options": [list(more) for more, _ in options],
@@ -465,19 +677,12 @@ def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
     """
     rounds = check_count("rounds", rounds, minimum=1)
     a = _analyse(queries, budget, rounds)
-    bounds = _bounds(a, rounds)
-    b = _budget(budget)
-    step = a.family.step
-    up_curve = jnp.asarray(bounds.upper_deltas)
-    upper_excess = float(_full_excess(up_curve, b, a.window, step))
-    lower_excess = float(_excess_at_points(jnp.asarray(bounds.lower_deltas)[None], b,
-                                           jnp.asarray(bounds.epsilons))[0])
+    bounds, upper_excess, lower_excess = _bounds(a, rounds)
     tol = rounds * ROUNDOFF
     if upper_excess <= tol:
         return Verdict("free", upper_excess, lower_excess, bounds.gap, None)
     if lower_excess > tol:
-        return Verdict("not free", upper_excess, lower_excess, bounds.gap,
-                       _witness(a, budget, rounds))
+        return Verdict("not free", upper_excess, lower_excess, bounds.gap, _witness(a, rounds))
     return Verdict("undecided", upper_excess, lower_excess, bounds.gap, None)
 
 
@@ -490,25 +695,13 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
     rounds = check_count("rounds", rounds, minimum=1)
     family = _family(queries)
     depth = max(rounds - 1, 1)
-    window = _window(family, depth)
-    step = family.step
-    probs = jnp.asarray(family.probs)
-    inf_mass = jnp.asarray(family.inf_mass)
-    level_curves = [_identity_curve(window, step)[None, :]]
-    index = {(): 0}
-    members = []
-    for t in range(1, depth + 1):
-        level = _multisets(probs.shape[0], t)
-        parents = np.array([index[ms[:-1]] for ms in level])
-        last = np.array([ms[-1] for ms in level])
-        curves = compose_rows(level_curves[-1][parents], probs[last], inf_mass[last],
-                              family.offset, window, step)
-        index = {ms: row for row, ms in enumerate(level)}
-        level_curves.append(curves)
-        members.append(curves)
-    nonnegative = (window.start + jnp.arange(window.size)) * step >= 0
-    stacked = jnp.concatenate(members)[:, nonnegative]
+    p = _problem(family, _window(family, depth), depth)
+    m = family.probs.shape[0]
+    levels = _all_curves(p, depth, None)
+    window = p.plan.window
+    nonnegative = np.asarray((window.start + np.arange(window.size)) * family.step >= 0)
+    stacked = jnp.concatenate([levels[t][:math.comb(m + t - 1, t)]
+                               for t in range(1, depth + 1)])[:, nonnegative]
     difference = stacked[:, None, :] - stacked[None, :, :]
     below = jnp.max(difference, axis=-1) <= tolerance
     return bool(jnp.all(below | below.T))
-

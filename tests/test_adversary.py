@@ -2,6 +2,7 @@
 non-free witness re-checked with exact arithmetic on the atoms (mpmath), not through the library."""
 
 import functools
+import itertools
 
 import mpmath
 import numpy as np
@@ -206,6 +207,14 @@ def test_bad_input():
         pj.natural_filter_free([pj.gaussian(1.0, sampling_prob=0.1)], budget=rr(1.0), rounds=2)
     with pytest.raises(ValueError, match="rounds"):
         pj.natural_filter_cost([rr(0.5)], budget=rr(1.0), rounds=0)
+    # 40 queries over 8 rounds: 3e8 multisets on the last level. Refused before any of them is
+    # listed (it used to try to enumerate them, then to hold every curve)
+    many = [rr(0.0625 * k) for k in range(1, 41)]
+    for call in (pj.natural_filter_free, pj.natural_filter_bounds):
+        with pytest.raises(ValueError, match="queries, rounds: 40 queries over 8 rounds"):
+            call(many, budget=rr(1.0), rounds=8)
+    with pytest.raises(ValueError, match="memory guard"):
+        pj.totally_ordered(many, rounds=9)
 
 
 def test_approximate_dp_queries_are_not_free_under_an_approximate_gdp_budget():
@@ -226,3 +235,88 @@ def test_approximate_dp_queries_are_not_free_under_an_approximate_gdp_budget():
         return (1 - delta) * g + delta
 
     check_witness(verdict.witness, queries, exact, [k / 64 for k in range(-400, 401)])
+
+
+# -- the recursion against Thm 6 taken literally ----------------------------------------------------
+def literal_vk(queries, budget, rounds):
+    """V_rounds(Id) by the definition, in NumPy: V_j(M) for every multiset M and every j, with
+    V_j(M) = max(V_{j-1}(M), L_i (+) V_{j-1}(M + i) for every i with M + i reachable), direct sums
+    on a lattice window wider than every support (curves continue linearly in e^eps from (0, 1) on
+    the left and flat on the right), legality compared at the lattice points (exact when the
+    budget sits on the queries' lattice). Returns (lattice indices, curve values, reachability)."""
+    step = float(queries[0].step)
+    assert all(float(q.step) == step for q in queries) and float(budget.step) == step
+    family = [(int(q.offset), np.asarray(q.probs, float), float(q.inf_mass)) for q in queries]
+    b_off, b_probs = int(budget.offset), np.asarray(budget.probs, float)
+    low = min([0, b_off] + [rounds * o for o, _, _ in family]) - 3
+    high = max([0, b_off + len(b_probs)] + [rounds * (o + len(p)) for o, p, _ in family]) + 3
+    lattice = np.arange(low, high + 1)
+    eps = lattice * step
+
+    def curve_of(offset, probs, inf_mass):
+        z = (offset + np.arange(len(probs))) * step
+        terms = probs[None, :] * np.clip(-np.expm1(eps[:, None] - z[None, :]), 0, None)
+        return inf_mass + np.sum(terms, axis=1)
+
+    def compose(curve, query):
+        offset, probs, inf_mass = query
+        out = np.full(len(lattice), inf_mass)
+        for i, p in enumerate(probs):
+            k = lattice - offset - i  # lattice index of eps - z_i
+            inside = np.clip(k - low, 0, len(lattice) - 1)
+            values = np.where(k < low, 1 - (1 - curve[0]) * np.exp((k - low) * step),
+                              np.where(k > high, curve[-1], curve[inside]))
+            out += p * values
+        return out
+
+    identity = np.maximum(-np.expm1(eps), 0.0)
+    budget_curve = curve_of(b_off, b_probs, float(budget.inf_mass))
+    m = len(family)
+    levels = [list(itertools.combinations_with_replacement(range(m), t)) for t in range(rounds + 1)]
+    composed = {(): identity}
+    reachable = {(): True}
+    for level in levels[1:]:
+        for ms in level:
+            composed[ms] = compose(composed[ms[:-1]], family[ms[-1]])
+            legal = np.all((composed[ms] <= budget_curve + 1e-14)[eps >= 0])
+            parents = {ms[:k] + ms[k + 1:] for k in range(len(ms))}
+            reachable[ms] = bool(legal) and any(reachable[p] for p in parents)
+    values = {ms: identity for level in levels for ms in level}
+    for j in range(1, rounds + 1):
+        new = {}
+        for level in levels[:rounds - j + 1]:
+            for ms in level:
+                best = values[ms]
+                for i in range(m):
+                    child = tuple(sorted(ms + (i,)))
+                    if reachable[child]:
+                        best = np.maximum(best, compose(values[child], family[i]))
+                new[ms] = best
+        values.update(new)
+    return lattice, values[()], reachable
+
+
+@pytest.mark.parametrize("case", ["direct", "fft"])
+def test_recursion_is_thm6(case):
+    """One pass over the reachable multisets, padded kernels, and (for families wider than the
+    direct-sum limit) FFTs give V_k of the definition; one program per level kernel serves all
+    levels of a call."""
+    from pldjax import adversary
+
+    if case == "direct":  # RR: two lattice points a query, direct sums
+        queries, budget, rounds = [rr(0.25), rr(0.5), rr(0.75)], rr(1.25), 3
+    else:  # Gaussians on the lattice: hundreds of points, FFT; G_1 (+) G_1 (+) G_1 is illegal
+        queries = [pj.gdp(0.5, grid=GRID), pj.gdp(1.0, grid=GRID)]
+        budget, rounds = pj.gdp(1.6, grid=GRID, pessimistic=False), 3
+    assert (adversary._family(queries).probs.shape[1] > adversary._DIRECT_WIDTH) == (case == "fft")
+    sizes = [adversary._forward_level._cache_size(), adversary._backward_level._cache_size()]
+    bounds = pj.natural_filter_bounds(queries, budget=budget, rounds=rounds)
+    assert adversary._forward_level._cache_size() <= sizes[0] + 1
+    assert adversary._backward_level._cache_size() <= sizes[1] + 1
+    lattice, expected, reachable = literal_vk(queries, budget, rounds)
+    assert not all(reachable.values())  # some moves are illegal: the pruning is exercised
+    index = np.round(bounds.epsilons / STEP).astype(int) - lattice[0]
+    assert index[0] >= 0 and index[-1] < len(lattice)
+    np.testing.assert_allclose(bounds.upper_deltas, expected[index], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(bounds.lower_deltas, expected[index], rtol=0, atol=1e-12)
+    assert np.max(expected[index] - np.maximum(-np.expm1(bounds.epsilons), 0)) > 0.01  # not just Id
