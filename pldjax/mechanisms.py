@@ -98,7 +98,9 @@ class Event:
     A pytree: its leaves are the parameters (arrays allowed: a batch), its structure (the classes,
     the number of mixture components, the neighbouring relation) is static and hashable, so an
     event passes through ``jit`` and ``vmap`` and one compiled kernel serves every parameter
-    value. With Python numbers as parameters the event itself is hashable.
+    value. With Python numbers as parameters the event itself is hashable. ``jax.vmap`` maps it
+    with every leaf batched (or build the event inside the mapped function); an ``in_axes`` given
+    as an event would be a record of axis numbers, which its checks refuse.
     """
 
     noise: Noise
