@@ -36,9 +36,24 @@ from pldjax.noise import (
 )
 from pldjax.pld import PLD
 from pldjax.precision import float64
-from pldjax.sampling import Sampling
+from pldjax.sampling import Directions, Sampling
 from pldjax.subsampling import ADD, REMOVE
 from pldjax.validate import check_count, check_range
+
+
+def _directions(
+    noise: Noise,
+    sampling: Sampling | None = None,
+    neighboring: Neighboring | str = Neighboring.ADD_REMOVE,
+    pessimistic: bool = True,
+) -> Directions:
+    """The mechanism a description stands for, before discretization (arguments as for
+    :func:`privacy_loss`)."""
+    neighboring = Neighboring.parse(neighboring)
+    if sampling is None:
+        mechanism, params = noise.pair(neighboring, pessimistic)
+        return Directions(mechanism, params, False)
+    return sampling.mechanism(noise, neighboring, pessimistic)
 
 
 @float64
@@ -68,19 +83,15 @@ def privacy_loss(
     replacement) give a PLD with both (remove: the mixture against the base; add: the base
     against the mixture); every reported value is the worse of the two.
     """
-    neighboring = Neighboring.parse(neighboring)
-    if sampling is None:
-        mechanism, params = noise.pair(neighboring, pessimistic)
-        if grid is None:
-            grid = noise.lattice(params, pessimistic)
-        return discretize_mechanism(mechanism, params, grid, pessimistic)
-    mechanism, params, both = sampling.mechanism(noise, neighboring, pessimistic)
+    mechanism, params, both = _directions(noise, sampling, neighboring, pessimistic)
+    if sampling is None and grid is None:
+        grid = noise.lattice(params, pessimistic)
     if not both:
         return discretize_mechanism(mechanism, params, grid, pessimistic)
     # both directions in one vmapped call (one compiled kernel): the direction is a parameter
-    directions = jnp.asarray([REMOVE, ADD])
+    remove_add = jnp.asarray([REMOVE, ADD])
     pair = discretize_mechanism(
-        mechanism, tuple(jnp.asarray(p)[..., None] for p in params) + (directions,), grid, pessimistic
+        mechanism, tuple(jnp.asarray(p)[..., None] for p in params) + (remove_add,), grid, pessimistic
     )
     remove, add = (
         PLD(pair.probs[..., i, :], pair.inf_mass[..., i], pair.offset[..., i], pair.step[..., i],
@@ -115,6 +126,13 @@ class Event:
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling must be a pldjax.sampling record or None, got {self.sampling!r}")
         object.__setattr__(self, "neighboring", Neighboring.parse(self.neighboring))
+
+    def directions(self, pessimistic: bool = True) -> Directions:
+        """Its mechanism before discretization: the :class:`~pldjax.discretize.Mechanism`, its
+        parameters (float64 arrays that broadcast) and whether it has two directions (then the
+        mechanism takes one more parameter, the direction); for code that discretizes many
+        events itself (batched accounting)."""
+        return _directions(self.noise, self.sampling, self.neighboring, pessimistic)
 
     def pld(self, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
         """Its PLD (:func:`privacy_loss`)."""

@@ -104,3 +104,14 @@ def test_replace_one_doubles_the_shift():
     eps = np.array([0.0, 0.5, 1.0])
     got = pj.privacy_loss(pj.noise.GDP(0.5), neighboring="replace_one").delta(eps)
     assert np.all(got >= [gaussian_delta(1.0, e) - 1e-15 for e in eps])
+
+
+def test_event_directions_give_the_mechanism_before_discretization():
+    from pldjax import subsampling
+    from pldjax.noise import GAUSSIAN
+
+    mechanism, params, both = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.Poisson(0.1)).directions()
+    assert mechanism is subsampling.poisson(GAUSSIAN) and both
+    np.testing.assert_array_equal(params, [0.5, 0.1])
+    mechanism, params, both = pj.Event(pj.noise.Gaussian(2.0), None, "replace_one").directions()
+    assert mechanism is GAUSSIAN and not both and float(params[0]) == 1.0
