@@ -79,10 +79,18 @@ def _check_integer(name: str, value) -> None:
         raise ValueError(f"{name} must be a whole number >= 1 (integer-valued queries), got {value!r}")
 
 
+#: Shifts (in the noise's scales, or 1/scale) above this are lowered to it: a shift of 1e150
+#: already puts every loss away from the bulk beyond 1e149 nats (1e299 for the Gaussian), far
+#: beyond any window and subsampling's BASE_REACH_MAX, so the PLD no longer changes in float64,
+#: while a sensitivity / scale that overflowed to inf gave inf - inf = NaN in the windows.
+MAX_SHIFT = 1e150
+
+
 def _shift(shift, neighboring: Neighboring):
     """The shift between the output distributions: one sensitivity (add/remove) or two
-    (replace-one: a contribution of norm at most the sensitivity moves from -C to +C)."""
-    return 2 * shift if neighboring == Neighboring.REPLACE_ONE else shift
+    (replace-one: a contribution of norm at most the sensitivity moves from -C to +C), at most
+    MAX_SHIFT."""
+    return jnp.minimum(2 * shift if neighboring == Neighboring.REPLACE_ONE else shift, MAX_SHIFT)
 
 
 def record(cls):
@@ -384,9 +392,10 @@ class DiscreteLaplace(Noise):
         scale, sensitivity = self.scale, self.sensitivity
         # 1 / scale in float64 also for a traced (possibly float32) scale; no broadcast here:
         # discretize_mechanism broadcasts (a sensitivity array may be wider than scale)
-        t = 1.0 / (jnp.asarray(scale, jnp.float64) if is_traced(scale) else np.asarray(scale, np.float64))
+        with np.errstate(over="ignore"):  # a subnormal scale: inf, lowered to MAX_SHIFT below
+            t = 1.0 / (jnp.asarray(scale, jnp.float64) if is_traced(scale) else np.asarray(scale, np.float64))
         shift = sensitivity if is_traced(sensitivity) else np.asarray(sensitivity, np.float64)
-        t, shift = jnp.asarray(t, jnp.float64), jnp.asarray(shift, jnp.float64)
+        t, shift = jnp.minimum(jnp.asarray(t, jnp.float64), MAX_SHIFT), jnp.asarray(shift, jnp.float64)
         return DISCRETE_LAPLACE, (t, _shift(shift, neighboring))
 
     def lattice(self, params: tuple, pessimistic: bool) -> Grid | None:

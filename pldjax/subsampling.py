@@ -44,7 +44,7 @@ import numpy as np
 from jax.scipy.special import log_ndtr, logsumexp
 
 from pldjax.discretize import Mechanism
-from pldjax.noise import GAUSSIAN, Location
+from pldjax.noise import GAUSSIAN, MAX_SHIFT, Location
 
 
 def _log_mix(log_weight_b, log_b, log_q, log_a):
@@ -220,10 +220,6 @@ REPLACE_ONE = {GAUSSIAN: GAUSSIAN_REPLACE_ONE}
 
 
 # -- mixture of shifts ------------------------------------------------------------------------------
-#: Shifts (in scales of the noise) are capped here: beyond it every loss away from the bulk of
-#: F exceeds 1e299 nats, far beyond any window, so the discretization no longer changes, and
-#: a (x - a/2) stays finite.
-SHIFT_MAX = 1e150
 _SIGN = np.int64(-(2**63))
 _MAGNITUDE = np.int64(2**63 - 1)
 _FLOAT_MAX = float(np.finfo(np.float64).max)
@@ -269,7 +265,8 @@ def _mixture_parts(params):
     """(shifts a_k, log p_k, direction) from params (shift, w_1..w_K, p_1..p_K, direction)."""
     shift, *rest, direction = params
     count = len(rest) // 2
-    shifts = [jnp.minimum(w * shift, SHIFT_MAX) for w in rest[:count]]
+    # at most MAX_SHIFT (see pldjax.noise: a (x - a/2) stays finite); a zero scale is no shift
+    shifts = [jnp.where(w > 0, jnp.minimum(w * shift, MAX_SHIFT), 0.0) for w in rest[:count]]
     return shifts, [jnp.log(p) for p in rest[count:]], direction
 
 

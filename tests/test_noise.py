@@ -115,3 +115,23 @@ def test_event_directions_give_the_mechanism_before_discretization():
     np.testing.assert_array_equal(params, [0.5, 0.1])
     mechanism, params, both = pj.Event(pj.noise.Gaussian(2.0), None, "replace_one").directions()
     assert mechanism is GAUSSIAN and not both and float(params[0]) == 1.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: pj.gaussian(1e-300, sensitivity=1e10, sampling_prob=0.5, pessimistic=p),
+    lambda p: pj.laplace(1e-300, sensitivity=1e10, sampling_prob=0.5, pessimistic=p),
+    lambda p: pj.gaussian(1e-300, sensitivity=1e10, sampling_prob=0.5, neighboring="replace_one",
+                          sampling="fixed_batch", pessimistic=p),
+    lambda p: pj.discrete_laplace(1e-310, sampling_prob=0.5, pessimistic=p),
+    lambda p: pj.privacy_loss(pj.noise.GDP(1e300), pj.sampling.Poisson(0.5), pessimistic=p),
+    lambda p: pj.privacy_loss(pj.noise.Gaussian(1e-300, sensitivity=1e10),
+                              pj.sampling.Mixture([0.0, 1.0], [0.5, 0.5]), pessimistic=p),
+])
+def test_a_shift_beyond_float64_is_sound(make):
+    """sensitivity / scale overflowing to inf (or 1/scale for a subnormal scale) gave NaN through
+    inf - inf in the subsampled windows; the shift is lowered to MAX_SHIFT, where the PLD no longer
+    changes. Truth: the sampled record is identified, delta(eps) = 1/2 (remove direction)."""
+    eps = np.array([0.0, 1.0, 1e3])
+    upper, lower = np.asarray(make(True).delta(eps)), np.asarray(make(False).delta(eps))
+    assert np.all(np.isfinite(upper)) and np.all(np.isfinite(lower))
+    assert np.all(upper >= 0.5) and np.all(upper <= 1.0) and np.all((lower >= 0) & (lower <= 0.5))
