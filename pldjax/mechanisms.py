@@ -346,7 +346,8 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
                           grid: Grid | None = None) -> PLD:
     """The exact PLD of ``count`` compositions of an (epsilon, delta)-DP guarantee (R_{eps,delta}).
 
-    laplace-transform-dp.txt Cor. 4.7 in closed form: losses (count - 2j) epsilon with masses
+    Chourasia, Javaid and Sikdar, "Laplace transform interpretation of differential privacy",
+    Cor. 4.7, in closed form: losses (count - 2j) epsilon with masses
     (1-delta)^count C(count, j) p^(count-j) (1-p)^j, p = e^eps / (1 + e^eps), and an atom
     1 - (1-delta)^count at +inf; built directly on the lattice of step epsilon (O(count), no FFT, no
     discretization error). Tight: no composition of (epsilon, delta)-DP mechanisms is worse.

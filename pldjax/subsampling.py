@@ -2,9 +2,10 @@
 
 The sampling schemes a user names (:mod:`pldjax.sampling`) map a noise onto these.
 
-Poisson subsampling with add/remove adjacency (laplace-transform-dp.txt, Thm 5.1). Let A, B be the
-base mechanism's output distributions on neighbouring inputs with loss l = log(A/B), and q the
-sampling probability. The two directions of the subsampled mechanism are
+Poisson subsampling with add/remove adjacency (Chourasia, Javaid and Sikdar, "Laplace transform
+interpretation of differential privacy", Thm 5.1). Let A, B be the base mechanism's output
+distributions on neighbouring inputs with loss l = log(A/B), and q the sampling probability. The
+two directions of the subsampled mechanism are
 
 * remove: P = (1 - q) B + q A against Q = B; the loss L = log(1 - q + q e^l) increases with l;
 * add:    P = B against Q = (1 - q) B + q A; the loss L = -log(1 - q + q e^l) decreases with l.
@@ -37,6 +38,7 @@ round-off.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -309,8 +311,9 @@ def _mixture_spread(location: Location, params):
     sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0)."""
     shifts, log_probs, _ = _mixture_parts(params)
     probs = [jnp.exp(lp) for lp in log_probs]
-    chi2 = sum(pj * pk * location.cross(aj, ak)
-               for aj, pj in zip(shifts, probs, strict=True) for ak, pk in zip(shifts, probs, strict=True))
+    pairs = itertools.product(zip(shifts, probs, strict=True), repeat=2)
+    # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
+    chi2 = sum(jnp.where(pj * pk > 0, pj * pk * location.cross(aj, ak), 0.0) for (aj, pj), (ak, pk) in pairs)
     top = functools.reduce(jnp.maximum, shifts)
     moving = sum(jnp.where(a > 0, p, 0.0) for a, p in zip(shifts, probs, strict=True))
     rare = jnp.sqrt(moving) * (top**2 / 2 + top)
