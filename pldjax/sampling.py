@@ -179,10 +179,20 @@ class Mixture(Sampling):
         if noise.location is None:
             raise ValueError(f"Mixture sampling needs a noise that is a location family (Gaussian, "
                              f"GDP), got {type(noise).__name__}")
+        # the shift is rounded up below float64's resolution: for the Gaussian the mixture of a
+        # smaller shift is a post-processing of the larger (x -> c x + N(0, 1 - c^2))
         _, (shift,) = noise.pair(Neighboring.ADD_REMOVE, pessimistic)
         scales = jnp.asarray(self.scales, jnp.float64)
         probs = jnp.asarray(self.probs, jnp.float64)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+        # so is the probability q of a shift > 0, as for Poisson sampling: the mixture with a
+        # smaller q is a post-processing of the larger (replace the output by a fresh draw of
+        # the noise with probability 1 - q/q')
+        moves = scales > 0
+        q = jnp.sum(jnp.where(moves, probs, 0.0), axis=-1, keepdims=True)
+        rounded = resolvable(q, pessimistic)
+        still = jnp.where(q < 1, (1 - rounded) / jnp.where(q < 1, 1 - q, 1.0), 1.0)
+        probs = probs * jnp.where(moves, rounded / jnp.where(q > 0, q, 1.0), still)
         count = scales.shape[-1]
         params = (shift, *(scales[..., k] for k in range(count)), *(probs[..., k] for k in range(count)))
         return Directions(subsampling.mixture(noise.location), params, True)

@@ -252,3 +252,17 @@ def test_mixture_component_of_probability_zero_changes_nothing():
     eps = np.array([0.0, 0.5, 2.0])
     mixed = pj.privacy_loss(pj.noise.Gaussian(0.05), pj.sampling.Mixture([0.0, 1.0, 2.0], [0.99, 0.01, 0.0]))
     np.testing.assert_allclose(mixed.delta(eps), pj.gaussian(0.05, sampling_prob=0.01).delta(eps), rtol=1e-9)
+
+
+def test_mixture_tiny_probability_of_a_contribution_is_sound():
+    """q = 1e-20 of a shift: below float64's resolution of the loss (log(1 - q + ...) rounds to
+    0), so q is rounded up to noise.MIN_PARAMETER (pessimistic) or to 0 (optimistic), as for
+    Poisson sampling."""
+    q, eps = 1e-20, np.array([0.0, 0.1, 1.0])
+    scales, probs = [0.0, 1.0, 2.0], [1 - q, 0.9 * q, 0.1 * q]
+    up, lo = _mixture(sigma=1.0, scales=scales, probs=probs), _mixture(False, 1.0, scales, probs)
+    for i in range(2):
+        exact = np.array([_mixture_delta(1.0, scales, probs, e, add=i == 1) for e in eps])
+        upper, lower = np.asarray(up.directions()[i].delta(eps)), np.asarray(lo.directions()[i].delta(eps))
+        assert np.all(upper >= exact) and np.all(upper <= 1e-8)
+        assert np.all(lower == 0.0)
