@@ -74,16 +74,21 @@ def test_event_is_a_pytree_with_static_structure():
     assert jax.tree.structure(mixture) != jax.tree.structure(a)
 
 
-def test_event_under_jit_and_vmap():
-    """Parameters are data: one compiled kernel for every value; vmap batches them."""
-    grid = pj.Grid(step=2.0**-8, size=2048)
+def _delta_on_a_fixed_grid(event):
+    return event.pld(grid=pj.Grid(step=2.0**-8, size=2048)).delta(0.5)
 
-    def delta(event):
-        return event.pld(grid=grid).delta(0.5)
 
+def test_event_under_jit():
+    """Parameters are data: one compiled kernel for every value."""
     event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Poisson(0.05))
-    eager = float(delta(event))
-    assert float(jax.jit(delta)(event)) == pytest.approx(eager, rel=1e-12)
+    eager = float(_delta_on_a_fixed_grid(event))
+    assert float(jax.jit(_delta_on_a_fixed_grid)(event)) == pytest.approx(eager, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_event_under_vmap():
+    delta = _delta_on_a_fixed_grid
+    eager = float(delta(pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Poisson(0.05))))
     ones = jnp.ones(2)
     batch = pj.Event(pj.noise.Gaussian(jnp.array([1.0, 2.0]), ones), pj.sampling.Poisson(0.05 * ones))
     both = jax.vmap(delta)(batch)  # every leaf batched (an in_axes record would fail its checks)
@@ -119,13 +124,15 @@ def test_event_directions_give_the_mechanism_before_discretization():
 
 @pytest.mark.parametrize("make", [
     lambda p: pj.gaussian(1e-300, sensitivity=1e10, sampling_prob=0.5, pessimistic=p),
-    lambda p: pj.laplace(1e-300, sensitivity=1e10, sampling_prob=0.5, pessimistic=p),
-    lambda p: pj.gaussian(1e-300, sensitivity=1e10, sampling_prob=0.5, neighboring="replace_one",
-                          sampling="fixed_batch", pessimistic=p),
     lambda p: pj.discrete_laplace(1e-310, sampling_prob=0.5, pessimistic=p),
-    lambda p: pj.privacy_loss(pj.noise.GDP(1e300), pj.sampling.Poisson(0.5), pessimistic=p),
     lambda p: pj.privacy_loss(pj.noise.Gaussian(1e-300, sensitivity=1e10),
                               pj.sampling.Mixture([0.0, 1.0], [0.5, 0.5]), pessimistic=p),
+    *(pytest.param(make, marks=pytest.mark.slow) for make in (
+        lambda p: pj.laplace(1e-300, sensitivity=1e10, sampling_prob=0.5, pessimistic=p),
+        lambda p: pj.gaussian(1e-300, sensitivity=1e10, sampling_prob=0.5, neighboring="replace_one",
+                              sampling="fixed_batch", pessimistic=p),
+        lambda p: pj.privacy_loss(pj.noise.GDP(1e300), pj.sampling.Poisson(0.5), pessimistic=p),
+    )),
 ])
 def test_a_shift_beyond_float64_is_sound(make):
     """sensitivity / scale overflowing to inf (or 1/scale for a subnormal scale) gave NaN through

@@ -254,6 +254,7 @@ def test_mixture_component_of_probability_zero_changes_nothing():
     np.testing.assert_allclose(mixed.delta(eps), pj.gaussian(0.05, sampling_prob=0.01).delta(eps), rtol=1e-9)
 
 
+@pytest.mark.slow  # the pessimistic PLD needs the largest grid (2^20 points), as for Poisson
 def test_mixture_tiny_probability_of_a_contribution_is_sound():
     """q = 1e-20 of a shift: below float64's resolution of the loss (log(1 - q + ...) rounds to
     0), so q is rounded up to noise.MIN_PARAMETER (pessimistic) or to 0 (optimistic), as for
