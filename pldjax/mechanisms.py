@@ -119,8 +119,6 @@ class Event:
     neighboring: Neighboring = Neighboring.ADD_REMOVE
 
     def __post_init__(self):
-        if type(self.noise) is object:
-            return  # a pytree placeholder (see pldjax.noise)
         if not isinstance(self.noise, Noise):
             raise ValueError(f"noise must be a pldjax.noise record, got {self.noise!r}")
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
