@@ -1,9 +1,12 @@
 """pldjax: privacy loss distributions as fixed-grid JAX arrays.
 
 The core (PLDs, mechanisms, composition, evaluation, DP-SGD accounting) is imported with the
-package; the filters, the natural-filter analysis, the accountant, state I/O, plotting and the
-optax / dp_accounting integrations are imported on first use (they pull in scipy.stats, optax or
-dp_accounting, which a script that only asks for an epsilon does not need).
+package; any PLD is built from its parts by ``pj.privacy_loss(noise, sampling, neighboring)``
+(records of ``pj.noise`` and ``pj.sampling``, a ``pj.neighboring.Neighboring`` or its string;
+``pj.Event`` holds the three). The filters, odometers, the natural-filter analysis, the
+accountant, state I/O, plotting and the optax / dp_accounting / Opacus integrations are imported
+on first use (they pull in scipy.stats, optax, dp_accounting or torch, which a script that only
+asks for an epsilon does not need).
 
 Docstrings cite these papers by first author and year:
 
@@ -30,6 +33,7 @@ from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
 from pldjax.gaussian_dp import gdp_mu, gdp_residue
 from pldjax.grid import Grid
 from pldjax.mechanisms import (
+    Event,
     approx_dp_composition,
     discrete_gaussian,
     discrete_laplace,
@@ -38,12 +42,14 @@ from pldjax.mechanisms import (
     gdp,
     identity,
     laplace,
+    privacy_loss,
     randomized_response,
 )
 from pldjax.order import profile_from_tradeoff, sup, tradeoff_from_profile
 from pldjax.pld import PLD
 
 __all__ = [
+    "Event",
     "PLD",
     "accountant",
     "calibrate_noise_multiplier",
@@ -70,12 +76,16 @@ __all__ = [
     "natural_filter_bounds",
     "natural_filter_cost",
     "natural_filter_free",
+    "neighboring",
+    "noise",
     "odometers",
     "opacus",
     "optax",
     "plot",
+    "privacy_loss",
     "profile_from_tradeoff",
     "randomized_response",
+    "sampling",
     "sup",
     "totally_ordered",
     "tradeoff_from_profile",
@@ -90,10 +100,13 @@ _LAZY = {
     "dp_accounting": ("pldjax.dp_accounting_adapter", None),
     "filters": ("pldjax.filters", None),
     "io": ("pldjax.io", None),
+    "neighboring": ("pldjax.neighboring", None),
+    "noise": ("pldjax.noise", None),
     "odometers": ("pldjax.odometers", None),
     "opacus": ("pldjax.opacus_accountant", None),
     "optax": ("pldjax.optax_transforms", None),
     "plot": ("pldjax.plot", None),
+    "sampling": ("pldjax.sampling", None),
     "natural_filter_bounds": ("pldjax.adversary", "natural_filter_bounds"),
     "natural_filter_cost": ("pldjax.adversary", "natural_filter_cost"),
     "natural_filter_free": ("pldjax.adversary", "natural_filter_free"),

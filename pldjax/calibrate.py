@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from pldjax.dpsgd import dpsgd_epsilon
-from pldjax.mechanisms import NEIGHBORING, _check_choice
+from pldjax.neighboring import Neighboring
 from pldjax.precision import float64
 from pldjax.validate import check_count, check_range
 
@@ -89,7 +89,7 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
     """
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
-    _check_choice("neighboring", neighboring, NEIGHBORING)
+    Neighboring.parse(neighboring)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("sigma_min", sigma_min, 0.0, low_open=True)
     check_range("sigma_max", sigma_max, float(sigma_min), low_open=True)
@@ -144,7 +144,7 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier, sampling_prob, *,
     """
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
-    _check_choice("neighboring", neighboring, NEIGHBORING)
+    Neighboring.parse(neighboring)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     max_steps = check_count("max_steps", max_steps, minimum=1)
@@ -190,7 +190,7 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     exceeds a target. ``q_min`` in (0, 1], ``rtol`` in [MIN_RTOL, 1)."""
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
-    _check_choice("neighboring", neighboring, NEIGHBORING)
+    Neighboring.parse(neighboring)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     target, delta, sigma, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
         target_epsilon, delta, noise_multiplier, steps)))

@@ -1,8 +1,11 @@
-"""Privacy amplification by subsampling, as mechanisms whose loss tails are exact.
+"""Privacy amplification by subsampling: the kernels, as mechanisms whose loss tails are exact.
 
-Poisson subsampling with add/remove adjacency (laplace-transform-dp.txt, Thm 5.1). Let A, B be the
-base mechanism's output distributions on neighbouring inputs with loss l = log(A/B), and q the
-sampling probability. The two directions of the subsampled mechanism are
+The sampling schemes a user names (:mod:`pldjax.sampling`) map a noise onto these.
+
+Poisson subsampling with add/remove adjacency (Chourasia, Javaid and Sikdar, "Laplace transform
+interpretation of differential privacy", Thm 5.1). Let A, B be the base mechanism's output
+distributions on neighbouring inputs with loss l = log(A/B), and q the sampling probability. The
+two directions of the subsampled mechanism are
 
 * remove: P = (1 - q) B + q A against Q = B; the loss L = log(1 - q + q e^l) increases with l;
 * add:    P = B against Q = (1 - q) B + q A; the loss L = -log(1 - q + q e^l) decreases with l.
@@ -21,16 +24,29 @@ Sampling without replacement (a fixed batch of b records out of n, q = b / n) ha
 replace-one adjacency: the pair (q A + (1 - q) B, B) and its swap, with (A, B) the base mechanism's
 replace-one pair (for the Gaussian, shift 2 C). Under add/remove adjacency the dataset size changes,
 so "a fixed batch size" is not one mechanism and no PLD is offered.
+
+The mixture of shifts (dp-accounting's mixture of Gaussians; several contributions per record):
+the record's contribution is a_k scales of the noise with probability p_k (a_k >= 0, sum p_k = 1,
+a_k = 0 for "not sampled"). Remove: P = sum_k p_k F(. - a_k) against Q = F; add: the swap. For a
+log-concave density f the loss l(x) = log sum_k p_k f(x - a_k) / f(x) does not decrease in the
+output x, so L > eps is the event x > x*(eps), and x* is found by bisection over the float64
+numbers (64 halvings of their ordered bit patterns reach adjacent floats, whatever the range);
+the tails are mixtures of the noise's tails at x* and the hockey-stick curve is exact up to
+round-off.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 
+import jax
 import jax.numpy as jnp
-from jax.scipy.special import log_ndtr
+import numpy as np
+from jax.scipy.special import log_ndtr, logsumexp
 
 from pldjax.discretize import Mechanism
+from pldjax.noise import GAUSSIAN, MAX_SHIFT, Location
 
 
 def _log_mix(log_weight_b, log_b, log_q, log_a):
@@ -198,3 +214,131 @@ GAUSSIAN_REPLACE_ONE = Mechanism(
     center=lambda p: jnp.zeros_like(p[0]),
     half_width=_replace_one_half_width,
 )
+
+
+#: Poisson subsampling under replace-one, by base mechanism (Gaussian only: its loss threshold has
+#: a closed form, see above).
+REPLACE_ONE = {GAUSSIAN: GAUSSIAN_REPLACE_ONE}
+
+
+# -- mixture of shifts ------------------------------------------------------------------------------
+_SIGN = np.int64(-(2**63))
+_MAGNITUDE = np.int64(2**63 - 1)
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def _ordered(x):
+    """float64 -> int64 in the same order (-0.0 and +0.0 both 0)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int64)
+    return jnp.where(bits >= 0, bits, -(bits & _MAGNITUDE))
+
+
+def _unordered(key):
+    """The inverse of :func:`_ordered`."""
+    bits = jnp.where(key >= 0, key, (-key) | _SIGN)
+    return jax.lax.bitcast_convert_type(bits, jnp.float64)
+
+
+def _mixture_loss(location: Location, x, shifts, log_probs):
+    """l(x) = log sum_k p_k f(x - a_k) / f(x); components with p_k = 0 left out (no -inf + inf)."""
+    terms = [jnp.where(jnp.isneginf(lp), -jnp.inf, lp + location.log_ratio(x, a))
+             for a, lp in zip(shifts, log_probs, strict=True)]
+    return logsumexp(jnp.stack(terms), axis=0)
+
+
+def _mixture_threshold(location: Location, shifts, log_probs, eps):
+    """The largest float x with l(x) <= eps (l non-decreasing): L > eps is the event X > x up to
+    the one float between x and its successor. -FLOAT_MAX when l > eps everywhere, FLOAT_MAX
+    when l <= eps everywhere (their tails are 1 and 0 to float64's resolution)."""
+    lo = jnp.broadcast_to(_ordered(jnp.asarray(-_FLOAT_MAX)), eps.shape)
+    hi = jnp.broadcast_to(_ordered(jnp.asarray(_FLOAT_MAX)), eps.shape)
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
+        above = _mixture_loss(location, _unordered(mid), shifts, log_probs) > eps
+        return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, 64, halve, (lo, hi))
+    return _unordered(lo)
+
+
+def _mixture_parts(params):
+    """(shifts a_k, log p_k, direction) from params (shift, w_1..w_K, p_1..p_K, direction)."""
+    shift, *rest, direction = params
+    count = len(rest) // 2
+    # at most MAX_SHIFT (see pldjax.noise: a (x - a/2) stays finite); a zero scale is no shift
+    shifts = [jnp.where(w > 0, jnp.minimum(w * shift, MAX_SHIFT), 0.0) for w in rest[:count]]
+    return shifts, [jnp.log(p) for p in rest[count:]], direction
+
+
+def _mixture_tails(location: Location, params, eps):
+    shifts, log_probs, direction = _mixture_parts(params)
+    add = direction > 0
+    x = _mixture_threshold(location, shifts, log_probs, jnp.where(add, -eps, eps))
+
+    def mixed(tail):
+        return logsumexp(jnp.stack([lp + tail(x - a) for a, lp in zip(shifts, log_probs, strict=True)]),
+                         axis=0)
+
+    sf, cdf = location.log_sf(x), location.log_cdf(x)
+    mixed_sf, mixed_cdf = mixed(location.log_sf), mixed(location.log_cdf)
+    remove = (mixed_sf, sf, mixed_cdf, cdf)  # L > eps  <=>  X > x
+    added = (cdf, mixed_cdf, sf, mixed_sf)  # L = -l(X) > eps  <=>  l(X) < -eps  <=>  X <= x
+    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
+
+
+#: The window covers outputs within this many scales of the components (their mass beyond is
+#: below 1e-23 for the Gaussian; it goes to the +inf atom, or nowhere for an optimistic PLD).
+_REACH = 10.0
+
+
+def _mixture_range(location: Location, params):
+    """(low, high) of the loss over outputs in [-REACH, max a_k + REACH], capped at
+    BASE_REACH_MAX, for the direction in params."""
+    shifts, log_probs, direction = _mixture_parts(params)
+    top = functools.reduce(jnp.maximum, shifts)
+    low = _mixture_loss(location, jnp.asarray(-_REACH), shifts, log_probs)
+    high = _mixture_loss(location, top + _REACH, shifts, log_probs)
+    low, high = (jnp.clip(v, -BASE_REACH_MAX, BASE_REACH_MAX) for v in (low, high))
+    add = direction > 0
+    return jnp.where(add, -high, low), jnp.where(add, -low, high)
+
+
+def _mixture_spread(location: Location, params):
+    """Heuristic scale of the loss, as for Poisson subsampling: sqrt(chi^2) of the mixture while
+    it is close to F, never more than the largest component's own loss scale a_max, nor than
+    sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0)."""
+    shifts, log_probs, _ = _mixture_parts(params)
+    probs = [jnp.exp(lp) for lp in log_probs]
+    pairs = itertools.product(zip(shifts, probs, strict=True), repeat=2)
+    # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
+    chi2 = sum(jnp.where(pj * pk > 0, pj * pk * location.cross(aj, ak), 0.0) for (aj, pj), (ak, pk) in pairs)
+    top = functools.reduce(jnp.maximum, shifts)
+    moving = sum(jnp.where(a > 0, p, 0.0) for a, p in zip(shifts, probs, strict=True))
+    rare = jnp.sqrt(moving) * (top**2 / 2 + top)
+    spread = jnp.minimum(jnp.minimum(jnp.sqrt(jnp.maximum(chi2, 0.0)), rare), top)
+    return jnp.where(spread > 0, spread, 1.0)
+
+
+@functools.cache
+def mixture(location: Location) -> Mechanism:
+    """The mixture of shifts of a location family, both directions; params:
+    (shift, w_1..w_K, p_1..p_K, direction) with shifts a_k = w_k * shift (in the noise's scales),
+    probabilities p_k (summing to 1) and direction REMOVE or ADD; any number K >= 1 of components.
+    Cached: one object (a static jit argument) per family."""
+
+    def center(params):
+        low, high = _mixture_range(location, params)
+        return (low + high) / 2
+
+    def half_width(params):
+        low, high = _mixture_range(location, params)
+        return (high - low) / 2
+
+    return Mechanism(
+        tails=functools.partial(_mixture_tails, location),
+        spread=functools.partial(_mixture_spread, location),
+        center=center,
+        half_width=half_width,
+    )

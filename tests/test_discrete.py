@@ -186,7 +186,7 @@ def test_discrete_laplace_chi2_closed_form():
     import jax.numpy as jnp
     import mpmath as mp
 
-    from pldjax.mechanisms import _dlap_chi2
+    from pldjax.noise import _dlap_chi2
 
     mp.mp.dps = 50
     for t, d in [(1e-8, 1), (1e-7, 1), (1e-3, 3), (0.5, 1), (2.0, 4), (30.0, 2)]:
@@ -206,7 +206,7 @@ def test_discrete_gaussian_truncation_below_float64():
     as an atom would change nothing)."""
     import mpmath as mp
 
-    from pldjax.mechanisms import _DGAUSS_SIGMAS
+    from pldjax.noise import _DGAUSS_SIGMAS
 
     mp.mp.dps = 30
     for sigma in [0.01, 0.3, 1.0, 7.0, 1000.0, 50000.0]:
@@ -262,10 +262,10 @@ def test_optimistic_window_far_below_the_loss_keeps_its_mass():
     of the window (a lower bound), none is lost."""
     import jax.numpy as jnp
 
-    from pldjax import mechanisms
+    from pldjax import noise
     from pldjax.discretize import discretize
 
-    probs, inf_mass = discretize(lambda e: mechanisms.GAUSSIAN.tails((jnp.array(1.0),), e),
+    probs, inf_mass = discretize(lambda e: noise.GAUSSIAN.tails((jnp.array(1.0),), e),
                                  -4000, 0.5, 256, False)
     assert float(jnp.sum(probs)) == pytest.approx(1.0) and float(inf_mass) == 0.0
     assert float(probs[-1]) == pytest.approx(1.0)
