@@ -19,8 +19,8 @@ every compilation; a second fresh process then makes the first call with that ca
 (``cached s``; ``--no-cached`` skips it). The workers import the pldjax of this checkout (its root
 is put first on ``PYTHONPATH``).
 
-    python bench/natural_filter.py --quick    # n = 4096, 4 rounds (about a minute on a CPU)
-    python bench/natural_filter.py            # n = 4096, 8192, 16384; 8 rounds
+    python bench/natural_filter.py --quick    # n = 4096, 4 rounds (under a minute on 2 cores)
+    python bench/natural_filter.py            # n = 4096, 8192, 16384; 8 rounds (4 min on 2 cores)
 
 Not part of CI. Prints a table and writes bench/results/natural_filter_<device>_<UTC time>.txt
 (and .json), rewritten after every case so that a run cut short keeps what it measured.

@@ -47,7 +47,9 @@ does with its queries); the analysis is then that of the aligned family.
 Speed: each level is one compiled call on arrays padded to a power-of-two number of rows (so one
 program serves every level and most calls), looping over the level's actual rows in chunks;
 each curve's spectrum is taken once for all the moves that lead to it, the queries' once per
-call, and the FFT length is the shortest 5-smooth one without wrap-around.
+call, and the FFT length is the shortest 5-smooth one without wrap-around. A memory guard
+refuses (ValueError) a level of more than 2^16 multisets or a forward kernel of more than 2^30
+values before any multiset is listed.
 """
 
 from __future__ import annotations

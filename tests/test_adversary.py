@@ -320,3 +320,18 @@ def test_recursion_is_thm6(case):
     np.testing.assert_allclose(bounds.upper_deltas, expected[index], rtol=0, atol=1e-12)
     np.testing.assert_allclose(bounds.lower_deltas, expected[index], rtol=0, atol=1e-12)
     assert np.max(expected[index] - np.maximum(-np.expm1(bounds.epsilons), 0)) > 0.01  # not just Id
+
+
+def test_results_do_not_depend_on_x64(x64_off):
+    """The kernels take host float64 arrays and run under float64 whatever the caller set."""
+    import jax
+
+    queries, budget = [rr(0.25), rr(0.5)], rr(1.0)
+    off = pj.natural_filter_bounds(queries, budget=budget, rounds=2)
+    verdict = pj.natural_filter_free(queries, budget=budget, rounds=2)
+    with jax.enable_x64(True):
+        on = pj.natural_filter_bounds(queries, budget=budget, rounds=2)
+    assert off.upper_deltas.dtype == np.float64
+    np.testing.assert_array_equal(on.upper_deltas, off.upper_deltas)
+    np.testing.assert_array_equal(on.lower_deltas, off.lower_deltas)
+    assert verdict.status == "free"
