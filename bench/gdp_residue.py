@@ -45,6 +45,7 @@ Not part of CI. Prints a table and writes bench/results/gdp_residue_<device>_<UT
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import os
@@ -548,6 +549,42 @@ def coarsening_check(args, report, log):
     return records
 
 
+def table_part(args, report, log):
+    """Per-example DP-SGD's residue table (pj.filters.residue.gdp_residue_table, sigma = 1,
+    q = 0.05, mu = 2): build time (first = compilation included, then warm) and
+    pj.filters.residue.table_spend lookups per second on 2e6 random (mu, c) pairs, jitted."""
+    import jax
+    import jax.numpy as jnp
+
+    import pldjax as pj
+
+    header = ["mu nodes", "c nodes", "first build s", "warm build s", "lookups/s"]
+    rows, records = [], []
+    report.part("residue table (sigma 1, q 0.05, mu 2)", header, rows)
+    for mu_nodes, c_nodes in ((16, 9), (32, 17)):
+        log(f"table {mu_nodes} x {c_nodes}")
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            table = jax.block_until_ready(
+                pj.filters.residue.gdp_residue_table(1.0, 0.05, 2.0, mu_nodes=mu_nodes, c_nodes=c_nodes)
+            )
+            times.append(time.perf_counter() - start)
+        count = 2_000_000
+        rng = np.random.default_rng(args.seed)
+        with jax.enable_x64(True):
+            mu = jnp.asarray(rng.uniform(0.0, 2.0, count))
+            c = jnp.asarray(rng.uniform(0.0, 1.0, count))
+            left = jnp.full(count, 1e-6)
+            spend = jax.jit(pj.filters.residue.table_spend)
+            jax.block_until_ready(spend(table, mu, left, c))
+            best = min(timed(functools.partial(spend, table, mu, left, c))[0] for _ in range(5))
+        rows.append([mu_nodes, c_nodes, fmt(times[0], ".2f"), fmt(times[1], ".2f"), f"{count / best:.3g}"])
+        records.append(dict(mu_nodes=mu_nodes, c_nodes=c_nodes, build_s=times, lookups_per_s=count / best))
+        report.write()
+    return records
+
+
 def baseline(args, report, log):
     """The function form's throughput of ``args.baseline`` (a git revision): its pldjax/ extracted
     into a temporary directory and this script run there in a subprocess (same families and sizes,
@@ -660,6 +697,7 @@ def main():
         help="filter check window (default: the window pj.gdp_residue picks for the batch)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", action="store_true", help="also time the per-example DP-SGD residue table")
     parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy and coarsening checks")
     parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     parser.add_argument(
@@ -693,6 +731,8 @@ def main():
     if not args.no_accuracy:
         report.record["accuracy"] = accuracy(args, report, log)
         report.record["coarsening"] = coarsening_check(args, report, log)
+    if args.table:
+        report.record["table"] = table_part(args, report, log)
     if args.baseline:
         report.record["baseline"] = baseline(args, report, log)
     report.record["throughput"] = throughput(args, report, log, deadline)

@@ -347,22 +347,27 @@ def test_sampled_individual_dpsgd_noise_and_sampling_with_x64_off(x64_off):
 def test_residue_table_is_sound_against_direct_residues_and_monotone():
     """The residue of one Poisson-subsampled Gaussian step is non-decreasing in the budget mu and
     non-increasing in the sensitivity c (direct pj.gdp_residue calls), and a table lookup (mu
-    rounded down, c up) never exceeds the direct residue at (mu, c) and never falls below the naive
-    update at c's node."""
+    rounded down, c up) is at most the direct residue at (mu, c) (to the searches' resolution)
+    and never below the naive update at c's node."""
     from pldjax.filters.residue import gdp_residue_table, table_spend
 
-    sigma, q = 1.0, 0.1
+    sigma, q = 1.0, 0.05  # one step at c = 1 is 0.578-GDP: every pair below fits
     table = gdp_residue_table(sigma, q, 1.0, mu_nodes=3, c_nodes=3, mu_min=0.5)
     mus = np.array([0.6, 0.8, 1.0])
     cs = np.array([0.3, 0.5, 0.8, 1.0])
     steps = pj.gaussian(jnp.asarray(sigma / cs), sampling_prob=q)
     slack = float(np.max([np.max(np.asarray(d.inf_mass)) for d in steps.directions()]))
     direct = np.asarray(pj.gdp_residue(jnp.asarray(mus[:, None]), steps, delta_slack=slack))
+    assert np.all(np.isfinite(direct))
     assert np.all(np.diff(direct, axis=0) >= 0) and np.all(np.diff(direct, axis=1) <= 0)
     m, c = np.meshgrid(mus, cs, indexing="ij")
     looked, _, ok = table_spend(table, jnp.asarray(m.ravel()), jnp.ones(m.size), jnp.asarray(c.ravel()))
     assert np.all(np.asarray(ok))
-    assert np.all(np.asarray(looked).reshape(m.shape) <= direct)
+    # both are certified lower bounds on the true residue, found on check windows that depend on
+    # the batch (about 1e-4 relative for subsampled Gaussians), and the table's cost at a node is
+    # the best certificate of the nodes below it (composition): a lookup may beat a direct call
+    # by that much, never by more
+    assert np.all(np.asarray(looked).reshape(m.shape) <= direct * (1 + 2e-4))
     naive_nu = np.asarray(pj.gdp_mu(pj.gaussian(jnp.asarray(sigma / np.array([0.5, 0.5, 1.0, 1.0])),
                                                 sampling_prob=q), delta_slack=slack))
     naive = np.sqrt(np.maximum(m**2 - naive_nu[None, :] ** 2, 0.0))
