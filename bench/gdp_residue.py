@@ -45,6 +45,7 @@ Not part of CI. Prints a table and writes bench/results/gdp_residue_<device>_<UT
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import os
@@ -182,6 +183,16 @@ def plan(mu_max: float, query) -> dict:
     from pldjax.gaussian_dp import MAX_RESIDUE_SIZE, residue_size
     from pldjax.grid import next_pow2
 
+    try:  # FFT lengths since the secant search (5-smooth); before it, powers of two
+        from pldjax.gaussian_dp import _size_class
+
+        def fft_length(n, window):
+            return _size_class(n - 1 + window)
+    except ImportError:
+
+        def fft_length(n, window):
+            return next_pow2(2 * n + window - 2)
+
     steps = np.asarray(query.step, np.float64)
     factor = 1
     while residue_size(mu_max, steps * factor, query.size) > MAX_RESIDUE_SIZE:
@@ -191,7 +202,7 @@ def plan(mu_max: float, query) -> dict:
     return dict(
         n=n,
         window=window,
-        nfft=next_pow2(2 * n + window - 2),
+        nfft=fft_length(n, window),
         coarsen=factor,
         directions=len(query.directions()),
         min_step=float(steps.min()),
@@ -202,7 +213,7 @@ def function_call(mu, query, args):
     import pldjax as pj
 
     def call():
-        return pj.gdp_residue(mu, query, steps=args.steps, batch_size=args.batch_size)
+        return pj.gdp_residue(mu, query, **steps_kw(args), batch_size=args.batch_size)
 
     return call
 
@@ -214,7 +225,7 @@ def filter_call(mu, query, window, args):
     import pldjax as pj
     from pldjax.precision import pack
 
-    f = pj.filters.gdp_residue_filter(1.0, steps=args.steps, size=window)
+    f = pj.filters.gdp_residue_filter(1.0, **steps_kw(args), size=window)
     count = mu.shape[0]
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (count,) + x.shape), f.init())
     with jax.enable_x64(True):
@@ -229,6 +240,27 @@ def filter_call(mu, query, window, args):
         return jnp.where(accepted, f.remaining(new)["mu"], jnp.nan)
 
     return call
+
+
+def steps_kw(args):
+    return {} if args.steps is None else {"steps": args.steps}
+
+
+def fft16_seconds(repeats=30):
+    """Fastest of ``repeats`` jitted float64 rfft + irfft round trips of 2^16 points (the issue's unit)."""
+    import jax
+    import jax.numpy as jnp
+
+    with jax.enable_x64(True):
+        x = jnp.linspace(0.0, 1.0, 2**16, dtype=jnp.float64)
+        fn = jax.jit(lambda v: jnp.fft.irfft(jnp.fft.rfft(v), 2**16))
+        jax.block_until_ready(fn(x))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def timed(call):
@@ -255,48 +287,6 @@ def naive_gain(mu, query, residue):
     return float(np.median(gain)), float(np.min(gain))
 
 
-def reference(plan_info, args):
-    """Seconds per pair of the kernel's two main ingredients, bare, at this plan (per direction,
-    ``steps`` times): an rfft + irfft of nfft points, and 2 x (n - 1 + window) log_ndtr (G_mu'' curve
-    on the lags); ``args.ref_chunk`` pairs per vmapped call."""
-    import jax
-    import jax.numpy as jnp
-    from jax.scipy.special import log_ndtr
-
-    with jax.enable_x64(True):
-        dirs, n, window, nfft, steps = (plan_info[k] for k in ("directions", "n", "window", "nfft", "steps"))
-        chunk = args.ref_chunk
-        probs = jnp.ones((chunk, dirs, n), jnp.float64) / n
-        lags = jnp.linspace(-25.0, 25.0, n - 1 + window, dtype=jnp.float64)
-        spectrum = jnp.fft.rfft(jnp.exp(-lags * lags)[:n], nfft)
-
-        def fft_one(p):
-            def body(i, acc):
-                curve = jnp.fft.irfft(jnp.fft.rfft(p * (1.0 + i), nfft) * spectrum, nfft)
-                return acc + curve[..., n - 1 : n - 1 + window].sum()
-
-            return jax.lax.fori_loop(0, steps, body, jnp.zeros(()))
-
-        def ndtr_one(p):
-            def body(i, acc):
-                mu = 0.5 + 1e-3 * i + p[:, :1]  # (dirs, 1)
-                return acc + (log_ndtr(mu / 2 - lags / mu) + log_ndtr(-mu / 2 - lags / mu)).sum()
-
-            return jax.lax.fori_loop(0, steps, body, jnp.zeros(()))
-
-        out = {}
-        for name, one in (("fft", fft_one), ("log_ndtr", ndtr_one)):
-            fn = jax.jit(jax.vmap(one))
-            jax.block_until_ready(fn(probs))
-            times = []
-            for _ in range(max(args.repeats, 1)):
-                start = time.perf_counter()
-                jax.block_until_ready(fn(probs))
-                times.append(time.perf_counter() - start)
-            out[name] = statistics.median(times) / chunk
-        return out
-
-
 # -- parts ----------------------------------------------------------------------------------------
 def throughput(args, report, log, deadline):
     import jax
@@ -312,6 +302,8 @@ def throughput(args, report, log, deadline):
         "first s",
         "warm s (n)",
         "updates/s",
+        "ms/pair",
+        "/ fft16",
         "NaN",
         "gain med",
         "gain min",
@@ -319,7 +311,6 @@ def throughput(args, report, log, deadline):
     ]
     rows, records = [], []
     report.part("throughput", header, rows)
-    refs = {}
     for family in args.families:
         results_by_form = {}
         for form in args.forms:
@@ -344,6 +335,8 @@ def throughput(args, report, log, deadline):
                                 None,
                                 None,
                                 f"skipped: ~{predicted:.0f} s/call, {why}",
+                                None,
+                                None,
                                 None,
                                 None,
                                 None,
@@ -396,6 +389,8 @@ def throughput(args, report, log, deadline):
                         float(np.max(np.abs(other - out)[both] / out[both])) if both.any() else float("nan")
                     )
                 rate = count / warm if warm else None
+                fft16 = fft16_seconds()
+                per_pair = warm / count if warm else None
                 grid = info["n"] if info["coarsen"] == 1 else f"{info['n']} (/{info['coarsen']})"
                 rows.append(
                     [
@@ -409,6 +404,8 @@ def throughput(args, report, log, deadline):
                         fmt(first, ".2f"),
                         f"{warm:.3f} ({len(warm_times)})" if warm is not None else None,
                         fmt(rate, ".1f"),
+                        fmt(per_pair * 1e3 if per_pair else None, ".2f"),
+                        fmt(per_pair / fft16 if per_pair else None, ".1f"),
                         nan,
                         fmt(gain_med, ".2e"),
                         fmt(gain_min, ".2e"),
@@ -427,6 +424,8 @@ def throughput(args, report, log, deadline):
                         warm_s=warm_times,
                         warm_median_s=warm,
                         updates_per_s=rate,
+                        fft16_s=fft16,
+                        residue_head=out[:GAIN_PAIRS],
                         nan=nan,
                         gain_median=gain_med,
                         gain_min=gain_min,
@@ -436,20 +435,6 @@ def throughput(args, report, log, deadline):
                 report.write()
                 last = (count, warm if warm is not None else first)
                 del mu, query, call, out
-                if (family, info["n"], info["window"]) not in refs:
-                    refs[(family, info["n"], info["window"])] = dict(info, steps=args.steps)
-        for key, info in refs.items():
-            if key[0] == family and "fft" not in info:
-                log(f"{family}: reference timings")
-                info.update(reference(info, args))
-                report.notes.append(
-                    f"{family} reference (per pair, {info['directions']} direction(s), grid n {info['n']}, "
-                    f"window {info['window']}): {args.steps} x rfft+irfft of {info['nfft']} points "
-                    f"{info['fft'] * 1e3:.3f} ms, {args.steps} x 2 x (n - 1 + window) log_ndtr "
-                    f"{info['log_ndtr'] * 1e3:.3f} ms (per pair, all directions; {args.ref_chunk} pairs per "
-                    f"call) -> these two alone: {1 / (info['fft'] + info['log_ndtr']):.1f} pairs/s"
-                )
-                report.write()
     report.notes.append(
         "first s: first call in this process (compilation included; each B compiles anew); warm s: median "
         "of (n) further calls with block_until_ready; updates/s = B / warm s; NaN: pairs not updated "
@@ -457,7 +442,7 @@ def throughput(args, report, log, deadline):
         "max |mu'_filter - mu'_function| / mu' over the pairs; build s: constructing the B query PLDs "
         "(not in the update time)"
     )
-    return records, [dict(v) for v in refs.values()]
+    return records
 
 
 def accuracy(args, report, log):
@@ -483,7 +468,7 @@ def accuracy(args, report, log):
         log(f"accuracy: mu={mu}")
         query = pj.gdp(jnp.asarray(nus))
         info = plan(mu, query)
-        residue = np.asarray(pj.gdp_residue(mu, query, steps=args.steps, batch_size=args.batch_size))
+        residue = np.asarray(pj.gdp_residue(mu, query, **steps_kw(args), batch_size=args.batch_size))
         naive_nu = np.asarray(pj.gdp_mu(query))
         exact = np.sqrt(mu * mu - nus * nus)
         naive = np.sqrt(np.maximum(mu * mu - naive_nu * naive_nu, 0.0))
@@ -538,7 +523,7 @@ def coarsening_check(args, report, log):
     nu = np.asarray(pj.gdp_mu(query))
     for mu in (1.0, 2.0):
         info = plan(mu, query)
-        residue = np.asarray(pj.gdp_residue(mu, query, steps=args.steps, batch_size=args.batch_size))
+        residue = np.asarray(pj.gdp_residue(mu, query, **steps_kw(args), batch_size=args.batch_size))
         naive = np.sqrt(np.maximum(mu * mu - nu * nu, 0.0))
         steps = np.asarray(query.step)
         for s, h, v, a, r in zip(sigmas, steps, nu, naive, residue, strict=True):
@@ -562,6 +547,81 @@ def coarsening_check(args, report, log):
         "pj.gdp_residue coarsens them by the factor shown first (the docstring promises mu' >= naive)"
     )
     return records
+
+
+def table_part(args, report, log):
+    """Per-example DP-SGD's residue table (pj.filters.residue.gdp_residue_table, sigma = 1,
+    q = 0.05, mu = 2): build time (first = compilation included, then warm) and
+    pj.filters.residue.table_spend lookups per second on 2e6 random (mu, c) pairs, jitted."""
+    import jax
+    import jax.numpy as jnp
+
+    import pldjax as pj
+
+    header = ["mu nodes", "c nodes", "first build s", "warm build s", "lookups/s"]
+    rows, records = [], []
+    report.part("residue table (sigma 1, q 0.05, mu 2)", header, rows)
+    for mu_nodes, c_nodes in ((16, 9), (32, 17)):
+        log(f"table {mu_nodes} x {c_nodes}")
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            table = jax.block_until_ready(
+                pj.filters.residue.gdp_residue_table(1.0, 0.05, 2.0, mu_nodes=mu_nodes, c_nodes=c_nodes)
+            )
+            times.append(time.perf_counter() - start)
+        count = 2_000_000
+        rng = np.random.default_rng(args.seed)
+        with jax.enable_x64(True):
+            mu = jnp.asarray(rng.uniform(0.0, 2.0, count))
+            c = jnp.asarray(rng.uniform(0.0, 1.0, count))
+            left = jnp.full(count, 1e-6)
+            spend = jax.jit(pj.filters.residue.table_spend)
+            jax.block_until_ready(spend(table, mu, left, c))
+            best = min(timed(functools.partial(spend, table, mu, left, c))[0] for _ in range(5))
+        rows.append([mu_nodes, c_nodes, fmt(times[0], ".2f"), fmt(times[1], ".2f"), f"{count / best:.3g}"])
+        records.append(dict(mu_nodes=mu_nodes, c_nodes=c_nodes, build_s=times, lookups_per_s=count / best))
+        report.write()
+    return records
+
+
+def baseline(args, report, log):
+    """The function form's throughput of ``args.baseline`` (a git revision): its pldjax/ extracted
+    into a temporary directory and this script run there in a subprocess (same families and sizes,
+    no accuracy part), its rows added to the report as a part of their own."""
+    import tarfile
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", os.path.dirname(HERE), "archive", args.baseline, "pldjax"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        command = [
+            sys.executable, os.path.abspath(__file__), "--no-accuracy", "--forms", "function",
+            "--families", ",".join(args.families), "--sizes", ",".join(map(str, args.sizes)),
+            "--repeats", str(args.repeats), "--batch-size", str(args.batch_size),
+            "--max-seconds", str(args.max_seconds), "--seed", str(args.seed), "--out-dir", tmp,
+        ]
+        log(f"baseline {args.baseline}: {' '.join(command[2:])}")
+        env = dict(os.environ, PYTHONPATH=tmp)
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+        [result] = [f for f in os.listdir(tmp) if f.endswith(".json")]
+        with open(os.path.join(tmp, result)) as fh:
+            rows = json.load(fh)["throughput"]
+    header = ["family", "pairs B", "warm s", "updates/s", "ms/pair", "/ fft16"]
+    table_rows = [
+        [r["family"], r["pairs"], fmt(r.get("warm_median_s"), ".3f"), fmt(r.get("updates_per_s"), ".1f"),
+         fmt(r["warm_median_s"] / r["pairs"] * 1e3 if r.get("warm_median_s") else None, ".2f"),
+         fmt(r["warm_median_s"] / r["pairs"] / r["fft16_s"] if r.get("warm_median_s") else None, ".1f")]
+        for r in rows if "skipped" not in r
+    ]
+    report.part(f"baseline {args.baseline} (function form)", header, table_rows)
+    report.write()
+    return rows
 
 
 class Report:
@@ -623,20 +683,21 @@ def main():
     parser.add_argument(
         "--batch-size", type=int, default=256, help="pairs per chunk (pj.gdp_residue batch_size)"
     )
-    parser.add_argument("--steps", type=int, default=32, help="bisection steps")
+    parser.add_argument("--steps", type=int, default=None, help="search steps (default: the library's)")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="also time the function form of this git revision's pldjax (git archive into a temp dir, "
+        "this script in a subprocess) before the current tree, in the same run",
+    )
     parser.add_argument(
         "--filter-size",
         type=int,
         default=None,
         help="filter check window (default: the window pj.gdp_residue picks for the batch)",
     )
-    parser.add_argument(
-        "--ref-chunk",
-        type=int,
-        default=None,
-        help="pairs per call of the reference timings (default 16 on CPU, else --batch-size)",
-    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", action="store_true", help="also time the per-example DP-SGD residue table")
     parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy and coarsening checks")
     parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     parser.add_argument(
@@ -663,8 +724,6 @@ def main():
         print(f"[{time.perf_counter() - start:7.1f} s] {text}", file=sys.stderr, flush=True)
 
     machine = machine_info()
-    if args.ref_chunk is None:
-        args.ref_chunk = 16 if machine["jax_backend"] == "cpu" else args.batch_size
     log(f"devices: {machine['devices']}; cpu: {machine['cpu']}")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     base = os.path.join(args.out_dir, f"gdp_residue_{device_label(machine)}_{stamp}")
@@ -672,7 +731,23 @@ def main():
     if not args.no_accuracy:
         report.record["accuracy"] = accuracy(args, report, log)
         report.record["coarsening"] = coarsening_check(args, report, log)
-    report.record["throughput"], report.record["references"] = throughput(args, report, log, deadline)
+    if args.table:
+        report.record["table"] = table_part(args, report, log)
+    if args.baseline:
+        report.record["baseline"] = baseline(args, report, log)
+    report.record["throughput"] = throughput(args, report, log, deadline)
+    for old in report.record.get("baseline", []):
+        for new in report.record["throughput"]:
+            key = (new.get("family"), new.get("pairs"), new.get("form"))
+            same = key == (old.get("family"), old.get("pairs"), "function")
+            if same and "residue_head" in old and "residue_head" in new:
+                a, b = (np.array([np.nan if v is None else v for v in x["residue_head"]]) for x in (old, new))
+                both = np.isfinite(a) & np.isfinite(b)
+                report.notes.append(
+                    f"{new['family']} B={new['pairs']}: mu' now - mu' at {args.baseline} on the first "
+                    f"{int(both.sum())} pairs: max |diff| {np.max(np.abs(b - a)[both]):.2e}, "
+                    f"min {np.min((b - a)[both]):.2e}, max {np.max((b - a)[both]):.2e}"
+                )
     report.record["wall_s"] = time.perf_counter() - start
     report.write()
     print("\n".join(report.lines()))

@@ -11,7 +11,10 @@
   accounting: one GDP residue filter per example, charged each step its own clipped gradient norm
   (an example whose clipped norm is c contributes a Gaussian mechanism G_nu with
   nu = c / (l2_norm_clip * noise_multiplier)); an example whose filter rejects leaves training (its
-  gradient is zeroed from then on, before clipping and noise).
+  gradient is zeroed from then on, before clipping and noise). With ``sampling_prob`` it is
+  Poisson-sampled DP-SGD with per-example GDP residue filters: each step costs every active
+  example the subsampled-Gaussian PLD at its own sensitivity c_i = min(||g_i||, C) / C, read from
+  a :class:`pldjax.filters.residue.ResidueTable` built once on the host.
 
 Noise keys are explicit: both take a ``key`` and have no default.
 """
@@ -22,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax as _optax
 from optax import contrib as _contrib
 
@@ -106,17 +110,124 @@ class IndividualState(NamedTuple):
     active: jax.Array  # (examples,) bool: still training
 
 
+class SampledIndividualState(NamedTuple):
+    """Poisson-sampled DP-SGD with per-example budgets (float64 leaves packed)."""
+
+    sgd: _optax.OptState
+    mu: jax.Array  # (examples, 2): each example's remaining GDP budget, packed float64
+    delta_left: jax.Array  # (examples, 2): its remaining delta, packed float64
+    active: jax.Array  # (examples,) bool: still training
+    charged: jax.Array  # (examples,) int32: steps charged to it (steps it took part in)
+    key: jax.Array  # raw key data of the next step's sampling and noise
+
+
 @float64
 def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, *, key,
-                     mu_budget: float, num_examples: int,
-                     delta_slack: float = 0.0) -> _optax.GradientTransformation:
-    """Full-batch DP gradient descent with one GDP residue filter per example (each example's
-    interaction is mu_budget-GDP). Per-example gradients of the WHOLE dataset (leading axis of
-    size ``num_examples``) are expected at every step."""
+                     mu_budget: float, num_examples: int, delta_slack: float = 0.0,
+                     sampling_prob: float | None = None, accounting: str = "residue",
+                     table: _filters.residue.ResidueTable | None = None,
+                     ) -> _optax.GradientTransformation:
+    """DP gradient descent with a privacy budget per example; per-example gradients of the WHOLE
+    dataset (leading axis of size ``num_examples``) are expected at every step.
+
+    ``sampling_prob`` None: full-batch steps, one GDP residue filter per example (GDP costs in
+    closed form; each example's interaction is mu_budget-GDP).
+
+    ``sampling_prob`` = q: Poisson-sampled DP-SGD. Each step every example still training is
+    charged the step's PLD at its own sensitivity c_i = min(||g_i||, C) / C, L_{c_i} =
+    ``pj.gaussian(noise_multiplier / c_i, sampling_prob=q)`` (the sampling is secret, so the
+    charge is the same whether or not it is sampled); an example whose budget cannot pay leaves
+    training for good (its gradient is zeroed from this step on). The batch is then drawn
+    inside the transformation (each example with probability q, from ``key``), the sampled
+    clipped gradients summed, Gaussian noise of standard deviation C * noise_multiplier added
+    and the sum divided by the expected batch size q * num_examples. Charges come from a
+    :class:`pldjax.filters.residue.ResidueTable` (``table``, built by
+    ``gdp_residue_table(noise_multiplier, q, mu_budget)``, or built here): ``accounting="residue"``
+    uses the GDP residue filter's costs, ``"gdp"`` the naive GDP filter's (nu = gdp_mu(L_c) per
+    step, the table's budget-0 row), so one table serves both.
+
+    Guarantee (sampled): each example's interaction with the training run is mu_budget-GDP up to
+    the delta it was charged: delta_i(eps) <= delta_{G_mu_budget}(eps) + (delta charged to i)
+    at every eps, and the charges never exceed ``delta_slack`` (each step charges the step PLD's
+    tail mass at +inf plus ROUNDOFF, so ``delta_slack`` must be > 0 here).
+    """
     _check_key(key)
     check_range("l2_norm_clip", l2_norm_clip, 0.0, low_open=True)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     num_examples = check_count("num_examples", num_examples, minimum=1)
+    if sampling_prob is None:
+        return _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key,
+                                      mu_budget, num_examples, delta_slack)
+    check_range("sampling_prob", sampling_prob, 0.0, 1.0, low_open=True)
+    check_range("mu_budget", mu_budget, 0.0, low_open=True)
+    check_range("delta_slack", delta_slack, 0.0, 1.0, low_open=True)
+    if accounting not in ("residue", "gdp"):
+        raise ValueError(f"accounting must be 'residue' or 'gdp', got {accounting!r}")
+    if table is None:
+        table = _filters.residue.gdp_residue_table(noise_multiplier, sampling_prob, mu_budget,
+                                                   residue=accounting == "residue")
+    if accounting == "gdp":  # the naive costs: the table's row at budget 0, at every budget
+        table = table._replace(cost=jnp.broadcast_to(table.cost[:1], table.cost.shape))
+    sgd = _optax.sgd(learning_rate)
+    scale = 1.0 / (sampling_prob * num_examples)
+    threshold = np.uint32(np.floor(sampling_prob * 2.0**32)) if sampling_prob < 1 else None
+
+    @float64
+    def init(params):
+        full = jnp.full((num_examples,), 1.0, jnp.float64)
+        return SampledIndividualState(
+            sgd.init(params), pack(full * mu_budget), pack(full * delta_slack),
+            jnp.ones((num_examples,), bool), jnp.zeros((num_examples,), jnp.int32),
+            jax.random.key_data(key))
+
+    @float64
+    def update(grads, state, params=None):
+        leaves, treedef = jax.tree_util.tree_flatten(grads)
+        _check_per_example(leaves, num_examples)
+        like = jax.ShapeDtypeStruct((num_examples,), jnp.float64)
+        mu, delta_left = unpack((state.mu, state.delta_left), (like, like))
+        norms = _norms(leaves, num_examples)
+        c = jnp.minimum(norms, l2_norm_clip) / l2_norm_clip
+        new_mu, new_delta, accepted = _filters.residue.table_spend(table, mu, delta_left, c)
+        active = state.active & accepted
+        next_key, sample_key, noise_key = jax.random.split(jax.random.wrap_key_data(state.key), 3)
+        # P(bits < floor(q 2^32)) = floor(q 2^32) / 2^32 <= q: never above the accounted rate
+        sampled = active if threshold is None else active & (
+            jax.random.bits(sample_key, (num_examples,), jnp.uint32) < threshold)
+        factor = jnp.where(sampled, jnp.minimum(1.0, l2_norm_clip / jnp.maximum(norms, 1e-300)),
+                           0.0)
+        noise_keys = jax.random.split(noise_key, len(leaves))
+        noised = []
+        for g, k in zip(leaves, noise_keys, strict=True):
+            total = jnp.tensordot(factor.astype(g.dtype), g, axes=1)
+            noise = jax.random.normal(k, total.shape, g.dtype) * (l2_norm_clip * noise_multiplier)
+            noised.append((total + noise) * scale)
+        updates, sgd_state = sgd.update(jax.tree_util.tree_unflatten(treedef, noised), state.sgd,
+                                        params)
+        keep = state.active  # examples that had left keep their (unchanged) budgets
+        return updates, SampledIndividualState(
+            sgd_state, pack(jnp.where(keep, new_mu, mu)), pack(jnp.where(keep, new_delta, delta_left)),
+            active, state.charged + active.astype(jnp.int32), jax.random.key_data(next_key))
+
+    return _optax.GradientTransformation(init, update)
+
+
+def _check_per_example(leaves, num_examples: int) -> None:
+    shapes = [jnp.shape(g) for g in leaves]
+    if not leaves or any(shape[:1] != (num_examples,) for shape in shapes):
+        raise ValueError(f"grads must hold per-example gradients of all num_examples = "
+                         f"{num_examples} examples (leading axis), got leaf shapes {shapes}")
+
+
+def _norms(leaves, num_examples: int):
+    """Per-example gradient norms in float64 whatever the model's precision (a privacy cost)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.asarray(g, jnp.float64).reshape(num_examples, -1) ** 2, axis=1)
+                        for g in leaves))
+
+
+def _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key, mu_budget,
+                           num_examples, delta_slack):
+    """Full-batch steps with one GDP residue filter per example (closed-form GDP costs)."""
     budget = _filters.gdp_residue_filter(mu_budget, delta=delta_slack)
     aggregate = _contrib.differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)
     sgd = _optax.sgd(learning_rate)
@@ -131,14 +242,9 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     @float64
     def update(grads, state, params=None):
         leaves = jax.tree_util.tree_leaves(grads)
-        shapes = [jnp.shape(g) for g in leaves]
-        if not leaves or any(shape[:1] != (num_examples,) for shape in shapes):
-            raise ValueError(f"grads must hold per-example gradients of all num_examples = "
-                             f"{num_examples} examples (leading axis), got leaf shapes {shapes}")
-        # norms in float64 whatever the model's precision: nu is a privacy cost
-        norms = jnp.sqrt(sum(jnp.sum(jnp.asarray(g, jnp.float64).reshape(num_examples, -1) ** 2,
-                                     axis=1) for g in leaves))
-        nu = jnp.minimum(norms, l2_norm_clip) / (l2_norm_clip * noise_multiplier)
+        _check_per_example(leaves, num_examples)
+        nu = jnp.minimum(_norms(leaves, num_examples), l2_norm_clip) / (
+            l2_norm_clip * noise_multiplier)
         nu = jnp.where(state.active, nu, 0.0)
         filters, accepted = jax.vmap(budget.spend)(state.filters, nu)
         active = state.active & accepted
@@ -152,6 +258,8 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
 
 
 @float64
-def remaining_mu(state: IndividualState) -> jax.Array:
+def remaining_mu(state: IndividualState | SampledIndividualState) -> jax.Array:
     """Each example's remaining GDP budget (float64)."""
+    if isinstance(state, SampledIndividualState):
+        return unpack(state.mu, jax.ShapeDtypeStruct(state.mu.shape[:-1], jnp.float64))
     return unpack(state.filters.mu, jax.ShapeDtypeStruct((), jnp.float64))

@@ -73,3 +73,32 @@ def test_residue_for_huge_budgets(mu):
     assert mu * (1 - 1e-12) <= residue <= mu
     with pytest.raises(ValueError, match="mu"):
         pj.gdp_residue(1e200, pj.gdp(0.05))
+
+
+def test_gdp_curve_within_its_error_bound_by_mpmath():
+    # issue 18: G_mu's curve from erfc and the Mills ratio (no log_ndtr); the residue and gdp_mu
+    # certificates widen it by _gdp_error on each side, so that bound must hold
+    import jax.numpy as jnp
+
+    from pldjax.gaussian_dp import _gdp_error, _gdp_parts
+
+    mp.mp.dps = 40
+    worst = 0.0
+    for mu in (1e-3, 0.05, 0.7, 3.0, 40.0, 500.0):
+        xs = np.concatenate([np.linspace(-mu * mu - 5 * mu, mu * mu / 2 + 30 * mu, 40),
+                             np.linspace(-2.0, 2.0, 9)])
+        delta, tail = (np.asarray(v) for v in _gdp_parts(mu, jnp.asarray(xs)))
+        bound = float(_gdp_error(mu))
+        for x, d, t in zip(xs, delta, tail, strict=True):
+            m, xm = mp.mpf(mu), mp.mpf(float(x))
+            exact_tail = mp.exp(xm) * mp.ncdf(-m / 2 - xm / m)
+            exact = mp.ncdf(m / 2 - xm / m) - exact_tail
+            if exact > mp.mpf(1e-290):
+                worst = max(worst, float(abs(d - exact) / exact) / bound)
+            else:
+                assert d <= 1e-280
+            if exact_tail > mp.mpf(1e-290):
+                assert abs(t - exact_tail) <= 1e-11 * exact_tail
+            else:
+                assert t <= 1e-280
+    assert worst <= 0.25  # a 4x margin on the bound used

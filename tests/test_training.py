@@ -229,3 +229,120 @@ def test_individual_dpsgd_with_x64_off_and_a_wrong_batch(x64_off):
     with pytest.raises(ValueError, match="grads must hold per-example gradients of all "
                                          "num_examples = 4"):
         tx.update({"w": jnp.ones((5, 3), jnp.float32)}, state, params)
+
+
+# -- per-example budgets for Poisson-sampled DP-SGD (issue 18) ------------------------------------
+def _hand_table():
+    """A ResidueTable with known costs: budgets {0, 0.5, 1}, sensitivities {0, 0.5, 1}."""
+    from pldjax.filters.residue import ResidueTable
+
+    cost = jnp.array([[0.0, 0.3, 0.6], [0.0, 0.2, 0.5], [0.0, 0.1, 0.4]])
+    return ResidueTable(jnp.array([0.0, 0.5, 1.0]), jnp.array([0.0, 0.5, 1.0]), cost,
+                        jnp.array([0.0, 1e-3, 1e-3]))
+
+
+def test_table_spend_rounds_budgets_down_and_sensitivities_up():
+    from pldjax.filters.residue import table_spend
+
+    table = _hand_table()
+    mu = jnp.array([1.0, 0.99, 0.5, 0.49, 1.0, 1.0, 0.3, 1.0])
+    c = jnp.array([1.0, 1.0, 0.5, 0.5, 0.2, 0.0, 1.0, 0.5])
+    new_mu, new_delta, ok = table_spend(table, mu, jnp.full(8, 1e-2), c)
+    cost = np.array([0.4, 0.5, 0.2, 0.3, 0.1, 0.0, 0.6, 0.1])  # (node <= mu, node >= c)
+    fits = cost <= np.asarray(mu)
+    np.testing.assert_array_equal(np.asarray(ok), fits)
+    expected = np.where(fits, np.sqrt(np.maximum(np.asarray(mu) ** 2 - cost**2, 0)), np.asarray(mu))
+    assert np.all(np.asarray(new_mu) <= expected) and np.allclose(new_mu, expected, rtol=1e-15)
+    charged = np.where(fits, np.where(np.asarray(c) > 0, 1e-3, 0.0), 0.0)
+    np.testing.assert_allclose(np.asarray(new_delta), 1e-2 - charged, rtol=1e-15)
+    # a delta budget that cannot pay rejects and keeps the budgets
+    new_mu, new_delta, ok = table_spend(table, mu[:1], jnp.array([5e-4]), c[:1])
+    assert not bool(ok[0]) and float(new_mu[0]) == 1.0 and float(new_delta[0]) == 5e-4
+
+
+def test_sampled_individual_dpsgd_charges_each_example_by_its_own_norm():
+    table = _hand_table()
+    tx = pj.optax.individual_dpsgd(0.1, 2.0, 1.0, key=jax.random.key(0), mu_budget=1.0,
+                                   num_examples=3, delta_slack=1.0, sampling_prob=0.5,
+                                   table=table)
+    params = {"w": jnp.zeros(2)}
+    # norms 5 (c = 1), 0.6 (c = 0.3 -> node 0.5) and 0 (c = 0: free)
+    grads = {"w": jnp.array([[3.0, 4.0], [0.36, 0.48], [0.0, 0.0]])}
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for _ in range(12):
+        _, state = update(grads, state, params)
+    # host replay of the lookups: c = 1 costs 0.4 at mu >= 1, then 0.5 from mu >= 0.5, 0.6 below
+    mu, steps = 1.0, 0
+    while True:
+        cost = 0.4 if mu >= 1.0 else 0.5 if mu >= 0.5 else 0.6
+        if cost > mu:
+            break
+        mu, steps = np.sqrt(mu * mu - cost * cost), steps + 1
+    charged = np.asarray(state.charged)
+    assert charged[0] == steps and charged[2] == 12 and steps < charged[1] <= 12
+    assert list(np.asarray(state.active)) == [False, charged[1] == 12, True]
+    remaining = np.asarray(pj.optax.remaining_mu(state))
+    assert remaining[2] == 1.0 and np.all(remaining >= 0)
+    with pytest.raises(ValueError, match="delta_slack"):
+        pj.optax.individual_dpsgd(0.1, 1.0, 1.0, key=jax.random.key(0), mu_budget=1.0,
+                                  num_examples=3, sampling_prob=0.5, table=table)
+    with pytest.raises(ValueError, match="accounting"):
+        pj.optax.individual_dpsgd(0.1, 1.0, 1.0, key=jax.random.key(0), mu_budget=1.0,
+                                  num_examples=3, delta_slack=1e-6, sampling_prob=0.5,
+                                  table=table, accounting="rdp")
+
+
+def test_sampled_individual_dpsgd_noise_and_sampling_with_x64_off(x64_off):
+    """Zero gradients: the update is -lr N(0, (C sigma)^2) / (q N); all examples active; float32
+    model; the sampled fraction (seen through unit gradients) is about q."""
+    clip, sigma, lr, q, n = 1.0, 2.0, 0.5, 0.25, 400
+    zero = _hand_table()._replace(cost=jnp.zeros((3, 3)), delta=jnp.zeros(3))
+    tx = pj.optax.individual_dpsgd(lr, clip, sigma, key=jax.random.key(3), mu_budget=1.0,
+                                   num_examples=n, delta_slack=1e-6, sampling_prob=q, table=zero)
+    params = {"w": jnp.zeros(5000, jnp.float32)}
+    updates, state = jax.jit(tx.update)({"w": jnp.zeros((n, 5000), jnp.float32)}, tx.init(params),
+                                        params)
+    assert updates["w"].dtype == jnp.float32
+    right = lr * clip * sigma / (q * n)
+    assert stats.kstest(np.asarray(updates["w"]), "norm", args=(0, right)).pvalue > 1e-3
+    # unit gradients along one coordinate: the update's first coordinate counts the sample
+    small = pj.optax.individual_dpsgd(1.0, 1.0, 1e-9, key=jax.random.key(4), mu_budget=1.0,
+                                      num_examples=n, delta_slack=1e-6, sampling_prob=q, table=zero)
+    grads = {"w": jnp.zeros((n, 2), jnp.float32).at[:, 0].set(1.0)}
+    updates, _ = jax.jit(small.update)(grads, small.init({"w": jnp.zeros(2)}), {"w": jnp.zeros(2)})
+    sampled = -float(updates["w"][0]) * q * n
+    assert abs(sampled - q * n) < 4 * np.sqrt(n * q * (1 - q))
+
+
+@pytest.mark.slow
+def test_residue_table_is_sound_against_direct_residues_and_monotone():
+    """The residue of one Poisson-subsampled Gaussian step is non-decreasing in the budget mu and
+    non-increasing in the sensitivity c (direct pj.gdp_residue calls), and a table lookup (mu
+    rounded down, c up) is at most the direct residue at (mu, c) (to the searches' resolution)
+    and never below the naive update at c's node."""
+    from pldjax.filters.residue import gdp_residue_table, table_spend
+
+    sigma, q = 1.0, 0.05  # one step at c = 1 is 0.578-GDP: every pair below fits
+    table = gdp_residue_table(sigma, q, 1.0, mu_nodes=3, c_nodes=3, mu_min=0.5)
+    mus = np.array([0.6, 0.8, 1.0])
+    cs = np.array([0.3, 0.5, 0.8, 1.0])
+    steps = pj.gaussian(jnp.asarray(sigma / cs), sampling_prob=q)
+    slack = float(np.max([np.max(np.asarray(d.inf_mass)) for d in steps.directions()]))
+    direct = np.asarray(pj.gdp_residue(jnp.asarray(mus[:, None]), steps, delta_slack=slack))
+    assert np.all(np.isfinite(direct))
+    assert np.all(np.diff(direct, axis=0) >= 0) and np.all(np.diff(direct, axis=1) <= 0)
+    m, c = np.meshgrid(mus, cs, indexing="ij")
+    looked, _, ok = table_spend(table, jnp.asarray(m.ravel()), jnp.ones(m.size), jnp.asarray(c.ravel()))
+    assert np.all(np.asarray(ok))
+    # both are certified lower bounds on the true residue, found on check windows that depend on
+    # the batch (about 1e-4 relative for subsampled Gaussians), and the table's cost at a node is
+    # the best certificate of the nodes below it (composition): a lookup may beat a direct call
+    # by that much, never by more
+    assert np.all(np.asarray(looked).reshape(m.shape) <= direct * (1 + 2e-4))
+    naive_nu = np.asarray(pj.gdp_mu(pj.gaussian(jnp.asarray(sigma / np.array([0.5, 0.5, 1.0, 1.0])),
+                                                sampling_prob=q), delta_slack=slack))
+    naive = np.sqrt(np.maximum(m**2 - naive_nu[None, :] ** 2, 0.0))
+    assert np.all(np.asarray(looked).reshape(m.shape) >= naive * (1 - 1e-12))
+    assert np.all(np.diff(np.asarray(table.cost), axis=0) <= 0)
+    assert np.all(np.diff(np.asarray(table.cost), axis=1) >= 0)
