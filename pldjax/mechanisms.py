@@ -16,7 +16,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import log_ndtr
 
 from pldjax import grid as grid_lib
 from pldjax import subsampling
@@ -24,6 +23,7 @@ from pldjax.discretize import Mechanism, discretize_mechanism, masses_from_curve
 from pldjax.grid import Grid
 from pldjax.pld import PLD
 from pldjax.precision import float64
+from pldjax.special import log_ndtr
 from pldjax.validate import check_count, check_range, is_traced
 
 

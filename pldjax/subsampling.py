@@ -28,9 +28,9 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
-from jax.scipy.special import log_ndtr
 
 from pldjax.discretize import Mechanism
+from pldjax.special import log_ndtr
 
 
 def _log_mix(log_weight_b, log_b, log_q, log_a):
