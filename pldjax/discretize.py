@@ -247,11 +247,22 @@ class Mechanism:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("mechanism", "size", "pessimistic", "step", "rounding")
+    jax.jit, static_argnames=("mechanism", "size", "pessimistic", "fixed", "rounding")
 )
-def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: bool, step, rounding):
+def _mechanism_kernel(params, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
+                      fixed: bool, rounding):
+    """A batch of mechanisms (``params``: flat arrays) -> (probs, inf_mass, offset, step), each
+    batched; ``step`` (data, so that a new value compiles nothing) is used when ``fixed``, else
+    each one's automatic step. Vmapped inside jit: a warm call traces nothing."""
+    one = functools.partial(_one_mechanism, mechanism=mechanism, size=size,
+                            pessimistic=pessimistic, fixed=fixed, rounding=rounding)
+    return jax.vmap(one, in_axes=(0, None))(params, step)
+
+
+def _one_mechanism(params, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
+                   fixed: bool, rounding):
     """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
-    if step is None:
+    if not fixed:
         h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
         if not pessimistic:
             h = jnp.minimum(h, grid_lib.optimistic_step_limit(size))
@@ -318,15 +329,11 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
     _check_step(grid, size, pessimistic)
     shape = params[0].shape
     flat = tuple(p.reshape(-1) for p in params)
-    kernel = functools.partial(
-        _mechanism_kernel,
-        mechanism=mechanism,
-        size=size,
-        pessimistic=bool(pessimistic),
-        step=grid.step,
-        rounding=grid.rounding,
+    fixed_step = 0.0 if grid.step is None else grid.step
+    probs, inf_mass, offset, step = _mechanism_kernel(
+        flat, fixed_step, mechanism=mechanism, size=size, pessimistic=bool(pessimistic),
+        fixed=grid.step is not None, rounding=grid.rounding,
     )
-    probs, inf_mass, offset, step = jax.vmap(kernel)(flat)
     return PLD(
         probs.reshape(shape + (size,)),
         inf_mass.reshape(shape),
