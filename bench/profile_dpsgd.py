@@ -163,25 +163,34 @@ def total(rounds: int) -> None:
         # the accuracy setting, where the checkout has it
         thunks = (call, floor, coarse) if "rtol" in (pj.dpsgd_epsilon.__doc__ or "") else (call, floor)
         times = tuple([] for _ in thunks)
+        cpu = tuple([] for _ in thunks)  # CPU seconds of this process: less noisy under load
         for thunk in thunks:
             jax.block_until_ready(thunk())
         for _ in range(rounds):
-            for thunk, got in zip(thunks, times, strict=True):
-                start = time.perf_counter()
+            for thunk, got, got_cpu in zip(thunks, times, cpu, strict=True):
+                start, start_cpu = time.perf_counter(), time.process_time()
                 jax.block_until_ready(thunk())
                 got.append(time.perf_counter() - start)
+                got_cpu.append(time.process_time() - start_cpu)
     call_ms, floor_ms, *coarse_ms = (1e3 * float(np.median(t)) for t in times)
+    call_cpu, floor_cpu, *coarse_cpu = (1e3 * float(np.median(t)) for t in cpu)
     print(f"{pj.__file__}: call {call_ms:.1f} ms, FFT floor ({size} points x 2) {floor_ms:.2f} ms, "
-          f"{call_ms / floor_ms:.1f} x floor; median of {rounds}; load {os.getloadavg()[0]:.1f}")
+          f"{call_ms / floor_ms:.1f} x floor; CPU time: call {call_cpu:.1f} ms, floor "
+          f"{floor_cpu:.2f} ms, {call_cpu / floor_cpu:.1f} x; median of {rounds}; "
+          f"load {os.getloadavg()[0]:.1f}")
     if coarse_ms:
         print(f"  rtol=1e-2: {coarse_ms[0]:.1f} ms ({call_ms / coarse_ms[0]:.1f}x faster than the "
-              f"default), epsilon {coarse():.6f} (default {call():.6f})")
+              f"default; CPU time {coarse_cpu[0]:.1f} ms, {call_cpu / coarse_cpu[0]:.1f}x), "
+              f"epsilon {coarse():.6f} (default {call():.6f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", help="also write the table as JSON here")
+    parser.add_argument("--cpu", action="store_true",
+                        help="time stages by this process's CPU time (less noisy on a loaded "
+                             "machine) instead of wall clock")
     parser.add_argument("--fresh", type=int, default=0,
                         help="instead: time N fresh processes each (see the module docstring)")
     parser.add_argument("--total", action="store_true",
@@ -198,18 +207,19 @@ def main() -> None:
         for _, thunk in named:  # compile and warm every stage first
             jax.block_until_ready(thunk())
         times = {name: [] for name, _ in named}
+        clock = time.process_time if args.cpu else time.perf_counter
         for _ in range(args.rounds):
             for name, thunk in named:
-                start = time.perf_counter()
+                start = clock()
                 jax.block_until_ready(thunk())
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     median = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
     device = median["discretize both directions (pj.gaussian)"] + median[
         "window placement (Chernoff, one call)"] + median["compose + evaluate (one fused call)"]
     floor = median["FFT floor: rfft, P**T, irfft"]
     print(f"pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}) = "
           f"{pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA):.6f}; composition window {size} points, "
-          f"2 directions; median of {args.rounds} rounds")
+          f"2 directions; median of {args.rounds} rounds, {'CPU' if args.cpu else 'wall'} time")
     print(f"{'stage':<52} {'ms':>8} {'/ FFT floor':>12}")
     for name, value in median.items():
         print(f"{name:<52} {value:8.2f} {value / floor:12.1f}")

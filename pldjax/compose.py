@@ -93,25 +93,30 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
         first = s1 / s0
         return top[:, 0] + jnp.log(s0), first, jnp.maximum(s2 / s0 - first**2, 0.0)
 
-    u = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
-    low, high = jnp.full((2,), -jnp.inf), jnp.full((2,), jnp.inf)  # bracket of the root in log t
-    ts, ks = [], []
-    for _ in range(_CHERNOFF_STEPS):
+    def newton(i, carry):  # one iterate: record (t, K(t)), then a safeguarded step in log t
+        u, low, high, ts, ks = carry
         t = jnp.exp(u)
         k, k1, k2 = cumulants(t)
-        ts.append(t)
-        ks.append(k)
+        ts, ks = ts.at[:, i].set(t), ks.at[:, i].set(k)
         gap = count * (t * k1 - k) - target  # increasing in log t
         low, high = jnp.where(gap < 0, u, low), jnp.where(gap < 0, high, u)
         slope = count * t * t * k2
-        newton = u + jnp.clip(-gap / jnp.where(slope > 0, slope, 1.0), -2.0, 2.0)
-        newton = jnp.where(slope > 0, newton, jnp.where(gap < 0, u + 2.0, u - 2.0))
-        inside = (newton > low) & (newton < high) & jnp.isfinite(newton)
+        step = u + jnp.clip(-gap / jnp.where(slope > 0, slope, 1.0), -2.0, 2.0)
+        step = jnp.where(slope > 0, step, jnp.where(gap < 0, u + 2.0, u - 2.0))
+        inside = (step > low) & (step < high) & jnp.isfinite(step)
         bisect = jnp.where(jnp.isfinite(low) & jnp.isfinite(high), (low + high) / 2,
                            jnp.where(gap < 0, u + 2.0, u - 2.0))
-        u = jnp.where(inside, newton, bisect)
-        u = jnp.where(jnp.isfinite(u), u, ts[0])  # no finite mass: nothing to search
-    ts, ks = jnp.stack(ts, axis=1), jnp.stack(ks, axis=1)  # (2, steps)
+        u_next = jnp.where(inside, step, bisect)
+        return jnp.where(jnp.isfinite(u_next), u_next, u), low, high, ts, ks  # no mass: stay
+
+    start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
+    empty = jnp.zeros((2, _CHERNOFF_STEPS))
+    # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
+    # compile
+    _, _, _, ts, ks = jax.lax.fori_loop(
+        0, _CHERNOFF_STEPS, newton,
+        (start, jnp.full((2,), -jnp.inf), jnp.full((2,), jnp.inf), empty, empty),
+    )
     exponents = count * (ks + sides[:, None] * ts * mean)
     return ts[0], exponents[0], ts[1], exponents[1]
 
@@ -189,7 +194,12 @@ def _log_spectrum(probs, center, size: int):
     deviation = factor * jnp.fft.rfft(tails)[:freqs]
     mass = jnp.sum(probs)
     low = jnp.log(mass) + jnp.log1p(deviation / mass)
-    return jnp.log(jnp.fft.rfft(folded)).at[:freqs].set(low)
+    spectrum = jnp.fft.rfft(folded)
+    # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
+    # log (which guards |P| near 1, the frequencies replaced by ``low`` anyway)
+    re, im = jnp.real(spectrum), jnp.imag(spectrum)
+    log_spectrum = jax.lax.complex(0.5 * jnp.log(re * re + im * im), jnp.arctan2(im, re))
+    return log_spectrum.at[:freqs].set(low)
 
 
 def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,

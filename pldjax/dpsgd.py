@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
+from pldjax import subsampling
 from pldjax.compose import (
     _checked_size,
     chernoff_exponents,
@@ -33,8 +34,9 @@ from pldjax.compose import (
     tail_window,
     window_widths,
 )
+from pldjax.discretize import mechanism_sizes
 from pldjax.grid import Grid
-from pldjax.mechanisms import gaussian, identity
+from pldjax.mechanisms import GAUSSIAN, MIN_PARAMETER, gaussian, identity
 from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.profile import delta_kernel, epsilon_kernel
@@ -236,6 +238,32 @@ def _accuracy_steps(sigma, q, steps, target, target_name, neighboring, rtol):
     return accuracy_step(rtol, steps, estimate, spread, np.nan_to_num(z, posinf=0.0))
 
 
+def _mechanism_sizes(sigma, q, neighboring, grid):
+    """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes)."""
+    mu, q = 1.0 / sigma, np.maximum(q, MIN_PARAMETER)
+    if neighboring == "replace_one":
+        return mechanism_sizes(subsampling.GAUSSIAN_REPLACE_ONE, (mu, q), grid)
+    return mechanism_sizes(subsampling.poisson(GAUSSIAN), (mu, q, subsampling.REMOVE), grid)
+
+
+def _account_group(order, sigma, q, steps, target, out, done, report, *, sharding, **kwargs):
+    """Values of the configurations ``order`` (one grid step and mechanism size) into ``out``,
+    in chunks; returns the running count of configurations done."""
+    devices = 1 if sharding is None else len(jax.devices())
+    # a power of two (padded with repeats): few distinct batch shapes, so few compiled kernels
+    chunk = min(CHUNK * devices, grid_lib.next_pow2(len(order)))
+    chunk = -(-chunk // devices) * devices
+    for begin in range(0, len(order), chunk):
+        idx = order[begin:begin + chunk]
+        padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
+        got = _account_chunk(sigma[padded], q[padded], steps[padded], target[padded],
+                             sharding=sharding, **kwargs)
+        out[idx] = got[: len(idx)]
+        done += len(idx)
+        report(done)
+    return done
+
+
 def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, neighboring,
              pessimistic, grid, evaluate, progress, rtol=None):
     values = (noise_multiplier, sampling_prob, steps, target)
@@ -267,29 +295,24 @@ def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, nei
         group_steps = _accuracy_steps(sigma[active], q[active], steps_arr[active], target[active],
                                       target_name, neighboring, float(rtol))
     sharding = _sharding()
-    devices = 1 if sharding is None else len(jax.devices())
     report = _progress(len(active), progress)
     done = 0
     for group_step in np.unique(group_steps):
-        members = active[group_steps == group_step]
-        order = members[np.lexsort((steps_arr[members],
-                                    _mechanism_points(sigma[members], q[members])))]
-        chunk = min(CHUNK * devices, len(order))
-        chunk = -(-chunk // devices) * devices
         group_grid = grid
         if rtol is not None:
             group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
-        for begin in range(0, len(order), chunk):
-            idx = order[begin:begin + chunk]
-            padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
-            got = _account_chunk(
-                sigma[padded], q[padded], steps_arr[padded], target[padded],
-                neighboring=neighboring, pessimistic=pessimistic, grid=group_grid,
-                evaluate=evaluate, sharding=sharding,
-            )
-            out[idx] = got[: len(idx)]
-            done += len(idx)
-            report(done)
+        stepped = active[group_steps == group_step]
+        # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
+        # largest member's size, so no configuration is slower (or on another grid) in a batch
+        sizes = _mechanism_sizes(sigma[stepped], q[stepped], neighboring, group_grid)
+        for size in np.unique(sizes):
+            members = stepped[sizes == size]
+            order = members[np.lexsort((steps_arr[members],
+                                        _mechanism_points(sigma[members], q[members])))]
+            done = _account_group(order, sigma, q, steps_arr, target, out, done, report,
+                                  neighboring=neighboring, pessimistic=pessimistic,
+                                  grid=group_grid, evaluate=evaluate, sharding=sharding)
+
     # never NaN: should a configuration still produce one, report the trivial sound bound
     # (epsilon inf or delta 1 pessimistic, 0 optimistic) rather than a number that is none
     out = np.where(np.isnan(out), (np.inf if evaluate == "epsilon" else 1.0) if pessimistic else 0.0,
