@@ -250,8 +250,10 @@ def _account_group(order, sigma, q, steps, target, out, done, report, *, shardin
     """Values of the configurations ``order`` (one grid step and mechanism size) into ``out``,
     in chunks; returns the running count of configurations done."""
     devices = 1 if sharding is None else len(jax.devices())
-    # a power of two (padded with repeats): few distinct batch shapes, so few compiled kernels
-    chunk = min(CHUNK * devices, grid_lib.next_pow2(len(order)))
+    # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
+    # (padded with repeats, at most 7 rows of waste)
+    wanted = grid_lib.next_pow2(len(order)) if len(order) <= 8 else -(-len(order) // 8) * 8
+    chunk = min(CHUNK * devices, wanted)
     chunk = -(-chunk // devices) * devices
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
