@@ -60,11 +60,10 @@ def stages():
     lo, hi, chernoff = windows(probs, offset, step, count)
     widths = compose_lib.window_widths(probs, offset, count, lo, hi, "steps")
     size = grid_lib.next_pow2(int(np.max(widths)))
-    weights = compose_lib.deviation_weights(size)
     center = jnp.round(jnp.sum(probs * jnp.arange(probs.shape[1]), axis=1)).astype(jnp.int64)
 
     exponents = jax.jit(jax.vmap(compose_lib.chernoff_exponents))
-    spectrum = jax.jit(jax.vmap(lambda p, c: compose_lib._log_spectrum(p, c, size, weights)))
+    spectrum = jax.jit(jax.vmap(lambda p, c: compose_lib._log_spectrum(p, c, size)))
     fold_rfft = jax.jit(jax.vmap(lambda p, c: jnp.fft.rfft(compose_lib._fold(p, size, c))))
 
     @jax.jit
@@ -85,7 +84,7 @@ def stages():
 
     def fused():
         return dpsgd_lib._compose_and_evaluate(
-            probs, inf_mass, offset, step, count, target, chernoff, weights,
+            probs, inf_mass, offset, step, count, target, chernoff,
             size=size, pessimistic=True, evaluate="epsilon")
 
     return size, [
@@ -96,7 +95,7 @@ def stages():
         ("compose + evaluate (one fused call)", fused),
         ("  part: Chernoff exponents (now in window placement)",
          lambda: exponents(probs, offset, step, count)),
-        ("  part: _log_spectrum (fold, 2 rfft, direct sums)", lambda: spectrum(probs, center)),
+        ("  part: _log_spectrum (fold, 2 rfft, tail sums)", lambda: spectrum(probs, center)),
         ("  part: of which fold + rfft", lambda: fold_rfft(probs, center)),
         ("  part: exp(T log P) + irfft", lambda: power_irfft(log_spec)),
         ("  part: settle + round-off bound", lambda: settle(raw, inf_mass)),
@@ -158,23 +157,40 @@ def total(rounds: int) -> None:
         def floor():
             return fft_floor(probs)
 
-        times = ([], [])
-        for thunk in (call, floor):
+        def coarse():
+            return pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=1e-2)
+
+        # the accuracy setting, where the checkout has it
+        thunks = (call, floor, coarse) if "rtol" in (pj.dpsgd_epsilon.__doc__ or "") else (call, floor)
+        times = tuple([] for _ in thunks)
+        cpu = tuple([] for _ in thunks)  # CPU seconds of this process: less noisy under load
+        for thunk in thunks:
             jax.block_until_ready(thunk())
         for _ in range(rounds):
-            for thunk, got in zip((call, floor), times, strict=True):
-                start = time.perf_counter()
+            for thunk, got, got_cpu in zip(thunks, times, cpu, strict=True):
+                start, start_cpu = time.perf_counter(), time.process_time()
                 jax.block_until_ready(thunk())
                 got.append(time.perf_counter() - start)
-    call_ms, floor_ms = (1e3 * float(np.median(t)) for t in times)
+                got_cpu.append(time.process_time() - start_cpu)
+    call_ms, floor_ms, *coarse_ms = (1e3 * float(np.median(t)) for t in times)
+    call_cpu, floor_cpu, *coarse_cpu = (1e3 * float(np.median(t)) for t in cpu)
     print(f"{pj.__file__}: call {call_ms:.1f} ms, FFT floor ({size} points x 2) {floor_ms:.2f} ms, "
-          f"{call_ms / floor_ms:.1f} x floor; median of {rounds}; load {os.getloadavg()[0]:.1f}")
+          f"{call_ms / floor_ms:.1f} x floor; CPU time: call {call_cpu:.1f} ms, floor "
+          f"{floor_cpu:.2f} ms, {call_cpu / floor_cpu:.1f} x; median of {rounds}; "
+          f"load {os.getloadavg()[0]:.1f}")
+    if coarse_ms:
+        print(f"  rtol=1e-2: {coarse_ms[0]:.1f} ms ({call_ms / coarse_ms[0]:.1f}x faster than the "
+              f"default; CPU time {coarse_cpu[0]:.1f} ms, {call_cpu / coarse_cpu[0]:.1f}x), "
+              f"epsilon {coarse():.6f} (default {call():.6f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", help="also write the table as JSON here")
+    parser.add_argument("--cpu", action="store_true",
+                        help="time stages by this process's CPU time (less noisy on a loaded "
+                             "machine) instead of wall clock")
     parser.add_argument("--fresh", type=int, default=0,
                         help="instead: time N fresh processes each (see the module docstring)")
     parser.add_argument("--total", action="store_true",
@@ -191,18 +207,19 @@ def main() -> None:
         for _, thunk in named:  # compile and warm every stage first
             jax.block_until_ready(thunk())
         times = {name: [] for name, _ in named}
+        clock = time.process_time if args.cpu else time.perf_counter
         for _ in range(args.rounds):
             for name, thunk in named:
-                start = time.perf_counter()
+                start = clock()
                 jax.block_until_ready(thunk())
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     median = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
     device = median["discretize both directions (pj.gaussian)"] + median[
         "window placement (Chernoff, one call)"] + median["compose + evaluate (one fused call)"]
     floor = median["FFT floor: rfft, P**T, irfft"]
     print(f"pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}) = "
           f"{pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA):.6f}; composition window {size} points, "
-          f"2 directions; median of {args.rounds} rounds")
+          f"2 directions; median of {args.rounds} rounds, {'CPU' if args.cpu else 'wall'} time")
     print(f"{'stage':<52} {'ms':>8} {'/ FFT floor':>12}")
     for name, value in median.items():
         print(f"{name:<52} {value:8.2f} {value / floor:12.1f}")

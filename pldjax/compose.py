@@ -35,7 +35,6 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import logsumexp
 
 from pldjax import grid as grid_lib
 from pldjax.align import align
@@ -51,12 +50,10 @@ MAX_INDEX = 2.0**53
 #: Largest count of self_compose (int64; larger counts cannot even be converted to float64 safely).
 MAX_COUNT = 2**63 - 1
 _ROUNDOFF_SAFETY = 2.0
-_CHERNOFF_SCALES = np.geomspace(1e-2, 1e2, 49)
-#: Low frequencies computed without cancellation, and the bins around the centre summed directly
-#: for them (see :func:`_log_spectrum`; its weights take 2 x 8 x _ACCURATE_FREQS x _NEAR_WIDTH
-#: bytes, 16 MB, per window size in use).
+#: Newton iterates (one pass over the PMF each) of :func:`chernoff_exponents`, per side.
+_CHERNOFF_STEPS = 10
+#: Low frequencies computed without cancellation (see :func:`_log_spectrum`).
 _ACCURATE_FREQS = 256
-_NEAR_WIDTH = 4096
 
 
 def _roundoff_per_bin(raw):
@@ -67,35 +64,71 @@ def _roundoff_per_bin(raw):
 
 
 # -- tail bounds ----------------------------------------------------------------------------------
-def _log_mgf(probs, offset, step, ts):
-    """log sum_i p_i exp(t z_i) for each t in ``ts`` (finite part only)."""
-    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
-    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
-    # a few t at a time: a (len(ts), n) matrix per PMF would not fit in memory for batches
-    return jax.lax.map(lambda t: logsumexp(logp + t * z), ts, batch_size=8)
+def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
+    """Chernoff exponents of the count-fold sum S of the PMF's loss Z (finite part only):
+    ``(t_up, up, t_down, down)`` with ``up = count log E[e^{t Z}]`` at each t in ``t_up`` and
+    ``down = count log E[e^{-t Z}]`` at each t in ``t_down`` (all t > 0).
 
-
-def chernoff_exponents(probs, offset, step, count):
-    """The Chernoff exponents of the count-fold sum: ``(ts, up, down)`` with
-    ``up = count log E[e^{tZ}]`` and ``down = count log E[e^{-tZ}]`` over a geometric grid of t
-    scaled to the sum's spread (finite part of the PMF only)."""
+    Any t > 0 gives a valid bound P(S >= a) <= e^{up - t a}; the t here are the iterates of a
+    Newton search in log t, safeguarded by bisection (_CHERNOFF_STEPS iterates per side), for
+    the t whose bound reaches ``tail`` / 2 closest to the mean: the tangency condition
+    count (t K'(t) - K(t)) = log(2 / tail), whose left side increases in t (K: the cumulant
+    generating function). It starts at the Gaussian answer sqrt(2 log(2 / tail) / count) / sd.
+    Each iterate costs one pass over the PMF; callers take the best bound over all of them.
+    """
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
     mass = jnp.maximum(jnp.sum(probs), 1e-300)
     mean = jnp.sum(probs * z) / mass
     sd = jnp.sqrt(jnp.sum(probs * (z - mean) ** 2) / mass) + step
-    ts = jnp.asarray(_CHERNOFF_SCALES) / (jnp.sqrt(count) * sd)
-    both = count * _log_mgf(probs, offset, step, jnp.concatenate([ts, -ts]))
-    return ts, both[: ts.shape[0]], both[ts.shape[0]:]
+    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+    sides = jnp.array([1.0, -1.0])
+    y = sides[:, None] * (z - mean)[None, :]  # each side's loss, centred at the mean
+    target = jnp.log(2.0 / tail)
+
+    def cumulants(t):  # t: (2,) -> K(t) - t (+-mean), K', K'' of each side's centred loss
+        w = logp[None, :] + t[:, None] * y
+        top = jnp.max(w, axis=1, keepdims=True)
+        e = jnp.exp(w - top)
+        s0, s1, s2 = jnp.sum(e, axis=1), jnp.sum(e * y, axis=1), jnp.sum(e * y * y, axis=1)
+        first = s1 / s0
+        return top[:, 0] + jnp.log(s0), first, jnp.maximum(s2 / s0 - first**2, 0.0)
+
+    def newton(i, carry):  # one iterate: record (t, K(t)), then a safeguarded step in log t
+        u, low, high, ts, ks = carry
+        t = jnp.exp(u)
+        k, k1, k2 = cumulants(t)
+        ts, ks = ts.at[:, i].set(t), ks.at[:, i].set(k)
+        gap = count * (t * k1 - k) - target  # increasing in log t
+        low, high = jnp.where(gap < 0, u, low), jnp.where(gap < 0, high, u)
+        slope = count * t * t * k2
+        step = u + jnp.clip(-gap / jnp.where(slope > 0, slope, 1.0), -2.0, 2.0)
+        step = jnp.where(slope > 0, step, jnp.where(gap < 0, u + 2.0, u - 2.0))
+        inside = (step > low) & (step < high) & jnp.isfinite(step)
+        bisect = jnp.where(jnp.isfinite(low) & jnp.isfinite(high), (low + high) / 2,
+                           jnp.where(gap < 0, u + 2.0, u - 2.0))
+        u_next = jnp.where(inside, step, bisect)
+        return jnp.where(jnp.isfinite(u_next), u_next, u), low, high, ts, ks  # no mass: stay
+
+    start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
+    empty = jnp.zeros((2, _CHERNOFF_STEPS))
+    # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
+    # compile
+    _, _, _, ts, ks = jax.lax.fori_loop(
+        0, _CHERNOFF_STEPS, newton,
+        (start, jnp.full((2,), -jnp.inf), jnp.full((2,), jnp.inf), empty, empty),
+    )
+    exponents = count * (ks + sides[:, None] * ts * mean)
+    return ts[0], exponents[0], ts[1], exponents[1]
 
 
 def tail_window(probs, offset, step, count, tail, exponents=None):
     """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff),
     as integral float64 values (a huge count must not overflow an integer type)."""
     n = probs.shape[0]
-    ts, up, down = exponents or chernoff_exponents(probs, offset, step, count)
+    t_up, up, t_down, down = exponents or chernoff_exponents(probs, offset, step, count, tail)
     log_half = jnp.log(tail / 2)
-    a = jnp.min((up - log_half) / ts)
-    b = jnp.max((log_half - down) / ts)
+    a = jnp.min((up - log_half) / t_up)
+    b = jnp.max((log_half - down) / t_down)
     hi = jnp.minimum(jnp.ceil(a / step), count * (offset + n - 1))
     lo = jnp.maximum(jnp.floor(b / step), count * offset)
     # no finite mass (all at +inf): the bounds are -inf and +inf; a one-point window instead
@@ -107,9 +140,9 @@ def tail_window(probs, offset, step, count, tail, exponents=None):
 def tail_bounds(probs, offset, step, count, lo, hi, exponents):
     """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo."""
     n = probs.shape[0]
-    ts, up, down = exponents
-    above = jnp.exp(jnp.minimum(jnp.min(up - ts * (hi + 1) * step), 0.0))
-    below = jnp.exp(jnp.minimum(jnp.min(down + ts * (lo - 1) * step), 0.0))
+    t_up, up, t_down, down = exponents
+    above = jnp.exp(jnp.minimum(jnp.min(up - t_up * (hi + 1) * step), 0.0))
+    below = jnp.exp(jnp.minimum(jnp.min(down + t_down * (lo - 1) * step), 0.0))
     above = jnp.where(hi >= count * (offset + n - 1), 0.0, above)
     below = jnp.where(lo <= count * offset, 0.0, below)
     return above, below
@@ -135,58 +168,45 @@ def _fold(probs, size: int, center):
     return jnp.roll(jnp.pad(probs, (0, (-n) % size)).reshape(-1, size).sum(axis=0), -center)
 
 
-@functools.lru_cache(maxsize=4)  # 16 MB each: a sweep's few size classes, memory bounded
-def deviation_weights(size: int) -> tuple[jax.Array, jax.Array]:
-    """The weights of :func:`_log_spectrum`'s direct sums for a window of ``size`` points: for
-    frequency k < min(size // 2 + 1, _ACCURATE_FREQS) and offset r = j - _NEAR_WIDTH // 2 from the
-    centre, with theta = 2 pi (r k mod size) / size, ``2 sin^2(theta / 2)`` and ``sin(theta)``.
-
-    Computed on the host (NumPy float64, accurate to an ulp), kept for the last few sizes, and
-    passed to the compiled kernels as arguments (as constants they would bloat every compiled
-    executable). Call with 64-bit types enabled.
-    """
-    freqs = min(size // 2 + 1, _ACCURATE_FREQS)
-    rel = np.arange(_NEAR_WIDTH, dtype=np.int64) - _NEAR_WIDTH // 2
-    phase = (rel[None, :] * np.arange(freqs, dtype=np.int64)[:, None]) % size
-    theta = (2.0 * np.pi / size) * phase.astype(np.float64)
-    return jnp.asarray(2.0 * np.sin(theta / 2) ** 2), jnp.asarray(np.sin(theta))
-
-
-def _log_spectrum(probs, center, size: int, weights):
+def _log_spectrum(probs, center, size: int):
     """log of the rfft of ``probs`` folded to ``size`` points (indices relative to ``center``),
     with the lowest ``_ACCURATE_FREQS`` coefficients accurate to round-off *relative to |P_k - m|*.
 
     For large counts only low frequencies survive the power, and there P_k is close to the total
-    mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. Near the
-    centre (the ``_NEAR_WIDTH`` bins around it, which hold almost all the mass) the deviation is
-    summed directly, P_k - m = sum_j p_j (e^{-i theta_j} - 1) with 1 - cos = 2 sin^2(theta/2),
-    free of cancellation (weighted sums with :func:`deviation_weights`, written as a product and a
-    sum, not a matrix product: its summation order depends on the batch, and results of one
-    configuration alone and in a batch should agree to round-off); the bins
-    farther out enter through their own FFT, whose absolute error is relative to their (small)
-    mass.
+    mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. The
+    deviation comes from summation by parts instead, free of cancellation: with the folded PMF
+    p_j (j in [-N/2, N/2), centre at 0) and its tail sums S_j = sum_{i >= j} p_i for j >= 1 and
+    S_j = -sum_{i < j} p_i for j <= 0 (each summed from its outer end), p_j - m [j = 0] =
+    S_j - S_{j+1} cyclically, so P_k - m = (1 - e^{i theta_k}) S_k with theta_k = 2 pi k / N and
+    S_k the rfft of S. The FFT's error in S_k is relative to S's norm (about the spread of the
+    PMF in bins, no cancellation), and 1 - e^{i theta} = 2 sin^2(theta / 2) - i sin(theta) is
+    computed directly.
     """
-    n = probs.shape[0]
-    one_minus_cos, sin = weights
-    freqs = one_minus_cos.shape[0]
-    half = _NEAR_WIDTH // 2
-    start = center - half  # the near bins: start .. start + _NEAR_WIDTH - 1 (zeros beyond the PMF)
-    index = jnp.arange(n, dtype=jnp.int64)
-    far = jnp.where((index >= start) & (index < start + _NEAR_WIDTH), 0.0, probs)
-    spectrum = jnp.fft.rfft(_fold(probs, size, center))
-    far_deviation = jnp.fft.rfft(_fold(far, size, center))[:freqs] - jnp.sum(far)
-    near = jax.lax.dynamic_slice(jnp.pad(probs, (half, half)), (center,), (_NEAR_WIDTH,))
-    near_deviation = -jnp.sum(one_minus_cos * near, axis=1) - 1j * jnp.sum(sin * near, axis=1)
+    folded = _fold(probs, size, center)
+    half = size // 2
+    upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
+    upper_tails = jnp.cumsum(upper[::-1])[::-1]  # sum_{i >= j}, from the top down
+    lower_heads = jnp.cumsum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
+    tails = jnp.concatenate([-jnp.sum(lower)[None], upper_tails[1:], -lower_heads])
+    freqs = min(size // 2 + 1, _ACCURATE_FREQS)
+    theta = (2.0 * jnp.pi / size) * jnp.arange(freqs, dtype=jnp.float64)
+    factor = 2.0 * jnp.sin(theta / 2) ** 2 - 1j * jnp.sin(theta)
+    deviation = factor * jnp.fft.rfft(tails)[:freqs]
     mass = jnp.sum(probs)
-    low = jnp.log(mass) + jnp.log1p((near_deviation + far_deviation) / mass)
-    return jnp.log(spectrum).at[:freqs].set(low)
+    low = jnp.log(mass) + jnp.log1p(deviation / mass)
+    spectrum = jnp.fft.rfft(folded)
+    # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
+    # log (which guards |P| near 1, the frequencies replaced by ``low`` anyway)
+    re, im = jnp.real(spectrum), jnp.imag(spectrum)
+    log_spectrum = jax.lax.complex(0.5 * jnp.log(re * re + im * im), jnp.arctan2(im, re))
+    return log_spectrum.at[:freqs].set(low)
 
 
-def self_compose_kernel(probs, inf_mass, offset, step, count, weights, exponents=None, *,
+def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
                         size: int, tail, pessimistic: bool):
     """The count-fold self-composition on a window of ``size`` points (one FFT power).
 
-    ``weights``: :func:`deviation_weights` of ``size``; ``exponents``: the PMF's
+    ``exponents``: the PMF's
     :func:`chernoff_exponents` for ``count`` when the caller has them (computed here otherwise).
     """
     n = probs.shape[0]
@@ -194,13 +214,13 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, weights, exponents
     live = jnp.sum(probs) > 0
     probs = jnp.where(live, probs, jnp.zeros_like(probs).at[0].set(1.0))
     if exponents is None:
-        exponents = chernoff_exponents(probs, offset, step, count)
+        exponents = chernoff_exponents(probs, offset, step, count, tail)
     lo, hi = tail_window(probs, offset, step, count, tail, exponents)
     start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
     center = jnp.round(
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
     ).astype(jnp.int64)
-    raw = jnp.fft.irfft(jnp.exp(count * _log_spectrum(probs, center, size, weights)), size)
+    raw = jnp.fft.irfft(jnp.exp(count * _log_spectrum(probs, center, size)), size)
     raw = jnp.where(jnp.sum(probs) > 0, raw, 0.0)  # all mass at +inf: log 0 * count is NaN + NaN i
     raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
     above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)
@@ -288,12 +308,12 @@ def _truncate_batch(probs, inf_mass, offset, tail, *, size: int, pessimistic: bo
 
 
 @functools.partial(jax.jit, static_argnames=("size", "pessimistic"))
-def _self_compose_batch(pld: PLD, count, tail, weights, *, size: int, pessimistic: bool):
+def _self_compose_batch(pld: PLD, count, tail, *, size: int, pessimistic: bool):
     kernel = functools.partial(
         self_compose_kernel, size=size, tail=tail, pessimistic=pessimistic
     )
-    return jax.vmap(kernel, in_axes=(0, 0, 0, 0, None, None))(
-        pld.probs, pld.inf_mass, pld.offset, pld.step, count, weights
+    return jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(
+        pld.probs, pld.inf_mass, pld.offset, pld.step, count
     )
 
 
@@ -420,7 +440,7 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             if n is None:
                 n = _checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose", "count")
         probs, inf_mass, offset = _self_compose_batch(
-            flat, jnp.float64(count), grid_lib.TAIL_MASS, deviation_weights(n), size=n,
+            flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n,
             pessimistic=p.pessimistic,
         )
         return _unflatten(probs, inf_mass, offset, flat.step, shape, p.pessimistic)

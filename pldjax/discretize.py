@@ -247,11 +247,22 @@ class Mechanism:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("mechanism", "size", "pessimistic", "step", "rounding")
+    jax.jit, static_argnames=("mechanism", "size", "pessimistic", "fixed", "rounding")
 )
-def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: bool, step, rounding):
+def _mechanism_kernel(params, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
+                      fixed: bool, rounding):
+    """A batch of mechanisms (``params``: flat arrays) -> (probs, inf_mass, offset, step), each
+    batched; ``step`` (data, so that a new value compiles nothing) is used when ``fixed``, else
+    each one's automatic step. Vmapped inside jit: a warm call traces nothing."""
+    one = functools.partial(_one_mechanism, mechanism=mechanism, size=size,
+                            pessimistic=pessimistic, fixed=fixed, rounding=rounding)
+    return jax.vmap(one, in_axes=(0, None))(params, step)
+
+
+def _one_mechanism(params, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
+                   fixed: bool, rounding):
     """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
-    if step is None:
+    if not fixed:
         h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
         if not pessimistic:
             h = jnp.minimum(h, grid_lib.optimistic_step_limit(size))
@@ -272,15 +283,31 @@ def _mechanism_kernel(params, *, mechanism: Mechanism, size: int, pessimistic: b
 
 
 @functools.partial(jax.jit, static_argnames=("mechanism",))
-def _widest_half_width(params, step, *, mechanism: Mechanism):
-    """Largest half-width of the batch in units of ``step``. With no fixed step, in units of twice
-    the fine step, so that a range of parameters shares one size (one compiled kernel); auto_step
+def _half_widths(params, step, *, mechanism: Mechanism):
+    """Each element's half-width in units of ``step``. With no fixed step, in units of twice the
+    fine step, so that a range of parameters shares one size (one compiled kernel); auto_step
     then picks the finest step that covers the loss."""
     def one(single):
         h = 2 * grid_lib.fine_step(mechanism.spread(single)) if step is None else step
         return mechanism.half_width(single) / h
 
-    return jnp.max(jax.vmap(one)(tuple(p.reshape(-1) for p in params)))
+    return jax.vmap(one)(tuple(p.reshape(-1) for p in params))
+
+
+def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None) -> np.ndarray:
+    """The number of grid points each element of the broadcast ``params`` would get alone
+    (concrete parameters; flat). A batch is discretized at the largest of its elements' sizes,
+    so batching elements of one size changes no element's grid (used to group sweeps)."""
+    grid = grid or Grid()
+    params = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params))
+    if grid.size is not None:
+        return np.full(params[0].size, grid.size)
+    widths = np.asarray(_half_widths(tuple(params), grid.step, mechanism=mechanism))
+    # grid.mechanism_size, vectorized: a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]
+    points = np.nan_to_num(np.minimum(2 * widths + 4, grid_lib.MAX_MECHANISM_SIZE),
+                           nan=grid_lib.MAX_MECHANISM_SIZE)
+    sizes = np.exp2(np.ceil(np.log2(np.maximum(np.ceil(points), 1.0))))
+    return np.clip(sizes, grid_lib.MECHANISM_SIZE, grid_lib.MAX_MECHANISM_SIZE).astype(np.int64)
 
 
 def _size(mechanism: Mechanism, params, grid: Grid) -> int:
@@ -290,7 +317,7 @@ def _size(mechanism: Mechanism, params, grid: Grid) -> int:
         if grid.step is not None:
             raise ValueError("a Grid with a fixed step needs an explicit size under jit")
         return grid_lib.MECHANISM_SIZE
-    return grid_lib.mechanism_size(float(_widest_half_width(params, grid.step, mechanism=mechanism)))
+    return int(np.max(mechanism_sizes(mechanism, params, grid)))
 
 
 def _check_step(grid: Grid, size: int, pessimistic: bool) -> None:
@@ -318,15 +345,11 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
     _check_step(grid, size, pessimistic)
     shape = params[0].shape
     flat = tuple(p.reshape(-1) for p in params)
-    kernel = functools.partial(
-        _mechanism_kernel,
-        mechanism=mechanism,
-        size=size,
-        pessimistic=bool(pessimistic),
-        step=grid.step,
-        rounding=grid.rounding,
+    fixed_step = 0.0 if grid.step is None else grid.step
+    probs, inf_mass, offset, step = _mechanism_kernel(
+        flat, fixed_step, mechanism=mechanism, size=size, pessimistic=bool(pessimistic),
+        fixed=grid.step is not None, rounding=grid.rounding,
     )
-    probs, inf_mass, offset, step = jax.vmap(kernel)(flat)
     return PLD(
         probs.reshape(shape + (size,)),
         inf_mass.reshape(shape),

@@ -13,7 +13,9 @@ Every value is pessimistic (an upper bound on the true epsilon or delta) unless
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import sys
 from collections.abc import Callable, Sequence
 
@@ -23,17 +25,19 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
+from pldjax import subsampling
 from pldjax.compose import (
     _checked_size,
     chernoff_exponents,
     compose,
-    deviation_weights,
     self_compose_kernel,
     tail_window,
     window_widths,
 )
+from pldjax.discretize import mechanism_sizes
 from pldjax.grid import Grid
 from pldjax.mechanisms import gaussian, identity
+from pldjax.noise import GAUSSIAN, MIN_PARAMETER
 from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.profile import delta_kernel, epsilon_kernel
@@ -46,13 +50,13 @@ COMPOSE_ELEMENTS = 2**23
 
 
 @functools.partial(jax.jit, static_argnames=("size", "pessimistic", "evaluate"))
-def _compose_and_evaluate(probs, inf_mass, offset, step, count, target, exponents, weights, *,
+def _compose_and_evaluate(probs, inf_mass, offset, step, count, target, exponents, *,
                           size, pessimistic, evaluate):
     kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
 
     def one(p, m, o, h, c, t, e):
         cp, cm, co = self_compose_kernel(
-            p, m, o, h, c, weights, e, size=size, tail=grid_lib.TAIL_MASS, pessimistic=pessimistic
+            p, m, o, h, c, e, size=size, tail=grid_lib.TAIL_MASS, pessimistic=pessimistic
         )
         return kernel(cp, cm, co, h, t[None])[0]
 
@@ -126,19 +130,74 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
             )
             size = _checked_size(int(size), "dpsgd accounting", "steps")
             got = _compose_and_evaluate(
-                *arrays[:6], tuple(arrays[6:]), deviation_weights(size), size=size,
+                *arrays[:6], tuple(arrays[6:]), size=size,
                 pessimistic=pessimistic, evaluate=evaluate,
             )
             values[part] = np.asarray(got)[: part.size]
     return np.max(values.reshape(len(directions), -1), axis=0)
 
 
+def _loss_spread(sigma, q):
+    """Rough standard deviation (nats) of one step's privacy loss: q sqrt(chi^2) for small q,
+    at most the unsubsampled loss's 1 / sigma."""
+    mu = 1.0 / sigma
+    return np.minimum(q * np.sqrt(np.expm1(np.minimum(mu**2, 700.0))), mu)
+
+
 def _mechanism_points(sigma, q):
     """Rough relative grid size a configuration needs (used to sort configurations into chunks)."""
     mu = 1.0 / sigma
-    spread = np.minimum(q * np.sqrt(np.expm1(np.minimum(mu**2, 700.0))), mu)
     top = np.logaddexp(np.log1p(-np.minimum(q, 1 - 1e-16)), np.log(q) + mu**2 / 2 + 10 * mu)
-    return top / spread
+    return top / _loss_spread(sigma, q)
+
+
+#: Integer Renyi orders of :func:`_rdp_epsilon` (a coarse set: it only sizes grids).
+_RDP_ORDERS = np.array([2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256])
+
+
+@functools.cache
+def _log_binomials() -> list[np.ndarray]:
+    """log C(a, k), k = 0..a, for each order a in _RDP_ORDERS."""
+    return [np.array([math.lgamma(a + 1.0) - math.lgamma(k + 1.0) - math.lgamma(a - k + 1.0)
+                      for k in range(a + 1)]) for a in _RDP_ORDERS]
+
+
+def _rdp_epsilon(sigma, q, steps, delta):
+    """An estimate of epsilon (nats) from the Renyi DP of the Poisson-subsampled Gaussian at
+    integer orders (Mironov, Talwar and Zhang's binomial expansion) and the standard conversion:
+    an upper bound, about 10% loose, used only to choose a grid step (never reported)."""
+    sigma, q, steps, delta = (np.asarray(a, np.float64)[..., None] for a in (sigma, q, steps, delta))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        log_q, log_1mq = np.log(q), np.log1p(-q)
+        rdp = []
+        for order, log_binom in zip(_RDP_ORDERS, _log_binomials(), strict=True):
+            k = np.arange(order + 1, dtype=np.float64)
+            terms = (log_binom + (order - k) * np.where(k < order, log_1mq, 0.0)
+                     + k * np.where(k > 0, log_q, 0.0) + (k * k - k) / (2 * sigma**2))
+            top = np.max(terms, axis=-1, keepdims=True)
+            log_a = top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1))
+            rdp.append(log_a / (order - 1))
+        eps = steps * np.stack(rdp, axis=-1) + np.log(1.0 / delta) / (_RDP_ORDERS - 1)
+        return np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
+
+
+def accuracy_step(rtol, steps, epsilon, spread, z):
+    """The grid step (a power of two, nats) for a target relative accuracy ``rtol`` of an
+    ``epsilon`` (an estimate, nats) after ``steps`` compositions of a loss whose standard
+    deviation is ``spread``, at ``z`` standard deviations of the composed loss above its mean.
+
+    Connect-the-dots adds up to h^2 / 4 of variance per composition (a two-point split across
+    one step; measured errors are about half of this rule's: see bench/README.md). For a
+    Gaussian-like composed loss of variance v = T spread^2 (mean v / 2), epsilon = v / 2 +
+    z sqrt(v) moves by (1/2 + z / (2 sqrt v)) T h^2 / 4. So h is the largest power of two with
+    that at most rtol epsilon, kept at most ``spread`` (the rule needs several points across one
+    step's loss) and at least grid.MIN_SPREAD / 64.
+    """
+    sd = np.sqrt(np.maximum(steps, 1.0)) * spread
+    slope = 0.5 + np.maximum(z, 0.0) / (2.0 * np.maximum(sd, 1e-300))
+    wanted = np.sqrt(4.0 * rtol * np.maximum(epsilon, 0.0) / (np.maximum(steps, 1.0) * slope))
+    wanted = np.clip(np.minimum(wanted, spread), grid_lib.MIN_SPREAD / 64, grid_lib.MAX_STEP)
+    return np.ldexp(1.0, np.floor(np.log2(wanted)).astype(np.int64))
 
 
 def _progress(total: int, enabled: bool) -> Callable[[int], None]:
@@ -152,8 +211,64 @@ def _progress(total: int, enabled: bool) -> Callable[[int], None]:
     return report
 
 
+def _check_rtol(rtol, grid: Grid | None) -> None:
+    if rtol is None:
+        return
+    check_range("rtol", rtol, 0.0, 1.0, low_open=True)
+    if np.ndim(rtol) != 0:
+        raise ValueError(f"rtol must be a scalar, got shape {np.shape(rtol)}")
+    if grid is not None and grid.step is not None:
+        raise ValueError("pass either rtol (the step follows from it) or a Grid(step=...), not both")
+
+
+def _accuracy_steps(sigma, q, steps, target, target_name, neighboring, rtol):
+    """Each configuration's grid step for ``rtol`` (see :func:`accuracy_step`); the epsilon it
+    aims at is estimated by Renyi DP (for dpsgd_epsilon) or given (dpsgd_delta), and never taken
+    below the composed loss's standard deviation."""
+    shift_sigma = sigma / 2 if neighboring == "replace_one" else sigma
+    spread = _loss_spread(shift_sigma, q)
+    sd = np.sqrt(steps) * spread
+    if target_name == "delta":
+        estimate = _rdp_epsilon(shift_sigma, q, steps, np.maximum(target, 1e-300))
+        z = np.sqrt(2.0 * np.log(1.0 / np.maximum(target, 1e-300)))
+    else:
+        estimate = target
+        z = (target - sd**2 / 2) / np.maximum(sd, 1e-300)
+    # never below one standard deviation of the composed loss (a large delta's tiny epsilon)
+    estimate = np.maximum(np.where(np.isfinite(estimate), estimate, sd), sd)
+    return accuracy_step(rtol, steps, estimate, spread, np.nan_to_num(z, posinf=0.0))
+
+
+def _mechanism_sizes(sigma, q, neighboring, grid):
+    """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes)."""
+    mu, q = 1.0 / sigma, np.maximum(q, MIN_PARAMETER)
+    if neighboring == "replace_one":
+        return mechanism_sizes(subsampling.GAUSSIAN_REPLACE_ONE, (mu, q), grid)
+    return mechanism_sizes(subsampling.poisson(GAUSSIAN), (mu, q, subsampling.REMOVE), grid)
+
+
+def _account_group(order, sigma, q, steps, target, out, done, report, *, sharding, **kwargs):
+    """Values of the configurations ``order`` (one grid step and mechanism size) into ``out``,
+    in chunks; returns the running count of configurations done."""
+    devices = 1 if sharding is None else len(jax.devices())
+    # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
+    # (padded with repeats, at most 7 rows of waste)
+    wanted = grid_lib.next_pow2(len(order)) if len(order) <= 8 else -(-len(order) // 8) * 8
+    chunk = min(CHUNK * devices, wanted)
+    chunk = -(-chunk // devices) * devices
+    for begin in range(0, len(order), chunk):
+        idx = order[begin:begin + chunk]
+        padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
+        got = _account_chunk(sigma[padded], q[padded], steps[padded], target[padded],
+                             sharding=sharding, **kwargs)
+        out[idx] = got[: len(idx)]
+        done += len(idx)
+        report(done)
+    return done
+
+
 def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, neighboring,
-             pessimistic, grid, evaluate, progress):
+             pessimistic, grid, evaluate, progress, rtol=None):
     values = (noise_multiplier, sampling_prob, steps, target)
     if is_traced(values):
         raise ValueError(
@@ -167,6 +282,7 @@ def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, nei
         check_range("delta", target, 0.0, 1.0)
     else:
         check_range("epsilon", target, 0.0, allow_inf=True)
+    _check_rtol(rtol, grid)
     steps_arr = np.asarray(steps, np.float64)
     if np.any(steps_arr != np.floor(steps_arr)):
         raise ValueError(f"steps must be whole numbers >= 0, got {steps!r}")
@@ -175,23 +291,31 @@ def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, nei
     sigma, q, steps_arr, target = (a.reshape(-1) for a in arrays)
     out = np.zeros(sigma.shape[0])  # zero steps: epsilon 0 and delta 0
     active = np.nonzero((steps_arr > 0) & (q > 0))[0]
-    order = active[np.lexsort((steps_arr[active], _mechanism_points(sigma[active], q[active])))]
+    # configurations on one grid step share a chunk (one Grid per call); automatic steps: one group
+    if rtol is None:
+        group_steps = np.zeros(active.shape[0])
+    else:
+        group_steps = _accuracy_steps(sigma[active], q[active], steps_arr[active], target[active],
+                                      target_name, neighboring, float(rtol))
     sharding = _sharding()
-    chunk = CHUNK * (1 if sharding is None else len(jax.devices()))
-    chunk = min(chunk, max(len(order), 1))
-    if sharding is not None:
-        chunk = -(-chunk // len(jax.devices())) * len(jax.devices())
-    report = _progress(len(order), progress)
-    for begin in range(0, len(order), chunk):
-        idx = order[begin:begin + chunk]
-        padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
-        got = _account_chunk(
-            sigma[padded], q[padded], steps_arr[padded], target[padded],
-            neighboring=neighboring, pessimistic=pessimistic, grid=grid, evaluate=evaluate,
-            sharding=sharding,
-        )
-        out[idx] = got[: len(idx)]
-        report(begin + len(idx))
+    report = _progress(len(active), progress)
+    done = 0
+    for group_step in np.unique(group_steps):
+        group_grid = grid
+        if rtol is not None:
+            group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
+        stepped = active[group_steps == group_step]
+        # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
+        # largest member's size, so no configuration is slower (or on another grid) in a batch
+        sizes = _mechanism_sizes(sigma[stepped], q[stepped], neighboring, group_grid)
+        for size in np.unique(sizes):
+            members = stepped[sizes == size]
+            order = members[np.lexsort((steps_arr[members],
+                                        _mechanism_points(sigma[members], q[members])))]
+            done = _account_group(order, sigma, q, steps_arr, target, out, done, report,
+                                  neighboring=neighboring, pessimistic=pessimistic,
+                                  grid=group_grid, evaluate=evaluate, sharding=sharding)
+
     # never NaN: should a configuration still produce one, report the trivial sound bound
     # (epsilon inf or delta 1 pessimistic, 0 optimistic) rather than a number that is none
     out = np.where(np.isnan(out), (np.inf if evaluate == "epsilon" else 1.0) if pessimistic else 0.0,
@@ -210,6 +334,7 @@ def dpsgd_epsilon(
     pessimistic: bool = True,
     grid: Grid | None = None,
     progress: bool = False,
+    rtol: float | None = None,
 ):
     """Smallest epsilon such that ``steps`` DP-SGD steps are (epsilon, delta)-DP.
 
@@ -227,9 +352,15 @@ def dpsgd_epsilon(
       pessimistic: False for the optimistic (lower-bound) estimate.
       grid: optional mechanism :class:`Grid` (a finer step is tighter and slower).
       progress: print a progress bar to stderr.
+      rtol: target relative accuracy of epsilon, in (0, 1]; the grid step follows from it (the
+        discretization error of a T-fold composition grows like T step^2). None (default): the
+        automatic grid (about 1e-5 relative here). For example 1e-2 for hyperparameter searches:
+        several times faster. Whatever rtol, the pessimistic value stays an upper bound; rtol
+        sets how close to the truth it aims to be (a target, not a guarantee).
     """
     return _account(noise_multiplier, sampling_prob, steps, delta, "delta", neighboring=neighboring,
-                    pessimistic=pessimistic, grid=grid, evaluate="epsilon", progress=progress)
+                    pessimistic=pessimistic, grid=grid, evaluate="epsilon", progress=progress,
+                    rtol=rtol)
 
 
 @float64
@@ -243,14 +374,17 @@ def dpsgd_delta(
     pessimistic: bool = True,
     grid: Grid | None = None,
     progress: bool = False,
+    rtol: float | None = None,
 ):
     """Smallest delta such that ``steps`` DP-SGD steps are (epsilon, delta)-DP (``epsilon`` >= 0).
 
     Same conventions as :func:`dpsgd_epsilon`; pessimistic (an upper bound) by default.
+    ``rtol``: the grid's target accuracy, as an epsilon-equivalent (the step for which epsilon
+    would be accurate to rtol relative near ``epsilon``).
     """
     return _account(noise_multiplier, sampling_prob, steps, epsilon, "epsilon",
                     neighboring=neighboring, pessimistic=pessimistic, grid=grid, evaluate="delta",
-                    progress=progress)
+                    progress=progress, rtol=rtol)
 
 
 @float64
@@ -260,6 +394,7 @@ def compose_schedule(
     neighboring: str = "add_remove",
     pessimistic: bool = True,
     grid: Grid | None = None,
+    rtol: float | None = None,
 ) -> PLD:
     """The PLD of a DP-SGD run whose noise or batch size changes: segments (sigma, q, steps).
 
@@ -270,11 +405,14 @@ def compose_schedule(
     otherwise onto the coarsest, pessimistically or optimistically as the PLDs are). Both
     adjacency directions are kept. Returns a
     :class:`~pldjax.pld.PLD`: read ``.epsilon(delta)`` or ``.delta(epsilon)`` from it.
+    ``rtol``: target relative accuracy of the epsilons read from it, as in :func:`dpsgd_epsilon`
+    (one step for every segment, from their total count and the composed loss's spread).
     """
     segments = list(segments)
     if not segments:
         raise ValueError("segments must hold at least one (noise_multiplier, sampling_prob, steps)")
-    parts = []
+    _check_rtol(rtol, grid)
+    parts, checked = [], []
     for i, segment in enumerate(segments):
         if len(segment) != 3:
             raise ValueError(
@@ -285,10 +423,21 @@ def compose_schedule(
         check_range(f"segments[{i}] sampling_prob", q, 0.0, 1.0)
         steps = check_count(f"segments[{i}] steps", steps)
         if steps > 0 and q > 0:
-            pld = gaussian(
-                sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
-            )
-            parts.append(pld.self_compose(steps))
+            checked.append((float(sigma), float(q), steps))
+    if rtol is not None and checked:
+        sigma, q, steps = (np.array(column, np.float64) for column in zip(*checked, strict=True))
+        shift_sigma = sigma / 2 if neighboring == "replace_one" else sigma
+        spread = _loss_spread(shift_sigma, q)
+        # no delta here: a Gaussian-like composed loss read at delta about 1e-5 (z = 4.8)
+        sd = np.sqrt(np.sum(steps * spread**2))
+        count = np.sum(steps)
+        step = accuracy_step(float(rtol), count, sd**2 / 2 + 4.8 * sd, sd / np.sqrt(count), 4.8)
+        grid = dataclasses.replace(grid or Grid(), step=float(step))
+    for sigma, q, steps in checked:
+        pld = gaussian(
+            sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
+        )
+        parts.append(pld.self_compose(steps))
     if not parts:
         return identity(pessimistic=pessimistic)
     return compose(parts) if len(parts) > 1 else parts[0]

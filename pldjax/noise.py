@@ -35,12 +35,12 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import log_ndtr
 
 from pldjax import grid as grid_lib
 from pldjax.discretize import Mechanism
 from pldjax.grid import Grid
 from pldjax.neighboring import Neighboring
+from pldjax.special import log_ndtr
 from pldjax.validate import check_range, is_traced
 
 #: Below this (in nats, or as a sampling probability) a mechanism's parameter no longer shows in

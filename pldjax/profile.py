@@ -21,6 +21,8 @@ from pldjax.precision import float64, host_result
 from pldjax.validate import check_range, is_traced
 
 _BLOCK = 128
+#: Up to this many targets, epsilon_kernel sums R_j directly at each target's index.
+_DIRECT_TARGETS = 4
 
 
 def _reverse_recurrence(decay, terms):
@@ -48,11 +50,12 @@ def _reverse_recurrence(decay, terms):
     return (inner + after[:, None] * to_end[None, :]).reshape(-1)[:n]
 
 
-def tail_sums(probs, step):
-    """(S, R, D), each of length n + 1 with a trailing 0, as defined in the module docstring."""
+def tail_sums(probs, step, with_r: bool = True):
+    """(S, R, D), each of length n + 1 with a trailing 0, as defined in the module docstring
+    (R None unless ``with_r``)."""
     zero = jnp.zeros((1,), probs.dtype)
     s = jnp.concatenate([jnp.cumsum(probs[::-1])[::-1], zero])
-    r = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), probs), zero])
+    r = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), probs), zero]) if with_r else None
     # D_k = e^{-h} D_{k+1} + (1 - e^{-h}) S_{k+1}
     d = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), -jnp.expm1(-step) * s[1:]), zero])
     return s, r, d
@@ -81,14 +84,22 @@ def delta_kernel(probs, inf_mass, offset, step, epsilons):
 def epsilon_kernel(probs, inf_mass, offset, step, deltas):
     """Smallest eps >= 0 with delta(eps) <= target, exact on the discrete PLD; inf if impossible."""
     n = probs.shape[-1]
-    s, r, d = tail_sums(probs, step)
+    # for a few targets R_j is summed directly at each one's index (n terms each), which saves
+    # a recurrence over the whole grid
+    direct = deltas.shape[0] <= _DIRECT_TARGETS
+    s, r, d = tail_sums(probs, step, with_r=not direct)
     grid_delta = inf_mass + d[:-1]
     j = jnp.searchsorted(-grid_delta, -deltas, side="left")  # count of grid deltas > target
     j = jnp.minimum(j, n - 1)
+    if direct:
+        lag = jnp.arange(n)[None, :] - j[:, None]
+        r_j = jnp.sum(jnp.where(lag >= 0, probs * jnp.exp(-jnp.maximum(lag, 0) * step), 0.0), axis=1)
+    else:
+        r_j = r[j]
     z_j = (offset + j) * step
     # on (z_{j-1}, z_j]: delta(z_j - t) = m + S_j - e^{-t} R_j, increasing in t >= 0
     room = inf_mass + s[j] - deltas
-    t = jnp.log(r[j]) - jnp.log(room)
+    t = jnp.log(r_j) - jnp.log(room)
     eps = jnp.where(room <= 0, -jnp.inf, z_j - jnp.maximum(t, 0.0))
     eps = jnp.maximum(eps, 0.0)
     # every mechanism is (0, 1)-DP: delta >= 1 needs no epsilon, whatever round-off left in

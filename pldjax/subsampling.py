@@ -43,10 +43,11 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import log_ndtr, logsumexp
+from jax.scipy.special import logsumexp
 
 from pldjax.discretize import Mechanism
 from pldjax.noise import GAUSSIAN, MAX_SHIFT, Location
+from pldjax.special import log_ndtr
 
 
 def _log_mix(log_weight_b, log_b, log_q, log_a):

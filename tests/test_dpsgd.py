@@ -20,9 +20,9 @@ def test_arrays_broadcast_and_match_one_at_a_time():
     assert got.shape == (2, 2)
     for i, sigma in enumerate(SIGMAS[:, 0]):
         for j, q in enumerate(QS):
-            # alone, a configuration may get a coarser grid (the batch shares the largest size)
+            # a batch groups configurations by the grid each gets alone: the same values
             one = pj.gaussian(sigma, sampling_prob=q).self_compose(50).epsilon(1e-5)
-            assert got[i, j] == pytest.approx(one, rel=1e-4)
+            assert got[i, j] == pytest.approx(one, rel=1e-9)
     lower = pj.dpsgd_epsilon(SIGMAS, QS, 50, 1e-5, pessimistic=False)
     assert np.all(lower <= got) and np.all(got - lower <= 2e-3 * got)
 
@@ -153,3 +153,62 @@ def test_alone_and_in_a_batch_at_small_noise():
 def test_delta_one_costs_nothing_and_delta_at_most_one():
     assert pj.dpsgd_epsilon(0.5, 0.05, 1000, 1.0) == 0.0
     assert pj.dpsgd_delta(1.1, 0.05, 100788, 0.0) <= 1.0
+
+
+def _gaussian_epsilon(mu, delta):
+    """Exact epsilon of mu-GDP at delta (closed form of the Gaussian's privacy curve)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def curve(eps):
+        return norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
+
+    return brentq(curve, 0.0, 100.0, xtol=1e-14, rtol=1e-15)
+
+
+@pytest.mark.parametrize("rtol", [1e-2, 1e-3])
+def test_rtol_is_sound_and_about_as_accurate_as_asked_closed_form(rtol):
+    # q = 1: T steps of the Gaussian mechanism are G_{sqrt(T) / sigma} exactly
+    sigma, steps, delta = 2.0, 100, 1e-5
+    truth = _gaussian_epsilon(np.sqrt(steps) / sigma, delta)
+    upper = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, rtol=rtol)
+    lower = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, rtol=rtol, pessimistic=False)
+    assert lower <= truth <= upper <= truth * (1 + 3 * rtol)
+    back = pj.dpsgd_delta(sigma, 1.0, steps, truth, rtol=rtol)
+    assert delta <= back <= 1.0
+
+
+@pytest.mark.parametrize("sigma,q,count", [
+    (1.0, 0.01, 1000), pytest.param(0.8, 0.05, 100, marks=pytest.mark.slow)])
+def test_rtol_coarse_is_sound_against_dp_accounting(sigma, q, count):
+    from dp_accounting.pld import privacy_loss_distribution as pldlib
+
+    lower_ref = pldlib.from_gaussian_mechanism(
+        sigma, sampling_prob=q, value_discretization_interval=1e-4, pessimistic_estimate=False
+    ).self_compose(count).get_epsilon_for_delta(1e-5)
+    upper_ref = pldlib.from_gaussian_mechanism(
+        sigma, sampling_prob=q, value_discretization_interval=1e-4
+    ).self_compose(count).get_epsilon_for_delta(1e-5)
+    coarse = pj.dpsgd_epsilon(sigma, q, count, 1e-5, rtol=1e-2)
+    assert lower_ref <= coarse <= upper_ref * (1 + 3e-2)
+    both = pj.dpsgd_epsilon([sigma, sigma], q, count, 1e-5, rtol=1e-2)
+    np.testing.assert_allclose(both, coarse, rtol=1e-12)  # batched: the same grid as alone
+
+
+def test_rtol_sets_the_step_and_schedules_take_it():
+    coarse, fine = (pj.compose_schedule([(1.0, 0.02, 300)], rtol=r) for r in (1e-1, 1e-3))
+    assert float(coarse.step) >= 8 * float(fine.step)
+    assert coarse.epsilon(1e-5) >= fine.epsilon(1e-5) * (1 - 1e-3)  # both upper bounds
+
+
+@pytest.mark.parametrize("rtol", [0.0, -1e-3, 1.5, float("nan"), [1e-2, 1e-3]])
+def test_bad_rtol_is_refused(rtol):
+    with pytest.raises(ValueError, match="rtol"):
+        pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=rtol)
+
+
+def test_rtol_and_a_fixed_step_are_exclusive():
+    with pytest.raises(ValueError, match="rtol"):
+        pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=1e-2, grid=pj.Grid(step=2.0**-10))
+    with pytest.raises(ValueError, match="rtol"):
+        pj.compose_schedule([(1.0, 0.01, 10)], rtol=1e-2, grid=pj.Grid(step=2.0**-10))
