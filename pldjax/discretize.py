@@ -350,10 +350,27 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
         flat, fixed_step, mechanism=mechanism, size=size, pessimistic=bool(pessimistic),
         fixed=grid.step is not None, rounding=grid.rounding,
     )
-    return PLD(
-        probs.reshape(shape + (size,)),
-        inf_mass.reshape(shape),
-        offset.reshape(shape),
-        step.reshape(shape),
-        bool(pessimistic),
-    )
+    probs, offset = probs.reshape(shape + (size,)), offset.reshape(shape)
+    if grid.size is None and not is_traced(params):
+        probs, offset = _trim(probs, offset)
+    return PLD(probs, inf_mass.reshape(shape), offset, step.reshape(shape), bool(pessimistic))
+
+
+#: Smallest window :func:`_trim` leaves.
+_TRIM_MIN = 16
+
+
+def _trim(probs, offset):
+    """Drop the zero-mass bins at both ends of an automatic window when at least three quarters of
+    it is empty (the PLD is unchanged; a mechanism whose loss lies beyond what the window can hold,
+    e.g. Laplace at scale 1e-20, has all of its mass in the +inf atom, and later kernels would
+    otherwise carry 2^20 empty points)."""
+    size = probs.shape[-1]
+    occupied = np.flatnonzero(np.any(np.asarray(probs).reshape(-1, size) != 0, axis=0))
+    first = int(occupied[0]) if occupied.size else 0
+    used = int(occupied[-1]) + 1 - first if occupied.size else 1
+    new_size = max(grid_lib.next_pow2(used), _TRIM_MIN)
+    if 4 * new_size > size:
+        return probs, offset
+    first = min(first, size - new_size)
+    return probs[..., first:first + new_size], offset + first

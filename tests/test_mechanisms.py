@@ -156,3 +156,13 @@ def test_pessimistic_masses_stay_above_the_curve_off_lattice():
     exact = atom + (1 - atom) / (1 + np.exp(-eps0)) * np.maximum(-np.expm1(ts - eps0), 0.0)
     assert np.all(np.asarray(pld.delta(ts)) >= exact - 1e-14)
     assert abs(float(pld.total_mass()) - 1.0) < 1e-14
+
+
+def test_a_window_with_no_finite_mass_is_trimmed():
+    # issue 15: laplace(1e-20) put all of its mass in the +inf atom on a 2^20-point window, and a
+    # GDP filter then took a minute per query on it; empty edges are now dropped (same PLD)
+    tiny = pj.laplace(1e-20)
+    assert tiny.size == 16 and float(tiny.inf_mass) == 1.0 and float(tiny.delta(1e3)) == 1.0
+    assert pj.gdp_mu(tiny) == float("inf")
+    ordinary = pj.gaussian(1.0)
+    assert ordinary.size >= 256  # windows with mass near their edges are kept whole
