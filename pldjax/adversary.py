@@ -1,6 +1,6 @@
 """The cost of adaptivity: the worst-case adversary recursion V_k of the natural filter.
 
-residue-filters.txt Thm 6: with a query family L (Id always allowed) and budget B,
+Regehr et al. 2026, Thm 6: with a query family L (Id always allowed) and budget B,
 V_1(L') = sup{L : L' (+) L <= B} and V_{j+1}(L') = sup{L (+) V_j(L' (+) L) : L' (+) L <= B}; the
 interaction with the natural filter over k rounds has PLD V_k(Id). Composition commutes, so the
 state is the multiset M of queries played; with Id allowed, V_j(M) = sup(V_{j-1}(M),

@@ -9,7 +9,7 @@ Kernels (pure, jit-able, unbatched; the API vmaps them over batch axes):
   bounded by the same Chernoff bounds.
 * :func:`truncate_kernel` -- back to a fixed number of points.
 
-Where mass goes (DESIGN.md): in a pessimistic PLD, mass above the window goes to the +inf atom and
+Where mass goes: in a pessimistic PLD, mass above the window goes to the +inf atom and
 mass below it into the lowest bin; mass that may be misplaced (Chernoff-bounded folding, FFT
 round-off) is added to the +inf atom and the total restored to 1 by taking the surplus from the
 lowest bins -- each step can only raise delta(eps). In an optimistic PLD the same slack is taken from

@@ -1,4 +1,4 @@
-"""Connect-the-dots discretization (connect-the-dots.txt, Alg. 1 and Alg. 2).
+"""Connect-the-dots discretization (Doroshenko et al. 2022, Alg. 1 and Alg. 2).
 
 A mechanism is given by its privacy curve through the log-survival and log-CDF functions of its
 loss under P and Q, evaluated on the grid z_i = (offset + i) * step.

@@ -4,7 +4,7 @@ G_mu is the PLD of the Gaussian mechanism with sensitivity / sigma = mu; its los
 N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu).
 
 * :func:`gdp_mu`: the smallest mu with L dominated by G_mu (the naive GDP filter's cost).
-* :func:`gdp_residue` (residue-filters.txt Thm 5): the largest mu' in [0, mu] with
+* :func:`gdp_residue` (Regehr et al. 2026, Thm 5): the largest mu' in [0, mu] with
   G_mu' (+) L dominated by G_mu, by a bounded secant search inside jit. The composed curve is
   exact at the query's grid points: for a grid PLD L with masses p_i at z_i,
   delta_{G_mu' (+) L}(eps) = sum_i p_i delta_mu'(eps - z_i) + p_inf, a discrete convolution of p
@@ -167,7 +167,7 @@ def _curve_below_gdp(z, d, mu, delta_slack):
 
     Why eps >= 0 is enough: G_mu is symmetric, so a pair is below it iff both directions' curves
     are below it at eps >= 0 (the curve at -eps is fixed by the other direction's at eps), and
-    every direction is checked (a one-direction PLD stands for a symmetric pair, DESIGN.md). Below
+    every direction is checked (a one-direction PLD stands for a symmetric pair). Below
     eps = 0 a pessimistic grid curve carries the Q-only mass its rounding creates (about 1e-4 after
     coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
     Right of the points the curve is at most its last value while G_mu tends to 0.
@@ -365,21 +365,6 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
 
 
-def stack_directions(pld: PLD):
-    """(probs, inf_mass, offset, step) with a direction axis right after the batch axes."""
-    directions = pld.directions()
-    n = max(d.size for d in directions)
-    nb = len(pld.batch_shape)
-
-    def pad(d):
-        return jnp.pad(d.probs, [(0, 0)] * nb + [(0, n - d.size)])
-
-    return (jnp.stack([pad(d) for d in directions], axis=nb),
-            jnp.stack([jnp.asarray(d.inf_mass, jnp.float64) for d in directions], axis=nb),
-            jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions], axis=nb),
-            jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions], axis=nb))
-
-
 def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
     """(factor, size): how many-fold the query's grid is coarsened for the residue search so that
     its check window fits, and the static window size; host-side, before jit."""
@@ -410,7 +395,7 @@ _residue_batch_jit = jax.jit(_residue_batch,
 @float64
 def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
                 size: int | None = None, batch_size: int = 256):
-    """The largest mu' in [0, mu] with G_mu' (+) L dominated by G_mu (residue-filters.txt Thm 5).
+    """The largest mu' in [0, mu] with G_mu' (+) L dominated by G_mu (Regehr et al. 2026, Thm 5).
 
     A sound lower bound (pessimistic): G_mu' (+) query is certified below G_mu plus
     ``delta_slack`` + ROUNDOFF at every eps (charge that to a delta budget; ``delta_slack`` must
@@ -431,7 +416,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     factor, size = residue_plan(mu, query, size)
     mu = jnp.asarray(mu, jnp.float64)
     shape = jnp.broadcast_shapes(mu.shape, query.batch_shape, jnp.shape(delta_slack))
-    stacked = stack_directions(query)
+    stacked = query.stack_directions()
     nb = len(query.batch_shape)
     flat = tuple(
         jnp.broadcast_to(a, shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:]) for a in stacked)

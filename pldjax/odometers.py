@@ -209,7 +209,7 @@ def filter_odometer(delta: float, *, epsilon: float | None = None, y_star: float
     :func:`pldjax.filters.approx_dp_filter` (``epsilon``, same delta') would still accept: both
     use the same y*. Theorem 3 as printed has "+ epsilon" under the root, which tunes
     the odometer at a smaller V_n where it reads epsilon / 2: valid, but the parameter then does
-    not mean the epsilon it names (the same slip as eq. (11), see DESIGN.md).
+    not mean the epsilon it names (the same slip as their eq. (11)).
 
     Steps: ``step(state, epsilon_n, delta_n=0)`` for an (epsilon_n, delta_n)-pDP step. Reading:
     ``{"epsilon": U_n}``, +inf once the delta_n sum above ``delta_queries`` (default delta / 2).

@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.gaussian_dp import stack_directions
 from pldjax.pld import PLD
 from pldjax.precision import float64, host_result, pack, unpack, upper_of_rounded
 from pldjax.validate import is_traced
@@ -65,7 +64,7 @@ def query_directions(query: PLD, filter_name: str):
     if query.batch_shape:
         raise ValueError(
             f"{filter_name}: spend takes one query; vmap spend over a batch of queries")
-    return stack_directions(query)
+    return query.stack_directions()
 
 
 def pld_cost(cost):

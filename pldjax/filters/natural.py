@@ -22,7 +22,6 @@ from scipy import stats
 from pldjax.align import STEP_RTOL, onto_step, regrid_kernel
 from pldjax.compose import convolve_kernel
 from pldjax.filters.base import Filter, keep_if, make_filter, query_directions
-from pldjax.gaussian_dp import stack_directions
 from pldjax.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.order import ROUNDOFF, dominance_excess_kernel
 from pldjax.pld import PLD
@@ -67,7 +66,7 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     if not isinstance(budget, PLD) or budget.batch_shape:
         raise ValueError("natural: budget must be one (unbatched) PLD")
     check_range("delta_slack", delta_slack, 0.0, 1.0)
-    b_probs, b_inf, b_off, b_step = (np.asarray(a) for a in stack_directions(budget))
+    b_probs, b_inf, b_off, b_step = (np.asarray(a) for a in budget.stack_directions())
     if len(b_probs) == 1:
         b_probs, b_inf, b_off, b_step = (np.concatenate([a, a]) for a in (b_probs, b_inf, b_off,
                                                                           b_step))

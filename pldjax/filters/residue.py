@@ -1,4 +1,4 @@
-"""Residue filters (residue-filters.txt §4): pure DP, GDP, the GDP residue filter, and Rényi.
+"""Residue filters (Regehr et al. 2026, §4): pure DP, GDP, the GDP residue filter, and Rényi.
 
 Each keeps a remaining budget and accepts a query L only if the updated budget U(B, L) satisfies
 the residue condition U(B, L) (+) L <= B (Thm 1), which makes the whole interaction dominated by
@@ -45,7 +45,7 @@ class PureDPState(NamedTuple):
 
 @float64
 def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
-    """The pure-DP filter (Rogers et al.; residue-filters.txt Remark 3): accept while the sum of
+    """The pure-DP filter (Rogers et al.; Regehr et al. 2026, Remark 3): accept while the sum of
     the queries' epsilons stays <= ``epsilon``. The interaction is (epsilon, delta)-DP.
 
     Query: a float epsilon_0 (an epsilon_0-DP query), or a PLD whose cost is its largest finite
@@ -95,7 +95,7 @@ def _nu(query: PLD, mu_max: float):
 
 @float64
 def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
-    """The GDP filter (Koskela et al.; residue-filters.txt Remark 2): a query L costs nu^2, nu the
+    """The GDP filter (Koskela et al.; Regehr et al. 2026, Remark 2): a query L costs nu^2, nu the
     smallest with L below G_nu; accept while the sum of nu^2 stays <= mu^2.
 
     Query: a float nu (a nu-GDP query, charged exactly) or a PLD (nu by :func:`pldjax.gdp_mu`,
@@ -135,7 +135,7 @@ class ResidueState(NamedTuple):
 @float64
 def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
                 size: int | None = None) -> Filter:
-    """The GDP residue filter (residue-filters.txt Thm 5): the budget G_mu becomes G_mu' with mu'
+    """The GDP residue filter (Regehr et al. 2026, Thm 5): the budget G_mu becomes G_mu' with mu'
     the largest value (a search of at most ``steps`` tests, rounded down) such that G_mu' (+) L is below
     G_mu. Never worse than the GDP filter: it starts from the naive sqrt(mu^2 - nu^2).
 
@@ -192,7 +192,7 @@ class RenyiState(NamedTuple):
 
 @float64
 def renyi_filter(orders, budget) -> Filter:
-    """The Rényi filter (Feldman and Zrnic; residue-filters.txt Remark 4), for a vector of orders
+    """The Rényi filter (Feldman and Zrnic; Regehr et al. 2026, Remark 4), for a vector of orders
     at once: accept while, at EVERY order a, the sum of the queries' D_a stays <= ``budget[a]``.
     The interaction is then (a, budget[a])-RDP at each order (the conjunction of one filter per
     order, each sound by itself; "accept while some order has room" is not offered).
