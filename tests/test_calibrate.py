@@ -193,3 +193,32 @@ def test_caller_x64_off_same_answers(x64_off):
     assert pj.calibrate_steps(2.0, DELTA, 1.0, 0.05, max_steps=1) == 1
     with pytest.raises(ValueError, match="rtol"):
         pj.calibrate_noise_multiplier(1.0, DELTA, 0.1, 10, rtol=0.0)
+
+
+def test_calibrated_noise_meets_the_target_and_is_tight():
+    targets = np.array([1.0, 4.0])
+    sigmas = pj.calibrate_noise_multiplier(targets, DELTA, 0.05, 100)
+    assert sigmas.shape == (2,)
+    achieved = pj.dpsgd_epsilon(sigmas, 0.05, 100, DELTA)
+    assert np.all(achieved <= targets)
+    assert np.all(pj.dpsgd_epsilon(sigmas * 0.999, 0.05, 100, DELTA) > targets)
+    with pytest.raises(ValueError, match="no noise multiplier"):
+        pj.calibrate_noise_multiplier(1e-3, DELTA, 1.0, 10**4, sigma_max=2.0)
+
+
+def test_calibrated_steps_and_sampling_prob():
+    steps = pj.calibrate_steps(2.0, DELTA, 1.0, 0.05)
+    eps = pj.dpsgd_epsilon(1.0, 0.05, [steps, steps + 1], DELTA)
+    assert eps[0] <= 2.0 < eps[1]
+    q = pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100)
+    assert pj.dpsgd_epsilon(1.0, q, 100, DELTA) <= 2.0
+    assert pj.dpsgd_epsilon(1.0, q * 1.001, 100, DELTA) > 2.0
+    with pytest.raises(ValueError, match="sampling probability >= q_min"):
+        pj.calibrate_sampling_prob(0.01, DELTA, 0.5, 10, q_min=0.1)
+    with pytest.raises(ValueError, match="q_min"):
+        pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100, q_min=0.0)
+    with pytest.raises(ValueError, match="one step already exceeds"):
+        pj.calibrate_steps(0.01, DELTA, 0.5, 1.0)
+
+
+# -- optax ----------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""DP-SGD integration: the accountant, calibration, the optax transformations, per-example
-filters, checkpoints (the dp_accounting adapter: tests/test_dp_accounting_adapter.py)."""
+"""The optax transformations (pj.optax): DP-SGD with its budget, per-example filters (full batch
+and Poisson-sampled, with the residue table), noise, sampling, checkpoints, x64."""
 
 import jax
 import jax.numpy as jnp
@@ -12,86 +12,6 @@ import pldjax as pj
 DELTA = 1e-5
 
 
-# -- accountant -----------------------------------------------------------------------------------
-def test_accountant_composes_changing_steps_exactly():
-    state = pj.accountant.init()
-    assert pj.accountant.epsilon(state, DELTA) == 0.0
-    for _ in range(3):
-        state = pj.accountant.step(state, noise_multiplier=1.1, sampling_prob=0.01)
-    state = pj.accountant.step(state, noise_multiplier=0.9, sampling_prob=0.02, steps=200)
-    state = pj.accountant.step(state, noise_multiplier=1.1, sampling_prob=0.01, steps=97)
-    assert pj.accountant.segments(state) == [(1.1, 0.01, 3), (0.9, 0.02, 200), (1.1, 0.01, 97)]
-    expected = float(pj.compose_schedule([(1.1, 0.01, 3), (0.9, 0.02, 200),
-                                          (1.1, 0.01, 97)]).epsilon(DELTA))
-    assert pj.accountant.epsilon(state, DELTA) == pytest.approx(expected, rel=1e-12)
-    # one segment is the plain DP-SGD accounting
-    one = pj.accountant.step(pj.accountant.init(), 1.0, 0.01, steps=500)
-    assert pj.accountant.epsilon(one, DELTA) == pytest.approx(
-        float(pj.dpsgd_epsilon(1.0, 0.01, 500, DELTA)), rel=1e-12)
-
-
-def test_accountant_step_is_jittable_and_overflow_refuses_to_report():
-    step = jax.jit(pj.accountant.step)
-    state = pj.accountant.init(capacity=2)
-    for sigma in (1.0, 1.0, 2.0):
-        state = step(state, sigma, 0.01, 1)
-    assert pj.accountant.segments(state) == [(1.0, 0.01, 2), (2.0, 0.01, 1)]
-    state = step(state, 3.0, 0.01, 1)  # a third segment does not fit
-    with pytest.raises(ValueError, match="capacity"):
-        pj.accountant.epsilon(state, DELTA)
-    with pytest.raises(ValueError, match="noise_multiplier"):
-        pj.accountant.step(pj.accountant.init(), -1.0, 0.01)
-    # under jit bad values cannot raise: nothing is recorded and every reading raises
-    for bad in ((-1.0, 0.01, 1), (np.nan, 0.01, 1), (1.0, 1.5, 1), (1.0, np.nan, 1), (1.0, 0.01, -3)):
-        marked = step(pj.accountant.step(pj.accountant.init(), 1.0, 0.01, 5), *bad)
-        with pytest.raises(ValueError, match="invalid noise_multiplier"):
-            pj.accountant.epsilon(marked, DELTA)
-    with pytest.raises(ValueError, match="sampling_prob"):
-        pj.accountant.step(pj.accountant.init(), 1.0, 1.5)
-
-
-def test_accountant_checkpoint_midway_ends_with_the_same_epsilon(tmp_path):
-    state = pj.accountant.init()
-    for sigma in (1.0, 1.2, 0.8):
-        state = pj.accountant.step(state, sigma, 0.01, steps=100)
-    pj.accountant.save(tmp_path / "acct.npz", state)
-    restored = pj.accountant.load(tmp_path / "acct.npz")
-    for s in (state, restored):
-        s = pj.accountant.step(s, 1.5, 0.02, steps=50)
-        if s is not restored:
-            whole = pj.accountant.epsilon(s, DELTA)
-    resumed = pj.accountant.epsilon(pj.accountant.step(restored, 1.5, 0.02, steps=50), DELTA)
-    assert resumed == whole
-
-
-# -- calibration ----------------------------------------------------------------------------------
-def test_calibrated_noise_meets_the_target_and_is_tight():
-    targets = np.array([1.0, 4.0])
-    sigmas = pj.calibrate_noise_multiplier(targets, DELTA, 0.05, 100)
-    assert sigmas.shape == (2,)
-    achieved = pj.dpsgd_epsilon(sigmas, 0.05, 100, DELTA)
-    assert np.all(achieved <= targets)
-    assert np.all(pj.dpsgd_epsilon(sigmas * 0.999, 0.05, 100, DELTA) > targets)
-    with pytest.raises(ValueError, match="no noise multiplier"):
-        pj.calibrate_noise_multiplier(1e-3, DELTA, 1.0, 10**4, sigma_max=2.0)
-
-
-def test_calibrated_steps_and_sampling_prob():
-    steps = pj.calibrate_steps(2.0, DELTA, 1.0, 0.05)
-    eps = pj.dpsgd_epsilon(1.0, 0.05, [steps, steps + 1], DELTA)
-    assert eps[0] <= 2.0 < eps[1]
-    q = pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100)
-    assert pj.dpsgd_epsilon(1.0, q, 100, DELTA) <= 2.0
-    assert pj.dpsgd_epsilon(1.0, q * 1.001, 100, DELTA) > 2.0
-    with pytest.raises(ValueError, match="sampling probability >= q_min"):
-        pj.calibrate_sampling_prob(0.01, DELTA, 0.5, 10, q_min=0.1)
-    with pytest.raises(ValueError, match="q_min"):
-        pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100, q_min=0.0)
-    with pytest.raises(ValueError, match="one step already exceeds"):
-        pj.calibrate_steps(0.01, DELTA, 0.5, 1.0)
-
-
-# -- optax ----------------------------------------------------------------------------------------
 def loss(params, x, y):
     return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
 
@@ -190,30 +110,6 @@ def test_individual_filters_retire_examples_by_their_own_norms():
 
 
 # -- x64 off in the caller (issue 15) -------------------------------------------------------------
-def test_accountant_with_x64_off_is_exact_or_pessimistic(x64_off, tmp_path):
-    eager = pj.accountant.step(pj.accountant.init(), 1.1, 0.01, 100)
-    pj.accountant.save(tmp_path / "a.npz", eager)
-    restored = pj.accountant.load(tmp_path / "a.npz")
-    assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
-    assert pj.accountant.epsilon(restored, DELTA) == pj.accountant.epsilon(eager, DELTA)
-    # Python floats rounded to float32 by the caller's jit: recorded on the pessimistic side
-    jitted = jax.jit(pj.accountant.step)(pj.accountant.init(), 1.1, 0.01, 100)
-    [(sigma, q, steps)] = pj.accountant.segments(jitted)
-    assert steps == 100
-    assert sigma <= float(np.float32(1.1)) and sigma <= 1.1 and sigma == pytest.approx(1.1, 1e-7)
-    assert q >= float(np.float32(0.01)) and q >= 0.01 and q == pytest.approx(0.01, 1e-7)
-    assert pj.accountant.epsilon(jitted, DELTA) >= pj.accountant.epsilon(eager, DELTA)
-    one = jax.jit(pj.accountant.step)(pj.accountant.init(), 2.0, 1.0)
-    assert pj.accountant.segments(one)[0][1] == 1.0  # q = 1 stays a probability
-
-
-def test_accountant_state_is_the_same_with_x64_on_and_off(x64_off):
-    off = pj.accountant.step(pj.accountant.init(), 0.7, 0.3, 5)
-    jax.config.update("jax_enable_x64", True)
-    on = pj.accountant.step(pj.accountant.init(), 0.7, 0.3, 5)
-    jax.config.update("jax_enable_x64", False)
-    for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off), strict=True):
-        assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_individual_dpsgd_with_x64_off_and_a_wrong_batch(x64_off):
