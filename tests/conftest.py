@@ -38,7 +38,7 @@ def x64_off():
 
 
 #: Notebooks too long for the default run (they execute with the slow tests, `pytest -m slow`).
-SLOW_NOTEBOOKS = {"03_natural_filter_cost.ipynb"}
+SLOW_NOTEBOOKS = {"02_gdp_residue_filter.ipynb", "03_natural_filter_cost.ipynb"}
 
 
 @pytest.hookimpl(tryfirst=True)
