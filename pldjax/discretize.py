@@ -356,6 +356,15 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
     return PLD(probs, inf_mass.reshape(shape), offset, step.reshape(shape), bool(pessimistic))
 
 
+@jax.jit
+def _occupied_range(probs):
+    """(first, last) index of the columns holding mass in any row; (0, 0) when none does."""
+    occupied = jnp.any(probs != 0, axis=0)
+    first = jnp.argmax(occupied)
+    last = probs.shape[-1] - 1 - jnp.argmax(occupied[::-1])
+    return jnp.where(jnp.any(occupied), jnp.stack([first, last]), 0)
+
+
 #: Smallest window :func:`_trim` leaves.
 _TRIM_MIN = 16
 
@@ -366,9 +375,8 @@ def _trim(probs, offset):
     e.g. Laplace at scale 1e-20, has all of its mass in the +inf atom, and later kernels would
     otherwise carry 2^20 empty points)."""
     size = probs.shape[-1]
-    occupied = np.flatnonzero(np.any(np.asarray(probs).reshape(-1, size) != 0, axis=0))
-    first = int(occupied[0]) if occupied.size else 0
-    used = int(occupied[-1]) + 1 - first if occupied.size else 1
+    first, last = (int(i) for i in _occupied_range(probs.reshape(-1, size)))  # two ints to the host
+    used = max(last + 1 - first, 1)
     new_size = max(grid_lib.next_pow2(used), _TRIM_MIN)
     if 4 * new_size > size:
         return probs, offset
