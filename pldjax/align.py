@@ -168,9 +168,4 @@ def onto_step(pld: PLD, target: float, name: str) -> PLD:
                 f"grid.MAX_SIZE = {grid_lib.MAX_SIZE} (a memory guard)")
         return regrid(d, target, size)
 
-    directions = [one(d) for d in pld.directions()]
-    if len(directions) == 1:
-        return directions[0]
-    forward, back = directions
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, forward.pessimistic,
-               back)
+    return pld.map_directions(one)

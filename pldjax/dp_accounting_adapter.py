@@ -109,11 +109,7 @@ def _pld_from_tails(tails, reverse, lo: float, hi: float, points: int = 4096) ->
                                             hockey_stick_excess(lcp, lcq, zj), zj)
         return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step), True)
 
-    forward = one(tails)
-    if reverse is None:
-        return forward
-    back = one(reverse)
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+    return PLD.from_directions(one(tails), None if reverse is None else one(reverse))
 
 
 #: grid points across randomized response's few losses: connect-the-dots splits each atom between

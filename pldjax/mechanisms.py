@@ -333,10 +333,8 @@ def from_privacy_curve(
             f"(more than {grid_lib.MAX_MECHANISM_SIZE}); use a larger step"
         )
     forward = _curve_to_pld(delta, step, offset, size, "delta")
-    if reverse is None:
-        return forward
-    back = _curve_to_pld(reverse, step, offset, size, "reverse")
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+    return PLD.from_directions(forward, None if reverse is None else _curve_to_pld(
+        reverse, step, offset, size, "reverse"))
 
 
 @float64

@@ -79,10 +79,7 @@ def mixture(weights, plds: list[PLD]) -> PLD:
             probs[start:start + x.size] += w * np.asarray(x.probs)
             inf_mass += w * float(x.inf_mass)
         directions.append(PLD(probs, np.float64(inf_mass), np.int64(lo), np.float64(step), True))
-    if len(directions) == 1:
-        return directions[0]
-    forward, back = directions
-    return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+    return PLD.from_directions(*directions)
 
 
 def rates(sampling_prob: float, dataset_size: int, truncated_batch_size: int):
@@ -147,7 +144,7 @@ def truncated_poisson_gaussian(
     if len(plds) == 1:
         return plds[0]
     if any(not p.symmetric for p in plds):  # the identity has no reverse: give it one
-        plds = [p if not p.symmetric else PLD(p.probs, p.inf_mass, p.offset, p.step, True, p)
+        plds = [p if not p.symmetric else PLD.from_directions(p, p)
                 for p in plds]
     return mixture(weights, plds)
 

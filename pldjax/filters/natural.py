@@ -116,7 +116,7 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
         """The composition so far (a pessimistic PLD); compare it with the budget."""
         forward = PLD(state.probs[0], state.inf_mass[0], window[0], jnp.asarray(step), True)
         back = PLD(state.probs[1], state.inf_mass[1], window[1], jnp.asarray(step), True)
-        return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step, True, back)
+        return PLD.from_directions(forward, back)
 
     return make_filter("natural", {"step": step, "size": size, "delta_slack": float(delta_slack)},
                        {"budget": budget,
