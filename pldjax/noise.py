@@ -40,7 +40,7 @@ from pldjax import grid as grid_lib
 from pldjax.discretize import Mechanism
 from pldjax.grid import Grid
 from pldjax.neighboring import Neighboring
-from pldjax.special import log_ndtr
+from pldjax.special import log_ndtr, log_ndtr_pair
 from pldjax.validate import check_range, is_traced
 
 #: Below this (in nats, or as a sampling probability) a mechanism's parameter no longer shows in
@@ -149,11 +149,15 @@ def _gaussian_tails(params, eps):
     safe = jnp.where(pos, mu, 1.0)
     sf = jnp.where(eps < 0, 0.0, -jnp.inf)  # mu = 0: the loss is 0 with certainty
     cdf = jnp.where(eps < 0, -jnp.inf, 0.0)
+    # L = mu X - mu^2 / 2 with X ~ N(mu, 1) under P and N(0, 1) under Q; each tail and its
+    # complement from one erfc (log_ndtr_pair)
+    sf_p, cdf_p = log_ndtr_pair(safe / 2 - eps / safe)
+    sf_q, cdf_q = log_ndtr_pair(-safe / 2 - eps / safe)
     return (
-        jnp.where(pos, log_ndtr(safe / 2 - eps / safe), sf),
-        jnp.where(pos, log_ndtr(-safe / 2 - eps / safe), sf),
-        jnp.where(pos, log_ndtr(eps / safe - safe / 2), cdf),
-        jnp.where(pos, log_ndtr(eps / safe + safe / 2), cdf),
+        jnp.where(pos, sf_p, sf),
+        jnp.where(pos, sf_q, sf),
+        jnp.where(pos, cdf_p, cdf),
+        jnp.where(pos, cdf_q, cdf),
     )
 
 

@@ -47,7 +47,7 @@ from jax.scipy.special import logsumexp
 
 from pldjax.discretize import Mechanism
 from pldjax.noise import GAUSSIAN, MAX_SHIFT, Location
-from pldjax.special import log_ndtr
+from pldjax.special import log_ndtr_pair
 
 
 def _log_mix(log_weight_b, log_b, log_q, log_a):
@@ -183,11 +183,15 @@ def _replace_one_tails(params, eps):
     x = _replace_one_threshold(mu, q, eps)
     log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
     # P = (1-q) N(0,1) + q N(-mu,1), Q = (1-q) N(0,1) + q N(mu,1); L > eps <=> output < x
+    # each log Phi(y) and log Phi(-y) from one erfc (log_ndtr_pair)
+    at_x, at_minus_x = log_ndtr_pair(x)
+    shifted_up, shifted_up_c = log_ndtr_pair(x + mu)
+    shifted_down, shifted_down_c = log_ndtr_pair(x - mu)
     tails = (
-        _log_mix(log_1mq, log_ndtr(x), log_q, log_ndtr(x + mu)),
-        _log_mix(log_1mq, log_ndtr(x), log_q, log_ndtr(x - mu)),
-        _log_mix(log_1mq, log_ndtr(-x), log_q, log_ndtr(-x - mu)),
-        _log_mix(log_1mq, log_ndtr(-x), log_q, log_ndtr(mu - x)),
+        _log_mix(log_1mq, at_x, log_q, shifted_up),
+        _log_mix(log_1mq, at_x, log_q, shifted_down),
+        _log_mix(log_1mq, at_minus_x, log_q, shifted_up_c),
+        _log_mix(log_1mq, at_minus_x, log_q, shifted_down_c),
     )
     # q = 0 or mu = 0: P = Q, the loss is 0 with certainty
     sf = jnp.where(eps < 0, 0.0, -jnp.inf)

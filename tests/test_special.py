@@ -1,11 +1,11 @@
-"""pldjax.special.log_ndtr against mpmath (reference values never from the code under test)."""
+"""pldjax.special.log_ndtr and log_ndtr_pair against mpmath (references never from the code under test)."""
 
 import jax
 import mpmath
 import numpy as np
 
 from pldjax.precision import float64
-from pldjax.special import log_ndtr
+from pldjax.special import log_ndtr, log_ndtr_pair
 
 mpmath.mp.dps = 40
 
@@ -33,3 +33,18 @@ def test_log_ndtr_extremes_are_not_nan():
     assert got[0] == -np.inf and got[1] == -np.inf
     assert got[2] == 0.0 and got[3] == 0.0
     assert -1e-300 <= got[4] <= 0.0
+
+
+def test_log_ndtr_pair_matches_mpmath_on_both_sides():
+    # (log Phi(x), log Phi(-x)) from one erfc: both against mpmath, across the same branch points
+    xs = np.array([-1e4, -37.5, -30.0, -10.0, -3.0, -0.675, -0.674, -0.3, -1e-8, 0.0, 1e-8, 0.3,
+                   0.674, 0.675, 1.4, 5.0, 8.0, 10.0, 29.5, 30.0, 300.0])
+    plus, minus = (np.asarray(v) for v in jax.jit(float64(log_ndtr_pair))(xs))
+    for got, signed in ((plus, xs), (minus, -xs)):
+        want = np.array([_reference(x) for x in signed])
+        small = np.abs(signed) < 20  # where log Phi is -erfc / 2 beyond, see above
+        np.testing.assert_allclose(got[small | (signed < 0)], want[small | (signed < 0)],
+                                   rtol=1e-14, atol=0)
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=0)
+    ends = np.asarray(float64(log_ndtr_pair)(np.array([-np.inf, np.inf]))[0])
+    assert ends[0] == -np.inf and ends[1] == 0.0
