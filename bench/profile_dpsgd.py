@@ -25,6 +25,7 @@ pldjax with an empty cache directory, then with the cache it filled, and dp-acco
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -55,11 +56,11 @@ def stages():
     step = jnp.stack([d.step for d in rows])
     count = jnp.full((2,), float(STEPS))
     target = jnp.full((2,), DELTA)
-    tail = grid_lib.TAIL_MASS
-    windows = dpsgd_lib.window_placement
-    lo, hi, chernoff = windows(probs, offset, step, count)
+    tail = float(dpsgd_lib.composition_tail(target, "epsilon")[0])
+    windows = functools.partial(dpsgd_lib.window_placement, evaluate="epsilon")
+    lo, hi, chernoff = windows(probs, offset, step, count, target)
     widths = compose_lib.window_widths(probs, offset, count, lo, hi, "steps")
-    size = grid_lib.next_pow2(int(np.max(widths)))
+    size = grid_lib.fft_size(int(np.max(widths)))
     center = jnp.round(jnp.sum(probs * jnp.arange(probs.shape[1]), axis=1)).astype(jnp.int64)
 
     exponents = jax.jit(jax.vmap(compose_lib.chernoff_exponents))
@@ -91,7 +92,7 @@ def stages():
         ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA)),
         ("discretize both directions (pj.gaussian)",
          lambda: pj.gaussian(SIGMA, sampling_prob=Q).probs),
-        ("window placement (Chernoff, one call)", lambda: windows(probs, offset, step, count)),
+        ("window placement (Chernoff, one call)", lambda: windows(probs, offset, step, count, target)),
         ("compose + evaluate (one fused call)", fused),
         ("  part: Chernoff exponents (now in window placement)",
          lambda: exponents(probs, offset, step, count)),

@@ -21,8 +21,11 @@ def test_arrays_broadcast_and_match_one_at_a_time():
     for i, sigma in enumerate(SIGMAS[:, 0]):
         for j, q in enumerate(QS):
             # a batch groups configurations by the grid each gets alone: the same values
+            assert got[i, j] == pytest.approx(pj.dpsgd_epsilon(sigma, q, 50, 1e-5), rel=1e-9)
+            # the public path's window leaves 1e-18 outside, dpsgd's delta / 2^20 (charged to
+            # delta, so epsilon rises by about a millionth)
             one = pj.gaussian(sigma, sampling_prob=q).self_compose(50).epsilon(1e-5)
-            assert got[i, j] == pytest.approx(one, rel=1e-9)
+            assert got[i, j] == pytest.approx(one, rel=1e-6)
     lower = pj.dpsgd_epsilon(SIGMAS, QS, 50, 1e-5, pessimistic=False)
     assert np.all(lower <= got) and np.all(got - lower <= 2e-3 * got)
 
