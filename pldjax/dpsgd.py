@@ -52,8 +52,9 @@ COMPOSE_ELEMENTS = 2**23
 #: A composition read at delta (dpsgd_epsilon) may leave this fraction of delta outside its window:
 #: Chernoff-bounded and charged to delta (the +inf atom of a pessimistic PLD, the bottom of an
 #: optimistic one), so delta(eps) moves by at most delta / 2^20 and epsilon by about 1e-6 over
-#: -d log(delta) / d eps nats (4e-8 relative at sigma = 0.8, q = 0.02, T = 50, delta = 1e-5). The window then spans sqrt(log(2 / tail)) instead of
-#: sqrt(log(2 / grid.TAIL_MASS)) standard deviations of the composed loss: 0.79x at delta = 1e-5.
+#: -d log(delta) / d eps nats (4e-8 relative at sigma = 0.8, q = 0.02, T = 50, delta = 1e-5).
+#: The window then spans sqrt(log(2 / tail)) instead of sqrt(log(2 / grid.TAIL_MASS)) standard
+#: deviations of the composed loss: 0.79x at delta = 1e-5.
 TAIL_FRACTION = 2.0**-20
 
 
@@ -112,7 +113,7 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
     """Values for one chunk of configurations (all steps >= 1).
 
     Both directions of every configuration are discretized in one call, their windows placed in
-    one call; then rows are grouped by the composition size they need (a power of two) and each
+    one call; then rows are grouped by the composition size they need (grid.fft_size) and each
     group is composed and evaluated in calls of at most COMPOSE_ELEMENTS grid points in all.
     """
     devices = 1 if sharding is None else len(jax.devices())
@@ -136,13 +137,22 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
     exponents = [xp.asarray(e) for e in exponents]
     sizes = np.array([grid_lib.fft_size(int(w))
                       for w in window_widths(probs, offset, counts, lo, hi, "steps")])
+    # a row repeated (the chunk's padding, or a configuration given twice) is composed once
+    config = np.column_stack([np.asarray(a, np.float64) for a in (sigma, q, steps, target)])
+    rows_of = np.column_stack([np.repeat(np.arange(len(directions)), config.shape[0]),
+                               np.tile(config, (len(directions), 1))])
+    _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
     values = np.zeros(sizes.shape[0])
-    for size in np.unique(sizes):
-        rows = np.nonzero(sizes == size)[0]
+    for size in np.unique(sizes[first]):
+        rows = first[sizes[first] == size]
         per_call = max(devices, COMPOSE_ELEMENTS // int(size) // devices * devices)
-        for begin in range(0, rows.size, per_call):
-            part = rows[begin:begin + per_call]
-            batch = min(per_call, -(-grid_lib.next_pow2(part.size) // devices) * devices)
+        begin = 0
+        while begin < rows.size:
+            # a power of two of rows (few compiled shapes) without padding: 7 rows -> 4 + 2 + 1
+            batch = min(per_call, 1 << ((rows.size - begin).bit_length() - 1))
+            batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
+            part = rows[begin:begin + batch]
+            begin += part.size
             padded = xp.asarray(np.concatenate([part, np.full(batch - part.size, part[-1])]))
             arrays = _place(
                 [a[padded] for a in (probs, inf_mass, offset, step, counts, targets, *exponents)],
@@ -154,6 +164,7 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
                 pessimistic=pessimistic, evaluate=evaluate,
             )
             values[part] = np.asarray(got)[: part.size]
+    values = values[first][same.reshape(-1)]
     return np.max(values.reshape(len(directions), -1), axis=0)
 
 

@@ -215,3 +215,32 @@ def test_rtol_and_a_fixed_step_are_exclusive():
         pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=1e-2, grid=pj.Grid(step=2.0**-10))
     with pytest.raises(ValueError, match="rtol"):
         pj.compose_schedule([(1.0, 0.01, 10)], rtol=1e-2, grid=pj.Grid(step=2.0**-10))
+
+
+@pytest.mark.parametrize("delta", [1e-2, pytest.param(1e-10, marks=pytest.mark.slow)])
+def test_window_tail_follows_delta_and_stays_sound_closed_form(delta):
+    # dpsgd_epsilon's windows leave delta / 2^20 outside (charged to delta): still bounds on
+    # both sides of the exact value (q = 1: G_{sqrt(T) / sigma}), at the default accuracy
+    sigma, steps = 3.0, 300
+    truth = _gaussian_epsilon(np.sqrt(steps) / sigma, delta)
+    upper = pj.dpsgd_epsilon(sigma, 1.0, steps, delta)
+    lower = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, pessimistic=False)
+    assert lower <= truth <= upper <= truth * (1 + 1e-4)
+
+
+def test_repeated_configurations_match_single_calls():
+    # a configuration given twice is composed once; every row gets its single call's value
+    sigmas, steps = [1.0, 2.0, 1.0, 1.0, 2.0], [300, 300, 300, 1000, 300]
+    got = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    singles = [pj.dpsgd_epsilon(s, 0.01, t, 1e-5) for s, t in zip(sigmas, steps, strict=True)]
+    np.testing.assert_allclose(got, singles, rtol=1e-9)
+
+
+def test_fft_sizes_waste_at_most_a_quarter():
+    from pldjax.grid import fft_size
+
+    n = np.arange(1, 5000)
+    sizes = np.array([fft_size(int(k)) for k in n])
+    assert np.all(sizes >= n) and np.all(sizes[8:] <= 1.25 * n[8:] + 1)
+    odd = sizes // (sizes & -sizes)  # the odd factor: 1, 3, 5 or 7 (fast FFT sizes)
+    assert set(np.unique(odd)) <= {1, 3, 5, 7} and np.all(sizes[8:] % 2 == 0)
