@@ -20,10 +20,11 @@ def test_accountant_composes_changing_steps_exactly():
     expected = float(pj.compose_schedule([(1.1, 0.01, 3), (0.9, 0.02, 200),
                                           (1.1, 0.01, 97)]).epsilon(DELTA))
     assert pj.accountant.epsilon(state, DELTA) == pytest.approx(expected, rel=1e-12)
-    # one segment is the plain DP-SGD accounting
+    # one segment is the plain DP-SGD accounting (whose window leaves delta / 2^20 outside, not
+    # 1e-18, charged to delta: about a millionth higher at most)
     one = pj.accountant.step(pj.accountant.init(), 1.0, 0.01, steps=500)
     assert pj.accountant.epsilon(one, DELTA) == pytest.approx(
-        float(pj.dpsgd_epsilon(1.0, 0.01, 500, DELTA)), rel=1e-12)
+        float(pj.dpsgd_epsilon(1.0, 0.01, 500, DELTA)), rel=1e-6)
 
 
 def test_accountant_step_is_jittable_and_overflow_refuses_to_report():

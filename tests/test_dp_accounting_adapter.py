@@ -63,8 +63,9 @@ def test_dp_accounting_adapter_matches_pldjax():
     acct = pj.dp_accounting.PLDAccountant()
     sampled = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0))
     acct.compose(dpa.SelfComposedDpEvent(sampled, 300))
+    # rel 1e-6: dpsgd's windows leave delta / 2^20 outside (charged to delta), the PLD's 1e-18
     assert acct.get_epsilon(DELTA) == pytest.approx(float(pj.dpsgd_epsilon(1.0, 0.01, 300, DELTA)),
-                                                    rel=1e-12)
+                                                    rel=1e-6)
     acct.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(20.0), dpa.NoOpDpEvent()]), 2)
     expected = pj.compose_schedule([(1.0, 0.01, 300), (20.0, 1.0, 2)])
     assert acct.get_epsilon(DELTA) == pytest.approx(float(expected.epsilon(DELTA)), rel=1e-12)

@@ -68,7 +68,8 @@ def test_subsampled_gaussian_against_dp_accounting(sigma, q, count):
     theirs_up = _dp_accounting_epsilon(factory, count, 1e-5, True)
     theirs_lo = _dp_accounting_epsilon(factory, count, 1e-5, False)
     assert theirs_lo <= ours <= theirs_up * 1.001
-    assert pj.dpsgd_epsilon(sigma, q, count, 1e-5) == pytest.approx(ours, rel=1e-12)
+    # dpsgd's windows leave delta / 2^20 outside (charged to delta), self_compose's 1e-18
+    assert pj.dpsgd_epsilon(sigma, q, count, 1e-5) == pytest.approx(ours, rel=1e-6)
 
 
 def test_subsampled_laplace_against_dp_accounting():
