@@ -126,30 +126,25 @@ _renyi_jit = jax.jit(renyi_kernel)
 _log_mgf_jit = jax.jit(log_mgf_kernel)
 
 
-def _per_direction(pld: PLD, values, kernel, jitted, combine) -> jax.Array:
-    traced = is_traced(pld) or is_traced(values)
-    return per_direction(pld, values, kernel if traced else jitted, combine)
-
-
 @float64
 def tradeoff(pld: PLD, alpha) -> jax.Array:
     """The f-DP tradeoff curve beta(alpha), alpha in [0, 1] (see :meth:`PLD.tradeoff`)."""
     check_range("alpha", alpha, 0.0, 1.0)
-    return _per_direction(pld, alpha, tradeoff_kernel, _tradeoff_jit, jnp.minimum)
+    return per_direction(pld, alpha, _tradeoff_jit, jnp.minimum)
 
 
 @float64
 def renyi(pld: PLD, order) -> jax.Array:
     """Rényi divergence of the given order(s) > 0 (see :meth:`PLD.renyi`)."""
     check_range("order", order, 0.0, low_open=True)
-    return _per_direction(pld, order, renyi_kernel, _renyi_jit, jnp.maximum)
+    return per_direction(pld, order, _renyi_jit, jnp.maximum)
 
 
 @float64
 def log_mgf(pld: PLD, t) -> jax.Array:
     """log E_P[e^{t L}] (see :meth:`PLD.log_mgf`); the larger of two directions."""
     check_range("t", t, allow_inf=False)
-    return _per_direction(pld, t, log_mgf_kernel, _log_mgf_jit, jnp.maximum)
+    return per_direction(pld, t, _log_mgf_jit, jnp.maximum)
 
 
 def swap(pld: PLD) -> PLD:
@@ -209,13 +204,12 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
             "for a sound answer"
         )
     check_range("delta_slack", delta_slack, 0.0, 1.0)
-    kernel = dominance_excess_kernel if is_traced((query, budget)) else _dominance_excess_jit
     pairs = [(query, budget)] if query.reverse is None and budget.reverse is None else list(
         zip((query.forward, query.backward), (budget.forward, budget.backward), strict=True))
     excess = None
     for q, b in pairs:
         fn = batched(
-            lambda p, m, o, h, b=b: kernel(p, m, o, h, b.probs, b.inf_mass, b.offset, b.step),
+            lambda p, m, o, h, b=b: _dominance_excess_jit(p, m, o, h, b.probs, b.inf_mass, b.offset, b.step),
             len(q.batch_shape),
         )
         out = fn(q.probs, q.inf_mass, q.offset, q.step)
@@ -266,14 +260,13 @@ def sup(plds, *, size: int | None = None) -> PLD:
     traced = is_traced(family)
     if traced and size is None:
         raise ValueError("sup under jit needs size=")
-    kernel = sup_kernel if traced else _sup_jit
 
     def one(direction: PLD) -> PLD:
         n = size
         if n is None:
             offsets = np.asarray(direction.offset)
             n = int(offsets.max() - offsets.min()) + direction.size
-        probs, inf_mass, offset = kernel(
+        probs, inf_mass, offset = _sup_jit(
             direction.probs, direction.inf_mass, direction.offset, direction.step[0], size=n
         )
         return PLD(probs, inf_mass, offset, direction.step[0], True)
