@@ -26,7 +26,12 @@ The layers, and where each kind of change goes, are described in ARCHITECTURE.md
 
 import importlib
 
-from pldjax.calibrate import calibrate_noise_multiplier, calibrate_sampling_prob, calibrate_steps
+from pldjax.calibrate import (
+    calibrate,
+    calibrate_noise_multiplier,
+    calibrate_sampling_prob,
+    calibrate_steps,
+)
 from pldjax.compilation import enable_compilation_cache, enable_default_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon, event_delta, event_epsilon
@@ -52,6 +57,7 @@ __all__ = [
     "Event",
     "PLD",
     "accountant",
+    "calibrate",
     "calibrate_noise_multiplier",
     "calibrate_sampling_prob",
     "calibrate_steps",
