@@ -86,6 +86,15 @@ def _parts(event: Event):
             for field in dataclasses.fields(part)]
 
 
+def _as_arrays(event: Event) -> Event:
+    """The event with every parameter an array (a list would be several pytree leaves)."""
+    def arrays(part):
+        return None if part is None else dataclasses.replace(part, **{
+            field.name: jnp.asarray(getattr(part, field.name))
+            for field in dataclasses.fields(part)})
+    return Event(arrays(event.noise), arrays(event.sampling), event.neighboring)
+
+
 def _check_template(event) -> Event:
     if not isinstance(event, Event):
         raise ValueError(f"event must be a pldjax.Event (the template of the recorded events), "
@@ -93,7 +102,7 @@ def _check_template(event) -> Event:
     if is_traced(event):
         raise ValueError("init(event=...) needs a concrete template event (its parameters fix "
                          "the state's shapes)")
-    return event
+    return _as_arrays(event)
 
 
 def _plain(capacity: int, template: Event) -> AccountantState:
@@ -212,7 +221,7 @@ def _as_event(state: AccountantState, event_or_sigma, sampling_prob) -> Event:
     if isinstance(event_or_sigma, Event):
         if sampling_prob is not None:
             raise ValueError("pass either an event or (noise_multiplier, sampling_prob), not both")
-        event = event_or_sigma
+        event = _as_arrays(event_or_sigma)
     else:
         if event_or_sigma is None or sampling_prob is None:
             raise ValueError("step needs an event, or a noise_multiplier and a sampling_prob")

@@ -280,14 +280,14 @@ def _lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray
     noise = event.noise
     if event.sampling is not None or type(noise).lattice is Noise.lattice:
         return None
-    leaves, tree = jax.tree.flatten(noise)
-    rows = np.stack([np.broadcast_to(np.asarray(leaf, np.float64), shape).reshape(-1)
-                     for leaf in leaves] + list(params), axis=-1)
+    names = [field.name for field in dataclasses.fields(noise)]
+    rows = np.stack([np.broadcast_to(np.asarray(getattr(noise, name), np.float64),
+                                     shape).reshape(-1) for name in names] + list(params), axis=-1)
     unique, inverse = np.unique(rows, axis=0, return_inverse=True)
     steps = np.zeros(unique.shape[0])
     for i, row in enumerate(unique):
-        one = jax.tree.unflatten(tree, list(row[:len(leaves)]))
-        grid = one.lattice(tuple(row[len(leaves):]), pessimistic)
+        one = type(noise)(**dict(zip(names, row[:len(names)], strict=True)))
+        grid = one.lattice(tuple(row[len(names):]), pessimistic)
         steps[i] = 0.0 if grid is None else grid.step
     return steps[inverse.reshape(-1)]
 
