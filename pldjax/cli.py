@@ -28,7 +28,9 @@ from collections.abc import Sequence
 #: Sweeps with more rows than this show a progress bar.
 PROGRESS_ROWS = 64
 _NEIGHBORING = ("add_remove", "replace_one")
-_NOISES = ("gaussian", "laplace", "discrete_laplace", "discrete_gaussian")
+#: --noise: the pldjax.noise record each name builds (noise scale, sensitivity).
+_NOISES = {"gaussian": "Gaussian", "laplace": "Laplace", "discrete_laplace": "DiscreteLaplace",
+           "discrete_gaussian": "DiscreteGaussian"}
 _SAMPLINGS = ("poisson", "fixed_batch", "none")
 #: The range of each CSV column, as pldjax.validate.check_range arguments (low, high, options).
 _COLUMN_RANGES = {
@@ -84,7 +86,7 @@ def _add_neighboring(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--neighboring", choices=_NEIGHBORING, default="add_remove", help="adjacency relation"
     )
-    parser.add_argument("--noise", choices=_NOISES, default="gaussian",
+    parser.add_argument("--noise", choices=tuple(_NOISES), default="gaussian",
                         help="noise distribution (default gaussian)")
     parser.add_argument("--sampling", choices=_SAMPLINGS, default="poisson",
                         help="how records are sampled each step: poisson (default), fixed_batch "
@@ -140,9 +142,7 @@ def _event(args, noise_multiplier, sampling_prob):
     import pldjax as pj
 
     scale = np.asarray(noise_multiplier, np.float64) * args.sensitivity
-    noise = {"gaussian": pj.noise.Gaussian, "laplace": pj.noise.Laplace,
-             "discrete_laplace": pj.noise.DiscreteLaplace,
-             "discrete_gaussian": pj.noise.DiscreteGaussian}[args.noise](scale, args.sensitivity)
+    noise = getattr(pj.noise, _NOISES[args.noise])(scale, args.sensitivity)
     if args.sampling == "none":
         if np.any(np.asarray(sampling_prob) != 1.0):
             raise ValueError("sampling_prob must be 1 (every record every step) with --sampling none")
