@@ -140,3 +140,15 @@ def test_files_of_the_dpsgd_accountant_before_events_still_load(tmp_path):
     io.save(tmp_path / "old.json", old, kind="accountant", params={"capacity": 2})
     restored = pj.accountant.load(tmp_path / "old.json", capacity=2)
     assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
+
+
+def test_event_accountant_state_is_the_same_with_x64_on_and_off(x64_off, tmp_path):
+    off = pj.accountant.step(pj.accountant.init(capacity=2, event=LAPLACE), LAPLACE, steps=4)
+    pj.accountant.save(tmp_path / "off.npz", off)
+    jax.config.update("jax_enable_x64", True)
+    on = pj.accountant.step(pj.accountant.init(capacity=2, event=LAPLACE), LAPLACE, steps=4)
+    restored = pj.accountant.load(tmp_path / "off.npz", capacity=2, event=LAPLACE)
+    jax.config.update("jax_enable_x64", False)
+    for state in (off, restored):
+        for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(state), strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))

@@ -275,3 +275,14 @@ def test_schedule_takes_event_segments():
     parts = pj.compose([laplace.pld().self_compose(3), pj.gaussian(1.0, sampling_prob=0.5)
                         .self_compose(2)])
     assert float(mixed.epsilon(1e-5)) == float(parts.epsilon(1e-5))
+
+
+def test_event_accounting_ignores_the_callers_x64(x64_off):
+    event = pj.Event(pj.noise.Laplace(np.array([0.5, 2.0])))
+    off = pj.event_epsilon(event, 1, 1e-5)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        on = pj.event_epsilon(event, 1, 1e-5)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert np.array_equal(off, on) and off.dtype == np.float64
