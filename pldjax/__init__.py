@@ -27,7 +27,7 @@ The layers, and where each kind of change goes, are described in ARCHITECTURE.md
 import importlib
 
 from pldjax.calibrate import (
-    calibrate,
+    calibrate_event,
     calibrate_noise_multiplier,
     calibrate_sampling_prob,
     calibrate_steps,
@@ -57,7 +57,7 @@ __all__ = [
     "Event",
     "PLD",
     "accountant",
-    "calibrate",
+    "calibrate_event",
     "calibrate_noise_multiplier",
     "calibrate_sampling_prob",
     "calibrate_steps",

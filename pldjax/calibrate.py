@@ -1,4 +1,4 @@
-"""Calibration: the parameter of a one-parameter family of mechanisms (:func:`calibrate`: any
+"""Calibration: the parameter of a one-parameter family of mechanisms (:func:`calibrate_event`: any
 ``make_event(x) -> pj.Event``), or DP-SGD's noise multiplier, number of steps or sampling
 probability, that meets a target (epsilon, delta), vectorized over arrays of targets.
 
@@ -146,7 +146,7 @@ def _search(epsilons: Callable, target, low: float, high: float, *, increasing: 
 
 
 @float64
-def calibrate(make_event: Callable[[np.ndarray], Event], target_epsilon, delta, *, low: float,
+def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, delta, *, low: float,
               high: float, increasing: bool, steps=1, rtol: float = RTOL) -> np.ndarray:
     """The parameter x in [``low``, ``high``] of the family ``make_event(x)`` whose ``steps``-fold
     composition is as far toward more privacy loss as meets (``target_epsilon``, ``delta``): the
@@ -191,7 +191,7 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
     the target (computed epsilon finite and <= target); sigma / (1 + rtol) does not. Raises when
     even ``sigma_max`` does not reach a target; returns ``sigma_min`` where that already does.
     ``rtol`` must lie in [MIN_RTOL, 1), and 0 < ``sigma_min`` < ``sigma_max`` < inf.
-    (:func:`calibrate` of :func:`pldjax.dpsgd.dpsgd_event`, bracketed by doubling from 1: few
+    (:func:`calibrate_event` of :func:`pldjax.dpsgd.dpsgd_event`, bracketed by doubling from 1: few
     distinct grids to compile.)
     """
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
@@ -278,7 +278,7 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     """Largest sampling probability (to ``rtol``) with epsilon <= ``target_epsilon`` (1 if q = 1
     meets it). All arguments broadcast. The answer lies in [``q_min``, 1] and meets the target
     (computed epsilon finite and <= target); q (1 + rtol) does not. Raises where even ``q_min``
-    exceeds a target. ``q_min`` in (0, 1], ``rtol`` in [MIN_RTOL, 1). (:func:`calibrate` of
+    exceeds a target. ``q_min`` in (0, 1], ``rtol`` in [MIN_RTOL, 1). (:func:`calibrate_event` of
     :func:`pldjax.dpsgd.dpsgd_event`, bracketed downwards from q = 1 by factors of 10: a tiny q
     needs a very fine (large) grid, so q_min is only evaluated where nothing larger meets the
     target.)"""

@@ -231,7 +231,7 @@ def test_calibrate_laplace_scale_against_its_closed_form():
     # one Laplace release: delta(eps) = 1 - exp((eps - 1/b) / 2), so epsilon(delta) = 1/b +
     # 2 log(1 - delta) <= target for b >= 1 / (target - 2 log(1 - delta))
     targets = np.array([0.5, 2.0])
-    scales = pj.calibrate(lambda b: pj.Event(pj.noise.Laplace(b)), targets, DELTA, low=1e-2,
+    scales = pj.calibrate_event(lambda b: pj.Event(pj.noise.Laplace(b)), targets, DELTA, low=1e-2,
                           high=1e2, increasing=False)
     exact = 1 / (targets - 2 * np.log1p(-DELTA))
     assert np.all(scales >= exact) and np.all(scales <= exact * (1 + 1e-3))
@@ -244,11 +244,11 @@ def _family(q):
 
 def test_calibrate_refuses_bad_families_before_evaluating():
     with pytest.raises(ValueError, match="make_event must return"):
-        pj.calibrate(lambda x: x, 1.0, DELTA, low=0.1, high=1.0, increasing=True)
+        pj.calibrate_event(lambda x: x, 1.0, DELTA, low=0.1, high=1.0, increasing=True)
     with pytest.raises(ValueError, match="make_event must be a function"):
-        pj.calibrate(_family(0.1), 1.0, DELTA, low=0.1, high=1.0, increasing=True)
+        pj.calibrate_event(_family(0.1), 1.0, DELTA, low=0.1, high=1.0, increasing=True)
     with pytest.raises(ValueError, match="high"):
-        pj.calibrate(_family, 1.0, DELTA, low=1.0, high=1.0, increasing=True)
+        pj.calibrate_event(_family, 1.0, DELTA, low=1.0, high=1.0, increasing=True)
     with pytest.raises(ValueError, match="either event"):
         pj.calibrate_steps(1.0, DELTA, 1.0, 0.1, event=_family(0.1))
 
@@ -256,11 +256,11 @@ def test_calibrate_refuses_bad_families_before_evaluating():
 @pytest.mark.slow
 def test_calibrate_increasing_family_and_steps_of_an_event():
     family = _family
-    q = pj.calibrate(family, 1.0, DELTA, steps=20, low=1e-4, high=1.0, increasing=True,
+    q = pj.calibrate_event(family, 1.0, DELTA, steps=20, low=1e-4, high=1.0, increasing=True,
                      rtol=1e-3)
     assert pj.event_epsilon(family(q), 20, DELTA) <= 1.0
     assert pj.event_epsilon(family(q * 1.002), 20, DELTA) > 1.0
     steps = pj.calibrate_steps(1.0, DELTA, event=family(q), max_steps=100)
     assert steps == 20 or pj.event_epsilon(family(q), steps + 1, DELTA) > 1.0
     with pytest.raises(ValueError, match="no parameter in \\[low, high\\]"):
-        pj.calibrate(family, 1e-3, DELTA, steps=20, low=0.5, high=1.0, increasing=True)
+        pj.calibrate_event(family, 1e-3, DELTA, steps=20, low=0.5, high=1.0, increasing=True)
