@@ -83,9 +83,17 @@ def privacy_loss(
     replacement) give a PLD with both (remove: the mixture against the base; add: the base
     against the mixture); every reported value is the worse of the two.
     """
-    mechanism, params, both = _directions(noise, sampling, neighboring, pessimistic)
+    directions = _directions(noise, sampling, neighboring, pessimistic)
     if sampling is None and grid is None:
-        grid = noise.lattice(params, pessimistic)
+        grid = noise.lattice(directions.params, pessimistic)
+    return discretize_directions(directions, grid, pessimistic)
+
+
+def discretize_directions(directions: Directions, grid: Grid | None, pessimistic: bool) -> PLD:
+    """The PLD of a mechanism before discretization (:meth:`Event.directions`) on ``grid``
+    (None: automatic), both directions in one vmapped call when it has two; for code that
+    discretizes a batch of events itself (:mod:`pldjax.dpsgd`)."""
+    mechanism, params, both = directions
     if not both:
         return discretize_mechanism(mechanism, params, grid, pessimistic)
     # both directions in one vmapped call (one compiled kernel): the direction is a parameter
