@@ -29,6 +29,8 @@ therefore take an additive ``delta_slack``: they certify delta_L <= delta_B + de
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,13 +52,22 @@ def _log_masses(probs, offset, step):
     return z, log_p
 
 
-def tradeoff_kernel(probs, inf_mass, offset, step, alphas):
-    """beta(alpha) of one direction: the type II error of the best test at type I error alpha."""
+def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic: bool = True):
+    """beta(alpha) of one direction: the type II error of the best test at type I error alpha.
+
+    An optimistic PLD bounds delta(eps) from below only from its window's bottom z0 up; below it
+    the truth's delta is still at least 1 - e^eps, whose dual line keeps beta(alpha) at or above
+    1 - alpha e^{-z0} (so beta(0) = 1, as for every mechanism whose two distributions share
+    their support).
+    """
     z, log_p = _log_masses(probs, offset, step)
     q = jnp.exp(jnp.minimum(log_p - z, 0.0))
     type_one = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(probs)])
     type_two = jnp.concatenate([jnp.cumsum(q[::-1])[::-1], jnp.zeros((1,))])
     beta = jnp.interp(alphas, type_one, type_two, right=0.0)
+    if not pessimistic:
+        below = jnp.where(alphas > 0, 1.0 - alphas * jnp.exp(-z[0]), 1.0)
+        beta = jnp.maximum(beta, below)
     return jnp.clip(beta, 0.0, 1.0 - alphas)
 
 
@@ -121,7 +132,7 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     return host_result(jnp.maximum(jnp.max(lines, axis=-1), 0.0))
 
 
-_tradeoff_jit = jax.jit(tradeoff_kernel)
+_tradeoff_jit = jax.jit(tradeoff_kernel, static_argnames=("pessimistic",))
 _renyi_jit = jax.jit(renyi_kernel)
 _log_mgf_jit = jax.jit(log_mgf_kernel)
 
@@ -130,7 +141,8 @@ _log_mgf_jit = jax.jit(log_mgf_kernel)
 def tradeoff(pld: PLD, alpha) -> jax.Array:
     """The f-DP tradeoff curve beta(alpha), alpha in [0, 1] (see :meth:`PLD.tradeoff`)."""
     check_range("alpha", alpha, 0.0, 1.0)
-    return per_direction(pld, alpha, _tradeoff_jit, jnp.minimum)
+    kernel = functools.partial(_tradeoff_jit, pessimistic=pld.pessimistic)
+    return per_direction(pld, alpha, kernel, jnp.minimum)
 
 
 @float64
