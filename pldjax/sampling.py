@@ -74,8 +74,8 @@ class Poisson(Sampling):
     """Poisson sampling: each record takes part independently with probability ``sampling_prob``
     in [0, 1] (scalar or array).
 
-    Add/remove: both directions (remove: the mixture (1 - q) B + q A against B; add: B against the
-    mixture). Replace-one: the pair (1 - q) N(0, 1) + q N(-mu, 1), (1 - q) N(0, 1) + q N(mu, 1)
+    Add/remove and zero-out: both directions (remove: the mixture (1 - q) B + q A against B; add:
+    B against the mixture). Replace-one: the pair (1 - q) N(0, 1) + q N(-mu, 1), (1 - q) N(0, 1) + q N(mu, 1)
     (one direction, symmetric), for the Gaussian only."""
 
     sampling_prob: Any
@@ -116,7 +116,8 @@ class FixedBatch(Sampling):
             raise ValueError(
                 "sampling='fixed_batch' (without replacement) has a PLD under "
                 "neighboring='replace_one' only: with add/remove neighbours the dataset size, "
-                "hence the batch, changes"
+                f"hence the batch, changes (and {neighboring.value!r} is not offered: the other "
+                "records in the batch shift the pair)"
             )
         base, params = noise.pair(Neighboring.REPLACE_ONE, pessimistic)
         return _poisson_pair(noise, base, params, resolvable(self.sampling_prob, pessimistic))
@@ -135,8 +136,8 @@ class Mixture(Sampling):
     axis of both holds the components, leading axes are a batch. ``Mixture([0, 1], [1 - q, q])``
     is Poisson sampling.
 
-    Add/remove adjacency, both directions (remove: sum_k p_k F(. - a_k) against F; add: the
-    swap), for a noise that is a log-concave location family (``noise.location``: Gaussian,
+    Add/remove (or zero-out: the same pair) adjacency, both directions (remove:
+    sum_k p_k F(. - a_k) against F; add: the swap), for a noise that is a log-concave location family (``noise.location``: Gaussian,
     GDP); its loss threshold is found by bisection, so the PLD is exact up to round-off.
     Choquette-Choo, Ganesh, Steinke and Thakurta ("Privacy amplification for matrix mechanisms",
     2023, Cor. 4.7) show the vector-valued mechanism is dominated by this scalar one with each
@@ -174,8 +175,9 @@ class Mixture(Sampling):
         return cls(k, probs / math.fsum(probs))
 
     def mechanism(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
-        if neighboring != Neighboring.ADD_REMOVE:
-            raise ValueError("Mixture sampling is offered under neighboring='add_remove' only")
+        if neighboring == Neighboring.REPLACE_ONE:
+            raise ValueError("Mixture sampling is offered under neighboring='add_remove' or "
+                             "'replace_special' (zero-out, the same pair) only")
         if noise.location is None:
             raise ValueError(f"Mixture sampling needs a noise that is a location family (Gaussian, "
                              f"GDP), got {type(noise).__name__}")
