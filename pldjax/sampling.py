@@ -138,7 +138,8 @@ class Mixture(Sampling):
 
     Add/remove (or zero-out: the same pair) adjacency, both directions (remove:
     sum_k p_k F(. - a_k) against F; add: the swap), for a noise that is a log-concave location
-    family (``noise.location``: Gaussian, GDP); its loss threshold is found by bisection, so the PLD is exact up to round-off.
+    family (``noise.location``: Gaussian, GDP); its loss threshold is found by bisection, so the
+    PLD is exact up to round-off.
     Choquette-Choo, Ganesh, Steinke and Thakurta ("Privacy amplification for matrix mechanisms",
     2023, Cor. 4.7) show the vector-valued mechanism is dominated by this scalar one with each
     contribution replaced by its norm."""
