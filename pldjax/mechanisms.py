@@ -83,6 +83,10 @@ def privacy_loss(
     replacement) give a PLD with both (remove: the mixture against the base; add: the base
     against the mixture); every reported value is the worse of the two.
     """
+    if sampling is not None:  # a scheme that builds its PLD itself (a mixture of PLDs)
+        built = sampling.pld(noise, Neighboring.parse(neighboring), pessimistic, grid)
+        if built is not None:
+            return built
     mechanism, params, both = _directions(noise, sampling, neighboring, pessimistic)
     if sampling is None and grid is None:
         grid = noise.lattice(params, pessimistic)

@@ -98,25 +98,47 @@ def test_no_truncation_is_the_poisson_subsampled_gaussian():
                                                          rel=1e-7)
 
 
-@pytest.mark.parametrize("relation", ["replace_special",
-                                      pytest.param("replace_one", marks=pytest.mark.slow),
-                                      pytest.param("add_remove", marks=pytest.mark.slow)])
-def test_above_the_untruncated_mechanism_and_near_dp_accounting(relation):
-    """Truncation only moves privacy one way for zero-out here (the |R| = B - 1 component has a
-    rate >= q); each bound stays above the plain Poisson one and, for zero-out, below
-    dp_accounting's looser mixture bound."""
-    sigma, q, n, b = 1.0, 0.05, 1000, 50
+@pytest.mark.parametrize(("relation", "sigma", "q", "n", "b"), [
+    ("replace_special", 1.0, 0.05, 1000, 50),
+    pytest.param("add_remove", 1.0, 0.01, 10_000, 120, marks=pytest.mark.slow),
+    pytest.param("replace_one", 1.0, 0.01, 10_000, 120, marks=pytest.mark.slow),
+    pytest.param("replace_special", 0.8, 0.1, 200, 15, marks=pytest.mark.slow),
+    pytest.param("replace_one", 0.8, 0.1, 200, 15, marks=pytest.mark.slow),
+    pytest.param("add_remove", 0.8, 0.1, 200, 15, marks=pytest.mark.slow)])
+def test_at_or_below_dp_accounting_and_above_the_lower_bound(relation, sigma, q, n, b):
+    """Issue 19: within 1e-3 of dp_accounting's PLD accountant at 1e-4 (or below it: the tighter
+    of its analysis and pldjax's is taken), above the plain Poisson-subsampled PLD and above the
+    optimistic estimate (every other record at zero), for one and ten steps."""
     rel = {"replace_special": NeighboringRelation.REPLACE_SPECIAL,
            "replace_one": NeighboringRelation.REPLACE_ONE,
            "add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE}[relation]
-    ours = float(truncated_poisson_gaussian(sigma, q, n, b, neighboring=relation).epsilon(1e-5))
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.TruncatedPoisson(q, n, b), relation)
+    pld, low = event.pld(), event.pld(pessimistic=False)
+    theirs = dpa_pld.from_truncated_subsampled_gaussian_mechanism(n, q, b, sigma,
+                                                                  neighboring_relation=rel)
     plain_relation = "replace_one" if relation == "replace_one" else "add_remove"
-    plain = float(pj.gaussian(sigma, sampling_prob=q, neighboring=plain_relation).epsilon(1e-5))
-    assert ours >= plain
-    theirs = dpa_pld.from_truncated_subsampled_gaussian_mechanism(
-        n, q, b, sigma, neighboring_relation=rel).get_epsilon_for_delta(1e-5)
-    if relation == "replace_special":
-        assert ours <= theirs
+    plain = pj.gaussian(sigma, sampling_prob=q, neighboring=plain_relation, pessimistic=False)
+    for count in (1, 10):
+        ours = float(pld.self_compose(count).epsilon(1e-4))
+        assert ours <= theirs.self_compose(count).get_epsilon_for_delta(1e-4) + 1e-3
+        assert ours >= float(low.self_compose(count).epsilon(1e-4))
+        assert ours >= float(plain.self_compose(count).epsilon(1e-4))
+
+
+def test_the_scheme_is_refused_where_it_has_no_meaning():
+    scheme = pj.sampling.TruncatedPoisson(0.1, 100, 10)
+    with pytest.raises(ValueError, match="Gaussian"):
+        pj.privacy_loss(pj.noise.Laplace(1.0), scheme, "replace_special")
+    with pytest.raises(ValueError, match="not one mechanism"):
+        pj.Event(pj.noise.Gaussian(1.0), scheme).directions()
+    with pytest.raises(ValueError, match="scalar, concrete sigma"):
+        pj.privacy_loss(pj.noise.Gaussian([1.0, 2.0]), scheme)
+    for kwargs, name in [(dict(sampling_prob=-0.1), "sampling_prob"),
+                         (dict(dataset_size=0), "dataset_size"),
+                         (dict(truncated_batch_size=2.5), "truncated_batch_size")]:
+        args = dict(sampling_prob=0.1, dataset_size=10, truncated_batch_size=2) | kwargs
+        with pytest.raises(ValueError, match=name):
+            pj.sampling.TruncatedPoisson(**args)
 
 
 def test_bad_arguments_name_themselves():
