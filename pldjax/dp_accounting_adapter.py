@@ -39,9 +39,9 @@ Poisson-sampled Gaussian events under REPLACE_ONE follow dp_accounting's PLD acc
 
 Tiny delta: an FFT composition charges its round-off (about 1e-19 a bin) on the safe side, so it
 cannot resolve delta much below 1e-12 and reads epsilon = inf or a loose value there; below
-TAIL_DELTA the accountant also reads the Chernoff bound of :mod:`pldjax.chernoff` from the events'
-single-run PLDs (no FFT) and returns the smaller of the two upper bounds: delta = 1e-18 gets a
-finite epsilon.
+``chernoff.RESOLVED_DELTA`` (1e-10) the accountant also reads the Chernoff bound of
+:mod:`pldjax.chernoff` from the events' single-run PLDs (no FFT) and returns the smaller of the
+two upper bounds: delta = 1e-18 gets a finite epsilon.
 
 Anything else (``SampledWithReplacementDpEvent``, ``SingleEpochTreeAggregationDpEvent``,
 ``RepeatAndSelectDpEvent``, ``ZCDpEvent``, ``UnsupportedDpEvent``, a sampled event around
@@ -314,12 +314,6 @@ def to_event(event, neighboring_relation: _NR = _NR.ADD_OR_REMOVE_ONE) -> Event:
     raise _dpa.UnsupportedEventError(f"{event}: {described}")
 
 
-#: get_epsilon / get_delta also read the Chernoff bound (pldjax.chernoff) below this delta, or
-#: where the FFT composition answers epsilon = inf: FFT round-off is charged at about 1e-19 a
-#: bin, so composed PLDs resolve delta down to about 1e-12 only
-TAIL_DELTA = 1e-10
-
-
 # -- the accountant -------------------------------------------------------------------------------
 class PLDAccountant(_dpa_pld.PLDAccountant):
     """A dp_accounting ``PrivacyAccountant`` (and ``dp_accounting.pld.PLDAccountant``) backed by
@@ -411,25 +405,27 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
 
     def get_epsilon(self, target_delta: float) -> float:
         """An upper bound on epsilon at ``target_delta`` in [0, 1] (inf after a non-private
-        event, or where the PLD's atom at +inf exceeds ``target_delta``). Below TAIL_DELTA, or
-        where the composed PLD reads inf, the smaller of its epsilon and the Chernoff bound of
-        :mod:`pldjax.chernoff` (both upper bounds), so delta = 1e-18 gets a finite answer."""
+        event, or where the PLD's atom at +inf exceeds ``target_delta``). Below
+        ``chernoff.RESOLVED_DELTA``, or where the composed PLD reads inf, the smaller of its
+        epsilon and the Chernoff bound of :mod:`pldjax.chernoff` (both upper bounds), so
+        delta = 1e-18 gets a finite answer."""
         check_range("target_delta", target_delta, 0.0, 1.0)
         if self._contains_non_dp_event:
             return math.inf
         eps = float(self.pld().epsilon(target_delta))
-        if target_delta < TAIL_DELTA or math.isinf(eps):
+        if target_delta < chernoff.RESOLVED_DELTA or math.isinf(eps):
             eps = min(eps, chernoff.epsilon(self._single_steps(), target_delta))
         return eps
 
     def get_delta(self, target_epsilon: float) -> float:
         """An upper bound on delta at ``target_epsilon`` >= 0 (inf allowed: the atom at +inf);
-        1 after a non-private event. Below TAIL_DELTA, also the Chernoff bound (the smaller)."""
+        1 after a non-private event. Below ``chernoff.RESOLVED_DELTA``, also the Chernoff bound
+        (the smaller)."""
         check_range("target_epsilon", target_epsilon, 0.0, allow_inf=True)
         if self._contains_non_dp_event:
             return 1.0
         delta = float(self.pld().delta(target_epsilon))
-        if delta < TAIL_DELTA:
+        if delta < chernoff.RESOLVED_DELTA:
             delta = min(delta, chernoff.delta(self._single_steps(), target_epsilon))
         return delta
 
