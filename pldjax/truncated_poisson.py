@@ -64,7 +64,7 @@ import numpy as np
 from scipy import stats
 
 from pldjax import grid as grid_lib
-from pldjax.align import onto_step
+from pldjax.align import align
 from pldjax.discretize import _lower_hull_at, masses_from_curve
 from pldjax.grid import Grid
 from pldjax.mass import settle
@@ -78,11 +78,12 @@ from pldjax.validate import check_range
 
 # -- PLDs on one common window --------------------------------------------------------------------
 def _common_window(directions: list[PLD]) -> tuple[float, int, np.ndarray, np.ndarray]:
-    """Concrete single-direction PLDs on the finest of their steps (exact for the automatic
-    power-of-two grids) and one window holding all of them: (step, offset, probs (K, n), inf
-    masses (K,)), n a power of two (zeros above the top loss change nothing)."""
-    step = min(float(np.asarray(d.step)) for d in directions)
-    parts = [onto_step(d, step, "truncated Poisson sampling") for d in directions]
+    """Concrete single-direction PLDs on one step, on the safe side (:func:`pldjax.align.align`:
+    the finest, exact for the automatic power-of-two grids, when that fits the memory guard, else
+    the coarsest) and one window holding all of them: (step, offset, probs (K, n), inf masses
+    (K,)), n a power of two (zeros above the top loss change nothing)."""
+    parts = align(directions, "truncated Poisson sampling")
+    step = float(np.asarray(parts[0].step))
     lo = min(int(p.offset) for p in parts)
     hi = max(int(p.offset) + p.size for p in parts)
     probs = np.zeros((len(parts), grid_lib.next_pow2(hi - lo)))
@@ -114,13 +115,23 @@ def mixture(weights, plds: list[PLD]) -> PLD:
     return PLD.from_directions(*directions)
 
 
-@functools.partial(jax.jit, static_argnames=("size",))
-def _envelope_kernel(probs, inf_mass, offset, step, *, size: int):
+#: The envelope works in x = e^(z - centre): windows spanning more nats either side of their centre
+#: would overflow, and there the PLD of the analysis with the smallest curve (summed over the grid
+#: points) is kept whole instead (sound: it is one of the upper bounds).
+_HULL_REACH = 600.0
+
+
+@functools.partial(jax.jit, static_argnames=("size", "hull"))
+def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
     """One direction: the PLD whose curve is the lower convex envelope (in x = e^z) of the
-    pointwise minimum of the K curves at the window's grid points (see :func:`tightest`)."""
+    pointwise minimum of the K curves at the window's grid points (see :func:`tightest`); without
+    ``hull``, the component whose curve has the smallest sum."""
     z = (offset + jnp.arange(size, dtype=jnp.float64)) * step
     curves = jax.vmap(delta_kernel, in_axes=(0, 0, None, None, None))(probs, inf_mass, offset,
                                                                        step, z)
+    if not hull:
+        best = jnp.argmin(jnp.sum(curves, axis=1))
+        return probs[best], inf_mass[best]
     lowest = jnp.min(curves, axis=0)
     # x relative to the window's centre (scaling x keeps convexity and avoids overflow), with the
     # curve's value 1 at x = 0
@@ -139,7 +150,8 @@ def tightest(plds: list[PLD]) -> PLD:
     from different analyses): per direction, the lower convex envelope in x = e^eps of the
     pointwise minimum of their hockey-stick curves at the grid points of a common window, joined
     by chords. Sound: the true curve is convex and below every curve, hence below that envelope,
-    and (being convex) below its chords between grid points. Components are concrete, unbatched."""
+    and (being convex) below its chords between grid points. Components are concrete, unbatched.
+    A window spanning more than 2 _HULL_REACH nats keeps the analysis with the smallest curve."""
     plds = _same_directions(list(plds))
     if len(plds) == 1:
         return plds[0]
@@ -148,8 +160,10 @@ def tightest(plds: list[PLD]) -> PLD:
     directions = []
     for d in range(len(plds[0].directions())):
         step, lo, probs, inf = _common_window([p.directions()[d] for p in plds])
+        size = probs.shape[1]
         out, out_inf = _envelope_kernel(jnp.asarray(probs), jnp.asarray(inf), jnp.int64(lo),
-                                        jnp.float64(step), size=probs.shape[1])
+                                        jnp.float64(step), size=size,
+                                        hull=size * step / 2 <= _HULL_REACH)
         directions.append(PLD(out, out_inf, jnp.int64(lo), jnp.float64(step), True))
     return PLD.from_directions(*directions)
 

@@ -6,13 +6,14 @@ import itertools
 from fractions import Fraction
 
 import mpmath as mp
+import numpy as np
 import pytest
 from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 from reference import gaussian_delta, subsampled_add_delta, subsampled_remove_delta
 
 import pldjax as pj
-from pldjax.truncated_poisson import rates, truncated_poisson_gaussian
+from pldjax.truncated_poisson import inclusion, rates, truncated_poisson_gaussian
 
 mp.mp.dps = 30
 
@@ -154,3 +155,21 @@ def test_bad_arguments_name_themselves():
         with pytest.raises(ValueError, match=name):
             truncated_poisson_gaussian(**args, neighboring=neighboring)
     assert float(truncated_poisson_gaussian(1.0, 0.1, 10, 0).epsilon(1e-9)) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sigma", "q"), [(1e-3, 0.1), (1.0, 1e-12)])
+def test_extreme_parameters_give_sound_finite_answers(sigma, q):
+    """Tiny noise puts the components' windows thousands of nats wide (the envelope then keeps
+    the tighter analysis whole, no NaN from e^z); a tiny rate puts components on very different
+    steps (aligned onto the coarsest instead of refusing)."""
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.TruncatedPoisson(q, 100, 5),
+                     "replace_special")
+    pld, low = event.pld(), event.pld(pessimistic=False)
+    for direction in pld.directions():
+        assert float(np.sum(np.asarray(direction.probs)) + np.asarray(direction.inf_mass)) == (
+            pytest.approx(1.0, abs=1e-12))
+    for eps in (0.0, 1.0, 10.0):
+        ours, lower = float(pld.delta(eps)), float(low.delta(eps))
+        assert 0.0 <= lower <= ours <= 1.0
+        assert ours >= poisson_delta(sigma, inclusion(q, 100, 5), eps) - 1e-12
