@@ -68,11 +68,13 @@ from pldjax.align import align
 from pldjax.discretize import _lower_hull_at, masses_from_curve
 from pldjax.grid import Grid
 from pldjax.mass import settle
+from pldjax.mechanisms import identity, privacy_loss
 from pldjax.neighboring import Neighboring
 from pldjax.noise import Gaussian
 from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.profile import delta_kernel, grid_deltas
+from pldjax.sampling import Poisson, TruncatedPoisson
 from pldjax.validate import check_range
 
 
@@ -201,17 +203,9 @@ def inclusion(sampling_prob: float, dataset_size: int, truncated_batch_size: int
                + b / n * float(stats.binom.sf(b, n, q)))
 
 
-def _identity(pessimistic: bool) -> PLD:
-    from pldjax.mechanisms import identity
-
-    return identity(pessimistic=pessimistic)
-
-
 def _poisson(noise: Gaussian, rate: float, neighboring: Neighboring, scale: float = 1.0,
              **kwargs) -> PLD:
-    from pldjax.mechanisms import privacy_loss
-    from pldjax.sampling import Poisson
-
+    """The Poisson-subsampled ``noise`` at ``rate``, its sensitivity multiplied by ``scale``."""
     if scale != 1.0:
         noise = dataclasses.replace(noise, sensitivity=scale * float(noise.sensitivity))
     return privacy_loss(noise, Poisson(rate), neighboring, **kwargs)
@@ -244,7 +238,7 @@ def truncated_poisson_pld(noise: Gaussian, sampling_prob, dataset_size, truncate
     q, n, b = float(v["sampling_prob"]), int(v["dataset_size"]), int(v["truncated_batch_size"])
     noise = Gaussian(float(v["sigma"]), float(v["sensitivity"]))
     if q == 0 or b == 0:
-        return _identity(pessimistic)
+        return identity(pessimistic=pessimistic)
     # zero-out pairs as add/remove where the dataset size does not matter (Poisson sampling)
     pair = Neighboring.REPLACE_ONE if neighboring == Neighboring.REPLACE_ONE else Neighboring.ADD_REMOVE
     kwargs = dict(pessimistic=pessimistic, grid=grid)
@@ -260,7 +254,7 @@ def truncated_poisson_pld(noise: Gaussian, sampling_prob, dataset_size, truncate
         first = [(w, _poisson(noise, r, pair, **kwargs)) for w, r in rates(q, n, b)]
         rest = 1.0 - sum(w for w, _ in first)
         if rest > 0:
-            first.append((rest, _identity(True)))
+            first.append((rest, identity()))
     t, rate = truncation(q, n, b)
     second = [(1.0 - t, _poisson(noise, q, pair, **kwargs))]
     if rate is not None:
@@ -294,9 +288,6 @@ def truncated_poisson_gaussian(
 
     Compose it with ``self_compose`` for many steps.
     """
-    from pldjax.mechanisms import privacy_loss
-    from pldjax.sampling import TruncatedPoisson
-
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     return privacy_loss(Gaussian(noise_multiplier),
                         TruncatedPoisson(sampling_prob, dataset_size, truncated_batch_size),
