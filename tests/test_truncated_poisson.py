@@ -1,6 +1,7 @@
-"""Truncated Poisson sampling (pldjax/truncated_poisson.py): the mixture weights against a brute-force
-enumeration of the sampling, the PLD against the exact revealed mechanism (mpmath) and a lower
-bound (the true mechanism with the other records at zero), and against dp_accounting's bound."""
+"""Truncated Poisson sampling (pldjax/truncated_poisson.py, pj.sampling.TruncatedPoisson): the mixture
+weights against a brute-force enumeration of the sampling, the PLD against the exact revealed
+mechanism (mpmath), lower bounds (the true mechanism with the other records at zero; every small
+dataset, enumerated and integrated in mpmath) and dp_accounting's bound."""
 
 import itertools
 from fractions import Fraction
@@ -80,16 +81,18 @@ def poisson_delta(sigma, rate, eps):
 
 @pytest.mark.parametrize(("sigma", "q", "n", "b"), [(1.0, 0.3, 6, 2), (0.7, 0.5, 5, 3)])
 def test_zero_out_pld_is_tight_for_the_revealed_mechanism_and_above_the_truth(sigma, q, n, b):
+    """At or below the revealed mechanism of analysis 1 (exact, in mpmath; the other analysis can
+    only lower it), and above a mechanism the truth covers."""
     pld = truncated_poisson_gaussian(sigma, q, n, b)
     mix = enumerate_rates(Fraction(q), n, b)
-    inclusion = float(sum(w * r for w, r in mix.values()))  # P(Z = 1)
+    included = float(sum(w * r for w, r in mix.values()))  # P(Z = 1)
+    assert included == pytest.approx(inclusion(q, n, b), rel=1e-12)
     for eps in (0.0, 0.3, 1.0, 2.0):
         ours = float(pld.delta(eps))
-        exact = exact_revealed_delta(sigma, q, n, b, eps)
-        assert exact - 1e-12 <= ours <= exact + 1e-4
+        assert ours <= exact_revealed_delta(sigma, q, n, b, eps) + 1e-4
         # with every other record at zero the output is the Poisson-subsampled Gaussian at the
         # rate P(Z = 1): a mechanism the bound must cover
-        assert ours >= poisson_delta(sigma, inclusion, eps) - 1e-12
+        assert ours >= poisson_delta(sigma, included, eps) - 1e-12
 
 
 def test_no_truncation_is_the_poisson_subsampled_gaussian():
@@ -173,3 +176,52 @@ def test_extreme_parameters_give_sound_finite_answers(sigma, q):
         ours, lower = float(pld.delta(eps)), float(low.delta(eps))
         assert 0.0 <= lower <= ours <= 1.0
         assert ours >= poisson_delta(sigma, inclusion(q, 100, 5), eps) - 1e-12
+
+
+def true_output_mixture(contributions: list[float], q: float, b: int) -> list[tuple[float, float]]:
+    """The output of truncated Poisson sampling with scalar contributions, as (weight, mean) of
+    its Gaussian components, by enumerating which records are drawn and which b are kept."""
+    n = len(contributions)
+    out: dict[float, float] = {}
+    for drawn in itertools.product((0, 1), repeat=n):
+        prob = mp.mpf(1)
+        for d in drawn:
+            prob *= q if d else 1 - q
+        members = [i for i in range(n) if drawn[i]]
+        kept_sets = list(itertools.combinations(members, b)) if len(members) > b else [tuple(members)]
+        for kept in kept_sets:
+            mean = sum(contributions[i] for i in kept)
+            out[mean] = out.get(mean, 0) + prob / len(kept_sets)
+    return [(w, m) for m, w in out.items()]
+
+
+def mixture_delta(p, q, sigma, eps) -> float:
+    """delta(eps) of the pair of Gaussian mixtures (weight, mean): int (P - e^eps Q)_+ (mpmath)."""
+    def density(mix, x):
+        return sum(w * mp.npdf(x, m, sigma) for w, m in mix)
+
+    def excess(x):
+        return max(density(p, x) - mp.e**eps * density(q, x), 0)
+
+    with mp.workdps(15):
+        return float(mp.quad(excess, mp.linspace(-8 - 4 * sigma, 8 + 4 * sigma, 33)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("relation", ["replace_special", "replace_one", "add_remove"])
+def test_above_the_true_mechanism_on_small_datasets(relation):
+    """Soundness of the envelope of both analyses against the true mechanism itself: four records
+    (three others with contributions in {-1, 0, 1}), batches truncated to two, every
+    configuration enumerated exactly and integrated in mpmath."""
+    sigma, q, n, b = 1.0, 0.5, 4, 2
+    pld = pj.privacy_loss(pj.noise.Gaussian(sigma), pj.sampling.TruncatedPoisson(q, n, b), relation)
+    pair = {"replace_special": (1.0, 0.0), "replace_one": (-1.0, 1.0), "add_remove": (1.0, None)}
+    v, w = pair[relation]
+    for others in itertools.product((-1.0, 0.0, 1.0), repeat=n - 1):
+        others = list(others)
+        with_v = true_output_mixture(others + [v], q, b)
+        other = true_output_mixture(others if w is None else others + [w], q, b)
+        for eps in (0.0, 1.0):
+            exact = max(mixture_delta(with_v, other, sigma, eps),
+                        mixture_delta(other, with_v, sigma, eps))
+            assert float(pld.delta(eps)) >= exact - 1e-7
