@@ -26,10 +26,15 @@ The layers, and where each kind of change goes, are described in ARCHITECTURE.md
 
 import importlib
 
-from pldjax.calibrate import calibrate_noise_multiplier, calibrate_sampling_prob, calibrate_steps
+from pldjax.calibrate import (
+    calibrate_event,
+    calibrate_noise_multiplier,
+    calibrate_sampling_prob,
+    calibrate_steps,
+)
 from pldjax.compilation import enable_compilation_cache, enable_default_cache
 from pldjax.compose import compose
-from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon
+from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon, event_delta, event_epsilon
 from pldjax.gaussian_dp import gdp_mu, gdp_residue
 from pldjax.grid import Grid
 from pldjax.mechanisms import (
@@ -52,6 +57,7 @@ __all__ = [
     "Event",
     "PLD",
     "accountant",
+    "calibrate_event",
     "calibrate_noise_multiplier",
     "calibrate_sampling_prob",
     "calibrate_steps",
@@ -64,6 +70,8 @@ __all__ = [
     "dpsgd_delta",
     "dpsgd_epsilon",
     "enable_compilation_cache",
+    "event_delta",
+    "event_epsilon",
     "filters",
     "from_privacy_curve",
     "gaussian",

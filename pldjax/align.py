@@ -91,8 +91,7 @@ def regrid(pld: PLD, target, size: int) -> PLD:
     shape = pld.batch_shape
     flat = int(np.prod(shape)) if shape else 1
     target = jnp.broadcast_to(jnp.asarray(target, jnp.float64), shape)
-    run = _regrid_batch.__wrapped__ if is_traced((pld, target)) else _regrid_batch
-    probs, offset = run(pld.probs.reshape(flat, pld.size),
+    probs, offset = _regrid_batch(pld.probs.reshape(flat, pld.size),
                         jnp.broadcast_to(pld.offset, shape).reshape(flat),
                         jnp.broadcast_to(pld.step, shape).reshape(flat), target.reshape(flat),
                         size=size, pessimistic=pld.pessimistic)

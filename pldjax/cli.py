@@ -6,6 +6,11 @@
   with columns ``noise_multiplier, sampling_prob, steps`` and ``delta`` (or ``epsilon``), in one
   batched computation, with a progress bar on long sweeps.
 
+Both take the mechanism as its parts (a :class:`pldjax.Event`): ``--noise`` (gaussian, laplace,
+discrete_laplace, discrete_gaussian; the noise's scale is S times ``--sensitivity``),
+``--sampling`` (poisson, fixed_batch, none) and ``--neighboring`` (add_remove, replace_one); the
+defaults are DP-SGD's (Gaussian, Poisson, add/remove).
+
 Values printed are pessimistic (upper bounds on the truth) with the optimistic estimate beside
 them, to show how tight they are. Bad input (a NaN, a value out of range, a CSV row with a missing
 or malformed field) is reported on standard error, naming the argument (and the CSV row and
@@ -23,6 +28,10 @@ from collections.abc import Sequence
 #: Sweeps with more rows than this show a progress bar.
 PROGRESS_ROWS = 64
 _NEIGHBORING = ("add_remove", "replace_one")
+#: --noise: the pldjax.noise record each name builds (noise scale, sensitivity).
+_NOISES = {"gaussian": "Gaussian", "laplace": "Laplace", "discrete_laplace": "DiscreteLaplace",
+           "discrete_gaussian": "DiscreteGaussian"}
+_SAMPLINGS = ("poisson", "fixed_batch", "none")
 #: The range of each CSV column, as pldjax.validate.check_range arguments (low, high, options).
 _COLUMN_RANGES = {
     "noise_multiplier": (0.0, float("inf"), {"low_open": True}),
@@ -53,13 +62,15 @@ def _add_mechanism_options(parser: argparse.ArgumentParser) -> None:
         "--noise-multiplier",
         type=float,
         required=True,
-        help="Gaussian noise standard deviation divided by the L2 sensitivity (sigma > 0)",
+        help="the noise's scale divided by the sensitivity (> 0): for the Gaussian its standard "
+        "deviation over the L2 sensitivity, for Laplace its scale b over the L1 sensitivity",
     )
     parser.add_argument(
         "--sampling-prob",
         type=float,
         default=1.0,
-        help="Poisson sampling probability q in [0, 1] of each record per step (default 1)",
+        help="sampling probability q in [0, 1] of each record per step (batch size / dataset "
+        "size for fixed_batch; default 1)",
     )
     parser.add_argument(
         "--steps",
@@ -71,9 +82,18 @@ def _add_mechanism_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_neighboring(parser: argparse.ArgumentParser) -> None:
+    """The options naming the mechanism's parts (besides its numbers)."""
     parser.add_argument(
         "--neighboring", choices=_NEIGHBORING, default="add_remove", help="adjacency relation"
     )
+    parser.add_argument("--noise", choices=tuple(_NOISES), default="gaussian",
+                        help="noise distribution (default gaussian)")
+    parser.add_argument("--sampling", choices=_SAMPLINGS, default="poisson",
+                        help="how records are sampled each step: poisson (default), fixed_batch "
+                        "(without replacement; needs --neighboring replace_one) or none")
+    parser.add_argument("--sensitivity", type=float, default=1.0,
+                        help="the query's sensitivity (> 0; a whole number for the discrete "
+                        "noises; default 1)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -115,14 +135,43 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _single(args) -> str:
+def _event(args, noise_multiplier, sampling_prob):
+    """The mechanism the options describe, for arrays of noise multipliers and probabilities."""
+    import numpy as np
+
     import pldjax as pj
 
-    fn = pj.dpsgd_epsilon if args.command == "epsilon" else pj.dpsgd_delta
+    scale = np.asarray(noise_multiplier, np.float64) * args.sensitivity
+    noise = getattr(pj.noise, _NOISES[args.noise])(scale, args.sensitivity)
+    if args.sampling == "none":
+        if np.any(np.asarray(sampling_prob) != 1.0):
+            raise ValueError("sampling_prob must be 1 (every record every step) with --sampling none")
+        return pj.Event(noise, None, args.neighboring)
+    return pj.Event(noise, pj.sampling.from_args(sampling_prob, args.sampling), args.neighboring)
+
+
+def _evaluate(args, evaluate: str, noise_multiplier, sampling_prob, steps, target, **options):
+    """epsilon (``evaluate``) or delta of the configurations: DP-SGD's accounting for the default
+    parts, the event's otherwise."""
+    import pldjax as pj
+    from pldjax.validate import check_range
+
+    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    check_range("sampling_prob", sampling_prob, 0.0, 1.0)
+    check_range("sensitivity", args.sensitivity, 0.0, low_open=True)
+    if args.noise == "gaussian" and args.sampling == "poisson" and args.sensitivity == 1.0:
+        fn = pj.dpsgd_epsilon if evaluate == "epsilon" else pj.dpsgd_delta
+        return fn(noise_multiplier, sampling_prob, steps, target, neighboring=args.neighboring,
+                  **options)
+    fn = pj.event_epsilon if evaluate == "epsilon" else pj.event_delta
+    return fn(_event(args, noise_multiplier, sampling_prob), steps, target, **options)
+
+
+def _single(args) -> str:
     target = args.delta if args.command == "epsilon" else args.epsilon
     bounds = [
-        fn(args.noise_multiplier, args.sampling_prob, args.steps, target,
-           neighboring=args.neighboring, pessimistic=pessimistic)
+        _evaluate(args, args.command, args.noise_multiplier, args.sampling_prob, args.steps,
+                  target, pessimistic=pessimistic)
         for pessimistic in (True, False)
     ]
     _check_numbers(bounds, lambda bad: "for these arguments")
@@ -179,14 +228,12 @@ def _read_configs(path: str):
 def _sweep(args) -> int:
     import numpy as np
 
-    import pldjax as pj
 
     rows, header, target_name, (sigma, q, steps, target) = _read_configs(args.configs)
-    fn = pj.dpsgd_epsilon if target_name == "delta" else pj.dpsgd_delta
     result_name = "epsilon" if target_name == "delta" else "delta"
     progress = len(rows) > PROGRESS_ROWS
-    upper = fn(sigma, q, steps, target, neighboring=args.neighboring, progress=progress)
-    lower = fn(sigma, q, steps, target, neighboring=args.neighboring, pessimistic=False)
+    upper = _evaluate(args, result_name, sigma, q, steps, target, progress=progress)
+    lower = _evaluate(args, result_name, sigma, q, steps, target, pessimistic=False)
     _check_numbers([upper, lower], lambda bad: (
         f"in rows {(np.nonzero(bad.any(axis=0))[0] + 1)[:10].tolist()} of {args.configs}"))
     out = open(args.output, "w", newline="") if args.output else sys.stdout

@@ -227,7 +227,9 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
     center = jnp.round(
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
     ).astype(jnp.int64)
-    raw = jnp.fft.irfft(jnp.exp(count * _log_spectrum(probs, center, size)), size)
+    log_p = _log_spectrum(probs, center, size)
+    # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
+    raw = jnp.fft.irfft(jnp.exp(jax.lax.complex(count * log_p.real, count * log_p.imag)), size)
     raw = jnp.where(jnp.sum(probs) > 0, raw, 0.0)  # all mass at +inf: log 0 * count is NaN + NaN i
     raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
     above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)

@@ -9,23 +9,24 @@ composed and turned into PLDs when epsilon or delta is read (pessimistic: upper 
 event's PLD is cached by its parameters, so calibration loops that compose the same event into
 fresh accountants build it once.
 
-Events (``relations``: the neighboring relations accepted; RS = REPLACE_SPECIAL, the zero-out
-relation, AR = ADD_OR_REMOVE_ONE, RO = REPLACE_ONE):
+Each leaf event is read as a :class:`pldjax.Event` (noise x sampling x neighbouring), public as
+:func:`to_event`; its PLD is ``Event.pld()``. Events (``relations``: the neighboring relations
+accepted; RS = REPLACE_SPECIAL, the zero-out relation, AR = ADD_OR_REMOVE_ONE, RO = REPLACE_ONE):
 
 =========================================== ========== =============================================
-event                                       relations  PLD
+event                                       relations  pldjax
 =========================================== ========== =============================================
 NoOpDpEvent                                 all        identity
 NonPrivateDpEvent                           all        epsilon = inf, delta = 1
-GaussianDpEvent                             all        ``gaussian`` (RS is AR; RO: shift 2)
-LaplaceDpEvent                              AR, RS, RO ``laplace`` (RO: shift 2)
-DiscreteLaplaceDpEvent                      AR, RS, RO ``discrete_laplace``
-PoissonSampledDpEvent(Gaussian)             all        ``gaussian(sampling_prob=)``
-PoissonSampledDpEvent(Laplace)              AR, RS     ``laplace(sampling_prob=)``
-SampledWithoutReplacementDpEvent(Gaussian)  RO         ``gaussian(sampling="fixed_batch")`` (*)
+GaussianDpEvent                             all        ``noise.Gaussian`` (RS pairs as AR; RO: shift 2)
+LaplaceDpEvent                              AR, RS, RO ``noise.Laplace`` (RO: shift 2)
+DiscreteLaplaceDpEvent                      AR, RS, RO ``noise.DiscreteLaplace``
+PoissonSampledDpEvent(Gaussian)             all        ``sampling.Poisson``
+PoissonSampledDpEvent(Laplace)              AR, RS     ``sampling.Poisson``
+SampledWithoutReplacementDpEvent(Gaussian)  RO         ``sampling.FixedBatch`` (*)
 RandomizedResponseDpEvent (k buckets)       RO, RS     exact tails, :func:`k_randomized_response`
-MixtureOfGaussiansDpEvent                   AR, RS     exact tails, :func:`mixture_of_gaussians`
-TruncatedSubsampledGaussianDpEvent          all        :mod:`pldjax.truncated_poisson`
+MixtureOfGaussiansDpEvent                   AR, RS     ``sampling.Mixture``
+TruncatedSubsampledGaussianDpEvent          all        ``sampling.TruncatedPoisson``
 SelfComposedDpEvent, ComposedDpEvent        all        composition
 =========================================== ========== =============================================
 
@@ -35,6 +36,12 @@ the distance between the replaced and the new record's contributions, so the PLD
 a shift of 1 noise multiplier, at or below dp_accounting's RDP bound. Gaussian and
 Poisson-sampled Gaussian events under REPLACE_ONE follow dp_accounting's PLD accountant instead
 (a record moves from -C to +C: a shift of 2), as its own accountants do.
+
+Tiny delta: an FFT composition charges its round-off (about 1e-19 a bin) on the safe side, so it
+cannot resolve delta much below 1e-12 and reads epsilon = inf or a loose value there; below
+``chernoff.RESOLVED_DELTA`` (1e-10) the accountant also reads the Chernoff bound of
+:mod:`pldjax.chernoff` from the events' single-run PLDs (no FFT) and returns the smaller of the
+two upper bounds: delta = 1e-18 gets a finite epsilon.
 
 Anything else (``SampledWithReplacementDpEvent``, ``SingleEpochTreeAggregationDpEvent``,
 ``RepeatAndSelectDpEvent``, ``ZCDpEvent``, ``UnsupportedDpEvent``, a sampled event around
@@ -56,21 +63,19 @@ from dp_accounting import dp_event as _ev
 from dp_accounting.pld import pld_privacy_accountant as _dpa_pld
 from scipy import special
 
+from pldjax import chernoff, noise, sampling
 from pldjax.compose import compose as _compose
 from pldjax.discretize import hockey_stick, hockey_stick_excess, masses_from_curve
 from pldjax.dpsgd import compose_schedule
-from pldjax.mechanisms import discrete_laplace, gaussian, identity, laplace
+from pldjax.mechanisms import Event, gaussian, identity
+from pldjax.neighboring import Neighboring
 from pldjax.pld import PLD
 from pldjax.precision import float64
-from pldjax.truncated_poisson import truncated_poisson_gaussian
 from pldjax.validate import check_count, check_range
 
 _NR = _dpa.NeighboringRelation
-_RELATION = {_NR.ADD_OR_REMOVE_ONE: "add_remove", _NR.REPLACE_ONE: "replace_one",
-             _NR.REPLACE_SPECIAL: "replace_special"}
-#: for additive noise without truncation, zero-out (a record's contribution against 0) is add/remove
-_NOISE_RELATION = {"add_remove": "add_remove", "replace_special": "add_remove",
-                   "replace_one": "replace_one"}
+_RELATION = {_NR.ADD_OR_REMOVE_ONE: Neighboring.ADD_REMOVE, _NR.REPLACE_ONE: Neighboring.REPLACE_ONE,
+             _NR.REPLACE_SPECIAL: Neighboring.REPLACE_SPECIAL}
 
 
 # -- small exact PLDs -----------------------------------------------------------------------------
@@ -150,85 +155,25 @@ def k_randomized_response(noise_parameter: float, num_buckets: int, neighboring:
 
 
 @functools.lru_cache(maxsize=256)
-@float64
-def mixture_of_gaussians(standard_deviation: float, sensitivities: tuple, sampling_probs: tuple) -> PLD:
-    """Pessimistic PLD of the Gaussian mechanism with a random sensitivity S (P(S = s_i) = p_i,
-    s_i >= 0): P = sum_i p_i N(s_i, sigma^2) against Q = N(0, sigma^2), both directions
-    (Poisson subsampling is the case S in {0, 1}). The loss L(x) = log sum_i p_i
-    exp((2 s_i x - s_i^2) / (2 sigma^2)) is increasing in x, so {L > eps} = {X > x(eps)} with
-    L(x(eps)) = eps, found by bisection to float64 resolution (the other direction is the mirror
-    image); exact tails, connect-the-dots on a power-of-two grid of about 4096 points.
-    ``standard_deviation`` > 0; ``sensitivities`` >= 0 and ``sampling_probs`` in [0, 1] (summing
-    to 1), tuples of one length."""
-    check_range("standard_deviation", standard_deviation, 0.0, low_open=True)
-    check_range("sensitivities", sensitivities, 0.0)
-    check_range("sampling_probs", sampling_probs, 0.0, 1.0)
-    if len(sensitivities) != len(sampling_probs) or not sensitivities:
-        raise ValueError("sensitivities and sampling_probs must be non-empty and of one length")
-    if abs(math.fsum(sampling_probs) - 1.0) > 1e-9:
-        raise ValueError(f"sampling_probs must sum to 1, got {math.fsum(sampling_probs)!r}")
-    s = np.asarray(sensitivities, np.float64) / float(standard_deviation)
-    w = np.asarray(sampling_probs, np.float64)
-    keep = w > 0
-    s, w = s[keep], w[keep] / np.sum(w[keep])  # round-off only (the sum is 1 within 1e-9)
-    if np.all(s == 0):
-        return identity()
-    log_w = np.log(w)
-    edge = 40.0 + s.max()
-
-    def loss(x):
-        return special.logsumexp(log_w + s * x[..., None] - s * s / 2, axis=-1)
-
-    def solve(target):  # the x with L(x) = target (L is increasing), to float64 resolution
-        lo, hi = np.full_like(target, -edge), np.full_like(target, edge)
-        for _ in range(100):
-            mid = (lo + hi) / 2
-            above = loss(mid) > target
-            hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
-        return hi
-
-    def mix(x, sign):  # log P(sign X > sign x) under P = sum_i w_i N(s_i, 1)
-        return special.logsumexp(log_w + special.log_ndtr(sign * (s - x[..., None])), axis=-1)
-
-    def forward(eps):  # PLD(P || Q): {L > eps} = {X > x}
-        x = solve(eps)
-        return mix(x, 1.0), special.log_ndtr(-x), mix(x, -1.0), special.log_ndtr(x)
-
-    def back(eps):  # PLD(Q || P), loss -L under Q: {-L > eps} = {X < y}, L(y) = -eps
-        y = solve(-eps)
-        return special.log_ndtr(y), mix(y, -1.0), special.log_ndtr(-y), mix(y, 1.0)
-
-    reach = 12.0 + s.max()
-    top, bottom = (float(v) for v in loss(np.asarray([reach, -12.0])))
-    return _pld_from_tails(forward, back, min(bottom, -top), max(top, -bottom))
+def _event_pld(key, relation: Neighboring) -> PLD:
+    """One event's PLD, cached by its description (a hashable :class:`pldjax.Event`, or k-ary
+    randomized response's parameters)."""
+    if isinstance(key, Event):
+        return key.pld()
+    return k_randomized_response(*key, relation.value)
 
 
 @functools.lru_cache(maxsize=256)
-def _event_pld(kind: str, params: tuple, relation: str) -> PLD:
-    """One event's PLD, cached by its (hashable) parameters; ``relation``: a value of _RELATION."""
-    noise_relation = _NOISE_RELATION[relation]
-    if kind == "laplace":
-        return laplace(params[0], neighboring=noise_relation)
-    if kind == "poisson_laplace":
-        return laplace(params[0], sampling_prob=params[1])
-    if kind == "discrete_laplace":
-        return discrete_laplace(params[0], sensitivity=params[1], neighboring=noise_relation)
-    if kind == "without_replacement":
-        # noise multiplier relative to the replace-one distance |v - v'| (dp_accounting's RDP
-        # accountant, jax-privacy's fixed_dpsgd_event): pldjax's replace-one moves a record from
-        # -sensitivity to +sensitivity, so sensitivity 1/2
-        return gaussian(params[0], sensitivity=0.5, sampling_prob=params[1],
-                        neighboring="replace_one", sampling="fixed_batch")
-    if kind == "randomized_response":
-        return k_randomized_response(*params, relation)
-    if kind == "mixture_of_gaussians":
-        return mixture_of_gaussians(*params)
-    if kind == "truncated":
-        return truncated_poisson_gaussian(*params, neighboring=relation)
-    raise AssertionError(kind)
+def _step_pld(sigma: float, q: float, relation: Neighboring) -> PLD:
+    """One step of a DP-SGD segment (for the Chernoff bound at tiny delta)."""
+    return gaussian(sigma, sampling_prob=q, neighboring=relation)
 
 
-# -- the accountant -------------------------------------------------------------------------------
+# -- DpEvent -> pj.Event ----------------------------------------------------------------------------
+class _Unsupported(str):
+    """The reason an event has no PLD here (dp_accounting's message)."""
+
+
 def _number(event, field: str, low: float, high: float = math.inf) -> float:
     value = getattr(event, field)
     check_range(f"{type(event).__name__}.{field}", value, low, high)
@@ -239,6 +184,137 @@ def _count(event, field: str) -> int:
     return check_count(f"{type(event).__name__}.{field}", getattr(event, field))
 
 
+def _describe(event, rel: _NR):
+    """A leaf event as pldjax sees it: None (nothing released), "non_private", a
+    :class:`pldjax.Event`, ("randomized_response", p, k), or an _Unsupported reason. Parameters out
+    of range raise ValueError naming the field."""
+    relation = _RELATION[rel]
+    if isinstance(event, _ev.NoOpDpEvent):
+        return None
+    if isinstance(event, _ev.NonPrivateDpEvent):
+        return "non_private"
+    if isinstance(event, _ev.GaussianDpEvent):
+        sigma = _number(event, "noise_multiplier", 0.0)
+        return "non_private" if sigma == 0 else Event(noise.Gaussian(sigma), None, relation)
+    if isinstance(event, _ev.LaplaceDpEvent):
+        b = _number(event, "noise_multiplier", 0.0)
+        return "non_private" if b == 0 else Event(noise.Laplace(b), None, relation)
+    if isinstance(event, _ev.DiscreteLaplaceDpEvent):
+        a = _number(event, "noise_parameter", 0.0)
+        sens = _count(event, "sensitivity")
+        if sens == 0:
+            return None
+        return "non_private" if a == 0 else Event(noise.DiscreteLaplace(1.0 / a, sens), None, relation)
+    if isinstance(event, _ev.PoissonSampledDpEvent):
+        q = _number(event, "sampling_probability", 0.0, 1.0)
+        inner = event.event
+        if isinstance(inner, _ev.LaplaceDpEvent) and rel == _NR.REPLACE_ONE:
+            return _Unsupported("neighboring_relation must be ADD_OR_REMOVE_ONE or REPLACE_SPECIAL "
+                                f"for PoissonSampledDpEvent of a LaplaceDpEvent. Found {rel}.")
+        if not isinstance(inner, _ev.GaussianDpEvent | _ev.LaplaceDpEvent):
+            return _Unsupported("Subevent of PoissonSampledDpEvent must be either GaussianDpEvent "
+                                f"or LaplaceDpEvent. Found {inner}.")
+        scale = _number(inner, "noise_multiplier", 0.0)
+        if q == 0:
+            return None
+        if scale == 0:
+            return "non_private"
+        kind = noise.Gaussian if isinstance(inner, _ev.GaussianDpEvent) else noise.Laplace
+        return Event(kind(scale), sampling.Poisson(q), relation)
+    if isinstance(event, _ev.SampledWithoutReplacementDpEvent):
+        if rel != _NR.REPLACE_ONE:
+            return _Unsupported("SampledWithoutReplacementDpEvent has a PLD under REPLACE_ONE only "
+                                f"(the batch size is fixed). Found {rel}.")
+        if not isinstance(event.event, _ev.GaussianDpEvent):
+            return _Unsupported("Subevent of SampledWithoutReplacementDpEvent must be a "
+                                f"GaussianDpEvent. Found {event.event}.")
+        n = _count(event, "source_dataset_size")
+        m = _count(event, "sample_size")
+        if m > n:
+            raise ValueError(f"SampledWithoutReplacementDpEvent.sample_size must be at most "
+                             f"source_dataset_size = {n}, got {m}")
+        sigma = _number(event.event, "noise_multiplier", 0.0)
+        if m == 0:
+            return None
+        if sigma == 0:
+            return "non_private"
+        # noise multiplier relative to the replace-one distance |v - v'| (dp_accounting's RDP
+        # accountant, jax-privacy's fixed_dpsgd_event): pldjax's replace-one moves a record from
+        # -sensitivity to +sensitivity, so sensitivity 1/2
+        return Event(noise.Gaussian(sigma, 0.5), sampling.FixedBatch(m / n), relation)
+    if isinstance(event, _ev.RandomizedResponseDpEvent):
+        if rel == _NR.ADD_OR_REMOVE_ONE:
+            return _Unsupported("neighboring_relation must be REPLACE_ONE or REPLACE_SPECIAL for "
+                                f"RandomizedResponseDpEvent. Found {rel}.")
+        p = _number(event, "noise_parameter", 0.0, 1.0)
+        k = _count(event, "num_buckets")
+        if k == 0:
+            raise ValueError("RandomizedResponseDpEvent.num_buckets must be an integer >= 1, got 0")
+        if k == 1:
+            return None
+        return "non_private" if p == 0 else ("randomized_response", p, k)
+    if isinstance(event, _ev.MixtureOfGaussiansDpEvent):
+        if rel == _NR.REPLACE_ONE:
+            return _Unsupported("neighboring_relation must be ADD_OR_REMOVE_ONE or REPLACE_SPECIAL "
+                                f"for MixtureOfGaussiansDpEvent. Found {rel}.")
+        name = "MixtureOfGaussiansDpEvent"
+        sigma = _number(event, "standard_deviation", 0.0)
+        sens = tuple(float(x) for x in event.sensitivities)
+        probs = tuple(float(x) for x in event.sampling_probs)
+        if len(sens) != len(probs) or not sens:
+            raise ValueError(f"{name}.sensitivities and sampling_probs must be non-empty and of "
+                             "the same length")
+        check_range(f"{name}.sensitivities", sens, 0.0)
+        check_range(f"{name}.sampling_probs", probs, 0.0, 1.0)
+        if abs(sum(probs) - 1.0) > 1e-9:
+            raise ValueError(f"{name}.sampling_probs must sum to 1, got {sum(probs)!r}")
+        if all(s == 0 or p == 0 for s, p in zip(sens, probs, strict=True)):
+            return None
+        if sigma == 0:
+            return "non_private"
+        return Event(noise.Gaussian(sigma), sampling.Mixture(sens, probs), relation)
+    if isinstance(event, _ev.TruncatedSubsampledGaussianDpEvent):
+        n = _count(event, "dataset_size")
+        q = _number(event, "sampling_probability", 0.0, 1.0)
+        b = _count(event, "truncated_batch_size")
+        sigma = _number(event, "noise_multiplier", 0.0)
+        if q == 0 or b == 0 or n == 0:
+            return None
+        if sigma == 0:
+            return "non_private"
+        return Event(noise.Gaussian(sigma), sampling.TruncatedPoisson(q, n, b), relation)
+    return _Unsupported("Unsupported event.")
+
+
+def to_event(event, neighboring_relation: _NR = _NR.ADD_OR_REMOVE_ONE) -> Event:
+    """The :class:`pldjax.Event` (noise x sampling x neighbouring) of a leaf ``DpEvent`` under
+    ``neighboring_relation``, as :class:`PLDAccountant` reads it (``to_event(e, rel).pld()`` is
+    the event's PLD there; an event that releases nothing is the identity, ``noise.GDP(0)``).
+
+    Raises ``dp_accounting.UnsupportedEventError`` for an event without a PLD here (see the module
+    docstring), for composed events (compose their leaves) and for k-ary randomized response (no
+    pldjax noise: the accountant builds its PLD with :func:`k_randomized_response`); ValueError
+    for a non-private event and for parameters out of range (naming the field).
+    """
+    if neighboring_relation not in _RELATION:
+        raise ValueError(f"neighboring_relation must be one of {list(_RELATION)}, "
+                         f"got {neighboring_relation!r}")
+    if isinstance(event, _ev.ComposedDpEvent | _ev.SelfComposedDpEvent):
+        raise _dpa.UnsupportedEventError(f"{type(event).__name__} is a composition, not one event")
+    described = _describe(event, neighboring_relation)
+    if isinstance(described, Event):
+        return described
+    if described is None:
+        return Event(noise.GDP(0.0), None, _RELATION[neighboring_relation])
+    if described == "non_private":
+        raise ValueError(f"{event} is not private (epsilon = inf): it has no PLD")
+    if isinstance(described, tuple):
+        raise _dpa.UnsupportedEventError(f"{event} has no pldjax.Event form; its PLD is "
+                                         "pj.dp_accounting.k_randomized_response")
+    raise _dpa.UnsupportedEventError(f"{event}: {described}")
+
+
+# -- the accountant -------------------------------------------------------------------------------
 class PLDAccountant(_dpa_pld.PLDAccountant):
     """A dp_accounting ``PrivacyAccountant`` (and ``dp_accounting.pld.PLDAccountant``) backed by
     pldjax's PLDs: epsilon and delta are upper bounds, within about 1e-3 of dp_accounting's own
@@ -261,104 +337,23 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
                     low_open=True)
         super().__init__(neighboring_relation, value_discretization_interval)
         self._segments: list[tuple[float, float, int]] = []  # Gaussian DP-SGD segments
-        self._parts: list[tuple[str, tuple, int]] = []  # (kind, params, count)
+        self._parts: list[tuple[object, int]] = []  # (Event or randomized response, count)
         self._composed: PLD | None = None
 
-    # the leaves: an error, None (nothing to account), "non_private", or a part
     def _leaf(self, event):
-        rel = self.neighboring_relation
-        unsupported = functools.partial(self.CompositionErrorDetails, event)
-        if isinstance(event, _ev.NoOpDpEvent):
-            return None
-        if isinstance(event, _ev.NonPrivateDpEvent):
-            return "non_private"
-        if isinstance(event, _ev.GaussianDpEvent):
-            sigma = _number(event, "noise_multiplier", 0.0)
-            return "non_private" if sigma == 0 else ("segment", (sigma, 1.0))
-        if isinstance(event, _ev.LaplaceDpEvent):
-            b = _number(event, "noise_multiplier", 0.0)
-            return "non_private" if b == 0 else ("laplace", (b,))
-        if isinstance(event, _ev.DiscreteLaplaceDpEvent):
-            a = _number(event, "noise_parameter", 0.0)
-            sens = _count(event, "sensitivity")
-            if sens == 0:
-                return None
-            return "non_private" if a == 0 else ("discrete_laplace", (1.0 / a, sens))
-        if isinstance(event, _ev.PoissonSampledDpEvent):
-            q = _number(event, "sampling_probability", 0.0, 1.0)
-            inner = event.event
-            if isinstance(inner, _ev.GaussianDpEvent):
-                sigma = _number(inner, "noise_multiplier", 0.0)
-                if q == 0:
-                    return None
-                return "non_private" if sigma == 0 else ("segment", (sigma, q))
-            if isinstance(inner, _ev.LaplaceDpEvent):
-                if rel == _NR.REPLACE_ONE:
-                    return unsupported("neighboring_relation must be ADD_OR_REMOVE_ONE or "
-                                       "REPLACE_SPECIAL for PoissonSampledDpEvent of a "
-                                       f"LaplaceDpEvent. Found {rel}.")
-                b = _number(inner, "noise_multiplier", 0.0)
-                if q == 0:
-                    return None
-                return "non_private" if b == 0 else ("poisson_laplace", (b, q))
-            return unsupported("Subevent of PoissonSampledDpEvent must be either GaussianDpEvent "
-                               f"or LaplaceDpEvent. Found {inner}.")
-        if isinstance(event, _ev.SampledWithoutReplacementDpEvent):
-            if rel != _NR.REPLACE_ONE:
-                return unsupported("SampledWithoutReplacementDpEvent has a PLD under REPLACE_ONE "
-                                   f"only (the batch size is fixed). Found {rel}.")
-            if not isinstance(event.event, _ev.GaussianDpEvent):
-                return unsupported("Subevent of SampledWithoutReplacementDpEvent must be a "
-                                   f"GaussianDpEvent. Found {event.event}.")
-            n = _count(event, "source_dataset_size")
-            m = _count(event, "sample_size")
-            if m > n:
-                raise ValueError(f"SampledWithoutReplacementDpEvent.sample_size must be at most "
-                                 f"source_dataset_size = {n}, got {m}")
-            sigma = _number(event.event, "noise_multiplier", 0.0)
-            if m == 0:
-                return None
-            return "non_private" if sigma == 0 else ("without_replacement", (sigma, m / n))
-        if isinstance(event, _ev.RandomizedResponseDpEvent):
-            if rel == _NR.ADD_OR_REMOVE_ONE:
-                return unsupported("neighboring_relation must be REPLACE_ONE or REPLACE_SPECIAL "
-                                   f"for RandomizedResponseDpEvent. Found {rel}.")
-            p = _number(event, "noise_parameter", 0.0, 1.0)
-            k = _count(event, "num_buckets")
-            if k == 0:
-                raise ValueError("RandomizedResponseDpEvent.num_buckets must be an integer >= 1, "
-                                 "got 0")
-            if k == 1:
-                return None
-            return "non_private" if p == 0 else ("randomized_response", (p, k))
-        if isinstance(event, _ev.MixtureOfGaussiansDpEvent):
-            if rel == _NR.REPLACE_ONE:
-                return unsupported("neighboring_relation must be ADD_OR_REMOVE_ONE or "
-                                   "REPLACE_SPECIAL for MixtureOfGaussiansDpEvent. Found "
-                                   f"{rel}.")
-            name = "MixtureOfGaussiansDpEvent"
-            sigma = _number(event, "standard_deviation", 0.0)
-            sens = tuple(float(x) for x in event.sensitivities)
-            probs = tuple(float(x) for x in event.sampling_probs)
-            if len(sens) != len(probs) or not sens:
-                raise ValueError(f"{name}.sensitivities and sampling_probs must be non-empty and "
-                                 "of the same length")
-            check_range(f"{name}.sensitivities", sens, 0.0)
-            check_range(f"{name}.sampling_probs", probs, 0.0, 1.0)
-            if abs(sum(probs) - 1.0) > 1e-9:
-                raise ValueError(f"{name}.sampling_probs must sum to 1, got {sum(probs)!r}")
-            if all(s == 0 or p == 0 for s, p in zip(sens, probs, strict=True)):
-                return None
-            return "non_private" if sigma == 0 else ("mixture_of_gaussians", (sigma, sens, probs))
-        if isinstance(event, _ev.TruncatedSubsampledGaussianDpEvent):
-            n = _count(event, "dataset_size")
-            q = _number(event, "sampling_probability", 0.0, 1.0)
-            b = _count(event, "truncated_batch_size")
-            sigma = _number(event, "noise_multiplier", 0.0)
-            if q == 0 or b == 0 or n == 0:
-                return None
-            return "non_private" if sigma == 0 else ("truncated", (sigma, q, n, b))
-        return unsupported("Unsupported event.")
+        """An error, None (nothing to account), "non_private", ("segment", (sigma, q)) for the
+        Gaussian and Poisson-sampled Gaussian (composed as DP-SGD segments), or ("part", key)."""
+        described = _describe(event, self.neighboring_relation)
+        if isinstance(described, _Unsupported):
+            return self.CompositionErrorDetails(event, str(described))
+        if not isinstance(described, Event):
+            return described if described in (None, "non_private") else ("part", described[1:])
+        gaussian_noise = type(described.noise) is noise.Gaussian and described.noise.sensitivity == 1.0
+        if gaussian_noise and described.sampling is None:
+            return "segment", (float(described.noise.sigma), 1.0)
+        if gaussian_noise and type(described.sampling) is sampling.Poisson:
+            return "segment", (float(described.noise.sigma), float(described.sampling.sampling_prob))
+        return "part", described
 
     def _maybe_compose(self, event, count: int, do_compose: bool):
         if isinstance(event, _ev.SelfComposedDpEvent):
@@ -380,13 +375,19 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         elif leaf[0] == "segment":
             self._segments.append((*leaf[1], count))
         else:
-            self._parts.append((leaf[0], leaf[1], count))
+            self._parts.append((leaf[1], count))
         return None
 
     def compose(self, event, count: int = 1):
         """Account for ``count`` runs of ``event`` (see dp_accounting's ``compose``); returns self.
         ``count``: an integer >= 0."""
         return super().compose(event, check_count("count", count))
+
+    def _single_steps(self) -> list[tuple[PLD, int]]:
+        """(one run's PLD, count) of everything composed so far."""
+        relation = _RELATION[self.neighboring_relation]
+        steps = [(_step_pld(sigma, q, relation), count) for sigma, q, count in self._segments]
+        return steps + [(_event_pld(key, relation), count) for key, count in self._parts]
 
     def pld(self) -> PLD:
         """The pessimistic PLD of everything composed so far (for pldjax's own API: ``delta`` at
@@ -395,28 +396,38 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
             relation = _RELATION[self.neighboring_relation]
             parts = []
             if self._segments:
-                parts.append(compose_schedule(self._segments, neighboring=_NOISE_RELATION[relation]))
-            for kind, params, count in self._parts:
-                parts.append(_event_pld(kind, params, relation).self_compose(count))
+                parts.append(compose_schedule(self._segments, neighboring=relation))
+            for key, count in self._parts:
+                parts.append(_event_pld(key, relation).self_compose(count))
             self._composed = (identity() if not parts else
                               parts[0] if len(parts) == 1 else _compose(parts))
         return self._composed
 
     def get_epsilon(self, target_delta: float) -> float:
         """An upper bound on epsilon at ``target_delta`` in [0, 1] (inf after a non-private
-        event, or where the PLD's atom at +inf exceeds ``target_delta``)."""
+        event, or where the PLD's atom at +inf exceeds ``target_delta``). Below
+        ``chernoff.RESOLVED_DELTA``, or where the composed PLD reads inf, the smaller of its
+        epsilon and the Chernoff bound of :mod:`pldjax.chernoff` (both upper bounds), so
+        delta = 1e-18 gets a finite answer."""
         check_range("target_delta", target_delta, 0.0, 1.0)
         if self._contains_non_dp_event:
             return math.inf
-        return float(self.pld().epsilon(target_delta))
+        eps = float(self.pld().epsilon(target_delta))
+        if target_delta < chernoff.RESOLVED_DELTA or math.isinf(eps):
+            eps = min(eps, chernoff.epsilon(self._single_steps(), target_delta))
+        return eps
 
     def get_delta(self, target_epsilon: float) -> float:
         """An upper bound on delta at ``target_epsilon`` >= 0 (inf allowed: the atom at +inf);
-        1 after a non-private event."""
+        1 after a non-private event. Below ``chernoff.RESOLVED_DELTA``, also the Chernoff bound
+        (the smaller)."""
         check_range("target_epsilon", target_epsilon, 0.0, allow_inf=True)
         if self._contains_non_dp_event:
             return 1.0
-        return float(self.pld().delta(target_epsilon))
+        delta = float(self.pld().delta(target_epsilon))
+        if delta < chernoff.RESOLVED_DELTA:
+            delta = min(delta, chernoff.delta(self._single_steps(), target_epsilon))
+        return delta
 
 
 @functools.cache
@@ -441,4 +452,4 @@ def jax_privacy_config(value_discretization_interval: float = 1e-4):
     return _jax_privacy_config_class()(value_discretization_interval=value_discretization_interval)
 
 
-__all__ = ["PLDAccountant", "jax_privacy_config", "k_randomized_response", "mixture_of_gaussians"]
+__all__ = ["PLDAccountant", "jax_privacy_config", "k_randomized_response", "to_event"]

@@ -1,7 +1,11 @@
-"""DP-SGD accounting: epsilon or delta of T steps of the Poisson-subsampled Gaussian mechanism.
+"""Accounting for T-fold self-composition: epsilon or delta of T runs of any mechanism described
+by a :class:`~pldjax.mechanisms.Event` (:func:`event_epsilon`, :func:`event_delta`), and of T
+DP-SGD steps, the Poisson-subsampled Gaussian (:func:`dpsgd_epsilon`, :func:`dpsgd_delta`: thin
+wrappers that build the event).
 
-For one configuration or for many at once. Configurations are sorted by the grid they need and
-processed in fixed-size chunks: per chunk, one vmapped call discretizes both directions, one
+For one configuration or for many at once (an event's parameters may be arrays: a batch).
+Configurations are sorted by the grid they need and processed in fixed-size chunks: per chunk,
+one vmapped call discretizes both directions (:meth:`~pldjax.mechanisms.Event.directions`), one
 places every composition's window (Chernoff), and one fused call composes (an FFT power per
 configuration) and evaluates. Chunks keep memory bounded and shapes repeat, so a sweep compiles a
 handful of kernels, whatever its length. When several devices are visible the configuration axis
@@ -25,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
-from pldjax import subsampling
+from pldjax import sampling as sampling_lib
 from pldjax.compose import (
     _checked_size,
     chernoff_exponents,
@@ -36,11 +40,14 @@ from pldjax.compose import (
 )
 from pldjax.discretize import mechanism_sizes
 from pldjax.grid import Grid
-from pldjax.mechanisms import gaussian, identity
-from pldjax.noise import GAUSSIAN, MIN_PARAMETER
+from pldjax.mechanisms import Event, discretize_directions, identity
+from pldjax.neighboring import Neighboring
+from pldjax.noise import Gaussian, Noise
 from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.profile import delta_kernel, epsilon_kernel
+from pldjax.sampling import Directions
+from pldjax.subsampling import REMOVE
 from pldjax.validate import check_count, check_range, is_traced
 
 #: Configurations discretized together (per device when sharded), and the most grid points
@@ -109,8 +116,10 @@ def _place(arrays, sharding):
     return [jax.device_put(a, sharding) for a in arrays]
 
 
-def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, evaluate, sharding):
-    """Values for one chunk of configurations (all steps >= 1).
+def _account_chunk(params, steps, target, *, mechanism, both, pessimistic, grid, evaluate,
+                   sharding):
+    """Values for one chunk of configurations (all steps >= 1): ``params`` are the flat
+    parameters of ``mechanism`` (:meth:`~pldjax.mechanisms.Event.directions`).
 
     Both directions of every configuration are discretized in one call, their windows placed in
     one call; then rows are grouped by the composition size they need (grid.fft_size) and each
@@ -120,12 +129,10 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
     # the glue between the compiled calls runs in NumPy on one device (each eager jnp operation
     # would be one more small program to compile, or to load from the cache, per process)
     xp = np if sharding is None else jnp
-    sigma, q, steps, target = _place(
-        [np.asarray(a, np.float64) for a in (sigma, q, steps, target)], sharding
+    *params, steps, target = _place(
+        [np.asarray(a, np.float64) for a in (*params, steps, target)], sharding
     )
-    pld = gaussian(
-        sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
-    )
+    pld = discretize_directions(Directions(mechanism, tuple(params), both), grid, pessimistic)
     directions = pld.directions()
     probs, inf_mass, offset, step = (
         xp.concatenate([xp.asarray(getattr(p, name)) for p in directions])
@@ -138,7 +145,7 @@ def _account_chunk(sigma, q, steps, target, *, neighboring, pessimistic, grid, e
     sizes = np.array([grid_lib.fft_size(int(w))
                       for w in window_widths(probs, offset, counts, lo, hi, "steps")])
     # a row repeated (the chunk's padding, or a configuration given twice) is composed once
-    config = np.column_stack([np.asarray(a, np.float64) for a in (sigma, q, steps, target)])
+    config = np.column_stack([np.asarray(a, np.float64) for a in (*params, steps, target)])
     rows_of = np.column_stack([np.repeat(np.arange(len(directions)), config.shape[0]),
                                np.tile(config, (len(directions), 1))])
     _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
@@ -270,15 +277,53 @@ def _accuracy_steps(sigma, q, steps, target, target_name, neighboring, rtol):
     return accuracy_step(rtol, steps, estimate, spread, np.nan_to_num(z, posinf=0.0))
 
 
-def _mechanism_sizes(sigma, q, neighboring, grid):
+def _mechanism_sizes(mechanism, params, both, grid):
     """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes)."""
-    mu, q = 1.0 / sigma, np.maximum(q, MIN_PARAMETER)
-    if neighboring == "replace_one":
-        return mechanism_sizes(subsampling.GAUSSIAN_REPLACE_ONE, (mu, q), grid)
-    return mechanism_sizes(subsampling.poisson(GAUSSIAN), (mu, q, subsampling.REMOVE), grid)
+    return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid)
 
 
-def _account_group(order, sigma, q, steps, target, out, done, report, *, sharding, **kwargs):
+def _gaussian_poisson(event: Event, shape) -> tuple[np.ndarray, np.ndarray] | None:
+    """(noise multiplier sigma / sensitivity, sampling probability), flat, for an event that is
+    the Gaussian without sampling (q = 1) or Poisson-subsampled, whose closed forms (loss
+    spread, Renyi DP) order chunks and size rtol's grids; None for any other event."""
+    sampling = event.sampling
+    if type(event.noise) is not Gaussian or not (sampling is None
+                                                or type(sampling) is sampling_lib.Poisson):
+        return None
+    noise = event.noise
+    sigma = np.asarray(noise.sigma, np.float64) / np.asarray(noise.sensitivity, np.float64)
+    q = 1.0 if sampling is None else np.asarray(sampling.sampling_prob, np.float64)
+    return tuple(np.broadcast_to(a, shape).reshape(-1) for a in (sigma, q))
+
+
+def _spends(event: Event, shape) -> np.ndarray:
+    """Where a configuration can reveal anything (flat): False where its sampling probability
+    is 0 (its PLD is the identity)."""
+    q = getattr(event.sampling, "sampling_prob", 1.0)
+    return np.broadcast_to(np.asarray(q, np.float64) > 0, shape).reshape(-1)
+
+
+def _lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray | None:
+    """Each configuration's exact lattice step (0: the automatic grid) for an integer-valued noise
+    without sampling, as :func:`~pldjax.mechanisms.privacy_loss` picks it for each alone (flat;
+    ``params``: the flat mechanism parameters, ``shape``: the batch's); None when the event has
+    no lattice."""
+    noise = event.noise
+    if event.sampling is not None or type(noise).lattice is Noise.lattice:
+        return None
+    names = [field.name for field in dataclasses.fields(noise)]
+    rows = np.stack([np.broadcast_to(np.asarray(getattr(noise, name), np.float64),
+                                     shape).reshape(-1) for name in names] + list(params), axis=-1)
+    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+    steps = np.zeros(unique.shape[0])
+    for i, row in enumerate(unique):
+        one = type(noise)(**dict(zip(names, row[:len(names)], strict=True)))
+        grid = one.lattice(tuple(row[len(names):]), pessimistic)
+        steps[i] = 0.0 if grid is None else grid.step
+    return steps[inverse.reshape(-1)]
+
+
+def _account_group(order, params, steps, target, out, done, report, *, sharding, **kwargs):
     """Values of the configurations ``order`` (one grid step and mechanism size) into ``out``,
     in chunks; returns the running count of configurations done."""
     devices = 1 if sharding is None else len(jax.devices())
@@ -290,7 +335,7 @@ def _account_group(order, sigma, q, steps, target, out, done, report, *, shardin
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
         padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
-        got = _account_chunk(sigma[padded], q[padded], steps[padded], target[padded],
+        got = _account_chunk([p[padded] for p in params], steps[padded], target[padded],
                              sharding=sharding, **kwargs)
         out[idx] = got[: len(idx)]
         done += len(idx)
@@ -298,16 +343,16 @@ def _account_group(order, sigma, q, steps, target, out, done, report, *, shardin
     return done
 
 
-def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, neighboring,
-             pessimistic, grid, evaluate, progress, rtol=None):
-    values = (noise_multiplier, sampling_prob, steps, target)
-    if is_traced(values):
+def _account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
+             rtol=None, function=None):
+    function = function or f"event_{evaluate}"
+    if not isinstance(event, Event):
+        raise ValueError(f"event must be a pldjax.Event, got {event!r}")
+    if is_traced((event, steps, target)):
         raise ValueError(
-            f"dpsgd_{evaluate} picks its grids from the values and cannot run under jit; inside "
-            "jit, build the PLD with pj.gaussian(..., grid=pj.Grid(size=...)) and self_compose(size=...)"
+            f"{function} picks its grids from the values and cannot run under jit; inside jit, "
+            "build the PLD with event.pld(grid=pj.Grid(size=...)) and self_compose(size=...)"
         )
-    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
-    check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("steps", steps, 0.0)
     if target_name == "delta":
         check_range("delta", target, 0.0, 1.0)
@@ -317,34 +362,47 @@ def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, nei
     steps_arr = np.asarray(steps, np.float64)
     if np.any(steps_arr != np.floor(steps_arr)):
         raise ValueError(f"steps must be whole numbers >= 0, got {steps!r}")
-    arrays = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in values))
+    mechanism, params, both = event.directions(pessimistic)
+    arrays = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params), steps_arr,
+                                 np.asarray(target, np.float64))
     shape = arrays[0].shape
-    sigma, q, steps_arr, target = (a.reshape(-1) for a in arrays)
-    out = np.zeros(sigma.shape[0])  # zero steps: epsilon 0 and delta 0
-    active = np.nonzero((steps_arr > 0) & (q > 0))[0]
-    # configurations on one grid step share a chunk (one Grid per call); automatic steps: one group
-    if rtol is None:
-        group_steps = np.zeros(active.shape[0])
-    else:
+    *params, steps_arr, target = (a.reshape(-1) for a in arrays)
+    closed_form = _gaussian_poisson(event, shape)
+    if rtol is not None and closed_form is None:
+        raise ValueError(
+            "rtol needs an estimate of the loss's spread, available for the Gaussian (without "
+            "sampling or Poisson-subsampled) only; for this event pass grid=pj.Grid(step=...)"
+        )
+    out = np.zeros(steps_arr.shape[0])  # zero steps: epsilon 0 and delta 0
+    active = np.nonzero((steps_arr > 0) & _spends(event, shape))[0]
+    # configurations on one grid step share a chunk (one Grid per call): rtol's steps, or each
+    # one's exact lattice (integer-valued noise), or the automatic steps (one group)
+    if rtol is not None:
+        sigma, q = closed_form
         group_steps = _accuracy_steps(sigma[active], q[active], steps_arr[active], target[active],
-                                      target_name, neighboring, float(rtol))
+                                      target_name, event.neighboring, float(rtol))
+    else:
+        lattice = _lattice_steps(event, params, shape, pessimistic) if grid is None else None
+        group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
     sharding = _sharding()
     report = _progress(len(active), progress)
     done = 0
     for group_step in np.unique(group_steps):
         group_grid = grid
-        if rtol is not None:
+        if group_step > 0:
             group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
         stepped = active[group_steps == group_step]
         # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
         # largest member's size, so no configuration is slower (or on another grid) in a batch
-        sizes = _mechanism_sizes(sigma[stepped], q[stepped], neighboring, group_grid)
+        sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid)
         for size in np.unique(sizes):
             members = stepped[sizes == size]
-            order = members[np.lexsort((steps_arr[members],
-                                        _mechanism_points(sigma[members], q[members])))]
-            done = _account_group(order, sigma, q, steps_arr, target, out, done, report,
-                                  neighboring=neighboring, pessimistic=pessimistic,
+            # alike configurations side by side (few distinct composition sizes per chunk)
+            points = (np.zeros(members.shape[0]) if closed_form is None
+                      else _mechanism_points(*(a[members] for a in closed_form)))
+            order = members[np.lexsort((steps_arr[members], points))]
+            done = _account_group(order, params, steps_arr, target, out, done, report,
+                                  mechanism=mechanism, both=both, pessimistic=pessimistic,
                                   grid=group_grid, evaluate=evaluate, sharding=sharding)
 
     # never NaN: should a configuration still produce one, report the trivial sound bound
@@ -352,6 +410,79 @@ def _account(noise_multiplier, sampling_prob, steps, target, target_name, *, nei
     out = np.where(np.isnan(out), (np.inf if evaluate == "epsilon" else 1.0) if pessimistic else 0.0,
                    out)
     return out.reshape(shape) if shape else float(out[0])
+
+
+_EVENT_ARGS = """
+    Args:
+      event: a :class:`~pldjax.mechanisms.Event`, e.g. ``pj.Event(pj.noise.Laplace(2.0),
+        pj.sampling.Poisson(0.01))``; array parameters are a batch (they broadcast with
+        ``steps`` and the target; the result has the broadcast shape, a float for scalars).
+      steps: whole number of compositions >= 0.
+      pessimistic: False for the optimistic (lower-bound) estimate.
+      grid: optional mechanism :class:`Grid` (a finer step is tighter and slower); automatic by
+        default (for integer-valued noise without sampling: each configuration's exact lattice).
+      progress: print a progress bar to stderr.
+      rtol: target relative accuracy of epsilon, in (0, 1], for the Gaussian (without sampling
+        or Poisson-subsampled) only, whose loss spread has a closed form (any other event: a
+        ValueError; pass ``grid`` instead); see :func:`dpsgd_epsilon`.
+"""
+
+
+@float64
+def event_epsilon(
+    event: Event,
+    steps,
+    delta,
+    *,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+    progress: bool = False,
+    rtol: float | None = None,
+):
+    """Smallest epsilon (nats) such that ``steps`` runs of ``event`` are (epsilon, delta)-DP,
+    ``delta`` in [0, 1]. Pessimistic (an upper bound on the truth; for events with two adjacency
+    directions the worse is reported) unless ``pessimistic=False`` (a lower bound).
+
+    Configurations are grouped by the grid each gets alone, so a batch gives the values of one
+    call per configuration.
+    """
+    return _account(event, steps, delta, "delta", pessimistic=pessimistic, grid=grid,
+                    evaluate="epsilon", progress=progress, rtol=rtol)
+
+
+@float64
+def event_delta(
+    event: Event,
+    steps,
+    epsilon,
+    *,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+    progress: bool = False,
+    rtol: float | None = None,
+):
+    """Smallest delta such that ``steps`` runs of ``event`` are (epsilon, delta)-DP, ``epsilon``
+    >= 0 (nats, inf allowed). Same conventions as :func:`event_epsilon`; ``rtol`` as in
+    :func:`dpsgd_delta`.
+    """
+    return _account(event, steps, epsilon, "epsilon", pessimistic=pessimistic, grid=grid,
+                    evaluate="delta", progress=progress, rtol=rtol)
+
+
+event_epsilon.__doc__ += _EVENT_ARGS
+event_delta.__doc__ += _EVENT_ARGS
+
+
+def dpsgd_event(noise_multiplier, sampling_prob, neighboring: Neighboring | str = "add_remove"
+                ) -> Event:
+    """The event of one DP-SGD step: the Gaussian with noise multiplier ``noise_multiplier`` > 0
+    (noise standard deviation / clipping norm) on a Poisson sample of rate ``sampling_prob`` in
+    [0, 1] (arrays allowed: a batch). Checks the arguments under these names."""
+    if not is_traced((noise_multiplier, sampling_prob)):
+        check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+        check_range("sampling_prob", sampling_prob, 0.0, 1.0)
+    return Event(Gaussian(noise_multiplier), sampling_lib.Poisson(sampling_prob),
+                 Neighboring.parse(neighboring))
 
 
 @float64
@@ -370,9 +501,10 @@ def dpsgd_epsilon(
     """Smallest epsilon such that ``steps`` DP-SGD steps are (epsilon, delta)-DP.
 
     Each step is the Gaussian mechanism with noise multiplier ``noise_multiplier`` (noise standard
-    deviation / clipping norm) on a Poisson sample of rate ``sampling_prob``. All four arguments
-    broadcast; the result has their broadcast shape (a float for scalars). Pessimistic: an upper
-    bound on the true epsilon (both adjacency directions, the worse reported).
+    deviation / clipping norm) on a Poisson sample of rate ``sampling_prob``
+    (:func:`event_epsilon` of :func:`dpsgd_event`). All four arguments broadcast; the result has
+    their broadcast shape (a float for scalars). Pessimistic: an upper bound on the true epsilon
+    (both adjacency directions, the worse reported).
 
     Args:
       noise_multiplier: > 0.
@@ -389,9 +521,11 @@ def dpsgd_epsilon(
         several times faster. Whatever rtol, the pessimistic value stays an upper bound; rtol
         sets how close to the truth it aims to be (a target, not a guarantee).
     """
-    return _account(noise_multiplier, sampling_prob, steps, delta, "delta", neighboring=neighboring,
-                    pessimistic=pessimistic, grid=grid, evaluate="epsilon", progress=progress,
-                    rtol=rtol)
+    if is_traced((noise_multiplier, sampling_prob, steps, delta)):
+        raise ValueError(_UNDER_JIT.format("epsilon"))
+    return _account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, delta,
+                    "delta", pessimistic=pessimistic, grid=grid, evaluate="epsilon",
+                    progress=progress, rtol=rtol, function="dpsgd_epsilon")
 
 
 @float64
@@ -413,62 +547,83 @@ def dpsgd_delta(
     ``rtol``: the grid's target accuracy, as an epsilon-equivalent (the step for which epsilon
     would be accurate to rtol relative near ``epsilon``).
     """
-    return _account(noise_multiplier, sampling_prob, steps, epsilon, "epsilon",
-                    neighboring=neighboring, pessimistic=pessimistic, grid=grid, evaluate="delta",
-                    progress=progress, rtol=rtol)
+    if is_traced((noise_multiplier, sampling_prob, steps, epsilon)):
+        raise ValueError(_UNDER_JIT.format("delta"))
+    return _account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, epsilon,
+                    "epsilon", pessimistic=pessimistic, grid=grid, evaluate="delta",
+                    progress=progress, rtol=rtol, function="dpsgd_delta")
+
+
+_UNDER_JIT = ("dpsgd_{} picks its grids from the values and cannot run under jit; inside jit, "
+              "build the PLD with pj.gaussian(..., grid=pj.Grid(size=...)) and self_compose(size=...)")
 
 
 @float64
 def compose_schedule(
-    segments: Sequence[tuple[float, float, int]],
+    segments: Sequence[tuple[float, float, int] | tuple[Event, int]],
     *,
     neighboring: str = "add_remove",
     pessimistic: bool = True,
     grid: Grid | None = None,
     rtol: float | None = None,
 ) -> PLD:
-    """The PLD of a DP-SGD run whose noise or batch size changes: segments (sigma, q, steps).
+    """The PLD of a run whose mechanism changes: segments (event, steps), or (sigma, q, steps)
+    for DP-SGD steps (:func:`dpsgd_event` under ``neighboring``; an event carries its own).
 
-    Each segment is ``steps`` runs of the Poisson-subsampled Gaussian (noise multiplier sigma,
-    sampling probability q) composed in one FFT power; the segments are then composed by FFT
-    convolution (:func:`pldjax.compose.compose`, which aligns their grids on the safe side: exactly
-    onto the finest step when the automatic power-of-two steps allow it within grid.MAX_SIZE,
-    otherwise onto the coarsest, pessimistically or optimistically as the PLDs are). Both
-    adjacency directions are kept. Returns a
-    :class:`~pldjax.pld.PLD`: read ``.epsilon(delta)`` or ``.delta(epsilon)`` from it.
+    Each segment is ``steps`` runs of its event (scalar parameters) composed in one FFT power;
+    the segments are then composed by FFT convolution (:func:`pldjax.compose.compose`, which
+    aligns their grids on the safe side: exactly onto the finest step when the automatic
+    power-of-two steps allow it within grid.MAX_SIZE, otherwise onto the coarsest,
+    pessimistically or optimistically as the PLDs are). Both adjacency directions are kept.
+    Returns a :class:`~pldjax.pld.PLD`: read ``.epsilon(delta)`` or ``.delta(epsilon)`` from it.
     ``rtol``: target relative accuracy of the epsilons read from it, as in :func:`dpsgd_epsilon`
-    (one step for every segment, from their total count and the composed loss's spread).
+    (one step for every segment, from their total count and the composed loss's spread; the
+    Gaussian's closed form, so every segment must be a Gaussian event, else a ValueError).
     """
     segments = list(segments)
     if not segments:
-        raise ValueError("segments must hold at least one (noise_multiplier, sampling_prob, steps)")
+        raise ValueError("segments must hold at least one (event, steps) or (noise_multiplier, "
+                         "sampling_prob, steps)")
     _check_rtol(rtol, grid)
     parts, checked = [], []
     for i, segment in enumerate(segments):
-        if len(segment) != 3:
-            raise ValueError(
-                f"segments[{i}] must be (noise_multiplier, sampling_prob, steps), got {segment!r}"
-            )
-        sigma, q, steps = segment
-        check_range(f"segments[{i}] noise_multiplier", sigma, 0.0, low_open=True)
-        check_range(f"segments[{i}] sampling_prob", q, 0.0, 1.0)
+        if len(segment) == 2 and isinstance(segment[0], Event):
+            event, steps = segment
+            if any(np.size(p) != 1 for p in event.directions(pessimistic).params):
+                raise ValueError(f"segments[{i}]: the event's parameters must be scalars (one "
+                                 f"segment, one mechanism), got {event!r}")
+        elif len(segment) == 3:
+            sigma, q, steps = segment
+            check_range(f"segments[{i}] noise_multiplier", sigma, 0.0, low_open=True)
+            check_range(f"segments[{i}] sampling_prob", q, 0.0, 1.0)
+            event = dpsgd_event(float(sigma), float(q), neighboring)
+        else:
+            raise ValueError(f"segments[{i}] must be (event, steps) or (noise_multiplier, "
+                             f"sampling_prob, steps), got {segment!r}")
         steps = check_count(f"segments[{i}] steps", steps)
-        if steps > 0 and q > 0:
-            checked.append((float(sigma), float(q), steps))
+        if steps > 0 and _spends(event, ()).item():
+            checked.append((event, steps))
     if rtol is not None and checked:
-        sigma, q, steps = (np.array(column, np.float64) for column in zip(*checked, strict=True))
-        shift_sigma = sigma / 2 if neighboring == "replace_one" else sigma
+        sigma, q, steps = [], [], []
+        for i, (event, count) in enumerate(checked):
+            closed_form = _gaussian_poisson(event, ())
+            if closed_form is None:
+                raise ValueError(f"rtol needs every segment to be a Gaussian event (without "
+                                 f"sampling or Poisson-subsampled), segments[{i}] is not; pass "
+                                 f"grid=pj.Grid(step=...) instead")
+            replace = event.neighboring == Neighboring.REPLACE_ONE
+            sigma.append(closed_form[0].item() / (2 if replace else 1))
+            q.append(closed_form[1].item())
+            steps.append(count)
+        shift_sigma, q, steps = (np.array(column, np.float64) for column in (sigma, q, steps))
         spread = _loss_spread(shift_sigma, q)
         # no delta here: a Gaussian-like composed loss read at delta about 1e-5 (z = 4.8)
         sd = np.sqrt(np.sum(steps * spread**2))
         count = np.sum(steps)
         step = accuracy_step(float(rtol), count, sd**2 / 2 + 4.8 * sd, sd / np.sqrt(count), 4.8)
         grid = dataclasses.replace(grid or Grid(), step=float(step))
-    for sigma, q, steps in checked:
-        pld = gaussian(
-            sigma, sampling_prob=q, neighboring=neighboring, pessimistic=pessimistic, grid=grid
-        )
-        parts.append(pld.self_compose(steps))
+    for event, steps in checked:
+        parts.append(event.pld(pessimistic=pessimistic, grid=grid).self_compose(steps))
     if not parts:
         return identity(pessimistic=pessimistic)
     return compose(parts) if len(parts) > 1 else parts[0]

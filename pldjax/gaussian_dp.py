@@ -283,10 +283,9 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
         raise ValueError("gdp_mu needs a pessimistic PLD (an upper bound) for a sound answer")
     check_range("delta_slack", delta_slack, 0.0, 1.0)
     check_range("mu_max", mu_max, 0.0, low_open=True)
-    kernel = gdp_mu_kernel if is_traced(pld) else _gdp_mu_jit
     result = None
     for direction in pld.directions():
-        fn = batched(lambda p, m, o, h: kernel(p, m, o, h, delta_slack, mu_max),
+        fn = batched(lambda p, m, o, h: _gdp_mu_jit(p, m, o, h, delta_slack, mu_max),
                      len(direction.batch_shape))
         out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
         result = out if result is None else jnp.maximum(result, out)
@@ -422,7 +421,6 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         jnp.broadcast_to(a, shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:]) for a in stacked)
     mus = jnp.broadcast_to(mu, shape).reshape(-1)
     slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), shape).reshape(-1)
-    run = _residue_batch if is_traced((mus, flat)) else _residue_batch_jit
-    residue, accepted = run(flat, mus, slack, size=size, steps=steps, batch_size=batch_size,
+    residue, accepted = _residue_batch_jit(flat, mus, slack, size=size, steps=steps, batch_size=batch_size,
                             factor=factor)
     return host_result(jnp.where(accepted, residue, jnp.nan).reshape(shape))

@@ -72,8 +72,10 @@ def privacy_loss(
       noise: a record of :mod:`pldjax.noise`, e.g. ``pj.noise.Gaussian(sigma, sensitivity=1.0)``
         (array parameters give a batch of PLDs; they broadcast with the sampling's).
       sampling: a record of :mod:`pldjax.sampling` (``pj.sampling.Poisson(q)``,
-        ``FixedBatch(q)``, ``Mixture(scales, probs)``), or None (default) for none.
-      neighboring: "add_remove" (default) or "replace_one" (or a :class:`Neighboring`).
+        ``FixedBatch(q)``, ``Mixture(scales, probs)``, ``TruncatedPoisson(q, n, b)``), or None
+        (default) for none.
+      neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out), or a
+        :class:`Neighboring`.
       pessimistic: True for the connect-the-dots upper estimate (default), False for the
         optimistic lower estimate.
       grid: optional :class:`Grid`; automatic by default (for integer-valued noise without
@@ -83,9 +85,21 @@ def privacy_loss(
     replacement) give a PLD with both (remove: the mixture against the base; add: the base
     against the mixture); every reported value is the worse of the two.
     """
-    mechanism, params, both = _directions(noise, sampling, neighboring, pessimistic)
+    if sampling is not None:  # a scheme that builds its PLD itself (a mixture of PLDs)
+        built = sampling.pld(noise, Neighboring.parse(neighboring), pessimistic, grid)
+        if built is not None:
+            return built
+    directions = _directions(noise, sampling, neighboring, pessimistic)
     if sampling is None and grid is None:
-        grid = noise.lattice(params, pessimistic)
+        grid = noise.lattice(directions.params, pessimistic)
+    return discretize_directions(directions, grid, pessimistic)
+
+
+def discretize_directions(directions: Directions, grid: Grid | None, pessimistic: bool) -> PLD:
+    """The PLD of a mechanism before discretization (:meth:`Event.directions`) on ``grid``
+    (None: automatic), both directions in one vmapped call when it has two; for code that
+    discretizes a batch of events itself (:mod:`pldjax.dpsgd`)."""
+    mechanism, params, both = directions
     if not both:
         return discretize_mechanism(mechanism, params, grid, pessimistic)
     # both directions in one vmapped call (one compiled kernel): the direction is a parameter

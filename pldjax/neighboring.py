@@ -13,10 +13,16 @@ import enum
 class Neighboring(enum.StrEnum):
     """ADD_REMOVE: one record added or removed (the dataset size changes). REPLACE_ONE: one
     record's contribution replaced by another, both of norm at most the sensitivity, so the
-    query's output moves by up to twice the sensitivity (as in dp-accounting)."""
+    query's output moves by up to twice the sensitivity (as in dp-accounting). REPLACE_SPECIAL
+    (zero-out, dp-accounting's name): one record replaced by a special record that contributes
+    nothing; the dataset size stays, the output moves by up to one sensitivity. For noise added to
+    a query, with or without Poisson sampling, its pair is add/remove's (the record's contribution
+    against none, both directions), as in dp-accounting; it differs where the size matters
+    (truncated Poisson sampling, :class:`pldjax.sampling.TruncatedPoisson`)."""
 
     ADD_REMOVE = "add_remove"
     REPLACE_ONE = "replace_one"
+    REPLACE_SPECIAL = "replace_special"
 
     @classmethod
     def parse(cls, value: Neighboring | str, name: str = "neighboring") -> Neighboring:

@@ -9,7 +9,8 @@ to know about one distribution:
   (the log-tails of the loss under P and Q, which give the hockey-stick curve exactly);
 * its sensitivity handling, :meth:`Noise.pair`: the mechanism and its parameters for one
   neighbouring relation (replace-one moves a record's contribution from -sensitivity to
-  +sensitivity, twice the shift of add/remove);
+  +sensitivity, twice the shift of add/remove; zero-out, a record against one contributing
+  nothing, is add/remove's shift);
 * optionally :attr:`Noise.location` (the noise as a location family, which
   :class:`pldjax.sampling.Mixture` needs) and :meth:`Noise.lattice` (a grid on which an
   integer-valued noise is discretized exactly).
@@ -87,9 +88,9 @@ MAX_SHIFT = 1e150
 
 
 def _shift(shift, neighboring: Neighboring):
-    """The shift between the output distributions: one sensitivity (add/remove) or two
-    (replace-one: a contribution of norm at most the sensitivity moves from -C to +C), at most
-    MAX_SHIFT."""
+    """The shift between the output distributions: one sensitivity (add/remove, and zero-out:
+    the record's contribution against none) or two (replace-one: a contribution of norm at most
+    the sensitivity moves from -C to +C), at most MAX_SHIFT."""
     return jnp.minimum(2 * shift if neighboring == Neighboring.REPLACE_ONE else shift, MAX_SHIFT)
 
 

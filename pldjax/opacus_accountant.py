@@ -12,11 +12,12 @@ The history follows Opacus's conventions (those of its RDP and PRV accountants):
 restored by ``state_dict`` / ``load_state_dict``. ``get_epsilon(delta)`` composes the history with
 :func:`pldjax.compose_schedule` (Poisson subsampling, add/remove neighbours, both directions: an
 upper bound) and does not change it; the composed PLD is cached by the history, so repeated reads
-are cheap. Where pldjax's PLD cannot resolve delta (below about 1e-15, where the mass its
-truncations put at +inf competes with delta) Opacus's RDP bound is smaller, and the smaller of
-the two upper bounds is returned. Unlike Opacus's PRV accountant, every delta in [0, 1] is
-answered (delta = 1e-18 too), epsilon can be in the hundreds or thousands, and the answer is
-never negative or NaN.
+are cheap. Where pldjax's composed PLD cannot resolve delta (FFT round-off is charged on the safe
+side at about 1e-19 a bin, so below about 1e-12 it reads a loose epsilon or inf), the Chernoff
+bound of :mod:`pldjax.chernoff` (from the single steps' PLDs, no FFT) and Opacus's RDP bound are
+read too, and the smallest of these upper bounds is returned. Unlike Opacus's PRV accountant,
+every delta in [0, 1] is answered (delta = 1e-18 too), epsilon can be in the hundreds or
+thousands, and the answer is never negative or NaN.
 Requires ``opacus`` (and torch): ``pip install 'pldjax[opacus]'``.
 """
 
@@ -30,7 +31,9 @@ from opacus.accountants import IAccountant
 from opacus.accountants.analysis import rdp as opacus_rdp
 from opacus.accountants.registry import _ACCOUNTANTS, register_accountant
 
+from pldjax import chernoff
 from pldjax.dpsgd import compose_schedule
+from pldjax.mechanisms import gaussian, identity
 from pldjax.pld import PLD
 from pldjax.validate import check_count, check_range
 
@@ -80,8 +83,6 @@ class PLDAccountant(IAccountant):
             elif live:
                 pld = compose_schedule(live)
             else:
-                from pldjax.mechanisms import identity
-
                 pld = identity()
             self._cache = (key, pld)
         return self._cache[1]
@@ -94,13 +95,18 @@ class PLDAccountant(IAccountant):
         pld = self.pld()
         if pld is None:
             return math.inf
-        return min(float(pld.epsilon(delta)), self._rdp_epsilon(delta))
+        eps = min(float(pld.epsilon(delta)), self._rdp_epsilon(delta))
+        if delta < chernoff.RESOLVED_DELTA or math.isinf(eps):
+            eps = min(eps, chernoff.epsilon(self._single_steps(), delta))
+        return eps
+
+    def _single_steps(self) -> list[tuple[PLD, int]]:
+        """(one step's PLD, steps) of each live segment, for :mod:`pldjax.chernoff`."""
+        return [(gaussian(sigma, sampling_prob=q), steps)
+                for sigma, q, steps in self._segments() if q > 0 and steps > 0]
 
     def _rdp_epsilon(self, delta: float) -> float:
-        """Opacus's own RDP bound (also an upper bound). pldjax's PLDs put their truncated tails
-        (about 1e-18 of mass a composition, more after many) in the atom at +inf, so below
-        delta of about 1e-15 the PLD's epsilon becomes inf or loose; the smaller of two upper
-        bounds is one too."""
+        """Opacus's own RDP bound (also an upper bound; the smallest of upper bounds is one)."""
         live = [s for s in self._segments() if s[1] > 0 and s[2] > 0]
         if delta <= 0 or not live:
             return math.inf if live else 0.0
@@ -127,7 +133,10 @@ class PLDAccountant(IAccountant):
             with np.errstate(over="ignore", invalid="ignore"):
                 bounds = np.exp((orders - 1) * (np.asarray(rdp) - epsilon))
             rdp_delta = float(np.nanmin(np.append(bounds, 1.0)))
-        return min(float(pld.delta(epsilon)), rdp_delta)
+        delta = min(float(pld.delta(epsilon)), rdp_delta)
+        if delta < chernoff.RESOLVED_DELTA:
+            delta = min(delta, chernoff.delta(self._single_steps(), epsilon))
+        return delta
 
     def __len__(self) -> int:
         """The number of optimizer steps taken so far."""

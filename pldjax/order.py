@@ -29,6 +29,8 @@ therefore take an additive ``delta_slack``: they certify delta_L <= delta_B + de
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,13 +52,22 @@ def _log_masses(probs, offset, step):
     return z, log_p
 
 
-def tradeoff_kernel(probs, inf_mass, offset, step, alphas):
-    """beta(alpha) of one direction: the type II error of the best test at type I error alpha."""
+def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic: bool = True):
+    """beta(alpha) of one direction: the type II error of the best test at type I error alpha.
+
+    An optimistic PLD bounds delta(eps) from below only from its window's bottom z0 up; below it
+    the truth's delta is still at least 1 - e^eps, whose dual line keeps beta(alpha) at or above
+    1 - alpha e^{-z0} (so beta(0) = 1, as for every mechanism whose two distributions share
+    their support).
+    """
     z, log_p = _log_masses(probs, offset, step)
     q = jnp.exp(jnp.minimum(log_p - z, 0.0))
     type_one = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(probs)])
     type_two = jnp.concatenate([jnp.cumsum(q[::-1])[::-1], jnp.zeros((1,))])
     beta = jnp.interp(alphas, type_one, type_two, right=0.0)
+    if not pessimistic:
+        below = jnp.where(alphas > 0, 1.0 - alphas * jnp.exp(-z[0]), 1.0)
+        beta = jnp.maximum(beta, below)
     return jnp.clip(beta, 0.0, 1.0 - alphas)
 
 
@@ -121,35 +132,31 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     return host_result(jnp.maximum(jnp.max(lines, axis=-1), 0.0))
 
 
-_tradeoff_jit = jax.jit(tradeoff_kernel)
+_tradeoff_jit = jax.jit(tradeoff_kernel, static_argnames=("pessimistic",))
 _renyi_jit = jax.jit(renyi_kernel)
 _log_mgf_jit = jax.jit(log_mgf_kernel)
-
-
-def _per_direction(pld: PLD, values, kernel, jitted, combine) -> jax.Array:
-    traced = is_traced(pld) or is_traced(values)
-    return per_direction(pld, values, kernel if traced else jitted, combine)
 
 
 @float64
 def tradeoff(pld: PLD, alpha) -> jax.Array:
     """The f-DP tradeoff curve beta(alpha), alpha in [0, 1] (see :meth:`PLD.tradeoff`)."""
     check_range("alpha", alpha, 0.0, 1.0)
-    return _per_direction(pld, alpha, tradeoff_kernel, _tradeoff_jit, jnp.minimum)
+    kernel = functools.partial(_tradeoff_jit, pessimistic=pld.pessimistic)
+    return per_direction(pld, alpha, kernel, jnp.minimum)
 
 
 @float64
 def renyi(pld: PLD, order) -> jax.Array:
     """Rényi divergence of the given order(s) > 0 (see :meth:`PLD.renyi`)."""
     check_range("order", order, 0.0, low_open=True)
-    return _per_direction(pld, order, renyi_kernel, _renyi_jit, jnp.maximum)
+    return per_direction(pld, order, _renyi_jit, jnp.maximum)
 
 
 @float64
 def log_mgf(pld: PLD, t) -> jax.Array:
     """log E_P[e^{t L}] (see :meth:`PLD.log_mgf`); the larger of two directions."""
     check_range("t", t, allow_inf=False)
-    return _per_direction(pld, t, log_mgf_kernel, _log_mgf_jit, jnp.maximum)
+    return per_direction(pld, t, _log_mgf_jit, jnp.maximum)
 
 
 def swap(pld: PLD) -> PLD:
@@ -209,13 +216,12 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
             "for a sound answer"
         )
     check_range("delta_slack", delta_slack, 0.0, 1.0)
-    kernel = dominance_excess_kernel if is_traced((query, budget)) else _dominance_excess_jit
     pairs = [(query, budget)] if query.reverse is None and budget.reverse is None else list(
         zip((query.forward, query.backward), (budget.forward, budget.backward), strict=True))
     excess = None
     for q, b in pairs:
         fn = batched(
-            lambda p, m, o, h, b=b: kernel(p, m, o, h, b.probs, b.inf_mass, b.offset, b.step),
+            lambda p, m, o, h, b=b: _dominance_excess_jit(p, m, o, h, b.probs, b.inf_mass, b.offset, b.step),
             len(q.batch_shape),
         )
         out = fn(q.probs, q.inf_mass, q.offset, q.step)
@@ -266,14 +272,13 @@ def sup(plds, *, size: int | None = None) -> PLD:
     traced = is_traced(family)
     if traced and size is None:
         raise ValueError("sup under jit needs size=")
-    kernel = sup_kernel if traced else _sup_jit
 
     def one(direction: PLD) -> PLD:
         n = size
         if n is None:
             offsets = np.asarray(direction.offset)
             n = int(offsets.max() - offsets.min()) + direction.size
-        probs, inf_mass, offset = kernel(
+        probs, inf_mass, offset = _sup_jit(
             direction.probs, direction.inf_mass, direction.offset, direction.step[0], size=n
         )
         return PLD(probs, inf_mass, offset, direction.step[0], True)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from pldjax.pld import PLD, batched
 from pldjax.precision import float64, host_result
-from pldjax.validate import check_range, is_traced
+from pldjax.validate import check_range
 
 _BLOCK = 128
 #: Up to this many targets, epsilon_kernel sums R_j directly at each target's index.
@@ -129,13 +129,11 @@ def per_direction(pld: PLD, values, kernel, combine=jnp.maximum) -> jax.Array:
 def delta(pld: PLD, epsilon) -> jax.Array:
     """delta(epsilon) of ``pld`` (see :meth:`PLD.delta`)."""
     check_range("epsilon", epsilon, 0.0, allow_inf=True)
-    kernel = delta_kernel if is_traced(pld) or is_traced(epsilon) else _delta_jit
-    return per_direction(pld, epsilon, kernel)
+    return per_direction(pld, epsilon, _delta_jit)
 
 
 @float64
 def epsilon(pld: PLD, delta) -> jax.Array:
     """epsilon(delta) of ``pld`` (see :meth:`PLD.epsilon`)."""
     check_range("delta", delta, 0.0, 1.0)
-    kernel = epsilon_kernel if is_traced(pld) or is_traced(delta) else _epsilon_jit
-    return per_direction(pld, delta, kernel)
+    return per_direction(pld, delta, _epsilon_jit)

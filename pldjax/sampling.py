@@ -13,7 +13,9 @@ Its kernels, mechanisms whose loss tails are exact, live in :mod:`pldjax.subsamp
   analyses via couplings and divergences", 2018; the pair is attained by a sum query whose other
   records all sit at -C while one moves from -C to +C, so it is tight);
 * :class:`Mixture` (a record's contribution is a random multiple of the sensitivity: several
-  contributions per user, dp-accounting's mixture of Gaussians).
+  contributions per user, dp-accounting's mixture of Gaussians);
+* :class:`TruncatedPoisson` (Poisson sampling cut down to a largest batch; a mixture of PLDs,
+  built by its :meth:`Sampling.pld`, kernel in :mod:`pldjax.truncated_poisson`).
 
 ``sampling=None`` (no sampling: every record every time) is handled by the entry point,
 :func:`pldjax.mechanisms.privacy_loss`. The wrappers (``pj.gaussian(..., sampling_prob=q,
@@ -22,7 +24,8 @@ sampling="poisson")``) name a scheme by string: :func:`from_args`.
 To add a scheme: a record class (decorated with :func:`pldjax.noise.record`) subclassing
 :class:`Sampling`, whose ``mechanism`` returns :class:`Directions` (its kernel: a
 :class:`~pldjax.discretize.Mechanism`, with a last parameter, the direction, when it has two),
-in a module of its own if it brings a kernel; export it here.
+in a module of its own if it brings a kernel; export it here. A scheme whose PLD is not one
+mechanism (a mixture of PLDs) builds it in :meth:`Sampling.pld` instead.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ class Sampling(abc.ABC):
         """The subsampled mechanism of ``noise`` under ``neighboring``; parameters below float64's
         resolution are rounded on the safe side (:func:`pldjax.noise.resolvable`)."""
 
+    def pld(self, noise: Noise, neighboring: Neighboring, pessimistic: bool, grid) -> Any:
+        """For a scheme whose PLD is not one discretized mechanism (a mixture of PLDs, or the
+        tighter of several analyses): that PLD, built here; None (the default) lets
+        :func:`pldjax.mechanisms.privacy_loss` discretize :meth:`mechanism`."""
+        return None
+
 
 def _poisson_pair(noise: Noise, base: Mechanism, params: tuple, q) -> Directions:
     if base.chi2 is None:
@@ -74,8 +83,8 @@ class Poisson(Sampling):
     """Poisson sampling: each record takes part independently with probability ``sampling_prob``
     in [0, 1] (scalar or array).
 
-    Add/remove: both directions (remove: the mixture (1 - q) B + q A against B; add: B against the
-    mixture). Replace-one: the pair (1 - q) N(0, 1) + q N(-mu, 1), (1 - q) N(0, 1) + q N(mu, 1)
+    Add/remove and zero-out: both directions (remove: the mixture (1 - q) B + q A against B; add:
+    B against the mixture). Replace-one: the pair (1 - q) N(0, 1) + q N(-mu, 1), (1 - q) N(0, 1) + q N(mu, 1)
     (one direction, symmetric), for the Gaussian only."""
 
     sampling_prob: Any
@@ -116,7 +125,8 @@ class FixedBatch(Sampling):
             raise ValueError(
                 "sampling='fixed_batch' (without replacement) has a PLD under "
                 "neighboring='replace_one' only: with add/remove neighbours the dataset size, "
-                "hence the batch, changes"
+                f"hence the batch, changes (and {neighboring.value!r} is not offered: the other "
+                "records in the batch shift the pair)"
             )
         base, params = noise.pair(Neighboring.REPLACE_ONE, pessimistic)
         return _poisson_pair(noise, base, params, resolvable(self.sampling_prob, pessimistic))
@@ -135,9 +145,10 @@ class Mixture(Sampling):
     axis of both holds the components, leading axes are a batch. ``Mixture([0, 1], [1 - q, q])``
     is Poisson sampling.
 
-    Add/remove adjacency, both directions (remove: sum_k p_k F(. - a_k) against F; add: the
-    swap), for a noise that is a log-concave location family (``noise.location``: Gaussian,
-    GDP); its loss threshold is found by bisection, so the PLD is exact up to round-off.
+    Add/remove (or zero-out: the same pair) adjacency, both directions (remove:
+    sum_k p_k F(. - a_k) against F; add: the swap), for a noise that is a log-concave location
+    family (``noise.location``: Gaussian, GDP); its loss threshold is found by bisection, so the
+    PLD is exact up to round-off.
     Choquette-Choo, Ganesh, Steinke and Thakurta ("Privacy amplification for matrix mechanisms",
     2023, Cor. 4.7) show the vector-valued mechanism is dominated by this scalar one with each
     contribution replaced by its norm."""
@@ -174,8 +185,9 @@ class Mixture(Sampling):
         return cls(k, probs / math.fsum(probs))
 
     def mechanism(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
-        if neighboring != Neighboring.ADD_REMOVE:
-            raise ValueError("Mixture sampling is offered under neighboring='add_remove' only")
+        if neighboring == Neighboring.REPLACE_ONE:
+            raise ValueError("Mixture sampling is offered under neighboring='add_remove' or "
+                             "'replace_special' (zero-out, the same pair) only")
         if noise.location is None:
             raise ValueError(f"Mixture sampling needs a noise that is a location family (Gaussian, "
                              f"GDP), got {type(noise).__name__}")
@@ -196,6 +208,44 @@ class Mixture(Sampling):
         count = scales.shape[-1]
         params = (shift, *(scales[..., k] for k in range(count)), *(probs[..., k] for k in range(count)))
         return Directions(subsampling.mixture(noise.location), params, True)
+
+
+@record
+class TruncatedPoisson(Sampling):
+    """Truncated Poisson sampling (jax-privacy's default batch selection, dp-accounting's
+    ``TruncatedSubsampledGaussianDpEvent``): each of the ``dataset_size`` records (an integer
+    >= 1) is drawn with probability ``sampling_prob`` in [0, 1], and when more than
+    ``truncated_batch_size`` (an integer >= 0) are drawn a uniformly random batch of that many is
+    kept. For :class:`pldjax.noise.Gaussian` noise, under zero-out (``"replace_special"``, the
+    relation jax-privacy uses), replace-one and add/remove (``dataset_size`` counts the dataset
+    holding the differing record). Parameters are scalars, concrete (not traced).
+
+    Its PLD is a mixture of Poisson-subsampled PLDs, and the pessimistic one the tighter of two
+    analyses (their curves' pointwise minimum, made convex), so it is built by :meth:`pld`, not
+    as one mechanism; see :mod:`pldjax.truncated_poisson`. The optimistic PLD is the pair with
+    every other record at zero (Poisson sampling at the record's inclusion probability)."""
+
+    sampling_prob: Any
+    dataset_size: Any
+    truncated_batch_size: Any
+
+    def __post_init__(self):
+        check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)
+        for name in ("dataset_size", "truncated_batch_size"):
+            value = getattr(self, name)
+            if type(value) is not object and not is_traced(value):
+                check_count(name, value, minimum=1 if name == "dataset_size" else 0)
+
+    def mechanism(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        raise ValueError("TruncatedPoisson's PLD is a mixture of PLDs (the tighter of two "
+                         "analyses), not one mechanism: build it with pj.privacy_loss or Event.pld")
+
+    def pld(self, noise: Noise, neighboring: Neighboring, pessimistic: bool, grid) -> Any:
+        from pldjax.truncated_poisson import truncated_poisson_pld
+
+        return truncated_poisson_pld(noise, self.sampling_prob, self.dataset_size,
+                                     self.truncated_batch_size, neighboring,
+                                     pessimistic=pessimistic, grid=grid)
 
 
 #: The schemes a string names at the API edge (``sampling="poisson"``), with a sampling_prob.
@@ -222,4 +272,4 @@ def from_args(sampling_prob=None, sampling: Sampling | str = "poisson") -> Sampl
     return NAMED[sampling](sampling_prob)
 
 
-__all__ = ["Directions", "FixedBatch", "Mixture", "Poisson", "Sampling", "from_args"]
+__all__ = ["Directions", "FixedBatch", "Mixture", "Poisson", "Sampling", "TruncatedPoisson", "from_args"]

@@ -1,6 +1,7 @@
 """The accountant (pj.accountant): exact composition of changing steps, jit, checkpoints, x64."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -88,3 +89,67 @@ def test_accountant_state_is_the_same_with_x64_on_and_off(x64_off):
     jax.config.update("jax_enable_x64", False)
     for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off), strict=True):
         assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+# -- events other than DP-SGD steps -----------------------------------------------------------------
+LAPLACE = pj.Event(pj.noise.Laplace(2.0), pj.sampling.Poisson(0.05))
+
+
+def test_event_accountant_records_events_and_reads_their_composition(tmp_path):
+    state = pj.accountant.init(capacity=4, event=LAPLACE)
+    step = jax.jit(pj.accountant.step)
+    state = step(state, LAPLACE, steps=20)
+    other = pj.Event(pj.noise.Laplace(3.0), pj.sampling.Poisson(0.1))
+    state = pj.accountant.step(state, other, steps=10)
+    run = pj.accountant.events(state)
+    assert run == [(LAPLACE, 20), (other, 10)]
+    expected = pj.compose([LAPLACE.pld().self_compose(20), other.pld().self_compose(10)])
+    assert pj.accountant.epsilon(state, DELTA) == pytest.approx(float(expected.epsilon(DELTA)),
+                                                                rel=1e-12)
+    with pytest.raises(ValueError, match="events"):
+        pj.accountant.segments(state)
+    with pytest.raises(ValueError, match="structure"):
+        pj.accountant.step(state, 1.0, 0.01)
+    for path in (tmp_path / "e.npz", tmp_path / "e.json"):
+        pj.accountant.save(path, state)
+        restored = pj.accountant.load(path, capacity=4, event=LAPLACE)
+        assert pj.accountant.events(restored) == run
+        with pytest.raises(ValueError):
+            pj.accountant.load(path, capacity=4)  # a DP-SGD accountant: another layout
+
+
+def test_event_accountant_rounds_float32_parameters_to_the_safe_side(x64_off):
+    state = jax.jit(pj.accountant.step)(pj.accountant.init(event=LAPLACE), LAPLACE, steps=3)
+    [(event, steps)] = pj.accountant.events(state)
+    assert steps == 3
+    assert event.noise.scale <= 2.0 and event.noise.sensitivity >= 1.0
+    assert event.sampling.sampling_prob >= 0.05 and event.sampling.sampling_prob == pytest.approx(
+        0.05, rel=1e-7)
+    # a mixture's parameters have no safe side: a float32 one is not recorded, readings raise
+    mixture = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Mixture(np.array([0.0, 1.0]),
+                                                                  np.array([0.9, 0.1])))
+    marked = jax.jit(pj.accountant.step)(pj.accountant.init(event=mixture), mixture)
+    with pytest.raises(ValueError, match="float32"):
+        pj.accountant.epsilon(marked, DELTA)
+
+
+def test_files_of_the_dpsgd_accountant_before_events_still_load(tmp_path):
+    from pldjax import accountant, io
+    from pldjax.precision import pack
+    old = pack(accountant._Legacy(jnp.array([1.1, 1.0]), jnp.array([0.01, 0.0]),
+                                  jnp.array([100, 0]), jnp.array(1), jnp.array(False)))
+    io.save(tmp_path / "old.json", old, kind="accountant", params={"capacity": 2})
+    restored = pj.accountant.load(tmp_path / "old.json", capacity=2)
+    assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
+
+
+def test_event_accountant_state_is_the_same_with_x64_on_and_off(x64_off, tmp_path):
+    off = pj.accountant.step(pj.accountant.init(capacity=2, event=LAPLACE), LAPLACE, steps=4)
+    pj.accountant.save(tmp_path / "off.npz", off)
+    jax.config.update("jax_enable_x64", True)
+    on = pj.accountant.step(pj.accountant.init(capacity=2, event=LAPLACE), LAPLACE, steps=4)
+    restored = pj.accountant.load(tmp_path / "off.npz", capacity=2, event=LAPLACE)
+    jax.config.update("jax_enable_x64", False)
+    for state in (off, restored):
+        for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(state), strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))

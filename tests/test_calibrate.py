@@ -15,9 +15,11 @@ DELTA = 1e-5
 
 
 def fake(formula):
-    """An epsilon evaluation ``formula(sigma, q, steps)`` in place of dpsgd_epsilon."""
-    def epsilons(sigma, q, steps, delta, neighboring):
-        sigma, q, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (sigma, q, steps)))
+    """An epsilon evaluation ``formula(sigma, q, steps)`` of a DP-SGD event in place of
+    event_epsilon."""
+    def epsilons(event, steps, delta):
+        sigma, q, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
+            event.noise.sigma, event.sampling.sampling_prob, steps)))
         with np.errstate(invalid="ignore"):
             return np.asarray(formula(sigma, q, steps), np.float64)
     return epsilons
@@ -182,9 +184,9 @@ def test_bad_neighboring_is_refused_before_any_evaluation(linear_epsilon):
 
 
 def test_evaluation_errors_say_where_the_search_was(monkeypatch):
-    def refuse(sigma, q, steps, delta, neighboring):
+    def refuse(event, steps, delta):
         raise ValueError("steps = 5e+08 is too large")
-    monkeypatch.setattr(calibrate, "dpsgd_epsilon", refuse)
+    monkeypatch.setattr(calibrate, "event_epsilon", refuse)
     with pytest.raises(ValueError, match=r"could not evaluate epsilon .* steps 1 .*max_steps"):
         pj.calibrate_steps(1.0, DELTA, 1.0, 0.1)
 
@@ -222,3 +224,43 @@ def test_calibrated_steps_and_sampling_prob():
 
 
 # -- optax ----------------------------------------------------------------------------------------
+
+
+# -- any one-parameter family of events ----------------------------------------------------------
+def test_calibrate_laplace_scale_against_its_closed_form():
+    # one Laplace release: delta(eps) = 1 - exp((eps - 1/b) / 2), so epsilon(delta) = 1/b +
+    # 2 log(1 - delta) <= target for b >= 1 / (target - 2 log(1 - delta))
+    targets = np.array([0.5, 2.0])
+    scales = pj.calibrate_event(lambda b: pj.Event(pj.noise.Laplace(b)), targets, DELTA, low=1e-2,
+                          high=1e2, increasing=False)
+    exact = 1 / (targets - 2 * np.log1p(-DELTA))
+    assert np.all(scales >= exact) and np.all(scales <= exact * (1 + 1e-3))
+    assert np.all(pj.event_epsilon(pj.Event(pj.noise.Laplace(scales)), 1, DELTA) <= targets)
+
+
+def _family(q):
+    return pj.Event(pj.noise.Laplace(1.0), pj.sampling.Poisson(q))
+
+
+def test_calibrate_refuses_bad_families_before_evaluating():
+    with pytest.raises(ValueError, match="make_event must return"):
+        pj.calibrate_event(lambda x: x, 1.0, DELTA, low=0.1, high=1.0, increasing=True)
+    with pytest.raises(ValueError, match="make_event must be a function"):
+        pj.calibrate_event(_family(0.1), 1.0, DELTA, low=0.1, high=1.0, increasing=True)
+    with pytest.raises(ValueError, match="high"):
+        pj.calibrate_event(_family, 1.0, DELTA, low=1.0, high=1.0, increasing=True)
+    with pytest.raises(ValueError, match="either event"):
+        pj.calibrate_steps(1.0, DELTA, 1.0, 0.1, event=_family(0.1))
+
+
+@pytest.mark.slow
+def test_calibrate_increasing_family_and_steps_of_an_event():
+    family = _family
+    q = pj.calibrate_event(family, 1.0, DELTA, steps=20, low=1e-4, high=1.0, increasing=True,
+                     rtol=1e-3)
+    assert pj.event_epsilon(family(q), 20, DELTA) <= 1.0
+    assert pj.event_epsilon(family(q * 1.002), 20, DELTA) > 1.0
+    steps = pj.calibrate_steps(1.0, DELTA, event=family(q), max_steps=100)
+    assert steps == 20 or pj.event_epsilon(family(q), steps + 1, DELTA) > 1.0
+    with pytest.raises(ValueError, match="no parameter in \\[low, high\\]"):
+        pj.calibrate_event(family, 1e-3, DELTA, steps=20, low=0.5, high=1.0, increasing=True)

@@ -93,3 +93,34 @@ def test_sweep_missing_or_unreadable_file(tmp_path, capsys):
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
     assert main(["sweep", str(binary)]) == 2
+
+
+# -- the mechanism's parts ------------------------------------------------------------------------
+def test_parts_select_the_event(capsys, tmp_path):
+    args = ["--noise-multiplier", "2", "--sampling", "none", "--steps", "10", "--delta", "1e-5"]
+    assert main(["epsilon", "--noise", "laplace", *args]) == 0
+    printed = capsys.readouterr().out
+    event = pj.Event(pj.noise.Laplace(2.0))
+    expected = pj.event_epsilon(event, 10, 1e-5)
+    assert printed.startswith(f"epsilon = {expected:.6g}  (optimistic ")
+    configs = tmp_path / "configs.csv"
+    configs.write_text(HEADER + "2.0,1.0,10,1e-5\n")
+    out = tmp_path / "out.csv"
+    assert main(["sweep", str(configs), "--output", str(out), "--noise", "laplace",
+                 "--sampling", "none", "--sensitivity", "3"]) == 0
+    [row] = out.read_text().splitlines()[1:]
+    # the same loss (sensitivity / scale = 1/2), so the same epsilon
+    assert float(row.split(",")[4]) == pj.event_epsilon(pj.Event(pj.noise.Laplace(6.0, 3.0)), 10,
+                                                         1e-5) == expected
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sampling", "fixed_batch", "--sampling-prob", "0.1"], "replace_one"),
+    (["--sampling", "none", "--sampling-prob", "0.1"], "sampling_prob must be 1"),
+    (["--noise", "discrete_laplace", "--sensitivity", "1.5"], "sensitivity"),
+    (["--sensitivity", "0"], "sensitivity"),
+])
+def test_parts_that_do_not_fit_exit_2(capsys, args, message):
+    assert main(["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err

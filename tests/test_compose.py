@@ -29,6 +29,15 @@ def test_gaussian_composition_matches_gdp_closed_form(sigma, count):
         assert lo <= exact * (1 + 1e-9) + 1e-15 <= up * (1 + 2e-9) + 2e-15
 
 
+def test_spectrum_with_a_zero_composes_without_nan():
+    # the q = 1 "subsampled" Gaussian's window has an exact zero in its spectrum: its log is -inf,
+    # and -inf times the count must stay -inf (it was NaN, and every reading with it)
+    composed = pj.gaussian(1.0, sampling_prob=1.0).self_compose(2)
+    exact = gaussian_epsilon(math.sqrt(2.0), 1e-5)  # mu of two sigma = 1 releases
+    assert exact <= composed.epsilon(1e-5) <= exact * (1 + 1e-4)
+    assert pj.compose_schedule([(1.0, 1.0, 2)]).epsilon(1e-5) >= exact
+
+
 def test_randomized_response_kfold_matches_corollary_4_7():
     eps, delta, k = 0.5, 1e-6, 20
     upper = pj.randomized_response(eps, delta).self_compose(k)

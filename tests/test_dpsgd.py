@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
@@ -244,3 +245,79 @@ def test_fft_sizes_waste_at_most_a_quarter():
     assert np.all(sizes >= n) and np.all(sizes[8:] <= 1.25 * n[8:] + 1)
     odd = sizes // (sizes & -sizes)  # the odd factor: 1, 3, 5 or 7 (fast FFT sizes)
     assert set(np.unique(odd)) <= {1, 3, 5, 7} and np.all(sizes[8:] % 2 == 0)
+
+
+# -- any event ------------------------------------------------------------------------------------
+def test_dpsgd_is_the_accounting_of_its_event():
+    event = pj.dpsgd.dpsgd_event(0.8, 0.02, "replace_one")
+    assert pj.event_epsilon(event, 50, 1e-5) == pj.dpsgd_epsilon(0.8, 0.02, 50, 1e-5,
+                                                                 neighboring="replace_one")
+
+
+def test_event_matches_laplace_closed_form():
+    # one Laplace release: epsilon(delta) = 1/b + 2 log(1 - delta), the loss bounded by 1/b
+    scales = np.array([0.5, 2.0])
+    got = pj.event_epsilon(pj.Event(pj.noise.Laplace(scales)), 1, 1e-5)
+    exact = 1 / scales + 2 * np.log1p(-1e-5)
+    assert np.all(got >= exact) and np.all(got <= exact + 1e-3)
+
+
+@pytest.mark.slow
+def test_subsampled_event_batch_matches_its_plds():
+    # both directions: a batch gives each configuration's own PLD's values
+    scales = np.array([0.5, 2.0])
+    event = pj.Event(pj.noise.Laplace(scales), pj.sampling.Poisson(0.05))
+    eps = pj.event_epsilon(event, 30, 1e-5)
+    delta = pj.event_delta(event, 30, eps)
+    for i, b in enumerate(scales):
+        one = pj.Event(pj.noise.Laplace(b), pj.sampling.Poisson(0.05)).pld().self_compose(30)
+        # rel 1e-6: the event path's windows leave delta / 2^20 outside (charged to delta)
+        assert eps[i] == pytest.approx(float(one.epsilon(1e-5)), rel=1e-6)
+    assert np.all(delta <= 1e-5 * (1 + 1e-6))
+
+
+def test_integer_noise_batch_gets_each_ones_exact_lattice():
+    scales = np.array([2.0, 3.0])
+    got = pj.event_delta(pj.Event(pj.noise.DiscreteLaplace(scales)), 10, 1.0)
+    for i, b in enumerate(scales):
+        one = pj.Event(pj.noise.DiscreteLaplace(b)).pld().self_compose(10)
+        # to round-off: the event path's windows are grid.fft_size points, self_compose's powers
+        # of two
+        assert got[i] == pytest.approx(float(one.delta(1.0)), rel=1e-12)
+
+
+def test_event_edges_refused_clearly():
+    laplace = pj.Event(pj.noise.Laplace(1.0), pj.sampling.Poisson(0.1))
+    with pytest.raises(ValueError, match="rtol needs"):
+        pj.event_epsilon(laplace, 10, 1e-5, rtol=1e-2)
+    with pytest.raises(ValueError, match="rtol needs every segment"):
+        pj.compose_schedule([(1.0, 0.1, 10), (laplace, 10)], rtol=1e-2)
+    with pytest.raises(ValueError, match="event must be a pldjax.Event"):
+        pj.event_epsilon((1.0, 0.1), 10, 1e-5)
+    with pytest.raises(ValueError, match="cannot run under jit"):
+        jax.jit(lambda s: pj.event_epsilon(pj.Event(pj.noise.Laplace(s)), 1, 1e-5))(1.0)
+    with pytest.raises(ValueError, match="scalars"):
+        pj.compose_schedule([(pj.Event(pj.noise.Laplace(np.array([1.0, 2.0]))), 3)])
+    with pytest.raises(ValueError, match="steps"):
+        pj.event_epsilon(laplace, -1, 1e-5)
+    # nothing sampled, nothing spent
+    assert pj.event_epsilon(pj.Event(pj.noise.Laplace(1.0), pj.sampling.Poisson(0.0)), 5, 0.0) == 0
+
+
+def test_schedule_takes_event_segments():
+    laplace = pj.Event(pj.noise.Laplace(2.0))
+    mixed = pj.compose_schedule([(laplace, 3), (1.0, 0.5, 2)])
+    parts = pj.compose([laplace.pld().self_compose(3), pj.gaussian(1.0, sampling_prob=0.5)
+                        .self_compose(2)])
+    assert float(mixed.epsilon(1e-5)) == float(parts.epsilon(1e-5))
+
+
+def test_event_accounting_ignores_the_callers_x64(x64_off):
+    event = pj.Event(pj.noise.Laplace(np.array([0.5, 2.0])))
+    off = pj.event_epsilon(event, 1, 1e-5)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        on = pj.event_epsilon(event, 1, 1e-5)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert np.array_equal(off, on) and off.dtype == np.float64

@@ -9,13 +9,22 @@ import pldjax as pj
 ALPHAS = np.array([0.0, 1e-6, 1e-3, 0.05, 0.3, 0.7, 0.99, 1.0])
 
 
-@pytest.mark.parametrize("mu", [0.5, 1.0, 3.0])
+@pytest.mark.parametrize("mu", [0.5, 1.0, 3.0, 10.0])
 def test_gaussian_tradeoff_closed_form(mu):
     want = np.array([gaussian_tradeoff(mu, a) for a in ALPHAS])
     lower = pj.gdp(mu).tradeoff(ALPHAS)
     upper = pj.gdp(mu, pessimistic=False).tradeoff(ALPHAS)
     assert np.all(lower <= want + 1e-12) and np.all(want <= upper + 1e-12)
     assert np.all(upper - lower <= 2e-3)
+
+
+def test_optimistic_tradeoff_keeps_beta_of_zero():
+    # gdp(10)'s window cuts off the other distribution's mass below its bottom (0.3%): the
+    # optimistic tradeoff must still be an upper bound there (beta(0) = 1), not that mass short
+    alphas = np.array([0.0, 1e-300, 1e-40, 1e-20])
+    want = np.array([gaussian_tradeoff(10.0, a) for a in alphas])
+    assert np.all(pj.gdp(10.0, pessimistic=False).tradeoff(alphas) >= want - 1e-12)
+    assert np.all(pj.gdp(10.0).tradeoff(alphas) <= want + 1e-12)
 
 
 def test_subsampled_tradeoff_is_the_worse_direction():
