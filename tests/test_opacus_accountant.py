@@ -100,7 +100,8 @@ def test_privacy_engine_trains_and_checkpoints_with_it(tmp_path):
     steps = len(engine.accountant)
     assert steps == len(loader) and engine.accountant.history == [(1.1, 0.25, steps)]
     eps = engine.get_epsilon(DELTA)
-    assert eps == pytest.approx(float(pj.dpsgd_epsilon(1.1, 0.25, steps, DELTA)), rel=1e-12)
+    # rel 1e-6: dpsgd's windows leave delta / 2^20 outside (charged to delta), the PLD's 1e-18
+    assert eps == pytest.approx(float(pj.dpsgd_epsilon(1.1, 0.25, steps, DELTA)), rel=1e-6)
     path = tmp_path / "checkpoint.pt"
     engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
     other = opacus.PrivacyEngine(accountant="pldjax")
