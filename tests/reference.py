@@ -92,7 +92,8 @@ def gaussian_tradeoff(mu: float, alpha: float) -> float:
         return 1.0
     if alpha >= 1:
         return 0.0
-    return float(mp.ncdf(-mp.sqrt(2) * mp.erfinv(2 * alpha - 1) - mu))
+    with mp.workdps(60 + int(-mp.log10(alpha))):  # 2 alpha - 1 must not round to -1
+        return float(mp.ncdf(-mp.sqrt(2) * mp.erfinv(2 * alpha - 1) - mu))
 
 
 def rr_renyi(eps: float, order: float) -> float:
