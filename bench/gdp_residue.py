@@ -23,7 +23,7 @@ Query families (seeded; every pair fits, so every update is a real one):
 Both keep the query grid inside the library's largest check window (no coarsening: see the
 coarsening check below). For each (family, form, B): the first call (compilation included) and the
 warm time (median of ``--repeats`` further calls, each ended by ``block_until_ready``), updates per
-second = B / warm, how many pairs came back NaN / rejected, and, on the first 256 pairs,
+second = B / warm, how many pairs were rejected (-inf; NaN before), and, on the first 256 pairs,
 (mu' - naive) / naive with naive = sqrt(mu^2 - gdp_mu(L)^2). A size is skipped when the previous
 size predicts one call above ``--max-seconds``. Reference lines give the bare cost of the kernel's
 two main ingredients per pair at the same sizes: ``steps`` rfft + irfft of the FFT length, and the
@@ -237,7 +237,7 @@ def filter_call(mu, query, window, args):
 
     def call():
         new, accepted = spend_all(states, query)
-        return jnp.where(accepted, f.remaining(new)["mu"], jnp.nan)
+        return jnp.where(accepted, f.remaining(new)["mu"], -jnp.inf)  # as pj.gdp_residue
 
     return call
 
@@ -304,7 +304,7 @@ def throughput(args, report, log, deadline):
         "updates/s",
         "ms/pair",
         "/ fft16",
-        "NaN",
+        "rejected",
         "gain med",
         "gain min",
         "filter vs function",
@@ -437,8 +437,8 @@ def throughput(args, report, log, deadline):
                 del mu, query, call, out
     report.notes.append(
         "first s: first call in this process (compilation included; each B compiles anew); warm s: median "
-        "of (n) further calls with block_until_ready; updates/s = B / warm s; NaN: pairs not updated "
-        f"(rejected); gain: (mu' - naive) / naive on the first {GAIN_PAIRS} pairs; filter vs function: "
+        "of (n) further calls with block_until_ready; updates/s = B / warm s; rejected: pairs not updated "
+        f"(-inf); gain: (mu' - naive) / naive on the first {GAIN_PAIRS} pairs; filter vs function: "
         "max |mu'_filter - mu'_function| / mu' over the pairs; build s: constructing the B query PLDs "
         "(not in the update time)"
     )

@@ -65,12 +65,12 @@ import numpy as np
 
 from pldjax.align import align
 from pldjax.discretize import masses_from_curve
-from pldjax.grid import next_pow2
+from pldjax.grid import MAX_SIZE, next_pow2
 from pldjax.order import ROUNDOFF
 from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.profile import delta_kernel
-from pldjax.validate import check_count
+from pldjax.validate import check_count, check_range
 
 
 class Family(NamedTuple):
@@ -695,15 +695,28 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
     natural filter is free for every budget; if it fails for non-degenerate members it is not
     free for some budget at 2 rounds - 3 rounds."""
     rounds = check_count("rounds", rounds, minimum=1)
+    check_range("tolerance", tolerance, 0.0)
     family = _family(queries)
     depth = max(rounds - 1, 1)
-    p = _problem(family, _window(family, depth), depth)
     m = family.probs.shape[0]
+    compositions = sum(math.comb(m + t - 1, t) for t in range(1, depth + 1))
+    if compositions * compositions > MAX_SIZE:  # the table of pairs: a memory guard
+        raise ValueError(
+            f"queries, rounds: {m} queries over {rounds} rounds give {compositions} compositions, "
+            f"whose {compositions ** 2} pairs exceed the memory guard ({MAX_SIZE} pairs); use "
+            "fewer queries or rounds")
+    p = _problem(family, _window(family, depth), depth)
     levels = _all_curves(p, depth, None)
     window = p.plan.window
     nonnegative = np.asarray((window.start + np.arange(window.size)) * family.step >= 0)
     stacked = jnp.concatenate([levels[t][:math.comb(m + t - 1, t)]
                                for t in range(1, depth + 1)])[:, nonnegative]
-    difference = stacked[:, None, :] - stacked[None, :, :]
-    below = jnp.max(difference, axis=-1) <= tolerance
+    below = _largest_differences(stacked) <= tolerance
     return bool(jnp.all(below | below.T))
+
+
+@jax.jit
+def _largest_differences(curves):
+    """max over the points of curves[i] - curves[j], for every pair (i, j): one fused reduction,
+    so the pairs-by-points differences are never held at once."""
+    return jnp.max(curves[:, None, :] - curves[None, :, :], axis=-1)

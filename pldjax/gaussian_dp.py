@@ -398,8 +398,10 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
 
     A sound lower bound (pessimistic): G_mu' (+) query is certified below G_mu plus
     ``delta_slack`` + ROUNDOFF at every eps (charge that to a delta budget; ``delta_slack`` must
-    cover the query's atom at +inf). Never below the naive GDP update sqrt(mu^2 - nu^2). NaN where
-    the query does not fit (query not below G_mu). ``mu`` and the query's batch axes broadcast:
+    cover the query's atom at +inf). Never below the naive GDP update sqrt(mu^2 - nu^2). Never
+    NaN: ``-inf`` where the query does not fit (it is not certified below G_mu, so no residue
+    exists; ``-inf`` orders below every valid residue and fails ``>= 0``, like a filter's
+    accepted=False). ``mu`` and the query's batch axes broadcast:
     many (mu, L) pairs are one compiled call, ``batch_size`` pairs at a time. ``steps``: most
     search steps after the two first tests (it stops earlier, at a bracket of 1e-7 mu^2 in mu'^2;
     typically 0-4 are used); ``size``: check window points (automatic on the host; under jit it
@@ -423,4 +425,4 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), shape).reshape(-1)
     residue, accepted = _residue_batch_jit(flat, mus, slack, size=size, steps=steps, batch_size=batch_size,
                             factor=factor)
-    return host_result(jnp.where(accepted, residue, jnp.nan).reshape(shape))
+    return host_result(jnp.where(accepted, residue, -jnp.inf).reshape(shape))

@@ -217,6 +217,16 @@ def test_bad_input():
         pj.totally_ordered(many, rounds=9)
 
 
+def test_totally_ordered_guards_its_table_of_pairs():
+    # 110 queries over 3 rounds: each level fits the V_k guards (6105 multisets), but comparing
+    # every two of the 6215 compositions at every grid point held 3.9e7 x window values at once
+    many = [rr(0.01 * k) for k in range(1, 111)]
+    with pytest.raises(ValueError, match="queries, rounds: 110 queries over 3 rounds give 6215"):
+        pj.totally_ordered(many, rounds=3)
+    with pytest.raises(ValueError, match="tolerance"):
+        pj.totally_ordered(many[:2], rounds=2, tolerance=float("nan"))
+
+
 def test_approximate_dp_queries_are_not_free_under_an_approximate_gdp_budget():
     """Cor. 4, second part: (eps, delta) queries under G_mu (+) R_{0, delta} (found by a search
     over (eps, delta) pairs, mu and delta)."""

@@ -67,8 +67,8 @@ def test_residue_never_below_naive_update(query, mu):
     nu = float(pj.gdp_mu(query, delta_slack=slack))
     naive = np.sqrt(max(mu**2 - nu**2, 0.0))
     residue = float(pj.gdp_residue(mu, query, delta_slack=slack))
-    if nu > mu:  # the query does not fit the budget at all
-        assert np.isnan(residue)
+    if nu > mu:  # the query does not fit the budget at all: no residue (never NaN)
+        assert residue == -np.inf
         return
     assert residue >= naive * (1 - 4e-16)  # the naive value, up to its own rounding
 
@@ -88,11 +88,12 @@ def test_gaussian_query_leaves_exactly_the_gaussian_residue():
         assert got == pytest.approx(exact, rel=1e-4)
 
 
-def test_gdp_residue_batched_over_pairs_and_nan_when_the_query_does_not_fit():
+def test_gdp_residue_batched_over_pairs_and_minus_inf_when_the_query_does_not_fit():
     mus = np.array([0.3, 1.0, 2.0])
     query = pj.randomized_response(0.5)
     batch = pj.gdp_residue(mus, query)
-    assert np.isnan(batch[0])  # RR_0.5 is not 0.3-GDP
+    assert batch[0] == -np.inf  # RR_0.5 is not 0.3-GDP: no residue (never NaN)
+    assert not batch[0] >= 0 and batch[0] < batch[1]
     assert batch[1] == pytest.approx(float(pj.gdp_residue(1.0, query)), rel=1e-12)
     queries = pj.randomized_response(np.array([0.25, 0.5, 1.0]))
     pairs = pj.gdp_residue(np.array([1.0, 1.0, 2.0]), queries)

@@ -624,18 +624,22 @@ def test_gdp_mu_certificate(profile, whole):
 @variants(heavy=True)
 def test_gdp_residue_sound(profile, whole):
     # For a GDP query G_nu the true residue is sqrt(mu^2 - nu^2): the returned residue is at most
-    # that (sound), never NaN when the query fits, and at least the naive update from gdp_mu.
+    # that (sound), never NaN (-inf where the query does not fit, finite when it fits), and at
+    # least the naive update from gdp_mu.
     def prop(mu, nu, kind):
         query = pj.gdp(nu) if kind == "gdp" else pj.randomized_response(nu)
         got = refused("mu", lambda: np.asarray(pj.gdp_residue(mu, query), np.float64))
         if got is None:
             return
+        assert not np.isnan(got) and (got == -np.inf or 0 <= got <= mu), (mu, nu, kind)
         cost = float(pj.gdp_mu(query, mu_max=max(mu, 64.0)))
         if cost < mu * (1 - 1e-6):  # fits clearly
-            assert not np.isnan(got), (mu, nu, kind)
+            assert np.isfinite(got), (mu, nu, kind)
             naive = math.sqrt((mu - cost) * (mu + cost))
             assert naive * (1 - REL_TOL) - ABS_TOL <= float(got) <= mu
-        if kind == "gdp" and not np.isnan(got):
+        if cost > mu * (1 + 1e-6):  # clearly does not fit
+            assert got == -np.inf, (mu, nu, kind)
+        if kind == "gdp" and np.isfinite(got):
             assert float(got) <= math.sqrt(max(mu * mu - nu * nu, 0.0)) * (1 + REL_TOL) + ABS_TOL
 
     check(profile, prop, fast=2, mu=positive(whole, 0.1, 50.0), nu=positive(False, 0.05, 2.0),

@@ -286,14 +286,15 @@ def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: flo
     if residue:
         residue = np.asarray(gdp_residue(jnp.asarray(mus[1:, None]), steps, delta_slack=slack))
     else:
-        residue = np.full((mu_nodes - 1, c_nodes - 1), np.nan)
-    with np.errstate(invalid="ignore"):
-        spent = (mus[1:, None] - residue) * (mus[1:, None] + residue)  # m^2 - r^2
+        residue = np.full((mu_nodes - 1, c_nodes - 1), -np.inf)
+    fits = residue >= 0  # gdp_residue is -inf where the step does not fit the budget
+    kept = np.where(fits, residue, 0.0)
+    spent = (mus[1:, None] - kept) * (mus[1:, None] + kept)  # m^2 - r^2
     spent = np.nextafter(np.nextafter(np.sqrt(np.nextafter(spent, np.inf)), np.inf), np.inf)
     cost = np.full((mu_nodes, c_nodes), np.inf)
     cost[:, 0] = 0.0  # c = 0: the identity
     cost[0, 1:] = naive
-    cost[1:, 1:] = np.where(np.isfinite(spent), np.minimum(spent, naive), naive)
+    cost[1:, 1:] = np.where(fits, np.minimum(spent, naive), naive)
     cost = np.minimum.accumulate(cost, axis=0)  # valid for every larger budget
     cost = np.minimum.accumulate(cost[:, ::-1], axis=1)[:, ::-1]  # and every smaller c
     delta = np.concatenate([[0.0], np.full(c_nodes - 1, slack + ROUNDOFF)])
