@@ -19,7 +19,7 @@ with a bracket (:func:`_search`) needs 3-6 tests where bisection took 32-64; onl
 passed the test are returned.
 
 Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps >= 0
-in every direction, which for the symmetric G_mu is the full order (see :func:`_curve_below_gdp`
+in every direction, which for the symmetric G_mu is the full order (see :func:`_verdict`
 and :mod:`pldjax.order`); a filter charges that slack to its delta budget. G_mu's curve is
 computed with erfc and the Mills ratio (:func:`_gdp_parts`, relative error bounded by
 :func:`_gdp_error`, checked against mpmath) and the bound is widened by that error on each side.
@@ -144,7 +144,15 @@ def _verdict(z, d, bounds, delta_slack):
     """(ok, score): ok if the curve ``d`` at the points ``z`` (convex in x = e^eps, flat beyond the
     last point) is below the budget whose :func:`_budget_bounds` are given, at every eps >= 0;
     score = log of the largest ratio curve / bound (> 0 roughly where not ok; it only steers the
-    search, ok decides)."""
+    search, ok decides).
+
+    Why eps >= 0 is enough: G_mu is symmetric, so a pair is below it iff both directions' curves
+    are below it at eps >= 0 (the curve at -eps is fixed by the other direction's at eps), and
+    every direction is checked (a one-direction PLD stands for a symmetric pair). Below eps = 0 a
+    pessimistic grid curve carries the Q-only mass its rounding creates (about 1e-4 after
+    coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
+    Right of the points the curve is at most its last value while G_mu tends to 0.
+    """
     g, t, envelope = bounds
     chord = d[:-1] + (d[1:] - d[:-1]) * t
     last = delta_slack + ROUNDOFF
@@ -161,37 +169,12 @@ def _verdict(z, d, bounds, delta_slack):
     return ok, jnp.log(jnp.clip(worst, 1e-300, 1e300))
 
 
-def _curve_below_gdp(z, d, mu, delta_slack):
-    """True if a curve with values ``d`` at the increasing points ``z``, convex in x = e^eps and
-    linear in x below ``z[0]``, is <= delta_mu + delta_slack + ROUNDOFF at every eps >= 0.
-
-    Why eps >= 0 is enough: G_mu is symmetric, so a pair is below it iff both directions' curves
-    are below it at eps >= 0 (the curve at -eps is fixed by the other direction's at eps), and
-    every direction is checked (a one-direction PLD stands for a symmetric pair). Below
-    eps = 0 a pessimistic grid curve carries the Q-only mass its rounding creates (about 1e-4 after
-    coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
-    Right of the points the curve is at most its last value while G_mu tends to 0.
-    """
-    z, d = _with_lead(z, d)
-    return _verdict(z, d, _budget_bounds(z, mu, delta_slack), delta_slack)[0]
-
-
 def _grid_curve(probs, inf_mass, offset, step):
     """(points, curve) of a grid PLD, the curve raised by :func:`_curve_error` (an upper bound on
     the exact curve of the grid PLD) and led by eps = 0 if the grid starts above it."""
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
     d = grid_deltas(probs, inf_mass, step)
     return _with_lead(z, d * (1.0 + _curve_error(probs.shape[0])))
-
-
-def _below_gdp(probs, inf_mass, offset, step, mu, delta_slack):
-    """True if the grid PLD's curve is <= delta_mu + delta_slack + ROUNDOFF at every eps >= 0.
-
-    The curve's values come from tail sums and recurrences of non-negative terms, whose relative
-    round-off grows with the grid (about n ulps): they are raised by :func:`_curve_error` first so
-    that the comparison is made with an upper bound on the exact curve of the grid PLD."""
-    z, d = _grid_curve(probs, inf_mass, offset, step)
-    return _verdict(z, d, _budget_bounds(z, mu, delta_slack), delta_slack)[0]
 
 
 def _curve_error(n: int) -> float:
