@@ -9,12 +9,9 @@ default -- ``import pldjax`` calls :func:`enable_default_cache` -- with three wa
   ``jax.config.update("jax_compilation_cache_dir", ...)`` before the import) wins, untouched;
 * ``PLDJAX_COMPILATION_CACHE=/some/dir`` picks another directory than ``~/.cache/pldjax/xla``.
 
-Turning it on sets four global JAX options (the directory, caching every compiled executable
-whatever its compile time or size, and a size limit of :data:`MAX_BYTES`), which then apply to the
-rest of the process's JAX code too. The size limit also turns on JAX's file lock: without it, a
-process can read an entry that another one is still writing (several workers, notebooks and
-scripts share the directory), and loading a partial executable can crash the process. A directory
-that cannot be created leaves the cache off (a warning, never a failed import).
+Turning it on sets three global JAX options (the directory, and caching every compiled executable
+whatever its compile time or size), which then apply to the rest of the process's JAX code too. A
+directory that cannot be created leaves the cache off (a warning, never a failed import).
 """
 
 from __future__ import annotations
@@ -24,9 +21,6 @@ import warnings
 from pathlib import Path
 
 import jax
-
-#: Size limit of the default cache in bytes; least recently used entries are evicted beyond it.
-MAX_BYTES = 2 * 2**30
 
 
 def default_cache_dir() -> Path:
@@ -51,7 +45,6 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return directory
 
 

@@ -8,8 +8,6 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "xla")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
-# a size limit turns on JAX's file lock: workers never read an entry another is still writing
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
 # the CLI turns on its own persistent cache; tests must not write into the home directory
 os.environ.setdefault("PLDJAX_COMPILATION_CACHE", "0")
 

@@ -140,20 +140,15 @@ def test_compilation_cache_is_on_by_default_with_opt_outs(tmp_path):
 def test_compilation_cache_keeps_kernels_across_processes(tmp_path):
     code = (
         "import jax, pldjax as pj; print(jax.config.jax_compilation_cache_dir); "
-        "print(pj.gaussian(2.0).self_compose(3).epsilon(1e-5)); "
-        "print(jax.config.jax_compilation_cache_max_size)"
+        "print(pj.gaussian(2.0).self_compose(3).epsilon(1e-5))"
     )
     env = dict(os.environ, PLDJAX_COMPILATION_CACHE=str(tmp_path / "xla"), JAX_PLATFORMS="cpu")
-    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE"):
-        env.pop(name, None)  # the test run's own cache (conftest)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the test run's own cache (conftest)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == str(tmp_path / "xla")
-    assert any((tmp_path / "xla").glob("*-cache"))
-    # a size limit, hence JAX's file lock: no process reads an entry another is still writing
-    assert int(out.stdout.splitlines()[2]) == pj.compilation.MAX_BYTES
-    assert (tmp_path / "xla" / ".lockfile").exists()
+    assert any((tmp_path / "xla").iterdir())
     env["PLDJAX_COMPILATION_CACHE"] = "0"
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
