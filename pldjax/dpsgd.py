@@ -179,12 +179,12 @@ def _loss_spread(sigma, q):
     """Rough standard deviation (nats) of one step's privacy loss: q sqrt(chi^2) for small q,
     at most the unsubsampled loss's 1 / sigma."""
     mu = 1.0 / sigma
-    return np.minimum(q * np.sqrt(np.expm1(np.minimum(mu**2, 700.0))), mu)
+    return np.minimum(q * np.sqrt(np.expm1(np.minimum(mu, np.sqrt(700.0)) ** 2)), mu)
 
 
 def _mechanism_points(sigma, q):
     """Rough relative grid size a configuration needs (used to sort configurations into chunks)."""
-    mu = 1.0 / sigma
+    mu = np.minimum(1.0 / sigma, 1e150)  # squared below float64's largest
     top = np.logaddexp(np.log1p(-np.minimum(q, 1 - 1e-16)), np.log(q) + mu**2 / 2 + 10 * mu)
     return top / _loss_spread(sigma, q)
 
