@@ -38,7 +38,7 @@ from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.sampling import Directions, Sampling
 from pldjax.subsampling import ADD, REMOVE
-from pldjax.validate import check_count, check_range
+from pldjax.validate import check_count, check_range, is_traced
 
 
 def _directions(
@@ -103,13 +103,16 @@ def discretize_directions(directions: Directions, grid: Grid | None, pessimistic
     if not both:
         return discretize_mechanism(mechanism, params, grid, pessimistic)
     # both directions in one vmapped call (one compiled kernel): the direction is a parameter
-    remove_add = jnp.asarray([REMOVE, ADD])
+    # (concrete parameters are split on the host: no small compiled programs for the slices)
+    xp = jnp if is_traced(params) else np
+    remove_add = xp.asarray([REMOVE, ADD])
     pair = discretize_mechanism(
-        mechanism, tuple(jnp.asarray(p)[..., None] for p in params) + (remove_add,), grid, pessimistic
+        mechanism, tuple(xp.asarray(p)[..., None] for p in params) + (remove_add,), grid, pessimistic
     )
+    parts = tuple(xp.asarray(a) for a in (pair.probs, pair.inf_mass, pair.offset, pair.step))
     remove, add = (
-        PLD(pair.probs[..., i, :], pair.inf_mass[..., i], pair.offset[..., i], pair.step[..., i],
-            pair.pessimistic)
+        PLD(*(jax.device_put(a) for a in (parts[0][..., i, :], parts[1][..., i], parts[2][..., i],
+                                           parts[3][..., i])), pair.pessimistic)
         for i in (0, 1)
     )
     return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add)
