@@ -360,19 +360,37 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
     if is_traced(params):
         return PLD(probs.reshape(shape + (size,)), inf_mass.reshape(shape), offset.reshape(shape),
                    step.reshape(shape), bool(pessimistic))
-    # concrete: the reshapes and the trim run in NumPy (each eager jnp operation would be one
-    # more small program to compile, or to load from the cache, in every new process)
-    probs, inf_mass, offset, step = (np.asarray(a) for a in (probs, inf_mass, offset, step))
+    # in host memory, the reshapes and the trim run in NumPy (each eager jnp operation would be
+    # one more small program to compile, or to load from the cache, in every new process)
+    xp = np if on_host(probs) else jnp
+    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
     probs, offset = probs.reshape(shape + (size,)), offset.reshape(shape)
     if grid.size is None:
         probs, offset = _trim(probs, offset)
-    return PLD(*(jax.device_put(a) for a in (probs, inf_mass.reshape(shape), offset,
-                                             step.reshape(shape))), bool(pessimistic))
+    arrays = (probs, inf_mass.reshape(shape), offset, step.reshape(shape))
+    return PLD(*(to_device(a) for a in arrays), bool(pessimistic))
 
 
-def _occupied_range(probs: np.ndarray) -> tuple[int, int]:
+def on_host(array) -> bool:
+    """True for a concrete array in host memory (NumPy, or a JAX array on one CPU device): glue
+    on it can run in NumPy, without copies and without compiling a program per operation."""
+    if is_traced(array):
+        return False
+    if isinstance(array, jax.Array):
+        devices = array.devices()
+        return len(devices) == 1 and next(iter(devices)).platform == "cpu"
+    return True
+
+
+def to_device(array):
+    """A JAX array of ``array`` (NumPy: ``jax.device_put``, which unlike ``jnp.asarray`` compiles
+    no program; a JAX array or tracer unchanged)."""
+    return jax.device_put(array) if isinstance(array, np.ndarray | np.generic) else array
+
+
+def _occupied_range(probs) -> tuple[int, int]:
     """(first, last) index of the columns holding mass in any row; (0, 0) when none does."""
-    occupied = np.flatnonzero(np.any(probs != 0, axis=0))
+    occupied = np.flatnonzero(np.asarray((probs != 0).any(axis=0)))
     return (int(occupied[0]), int(occupied[-1])) if occupied.size else (0, 0)
 
 
