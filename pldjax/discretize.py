@@ -299,10 +299,17 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None) -> n
     (concrete parameters; flat). A batch is discretized at the largest of its elements' sizes,
     so batching elements of one size changes no element's grid (used to group sweeps)."""
     grid = grid or Grid()
-    params = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params))
+    params = [p.reshape(-1) for p in np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params))]
+    count = params[0].size
+    if count == 0:
+        return np.zeros(0, np.int64)
     if grid.size is not None:
-        return np.full(params[0].size, grid.size)
-    widths = np.asarray(_half_widths(tuple(params), grid.step, mechanism=mechanism))
+        return np.full(count, grid.size)
+    # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
+    # for a configuration's one or two directions and few for a sweep
+    padded = max(8, grid_lib.next_pow2(count))
+    params = tuple(np.pad(p, (0, padded - count), mode="edge") for p in params)
+    widths = np.asarray(_half_widths(params, grid.step, mechanism=mechanism))[:count]
     # grid.mechanism_size, vectorized: a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]
     points = np.nan_to_num(np.minimum(2 * widths + 4, grid_lib.MAX_MECHANISM_SIZE),
                            nan=grid_lib.MAX_MECHANISM_SIZE)
@@ -350,19 +357,41 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
         flat, fixed_step, mechanism=mechanism, size=size, pessimistic=bool(pessimistic),
         fixed=grid.step is not None, rounding=grid.rounding,
     )
+    if is_traced(params):
+        return PLD(probs.reshape(shape + (size,)), inf_mass.reshape(shape), offset.reshape(shape),
+                   step.reshape(shape), bool(pessimistic))
+    # in host memory, the reshapes and the trim run in NumPy (each eager jnp operation would be
+    # one more small program to compile, or to load from the cache, in every new process)
+    xp = np if on_host(probs) else jnp
+    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
     probs, offset = probs.reshape(shape + (size,)), offset.reshape(shape)
-    if grid.size is None and not is_traced(params):
+    if grid.size is None:
         probs, offset = _trim(probs, offset)
-    return PLD(probs, inf_mass.reshape(shape), offset, step.reshape(shape), bool(pessimistic))
+    arrays = (probs, inf_mass.reshape(shape), offset, step.reshape(shape))
+    return PLD(*(to_device(a) for a in arrays), bool(pessimistic))
 
 
-@jax.jit
-def _occupied_range(probs):
+def on_host(array) -> bool:
+    """True for a concrete array in host memory (NumPy, or a JAX array on one CPU device): glue
+    on it can run in NumPy, without copies and without compiling a program per operation."""
+    if is_traced(array):
+        return False
+    if isinstance(array, jax.Array):
+        devices = array.devices()
+        return len(devices) == 1 and next(iter(devices)).platform == "cpu"
+    return True
+
+
+def to_device(array):
+    """A JAX array of ``array`` (NumPy: ``jax.device_put``, which unlike ``jnp.asarray`` compiles
+    no program; a JAX array or tracer unchanged)."""
+    return jax.device_put(array) if isinstance(array, np.ndarray | np.generic) else array
+
+
+def _occupied_range(probs) -> tuple[int, int]:
     """(first, last) index of the columns holding mass in any row; (0, 0) when none does."""
-    occupied = jnp.any(probs != 0, axis=0)
-    first = jnp.argmax(occupied)
-    last = probs.shape[-1] - 1 - jnp.argmax(occupied[::-1])
-    return jnp.where(jnp.any(occupied), jnp.stack([first, last]), 0)
+    occupied = np.flatnonzero(np.asarray((probs != 0).any(axis=0)))
+    return (int(occupied[0]), int(occupied[-1])) if occupied.size else (0, 0)
 
 
 #: Smallest window :func:`_trim` leaves.
@@ -375,7 +404,7 @@ def _trim(probs, offset):
     e.g. Laplace at scale 1e-20, has all of its mass in the +inf atom, and later kernels would
     otherwise carry 2^20 empty points)."""
     size = probs.shape[-1]
-    first, last = (int(i) for i in _occupied_range(probs.reshape(-1, size)))  # two ints to the host
+    first, last = _occupied_range(probs.reshape(-1, size))
     used = max(last + 1 - first, 1)
     new_size = max(grid_lib.next_pow2(used), _TRIM_MIN)
     if 4 * new_size > size:

@@ -22,7 +22,7 @@ import numpy as np
 
 from pldjax import grid as grid_lib
 from pldjax import sampling as sampling_lib
-from pldjax.discretize import discretize_mechanism, masses_from_curve
+from pldjax.discretize import discretize_mechanism, masses_from_curve, on_host, to_device
 from pldjax.grid import Grid
 from pldjax.neighboring import Neighboring
 from pldjax.noise import (
@@ -38,7 +38,7 @@ from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.sampling import Directions, Sampling
 from pldjax.subsampling import ADD, REMOVE
-from pldjax.validate import check_count, check_range
+from pldjax.validate import check_count, check_range, is_traced
 
 
 def _directions(
@@ -103,13 +103,18 @@ def discretize_directions(directions: Directions, grid: Grid | None, pessimistic
     if not both:
         return discretize_mechanism(mechanism, params, grid, pessimistic)
     # both directions in one vmapped call (one compiled kernel): the direction is a parameter
-    remove_add = jnp.asarray([REMOVE, ADD])
+    # (concrete parameters, and results in host memory, are handled in NumPy: no small compiled
+    # programs for the staging and the slices)
+    xp = jnp if is_traced(params) else np
+    remove_add = xp.asarray([REMOVE, ADD])
     pair = discretize_mechanism(
-        mechanism, tuple(jnp.asarray(p)[..., None] for p in params) + (remove_add,), grid, pessimistic
+        mechanism, tuple(xp.asarray(p)[..., None] for p in params) + (remove_add,), grid, pessimistic
     )
+    xp = np if on_host(pair.probs) else jnp
+    parts = tuple(xp.asarray(a) for a in (pair.probs, pair.inf_mass, pair.offset, pair.step))
     remove, add = (
-        PLD(pair.probs[..., i, :], pair.inf_mass[..., i], pair.offset[..., i], pair.step[..., i],
-            pair.pessimistic)
+        PLD(*(to_device(a) for a in (parts[0][..., i, :], parts[1][..., i], parts[2][..., i],
+                                      parts[3][..., i])), pair.pessimistic)
         for i in (0, 1)
     )
     return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add)

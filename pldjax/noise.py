@@ -54,10 +54,12 @@ def resolvable(x, pessimistic: bool):
     pessimistic PLD and by 0 for an optimistic one. Sound for a mechanism whose privacy loss grows
     with ``x`` (Gaussian and Laplace 1/scale, randomized-response epsilon, sampling probability:
     the smaller one is a post-processing of the larger): the result dominates the truth or is
-    dominated by it. 0 gives the identity, and MIN_PARAMETER a curve of order 1e-9."""
-    x = jnp.asarray(x, jnp.float64)
+    dominated by it. 0 gives the identity, and MIN_PARAMETER a curve of order 1e-9. Concrete
+    input stays on the host (NumPy): no small compiled program per operation in a new process."""
+    xp = jnp if is_traced(x) else np
+    x = xp.asarray(x, xp.float64)
     tiny = (x > 0) & (x < MIN_PARAMETER)
-    return jnp.where(tiny, MIN_PARAMETER if pessimistic else 0.0, x)
+    return xp.where(tiny, MIN_PARAMETER if pessimistic else 0.0, x)
 
 
 def _placeholder(value) -> bool:
@@ -91,7 +93,8 @@ def _shift(shift, neighboring: Neighboring):
     """The shift between the output distributions: one sensitivity (add/remove, and zero-out:
     the record's contribution against none) or two (replace-one: a contribution of norm at most
     the sensitivity moves from -C to +C), at most MAX_SHIFT."""
-    return jnp.minimum(2 * shift if neighboring == Neighboring.REPLACE_ONE else shift, MAX_SHIFT)
+    xp = jnp if is_traced(shift) else np
+    return xp.minimum(2 * shift if neighboring == Neighboring.REPLACE_ONE else shift, MAX_SHIFT)
 
 
 def record(cls):
@@ -195,7 +198,8 @@ class Gaussian(Noise):
         check_parameter("sensitivity", self.sensitivity, 0.0, low_open=True)
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[Mechanism, tuple]:
-        mu = jnp.asarray(self.sensitivity, jnp.float64) / jnp.asarray(self.sigma, jnp.float64)
+        xp = jnp if is_traced((self.sigma, self.sensitivity)) else np
+        mu = xp.asarray(self.sensitivity, xp.float64) / xp.asarray(self.sigma, xp.float64)
         return GAUSSIAN, (_shift(resolvable(mu, pessimistic), neighboring),)
 
 
@@ -257,7 +261,8 @@ class Laplace(Noise):
         check_parameter("sensitivity", self.sensitivity, 0.0, low_open=True)
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[Mechanism, tuple]:
-        eps0 = jnp.asarray(self.sensitivity, jnp.float64) / jnp.asarray(self.scale, jnp.float64)
+        xp = jnp if is_traced((self.scale, self.sensitivity)) else np
+        eps0 = xp.asarray(self.sensitivity, xp.float64) / xp.asarray(self.scale, xp.float64)
         return LAPLACE, (_shift(resolvable(eps0, pessimistic), neighboring),)
 
 

@@ -92,6 +92,30 @@ def test_sharded_sweep_agrees_with_unsharded():
     np.testing.assert_allclose(sharded, pj.dpsgd_epsilon(*_SWEEP, 1e-5), rtol=1e-7)
 
 
+def test_first_call_compiles_only_the_kernels():
+    """A new process's first dpsgd_epsilon compiles (or loads from the persistent cache) its four
+    kernels and nothing else: host glue in NumPy, no small program per eager jnp operation (each
+    costs tens of ms to compile, and a cache look-up, in every new process; issue 17)."""
+    code = textwrap.dedent("""
+        import logging, jax, pldjax as pj
+        names = []
+        class Names(logging.Handler):
+            def emit(self, record):
+                message = record.getMessage()
+                if message.startswith("Compiling "):
+                    names.append(message.split()[1])
+        logging.getLogger("jax").addHandler(Names())
+        jax.config.update("jax_log_compiles", True)
+        pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+        print(" ".join(names))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    names = out.stdout.split()
+    assert sorted(names) == sorted(["jit(_half_widths)", "jit(_mechanism_kernel)",
+                                    "jit(window_placement)", "jit(_compose_and_evaluate)"]), names
+
+
 def test_cli_dpsgd_and_sweep(tmp_path, capsys):
     from pldjax.cli import main
 
