@@ -62,6 +62,13 @@ def resolvable(x, pessimistic: bool):
     return xp.where(tiny, MIN_PARAMETER if pessimistic else 0.0, x)
 
 
+def _ratio(sensitivity, scale):
+    """``sensitivity / scale`` in float64 (the loss scale of an additive noise), on the host for
+    concrete input like :func:`resolvable`."""
+    xp = jnp if is_traced((sensitivity, scale)) else np
+    return xp.asarray(sensitivity, xp.float64) / xp.asarray(scale, xp.float64)
+
+
 def _placeholder(value) -> bool:
     """True for the bare ``object()`` leaves JAX puts into a pytree to learn its structure (in
     ``vmap``'s axis handling): the record is rebuilt around them, and there is nothing to check."""
@@ -198,8 +205,7 @@ class Gaussian(Noise):
         check_parameter("sensitivity", self.sensitivity, 0.0, low_open=True)
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[Mechanism, tuple]:
-        xp = jnp if is_traced((self.sigma, self.sensitivity)) else np
-        mu = xp.asarray(self.sensitivity, xp.float64) / xp.asarray(self.sigma, xp.float64)
+        mu = _ratio(self.sensitivity, self.sigma)
         return GAUSSIAN, (_shift(resolvable(mu, pessimistic), neighboring),)
 
 
@@ -261,8 +267,7 @@ class Laplace(Noise):
         check_parameter("sensitivity", self.sensitivity, 0.0, low_open=True)
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[Mechanism, tuple]:
-        xp = jnp if is_traced((self.scale, self.sensitivity)) else np
-        eps0 = xp.asarray(self.sensitivity, xp.float64) / xp.asarray(self.scale, xp.float64)
+        eps0 = _ratio(self.sensitivity, self.scale)
         return LAPLACE, (_shift(resolvable(eps0, pessimistic), neighboring),)
 
 
