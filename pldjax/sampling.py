@@ -36,7 +36,6 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
-from scipy.special import gammaln, xlog1py, xlogy
 
 from pldjax import subsampling
 from pldjax.discretize import Mechanism
@@ -175,6 +174,8 @@ class Mixture(Sampling):
         """A user with ``count`` records, each Poisson-sampled with probability ``sampling_prob``
         and each of norm at most the sensitivity: the user's contribution is K sensitivities with
         K ~ Binomial(count, q) (user-level accounting; ``count`` = 1 is Poisson sampling)."""
+        from scipy.special import gammaln, xlog1py, xlogy  # here: 0.1-0.4 s off `import pldjax`
+
         count = check_count("count", count, minimum=1)
         check_parameter("sampling_prob", sampling_prob, 0.0, high=1.0)
         q = float(sampling_prob)
