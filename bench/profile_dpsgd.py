@@ -17,9 +17,11 @@ alone, so the parts of the fused composition call need not add up to it exactly 
 ``--total`` is for before/after comparisons: run it back to back in two checkouts
 (``PYTHONPATH=<checkout>``), a few times each, and compare the "x floor" ratios.
 
-``--fresh N`` times N fresh ``python -c`` processes each (import and the call, wall clock):
-pldjax with an empty cache directory, then with the cache it filled, and dp-accounting's
-``PLDAccountant`` (value_discretization_interval 1e-4) on the same event; medians are printed.
+``--fresh N`` times N fresh ``python -c`` processes each: pldjax with an empty cache directory,
+then with the cache it filled, and dp-accounting's ``PLDAccountant`` (value_discretization_interval
+1e-4) on the same event; medians of the import, the call, the process's wall clock (start and exit
+included: the issue's goal) and its CPU seconds. Run it from the checkout to measure
+(``python -c`` imports the current directory's pldjax).
 """
 
 from __future__ import annotations
@@ -107,29 +109,40 @@ def stages():
 
 
 PLDJAX_FRESH = (
-    "import time; t = time.perf_counter(); import pldjax as pj; "
-    f"e = pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}); print(time.perf_counter() - t, e)"
+    "import time; t = time.perf_counter(); import pldjax as pj; i = time.perf_counter(); "
+    f"e = pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}); "
+    "print(i - t, time.perf_counter() - i, e)"
 )
 DPA_FRESH = (
     "import time; t = time.perf_counter(); "
     "from dp_accounting import dp_event; from dp_accounting.pld import pld_privacy_accountant; "
+    "i = time.perf_counter(); "
     "a = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4); "
     f"a.compose(dp_event.PoissonSampledDpEvent({Q}, dp_event.GaussianDpEvent({SIGMA})), {STEPS}); "
-    f"e = a.get_epsilon({DELTA}); print(time.perf_counter() - t, e)"
+    f"e = a.get_epsilon({DELTA}); print(i - t, time.perf_counter() - i, e)"
 )
 
 
 def fresh(runs: int) -> None:
-    """Wall-clock seconds of fresh processes (import + call), medians of ``runs`` each."""
+    """Seconds of fresh processes, medians of ``runs`` each (the three kinds alternate, so that
+    load from other processes spreads over all): import and call timed inside the process, the
+    whole process's wall clock (interpreter start and exit included, what a user waits) and its
+    CPU seconds (user + system: less noisy under load)."""
+    import resource
     import subprocess
     import sys
     import tempfile
 
     def run(code, env):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, check=True)
-        seconds, value = out.stdout.split()
-        return float(seconds), float(value)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        imported, call, value = out.stdout.split()
+        return float(imported), float(call), wall, cpu, float(value)
 
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     rows = {"pldjax, empty cache": [], "pldjax, cache filled": [], "dp-accounting (1e-4)": []}
@@ -139,9 +152,12 @@ def fresh(runs: int) -> None:
             rows["pldjax, empty cache"].append(run(PLDJAX_FRESH, env))
             rows["pldjax, cache filled"].append(run(PLDJAX_FRESH, env))
         rows["dp-accounting (1e-4)"].append(run(DPA_FRESH, env))
+    print(f"{pj.__file__}, load {os.getloadavg()[0]:.1f}; seconds, median of {runs}:")
+    print(f"{'':<24} {'import':>7} {'call':>6} {'wall':>6} {'CPU':>6}  (walls)")
     for name, got in rows.items():
-        print(f"{name:<24} {np.median([s for s, _ in got]):7.2f} s  (epsilon {got[0][1]:.6f}; "
-              f"runs {', '.join(f'{s:.2f}' for s, _ in got)})")
+        imported, call, wall, cpu = np.median(np.array(got)[:, :4], axis=0)
+        print(f"{name:<24} {imported:7.2f} {call:6.2f} {wall:6.2f} {cpu:6.2f}  "
+              f"({', '.join(f'{row[2]:.2f}' for row in got)}; epsilon {got[0][4]:.6f})")
 
 
 def total(rounds: int) -> None:
