@@ -174,7 +174,7 @@ class Mixture(Sampling):
         """A user with ``count`` records, each Poisson-sampled with probability ``sampling_prob``
         and each of norm at most the sensitivity: the user's contribution is K sensitivities with
         K ~ Binomial(count, q) (user-level accounting; ``count`` = 1 is Poisson sampling)."""
-        from scipy.special import gammaln, xlog1py, xlogy  # here: 0.1-0.4 s off `import pldjax`
+        from scipy.special import gammaln, xlog1py, xlogy  # here: SciPy not in `import pldjax`
 
         count = check_count("count", count, minimum=1)
         check_parameter("sampling_prob", sampling_prob, 0.0, high=1.0)
