@@ -103,3 +103,16 @@ def test_gdp_curve_within_its_error_bound_by_mpmath():
             else:
                 assert t <= 1e-280
     assert worst <= 0.25  # a 4x margin on the bound used
+
+
+def test_residue_search_of_subsampled_gaussian_queries_converges_in_a_few_tests():
+    # issue 18: the search steered by the last two points stalled on these queries (their score is
+    # a flat comparison's below the boundary and a steep one's above it) and used all its tests;
+    # steered by the failed tests it closes its bracket within 8
+    query = pj.gaussian(np.array([1.2, 1.5, 1.9]), sampling_prob=0.1)
+    mu = np.array([0.8, 0.9, 1.0])
+    few = np.asarray(pj.gdp_residue(mu, query, steps=8))
+    many = np.asarray(pj.gdp_residue(mu, query, steps=40))
+    assert np.all(np.abs(few - many) <= 1e-5 * mu)
+    naive = np.sqrt(mu**2 - np.asarray(pj.gdp_mu(query)) ** 2)
+    assert np.all(few >= naive * (1 - 1e-15)) and np.all(many <= mu)
