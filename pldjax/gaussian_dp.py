@@ -43,12 +43,15 @@ from pldjax.profile import grid_deltas
 from pldjax.validate import check_count, check_range, is_traced
 
 #: Default number of search steps of the residue (after its two bracket evaluations): the
-#: search stops earlier once its bracket is narrower than _RESIDUE_RTOL mu^2.
+#: search stops earlier once its bracket is narrower than _RESIDUE_RTOL mu'^2 + _RESIDUE_ATOL mu^2.
 RESIDUE_STEPS = 16
-#: Width of the bracket in s = mu'^2 at which the residue search stops (of mu^2), and the score
-#: at which it stops early: the test's own round-off blurs the boundary of subsampled-Gaussian
-#: queries by 1e-6 to 1e-4 of mu^2, so a narrower bracket only costs tests.
+#: Width of the bracket in s = mu'^2 at which the residue search stops: relative to the s reached
+#: (the test's own round-off blurs the boundary of subsampled-Gaussian queries by 1e-6 to 1e-4 of
+#: mu^2, so a narrower bracket only costs tests), plus a floor of mu^2 that keeps small residues
+#: (a nearly spent budget) resolved; and the score at which it stops early.
 _RESIDUE_RTOL = 1e-5
+_RESIDUE_ATOL = 1e-7
+_RESIDUE_SCORE_TOL = 1e-7
 #: Search steps and relative tolerance of gdp_mu (and of the naive update inside the residue).
 _MU_STEPS = 40
 _MU_RTOL = 1e-15
@@ -337,7 +340,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     (certified on the query's own grid, rounded up), and mu' >= the naive
     update sqrt(mu^2 - nu^2); from there a bracketed search (:func:`_search` in s = mu'^2, at
     most ``steps`` tests after the two at its ends, steered by its failed tests, stopping when
-    the bracket is narrower than 1e-5 mu^2 in s) looks for larger values with G_mu' (+) L below
+    the bracket is narrower than 1e-5 s + 1e-7 mu^2) looks for larger values with G_mu' (+) L below
     G_mu plus the slack, on the query's grid coarsened ``factor``-fold (pessimistically, by connect-the-dots:
     :func:`pldjax.align.regrid_kernel`) so that the check window of ``size`` points reaches the
     tail of G_mu (0 if rejected). Every test is one FFT convolution; G_mu's side of the
@@ -382,7 +385,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
                                   (s_guess, mu_guess, f_guess), (s_naive, naive, f_naive))
     bad = jnp.where(ok_naive, jnp.where(ok_guess, s_top, s_guess), s_naive)
     low = _search(evaluate, good, bad, ((s_naive, f_naive), (s_guess, f_guess)), steps,
-                  lambda good: _RESIDUE_RTOL * s_top, _RESIDUE_RTOL,
+                  lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top, _RESIDUE_SCORE_TOL,
                   jnp.where(ok_naive, jnp.where(ok_guess, jnp.nan, f_guess), f_naive))
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
 
@@ -426,7 +429,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     exists; ``-inf`` orders below every valid residue and fails ``>= 0``, like a filter's
     accepted=False). ``mu`` and the query's batch axes broadcast:
     many (mu, L) pairs are one compiled call, ``batch_size`` pairs at a time. ``steps``: most
-    search steps after the two first tests (it stops earlier, at a bracket of 1e-5 mu^2 in mu'^2;
+    search steps after the two first tests (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
     typically 1-3 are used for pure-DP queries, 4-12 for subsampled-Gaussian ones); ``size``:
     check window points (automatic on the host; under jit it must be given, and the query's step
     then used as is).
