@@ -60,6 +60,9 @@ from datetime import datetime, timezone
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the pldjax measured: the checkout this script lives in (not whichever one the environment has
+# installed), or the revision extracted by --baseline
+sys.path.insert(0, os.environ.get("PLDJAX_BENCH_ROOT", os.path.dirname(HERE)))
 FAMILIES = ("rr", "gauss")
 FORMS = ("function", "filter")
 GAIN_PAIRS = 256
@@ -607,7 +610,7 @@ def baseline(args, report, log):
             "--max-seconds", str(args.max_seconds), "--seed", str(args.seed), "--out-dir", tmp,
         ]
         log(f"baseline {args.baseline}: {' '.join(command[2:])}")
-        env = dict(os.environ, PYTHONPATH=tmp)
+        env = dict(os.environ, PYTHONPATH=tmp, PLDJAX_BENCH_ROOT=tmp)
         subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
         [result] = [f for f in os.listdir(tmp) if f.endswith(".json")]
         with open(os.path.join(tmp, result)) as fh:

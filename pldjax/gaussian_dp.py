@@ -15,7 +15,7 @@ N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(
 
 Both searches test a candidate (a yes/no certificate) and steer by a score, the log of the
 largest ratio of the curve to its bound: the test is monotone in mu', so a secant on the score
-with a bracket (:func:`_search`) needs 3-6 tests where bisection took 32-64; only values that
+with a bracket (:func:`_search`) needs 3-15 tests where bisection took 32-64; only values that
 passed the test are returned.
 
 Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps >= 0
@@ -43,10 +43,15 @@ from pldjax.profile import grid_deltas
 from pldjax.validate import check_count, check_range, is_traced
 
 #: Default number of search steps of the residue (after its two bracket evaluations): the
-#: search stops earlier once its bracket is narrower than _RESIDUE_RTOL mu.
+#: search stops earlier once its bracket is narrower than _RESIDUE_RTOL mu'^2 + _RESIDUE_ATOL mu^2.
 RESIDUE_STEPS = 16
-#: Relative width of the bracket at which the residue search stops (of the budget mu).
-_RESIDUE_RTOL = 1e-7
+#: Width of the bracket in s = mu'^2 at which the residue search stops: relative to the s reached
+#: (the test's own round-off blurs the boundary of subsampled-Gaussian queries by 1e-6 to 1e-4 of
+#: mu^2, so a narrower bracket only costs tests), plus a floor of mu^2 that keeps small residues
+#: (a nearly spent budget) resolved; and the score at which it stops early.
+_RESIDUE_RTOL = 1e-5
+_RESIDUE_ATOL = 1e-7
+_RESIDUE_SCORE_TOL = 1e-7
 #: Search steps and relative tolerance of gdp_mu (and of the naive update inside the residue).
 _MU_STEPS = 40
 _MU_RTOL = 1e-15
@@ -185,7 +190,7 @@ def _curve_error(n: int) -> float:
     return float((4 * n + 512) * np.finfo(np.float64).eps)
 
 
-def _search(evaluate, good, bad, points, steps: int, tol, score_tol):
+def _search(evaluate, good, bad, points, steps: int, tol, score_tol, bad_score=None):
     """Safeguarded secant search on a bracket [good, bad] (either order) of a monotone test:
     ``evaluate(v)`` -> (ok, score, value); ok moves the good end, otherwise the bad end. Only
     values that passed ``evaluate`` (or the initial good end, which the caller certifies) are
@@ -197,11 +202,22 @@ def _search(evaluate, good, bad, points, steps: int, tol, score_tol):
     has not halved in five tests (so it shrinks at least geometrically). ``tol`` is a function
     of the good end. Stops when the bracket is at most ``tol`` wide or the good end scored above
     -``score_tol`` (a while loop, at most ``steps`` tests). ``good`` = (v, value, score).
+
+    ``bad_score`` (the bad end's score, NaN if not tested) switches to steering by failed tests,
+    for scores that are a flatter comparison's on the good side and the binding one's (near
+    linear) past the boundary: with one failed test the secant as above, or a quarter of the way
+    back from the bad end where that stays near the good end (likely a second failure); with two,
+    the secant through the last two failures (at most twice their distance from the bad end);
+    where that reaches the good end or does not leave the bad one, regula falsi between the ends,
+    at least 0.9 ``tol`` from the good end and doubled for each further test that passes in a
+    row. The midpoint after five tests without halving, as above.
     Returns the good end's value (the third output of ``evaluate``, or the initial one)."""
     (x0, f0), (x1, f1) = points
+    steer_bad = bad_score is not None
+    nan = jnp.asarray(jnp.nan, jnp.float64)
 
     def body(carry):
-        k, gv, gval, gf, bv, x0, f0, x1, f1, ref, stall = carry
+        k, gv, gval, gf, bv, x0, f0, x1, f1, ref, stall, b0, fb0, fb1, run = carry
         lo, hi = jnp.minimum(gv, bv), jnp.maximum(gv, bv)
         width = hi - lo
         secant = x1 - f1 * (x1 - x0) / jnp.where(f1 != f0, f1 - f0, 1.0)
@@ -210,19 +226,45 @@ def _search(evaluate, good, bad, points, steps: int, tol, score_tol):
         # the midpoint: geometric across a wide bracket of positive values
         middle = jnp.where((lo > 0) & (hi > 4 * lo), jnp.sqrt(lo) * jnp.sqrt(hi), lo + width / 2)
         x = jnp.where(usable, jnp.clip(secant, lo + nudge, hi - nudge), middle)
+        if steer_bad:
+            two = jnp.isfinite(fb0) & jnp.isfinite(fb1) & (fb0 != fb1)
+            # at most twice the last failures' distance from the bad end: near the boundary the
+            # scores are round-off and their secant can point anywhere
+            reach = 2.0 * jnp.abs(bv - b0)
+            root = bv + jnp.clip(-fb1 * (bv - b0) / jnp.where(two, fb1 - fb0, 1.0), -reach, reach)
+            toward = jnp.sign(bv - gv)  # from the good end to the bad one
+            inside = (root - gv) * toward > tol(gv)
+            # the regula falsi step between the ends, at least 0.9 tol, doubled for every test
+            # after the first that passed in a row (the good end's score may be a flatter
+            # comparison's, so regula falsi alone creeps)
+            falsi = jnp.where(fb1 > gf, -gf * (bv - gv) / jnp.where(fb1 > gf, fb1 - gf, 1.0), 0.0)
+            grow = 2.0 ** jnp.maximum(run - 1, 0)
+            close = gv + toward * jnp.minimum(jnp.maximum(jnp.abs(falsi), 0.9 * tol(gv)) * grow,
+                                              width - nudge)
+            # a secant that does not move off the bad end is round-off: regula falsi instead
+            by_bad = jnp.where(inside & ((bv - root) * toward > nudge), root, close)
+            # one failure: the secant, or a quarter of the way back from the bad end where the
+            # secant stays near the good end (likely a second failure, for the secant above)
+            one = jnp.where((x - gv) * toward < width / 4, bv + (gv - bv) / 4, x)
+            x = jnp.where(stall >= 5, middle,
+                          jnp.where(two, by_bad, jnp.where(jnp.isfinite(fb1), one, x)))
         ok, f, value = evaluate(x)
         gv, gval, gf = jnp.where(ok, x, gv), jnp.where(ok, value, gval), jnp.where(ok, f, gf)
-        bv = jnp.where(ok, bv, x)
+        b0, fb0 = jnp.where(ok, b0, bv), jnp.where(ok, fb0, fb1)
+        bv, fb1 = jnp.where(ok, bv, x), jnp.where(ok, fb1, f)
         new_width = jnp.abs(gv - bv)
         halved = new_width <= ref / 2
         return (k + 1, gv, gval, gf, bv, x1, f1, x, f, jnp.where(halved, new_width, ref),
-                jnp.where(halved, 0, stall + 1).astype(jnp.int32))
+                jnp.where(halved, 0, stall + 1).astype(jnp.int32), b0, fb0, fb1,
+                jnp.where(ok, run + 1, 0).astype(jnp.int32))
 
     def cond(carry):
         k, gv, _, gf, bv = carry[:5]
         return (k < steps) & (jnp.abs(gv - bv) > tol(gv)) & (gf < -score_tol)
 
     start = (jnp.zeros((), jnp.int32), *good, bad, x0, f0, x1, f1, jnp.abs(good[0] - bad),
+             jnp.zeros((), jnp.int32), nan, nan,
+             nan if bad_score is None else jnp.asarray(bad_score, jnp.float64),
              jnp.zeros((), jnp.int32))
     return jax.lax.while_loop(cond, body, start)[2]
 
@@ -297,9 +339,9 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     axis (1 or 2 directions, all of which must fit). The query fits when nu = gdp_mu(query) <= mu
     (certified on the query's own grid, rounded up), and mu' >= the naive
     update sqrt(mu^2 - nu^2); from there a bracketed search (:func:`_search` in s = mu'^2, at
-    most ``steps`` tests after the two at its ends, stopping when the bracket is narrower than
-    1e-7 mu^2 in s) looks for larger values with G_mu' (+) L below G_mu plus the slack, on the query's
-    grid coarsened ``factor``-fold (pessimistically, by connect-the-dots:
+    most ``steps`` tests after the two at its ends, steered by its failed tests, stopping when
+    the bracket is narrower than 1e-5 s + 1e-7 mu^2) looks for larger values with G_mu' (+) L below
+    G_mu plus the slack, on the query's grid coarsened ``factor``-fold (pessimistically, by connect-the-dots:
     :func:`pldjax.align.regrid_kernel`) so that the check window of ``size`` points reaches the
     tail of G_mu (0 if rejected). Every test is one FFT convolution; G_mu's side of the
     comparison is computed once."""
@@ -343,7 +385,8 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
                                   (s_guess, mu_guess, f_guess), (s_naive, naive, f_naive))
     bad = jnp.where(ok_naive, jnp.where(ok_guess, s_top, s_guess), s_naive)
     low = _search(evaluate, good, bad, ((s_naive, f_naive), (s_guess, f_guess)), steps,
-                  lambda good: _RESIDUE_RTOL * s_top, _RESIDUE_RTOL)
+                  lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top, _RESIDUE_SCORE_TOL,
+                  jnp.where(ok_naive, jnp.where(ok_guess, jnp.nan, f_guess), f_naive))
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
 
 
@@ -386,9 +429,10 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     exists; ``-inf`` orders below every valid residue and fails ``>= 0``, like a filter's
     accepted=False). ``mu`` and the query's batch axes broadcast:
     many (mu, L) pairs are one compiled call, ``batch_size`` pairs at a time. ``steps``: most
-    search steps after the two first tests (it stops earlier, at a bracket of 1e-7 mu^2 in mu'^2;
-    typically 0-4 are used); ``size``: check window points (automatic on the host; under jit it
-    must be given, and the query's step then used as is).
+    search steps after the two first tests (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
+    typically 1-3 are used for pure-DP queries, 4-12 for subsampled-Gaussian ones); ``size``:
+    check window points (automatic on the host; under jit it must be given, and the query's step
+    then used as is).
     """
     if not query.pessimistic:
         raise ValueError("gdp_residue needs a pessimistic query PLD (an upper bound)")
