@@ -37,12 +37,16 @@ def x64_off():
     jax.config.update("jax_enable_x64", True)
 
 
-#: Notebooks too long for the default run (they execute with the slow tests, `pytest -m slow`).
+#: Notebooks too long for the notebook run (they execute with the slow tests, `pytest -m slow`).
 SLOW_NOTEBOOKS = {"02_gdp_residue_filter.ipynb", "03_natural_filter_cost.ipynb"}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
+    # every notebook is marked `notebook`: they run as their own command (README, .ci/run), on the
+    # compiled-kernel cache the unit tests filled, which keeps the default run well inside its time
     for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.notebook)
         if item.path.name in SLOW_NOTEBOOKS:
             item.add_marker(pytest.mark.slow)
