@@ -128,16 +128,27 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
     return ts[0], exponents[0], ts[1], exponents[1]
 
 
+def _support(probs, offset, count):
+    """Grid indices (first, last) of the count-fold sum's support: count times those of the
+    finite masses (beyond them the sum has no mass at all)."""
+    index = jnp.arange(probs.shape[0])
+    held = probs > 0
+    first = jnp.min(jnp.where(held, index, probs.shape[0] - 1))
+    last = jnp.max(jnp.where(held, index, 0))
+    return count * (offset + first), count * (offset + last)
+
+
 def tail_window(probs, offset, step, count, tail, exponents=None):
     """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff),
-    as integral float64 values (a huge count must not overflow an integer type)."""
-    n = probs.shape[0]
+    and never beyond its support, as integral float64 values (a huge count must not overflow an
+    integer type)."""
     t_up, up, t_down, down = exponents or chernoff_exponents(probs, offset, step, count, tail)
     log_half = jnp.log(tail / 2)
     a = jnp.min((up - log_half) / t_up)
     b = jnp.max((log_half - down) / t_down)
-    hi = jnp.minimum(jnp.ceil(a / step), count * (offset + n - 1))
-    lo = jnp.maximum(jnp.floor(b / step), count * offset)
+    first, last = _support(probs, offset, count)
+    hi = jnp.minimum(jnp.ceil(a / step), last)
+    lo = jnp.maximum(jnp.floor(b / step), first)
     # no finite mass (all at +inf): the bounds are -inf and +inf; a one-point window instead
     empty = jnp.sum(probs) <= 0
     hi, lo = jnp.where(empty, count * offset, hi), jnp.where(empty, count * offset, lo)
@@ -145,13 +156,14 @@ def tail_window(probs, offset, step, count, tail, exponents=None):
 
 
 def tail_bounds(probs, offset, step, count, lo, hi, exponents):
-    """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo."""
-    n = probs.shape[0]
+    """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo (0
+    where that is outside its support)."""
     t_up, up, t_down, down = exponents
     above = jnp.exp(jnp.minimum(jnp.min(up - t_up * (hi + 1) * step), 0.0))
     below = jnp.exp(jnp.minimum(jnp.min(down + t_down * (lo - 1) * step), 0.0))
-    above = jnp.where(hi >= count * (offset + n - 1), 0.0, above)
-    below = jnp.where(lo <= count * offset, 0.0, below)
+    first, last = _support(probs, offset, count)
+    above = jnp.where(hi >= last, 0.0, above)
+    below = jnp.where(lo <= first, 0.0, below)
     return above, below
 
 
@@ -234,8 +246,14 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
     raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
     above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)
     composed_inf = -jnp.expm1(count * jnp.log1p(-inf_mass))
+    # bins beyond the sum's support hold no mass: what they read is round-off, or mass folded in
+    # from outside the window (which above + below already charge)
+    first, last = _support(probs, offset, count)
+    index = start + jnp.arange(size)
+    supported = (index >= first) & (index <= last)
     out, out_inf = settle(
-        jnp.maximum(raw, 0.0), composed_inf, _roundoff_per_bin(raw), above + below, pessimistic
+        jnp.where(supported, jnp.maximum(raw, 0.0), 0.0), composed_inf,
+        jnp.where(supported, _roundoff_per_bin(raw), 0.0), above + below, pessimistic
     )
     return jnp.where(live, out, 0.0), jnp.where(live, out_inf, composed_inf), start
 

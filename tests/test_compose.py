@@ -254,3 +254,16 @@ def test_self_compose_with_all_mass_at_infinity(pessimistic):
     composed = pj.randomized_response(1.0, 1.0, pessimistic=pessimistic).self_compose(2)
     assert np.all(composed.delta(np.array([0.0, 1.0])) >= (1.0 if pessimistic else 1 - 1e-12))
     assert not np.isnan(composed.epsilon(0.5))
+
+
+@pytest.mark.parametrize("count", [1, 10])
+def test_pure_dp_composes_to_its_exact_epsilon_at_delta_zero(count):
+    # the count-fold sum has no mass beyond count times the mechanism's largest loss, so round-off
+    # must not spread mass there: Laplace(1), sensitivity 1, is count-DP exactly (closed form)
+    event = pj.Event(pj.noise.Laplace(1.0))
+    assert count <= pj.event_epsilon(event, count, 0.0) <= count * (1 + 1e-12)
+    composed = pj.laplace(1.0).self_compose(count)
+    assert count <= float(composed.epsilon(0.0)) <= count * (1 + 1e-12)
+    for pessimistic in (True, False):  # and no delta (not even round-off) beyond it
+        pld = pj.laplace(1.0, pessimistic=pessimistic).self_compose(count)
+        assert float(pld.delta(count * (1 + 1e-9))) == 0.0
