@@ -25,6 +25,16 @@ _BLOCK = 128
 _DIRECT_TARGETS = 4
 
 
+def _blocked(decay, terms):
+    """``terms`` zero-padded into rows of _BLOCK points, and the triangular matrix of powers
+    decay^(i-k) for i >= k (0 below the diagonal) that sums them inside a block."""
+    blocks = -(-terms.shape[0] // _BLOCK)
+    padded = jnp.pad(terms, (0, blocks * _BLOCK - terms.shape[0])).reshape(blocks, _BLOCK)
+    lag = jnp.arange(_BLOCK)[None, :] - jnp.arange(_BLOCK)[:, None]  # i - k
+    powers = jnp.where(lag >= 0, decay ** jnp.maximum(lag, 0).astype(terms.dtype), 0.0)
+    return padded, powers
+
+
 def _reverse_recurrence(decay, terms):
     """x_k = terms_k + decay * x_{k+1} (x_n = 0) for all k, i.e. sum_{i>=k} decay^(i-k) terms_i.
 
@@ -34,10 +44,7 @@ def _reverse_recurrence(decay, terms):
     than an associative scan over the full length.
     """
     n = terms.shape[0]
-    blocks = -(-n // _BLOCK)
-    padded = jnp.pad(terms, (0, blocks * _BLOCK - n)).reshape(blocks, _BLOCK)
-    lag = jnp.arange(_BLOCK)[None, :] - jnp.arange(_BLOCK)[:, None]  # i - k
-    powers = jnp.where(lag >= 0, decay ** jnp.maximum(lag, 0).astype(terms.dtype), 0.0)
+    padded, powers = _blocked(decay, terms)
     inner = padded @ powers.T  # inner[b, k] = sum_{i >= k in block b} decay^(i-k) terms[b, i]
 
     def carry_in(later, block_inner):
@@ -50,12 +57,38 @@ def _reverse_recurrence(decay, terms):
     return (inner + after[:, None] * to_end[None, :]).reshape(-1)[:n]
 
 
-def tail_sums(probs, step, with_r: bool = True):
+def _crossings(probs, inf_mass, step, s, deltas):
+    """For each target in ``deltas``: how many grid points have delta above it (delta at z_k is
+    inf_mass + D_k, non-increasing in k). O(n + len(deltas) _BLOCK^2): D (see
+    :func:`tail_sums`) at the start of every block of _BLOCK points, then in full only inside
+    the block where delta crosses the target."""
+    n = probs.shape[-1]
+    decay = jnp.exp(-step)
+    terms = -jnp.expm1(-step) * s[1:]  # D_k = sum_{i >= k} decay^(i-k) terms_i
+    padded, powers = _blocked(decay, terms)
+    blocks = padded.shape[0]
+
+    def carry_in(later, block_head):
+        here = block_head + decay**_BLOCK * later
+        return here, here
+
+    _, starts = jax.lax.scan(carry_in, jnp.zeros((), terms.dtype), padded @ powers[0], reverse=True)
+    # block b - 1 holds the crossing, where b block starts lie above the target
+    block = jnp.clip(jnp.searchsorted(-(inf_mass + starts), -deltas, side="left") - 1, 0, blocks - 1)
+    after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])[block]
+    to_end = decay ** (_BLOCK - jnp.arange(_BLOCK)).astype(terms.dtype)
+    inside = padded[block] @ powers.T + after[:, None] * to_end[None, :]
+    index = block[:, None] * _BLOCK + jnp.arange(_BLOCK)[None, :]
+    above = (inf_mass + inside > deltas[:, None]) & (index < n)
+    return block * _BLOCK + jnp.sum(above, axis=1)
+
+
+def tail_sums(probs, step):
     """(S, R, D), each of length n + 1 with a trailing 0, as defined in the module docstring
-    (R None unless ``with_r``)."""
+    (under jit, the ones a caller leaves unused are not computed)."""
     zero = jnp.zeros((1,), probs.dtype)
     s = jnp.concatenate([jnp.cumsum(probs[::-1])[::-1], zero])
-    r = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), probs), zero]) if with_r else None
+    r = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), probs), zero])
     # D_k = e^{-h} D_{k+1} + (1 - e^{-h}) S_{k+1}
     d = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), -jnp.expm1(-step) * s[1:]), zero])
     return s, r, d
@@ -84,17 +117,16 @@ def delta_kernel(probs, inf_mass, offset, step, epsilons):
 def epsilon_kernel(probs, inf_mass, offset, step, deltas):
     """Smallest eps >= 0 with delta(eps) <= target, exact on the discrete PLD; inf if impossible."""
     n = probs.shape[-1]
-    # for a few targets R_j is summed directly at each one's index (n terms each), which saves
-    # a recurrence over the whole grid
-    direct = deltas.shape[0] <= _DIRECT_TARGETS
-    s, r, d = tail_sums(probs, step, with_r=not direct)
-    grid_delta = inf_mass + d[:-1]
-    j = jnp.searchsorted(-grid_delta, -deltas, side="left")  # count of grid deltas > target
-    j = jnp.minimum(j, n - 1)
-    if direct:
+    s, r, d = tail_sums(probs, step)  # under jit, R and D only where used below
+    if deltas.shape[0] <= _DIRECT_TARGETS:
+        # a few targets: each one's crossing block by block, and R_j summed directly at its
+        # index (n terms each), which saves both recurrences over the whole grid
+        j = jnp.minimum(_crossings(probs, inf_mass, step, s, deltas), n - 1)
         lag = jnp.arange(n)[None, :] - j[:, None]
         r_j = jnp.sum(jnp.where(lag >= 0, probs * jnp.exp(-jnp.maximum(lag, 0) * step), 0.0), axis=1)
     else:
+        j = jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left")  # grid deltas > target
+        j = jnp.minimum(j, n - 1)
         r_j = r[j]
     z_j = (offset + j) * step
     # on (z_{j-1}, z_j]: delta(z_j - t) = m + S_j - e^{-t} R_j, increasing in t >= 0

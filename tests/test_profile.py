@@ -78,3 +78,15 @@ def test_delta_capped_at_one_and_epsilon_zero_at_delta_one():
     assert np.all(d <= 1.0) and np.all(d >= 0.0)
     eps = pld.epsilon(np.array([0.5, 1 - 1e-16, 1.0]))
     assert eps[-1] == 0.0 and np.all(np.diff(eps) <= 0)
+
+
+@pytest.mark.parametrize("n", [127, 128, 129, 1000, 4099])
+@pytest.mark.parametrize("target", [1e-10, 1e-4, 0.05, 0.4])
+def test_epsilon_over_many_blocks_inverts_the_brute_force_delta(n, target):
+    # epsilon of one target locates its crossing block by block (profile._crossings)
+    pld = _random_pld(n, n, 1e-12)
+    losses, probs = np.asarray(pld.losses), np.asarray(pld.probs)
+    eps = float(pld.epsilon(target))
+    assert brute_force_delta(losses, probs, 1e-12, eps) <= target * (1 + 1e-9) + 1e-15
+    if eps > 1e-9:
+        assert brute_force_delta(losses, probs, 1e-12, eps * (1 - 1e-6) - 1e-9) > target * (1 - 1e-9)
