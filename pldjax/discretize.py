@@ -40,7 +40,6 @@ import numpy as np
 
 from pldjax import grid as grid_lib
 from pldjax.grid import Grid
-from pldjax.pld import PLD
 from pldjax.validate import is_traced
 
 
@@ -244,31 +243,53 @@ class Mechanism:
     # params -> P(L = +inf), the mass P puts where Q has none (None: no such atom); kept at +inf
     # by the optimistic construction
     inf_mass: Callable | None = None
+    # (params, tail) -> (low, high): a loss range (nats) outside which P holds at most ``tail``
+    # of its mass, for tail in (0, 1); tail 0 gives the default window (center +- half_width).
+    # None: the window is always the default one (see :func:`window`)
+    bulk: Callable | None = None
+
+
+def window(mechanism: Mechanism, params, tail):
+    """(centre, half-width) in nats of the window ``mechanism`` is discretized on.
+
+    ``tail`` (>= 0, broadcasting with ``params``) is the mass of P a caller lets the window leave
+    outside (0: the mechanism's default window). Soundness never depends on it: the
+    discretization moves losses below the window up into it and losses above it to the +inf atom
+    (pessimistic) or nowhere (optimistic). Tightness does: a T-fold composition of mechanisms that
+    each moved at most ``tail`` of P's mass is off by at most T tail in delta (the composed losses
+    differ only where some step's loss left the window).
+    """
+    if mechanism.bulk is None:
+        return mechanism.center(params), mechanism.half_width(params)
+    low, high = mechanism.bulk(params, tail)
+    return (low + high) / 2, (high - low) / 2
 
 
 @functools.partial(
     jax.jit, static_argnames=("mechanism", "size", "pessimistic", "fixed", "rounding")
 )
-def _mechanism_kernel(params, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
+def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
                       fixed: bool, rounding):
-    """A batch of mechanisms (``params``: flat arrays) -> (probs, inf_mass, offset, step), each
-    batched; ``step`` (data, so that a new value compiles nothing) is used when ``fixed``, else
-    each one's automatic step. Vmapped inside jit: a warm call traces nothing."""
+    """A batch of mechanisms (``params`` and ``tail``: flat arrays, see :func:`window`) ->
+    (probs, inf_mass, offset, step), each batched; ``step`` (data, so that a new value compiles
+    nothing) is used when ``fixed``, else each one's automatic step. Vmapped inside jit: a warm
+    call traces nothing."""
     one = functools.partial(_one_mechanism, mechanism=mechanism, size=size,
                             pessimistic=pessimistic, fixed=fixed, rounding=rounding)
-    return jax.vmap(one, in_axes=(0, None))(params, step)
+    return jax.vmap(one, in_axes=(0, 0, None))(params, tail, step)
 
 
-def _one_mechanism(params, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
+def _one_mechanism(params, tail, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
                    fixed: bool, rounding):
     """One (unbatched) mechanism -> (probs, inf_mass, offset, step)."""
+    center, half_width = window(mechanism, params, tail)
     if not fixed:
-        h = grid_lib.auto_step(mechanism.spread(params), mechanism.half_width(params), size)
+        h = grid_lib.auto_step(mechanism.spread(params), half_width, size)
         if not pessimistic:
             h = jnp.minimum(h, grid_lib.optimistic_step_limit(size))
     else:
         h = jnp.asarray(step, jnp.float64)
-    offset = grid_lib.window_offset(mechanism.center(params), h, size, pessimistic)
+    offset = grid_lib.window_offset(center, h, size, pessimistic)
     atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(params)
     probs, inf_mass = discretize(
         lambda eps: mechanism.tails(params, eps),
@@ -283,24 +304,34 @@ def _one_mechanism(params, step, *, mechanism: Mechanism, size: int, pessimistic
 
 
 @functools.partial(jax.jit, static_argnames=("mechanism",))
-def _half_widths(params, step, *, mechanism: Mechanism):
+def _half_widths(params, tail, step, *, mechanism: Mechanism):
     """Each element's half-width in units of ``step``. With no fixed step, in units of twice the
     fine step, so that a range of parameters shares one size (one compiled kernel); auto_step
     then picks the finest step that covers the loss."""
-    def one(single):
+    def one(single, single_tail):
         h = 2 * grid_lib.fine_step(mechanism.spread(single)) if step is None else step
-        return mechanism.half_width(single) / h
+        return window(mechanism, single, single_tail)[1] / h
 
-    return jax.vmap(one)(tuple(p.reshape(-1) for p in params))
+    return jax.vmap(one)(params, tail)
 
 
-def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None) -> np.ndarray:
-    """The number of grid points each element of the broadcast ``params`` would get alone
-    (concrete parameters; flat). A batch is discretized at the largest of its elements' sizes,
-    so batching elements of one size changes no element's grid (used to group sweeps)."""
+def _broadcast_flat(params, tail, xp):
+    """(params, tail) broadcast together and flattened, as float64 arrays of ``xp``; the
+    broadcast shape. A ``tail`` of None is 0 (the default windows)."""
+    tail = 0.0 if tail is None else tail
+    *params, tail = xp.broadcast_arrays(*(xp.asarray(a, xp.float64) for a in (*params, tail)))
+    return tuple(p.reshape(-1) for p in params), tail.reshape(-1), tail.shape
+
+
+def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
+                    tail=None) -> np.ndarray:
+    """The number of grid points each element of the broadcast ``params`` (and ``tail``, see
+    :func:`window`) would get alone (concrete parameters; flat). A batch is discretized at the
+    largest of its elements' sizes, so batching elements of one size changes no element's grid
+    (used to group sweeps)."""
     grid = grid or Grid()
-    params = [p.reshape(-1) for p in np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params))]
-    count = params[0].size
+    params, tail, _ = _broadcast_flat(params, tail, np)
+    count = tail.size
     if count == 0:
         return np.zeros(0, np.int64)
     if grid.size is not None:
@@ -308,8 +339,9 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None) -> n
     # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
     # for a configuration's one or two directions and few for a sweep
     padded = max(8, grid_lib.next_pow2(count))
-    params = tuple(np.pad(p, (0, padded - count), mode="edge") for p in params)
-    widths = np.asarray(_half_widths(params, grid.step, mechanism=mechanism))[:count]
+    params, tail = (tuple(np.pad(p, (0, padded - count), mode="edge") for p in arrays)
+                    for arrays in (params, (tail,)))
+    widths = np.asarray(_half_widths(params, tail[0], grid.step, mechanism=mechanism))[:count]
     # grid.mechanism_size, vectorized: a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]
     points = np.nan_to_num(np.minimum(2 * widths + 4, grid_lib.MAX_MECHANISM_SIZE),
                            nan=grid_lib.MAX_MECHANISM_SIZE)
@@ -317,14 +349,14 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None) -> n
     return np.clip(sizes, grid_lib.MECHANISM_SIZE, grid_lib.MAX_MECHANISM_SIZE).astype(np.int64)
 
 
-def _size(mechanism: Mechanism, params, grid: Grid) -> int:
+def _size(mechanism: Mechanism, params, tail, grid: Grid) -> int:
     if grid.size is not None:
         return grid.size
-    if is_traced(params):
+    if is_traced((params, tail)):
         if grid.step is not None:
             raise ValueError("a Grid with a fixed step needs an explicit size under jit")
         return grid_lib.MECHANISM_SIZE
-    return int(np.max(mechanism_sizes(mechanism, params, grid)))
+    return int(np.max(mechanism_sizes(mechanism, params, grid, tail)))
 
 
 def _check_step(grid: Grid, size: int, pessimistic: bool) -> None:
@@ -341,25 +373,27 @@ def _check_step(grid: Grid, size: int, pessimistic: bool) -> None:
         )
 
 
-def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool) -> PLD:
-    """The (single-direction) PLD of ``mechanism``, batched over the broadcast ``params``."""
-    if is_traced(params):
-        params = jnp.broadcast_arrays(*(jnp.asarray(p, jnp.float64) for p in params))
-    else:  # on the host: no small compiled kernels for each array operation
-        params = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params))
+def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool,
+                      tail=None, size: int | None = None) -> tuple:
+    """(probs, inf_mass, offset, step) of ``mechanism``'s (single-direction) PLD, batched over
+    the broadcast ``params`` and ``tail`` (the mass of P each window may leave outside, see
+    :func:`window`; None: 0, the default windows); ``size``: the grid size when the caller has
+    it from :func:`mechanism_sizes`. Concrete results in host memory stay NumPy arrays (glue
+    code reads them on the host; :func:`pldjax.mechanisms.discretize_directions` gives PLDs)."""
+    traced = is_traced((params, tail))
+    # on the host: no small compiled kernels for each array operation
+    flat, flat_tail, shape = _broadcast_flat(params, tail, jnp if traced else np)
     grid = grid or Grid()
-    size = _size(mechanism, tuple(params), grid)
+    size = size or _size(mechanism, flat, flat_tail, grid)
     _check_step(grid, size, pessimistic)
-    shape = params[0].shape
-    flat = tuple(p.reshape(-1) for p in params)
     fixed_step = 0.0 if grid.step is None else grid.step
     probs, inf_mass, offset, step = _mechanism_kernel(
-        flat, fixed_step, mechanism=mechanism, size=size, pessimistic=bool(pessimistic),
-        fixed=grid.step is not None, rounding=grid.rounding,
+        flat, flat_tail, fixed_step, mechanism=mechanism, size=size,
+        pessimistic=bool(pessimistic), fixed=grid.step is not None, rounding=grid.rounding,
     )
-    if is_traced(params):
-        return PLD(probs.reshape(shape + (size,)), inf_mass.reshape(shape), offset.reshape(shape),
-                   step.reshape(shape), bool(pessimistic))
+    if traced:
+        return (probs.reshape(shape + (size,)), inf_mass.reshape(shape), offset.reshape(shape),
+                step.reshape(shape))
     # in host memory, the reshapes and the trim run in NumPy (each eager jnp operation would be
     # one more small program to compile, or to load from the cache, in every new process)
     xp = np if on_host(probs) else jnp
@@ -367,8 +401,7 @@ def discretize_mechanism(mechanism: Mechanism, params, grid: Grid | None, pessim
     probs, offset = probs.reshape(shape + (size,)), offset.reshape(shape)
     if grid.size is None:
         probs, offset = _trim(probs, offset)
-    arrays = (probs, inf_mass.reshape(shape), offset, step.reshape(shape))
-    return PLD(*(to_device(a) for a in arrays), bool(pessimistic))
+    return probs, inf_mass.reshape(shape), offset, step.reshape(shape)
 
 
 def on_host(array) -> bool:

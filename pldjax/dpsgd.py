@@ -40,7 +40,7 @@ from pldjax.compose import (
 )
 from pldjax.discretize import mechanism_sizes
 from pldjax.grid import Grid
-from pldjax.mechanisms import Event, discretize_directions, identity
+from pldjax.mechanisms import Event, direction_arrays, identity
 from pldjax.neighboring import Neighboring
 from pldjax.noise import Gaussian, Noise
 from pldjax.pld import PLD
@@ -61,8 +61,20 @@ COMPOSE_ELEMENTS = 2**23
 #: optimistic one), so delta(eps) moves by at most delta / 2^20 and epsilon by about 1e-6 over
 #: -d log(delta) / d eps nats (4e-8 relative at sigma = 0.8, q = 0.02, T = 50, delta = 1e-5).
 #: The window then spans sqrt(log(2 / tail)) instead of sqrt(log(2 / grid.TAIL_MASS)) standard
-#: deviations of the composed loss: 0.79x at delta = 1e-5.
+#: deviations of the composed loss: 0.79x at delta = 1e-5. The mechanisms' windows get the same
+#: fraction (:func:`mechanism_tail`, T steps of delta / (2^20 T) each): half the mechanism grid at
+#: sigma = 1, q = 0.01, T = 1e4, delta = 1e-5, and epsilon 1.4e-8 relative higher.
 TAIL_FRACTION = 2.0**-20
+
+
+def mechanism_tail(steps, target, evaluate: str):
+    """The mass of P each step's mechanism window may leave outside (see
+    :func:`pldjax.discretize.window`): a fraction TAIL_FRACTION / steps of the delta that
+    ``evaluate == "epsilon"`` reads at, so delta moves by at most delta / 2^20 more; 0 (the
+    default windows) where delta is the unknown result."""
+    if evaluate != "epsilon":
+        return np.zeros_like(target)
+    return target * TAIL_FRACTION / np.maximum(steps, 1.0)
 
 
 def composition_tail(target, evaluate: str):
@@ -116,8 +128,8 @@ def _place(arrays, sharding):
     return [jax.device_put(a, sharding) for a in arrays]
 
 
-def _account_chunk(params, steps, target, *, mechanism, both, pessimistic, grid, evaluate,
-                   sharding):
+def _account_chunk(params, steps, target, *, mechanism, mechanism_size, both, pessimistic, grid,
+                   evaluate, sharding):
     """Values for one chunk of configurations (all steps >= 1): ``params`` are the flat
     parameters of ``mechanism`` (:meth:`~pldjax.mechanisms.Event.directions`).
 
@@ -129,25 +141,25 @@ def _account_chunk(params, steps, target, *, mechanism, both, pessimistic, grid,
     # the glue between the compiled calls runs in NumPy on one device (each eager jnp operation
     # would be one more small program to compile, or to load from the cache, per process)
     xp = np if sharding is None else jnp
-    *params, steps, target = _place(
-        [np.asarray(a, np.float64) for a in (*params, steps, target)], sharding
+    tail = mechanism_tail(steps, target, evaluate)
+    *params, steps, target, tail = _place(
+        [np.asarray(a, np.float64) for a in (*params, steps, target, tail)], sharding
     )
-    pld = discretize_directions(Directions(mechanism, tuple(params), both), grid, pessimistic)
-    directions = pld.directions()
-    probs, inf_mass, offset, step = (
-        xp.concatenate([xp.asarray(getattr(p, name)) for p in directions])
-        for name in ("probs", "inf_mass", "offset", "step")
-    )
-    counts = xp.concatenate([steps] * len(directions))
-    targets = xp.concatenate([target] * len(directions))
+    rows = direction_arrays(Directions(mechanism, tuple(params), both), grid, pessimistic, tail,
+                            mechanism_size)
+    directions = rows[0].shape[0]
+    # rows: every configuration's first direction, then (when it has two) every one's second
+    probs, inf_mass, offset, step = (xp.reshape(a, (-1,) + a.shape[2:]) for a in rows)
+    counts = xp.concatenate([steps] * directions)
+    targets = xp.concatenate([target] * directions)
     lo, hi, exponents = window_placement(probs, offset, step, counts, targets, evaluate=evaluate)
     exponents = [xp.asarray(e) for e in exponents]
     sizes = np.array([grid_lib.fft_size(int(w))
                       for w in window_widths(probs, offset, counts, lo, hi, "steps")])
     # a row repeated (the chunk's padding, or a configuration given twice) is composed once
     config = np.column_stack([np.asarray(a, np.float64) for a in (*params, steps, target)])
-    rows_of = np.column_stack([np.repeat(np.arange(len(directions)), config.shape[0]),
-                               np.tile(config, (len(directions), 1))])
+    rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
+                               np.tile(config, (directions, 1))])
     _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
     values = np.zeros(sizes.shape[0])
     for size in np.unique(sizes[first]):
@@ -172,7 +184,7 @@ def _account_chunk(params, steps, target, *, mechanism, both, pessimistic, grid,
             )
             values[part] = np.asarray(got)[: part.size]
     values = values[first][same.reshape(-1)]
-    return np.max(values.reshape(len(directions), -1), axis=0)
+    return np.max(values.reshape(directions, -1), axis=0)
 
 
 def _loss_spread(sigma, q):
@@ -194,29 +206,38 @@ _RDP_ORDERS = np.array([2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 12
 
 
 @functools.cache
-def _log_binomials() -> list[np.ndarray]:
-    """log C(a, k), k = 0..a, for each order a in _RDP_ORDERS."""
-    return [np.array([math.lgamma(a + 1.0) - math.lgamma(k + 1.0) - math.lgamma(a - k + 1.0)
-                      for k in range(a + 1)]) for a in _RDP_ORDERS]
+def _log_binomials() -> np.ndarray:
+    """log C(a, k) for the orders a in _RDP_ORDERS (rows) and k = 0 .. the largest order
+    (columns); -inf where k > a."""
+    top = int(_RDP_ORDERS[-1])
+    return np.array([[math.lgamma(a + 1.0) - math.lgamma(k + 1.0) - math.lgamma(a - k + 1.0)
+                      if k <= a else -np.inf for k in range(top + 1)] for a in _RDP_ORDERS])
+
+
+#: Configurations per block of :func:`_rdp_epsilon` (each takes orders x terms = 18 x 257 values).
+_RDP_BLOCK = 256
 
 
 def _rdp_epsilon(sigma, q, steps, delta):
     """An estimate of epsilon (nats) from the Renyi DP of the Poisson-subsampled Gaussian at
     integer orders (Mironov, Talwar and Zhang's binomial expansion) and the standard conversion:
-    an upper bound, about 10% loose, used only to choose a grid step (never reported)."""
-    sigma, q, steps, delta = (np.asarray(a, np.float64)[..., None] for a in (sigma, q, steps, delta))
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        log_q, log_1mq = np.log(q), np.log1p(-q)
-        rdp = []
-        for order, log_binom in zip(_RDP_ORDERS, _log_binomials(), strict=True):
-            k = np.arange(order + 1, dtype=np.float64)
-            terms = (log_binom + (order - k) * np.where(k < order, log_1mq, 0.0)
-                     + k * np.where(k > 0, log_q, 0.0) + (k * k - k) / (2 * sigma**2))
+    an upper bound, about 10% loose, used only to choose a grid step (never reported); flat."""
+    sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
+        *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
+    order = _RDP_ORDERS[:, None].astype(np.float64)
+    k = np.arange(_RDP_ORDERS[-1] + 1, dtype=np.float64)
+    out = np.empty(sigma.shape)
+    for begin in range(0, sigma.size, _RDP_BLOCK):
+        part = slice(begin, begin + _RDP_BLOCK)
+        s, p, t, d = (a[part, None, None] for a in (sigma, q, steps, delta))
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            terms = (_log_binomials() + (order - k) * np.where(k < order, np.log1p(-p), 0.0)
+                     + k * np.where(k > 0, np.log(p), 0.0) + (k * k - k) / (2 * s**2))
             top = np.max(terms, axis=-1, keepdims=True)
             log_a = top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1))
-            rdp.append(log_a / (order - 1))
-        eps = steps * np.stack(rdp, axis=-1) + np.log(1.0 / delta) / (_RDP_ORDERS - 1)
-        return np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
+            eps = t[..., 0] * log_a / (order[:, 0] - 1) + np.log(1.0 / d[..., 0]) / (order[:, 0] - 1)
+        out[part] = np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
+    return out
 
 
 def accuracy_step(rtol, steps, epsilon, spread, z):
@@ -277,9 +298,9 @@ def _accuracy_steps(sigma, q, steps, target, target_name, neighboring, rtol):
     return accuracy_step(rtol, steps, estimate, spread, np.nan_to_num(z, posinf=0.0))
 
 
-def _mechanism_sizes(mechanism, params, both, grid):
+def _mechanism_sizes(mechanism, params, both, grid, tail):
     """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes)."""
-    return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid)
+    return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid, tail)
 
 
 def _gaussian_poisson(event: Event, shape) -> tuple[np.ndarray, np.ndarray] | None:
@@ -394,7 +415,8 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         stepped = active[group_steps == group_step]
         # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
         # largest member's size, so no configuration is slower (or on another grid) in a batch
-        sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid)
+        tail = mechanism_tail(steps_arr[stepped], target[stepped], evaluate)
+        sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid, tail)
         for size in np.unique(sizes):
             members = stepped[sizes == size]
             # alike configurations side by side (few distinct composition sizes per chunk)
@@ -402,7 +424,8 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
                       else _mechanism_points(*(a[members] for a in closed_form)))
             order = members[np.lexsort((steps_arr[members], points))]
             done = _account_group(order, params, steps_arr, target, out, done, report,
-                                  mechanism=mechanism, both=both, pessimistic=pessimistic,
+                                  mechanism=mechanism, mechanism_size=int(size), both=both,
+                                  pessimistic=pessimistic,
                                   grid=group_grid, evaluate=evaluate, sharding=sharding)
 
     # never NaN: should a configuration still produce one, report the trivial sound bound

@@ -3,7 +3,7 @@
 The entry point is :func:`privacy_loss`: a noise record (:mod:`pldjax.noise`), a sampling scheme
 (:mod:`pldjax.sampling`, or None) and a neighbouring relation (:class:`~pldjax.neighboring.
 Neighboring`, or its string) give the mechanism whose loss tails
-:func:`~pldjax.discretize.discretize_mechanism` turns into a :class:`~pldjax.pld.PLD`, batched
+:func:`~pldjax.discretize.discretize_arrays` turns into a :class:`~pldjax.pld.PLD`, batched
 over parameter arrays in one jitted, vmapped call (the parameters are data, so new values never
 trigger recompilation). :class:`Event` is the same description as one object, for code that
 passes it on (accounting, calibration). The named constructors (:func:`gaussian`,
@@ -22,7 +22,7 @@ import numpy as np
 
 from pldjax import grid as grid_lib
 from pldjax import sampling as sampling_lib
-from pldjax.discretize import discretize_mechanism, masses_from_curve, on_host, to_device
+from pldjax.discretize import discretize_arrays, masses_from_curve, on_host, to_device
 from pldjax.grid import Grid
 from pldjax.neighboring import Neighboring
 from pldjax.noise import (
@@ -95,29 +95,38 @@ def privacy_loss(
     return discretize_directions(directions, grid, pessimistic)
 
 
+def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: bool, tail=None,
+                     size: int | None = None) -> tuple:
+    """(probs, inf_mass, offset, step) of each direction of a mechanism before discretization
+    (:meth:`Event.directions`) on ``grid`` (None: automatic), stacked on a leading axis (remove
+    then add, or the one direction), then the broadcast parameters' axes; both directions in one
+    vmapped call (one compiled kernel: the direction is a parameter). ``tail`` and ``size``: see
+    :func:`pldjax.discretize.discretize_arrays`. For code that discretizes a batch of events
+    itself (:mod:`pldjax.dpsgd`); concrete results in host memory stay NumPy arrays."""
+    mechanism, params, both = directions
+    # concrete parameters, and results in host memory, are handled in NumPy: no small compiled
+    # programs for the staging and the slices
+    xp = jnp if is_traced((params, tail)) else np
+    if both:
+        params = tuple(xp.asarray(p)[..., None] for p in params) + (xp.asarray([REMOVE, ADD]),)
+        tail = None if tail is None else xp.asarray(tail)[..., None]
+    arrays = discretize_arrays(mechanism, params, grid, pessimistic, tail, size)
+    xp = np if on_host(arrays[0]) else jnp
+    if not both:
+        return tuple(xp.asarray(a)[None] for a in arrays)
+    probs, *rest = (xp.asarray(a) for a in arrays)
+    return (xp.moveaxis(probs, -2, 0), *(xp.moveaxis(a, -1, 0) for a in rest))
+
+
 def discretize_directions(directions: Directions, grid: Grid | None, pessimistic: bool) -> PLD:
     """The PLD of a mechanism before discretization (:meth:`Event.directions`) on ``grid``
-    (None: automatic), both directions in one vmapped call when it has two; for code that
-    discretizes a batch of events itself (:mod:`pldjax.dpsgd`)."""
-    mechanism, params, both = directions
-    if not both:
-        return discretize_mechanism(mechanism, params, grid, pessimistic)
-    # both directions in one vmapped call (one compiled kernel): the direction is a parameter
-    # (concrete parameters, and results in host memory, are handled in NumPy: no small compiled
-    # programs for the staging and the slices)
-    xp = jnp if is_traced(params) else np
-    remove_add = xp.asarray([REMOVE, ADD])
-    pair = discretize_mechanism(
-        mechanism, tuple(xp.asarray(p)[..., None] for p in params) + (remove_add,), grid, pessimistic
-    )
-    xp = np if on_host(pair.probs) else jnp
-    parts = tuple(xp.asarray(a) for a in (pair.probs, pair.inf_mass, pair.offset, pair.step))
-    remove, add = (
-        PLD(*(to_device(a) for a in (parts[0][..., i, :], parts[1][..., i], parts[2][..., i],
-                                      parts[3][..., i])), pair.pessimistic)
-        for i in (0, 1)
-    )
-    return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add)
+    (None: automatic), keeping both directions when it has two (see :func:`direction_arrays`)."""
+    rows = direction_arrays(directions, grid, pessimistic)
+    remove, *add = (PLD(*(to_device(a[i]) for a in rows), bool(pessimistic))
+                    for i in range(rows[0].shape[0]))
+    if not add:
+        return remove
+    return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add[0])
 
 
 @dataclasses.dataclass(frozen=True)

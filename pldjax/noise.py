@@ -172,12 +172,32 @@ def _gaussian_tails(params, eps):
     )
 
 
+#: The Gaussian's default window reaches this many standard deviations of the loss on either
+#: side of its mean under P (P's mass outside: 2 Phi(-10) = 1.5e-23).
+GAUSSIAN_REACH = 10.0
+
+
+def gaussian_reach(tail):
+    """k with P(|N(0, 1)| > k) = ``tail``, at most GAUSSIAN_REACH (which a tail of 0 gives)."""
+    floor = 2 * jax.scipy.special.ndtr(-GAUSSIAN_REACH)
+    return jnp.where(tail > floor, -jax.scipy.special.ndtri(jnp.maximum(tail, floor) / 2),
+                     GAUSSIAN_REACH)
+
+
+def _gaussian_bulk(params, tail):
+    """The loss's mean under P, mu^2 / 2, +- gaussian_reach(tail) of its standard deviations mu."""
+    (mu,) = params
+    half = gaussian_reach(tail) * _positive_or_one(mu)
+    return mu**2 / 2 - half, mu**2 / 2 + half
+
+
 GAUSSIAN = Mechanism(
     tails=_gaussian_tails,
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: p[0] ** 2 / 2,
-    half_width=lambda p: 10.0 * _positive_or_one(p[0]),
+    half_width=lambda p: GAUSSIAN_REACH * _positive_or_one(p[0]),
     chi2=lambda p: jnp.expm1(p[0] ** 2),
+    bulk=_gaussian_bulk,
 )
 
 #: N(0, 1): log f(x - a) / f(x) = a (x - a/2), and E[f(X-a) f(X-b) / f(X)^2] = e^{ab}.
@@ -406,7 +426,7 @@ class DiscreteLaplace(Noise):
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[Mechanism, tuple]:
         scale, sensitivity = self.scale, self.sensitivity
         # 1 / scale in float64 also for a traced (possibly float32) scale; no broadcast here:
-        # discretize_mechanism broadcasts (a sensitivity array may be wider than scale)
+        # discretize_arrays broadcasts (a sensitivity array may be wider than scale)
         with np.errstate(over="ignore"):  # a subnormal scale: inf, lowered to MAX_SHIFT below
             t = 1.0 / (jnp.asarray(scale, jnp.float64) if is_traced(scale) else np.asarray(scale, np.float64))
         shift = sensitivity if is_traced(sensitivity) else np.asarray(sensitivity, np.float64)

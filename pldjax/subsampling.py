@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.discretize import Mechanism
+from pldjax.discretize import Mechanism, window
 from pldjax.noise import GAUSSIAN, MAX_SHIFT, Location
 from pldjax.special import log_ndtr_pair
 
@@ -89,22 +89,24 @@ def _subsampled_spread(base: Mechanism, params):
 BASE_REACH_MAX = 1e4
 
 
-def _base_range(base: Mechanism, params):
+def _base_range(base: Mechanism, params, tail):
     """(q, low, high): the base loss's range under both of its distributions, at most
-    BASE_REACH_MAX. The base window covers the loss under A (centre +- half-width); under B a
-    symmetric base's loss is its mirror image, and the subsampled mechanism sees both (the add
-    direction's P is B)."""
+    BASE_REACH_MAX. The base window covers the loss under A (its window for ``tail``, see
+    :func:`pldjax.discretize.window`); under B a symmetric base's loss is its mirror image, and
+    the subsampled mechanism sees both (the add direction's P is B). So A and B each hold at most
+    ``tail`` outside, and so does either direction's P, a mixture of them."""
     *base_params, q = params
     base_params = tuple(base_params)
-    center, half = base.center(base_params), base.half_width(base_params)
+    center, half = window(base, base_params, tail)
     reach = jnp.minimum(jnp.maximum(jnp.abs(center - half), jnp.abs(center + half)), BASE_REACH_MAX)
     return q, -reach, reach
 
 
-def _loss_range(base: Mechanism, params):
-    """(low, high) of the subsampled loss: L = log(1 - q + q e^l) is monotone in the base loss."""
+def _loss_range(base: Mechanism, params, tail=0.0):
+    """(low, high) of the subsampled loss: L = log(1 - q + q e^l) is monotone in the base loss;
+    P's mass outside is at most ``tail`` (0: the default window)."""
     *rest, adding = params
-    q, low, high = _base_range(base, tuple(rest))
+    q, low, high = _base_range(base, tuple(rest), tail)
     remove = (_log1p_q_expm1(q, low), _log1p_q_expm1(q, high))
     add = (-_log1p_q_expm1(q, high), -_log1p_q_expm1(q, low))
     return tuple(jnp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
@@ -150,6 +152,7 @@ def poisson(base: Mechanism) -> Mechanism:
         spread=lambda params: _subsampled_spread(base, tuple(params[:-1])),
         center=functools.partial(_center, base),
         half_width=functools.partial(_half_width, base),
+        bulk=functools.partial(_loss_range, base),
     )
 
 

@@ -213,3 +213,53 @@ def test_small_noise_add_direction_window_covers_its_loss():
     exact = np.array([subsampled_add_delta(lambda e: gaussian_delta(mu, e), q, e) for e in eps])
     got = add.delta(eps)
     assert np.all(got >= exact - 1e-15) and np.all(got <= exact + 1e-3)
+
+
+@pytest.mark.parametrize("tail", [1e-6, 1e-12, 1e-20])
+@pytest.mark.parametrize("sigma,q", [(1.0, 0.01), (0.5, 0.2), (2.0, 1.0)])
+def test_window_for_a_tail_leaves_at_most_that_mass_of_p_outside(sigma, q, tail):
+    """The window dpsgd_epsilon narrows to T / delta (discretize.window) holds all of P but
+    ``tail``: P's mass beyond both ends from the closed form (scipy's normal tails)."""
+    from scipy.stats import norm
+
+    from pldjax import discretize, subsampling
+    from pldjax.noise import GAUSSIAN
+
+    mu = 1 / sigma
+    center, half = (float(v) for v in discretize.window(GAUSSIAN, (mu,), tail))
+    low, high = center - half, center + half  # the loss is N(mu^2/2, mu) under P
+    assert norm.sf((high - mu**2 / 2) / mu) + norm.cdf((low - mu**2 / 2) / mu) <= tail * (1 + 1e-9)
+    default = discretize.window(GAUSSIAN, (mu,), 0.0)
+    assert [float(v) for v in default] == [mu**2 / 2, 10 * mu]
+
+    def base_loss(loss):  # the base loss l with log(1 - q + q e^l) = loss (-inf below the range)
+        with np.errstate(divide="ignore"):
+            return np.log(np.maximum(np.expm1(loss) + q, 0.0)) - np.log(q)
+
+    def base_outside(l_low, l_high, sign):  # P(l outside [l_low, l_high]), l ~ N(sign mu^2/2, mu)
+        return norm.sf((l_high - sign * mu**2 / 2) / mu) + norm.cdf((l_low - sign * mu**2 / 2) / mu)
+
+    mechanism = subsampling.poisson(GAUSSIAN)
+    for direction in (subsampling.REMOVE, subsampling.ADD):
+        center, half = (float(v) for v in discretize.window(mechanism, (mu, q, direction), tail))
+        low, high = center - half, center + half
+        if direction == subsampling.REMOVE:  # P = (1 - q) B + q A, L = log(1 - q + q e^l)
+            l_low, l_high = base_loss(low), base_loss(high)
+            outside = (1 - q) * base_outside(l_low, l_high, -1) + q * base_outside(l_low, l_high, 1)
+        else:  # P = B, L = -log(1 - q + q e^l)
+            outside = base_outside(base_loss(-high), base_loss(-low), -1)
+        assert outside <= tail * (1 + 1e-9)
+        assert half < float(discretize.window(mechanism, (mu, q, direction), 0.0)[1])
+
+
+def test_dpsgd_windows_follow_steps_and_delta():
+    # sigma = 1, q = 0.01, T = 1e4, delta = 1e-5 (issue 17's configuration): each step may leave
+    # delta 2^-20 / T of P outside, which halves the mechanism grid of the default window
+    from pldjax import discretize, dpsgd, subsampling
+
+    mechanism, params, _ = dpsgd.dpsgd_event(1.0, 0.01).directions(True)
+    params = tuple(params) + (subsampling.REMOVE,)
+    tail = dpsgd.mechanism_tail(np.array([1e4]), np.array([1e-5]), "epsilon")
+    assert discretize.mechanism_sizes(mechanism, params).tolist() == [32768]
+    assert discretize.mechanism_sizes(mechanism, params, tail=tail).tolist() == [16384]
+    assert dpsgd.mechanism_tail(np.array([1e4]), np.array([1.0]), "delta").tolist() == [0.0]
