@@ -43,19 +43,30 @@ from pldjax import grid as grid_lib
 
 compose_lib = importlib.import_module("pldjax.compose")
 dpsgd_lib = importlib.import_module("pldjax.dpsgd")
+mechanisms_lib = importlib.import_module("pldjax.mechanisms")
 profile_lib = importlib.import_module("pldjax.profile")
 
 SIGMA, Q, STEPS, DELTA = 1.0, 0.01, 10_000, 1e-5
+DISCRETIZE = "discretize both directions (dpsgd's windows)"
 
 
-def stages():
-    """(name, thunk) pairs; every thunk returns device arrays (blocked on by the timer)."""
-    pld = pj.gaussian(SIGMA, sampling_prob=Q)
-    rows = pld.directions()
-    probs = jnp.stack([d.probs for d in rows])
-    inf_mass = jnp.stack([d.inf_mass for d in rows])
-    offset = jnp.stack([d.offset for d in rows])
-    step = jnp.stack([d.step for d in rows])
+def stages(rtol=None):
+    """(name, thunk) pairs; every thunk returns device arrays (blocked on by the timer).
+    ``rtol``: the stages of ``pj.dpsgd_epsilon(..., rtol=rtol)`` (its grid step)."""
+    directions = dpsgd_lib.dpsgd_event(SIGMA, Q).directions(True)
+    # the windows dpsgd_epsilon asks for (each step may leave delta 2^-20 / T outside)
+    steps, delta = np.array([STEPS], np.float64), np.array([DELTA])
+    mechanism_tail = float(dpsgd_lib.mechanism_tail(steps, delta, "epsilon")[0])
+    grid = None
+    if rtol is not None:
+        step = dpsgd_lib._accuracy_steps(np.array([SIGMA]), np.array([Q]), steps, delta, "delta",
+                                         "add_remove", rtol)[0]
+        grid = pj.Grid(step=float(step))
+
+    def discretize():
+        return mechanisms_lib.direction_arrays(directions, grid, True, mechanism_tail)
+
+    probs, inf_mass, offset, step = (jnp.asarray(a) for a in discretize())
     count = jnp.full((2,), float(STEPS))
     target = jnp.full((2,), DELTA)
     tail = float(dpsgd_lib.composition_tail(target, "epsilon")[0])
@@ -91,9 +102,8 @@ def stages():
             size=size, pessimistic=True, evaluate="epsilon")
 
     return size, [
-        ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA)),
-        ("discretize both directions (pj.gaussian)",
-         lambda: pj.gaussian(SIGMA, sampling_prob=Q).probs),
+        ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=rtol)),
+        (DISCRETIZE, lambda: discretize()[0]),
         ("window placement (Chernoff, one call)", lambda: windows(probs, offset, step, count, target)),
         ("compose + evaluate (one fused call)", fused),
         ("  part: Chernoff exponents (now in window placement)",
@@ -210,6 +220,8 @@ def main() -> None:
                              "machine) instead of wall clock")
     parser.add_argument("--fresh", type=int, default=0,
                         help="instead: time N fresh processes each (see the module docstring)")
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="the stages of a call with this rtol (default: none, the automatic grid)")
     parser.add_argument("--total", action="store_true",
                         help="instead: only the call and the FFT floor (see the module docstring)")
     args = parser.parse_args()
@@ -220,7 +232,7 @@ def main() -> None:
         fresh(args.fresh)
         return
     with jax.enable_x64(True):
-        size, named = stages()
+        size, named = stages(args.rtol)
         for _, thunk in named:  # compile and warm every stage first
             jax.block_until_ready(thunk())
         times = {name: [] for name, _ in named}
@@ -231,11 +243,12 @@ def main() -> None:
                 jax.block_until_ready(thunk())
                 times[name].append(clock() - start)
     median = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
-    device = median["discretize both directions (pj.gaussian)"] + median[
+    device = median[DISCRETIZE] + median[
         "window placement (Chernoff, one call)"] + median["compose + evaluate (one fused call)"]
     floor = median["FFT floor: rfft, P**T, irfft"]
-    print(f"pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}) = "
-          f"{pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA):.6f}; composition window {size} points, "
+    print(f"pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}, rtol={args.rtol}) = "
+          f"{pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=args.rtol):.6f}; composition window "
+          f"{size} points, "
           f"2 directions; median of {args.rounds} rounds, {'CPU' if args.cpu else 'wall'} time")
     print(f"{'stage':<52} {'ms':>8} {'/ FFT floor':>12}")
     for name, value in median.items():
