@@ -14,7 +14,9 @@ mass below it into the lowest bin; mass that may be misplaced (Chernoff-bounded 
 round-off) is added to the +inf atom and the total restored to 1 by taking the surplus from the
 lowest bins -- each step can only raise delta(eps). In an optimistic PLD the same slack is taken from
 the highest bins and moved to the lowest -- each step can only lower delta(eps) for eps above the
-window's bottom.
+window's bottom. A pessimistic self-composition first scales up finite masses whose total falls
+short of 1 - inf_mass by round-off (:func:`_restored_log_mass`): the power would grow that deficit
+count-fold.
 
 FFT round-off: every result is clipped at zero and a per-bin round-off level E is added to every bin
 of a pessimistic result (subtracted from an optimistic one), so delta(eps) is charged E for each bin
@@ -221,6 +223,21 @@ def _log_spectrum(probs, center, size: int):
     return log_spectrum.at[:freqs].set(low)
 
 
+def _restored_log_mass(probs, inf_mass):
+    """log of the factor (>= 1) that scales the finite masses up to 1 - inf_mass, when they fall
+    short of it by no more than the round-off of their sum (n u, relative; a larger deficit is
+    left to the +inf atom).
+
+    A PMF's finite masses add up to 1 - inf_mass only up to round-off, and a count-fold power
+    raises their total to the count: one unit of round-off short, at count 1e6, is a deficit of
+    1.1e-10 that the composition would charge to the +inf atom, i.e. to delta at every epsilon.
+    Scaling every mass up instead raises every bin (delta never drops, the safe side) by the same
+    relative amount the round-off left them short.
+    """
+    short = jnp.log1p(-inf_mass) - jnp.log(jnp.maximum(jnp.sum(probs), 1e-300))
+    return jnp.clip(short, 0.0, probs.shape[0] * UNIT_ROUNDOFF)
+
+
 def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
                         size: int, tail, pessimistic: bool):
     """The count-fold self-composition on a window of ``size`` points (one FFT power).
@@ -240,6 +257,8 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
         jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
     ).astype(jnp.int64)
     log_p = _log_spectrum(probs, center, size)
+    if pessimistic:
+        log_p = log_p + _restored_log_mass(probs, inf_mass)
     # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
     raw = jnp.fft.irfft(jnp.exp(jax.lax.complex(count * log_p.real, count * log_p.imag)), size)
     raw = jnp.where(jnp.sum(probs) > 0, raw, 0.0)  # all mass at +inf: log 0 * count is NaN + NaN i
