@@ -63,7 +63,7 @@ COMPOSE_ELEMENTS = 2**23
 #: The window then spans sqrt(log(2 / tail)) instead of sqrt(log(2 / grid.TAIL_MASS)) standard
 #: deviations of the composed loss: 0.79x at delta = 1e-5. The mechanisms' windows get the same
 #: fraction (:func:`mechanism_tail`, T steps of delta / (2^20 T) each): half the mechanism grid at
-#: sigma = 1, q = 0.01, T = 1e4, delta = 1e-5, and epsilon 1.4e-8 relative higher.
+#: sigma = 1, q = 0.01, T = 1e4, delta = 1e-5, and epsilon 2e-11 relative higher.
 TAIL_FRACTION = 2.0**-20
 
 
