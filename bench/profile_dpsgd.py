@@ -13,9 +13,13 @@ alone, so the parts of the fused composition call need not add up to it exactly 
     python bench/profile_dpsgd.py --fresh 3    # fresh processes: pldjax with an empty and a filled
                                                # compilation cache, dp-accounting (1e-4)
     python bench/profile_dpsgd.py --total      # only the call and the FFT floor, alternated
+    python bench/profile_dpsgd.py --total --peer 5   # and dp-accounting (1e-4) 5 times after
 
 ``--total`` is for before/after comparisons: run it back to back in two checkouts
-(``PYTHONPATH=<checkout>``), a few times each, and compare the "x floor" ratios.
+(``PYTHONPATH=<checkout>``), a few times each, and compare the "x floor" ratios. Its floor is the
+window of ``pj.gaussian(...).self_compose(T)`` (131,072 points), wider than dpsgd_epsilon's own
+(the table's floor, 81,920 points). ``--peer K`` then times dp-accounting's ``PLDAccountant``
+(value_discretization_interval 1e-4) K times on the same event, in the same process.
 
 ``--fresh N`` times N fresh ``python -c`` processes each: pldjax with an empty cache directory,
 then with the cache it filled, and dp-accounting's ``PLDAccountant`` (value_discretization_interval
@@ -170,7 +174,17 @@ def fresh(runs: int) -> None:
               f"({', '.join(f'{row[2]:.2f}' for row in got)}; epsilon {got[0][4]:.6f})")
 
 
-def total(rounds: int) -> None:
+def dp_accounting_epsilon() -> float:
+    """dp-accounting's PLD accountant (value_discretization_interval 1e-4) on the same event."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_event.PoissonSampledDpEvent(Q, dp_event.GaussianDpEvent(SIGMA)), STEPS)
+    return accountant.get_epsilon(DELTA)
+
+
+def total(rounds: int, peer: int = 0) -> None:
     """The warm call and the FFT floor alternated in one process: medians and their ratio."""
     with jax.enable_x64(True):  # public API only, so that it runs in older checkouts too
         pld = pj.gaussian(SIGMA, sampling_prob=Q)
@@ -209,6 +223,16 @@ def total(rounds: int) -> None:
         print(f"  rtol=1e-2: {coarse_ms[0]:.1f} ms ({call_ms / coarse_ms[0]:.1f}x faster than the "
               f"default; CPU time {coarse_cpu[0]:.1f} ms, {call_cpu / coarse_cpu[0]:.1f}x), "
               f"epsilon {coarse():.6f} (default {call():.6f})")
+    if peer:
+        peer_s = []
+        for _ in range(peer):
+            start = time.perf_counter()
+            peer_epsilon = dp_accounting_epsilon()
+            peer_s.append(time.perf_counter() - start)
+        peer_ms = 1e3 * float(np.median(peer_s))
+        print(f"  dp-accounting PLDAccountant(1e-4): {peer_ms:.0f} ms (median of {peer}; "
+              f"{', '.join(f'{1e3 * t:.0f}' for t in peer_s)}), epsilon {peer_epsilon:.6f}: "
+              f"the default call is {peer_ms / call_ms:.1f}x faster")
 
 
 def main() -> None:
@@ -222,11 +246,13 @@ def main() -> None:
                         help="instead: time N fresh processes each (see the module docstring)")
     parser.add_argument("--rtol", type=float, default=None,
                         help="the stages of a call with this rtol (default: none, the automatic grid)")
+    parser.add_argument("--peer", type=int, default=0,
+                        help="with --total: time dp-accounting (1e-4) this many times too")
     parser.add_argument("--total", action="store_true",
                         help="instead: only the call and the FFT floor (see the module docstring)")
     args = parser.parse_args()
     if args.total:
-        total(args.rounds)
+        total(args.rounds, args.peer)
         return
     if args.fresh:
         fresh(args.fresh)

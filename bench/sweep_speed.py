@@ -4,6 +4,8 @@ shared: CPU time is less noisy than wall clock), with the accuracy setting where
 it. Public API only, so that it runs in older checkouts (``PYTHONPATH=<checkout>``).
 
     PYTHONPATH=. python bench/sweep_speed.py --n 32 --singles 8
+    PYTHONPATH=. python bench/sweep_speed.py --n 32 --singles 32 --peer 8   # and a dp-accounting
+                                         # (1e-4) loop over the first 8 of the same configurations
 """
 
 from __future__ import annotations
@@ -33,10 +35,29 @@ def cpu_seconds(fn):
     return time.process_time() - start, time.perf_counter() - wall, out
 
 
+def dp_accounting_loop(sigmas, qs, steps, delta: float = 1e-5) -> list[float]:
+    """Wall seconds of dp-accounting's PLDAccountant (value_discretization_interval 1e-4), one
+    configuration at a time."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    seconds = []
+    for sigma, q, count in zip(sigmas, qs, steps, strict=True):
+        start = time.perf_counter()
+        accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+        accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)),
+                           int(count))
+        accountant.get_epsilon(delta)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--singles", type=int, default=8)
+    parser.add_argument("--peer", type=int, default=0,
+                        help="then a dp-accounting (1e-4) loop over this many of the configurations")
     args = parser.parse_args()
     sigmas, qs, steps = sweep_configs(args.n)
     settings = [{}]
@@ -57,6 +78,11 @@ def main() -> None:
               f"{args.singles} single calls {1e3 * single_s / args.singles:.1f} ms/config (wall "
               f"{1e3 * single_wall / args.singles:.1f}); median epsilon {np.median(eps):.6f}; "
               f"load {os.getloadavg()[0]:.1f}")
+    if args.peer:
+        wall = dp_accounting_loop(sigmas[:args.peer], qs[:args.peer], steps[:args.peer])
+        print(f"dp-accounting (1e-4) loop over the first {args.peer} of the {args.n} sweep "
+              f"configurations: {1e3 * np.mean(wall):.1f} ms/config wall (min "
+              f"{1e3 * min(wall):.0f}, max {1e3 * max(wall):.0f})")
 
 
 if __name__ == "__main__":
