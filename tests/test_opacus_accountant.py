@@ -100,8 +100,10 @@ def test_privacy_engine_trains_and_checkpoints_with_it(tmp_path):
     steps = len(engine.accountant)
     assert steps == len(loader) and engine.accountant.history == [(1.1, 0.25, steps)]
     eps = engine.get_epsilon(DELTA)
-    # rel 1e-6: dpsgd's windows leave delta / 2^20 outside (charged to delta), the PLD's 1e-18
-    assert eps == pytest.approx(float(pj.dpsgd_epsilon(1.1, 0.25, steps, DELTA)), rel=1e-6)
+    # the same accounting up to discretization: dpsgd_epsilon's mechanism windows follow T and
+    # delta (a finer grid: 2e-5 relative tighter here), the accountant's PLD keeps the default ones
+    assert eps == pytest.approx(float(pj.dpsgd_epsilon(1.1, 0.25, steps, DELTA)), rel=1e-4)
+    assert eps >= float(pj.dpsgd_epsilon(1.1, 0.25, steps, DELTA, pessimistic=False))
     path = tmp_path / "checkpoint.pt"
     engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
     other = opacus.PrivacyEngine(accountant="pldjax")
