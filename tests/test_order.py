@@ -237,3 +237,23 @@ def test_renyi_is_never_negative_or_nan_at_extreme_orders():
     values = np.asarray(pj.randomized_response(0.5).renyi(np.array([1e-300, 0.5, 1.0, 2.0,
                                                                       1e300])))
     assert not np.any(np.isnan(values)) and np.all(values >= 0)
+
+
+@pytest.mark.parametrize("mu", [1.0, 3.0, 10.0, 30.0])
+def test_optimistic_renyi_and_log_mgf_are_lower_bounds_below_order_one(mu):
+    # the optimistic window cuts Q's mass below it (gdp(10): 0.26%); counted as Q-only mass it
+    # made D_a for a < 1 exceed the truth a mu^2 / 2 (gdp(10).renyi(1e-300) was 0.0026)
+    orders = np.array([1e-300, 1e-3, 0.1, 0.5, 0.9, 1.0, 2.0, 8.0])
+    truth = orders * mu**2 / 2
+    lower = np.asarray(pj.gdp(mu, pessimistic=False).renyi(orders))
+    assert np.all(lower <= truth * (1 + 1e-9) + 1e-300)
+    assert np.all(lower >= 0) and np.all(np.isfinite(lower))
+    upper = np.asarray(pj.gdp(mu).renyi(orders[orders < 1]))  # pessimistic: atom at +inf above 1
+    assert np.all(upper >= truth[orders < 1] * (1 - 1e-9) - 1e-15)
+    if mu <= 3.0:  # the window holds Q's bulk: tight (orders up to 2: high orders weigh the tail)
+        np.testing.assert_allclose(lower[1:7], truth[1:7], rtol=2e-3)
+    # log E_P[e^{tL}] = t mu^2 / 2 + t^2 mu^2 / 2: an optimistic PLD bounds it from above for
+    # t in (-1, 0) (D_a = log_mgf(a - 1) / (a - 1) from below)
+    ts = np.array([-0.999, -0.5, -0.1])
+    mgf = np.asarray(pj.gdp(mu, pessimistic=False).log_mgf(ts))
+    assert np.all(mgf >= (ts + ts**2) * mu**2 / 2 - 1e-12)
