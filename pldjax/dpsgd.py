@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
 from pldjax import sampling as sampling_lib
+from pldjax.compilation import release_compiled_kernels
 from pldjax.compose import (
     _checked_size,
     chernoff_exponents,
@@ -361,6 +362,7 @@ def _account_group(order, params, steps, target, out, done, report, *, sharding,
         out[idx] = got[: len(idx)]
         done += len(idx)
         report(done)
+        release_compiled_kernels()  # a sweep compiles a kernel per shape it meets
     return done
 
 

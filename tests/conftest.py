@@ -1,4 +1,3 @@
-import gc
 import os
 from pathlib import Path
 
@@ -15,6 +14,8 @@ os.environ.setdefault("PLDJAX_COMPILATION_CACHE", "0")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+
+from pldjax.compilation import release_compiled_kernels  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -38,21 +39,13 @@ def x64_off():
     jax.config.update("jax_enable_x64", True)
 
 
-#: Memory mappings a test process may hold before its compiled kernels are dropped (Linux's
-#: vm.max_map_count is 65,530 by default). Every executable XLA compiles for the CPU, or loads
-#: from the persistent cache, keeps a few mappings until JAX's caches let go of it, and a worker
-#: running half of the default run reaches the limit: mmap then fails inside XLA and the worker
-#: dies of a segfault, in whichever test compiles next.
-MAX_MAPPINGS = 30_000
-
-
 @pytest.fixture(autouse=True)
 def _drop_compiled_kernels_before_the_mapping_limit():
+    # a worker running half of the default run compiles thousands of kernels, each holding
+    # memory mappings, and reached Linux's limit (a segfault inside XLA; see
+    # pldjax.compilation.release_compiled_kernels): later tests reload theirs from the cache
     yield
-    maps = Path("/proc/self/maps")
-    if maps.exists() and maps.read_bytes().count(b"\n") > MAX_MAPPINGS:
-        jax.clear_caches()  # later tests reload their kernels from the persistent cache
-        gc.collect()
+    release_compiled_kernels()
 
 
 #: Notebooks too long for the notebook run (they execute with the slow tests, `pytest -m slow`).

@@ -3,6 +3,14 @@ itself is tested in test_api.py, the compiled-program count in test_dpsgd.py."""
 
 import subprocess
 import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pldjax as pj
 
 
 def test_import_leaves_scipy_out():
@@ -12,3 +20,29 @@ def test_import_leaves_scipy_out():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux only")
+def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
+    # every compiled CPU kernel holds memory mappings; a 1,024-configuration sweep reached Linux's
+    # limit and died of a segfault inside XLA. Past the threshold JAX's caches are dropped: the
+    # mappings go back down, and a sweep that drops them after every chunk gets the same values
+    square = jax.jit(lambda x: x * x)
+    square(jnp.ones(3))
+
+    def mappings():
+        return Path("/proc/self/maps").read_bytes().count(b"\n")
+
+    assert not pj.compilation.release_compiled_kernels(limit=10**9)
+    assert square._cache_size() == 1
+    before = mappings()
+    for size in range(40):  # compiled kernels add mappings ...
+        jax.jit(lambda x: jnp.fft.rfft(x) * 2)(jnp.ones(size + 8)).block_until_ready()
+    assert mappings() > before
+    during = mappings()
+    assert pj.compilation.release_compiled_kernels(limit=0)
+    assert square._cache_size() == 0 and mappings() < during  # ... which dropping gives back
+    sigmas, steps = np.linspace(0.6, 3.0, 40), np.geomspace(100, 3000, 40).round()
+    whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    monkeypatch.setattr(pj.compilation, "MAPPING_FRACTION", 0.0)  # drop after every chunk
+    np.testing.assert_array_equal(pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5), whole)
