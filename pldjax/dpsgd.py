@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
 from pldjax import sampling as sampling_lib
-from pldjax.compilation import release_compiled_kernels
+from pldjax.compilation import compiled_count, release_compiled_kernels
 from pldjax.compose import (
     _checked_size,
     chernoff_exponents,
@@ -39,7 +39,7 @@ from pldjax.compose import (
     tail_window,
     window_widths,
 )
-from pldjax.discretize import mechanism_sizes
+from pldjax.discretize import _mechanism_kernel, mechanism_sizes
 from pldjax.grid import Grid
 from pldjax.mechanisms import Event, direction_arrays, identity
 from pldjax.neighboring import Neighboring
@@ -345,6 +345,12 @@ def _lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray
     return steps[inverse.reshape(-1)]
 
 
+#: Compiled shapes of the accounting kernels in memory before a sweep reads the process's memory
+#: mappings (see pldjax.compilation.release_compiled_kernels): about 250 mappings each.
+CHECK_MAPPINGS_AFTER = 64
+_ACCOUNTING_KERNELS = (_mechanism_kernel, window_placement, _compose_and_evaluate)
+
+
 def _account_group(order, params, steps, target, out, done, report, *, sharding, **kwargs):
     """Values of the configurations ``order`` (one grid step and mechanism size) into ``out``,
     in chunks; returns the running count of configurations done."""
@@ -362,7 +368,9 @@ def _account_group(order, params, steps, target, out, done, report, *, sharding,
         out[idx] = got[: len(idx)]
         done += len(idx)
         report(done)
-        release_compiled_kernels()  # a sweep compiles a kernel per shape it meets
+        # a sweep compiles a kernel per shape it meets (and so may a loop of single calls)
+        if compiled_count(_ACCOUNTING_KERNELS) >= CHECK_MAPPINGS_AFTER:
+            release_compiled_kernels()
     return done
 
 
