@@ -20,6 +20,7 @@ import functools
 import gc
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import jax
@@ -76,7 +77,7 @@ def _mapping_limit() -> int | None:
 MAPPING_FRACTION = 0.6
 
 
-def compiled_count(kernels) -> int:
+def compiled_count(kernels: Iterable) -> int:
     """How many compiled shapes the jitted functions ``kernels`` hold in JAX's in-memory caches
     (cheap: no system call)."""
     return sum(kernel._cache_size() for kernel in kernels)
