@@ -35,6 +35,24 @@ def _blocked(decay, terms):
     return padded, powers
 
 
+def _block_starts(decay, heads):
+    """x (see :func:`_reverse_recurrence`) at the first point of every block, from ``heads``,
+    each block's own sum there: one short sequential pass adding what later blocks carry in."""
+    def carry_in(later, head):
+        here = head + decay**_BLOCK * later
+        return here, here
+
+    _, starts = jax.lax.scan(carry_in, jnp.zeros((), heads.dtype), heads, reverse=True)
+    return starts
+
+
+def _carried_in(decay, inner, after):
+    """x at every point of some blocks: their own sums ``inner`` plus what the blocks after
+    them carry in (``after``: x at the start of each one's next block)."""
+    to_end = decay ** (_BLOCK - jnp.arange(_BLOCK)).astype(inner.dtype)  # decay^(block end - k)
+    return inner + after[:, None] * to_end[None, :]
+
+
 def _reverse_recurrence(decay, terms):
     """x_k = terms_k + decay * x_{k+1} (x_n = 0) for all k, i.e. sum_{i>=k} decay^(i-k) terms_i.
 
@@ -46,15 +64,9 @@ def _reverse_recurrence(decay, terms):
     n = terms.shape[0]
     padded, powers = _blocked(decay, terms)
     inner = padded @ powers.T  # inner[b, k] = sum_{i >= k in block b} decay^(i-k) terms[b, i]
-
-    def carry_in(later, block_inner):
-        # value at the start of the next block, seen from the start of this one
-        here = block_inner[0] + decay**_BLOCK * later
-        return here, later
-
-    _, after = jax.lax.scan(carry_in, jnp.zeros((), terms.dtype), inner, reverse=True)
-    to_end = decay ** (_BLOCK - jnp.arange(_BLOCK)).astype(terms.dtype)  # decay^(block end - k)
-    return (inner + after[:, None] * to_end[None, :]).reshape(-1)[:n]
+    starts = _block_starts(decay, inner[:, 0])
+    after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])
+    return _carried_in(decay, inner, after).reshape(-1)[:n]
 
 
 def _crossings(probs, inf_mass, step, s, deltas):
@@ -67,17 +79,11 @@ def _crossings(probs, inf_mass, step, s, deltas):
     terms = -jnp.expm1(-step) * s[1:]  # D_k = sum_{i >= k} decay^(i-k) terms_i
     padded, powers = _blocked(decay, terms)
     blocks = padded.shape[0]
-
-    def carry_in(later, block_head):
-        here = block_head + decay**_BLOCK * later
-        return here, here
-
-    _, starts = jax.lax.scan(carry_in, jnp.zeros((), terms.dtype), padded @ powers[0], reverse=True)
+    starts = _block_starts(decay, padded @ powers[0])
     # block b - 1 holds the crossing, where b block starts lie above the target
     block = jnp.clip(jnp.searchsorted(-(inf_mass + starts), -deltas, side="left") - 1, 0, blocks - 1)
     after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])[block]
-    to_end = decay ** (_BLOCK - jnp.arange(_BLOCK)).astype(terms.dtype)
-    inside = padded[block] @ powers.T + after[:, None] * to_end[None, :]
+    inside = _carried_in(decay, padded[block] @ powers.T, after)
     index = block[:, None] * _BLOCK + jnp.arange(_BLOCK)[None, :]
     above = (inf_mass + inside > deltas[:, None]) & (index < n)
     return block * _BLOCK + jnp.sum(above, axis=1)
