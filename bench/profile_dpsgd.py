@@ -75,14 +75,18 @@ def stages(rtol=None):
     target = jnp.full((2,), DELTA)
     tail = float(dpsgd_lib.composition_tail(target, "epsilon")[0])
     windows = functools.partial(dpsgd_lib.window_placement, evaluate="epsilon")
-    lo, hi, chernoff = windows(probs, offset, step, count, target)
+    lo, hi, chernoff, summary = windows(probs, offset, step, count, target)
     widths = compose_lib.window_widths(probs, offset, count, lo, hi, "steps")
     size = grid_lib.fft_size(int(np.max(widths)))
-    center = jnp.round(jnp.sum(probs * jnp.arange(probs.shape[1]), axis=1)).astype(jnp.int64)
 
+    def wrap():
+        return compose_lib.wrap_rows(np, np.asarray(probs), size)
+
+    wrapped = jnp.asarray(wrap())
+    folded = jax.vmap(jnp.roll)(wrapped, -summary.center)
     exponents = jax.jit(jax.vmap(compose_lib.chernoff_exponents))
-    spectrum = jax.jit(jax.vmap(lambda p, c: compose_lib._log_spectrum(p, c, size)))
-    fold_rfft = jax.jit(jax.vmap(lambda p, c: jnp.fft.rfft(compose_lib._fold(p, size, c))))
+    spectrum = jax.jit(jax.vmap(compose_lib._log_spectrum))
+    rfft = jax.jit(jnp.fft.rfft)
 
     @jax.jit
     def power_irfft(log_spec):
@@ -92,7 +96,7 @@ def stages(rtol=None):
     def fft_floor(p):
         return jnp.fft.irfft(jnp.fft.rfft(p, size) ** STEPS, size)
 
-    log_spec = spectrum(probs, center)
+    log_spec = spectrum(folded, summary.mass)
     raw = power_irfft(log_spec)
     settle = jax.jit(jax.vmap(lambda r, m: compose_lib.settle(
         jnp.maximum(r, 0.0), m, compose_lib._roundoff_per_bin(r), tail, True)))
@@ -102,18 +106,19 @@ def stages(rtol=None):
 
     def fused():
         return dpsgd_lib._compose_and_evaluate(
-            probs, inf_mass, offset, step, count, target, chernoff,
-            size=size, pessimistic=True, evaluate="epsilon")
+            wrapped, summary, inf_mass, offset, step, count, target, chernoff,
+            pessimistic=True, evaluate="epsilon")
 
     return size, [
         ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=rtol)),
         (DISCRETIZE, lambda: discretize()[0]),
         ("window placement (Chernoff, one call)", lambda: windows(probs, offset, step, count, target)),
+        ("wrap to the window (host, NumPy)", wrap),
         ("compose + evaluate (one fused call)", fused),
         ("  part: Chernoff exponents (now in window placement)",
          lambda: exponents(probs, offset, step, count)),
-        ("  part: _log_spectrum (fold, 2 rfft, tail sums)", lambda: spectrum(probs, center)),
-        ("  part: of which fold + rfft", lambda: fold_rfft(probs, center)),
+        ("  part: _log_spectrum (2 rfft, tail sums)", lambda: spectrum(folded, summary.mass)),
+        ("  part: of which rfft", lambda: rfft(folded)),
         ("  part: exp(T log P) + irfft", lambda: power_irfft(log_spec)),
         ("  part: settle + round-off bound", lambda: settle(raw, inf_mass)),
         ("  part: evaluate (epsilon_kernel)",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -130,40 +131,65 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
     return ts[0], exponents[0], ts[1], exponents[1]
 
 
-def _support(probs, offset, count):
+class PMFSummary(NamedTuple):
+    """What a self-composition reads of a PMF besides its wrapped masses (:func:`wrap_rows`),
+    so that its kernel's shapes depend on the window's size only (:func:`pmf_summary`)."""
+
+    mass: jax.Array  #: sum of the finite masses
+    center: jax.Array  #: index (int64, from the first point) nearest the mean; 0 without mass
+    first: jax.Array  #: first index holding mass (n - 1 without mass)
+    last: jax.Array  #: last index holding mass (0 without mass)
+    points: jax.Array  #: n, the PMF's number of points (float64)
+
+
+def pmf_summary(probs) -> PMFSummary:
+    """The :class:`PMFSummary` of one PMF ``probs`` (n,)."""
+    n = probs.shape[0]
+    index = jnp.arange(n)
+    mass = jnp.sum(probs)
+    center = jnp.round(jnp.sum(probs * index) / jnp.maximum(mass, 1e-300)).astype(jnp.int64)
+    held = probs > 0
+    first = jnp.min(jnp.where(held, index, n - 1))
+    last = jnp.max(jnp.where(held, index, 0))
+    return PMFSummary(mass, center, first, last, jnp.float64(n))
+
+
+def _support(summary: PMFSummary, offset, count):
     """Grid indices (first, last) of the count-fold sum's support: count times those of the
     finite masses (beyond them the sum has no mass at all)."""
-    index = jnp.arange(probs.shape[0])
-    held = probs > 0
-    first = jnp.min(jnp.where(held, index, probs.shape[0] - 1))
-    last = jnp.max(jnp.where(held, index, 0))
-    return count * (offset + first), count * (offset + last)
+    return count * (offset + summary.first), count * (offset + summary.last)
 
 
 def tail_window(probs, offset, step, count, tail, exponents=None):
     """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff),
     and never beyond its support, as integral float64 values (a huge count must not overflow an
     integer type)."""
-    t_up, up, t_down, down = exponents or chernoff_exponents(probs, offset, step, count, tail)
+    exponents = exponents or chernoff_exponents(probs, offset, step, count, tail)
+    return _summary_window(pmf_summary(probs), offset, step, count, tail, exponents)
+
+
+def _summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
+    """:func:`tail_window` from the PMF's summary and Chernoff exponents."""
+    t_up, up, t_down, down = exponents
     log_half = jnp.log(tail / 2)
     a = jnp.min((up - log_half) / t_up)
     b = jnp.max((log_half - down) / t_down)
-    first, last = _support(probs, offset, count)
+    first, last = _support(summary, offset, count)
     hi = jnp.minimum(jnp.ceil(a / step), last)
     lo = jnp.maximum(jnp.floor(b / step), first)
     # no finite mass (all at +inf): the bounds are -inf and +inf; a one-point window instead
-    empty = jnp.sum(probs) <= 0
+    empty = summary.mass <= 0
     hi, lo = jnp.where(empty, count * offset, hi), jnp.where(empty, count * offset, lo)
     return lo, hi
 
 
-def tail_bounds(probs, offset, step, count, lo, hi, exponents):
+def tail_bounds(summary: PMFSummary, offset, step, count, lo, hi, exponents):
     """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo (0
     where that is outside its support)."""
     t_up, up, t_down, down = exponents
     above = jnp.exp(jnp.minimum(jnp.min(up - t_up * (hi + 1) * step), 0.0))
     below = jnp.exp(jnp.minimum(jnp.min(down + t_down * (lo - 1) * step), 0.0))
-    first, last = _support(probs, offset, count)
+    first, last = _support(summary, offset, count)
     above = jnp.where(hi >= last, 0.0, above)
     below = jnp.where(lo <= first, 0.0, below)
     return above, below
@@ -183,15 +209,18 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessi
     return probs, inf_mass, a_off + b_off
 
 
-def _fold(probs, size: int, center):
-    """``probs`` wrapped modulo ``size`` and rotated so that index ``center`` comes first."""
-    n = probs.shape[0]
-    return jnp.roll(jnp.pad(probs, (0, (-n) % size)).reshape(-1, size).sum(axis=0), -center)
+def wrap_rows(xp, probs, size: int):
+    """Each row of ``probs`` (rows, n) wrapped modulo ``size`` (summed over the indices equal
+    modulo ``size``): (rows, size). ``xp``: jax.numpy inside kernels, NumPy where the host wraps
+    rows for a kernel whose shapes should not depend on n."""
+    rows, n = probs.shape
+    return xp.pad(probs, ((0, 0), (0, (-n) % size))).reshape(rows, -1, size).sum(axis=1)
 
 
-def _log_spectrum(probs, center, size: int):
-    """log of the rfft of ``probs`` folded to ``size`` points (indices relative to ``center``),
-    with the lowest ``_ACCURATE_FREQS`` coefficients accurate to round-off *relative to |P_k - m|*.
+def _log_spectrum(folded, mass):
+    """log of the rfft of a PMF ``folded`` to its window (wrapped modulo its size and rotated to
+    start at the PMF's centre) of total ``mass`` (summed before folding), with the lowest
+    ``_ACCURATE_FREQS`` coefficients accurate to round-off *relative to |P_k - m|*.
 
     For large counts only low frequencies survive the power, and there P_k is close to the total
     mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. The
@@ -203,7 +232,7 @@ def _log_spectrum(probs, center, size: int):
     PMF in bins, no cancellation), and 1 - e^{i theta} = 2 sin^2(theta / 2) - i sin(theta) is
     computed directly.
     """
-    folded = _fold(probs, size, center)
+    size = folded.shape[0]
     half = size // 2
     upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
     upper_tails = jnp.cumsum(upper[::-1])[::-1]  # sum_{i >= j}, from the top down
@@ -213,7 +242,6 @@ def _log_spectrum(probs, center, size: int):
     theta = (2.0 * jnp.pi / size) * jnp.arange(freqs, dtype=jnp.float64)
     factor = 2.0 * jnp.sin(theta / 2) ** 2 - 1j * jnp.sin(theta)
     deviation = factor * jnp.fft.rfft(tails)[:freqs]
-    mass = jnp.sum(probs)
     low = jnp.log(mass) + jnp.log1p(deviation / mass)
     spectrum = jnp.fft.rfft(folded)
     # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
@@ -223,7 +251,7 @@ def _log_spectrum(probs, center, size: int):
     return log_spectrum.at[:freqs].set(low)
 
 
-def _restored_log_mass(probs, inf_mass):
+def _restored_log_mass(summary: PMFSummary, inf_mass):
     """log of the factor (>= 1) that scales the finite masses up to 1 - inf_mass, when they fall
     short of it by no more than the round-off of their sum (n u, relative; a larger deficit is
     left to the +inf atom).
@@ -234,8 +262,8 @@ def _restored_log_mass(probs, inf_mass):
     Scaling every mass up instead raises every bin (delta never drops, the safe side) by the same
     relative amount the round-off left them short.
     """
-    short = jnp.log1p(-inf_mass) - jnp.log(jnp.maximum(jnp.sum(probs), 1e-300))
-    return jnp.clip(short, 0.0, probs.shape[0] * UNIT_ROUNDOFF)
+    short = jnp.log1p(-inf_mass) - jnp.log(jnp.maximum(summary.mass, 1e-300))
+    return jnp.clip(short, 0.0, summary.points * UNIT_ROUNDOFF)
 
 
 def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
@@ -245,29 +273,41 @@ def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
     ``exponents``: the PMF's
     :func:`chernoff_exponents` for ``count`` when the caller has them (computed here otherwise).
     """
-    n = probs.shape[0]
-    # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
-    live = jnp.sum(probs) > 0
-    probs = jnp.where(live, probs, jnp.zeros_like(probs).at[0].set(1.0))
+    summary = pmf_summary(probs)
     if exponents is None:
-        exponents = chernoff_exponents(probs, offset, step, count, tail)
-    lo, hi = tail_window(probs, offset, step, count, tail, exponents)
+        stand_in = jnp.where(summary.mass > 0, probs, jnp.zeros_like(probs).at[0].set(1.0))
+        exponents = chernoff_exponents(stand_in, offset, step, count, tail)
+    wrapped = wrap_rows(jnp, probs[None], size)[0]
+    return wrapped_power_kernel(wrapped, summary, inf_mass, offset, step, count, exponents,
+                                tail=tail, pessimistic=pessimistic)
+
+
+def wrapped_power_kernel(wrapped, summary: PMFSummary, inf_mass, offset, step, count,
+                         exponents, *, tail, pessimistic: bool):
+    """:func:`self_compose_kernel` of a PMF given as its masses wrapped modulo the window's size
+    (:func:`wrap_rows`), its :func:`pmf_summary` and its :func:`chernoff_exponents`: the window
+    has ``wrapped.shape[0]`` points, and nothing here has the PMF's own length (one compiled
+    shape per window size, whatever the mechanism's grid)."""
+    size = wrapped.shape[0]
+    # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
+    live = summary.mass > 0
+    folded = jnp.where(live, jnp.roll(wrapped, -summary.center),
+                       jnp.zeros_like(wrapped).at[0].set(1.0))
+    summary = PMFSummary(*(jnp.where(live, value, stand_in) for value, stand_in
+                           in zip(summary, (1.0, 0, 0, 0, summary.points), strict=True)))
+    lo, hi = _summary_window(summary, offset, step, count, tail, exponents)
     start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
-    center = jnp.round(
-        jnp.sum(probs * jnp.arange(n)) / jnp.maximum(jnp.sum(probs), 1e-300)
-    ).astype(jnp.int64)
-    log_p = _log_spectrum(probs, center, size)
+    log_p = _log_spectrum(folded, summary.mass)
     if pessimistic:
-        log_p = log_p + _restored_log_mass(probs, inf_mass)
+        log_p = log_p + _restored_log_mass(summary, inf_mass)
     # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
     raw = jnp.fft.irfft(jnp.exp(jax.lax.complex(count * log_p.real, count * log_p.imag)), size)
-    raw = jnp.where(jnp.sum(probs) > 0, raw, 0.0)  # all mass at +inf: log 0 * count is NaN + NaN i
-    raw = jnp.roll(raw, -((start - count * (offset + center)) % size))
-    above, below = tail_bounds(probs, offset, step, count, start, start + size - 1, exponents)
+    raw = jnp.roll(raw, -((start - count * (offset + summary.center)) % size))
+    above, below = tail_bounds(summary, offset, step, count, start, start + size - 1, exponents)
     composed_inf = -jnp.expm1(count * jnp.log1p(-inf_mass))
     # bins beyond the sum's support hold no mass: what they read is round-off, or mass folded in
     # from outside the window (which above + below already charge)
-    first, last = _support(probs, offset, count)
+    first, last = _support(summary, offset, count)
     index = start + jnp.arange(size)
     supported = (index >= first) & (index <= last)
     out, out_inf = settle(
