@@ -116,6 +116,30 @@ def test_first_call_compiles_only_the_kernels():
                                     "jit(window_placement)", "jit(_compose_and_evaluate)"]), names
 
 
+def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
+    """The composition kernel compiles once per (rows, window size): each PMF is wrapped to its
+    window on the host first, so mechanisms on grids of different lengths share its shapes (a
+    sweep met 336 shapes before, one per mechanism size too; issue 17)."""
+    from pldjax import dpsgd
+
+    calls, wrap = [], dpsgd.wrap_rows
+
+    def spy(xp, probs, size):
+        calls.append((probs.shape[0], probs.shape[1], size))
+        return wrap(xp, probs, size)
+
+    monkeypatch.setattr(dpsgd, "wrap_rows", spy)
+    before = dpsgd._compose_and_evaluate._cache_size()
+    # sigma 0.6 and 2.0 at q = 0.01, T = 1000: mechanism grids of 16,384 and 4,096 points, both
+    # composed on windows of 20,480
+    got = pj.dpsgd_epsilon([0.6, 2.0], 0.01, 1000, 1e-5)
+    kernel_shapes = {(rows, size) for rows, _, size in calls}
+    assert len({(rows, n, size) for rows, n, size in calls}) > len(kernel_shapes)
+    assert dpsgd._compose_and_evaluate._cache_size() - before <= len(kernel_shapes)
+    np.testing.assert_allclose(got, [pj.dpsgd_epsilon(s, 0.01, 1000, 1e-5) for s in (0.6, 2.0)],
+                               rtol=1e-9)
+
+
 def test_cli_dpsgd_and_sweep(tmp_path, capsys):
     from pldjax.cli import main
 
