@@ -55,9 +55,14 @@ from pldjax.sampling import Directions
 from pldjax.subsampling import REMOVE
 from pldjax.validate import check_count, check_range, is_traced
 
-#: Configurations discretized together (per device when sharded), and the most grid points
-#: (rows x size) one composition call handles: together they bound the memory in use.
+#: Most configurations discretized together (per device when sharded), the most mechanism grid
+#: points (configurations x points) one chunk discretizes (about 200 bytes each at the peak of
+#: discretization and window placement: 32 configurations on 131,072 points took the process
+#: from 0.3 to 1.5 GB; bench/dpsgd.py's sweep peaks at 0.9-1.0 GB with 2^18, 1.4 GB without the
+#: limit, equally fast), and the most grid points (rows x size) one composition call handles:
+#: together they bound the memory in use.
 CHUNK = 32
+CHUNK_ELEMENTS = 2**18
 COMPOSE_ELEMENTS = 2**23
 
 
@@ -378,20 +383,22 @@ CHECK_MAPPINGS_AFTER = 64
 _ACCOUNTING_KERNELS = (_mechanism_kernel, window_placement, _compose_and_evaluate)
 
 
-def _account_group(order, params, steps, target, out, done, report, *, sharding, **kwargs):
+def _account_group(order, params, steps, target, out, done, report, *, sharding, mechanism_size,
+                   **kwargs):
     """Values of the configurations ``order`` (one grid step and mechanism size) into ``out``,
     in chunks; returns the running count of configurations done."""
     devices = 1 if sharding is None else len(jax.devices())
     # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
     # (padded with repeats, at most 7 rows of waste)
     wanted = grid_lib.next_pow2(len(order)) if len(order) <= 8 else -(-len(order) // 8) * 8
-    chunk = min(CHUNK * devices, wanted)
+    chunk = min(CHUNK, max(1, CHUNK_ELEMENTS // mechanism_size)) * devices
+    chunk = min(chunk, wanted)
     chunk = -(-chunk // devices) * devices
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
         padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
         got = _account_chunk([p[padded] for p in params], steps[padded], target[padded],
-                             sharding=sharding, **kwargs)
+                             sharding=sharding, mechanism_size=mechanism_size, **kwargs)
         out[idx] = got[: len(idx)]
         done += len(idx)
         report(done)
