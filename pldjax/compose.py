@@ -105,12 +105,18 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
         t = jnp.exp(u)
         k, k1, k2 = cumulants(t)
         ts, ks = ts.at[:, i].set(t), ks.at[:, i].set(k)
-        gap = count * (t * k1 - k) - target  # increasing in log t
+        excess = t * k1 - k  # increasing in log t
+        gap = count * excess - target
         done = jnp.all(jnp.abs(gap) <= _CHERNOFF_TOLERANCE * target)
         low, high = jnp.where(gap < 0, u, low), jnp.where(gap < 0, high, u)
-        slope = count * t * t * k2
-        step = u + jnp.clip(-gap / jnp.where(slope > 0, slope, 1.0), -2.0, 2.0)
-        step = jnp.where(slope > 0, step, jnp.where(gap < 0, u + 2.0, u - 2.0))
+        # Newton on log(count excess): linear in log t for small t (excess ~ t^2 K'' / 2), and
+        # far less curved than the excess itself where the loss's tail is heavy (the excess
+        # then grows like an exponential of t, and Newton on it crept a few % an iterate)
+        slope = t * t * k2 / jnp.where(excess > 0, excess, 1.0)  # d log(excess) / d log t
+        usable = (slope > 0) & (excess > 0)
+        step = u + jnp.clip(-(jnp.log(jnp.where(usable, count * excess, target)) - jnp.log(target))
+                            / jnp.where(usable, slope, 1.0), -2.0, 2.0)
+        step = jnp.where(usable, step, jnp.where(gap < 0, u + 2.0, u - 2.0))
         inside = (step > low) & (step < high) & jnp.isfinite(step)
         bisect = jnp.where(jnp.isfinite(low) & jnp.isfinite(high), (low + high) / 2,
                            jnp.where(gap < 0, u + 2.0, u - 2.0))
