@@ -85,19 +85,20 @@ def stages(rtol=None):
     wrapped = jnp.asarray(wrap())
     folded = jax.vmap(jnp.roll)(wrapped, -summary.center)
     exponents = jax.jit(jax.vmap(compose_lib.chernoff_exponents))
-    spectrum = jax.jit(jax.vmap(compose_lib._log_spectrum))
+    spectrum = jax.jit(jax.vmap(compose_lib._spectrum))
     rfft = jax.jit(jnp.fft.rfft)
 
     @jax.jit
-    def power_irfft(log_spec):
-        return jnp.fft.irfft(jnp.exp(STEPS * log_spec), size)
+    def power_irfft(spec, low):
+        powered = compose_lib._powered(spec, low, jnp.zeros(2), count, spec.shape[1])
+        return jnp.fft.irfft(powered, size)
 
     @jax.jit
     def fft_floor(p):
         return jnp.fft.irfft(jnp.fft.rfft(p, size) ** STEPS, size)
 
-    log_spec = spectrum(folded, summary.mass)
-    raw = power_irfft(log_spec)
+    spec, low = spectrum(folded, summary.mass)
+    raw = power_irfft(spec, low)
     settle = jax.jit(jax.vmap(lambda r, m: compose_lib.settle(
         jnp.maximum(r, 0.0), m, compose_lib._roundoff_per_bin(r), tail, True)))
     evaluate = jax.jit(jax.vmap(
@@ -117,9 +118,9 @@ def stages(rtol=None):
         ("compose + evaluate (one fused call)", fused),
         ("  part: Chernoff exponents (now in window placement)",
          lambda: exponents(probs, offset, step, count)),
-        ("  part: _log_spectrum (2 rfft, tail sums)", lambda: spectrum(folded, summary.mass)),
+        ("  part: _spectrum (2 rfft, tail sums)", lambda: spectrum(folded, summary.mass)),
         ("  part: of which rfft", lambda: rfft(folded)),
-        ("  part: exp(T log P) + irfft", lambda: power_irfft(log_spec)),
+        ("  part: log, exp(T log P) + irfft, every frequency", lambda: power_irfft(spec, low)),
         ("  part: settle + round-off bound", lambda: settle(raw, inf_mass)),
         ("  part: evaluate (epsilon_kernel)",
          lambda: evaluate(composed, inf_mass, offset, step, target)),

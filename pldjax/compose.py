@@ -3,7 +3,7 @@
 Kernels (pure, jit-able, unbatched; the API vmaps them over batch axes):
 
 * :func:`convolve_kernel` -- the exact linear convolution of two PMFs (zero-padded real FFT).
-* :func:`self_compose_kernel` -- the count-fold convolution as one pointwise power of a real FFT of
+* :func:`self_compose_rows` -- the count-fold convolution as one pointwise power of a real FFT of
   the window's size: the result is the true distribution folded modulo the window, so the window is
   placed by Chernoff bounds on the sum and the mass that may have been folded in from outside is
   bounded by the same Chernoff bounds.
@@ -25,7 +25,7 @@ it: E is a safety factor times the larger of the largest negative tap observed a
 the inverse FFT (u log2(N) ||c||_2 / sqrt(N)). This is an estimate, not a proof; tests check
 pessimistic results against closed forms down to delta = 1e-12. For large counts the low
 frequencies, which alone survive the power, are computed without cancellation
-(:func:`_log_spectrum`), since the FFT's absolute error would be multiplied by the count.
+(:func:`_spectrum`), since the FFT's absolute error would be multiplied by the count.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ _ROUNDOFF_SAFETY = 2.0
 #: the window then is within about 1e-4 of the converged one's, measured; any t is sound).
 _CHERNOFF_STEPS = 10
 _CHERNOFF_TOLERANCE = 1e-2
-#: Low frequencies computed without cancellation (see :func:`_log_spectrum`).
+#: Low frequencies computed without cancellation (see :func:`_spectrum`).
 _ACCURATE_FREQS = 256
 
 
@@ -225,10 +225,10 @@ def wrap_rows(xp, probs, size: int):
     return xp.pad(probs, ((0, 0), (0, (-n) % size))).reshape(rows, -1, size).sum(axis=1)
 
 
-def _log_spectrum(folded, mass):
-    """log of the rfft of a PMF ``folded`` to its window (wrapped modulo its size and rotated to
-    start at the PMF's centre) of total ``mass`` (summed before folding), with the lowest
-    ``_ACCURATE_FREQS`` coefficients accurate to round-off *relative to |P_k - m|*.
+def _spectrum(folded, mass):
+    """(rfft, log of its lowest ``_ACCURATE_FREQS`` coefficients) of a PMF ``folded`` to its
+    window (wrapped modulo its size and rotated to start at the PMF's centre) of total ``mass``
+    (summed before folding), the logs accurate to round-off *relative to |P_k - m|*.
 
     For large counts only low frequencies survive the power, and there P_k is close to the total
     mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. The
@@ -251,12 +251,21 @@ def _log_spectrum(folded, mass):
     factor = 2.0 * jnp.sin(theta / 2) ** 2 - 1j * jnp.sin(theta)
     deviation = factor * jnp.fft.rfft(tails)[:freqs]
     low = jnp.log(mass) + jnp.log1p(deviation / mass)
-    spectrum = jnp.fft.rfft(folded)
+    return jnp.fft.rfft(folded), low
+
+
+def _powered(spectrum, low, shift, count, width: int):
+    """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
+    frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width``."""
+    re, im = jnp.real(spectrum[:, :width]), jnp.imag(spectrum[:, :width])
     # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
     # log (which guards |P| near 1, the frequencies replaced by ``low`` anyway)
-    re, im = jnp.real(spectrum), jnp.imag(spectrum)
-    log_spectrum = jax.lax.complex(0.5 * jnp.log(re * re + im * im), jnp.arctan2(im, re))
-    return log_spectrum.at[:freqs].set(low)
+    log_p = jax.lax.complex(0.5 * jnp.log(re * re + im * im), jnp.arctan2(im, re))
+    log_p = log_p.at[:, :low.shape[1]].set(low) + shift[:, None]
+    scale = count[:, None]
+    # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
+    powered = jnp.exp(jax.lax.complex(scale * log_p.real, scale * log_p.imag))
+    return jnp.pad(powered, ((0, 0), (0, spectrum.shape[1] - width)))
 
 
 def _restored_log_mass(summary: PMFSummary, inf_mass):
@@ -274,55 +283,88 @@ def _restored_log_mass(summary: PMFSummary, inf_mass):
     return jnp.clip(short, 0.0, summary.points * UNIT_ROUNDOFF)
 
 
-def self_compose_kernel(probs, inf_mass, offset, step, count, exponents=None, *,
-                        size: int, tail, pessimistic: bool):
-    """The count-fold self-composition on a window of ``size`` points (one FFT power).
+def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
+                      size: int, tail, pessimistic: bool):
+    """The count-fold self-composition of each row of ``probs`` (rows, n) on a window of ``size``
+    points (one FFT power); ``count`` and ``tail``: scalars or one per row.
 
-    ``exponents``: the PMF's
-    :func:`chernoff_exponents` for ``count`` when the caller has them (computed here otherwise).
+    ``exponents``: the rows' :func:`chernoff_exponents` for ``count`` when the caller has them
+    (computed here otherwise).
     """
-    summary = pmf_summary(probs)
+    rows = probs.shape[0]
+    count, tail = (jnp.broadcast_to(jnp.asarray(a, jnp.float64), (rows,)) for a in (count, tail))
+    summary = jax.vmap(pmf_summary)(probs)
     if exponents is None:
-        stand_in = jnp.where(summary.mass > 0, probs, jnp.zeros_like(probs).at[0].set(1.0))
-        exponents = chernoff_exponents(stand_in, offset, step, count, tail)
-    wrapped = wrap_rows(jnp, probs[None], size)[0]
-    return wrapped_power_kernel(wrapped, summary, inf_mass, offset, step, count, exponents,
-                                tail=tail, pessimistic=pessimistic)
+        stand_in = jnp.where((summary.mass > 0)[:, None], probs,
+                             jnp.zeros_like(probs).at[:, 0].set(1.0))
+        exponents = jax.vmap(chernoff_exponents)(stand_in, offset, step, count, tail)
+    return compose_wrapped_rows(wrap_rows(jnp, probs, size), summary, inf_mass, offset, step,
+                                count, exponents, tail=tail, pessimistic=pessimistic)
 
 
-def wrapped_power_kernel(wrapped, summary: PMFSummary, inf_mass, offset, step, count,
-                         exponents, *, tail, pessimistic: bool):
-    """:func:`self_compose_kernel` of a PMF given as its masses wrapped modulo the window's size
-    (:func:`wrap_rows`), its :func:`pmf_summary` and its :func:`chernoff_exponents`: the window
-    has ``wrapped.shape[0]`` points, and nothing here has the PMF's own length (one compiled
-    shape per window size, whatever the mechanism's grid)."""
-    size = wrapped.shape[0]
-    # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
-    live = summary.mass > 0
-    folded = jnp.where(live, jnp.roll(wrapped, -summary.center),
-                       jnp.zeros_like(wrapped).at[0].set(1.0))
-    summary = PMFSummary(*(jnp.where(live, value, stand_in) for value, stand_in
-                           in zip(summary, (1.0, 0, 0, 0, summary.points), strict=True)))
-    lo, hi = _summary_window(summary, offset, step, count, tail, exponents)
-    start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
-    log_p = _log_spectrum(folded, summary.mass)
-    if pessimistic:
-        log_p = log_p + _restored_log_mass(summary, inf_mass)
-    # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
-    raw = jnp.fft.irfft(jnp.exp(jax.lax.complex(count * log_p.real, count * log_p.imag)), size)
-    raw = jnp.roll(raw, -((start - count * (offset + summary.center)) % size))
-    above, below = tail_bounds(summary, offset, step, count, start, start + size - 1, exponents)
-    composed_inf = -jnp.expm1(count * jnp.log1p(-inf_mass))
-    # bins beyond the sum's support hold no mass: what they read is round-off, or mass folded in
-    # from outside the window (which above + below already charge)
-    first, last = _support(summary, offset, count)
-    index = start + jnp.arange(size)
-    supported = (index >= first) & (index <= last)
-    out, out_inf = settle(
-        jnp.where(supported, jnp.maximum(raw, 0.0), 0.0), composed_inf,
-        jnp.where(supported, _roundoff_per_bin(raw), 0.0), above + below, pessimistic
-    )
-    return jnp.where(live, out, 0.0), jnp.where(live, out_inf, composed_inf), start
+#: A frequency whose count-th power is below e^_NEGLIGIBLE_LOG (1e-304) moves no bin of the
+#: inverse FFT by more than that: the batch's power is taken up to the last one that is not.
+_NEGLIGIBLE_LOG = -700.0
+#: The power's widths (fractions of the rfft's length; the full one last): the smallest one
+#: that holds every row's last non-negligible frequency is computed (at large counts the
+#: composed PMF is wide and only its lowest frequencies survive the power).
+_POWER_FRACTIONS = (64, 16, 4)
+
+
+def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, count, exponents,
+                         *, tail, pessimistic: bool):
+    """:func:`self_compose_rows` of PMFs given as their masses wrapped modulo the window's size
+    (:func:`wrap_rows`, rows x size), their :func:`pmf_summary` and :func:`chernoff_exponents`
+    (one per row, as every other argument): nothing here has the PMFs' own length (one compiled
+    shape per (rows, window size), whatever the mechanisms' grids). Returns (probs, inf_mass,
+    offset) per row."""
+    rows, size = wrapped.shape
+    count, tail = (jnp.broadcast_to(jnp.asarray(a, jnp.float64), (rows,)) for a in (count, tail))
+
+    def prepare(w, s, m, o, h, c, e, t):
+        # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
+        live = s.mass > 0
+        folded = jnp.where(live, jnp.roll(w, -s.center), jnp.zeros_like(w).at[0].set(1.0))
+        s = PMFSummary(*(jnp.where(live, value, stand_in) for value, stand_in
+                         in zip(s, (1.0, 0, 0, 0, s.points), strict=True)))
+        lo, hi = _summary_window(s, o, h, c, t, e)
+        start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
+        spectrum, low = _spectrum(folded, s.mass)
+        shift = _restored_log_mass(s, m) if pessimistic else jnp.float64(0.0)
+        magnitude = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+        # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
+        kept = magnitude >= jnp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
+        last = jnp.max(jnp.where(kept, jnp.arange(spectrum.shape[0]), 0))
+        return live, s, start, spectrum, low, shift, last
+
+    live, summary, start, spectrum, low, shift, last = jax.vmap(prepare)(
+        wrapped, summary, inf_mass, offset, step, count, exponents, tail)
+    frequencies = size // 2 + 1
+    widths = sorted({max(frequencies // f, low.shape[1]) for f in _POWER_FRACTIONS}
+                    | {frequencies})
+    needed = jnp.max(last) + 1
+    branch = jnp.sum(jnp.asarray(widths[:-1]) < needed)  # the first width >= needed
+    powered = jax.lax.switch(branch, [functools.partial(_powered, width=w) for w in widths],
+                             spectrum, low, shift, count)
+
+    def finish(p, live, s, start, m, o, h, c, e):
+        raw = jnp.fft.irfft(p, size)
+        raw = jnp.roll(raw, -((start - c * (o + s.center)) % size))
+        above, below = tail_bounds(s, o, h, c, start, start + size - 1, e)
+        composed_inf = -jnp.expm1(c * jnp.log1p(-m))
+        # bins beyond the sum's support hold no mass: what they read is round-off, or mass
+        # folded in from outside the window (which above + below already charge)
+        first, last = _support(s, o, c)
+        index = start + jnp.arange(size)
+        supported = (index >= first) & (index <= last)
+        out, out_inf = settle(
+            jnp.where(supported, jnp.maximum(raw, 0.0), 0.0), composed_inf,
+            jnp.where(supported, _roundoff_per_bin(raw), 0.0), above + below, pessimistic
+        )
+        return jnp.where(live, out, 0.0), jnp.where(live, out_inf, composed_inf), start
+
+    return jax.vmap(finish)(powered, live, summary, start, inf_mass, offset, step, count,
+                            exponents)
 
 
 def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic: bool):
@@ -403,12 +445,8 @@ def _truncate_batch(probs, inf_mass, offset, tail, *, size: int, pessimistic: bo
 
 @functools.partial(jax.jit, static_argnames=("size", "pessimistic"))
 def _self_compose_batch(pld: PLD, count, tail, *, size: int, pessimistic: bool):
-    kernel = functools.partial(
-        self_compose_kernel, size=size, tail=tail, pessimistic=pessimistic
-    )
-    return jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(
-        pld.probs, pld.inf_mass, pld.offset, pld.step, count
-    )
+    return self_compose_rows(pld.probs, pld.inf_mass, pld.offset, pld.step, count, size=size,
+                             tail=tail, pessimistic=pessimistic)
 
 
 _needed_size_batch = jax.jit(jax.vmap(needed_size, in_axes=(0, None)))

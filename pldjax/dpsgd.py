@@ -37,11 +37,11 @@ from pldjax.compose import (
     _checked_size,
     chernoff_exponents,
     compose,
+    compose_wrapped_rows,
     pmf_summary,
     tail_window,
     window_widths,
     wrap_rows,
-    wrapped_power_kernel,
 )
 from pldjax.discretize import _mechanism_kernel, mechanism_sizes
 from pldjax.grid import Grid
@@ -103,14 +103,12 @@ def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, targe
     :func:`~pldjax.compose.wrap_rows`), read at its target: one compiled shape per (rows,
     window size)."""
     kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
-
-    def one(w, s, m, o, h, c, t, e):
-        cp, cm, co = wrapped_power_kernel(
-            w, s, m, o, h, c, e, tail=composition_tail(t, evaluate), pessimistic=pessimistic,
-        )
-        return kernel(cp, cm, co, h, t[None])[0]
-
-    return jax.vmap(one)(wrapped, summary, inf_mass, offset, step, count, target, exponents)
+    probs, composed_inf, start = compose_wrapped_rows(
+        wrapped, summary, inf_mass, offset, step, count, exponents,
+        tail=composition_tail(target, evaluate), pessimistic=pessimistic,
+    )
+    return jax.vmap(lambda p, m, o, h, t: kernel(p, m, o, h, t[None])[0])(
+        probs, composed_inf, start, step, target)
 
 
 @functools.partial(jax.jit, static_argnames=("evaluate",))

@@ -295,3 +295,44 @@ def test_round_off_in_the_total_mass_is_not_charged_count_fold():
         assert want - 1e-12 <= float(composed.delta(eps)) <= want + 2e-11
     assert float(composed.inf_mass) <= 1e-15
     assert np.isfinite(pj.dpsgd_epsilon(2.0, 1e-6, 10**6, 1e-10))
+
+
+@pytest.mark.parametrize("case", ["wide", "lattice", "few"])
+def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monkeypatch):
+    """The power is taken only up to the batch's last frequency whose power is above e^-700
+    (1e-304); the rest would change no bin by more than that. Against the power over every
+    frequency (no shorter widths to choose from): equal to 1e-300 in every bin, on a composition
+    wide enough that a short width is taken (and a shorter one would drop frequencies that
+    matter), on a PMF on every other grid point (its spectrum
+    is periodic: the full width is needed) and at a small count."""
+    import importlib
+
+    import jax
+
+    compose_module = importlib.import_module("pldjax.compose")  # pj.compose is the function
+
+    rng = np.random.default_rng(7)
+    probs = rng.random((2, 64))
+    if case == "lattice":
+        probs[:, 1::2] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    count = {"wide": 700.0, "lattice": 4000.0, "few": 3.0}[case]
+    size = {"wide": 2**16, "lattice": 8192, "few": 256}[case]
+    args = (jnp.asarray(probs), jnp.zeros(2), jnp.array([-20, -31]), jnp.full(2, 0.01),
+            jnp.full(2, count))
+
+    def composed():
+        with jax.enable_x64(True):
+            return compose_module.self_compose_rows(*args, size=size, tail=1e-18,
+                                                    pessimistic=True)
+
+    spectrum = np.fft.rfft(probs, size)
+    kept = np.abs(spectrum) ** count >= np.exp(-700.0)
+    last = np.max(np.nonzero(kept.any(axis=0)))
+    # wide: past the shortest width (512 of 32,769 frequencies), within the next one
+    assert (case == "wide") == (size // 2 // 64 < last < size // 2 // 16)
+    prefix = composed()
+    monkeypatch.setattr(compose_module, "_POWER_FRACTIONS", ())
+    full = composed()
+    for a, b in zip(prefix, full, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-300)
