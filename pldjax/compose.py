@@ -1,12 +1,15 @@
 """Composition of PLDs: FFT convolution, T-fold self-composition in one FFT power, truncation.
 
-Kernels (pure, jit-able, unbatched; the API vmaps them over batch axes):
+Kernels (pure, jit-able; unbatched, vmapped over batch axes by the API, except the ``*_rows``
+ones, which take a leading axis of rows and decide some things for the batch as a whole):
 
 * :func:`convolve_kernel` -- the exact linear convolution of two PMFs (zero-padded real FFT).
 * :func:`self_compose_rows` -- the count-fold convolution as one pointwise power of a real FFT of
   the window's size: the result is the true distribution folded modulo the window, so the window is
   placed by Chernoff bounds on the sum and the mass that may have been folded in from outside is
-  bounded by the same Chernoff bounds.
+  bounded by the same Chernoff bounds. The power is taken only on the frequencies up to the
+  batch's last one whose power is not negligible (below 1e-304: at large counts, a small
+  fraction); :func:`compose_wrapped_rows` does the same from PMFs already wrapped to the window.
 * :func:`truncate_kernel` -- back to a fixed number of points.
 
 Where mass goes: in a pessimistic PLD, mass above the window goes to the +inf atom and
