@@ -329,8 +329,8 @@ def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monk
     spectrum = np.fft.rfft(probs, size)
     kept = np.abs(spectrum) ** count >= np.exp(-700.0)
     last = np.max(np.nonzero(kept.any(axis=0)))
-    # wide: past the shortest width (512 of 32,769 frequencies), within the next one
-    assert (case == "wide") == (size // 2 // 64 < last < size // 2 // 16)
+    # wide: within a short width (1/16 of 32,769 frequencies), above the 256 always computed
+    assert (case == "wide") == (256 < last < size // 2 // 16)
     prefix = composed()
     monkeypatch.setattr(compose_module, "_POWER_FRACTIONS", ())
     full = composed()
