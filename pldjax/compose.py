@@ -174,10 +174,10 @@ def tail_window(probs, offset, step, count, tail, exponents=None):
     and never beyond its support, as integral float64 values (a huge count must not overflow an
     integer type)."""
     exponents = exponents or chernoff_exponents(probs, offset, step, count, tail)
-    return _summary_window(pmf_summary(probs), offset, step, count, tail, exponents)
+    return summary_window(pmf_summary(probs), offset, step, count, tail, exponents)
 
 
-def _summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
+def summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
     """:func:`tail_window` from the PMF's summary and Chernoff exponents."""
     t_up, up, t_down, down = exponents
     log_half = jnp.log(tail / 2)
@@ -332,7 +332,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         folded = jnp.where(live, jnp.roll(w, -s.center), jnp.zeros_like(w).at[0].set(1.0))
         s = PMFSummary(*(jnp.where(live, value, stand_in) for value, stand_in
                          in zip(s, (1.0, 0, 0, 0, s.points), strict=True)))
-        lo, hi = _summary_window(s, o, h, c, t, e)
+        lo, hi = summary_window(s, o, h, c, t, e)
         start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
         spectrum, low = _spectrum(folded, s.mass)
         shift = _restored_log_mass(s, m) if pessimistic else jnp.float64(0.0)

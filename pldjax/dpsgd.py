@@ -39,7 +39,7 @@ from pldjax.compose import (
     compose,
     compose_wrapped_rows,
     pmf_summary,
-    tail_window,
+    summary_window,
     window_widths,
     wrap_rows,
 )
@@ -119,8 +119,9 @@ def window_placement(probs, offset, step, count, target, *, evaluate):
     def one(p, o, h, c, t):
         tail = composition_tail(t, evaluate)
         exponents = chernoff_exponents(p, o, h, c, tail)
-        lo, hi = tail_window(p, o, h, c, tail, exponents)
-        return lo, hi, exponents, pmf_summary(p)
+        summary = pmf_summary(p)
+        lo, hi = summary_window(summary, o, h, c, tail, exponents)
+        return lo, hi, exponents, summary
 
     return jax.vmap(one)(probs, offset, step, count, target)
 
