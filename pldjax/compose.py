@@ -56,11 +56,14 @@ MAX_INDEX = 2.0**53
 #: Largest count of self_compose (int64; larger counts cannot even be converted to float64 safely).
 MAX_COUNT = 2**63 - 1
 _ROUNDOFF_SAFETY = 2.0
-#: Most Newton iterates (one pass over the PMF each) of :func:`chernoff_exponents`, per side, and
-#: the relative error of the tangency condition at which they stop (the bound is flat in t there:
-#: the window then is within about 1e-4 of the converged one's, measured; any t is sound).
+#: Most Newton iterates of :func:`chernoff_exponents`'s search per side, and the relative error
+#: of the tangency condition at which it stops (the bound is flat in t there: the window then is
+#: within about 1e-4 of the converged one's, measured; any t is sound); most iterates on the PMF
+#: itself after the search on its coarse copy, of about _CHERNOFF_COARSE_POINTS points.
 _CHERNOFF_STEPS = 10
 _CHERNOFF_TOLERANCE = 1e-2
+_CHERNOFF_POLISH = 2
+_CHERNOFF_COARSE_POINTS = 2048
 #: Low frequencies computed without cancellation (see :func:`_spectrum`).
 _ACCURATE_FREQS = 256
 
@@ -76,26 +79,61 @@ def _roundoff_per_bin(raw):
 def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
     """Chernoff exponents of the count-fold sum S of the PMF's loss Z (finite part only):
     ``(t_up, up, t_down, down)`` with ``up = count log E[e^{t Z}]`` at each t in ``t_up`` and
-    ``down = count log E[e^{-t Z}]`` at each t in ``t_down`` (all t > 0).
+    ``down = count log E[e^{-t Z}]`` at each t in ``t_down`` (all t > 0, exact for this PMF; unused
+    slots hold t = 0, K = 0: the trivial bound 1, which every minimum over them ignores).
 
-    Any t > 0 gives a valid bound P(S >= a) <= e^{up - t a}; the t here are the iterates of a
-    Newton search in log t, safeguarded by bisection (at most _CHERNOFF_STEPS iterates per side,
-    fewer once both sides meet the condition below to _CHERNOFF_TOLERANCE relative), for
-    the t whose bound reaches ``tail`` / 2 closest to the mean: the tangency condition
-    count (t K'(t) - K(t)) = log(2 / tail), whose left side increases in t (K: the cumulant
-    generating function). It starts at the Gaussian answer sqrt(2 log(2 / tail) / count) / sd.
-    Each iterate costs one pass over the PMF; callers take the best bound over all of them.
+    Any t > 0 gives a valid bound P(S >= a) <= e^{up - t a}; the t here aim at the bound that
+    reaches ``tail`` / 2 closest to the mean: the tangency condition count (t K'(t) - K(t)) =
+    log(2 / tail), whose left side increases in t (K: the cumulant generating function). A
+    Newton search in log t, safeguarded by bisection, finds it (to _CHERNOFF_TOLERANCE relative)
+    on a coarse copy of the PMF (:func:`_coarse`: blocks of points merged at their centre of mass,
+    each iterate a small fraction of a pass; a PMF of a few thousand points is its own copy),
+    starting at the Gaussian answer sqrt(2 log(2 / tail) / count) / sd; the same search on the
+    PMF itself then starts there and takes at most _CHERNOFF_POLISH iterates, one pass over the
+    PMF each (usually one). Only these exact iterates are returned (so their number does not
+    depend on the PMF's length); callers take the best bound over them.
     """
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
     mass = jnp.maximum(jnp.sum(probs), 1e-300)
     mean = jnp.sum(probs * z) / mass
     sd = jnp.sqrt(jnp.sum(probs * (z - mean) ** 2) / mass) + step
-    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
-    sides = jnp.array([1.0, -1.0])
-    y = sides[:, None] * (z - mean)[None, :]  # each side's loss, centred at the mean
     target = jnp.log(2.0 / tail)
+    start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
+    coarse_probs, coarse_z = _coarse(probs, z)
+    start, *_ = _tangency_search(coarse_probs, coarse_z - mean, count, target, start,
+                                 _CHERNOFF_STEPS)
+    _, ts, ks = _tangency_search(probs, z - mean, count, target, start, _CHERNOFF_POLISH)
+    exponents = count * (ks + jnp.array([1.0, -1.0])[:, None] * ts * mean)
+    return ts[0], exponents[0], ts[1], exponents[1]
 
-    def cumulants(t):  # t: (2,) -> K(t) - t (+-mean), K', K'' of each side's centred loss
+
+def _coarse(probs, z):
+    """The PMF (probs at losses z) with each block of consecutive points merged into one at the
+    block's centre of mass (its mean is kept): about _CHERNOFF_COARSE_POINTS points, or the PMF
+    itself when it has at most 4 times that many. Steers a search only: it is no bound."""
+    n = probs.shape[0]
+    block = n // _CHERNOFF_COARSE_POINTS
+    if block < 4:
+        return probs, z
+    blocks = -(-n // block)
+    pad = blocks * block - n
+    p = jnp.pad(probs, (0, pad)).reshape(blocks, block)
+    zz = jnp.pad(z, (0, pad), mode="edge").reshape(blocks, block)
+    merged = jnp.sum(p, axis=1)
+    center = jnp.where(merged > 0, jnp.sum(p * zz, axis=1) / jnp.where(merged > 0, merged, 1.0),
+                       zz[:, 0])
+    return merged, center
+
+
+def _tangency_search(probs, centred, count, target, start, steps: int):
+    """The Newton search of :func:`chernoff_exponents` for the loss ``centred`` (its mean
+    subtracted) of the PMF ``probs``, from log t = ``start`` (one per side, up then down):
+    returns the next iterate of log t and the (t, K(t)) of the at most ``steps`` iterates taken,
+    K of the centred loss (up to the side's sign)."""
+    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+    y = jnp.array([1.0, -1.0])[:, None] * centred[None, :]  # each side's loss
+
+    def cumulants(t):  # t: (2,) -> K(t), K', K'' of each side's centred loss
         w = logp[None, :] + t[:, None] * y
         top = jnp.max(w, axis=1, keepdims=True)
         e = jnp.exp(w - top)
@@ -127,17 +165,14 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
         u_next = jnp.where(jnp.isfinite(u_next), u_next, u)  # no mass: stay
         return i + 1, done, u_next, low, high, ts, ks
 
-    start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
-    # unused slots (t = 0, K = 0) give the trivial bound 1, which every minimum below ignores
-    empty = jnp.zeros((2, _CHERNOFF_STEPS))
+    empty = jnp.zeros((2, steps))
     # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
     # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE
-    *_, ts, ks = jax.lax.while_loop(
-        lambda carry: (carry[0] < _CHERNOFF_STEPS) & ~carry[1], newton,
+    _, _, u, _, _, ts, ks = jax.lax.while_loop(
+        lambda carry: (carry[0] < steps) & ~carry[1], newton,
         (0, False, start, jnp.full((2,), -jnp.inf), jnp.full((2,), jnp.inf), empty, empty),
     )
-    exponents = count * (ks + sides[:, None] * ts * mean)
-    return ts[0], exponents[0], ts[1], exponents[1]
+    return u, ts, ks
 
 
 class PMFSummary(NamedTuple):
