@@ -21,7 +21,8 @@ from pldjax.precision import float64, host_result
 from pldjax.validate import check_range
 
 _BLOCK = 128
-#: Up to this many targets, epsilon_kernel sums R_j directly at each target's index.
+#: Up to this many targets, epsilon_kernel works from sums at the blocks' starts and the
+#: crossing's block (:func:`_crossing_sums`) instead of S, R and D at every point.
 _DIRECT_TARGETS = 4
 
 
@@ -69,24 +70,64 @@ def _reverse_recurrence(decay, terms):
     return _carried_in(decay, inner, after).reshape(-1)[:n]
 
 
-def _crossings(probs, inf_mass, step, s, deltas):
-    """For each target in ``deltas``: how many grid points have delta above it (delta at z_k is
-    inf_mass + D_k, non-increasing in k). O(n + len(deltas) _BLOCK^2): D (see
-    :func:`tail_sums`) at the start of every block of _BLOCK points, then in full only inside
-    the block where delta crosses the target."""
+def _block_level_sums(probs, step):
+    """S, R and D (see :func:`tail_sums`) at the first point of every block of _BLOCK points, from
+    one pass over the masses: each block's mass, sum of p_i e^{-lh} and of p_i (1 - e^{-lh})
+    (l: the index inside the block), then recurrences over the blocks only, with non-negative
+    terms (no cancellation). Returns them (each of length blocks + 1, a trailing 0) and the
+    masses in rows of _BLOCK."""
+    blocks = -(-probs.shape[0] // _BLOCK)
+    padded = jnp.pad(probs, (0, blocks * _BLOCK - probs.shape[0])).reshape(blocks, _BLOCK)
+    lag = jnp.arange(_BLOCK, dtype=probs.dtype) * step
+    mass, decayed, grown = (padded @ jnp.stack([jnp.ones_like(lag), jnp.exp(-lag), -jnp.expm1(-lag)],
+                                               axis=1)).T
+    zero = jnp.zeros((1,), probs.dtype)
+    s = jnp.concatenate([jnp.cumsum(mass[::-1])[::-1], zero])
+    # R_b = decayed_b + e^{-Bh} R_{b+1}: segments (e^{-Bh len}, their R at the start) combine
+    # (later, earlier) -> (product, earlier + its decay times later)
+    block_decay = jnp.exp(-_BLOCK * step)
+
+    def combine(later, earlier):
+        return later[0] * earlier[0], earlier[1] + earlier[0] * later[1]
+
+    _, r = jax.lax.associative_scan(combine, (jnp.full_like(decayed, block_decay), decayed),
+                                    reverse=True)
+    r = jnp.concatenate([r, zero])
+    # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
+    # (1 - e^{-(i - (b+1)B)h}) + e^{-(i - (b+1)B)h} (1 - e^{-Bh})
+    d = jnp.concatenate([jnp.cumsum((grown - jnp.expm1(-_BLOCK * step) * r[1:])[::-1])[::-1], zero])
+    return s, r, d, padded
+
+
+def _crossing_sums(probs, inf_mass, step, deltas):
+    """For each target in ``deltas``: j, the number of grid points whose delta (inf_mass + D_k,
+    non-increasing in k) is above it, at most n - 1, and S_j and R_j (see :func:`tail_sums`). One
+    pass over the masses (:func:`_block_level_sums`), then inside the block where delta crosses
+    the target only: O(n + len(deltas) _BLOCK^2)."""
     n = probs.shape[-1]
-    decay = jnp.exp(-step)
-    terms = -jnp.expm1(-step) * s[1:]  # D_k = sum_{i >= k} decay^(i-k) terms_i
-    padded, powers = _blocked(decay, terms)
+    s, r, d, padded = _block_level_sums(probs, step)
     blocks = padded.shape[0]
-    starts = _block_starts(decay, padded @ powers[0])
-    # block b - 1 holds the crossing, where b block starts lie above the target
-    block = jnp.clip(jnp.searchsorted(-(inf_mass + starts), -deltas, side="left") - 1, 0, blocks - 1)
-    after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])[block]
-    inside = _carried_in(decay, padded[block] @ powers.T, after)
-    index = block[:, None] * _BLOCK + jnp.arange(_BLOCK)[None, :]
-    above = (inf_mass + inside > deltas[:, None]) & (index < n)
-    return block * _BLOCK + jnp.sum(above, axis=1)
+    # block b holds the crossing, where b + 1 block starts lie above the target
+    block = jnp.clip(jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left") - 1, 0,
+                     blocks - 1)
+    inside = padded[block]  # (targets, _BLOCK)
+    s_next, r_next, d_next = s[block + 1], r[block + 1], d[block + 1]
+    local = jnp.arange(_BLOCK)
+    lag = (local[None, :] - local[:, None]).astype(probs.dtype) * step  # i - k
+    grown = jnp.where(lag > 0, -jnp.expm1(-jnp.maximum(lag, 0.0)), 0.0)
+    to_end = (_BLOCK - local).astype(probs.dtype) * step
+    d_inside = (inside @ grown.T + d_next[:, None]
+                - jnp.expm1(-to_end)[None, :] * r_next[:, None])
+    index = block[:, None] * _BLOCK + local[None, :]
+    above = (inf_mass + d_inside > deltas[:, None]) & (index < n)
+    j = jnp.minimum(block * _BLOCK + jnp.sum(above, axis=1), n - 1)
+    first = j - block * _BLOCK  # in [0, _BLOCK]: the block's points from it on are in S_j, R_j
+    later = local[None, :] >= first[:, None]
+    shift = (local[None, :] - first[:, None]).astype(probs.dtype) * step
+    s_j = s_next + jnp.sum(jnp.where(later, inside, 0.0), axis=1)
+    r_j = (jnp.exp(-(_BLOCK - first).astype(probs.dtype) * step) * r_next
+           + jnp.sum(jnp.where(later, inside * jnp.exp(-jnp.maximum(shift, 0.0)), 0.0), axis=1))
+    return j, s_j, r_j
 
 
 def tail_sums(probs, step):
@@ -123,20 +164,18 @@ def delta_kernel(probs, inf_mass, offset, step, epsilons):
 def epsilon_kernel(probs, inf_mass, offset, step, deltas):
     """Smallest eps >= 0 with delta(eps) <= target, exact on the discrete PLD; inf if impossible."""
     n = probs.shape[-1]
-    s, r, d = tail_sums(probs, step)  # under jit, R and D only where used below
     if deltas.shape[0] <= _DIRECT_TARGETS:
-        # a few targets: each one's crossing block by block, and R_j summed directly at its
-        # index (n terms each), which saves both recurrences over the whole grid
-        j = jnp.minimum(_crossings(probs, inf_mass, step, s, deltas), n - 1)
-        lag = jnp.arange(n)[None, :] - j[:, None]
-        r_j = jnp.sum(jnp.where(lag >= 0, probs * jnp.exp(-jnp.maximum(lag, 0) * step), 0.0), axis=1)
+        # a few targets: S, R and D at the blocks' starts, then each one's crossing block alone
+        # (no pass over the whole grid per point)
+        j, s_j, r_j = _crossing_sums(probs, inf_mass, step, deltas)
     else:
+        s, r, d = tail_sums(probs, step)
         j = jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left")  # grid deltas > target
         j = jnp.minimum(j, n - 1)
-        r_j = r[j]
+        s_j, r_j = s[j], r[j]
     z_j = (offset + j) * step
     # on (z_{j-1}, z_j]: delta(z_j - t) = m + S_j - e^{-t} R_j, increasing in t >= 0
-    room = inf_mass + s[j] - deltas
+    room = inf_mass + s_j - deltas
     t = jnp.log(r_j) - jnp.log(room)
     eps = jnp.where(room <= 0, -jnp.inf, z_j - jnp.maximum(t, 0.0))
     eps = jnp.maximum(eps, 0.0)
