@@ -281,7 +281,7 @@ def _spectrum(folded, mass):
     size = folded.shape[0]
     half = size // 2
     upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
-    upper_tails = jnp.cumsum(upper[::-1])[::-1]  # sum_{i >= j}, from the top down
+    upper_tails = jax.lax.cumsum(upper, reverse=True)  # sum_{i >= j}, from the top down
     lower_heads = jnp.cumsum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
     tails = jnp.concatenate([-jnp.sum(lower)[None], upper_tails[1:], -lower_heads])
     freqs = min(size // 2 + 1, _ACCURATE_FREQS)

@@ -134,7 +134,7 @@ def tail_sums(probs, step):
     """(S, R, D), each of length n + 1 with a trailing 0, as defined in the module docstring
     (under jit, the ones a caller leaves unused are not computed)."""
     zero = jnp.zeros((1,), probs.dtype)
-    s = jnp.concatenate([jnp.cumsum(probs[::-1])[::-1], zero])
+    s = jnp.concatenate([jax.lax.cumsum(probs, reverse=True), zero])
     r = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), probs), zero])
     # D_k = e^{-h} D_{k+1} + (1 - e^{-h}) S_{k+1}
     d = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), -jnp.expm1(-step) * s[1:]), zero])
