@@ -58,11 +58,10 @@ MAX_COUNT = 2**63 - 1
 _ROUNDOFF_SAFETY = 2.0
 #: Most Newton iterates of :func:`chernoff_exponents`'s search per side, and the relative error
 #: of the tangency condition at which it stops (the bound is flat in t there: the window then is
-#: within about 1e-4 of the converged one's, measured; any t is sound); most iterates on the PMF
-#: itself after the search on its coarse copy, of about _CHERNOFF_COARSE_POINTS points.
+#: within about 1e-4 of the converged one's, measured; any t is sound); the search runs on a
+#: coarse copy of the PMF, of about _CHERNOFF_COARSE_POINTS blocks.
 _CHERNOFF_STEPS = 10
 _CHERNOFF_TOLERANCE = 1e-2
-_CHERNOFF_POLISH = 2
 _CHERNOFF_COARSE_POINTS = 2048
 #: Low frequencies computed without cancellation (see :func:`_spectrum`).
 _ACCURATE_FREQS = 256
@@ -78,76 +77,87 @@ def _roundoff_per_bin(raw):
 # -- tail bounds ----------------------------------------------------------------------------------
 def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
     """Chernoff exponents of the count-fold sum S of the PMF's loss Z (finite part only):
-    ``(t_up, up, t_down, down)`` with ``up = count log E[e^{t Z}]`` at each t in ``t_up`` and
-    ``down = count log E[e^{-t Z}]`` at each t in ``t_down`` (all t > 0, exact for this PMF; unused
-    slots hold t = 0, K = 0: the trivial bound 1, which every minimum over them ignores).
+    ``(t_up, up, t_down, down)`` with ``up = count log E[e^{t Z}]`` at t = ``t_up`` and
+    ``down = count log E[e^{-t Z}]`` at t = ``t_down`` (arrays of one t > 0 each, exact for this
+    PMF).
 
     Any t > 0 gives a valid bound P(S >= a) <= e^{up - t a}; the t here aim at the bound that
     reaches ``tail`` / 2 closest to the mean: the tangency condition count (t K'(t) - K(t)) =
     log(2 / tail), whose left side increases in t (K: the cumulant generating function). A
-    Newton search in log t, safeguarded by bisection, finds it (to _CHERNOFF_TOLERANCE relative)
-    on a coarse copy of the PMF (:func:`_coarse`: blocks of points merged at their centre of mass,
-    each iterate a small fraction of a pass; a PMF of a few thousand points is its own copy),
-    starting at the Gaussian answer sqrt(2 log(2 / tail) / count) / sd; the same search on the
-    PMF itself then starts there and takes at most _CHERNOFF_POLISH iterates, one pass over the
-    PMF each (usually one). Only these exact iterates are returned (so their number does not
-    depend on the PMF's length); callers take the best bound over them.
+    Newton search in log t, safeguarded by bisection, finds it (to _CHERNOFF_TOLERANCE relative,
+    at most _CHERNOFF_STEPS iterates) on a coarse copy of the PMF (:func:`_coarse`: blocks of
+    points, each a normal of the block's mass, mean and variance), starting at the Gaussian answer
+    sqrt(2 log(2 / tail) / count) / sd; then K is evaluated on the PMF itself at the t found (one
+    pass). The bound is flat in t near the tangency, so the coarse copy's t costs little.
     """
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
     mass = jnp.maximum(jnp.sum(probs), 1e-300)
     mean = jnp.sum(probs * z) / mass
     sd = jnp.sqrt(jnp.sum(probs * (z - mean) ** 2) / mass) + step
     target = jnp.log(2.0 / tail)
+    sides = jnp.array([1.0, -1.0])
     start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
-    coarse_probs, coarse_z = _coarse(probs, z)
-    start, *_ = _tangency_search(coarse_probs, coarse_z - mean, count, target, start,
-                                 _CHERNOFF_STEPS)
-    _, ts, ks = _tangency_search(probs, z - mean, count, target, start, _CHERNOFF_POLISH)
-    exponents = count * (ks + jnp.array([1.0, -1.0])[:, None] * ts * mean)
-    return ts[0], exponents[0], ts[1], exponents[1]
+    coarse_probs, coarse_z, coarse_variance = _coarse(probs, z)
+    t = jnp.exp(_tangency_search(coarse_probs, coarse_z - mean, coarse_variance, count, target,
+                                 start))
+    k, _, _ = _cumulants(_log(probs), sides[:, None] * (z - mean)[None, :], 0.0, t)
+    exponents = count * (k + sides * t * mean)
+    return t[:1], exponents[:1], t[1:], exponents[1:]
+
+
+def _log(probs):
+    return jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
 
 
 def _coarse(probs, z):
-    """The PMF (probs at losses z) with each block of consecutive points merged into one at the
-    block's centre of mass (its mean is kept): about _CHERNOFF_COARSE_POINTS points, or the PMF
-    itself when it has at most 4 times that many. Steers a search only: it is no bound."""
+    """The PMF (probs at losses z) in blocks of consecutive points, each block given by its mass,
+    mean and variance: about _CHERNOFF_COARSE_POINTS blocks, or the points themselves (variance
+    0) when there are at most 4 times that many. Steers a search only: it is no bound."""
     n = probs.shape[0]
     block = n // _CHERNOFF_COARSE_POINTS
     if block < 4:
-        return probs, z
+        return probs, z, jnp.zeros_like(z)
     blocks = -(-n // block)
     pad = blocks * block - n
     p = jnp.pad(probs, (0, pad)).reshape(blocks, block)
     zz = jnp.pad(z, (0, pad), mode="edge").reshape(blocks, block)
     merged = jnp.sum(p, axis=1)
-    center = jnp.where(merged > 0, jnp.sum(p * zz, axis=1) / jnp.where(merged > 0, merged, 1.0),
-                       zz[:, 0])
-    return merged, center
+    held = merged > 0
+    weight = p / jnp.where(held, merged, 1.0)[:, None]
+    center = jnp.where(held, jnp.sum(weight * zz, axis=1), zz[:, 0])
+    variance = jnp.where(held, jnp.sum(weight * (zz - center[:, None]) ** 2, axis=1), 0.0)
+    return merged, center, variance
 
 
-def _tangency_search(probs, centred, count, target, start, steps: int):
+def _cumulants(logp, y, variance, t):
+    """K(t), K'(t), K''(t) of each side's loss (t: (2,), y: (2, n), the sides' losses at the
+    points of log-masses ``logp``), each point a normal of its ``variance`` (0: a point mass)."""
+    w = logp[None, :] + t[:, None] * y + 0.5 * (t * t)[:, None] * variance
+    top = jnp.max(w, axis=1, keepdims=True)
+    e = jnp.exp(w - top)
+    slope = y + t[:, None] * variance
+    s0, s1 = jnp.sum(e, axis=1), jnp.sum(e * slope, axis=1)
+    s2 = jnp.sum(e * (slope * slope + variance), axis=1)
+    first = s1 / s0
+    return top[:, 0] + jnp.log(s0), first, jnp.maximum(s2 / s0 - first**2, 0.0)
+
+
+def _tangency_search(probs, centred, variance, count, target, start):
     """The Newton search of :func:`chernoff_exponents` for the loss ``centred`` (its mean
-    subtracted) of the PMF ``probs``, from log t = ``start`` (one per side, up then down):
-    returns the next iterate of log t and the (t, K(t)) of the at most ``steps`` iterates taken,
-    K of the centred loss (up to the side's sign)."""
-    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+    subtracted) of the PMF ``probs`` (each point a normal of its ``variance``), from log t =
+    ``start`` (one per side, up then down): returns log t of the best iterate, at most
+    _CHERNOFF_STEPS of them."""
+    logp = _log(probs)
     y = jnp.array([1.0, -1.0])[:, None] * centred[None, :]  # each side's loss
 
-    def cumulants(t):  # t: (2,) -> K(t), K', K'' of each side's centred loss
-        w = logp[None, :] + t[:, None] * y
-        top = jnp.max(w, axis=1, keepdims=True)
-        e = jnp.exp(w - top)
-        s0, s1, s2 = jnp.sum(e, axis=1), jnp.sum(e * y, axis=1), jnp.sum(e * y * y, axis=1)
-        first = s1 / s0
-        return top[:, 0] + jnp.log(s0), first, jnp.maximum(s2 / s0 - first**2, 0.0)
-
-    def newton(carry):  # one iterate: record (t, K(t)), then a safeguarded step in log t
-        i, _, u, low, high, ts, ks = carry
+    def newton(carry):  # one iterate, then a safeguarded step in log t
+        i, _, u, low, high, best, best_gap = carry
         t = jnp.exp(u)
-        k, k1, k2 = cumulants(t)
-        ts, ks = ts.at[:, i].set(t), ks.at[:, i].set(k)
+        k, k1, k2 = _cumulants(logp, y, variance, t)
         excess = t * k1 - k  # increasing in log t
         gap = count * excess - target
+        better = jnp.abs(gap) < best_gap
+        best, best_gap = jnp.where(better, u, best), jnp.where(better, jnp.abs(gap), best_gap)
         done = jnp.all(jnp.abs(gap) <= _CHERNOFF_TOLERANCE * target)
         low, high = jnp.where(gap < 0, u, low), jnp.where(gap < 0, high, u)
         # Newton on log(count excess): linear in log t for small t (excess ~ t^2 K'' / 2), and
@@ -163,16 +173,16 @@ def _tangency_search(probs, centred, count, target, start, steps: int):
                            jnp.where(gap < 0, u + 2.0, u - 2.0))
         u_next = jnp.where(inside, step, bisect)
         u_next = jnp.where(jnp.isfinite(u_next), u_next, u)  # no mass: stay
-        return i + 1, done, u_next, low, high, ts, ks
+        return i + 1, done, u_next, low, high, best, best_gap
 
-    empty = jnp.zeros((2, steps))
     # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
     # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE
-    _, _, u, _, _, ts, ks = jax.lax.while_loop(
-        lambda carry: (carry[0] < steps) & ~carry[1], newton,
-        (0, False, start, jnp.full((2,), -jnp.inf), jnp.full((2,), jnp.inf), empty, empty),
+    infinite = jnp.full((2,), jnp.inf)
+    *_, best, _ = jax.lax.while_loop(
+        lambda carry: (carry[0] < _CHERNOFF_STEPS) & ~carry[1], newton,
+        (0, False, start, -infinite, infinite, start, infinite),
     )
-    return u, ts, ks
+    return best
 
 
 class PMFSummary(NamedTuple):

@@ -83,16 +83,7 @@ def _block_level_sums(probs, step):
                                                axis=1)).T
     zero = jnp.zeros((1,), probs.dtype)
     s = jnp.concatenate([jnp.cumsum(mass[::-1])[::-1], zero])
-    # R_b = decayed_b + e^{-Bh} R_{b+1}: segments (e^{-Bh len}, their R at the start) combine
-    # (later, earlier) -> (product, earlier + its decay times later)
-    block_decay = jnp.exp(-_BLOCK * step)
-
-    def combine(later, earlier):
-        return later[0] * earlier[0], earlier[1] + earlier[0] * later[1]
-
-    _, r = jax.lax.associative_scan(combine, (jnp.full_like(decayed, block_decay), decayed),
-                                    reverse=True)
-    r = jnp.concatenate([r, zero])
+    r = jnp.concatenate([_block_starts(jnp.exp(-step), decayed), zero])
     # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
     # (1 - e^{-(i - (b+1)B)h}) + e^{-(i - (b+1)B)h} (1 - e^{-Bh})
     d = jnp.concatenate([jnp.cumsum((grown - jnp.expm1(-_BLOCK * step) * r[1:])[::-1])[::-1], zero])

@@ -340,9 +340,9 @@ def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monk
 
 @pytest.mark.parametrize("count", [3.0, 1000.0, 10**6])
 def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
-    """The Newton search for the tangency t runs on a coarse copy of the PMF (blocks merged at
-    their centre of mass, which understates the moment generating function: no bound), then on
-    the PMF itself. Every returned exponent must be the PMF's own count log E[e^{+-tZ}] (checked
+    """The Newton search for the tangency t runs on a coarse copy of the PMF (blocks taken as
+    normals of their mass, mean and variance: no bound), and K is then evaluated on the PMF itself
+    at the t found. Every returned exponent must be the PMF's own count log E[e^{+-tZ}] (checked
     in NumPy, log-sum-exp in float64), and the window edges within a little of the best Chernoff
     edges (a fine scan over t, SciPy) on a 40,000-point PMF with a heavy upper tail."""
     import importlib
