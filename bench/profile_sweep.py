@@ -1,0 +1,77 @@
+"""Where a warm sweep's time goes: bench/dpsgd.py's seeded configurations in one
+``pj.dpsgd_epsilon`` call, with each stage's device calls timed (block_until_ready after each, so
+the stages do not overlap: the total is a little above an untimed call's).
+
+Stages: discretize (``mechanisms.direction_arrays``), placement (``dpsgd.window_placement``),
+wrap (host, ``compose.wrap_rows``; also the points composed, ``Mpoints``), compose
+(``dpsgd._compose_and_evaluate``); "other" is the rest of the call (host glue).
+
+    python bench/profile_sweep.py --configs 1024 --calls 2 [--save eps.npy]
+
+Needs: pip install '.[bench]'. Not part of CI; prints one line per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dpsgd import DELTA, sweep_configs  # noqa: E402
+
+import pldjax as pj  # noqa: E402
+from pldjax import dpsgd  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", type=int, default=1024)
+    parser.add_argument("--calls", type=int, default=2, help="calls in this process (the first compiles)")
+    parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--save", help="save the last call's epsilons here (.npy)")
+    args = parser.parse_args()
+    seconds = collections.defaultdict(float)
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            out = jax.block_until_ready(fn(*a, **k))
+            seconds[name] += time.perf_counter() - start
+            return out
+        return wrapper
+
+    dpsgd.direction_arrays = timed("discretize", dpsgd.direction_arrays)
+    dpsgd.window_placement = timed("placement", dpsgd.window_placement)
+    dpsgd._compose_and_evaluate = timed("compose", dpsgd._compose_and_evaluate)
+    wrap = timed("wrap", dpsgd.wrap_rows)
+    points = [0]
+
+    def counted_wrap(xp, probs, size):
+        points[0] += probs.shape[0] * size
+        return wrap(xp, probs, size)
+
+    dpsgd.wrap_rows = counted_wrap
+    sigmas, qs, steps = sweep_configs(args.configs)
+    for call in range(args.calls):
+        seconds.clear()
+        points[0] = 0
+        start = time.perf_counter()
+        eps = pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol)
+        total = time.perf_counter() - start
+        stages = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
+        print(f"call {call}: {total:.2f} s: {stages}, other {total - sum(seconds.values()):.2f} s; "
+              f"{points[0] / 1e6:.1f} M points composed", flush=True)
+    if args.save:
+        np.save(args.save, eps)
+
+
+if __name__ == "__main__":
+    main()
