@@ -106,6 +106,7 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
 
 
 def _log(probs):
+    """log of each mass, -inf where it is 0."""
     return jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
 
 

@@ -82,11 +82,12 @@ def _block_level_sums(probs, step):
     mass, decayed, grown = (padded @ jnp.stack([jnp.ones_like(lag), jnp.exp(-lag), -jnp.expm1(-lag)],
                                                axis=1)).T
     zero = jnp.zeros((1,), probs.dtype)
-    s = jnp.concatenate([jnp.cumsum(mass[::-1])[::-1], zero])
+    s = jnp.concatenate([jax.lax.cumsum(mass, reverse=True), zero])
     r = jnp.concatenate([_block_starts(jnp.exp(-step), decayed), zero])
     # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
     # (1 - e^{-(i - (b+1)B)h}) + e^{-(i - (b+1)B)h} (1 - e^{-Bh})
-    d = jnp.concatenate([jnp.cumsum((grown - jnp.expm1(-_BLOCK * step) * r[1:])[::-1])[::-1], zero])
+    d = jnp.concatenate([jax.lax.cumsum(grown - jnp.expm1(-_BLOCK * step) * r[1:], reverse=True),
+                         zero])
     return s, r, d, padded
 
 
