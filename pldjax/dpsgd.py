@@ -43,7 +43,7 @@ from pldjax.compose import (
     window_widths,
     wrap_rows,
 )
-from pldjax.discretize import _mechanism_kernel, mechanism_sizes
+from pldjax.discretize import MECHANISM_KERNELS, mechanism_sizes
 from pldjax.grid import Grid
 from pldjax.mechanisms import Event, direction_arrays, identity
 from pldjax.neighboring import Neighboring
@@ -382,7 +382,7 @@ def _lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray
 #: Compiled shapes of the accounting kernels in memory before a sweep reads the process's memory
 #: mappings (see pldjax.compilation.release_compiled_kernels): about 250 mappings each.
 CHECK_MAPPINGS_AFTER = 64
-_ACCOUNTING_KERNELS = (_mechanism_kernel, window_placement, _compose_and_evaluate)
+_ACCOUNTING_KERNELS = (*MECHANISM_KERNELS, window_placement, _compose_and_evaluate)
 
 
 def _account_group(order, params, steps, target, out, done, report, *, sharding, mechanism_size,

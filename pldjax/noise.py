@@ -172,6 +172,20 @@ def _gaussian_tails(params, eps):
     )
 
 
+def _gaussian_side_tails(params, eps, upper):
+    """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
+    :func:`_gaussian_tails`): one ``log_ndtr`` each."""
+    (mu,) = params
+    pos = mu > 0
+    safe = jnp.where(pos, mu, 1.0)
+    sign = jnp.where(upper, 1.0, -1.0)
+    # mu = 0: the loss is 0 with certainty
+    certain = jnp.where(upper == (eps < 0), 0.0, -jnp.inf)
+    log_p = log_ndtr(sign * (safe / 2 - eps / safe))
+    log_q = log_ndtr(sign * (-safe / 2 - eps / safe))
+    return jnp.where(pos, log_p, certain), jnp.where(pos, log_q, certain)
+
+
 #: The Gaussian's default window reaches this many standard deviations of the loss on either
 #: side of its mean under P (P's mass outside: 2 Phi(-10) = 1.5e-23).
 GAUSSIAN_REACH = 10.0
@@ -193,6 +207,7 @@ def _gaussian_bulk(params, tail):
 
 GAUSSIAN = Mechanism(
     tails=_gaussian_tails,
+    side_tails=_gaussian_side_tails,
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: p[0] ** 2 / 2,
     half_width=lambda p: GAUSSIAN_REACH * _positive_or_one(p[0]),

@@ -45,9 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.discretize import Mechanism, window
+from pldjax.discretize import Mechanism, side_tails, window
 from pldjax.noise import GAUSSIAN, MAX_SHIFT, Location
-from pldjax.special import log_ndtr_pair
+from pldjax.special import log1p_parts, log_ndtr_pair
 
 
 def _log_mix(log_weight_b, log_b, log_q, log_a):
@@ -58,12 +58,16 @@ def _log_mix(log_weight_b, log_b, log_q, log_a):
 def _threshold(x, q, log_q):
     """log((e^x - 1 + q) / q) where e^x > 1 - q, else -inf: the base loss at which the subsampled
     loss crosses (for the remove direction x = eps, for add x = -eps). For x > 0 it is written as
-    x + log1p((q - 1) e^-x) - log q, which does not overflow for x beyond 709."""
-    small = jnp.expm1(jnp.minimum(x, 0.0)) + q  # e^x - 1 + q for x <= 0
-    positive = small > 0
-    below = jnp.where(positive, jnp.log(jnp.where(positive, small, 1.0)) - log_q, -jnp.inf)
-    above = x + jnp.log1p((q - 1.0) * jnp.exp(-jnp.maximum(x, 0.0))) - log_q
-    return jnp.where(x > 0, above, below)
+    x + log1p((q - 1) e^-x) - log q, which does not overflow for x beyond 709. One ``expm1`` and
+    one ``log`` a point (the log1p's, see :func:`pldjax.special.log1p_parts`, or the other's)."""
+    m = jnp.expm1(-jnp.abs(x))  # e^x - 1 for x <= 0, e^-x - 1 for x > 0
+    above = x > 0
+    u, r = log1p_parts((q - 1.0) * (1.0 + m))  # (q - 1) e^-x for x > 0
+    argument = jnp.where(above, u, m + q)  # m + q = e^x - 1 + q for x <= 0
+    positive = argument > 0
+    logged = jnp.log(jnp.where(positive, argument, 1.0))
+    below = jnp.where(positive, logged - log_q, -jnp.inf)
+    return jnp.where(above, x + logged * r - log_q, below)
 
 
 def _log1p_q_expm1(q, loss):
@@ -126,6 +130,19 @@ def _tails(base: Mechanism, params, eps):
     return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
 
 
+def _side_tails(base: Mechanism, params, eps, upper):
+    """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
+    :func:`pldjax.discretize.side_tails`): one side of the base's tails and one mixture a point.
+    For add, L > eps is the base loss below its threshold, so the base's other side is read."""
+    *base_params, q, adding = params
+    add = adding > 0
+    log_q = jnp.log(q)
+    base_p, base_q = side_tails(base, tuple(base_params),
+                                _threshold(jnp.where(add, -eps, eps), q, log_q), upper != add)
+    mixed = _log_mix(jnp.log1p(-q), base_q, log_q, base_p)
+    return jnp.where(add, base_q, mixed), jnp.where(add, mixed, base_q)
+
+
 def _center(base: Mechanism, params):
     low, high = _loss_range(base, params)
     return (low + high) / 2
@@ -149,6 +166,7 @@ def poisson(base: Mechanism) -> Mechanism:
     """
     return Mechanism(
         tails=functools.partial(_tails, base),
+        side_tails=functools.partial(_side_tails, base),
         spread=lambda params: _subsampled_spread(base, tuple(params[:-1])),
         center=functools.partial(_center, base),
         half_width=functools.partial(_half_width, base),

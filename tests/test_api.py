@@ -58,10 +58,10 @@ def test_user_jit_and_no_retrace_for_new_parameters():
 def test_api_kernels_do_not_retrace_for_new_values():
     # the window size is static (automatic sizes come in powers of two); fix it to compare
     pj.gaussian(1.0).self_compose(50, size=2**13)
-    mech, power = discretize._mechanism_kernel._cache_size(), compose_lib._self_compose_batch._cache_size()
+    mech, power = discretize._curve_kernel._cache_size(), compose_lib._self_compose_batch._cache_size()
     pj.gaussian(1.1).self_compose(50, size=2**13)
     pj.gaussian(0.95).self_compose(70, size=2**13)
-    assert discretize._mechanism_kernel._cache_size() == mech
+    assert discretize._curve_kernel._cache_size() == mech
     assert compose_lib._self_compose_batch._cache_size() == power
 
 

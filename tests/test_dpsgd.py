@@ -112,7 +112,7 @@ def test_first_call_compiles_only_the_kernels():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     names = out.stdout.split()
-    assert sorted(names) == sorted(["jit(_half_widths)", "jit(_mechanism_kernel)",
+    assert sorted(names) == sorted(["jit(_half_widths)", "jit(_curve_kernel)", "jit(_masses_kernel)",
                                     "jit(window_placement)", "jit(_compose_and_evaluate)"]), names
 
 

@@ -263,3 +263,56 @@ def test_dpsgd_windows_follow_steps_and_delta():
     assert discretize.mechanism_sizes(mechanism, params).tolist() == [32768]
     assert discretize.mechanism_sizes(mechanism, params, tail=tail).tolist() == [16384]
     assert dpsgd.mechanism_tail(np.array([1e4]), np.array([1.0]), "delta").tolist() == [0.0]
+
+
+def test_threshold_matches_mpmath():
+    """log((e^x - 1 + q) / q), the base loss where the subsampled loss crosses x, from one log
+    with Goldberg's log1p correction (x > 0) or without it (x <= 0): against mpmath, also where
+    1 + (q - 1) e^-x rounds (q tiny, x tiny) and where e^x - 1 + q cancels."""
+    import jax
+    import mpmath
+
+    from pldjax.precision import float64
+    from pldjax.subsampling import _threshold
+
+    mpmath.mp.dps = 50
+    xs = np.array([-0.5, -1e-3, -1e-9, 0.0, 1e-12, 1e-9, 1e-6, 1e-3, 0.3, 1.0, 5.0, 40.0, 800.0])
+    for q in (1e-9, 1e-3, 0.3, 1.0):
+        got = np.asarray(jax.jit(float64(_threshold))(xs, q, np.log(q)))
+        for x, value in zip(xs, got, strict=True):
+            inner = mpmath.expm1(mpmath.mpf(x)) + mpmath.mpf(q)
+            if inner <= 0:
+                assert value == -np.inf
+                continue
+            want = float(mpmath.log(inner / mpmath.mpf(q)))
+            # e^x - 1 + q from a rounded e^x - 1: an error of u e^x in it, which the log turns
+            # into u e^x / (e^x - 1 + q) (large where the sum cancels: q = 1e-9, x = -1e-9)
+            cancel = float(mpmath.exp(mpmath.mpf(min(x, 0.0))) / inner)
+            assert value == pytest.approx(want, rel=2e-15, abs=4e-16 * cancel), (q, x)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_side_tails_are_the_tails_on_each_side(sampled):
+    """Mechanism.side_tails (one side of the four tails, what the pessimistic discretization
+    reads) agrees with the four tails, for the Gaussian and its Poisson subsampling in both
+    directions, mu = 0 included, over losses from far below to far above the bulk."""
+    import jax
+    import jax.numpy as jnp
+
+    from pldjax.discretize import _one_side
+    from pldjax.noise import GAUSSIAN
+    from pldjax.precision import float64
+    from pldjax.subsampling import ADD, REMOVE, poisson
+
+    mechanism = poisson(GAUSSIAN) if sampled else GAUSSIAN
+    eps = jnp.asarray(np.concatenate([-np.geomspace(1e3, 1e-6, 40), [0.0],
+                                      np.geomspace(1e-6, 1e3, 40)]))
+    upper = eps >= 0
+    for mu in (0.0, 0.3, 1.0, 5.0):
+        cases = [(mu, q, d) for q in (1e-4, 0.1, 1.0) for d in (REMOVE, ADD)] if sampled else [(mu,)]
+        for params in cases:
+            params = tuple(jnp.asarray(p) for p in params)
+            side = jax.jit(float64(lambda e, u, p=params: mechanism.side_tails(p, e, u)))(eps, upper)
+            four = jax.jit(float64(lambda e, u, p=params: _one_side(mechanism.tails(p, e), u)))(eps, upper)
+            for got, want in zip(side, four, strict=True):
+                np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-14, atol=0)
