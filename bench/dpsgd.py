@@ -145,9 +145,6 @@ import importlib.util
 loader = importlib.util.spec_from_file_location("dpsgd_bench", spec["bench"])
 bench = importlib.util.module_from_spec(loader)
 loader.loader.exec_module(bench)
-if spec["cache_dir"]:
-    import pldjax
-    pldjax.enable_compilation_cache(spec["cache_dir"])
 fn = getattr(bench, spec["fn"])
 args = [bench.np.asarray(a) if isinstance(a, list) else a for a in spec["args"]]
 rss_before = rss()
@@ -180,9 +177,11 @@ def jsonable(value):
 def fresh_process(imports, fn, args, kwargs, timeout, repeats=0, cache_dir=None):
     """Run ``fn(*args, **kwargs)`` in a new interpreter; its timings, memory and value (or an error)."""
     spec = dict(imports=imports, bench=os.path.abspath(__file__), fn=fn, kwargs=kwargs, repeats=repeats,
-                cache_dir=cache_dir, args=[jsonable(a) for a in args])
+                args=[jsonable(a) for a in args])
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a cold start must not find compiled kernels
+    # nor pldjax's default cache (on at import): off, or the given directory
+    env["PLDJAX_COMPILATION_CACHE"] = str(cache_dir) if cache_dir else "0"
     try:
         proc = subprocess.run([sys.executable, "-c", WORKER], input=json.dumps(spec), capture_output=True,
                               text=True, timeout=timeout, env=env)
