@@ -45,5 +45,43 @@ def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
     sigmas, steps = np.linspace(0.6, 3.0, 40), np.geomspace(100, 3000, 40).round()
     whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
     monkeypatch.setattr(pj.compilation, "MAPPING_FRACTION", 0.0)  # drop after every chunk
-    monkeypatch.setattr(pj.dpsgd, "CHECK_MAPPINGS_AFTER", 0)
+    monkeypatch.setattr(pj.dpsgd._MAPPINGS, "first", 0)
+    monkeypatch.setattr(pj.dpsgd._MAPPINGS, "every", 0)
     np.testing.assert_array_equal(pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5), whole)
+
+
+def test_mapping_guard_reads_the_mappings_only_every_so_many_new_kernels(monkeypatch):
+    """A read of /proc/self/maps costs milliseconds once a process holds many kernels: the guard
+    looks at `first` compiled shapes, then after every `every` more, and again from `first` once
+    the caches were dropped (by it or by anyone)."""
+    from pldjax import compilation
+
+    class Kernel:
+        shapes = 0
+
+        def _cache_size(self):
+            return self.shapes
+
+    kernel, reads, answer = Kernel(), [], [False]
+
+    def release():
+        reads.append(kernel.shapes)
+        if answer[0]:
+            kernel.shapes = 0
+        return answer[0]
+
+    monkeypatch.setattr(compilation, "release_compiled_kernels", release)
+    guard = compilation.MappingGuard([kernel], first=4, every=3)
+    for shapes in range(12):
+        kernel.shapes = shapes
+        guard.check()
+    assert reads == [4, 7, 10]
+    answer[0] = True
+    kernel.shapes = 13
+    assert guard.check() and kernel.shapes == 0
+    for shapes in (1, 3):
+        kernel.shapes = shapes
+        assert not guard.check()
+    kernel.shapes = 4
+    assert guard.check()
+    assert reads == [4, 7, 10, 13, 4]
