@@ -216,7 +216,7 @@ def function_call(mu, query, args):
     import pldjax as pj
 
     def call():
-        return pj.gdp_residue(mu, query, **steps_kw(args), batch_size=args.batch_size)
+        return pj.gdp_residue(mu, query, **steps_kw(args), **batch_kw(args))
 
     return call
 
@@ -236,13 +236,19 @@ def filter_call(mu, query, window, args):
 
     @jax.jit
     def spend_all(states, queries):
-        return jax.lax.map(lambda pair: f.spend(*pair), (states, queries), batch_size=args.batch_size)
+        return jax.lax.map(lambda pair: f.spend(*pair), (states, queries),
+                           batch_size=args.batch_size or pj.gaussian_dp.residue_batch_size())
 
     def call():
         new, accepted = spend_all(states, query)
         return jnp.where(accepted, f.remaining(new)["mu"], -jnp.inf)  # as pj.gdp_residue
 
     return call
+
+
+def batch_kw(args):
+    """pj.gdp_residue's batch_size when --batch-size is given (else the library's default)."""
+    return {} if args.batch_size is None else {"batch_size": args.batch_size}
 
 
 def steps_kw(args):
@@ -471,7 +477,7 @@ def accuracy(args, report, log):
         log(f"accuracy: mu={mu}")
         query = pj.gdp(jnp.asarray(nus))
         info = plan(mu, query)
-        residue = np.asarray(pj.gdp_residue(mu, query, **steps_kw(args), batch_size=args.batch_size))
+        residue = np.asarray(pj.gdp_residue(mu, query, **steps_kw(args), **batch_kw(args)))
         naive_nu = np.asarray(pj.gdp_mu(query))
         exact = np.sqrt(mu * mu - nus * nus)
         naive = np.sqrt(np.maximum(mu * mu - naive_nu * naive_nu, 0.0))
@@ -526,7 +532,7 @@ def coarsening_check(args, report, log):
     nu = np.asarray(pj.gdp_mu(query))
     for mu in (1.0, 2.0):
         info = plan(mu, query)
-        residue = np.asarray(pj.gdp_residue(mu, query, **steps_kw(args), batch_size=args.batch_size))
+        residue = np.asarray(pj.gdp_residue(mu, query, **steps_kw(args), **batch_kw(args)))
         naive = np.sqrt(np.maximum(mu * mu - nu * nu, 0.0))
         steps = np.asarray(query.step)
         for s, h, v, a, r in zip(sigmas, steps, nu, naive, residue, strict=True):
@@ -606,7 +612,8 @@ def baseline(args, report, log):
         command = [
             sys.executable, os.path.abspath(__file__), "--no-accuracy", "--forms", "function",
             "--families", ",".join(args.families), "--sizes", ",".join(map(str, args.sizes)),
-            "--repeats", str(args.repeats), "--batch-size", str(args.batch_size),
+            "--repeats", str(args.repeats),
+            *(["--batch-size", str(args.batch_size)] if args.batch_size else []),
             "--max-seconds", str(args.max_seconds), "--seed", str(args.seed), "--out-dir", tmp,
         ]
         log(f"baseline {args.baseline}: {' '.join(command[2:])}")
@@ -649,7 +656,8 @@ class Report:
         out.append(
             f"machine: {m['cpu']}, {m['cpus']} CPUs, {m['platform']}; jax {m['versions'].get('jax')} "
             f"(jaxlib {m['versions'].get('jaxlib')}) backend {m['jax_backend']} {m['devices']}; "
-            f"pldjax {m['pldjax_commit']}; steps={self.args.steps}, batch_size={self.args.batch_size}, "
+            f"pldjax {m['pldjax_commit']}; steps={self.args.steps}, "
+            f"batch_size={self.args.batch_size or 'default'}, "
             f"repeats={self.args.repeats}; load average {m['load_average'][0]:.1f} at start, "
             f"{os.getloadavg()[0]:.1f} now; {time.perf_counter() - self.start:.0f} s so far"
         )
@@ -684,7 +692,8 @@ def main():
         "--deadline", type=float, default=None, help="stop starting new work after this many seconds"
     )
     parser.add_argument(
-        "--batch-size", type=int, default=256, help="pairs per chunk (pj.gdp_residue batch_size)"
+        "--batch-size", type=int, default=None,
+        help="pairs per chunk (pj.gdp_residue batch_size; default: the library's)"
     )
     parser.add_argument("--steps", type=int, default=None, help="search steps (default: the library's)")
     parser.add_argument(
