@@ -43,20 +43,22 @@ from pldjax.grid import Grid
 from pldjax.validate import is_traced
 
 
+def _difference(log_larger, log_smaller):
+    """e^a - e^b from a = ``log_larger`` >= b = ``log_smaller`` (b may be -inf), as
+    e^a (1 - e^{b - a}): no cancellation, and no 0 * inf where e^a underflows; 0 where a is -inf."""
+    none = jnp.isneginf(log_larger)
+    safe = jnp.where(none, 0.0, log_larger)
+    return jnp.where(none, 0.0, jnp.exp(safe) * -jnp.expm1(jnp.minimum(log_smaller - safe, 0.0)))
+
+
 def hockey_stick(log_sf_p, log_sf_q, eps):
     """delta(eps) = P(L > eps) - e^eps Q(L > eps), in a cancellation-free form."""
-    safe_p = jnp.where(jnp.isneginf(log_sf_p), 0.0, log_sf_p)
-    ratio = jnp.minimum(eps + log_sf_q - safe_p, 0.0)
-    return jnp.where(jnp.isneginf(log_sf_p), 0.0, jnp.exp(safe_p) * -jnp.expm1(ratio))
+    return _difference(log_sf_p, eps + log_sf_q)
 
 
 def hockey_stick_excess(log_cdf_p, log_cdf_q, eps):
     """delta(eps) - (1 - e^eps) = e^eps Q(L <= eps) - P(L <= eps) >= 0, accurate for eps < 0."""
-    # e^eps Q - P = e^eps Q (1 - e^{-ratio}): no 0 * inf when P(L <= eps) underflows
-    safe_p = jnp.where(jnp.isneginf(log_cdf_p), 0.0, log_cdf_p)
-    ratio = jnp.maximum(eps + log_cdf_q - safe_p, 0.0)
-    plain = jnp.exp(eps + log_cdf_q)
-    return jnp.where(jnp.isneginf(log_cdf_p), plain, plain * -jnp.expm1(-ratio))
+    return _difference(eps + log_cdf_q, log_cdf_p)
 
 
 def _one_side(tails, upper):
@@ -80,15 +82,11 @@ def curve_values(log_p, log_q, eps):
     there (:func:`side_tails` with upper = eps >= 0): each where it keeps its digits, one value a
     point (the other follows from delta - excess = 1 - e^eps, see :func:`masses_from_values`).
 
-    Both are a larger term less a smaller one, P - e^eps Q above and e^eps Q - P below, written
-    as in :func:`hockey_stick` and :func:`hockey_stick_excess` (the same values, bit for bit).
+    Both are a larger term less a smaller one (:func:`_difference`): P - e^eps Q above, as
+    :func:`hockey_stick`, and e^eps Q - P below, as :func:`hockey_stick_excess`.
     """
     upper = eps >= 0
-    larger = jnp.where(upper, log_p, eps + log_q)
-    smaller = jnp.where(upper, eps + log_q, log_p)
-    none = jnp.isneginf(larger)  # then 0, also where smaller is -inf too
-    safe = jnp.where(none, 0.0, larger)
-    return jnp.where(none, 0.0, jnp.exp(safe) * -jnp.expm1(jnp.minimum(smaller - safe, 0.0)))
+    return _difference(jnp.where(upper, log_p, eps + log_q), jnp.where(upper, eps + log_q, log_p))
 
 
 def masses_from_values(values, step, z):
