@@ -214,17 +214,18 @@ class _Compositions:
         pending.append((probs, scalars, values, indices))
         most = _rows_per_call(size, self._devices)
         while sum(len(block[3]) for block in pending) >= most:
-            self._run(size)
+            self._run(size, most)
 
     def flush(self) -> None:
         """Compose every row still queued."""
-        for size in self._pending:
-            while self._pending[size]:
-                self._run(size)
+        for size, pending in self._pending.items():
+            most = _rows_per_call(size, self._devices)
+            while pending:
+                self._run(size, most)
 
-    def _run(self, size: int) -> None:
+    def _run(self, size: int, most: int) -> None:
+        """Compose up to ``most`` queued rows of ``size`` in one call (padded with repeats)."""
         xp, devices, blocks = self._xp, self._devices, self._pending[size]
-        most = _rows_per_call(size, devices)
         wrapped, columns, sinks = [], [], []
         while len(sinks) < most and blocks:
             probs, scalars, values, indices = blocks[0]
