@@ -3,10 +3,11 @@
 the stages do not overlap: the total is a little above an untimed call's).
 
 Stages: discretize (``mechanisms.direction_arrays``), placement (``dpsgd.window_placement``),
-wrap (host, ``compose.wrap_rows``; also the points composed, ``Mpoints``), compose
-(``dpsgd._compose_and_evaluate``); "other" is the rest of the call (host glue).
+wrap (``compose.wrap_rows`` on the host; on an accelerator ``dpsgd._gather_rows``, on the device;
+also the points composed), compose (``dpsgd._compose_and_evaluate``); "other" is the rest of the
+call (host glue).
 
-    python bench/profile_sweep.py --configs 1024 --calls 2 [--save eps.npy]
+    python bench/profile_sweep.py --configs 1024 --calls 2 [--save eps.npy] [--progress]
 
 Needs: pip install '.[bench]'. Not part of CI; prints one line per call.
 """
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2, help="calls in this process (the first compiles)")
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--save", help="save the last call's epsilons here (.npy)")
+    parser.add_argument("--progress", action="store_true", help="progress bars on stderr")
     args = parser.parse_args()
     seconds = collections.defaultdict(float)
 
@@ -59,12 +61,20 @@ def main() -> None:
         return wrap(xp, probs, size)
 
     dpsgd.wrap_rows = counted_wrap
+    # on an accelerator rows are gathered and wrapped on the device
+    gather = timed("wrap", dpsgd._gather_rows)
+
+    def counted_gather(probs, index, scalars, *, size, rows):
+        points[0] += rows * size
+        return gather(probs, index, scalars, size=size, rows=rows)
+
+    dpsgd._gather_rows = counted_gather
     sigmas, qs, steps = sweep_configs(args.configs)
     for call in range(args.calls):
         seconds.clear()
         points[0] = 0
         start = time.perf_counter()
-        eps = pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol)
+        eps = pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol, progress=args.progress)
         total = time.perf_counter() - start
         stages = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
         print(f"call {call}: {total:.2f} s: {stages}, other {total - sum(seconds.values()):.2f} s; "

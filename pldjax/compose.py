@@ -218,9 +218,10 @@ def _support(summary: PMFSummary, offset, count):
 def tail_window(probs, offset, step, count, tail, exponents=None):
     """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff),
     and never beyond its support, as integral float64 values (a huge count must not overflow an
-    integer type)."""
+    integer type); and the PMF's :func:`pmf_summary`."""
     exponents = exponents or chernoff_exponents(probs, offset, step, count, tail)
-    return summary_window(pmf_summary(probs), offset, step, count, tail, exponents)
+    summary = pmf_summary(probs)
+    return (*summary_window(summary, offset, step, count, tail, exponents), summary)
 
 
 def summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
@@ -616,10 +617,10 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             if n is None:
                 raise ValueError("self_compose under jit needs an explicit size=")
         else:
-            lo, hi = _tail_window_batch(
+            lo, hi, summary = _tail_window_batch(
                 flat.probs, flat.offset, flat.step, float(count), grid_lib.TAIL_MASS
             )
-            widths = window_widths(flat.probs, flat.offset, count, lo, hi)
+            widths = window_widths(summary, flat.offset, count, lo, hi)
             if n is None:
                 n = _checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose", "count")
         probs, inf_mass, offset = _self_compose_batch(
@@ -631,28 +632,26 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
     return _both_directions(power, [pld])
 
 
-def window_widths(probs, offset, count, lo, hi, name: str = "count") -> np.ndarray:
+def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count") -> np.ndarray:
     """Host-side guards of self-compositions, and the width (grid points) of each row's window.
 
-    ``probs`` (rows, n) and ``offset`` (rows,) describe single-direction PLDs, ``count`` (scalar or
-    per row) their numbers of compositions, ``lo`` and ``hi`` their Chernoff windows
-    (:func:`tail_window`). ValueError where a window has lost its precision (hi < lo: the Chernoff
-    exponents of a huge count are below float64 round-off) or where an index of the composition
-    (count times the outermost index with mass, or a window's end) reaches MAX_INDEX, beyond which
-    float64 cannot place it exactly. Rows with no finite mass get width 1. Widths are capped at
-    2^62 (callers compare them with grid.MAX_SIZE). ``name``: the caller's argument for count.
+    ``summary`` (a :class:`PMFSummary`, each field (rows,)) and ``offset`` (rows,) describe
+    single-direction PLDs, ``count`` (scalar or per row) their numbers of compositions, ``lo`` and
+    ``hi`` their Chernoff windows (:func:`tail_window`). ValueError where a window has lost its
+    precision (hi < lo: the Chernoff exponents of a huge count are below float64 round-off) or
+    where an index of the composition (count times the outermost index with mass, or a window's
+    end) reaches MAX_INDEX, beyond which float64 cannot place it exactly. Rows with no finite mass
+    get width 1. Widths are capped at 2^62 (callers compare them with grid.MAX_SIZE). ``name``: the
+    caller's argument for count. Reads scalars per row only (no PMF leaves the device).
     """
-    probs, offset = np.asarray(probs), np.asarray(offset)
+    first, last, offset = (np.asarray(a, np.float64) for a in (summary.first, summary.last, offset))
     count = np.broadcast_to(np.asarray(count, np.float64), offset.shape)
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
-    has_mass = probs > 0
-    live = np.any(has_mass, axis=-1)
+    live = np.asarray(summary.mass) > 0
     if np.any(live & ~(hi >= lo)):
         raise ValueError(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: its tail "
                          "window cannot be placed in float64; use a coarser Grid(step=...)")
-    first = np.argmax(has_mass, axis=-1)
-    last = probs.shape[-1] - 1 - np.argmax(has_mass[..., ::-1], axis=-1)
-    support = np.maximum(np.abs(offset + first), np.abs(offset + last)).astype(np.float64)
+    support = np.maximum(np.abs(offset + first), np.abs(offset + last))
     reach = np.where(live, np.maximum(count * support, np.maximum(np.abs(lo), np.abs(hi))), 0.0)
     if np.any(reach >= MAX_INDEX):
         raise ValueError(

@@ -68,6 +68,10 @@ COMPOSE_ELEMENTS = 2**23
 #: On a CPU, small windows share a composition call up to this many grid points (see
 #: :func:`_rows_per_call`).
 CPU_CALL_ELEMENTS = 2**18
+#: CHUNK and CHUNK_ELEMENTS on an accelerator, where a call's cost is mostly its launch and a
+#: chunk's memory (about 200 bytes a point, 3.4 GB) is small beside the device's.
+ACCELERATOR_CHUNK = 1024
+ACCELERATOR_CHUNK_ELEMENTS = 2**24
 
 
 #: A composition read at delta (dpsgd_epsilon) may leave this fraction of delta outside its window:
@@ -115,6 +119,19 @@ def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, targe
         probs, composed_inf, start, step, target)
 
 
+@functools.partial(jax.jit, static_argnames=("size", "rows"))
+def _gather_rows(probs, index, scalars, *, size, rows):
+    """The rows ``index`` of a chunk kept on the device, ready for :func:`_compose_and_evaluate`:
+    ``probs`` (chunk rows, mechanism grid) wrapped to ``size``, and ``scalars`` (each with a
+    leading chunk rows axis) gathered, then the last row repeated up to ``rows`` (a full
+    composition call, so that its compiled shapes depend on the window alone; this program is
+    cheap to compile per chunk shape)."""
+    def fill(a):
+        return jnp.concatenate([a, jnp.repeat(a[-1:], rows - a.shape[0], axis=0)])
+
+    return fill(wrap_rows(jnp, probs[index], size)), [fill(a[index]) for a in scalars]
+
+
 @functools.partial(jax.jit, static_argnames=("evaluate",))
 def window_placement(probs, offset, step, count, target, *, evaluate):
     """Each row's count-fold composition: its Chernoff tail window (lo, hi) (grid indices) for
@@ -143,6 +160,13 @@ def _place(arrays, sharding):
     return [jax.device_put(a, sharding) for a in arrays]
 
 
+def _keeps_chunks_on_device() -> bool:
+    """True on an accelerator: chunks are large, the glue between compiled calls runs there and
+    only a few scalars per row come to the host (a chunk's PMFs through the host and back took
+    longer than their composition). On a CPU the glue runs in NumPy."""
+    return jax.default_backend() != "cpu"
+
+
 def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_size, both,
                    pessimistic, grid, evaluate, sharding):
     """Values for one chunk of configurations (all steps >= 1), once ``compositions`` (a
@@ -151,11 +175,11 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
 
     Both directions of every configuration are discretized in one call, their windows placed in
     one call; then each row goes to ``compositions`` under the composition size it needs
-    (grid.fft_size).
+    (:meth:`_Compositions.window_size`).
     """
-    # the glue between the compiled calls runs in NumPy on one device (each eager jnp operation
-    # would be one more small program to compile, or to load from the cache, per process)
-    xp = np if sharding is None else jnp
+    # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
+    # small program to compile, or to load from the cache, per process)
+    xp = np if compositions.host_glue else jnp
     tail = mechanism_tail(steps, target, evaluate)
     *params, steps, target, tail = _place(
         [np.asarray(a, np.float64) for a in (*params, steps, target, tail)], sharding
@@ -171,8 +195,8 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                                                   evaluate=evaluate)
     exponents = [xp.asarray(e) for e in exponents]
     summary = PMFSummary(*(xp.asarray(s) for s in summary))
-    sizes = np.array([grid_lib.fft_size(int(w))
-                      for w in window_widths(probs, offset, counts, lo, hi, "steps")])
+    sizes = np.array([compositions.window_size(int(w))
+                      for w in window_widths(summary, offset, counts, lo, hi, "steps")])
     # a row repeated (the chunk's padding, or a configuration given twice) is composed once
     config = np.column_stack([np.asarray(a, np.float64) for a in (*params, steps, target)])
     rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
@@ -182,8 +206,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     scalars = (*summary, inf_mass, offset, step, counts, targets, *exponents)
     for size in np.unique(sizes[first]):
         size = _checked_size(int(size), "dpsgd accounting", "steps")
-        rows = first[sizes[first] == size]
-        compositions.add(size, probs[rows], [a[rows] for a in scalars], values, rows)
+        compositions.add(size, probs, scalars, first[sizes[first] == size], values)
 
     def finish():
         return np.max(values[first][same.reshape(-1)].reshape(directions, -1), axis=0)
@@ -192,36 +215,61 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
 
 
 class _Compositions:
-    """Rows waiting for their composition and evaluation, by window size, across chunks: a
-    size's rows are composed as soon as they fill a call (:func:`_rows_per_call`), and
-    :meth:`flush` composes what is left, padded with repeats. On a CPU a call of fewer rows
-    than cores takes as long as a full one, so a chunk's odd row waits for the next chunk's
-    instead of sharing its call with a repeat (the sweep of 1,024 composed 2,298 rows, 250 of
-    them repeats)."""
+    """Rows waiting for their composition and evaluation, by window size.
+
+    On a CPU, and when sharded, across chunks: a size's rows are composed as soon as they fill a
+    call (:func:`_rows_per_call`), and :meth:`flush` composes what is left, padded with repeats.
+    On a CPU a call of fewer rows than cores takes as long as a full one, so a chunk's odd row
+    waits for the next chunk's instead of sharing its call with a repeat (the sweep of 1,024
+    composed 2,298 rows, 250 of them repeats). On one accelerator a chunk's rows are composed
+    straight from the chunk (:func:`_gather_rows`), and their values read back at
+    :meth:`flush`, so the device runs ahead of the host.
+    """
 
     def __init__(self, *, sharding, pessimistic: bool, evaluate: str):
         self._sharding = sharding
         self._devices = 1 if sharding is None else len(jax.devices())
-        self._xp = np if sharding is None else jnp
+        self._gathers = sharding is None and _keeps_chunks_on_device()
+        self.host_glue = sharding is None and not self._gathers
+        self._xp = np if self.host_glue else jnp
+        #: The composition size for a window of ``width`` points: grid.fft_size, or on one
+        #: accelerator the power of two (a quarter of the compiled shapes, compiled for
+        #: seconds each there, for at most twice the points)
+        self.window_size = grid_lib.next_pow2 if self._gathers else grid_lib.fft_size
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         self._pending: dict[int, list] = {}
+        self._results: list = []
 
-    def add(self, size: int, probs, scalars, values: np.ndarray, indices: np.ndarray) -> None:
-        """Queue rows: their PMFs ``probs`` (rows, mechanism grid) and ``scalars`` (summary,
-        inf_mass, offset, step, count, target, exponents; each with a leading rows axis); their
-        values go to values[indices]."""
-        pending = self._pending.setdefault(size, [])
-        pending.append((probs, scalars, values, indices))
+    def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray) -> None:
+        """Queue the rows ``rows`` of a chunk: its PMFs ``probs`` (rows, mechanism grid) and
+        ``scalars`` (summary, inf_mass, offset, step, count, target, exponents; each with a
+        leading rows axis); their values go to values[rows]."""
         most = _rows_per_call(size, self._devices)
+        if self._gathers:
+            for begin in range(0, len(rows), most):
+                part = rows[begin:begin + most]
+                # a power of two of rows gathered, ``most`` composed (padded with repeats)
+                index = np.concatenate([part, np.full(grid_lib.next_pow2(len(part)) - len(part),
+                                                      part[-1])])
+                wrapped, columns = _gather_rows(probs, index, scalars, size=size, rows=most)
+                got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
+                                            tuple(columns[10:]), **self._options)
+                self._results.append((got, values, part))
+            return
+        pending = self._pending.setdefault(size, [])
+        pending.append((probs[rows], [a[rows] for a in scalars], values, rows))
         while sum(len(block[3]) for block in pending) >= most:
             self._run(size, most)
 
     def flush(self) -> None:
-        """Compose every row still queued."""
+        """Compose every row still queued; read back every value."""
         for size, pending in self._pending.items():
             most = _rows_per_call(size, self._devices)
             while pending:
                 self._run(size, most)
+        for got, values, rows in self._results:
+            values[rows] = np.asarray(got)[: len(rows)]
+        self._results.clear()
 
     def _run(self, size: int, most: int) -> None:
         """Compose up to ``most`` queued rows of ``size`` in one call (padded with repeats)."""
@@ -264,7 +312,7 @@ def _rows_per_call(size: int, devices: int) -> int:
     CPU_CALL_ELEMENTS points where windows are small (a call's fixed cost then weighs: the sweep
     of 1,024 took 7.5 -> 6.8 s, at rtol 1e-2 2.05 -> 1.66 s)."""
     most = max(1, COMPOSE_ELEMENTS // size)
-    if jax.default_backend() == "cpu":
+    if not _keeps_chunks_on_device():
         most = min(most, max(grid_lib.next_pow2(_cores()), CPU_CALL_ELEMENTS // size))
     most = 1 << (most.bit_length() - 1)
     return max(devices, most // devices * devices)
@@ -439,8 +487,8 @@ def _lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray
 
 #: Releases the accounting kernels before a sweep runs out of memory mappings: a first look at
 #: 64 compiled shapes, then every 16 more (see pldjax.compilation.MappingGuard).
-_MAPPINGS = MappingGuard((*MECHANISM_KERNELS, window_placement, _compose_and_evaluate),
-                         first=64, every=16)
+_MAPPINGS = MappingGuard((*MECHANISM_KERNELS, window_placement, _compose_and_evaluate,
+                          _gather_rows), first=64, every=16)
 
 
 def _account_group(order, params, steps, target, finishers, done, report, *, sharding,
@@ -449,10 +497,14 @@ def _account_group(order, params, steps, target, finishers, done, report, *, sha
     :func:`_account_chunk`): appends (indices, the function giving their values) to
     ``finishers``; returns the running count of configurations done."""
     devices = 1 if sharding is None else len(jax.devices())
+    on_device = _keeps_chunks_on_device()
     # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
-    # (padded with repeats, at most 7 rows of waste)
-    wanted = grid_lib.next_pow2(len(order)) if len(order) <= 8 else -(-len(order) // 8) * 8
-    chunk = min(CHUNK, max(1, CHUNK_ELEMENTS // mechanism_size)) * devices
+    # (padded with repeats, at most 7 rows of waste); powers of two on an accelerator
+    wanted = (grid_lib.next_pow2(len(order)) if len(order) <= 8 or on_device
+              else -(-len(order) // 8) * 8)
+    configs, elements = ((ACCELERATOR_CHUNK, ACCELERATOR_CHUNK_ELEMENTS) if on_device
+                         else (CHUNK, CHUNK_ELEMENTS))
+    chunk = min(configs, max(1, elements // mechanism_size)) * devices
     chunk = min(chunk, wanted)
     chunk = -(-chunk // devices) * devices
     for begin in range(0, len(order), chunk):

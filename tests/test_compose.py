@@ -1,5 +1,6 @@
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -208,17 +209,21 @@ def test_huge_count_in_a_small_explicit_window_is_a_sound_bound():
 
 
 def test_window_widths_refuse_lost_precision_and_huge_indices():
-    from pldjax.compose import MAX_INDEX, window_widths
+    from pldjax.compose import MAX_INDEX, pmf_summary, window_widths
 
-    probs = np.array([[0.5, 0.5]])
+    summary = jax.vmap(pmf_summary)(jnp.array([[0.5, 0.5]]))
     offset = np.array([-1])
-    assert window_widths(probs, offset, 10, np.array([-10.0]), np.array([0.0])).tolist() == [11.0]
+    assert window_widths(summary, offset, 10, np.array([-10.0]), np.array([0.0])).tolist() == [11.0]
     with pytest.raises(ValueError, match="cannot be placed"):
-        window_widths(probs, offset, 10, np.array([0.0]), np.array([-1.0]))
+        window_widths(summary, offset, 10, np.array([0.0]), np.array([-1.0]))
     with pytest.raises(ValueError, match="steps = .* too large for this grid"):
-        window_widths(probs, offset, MAX_INDEX, np.array([-1.0]), np.array([0.0]), "steps")
+        window_widths(summary, offset, MAX_INDEX, np.array([-1.0]), np.array([0.0]), "steps")
+    # the support alone (offset + last index with mass, times the count) reaches MAX_INDEX
+    with pytest.raises(ValueError, match="too large for this grid"):
+        window_widths(summary, np.array([1]), MAX_INDEX // 2 + 1, np.array([0.0]), np.array([1.0]))
     # no finite mass: nothing to place
-    assert window_widths(np.zeros((1, 2)), offset, 10**30, np.array([np.inf]),
+    empty = jax.vmap(pmf_summary)(jnp.zeros((1, 2)))
+    assert window_widths(empty, offset, 10**30, np.array([np.inf]),
                          np.array([-np.inf])).tolist() == [1.0]
 
 

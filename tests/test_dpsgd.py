@@ -145,6 +145,34 @@ def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
                                rtol=1e-9)
 
 
+def test_accelerator_path_gives_the_host_path_values(monkeypatch):
+    """On an accelerator a chunk stays on the device and each composition call's rows are
+    gathered and wrapped there (dpsgd._gather_rows), always a full call of rows on a window of
+    a power of two (one compiled composition per octave); forced here on a CPU, it must give the
+    values of the host path, for both targets, a repeated configuration and rows of several
+    window sizes."""
+    from pldjax import dpsgd
+
+    sigma, q, steps = [0.8, 1.0, 2.0, 1.0, 5.0], [0.01, 0.02, 0.005, 0.02, 0.3], [100, 1000, 10, 1000, 3]
+    want = [pj.dpsgd_epsilon(sigma, q, steps, 1e-5), pj.dpsgd_delta(sigma, q, steps, 1.0)]
+    calls = []
+    gather = dpsgd._gather_rows
+
+    def spy(probs, index, scalars, *, size, rows):
+        calls.append((rows, size))
+        return gather(probs, index, scalars, size=size, rows=rows)
+
+    monkeypatch.setattr(dpsgd, "_keeps_chunks_on_device", lambda: True)
+    monkeypatch.setattr(dpsgd, "_gather_rows", spy)
+    got = [pj.dpsgd_epsilon(sigma, q, steps, 1e-5), pj.dpsgd_delta(sigma, q, steps, 1.0)]
+    assert len({size for _, size in calls}) > 1
+    assert all(rows == dpsgd._rows_per_call(size, 1) for rows, size in calls)
+    # there windows are rounded up to powers of two: a wider window leaves less of the tail
+    # (charged to delta) outside, which moves epsilon by about 1e-8 and a tiny delta by round-off
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-7, atol=1e-14)
+
+
 def test_cli_dpsgd_and_sweep(tmp_path, capsys):
     from pldjax.cli import main
 

@@ -1,3 +1,4 @@
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -90,3 +91,18 @@ def test_epsilon_over_many_blocks_inverts_the_brute_force_delta(n, target):
     assert brute_force_delta(losses, probs, 1e-12, eps) <= target * (1 + 1e-9) + 1e-15
     if eps > 1e-9:
         assert brute_force_delta(losses, probs, 1e-12, eps * (1 - 1e-6) - 1e-9) > target * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 128, 16_385, 40_000, 2**21 + 7])
+@pytest.mark.parametrize("step", [1e-4, 0.01, 3.0])
+def test_reverse_recurrence_matches_a_sequential_filter(n, step):
+    # blocks of blocks (profile._block_starts) down to one block: 40,000 points take two levels,
+    # 2^21 + 7 three; the reference runs x_k = t_k + e^-h x_{k+1} point by point (scipy's IIR filter)
+    from scipy.signal import lfilter
+
+    from pldjax import profile
+
+    terms = np.random.default_rng(n).exponential(size=n)
+    want = lfilter([1.0], [1.0, -np.exp(-step)], terms[::-1])[::-1]
+    got = np.asarray(jax.jit(profile._reverse_recurrence)(jnp.exp(-step), jnp.asarray(terms)))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
