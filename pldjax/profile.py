@@ -13,6 +13,8 @@ recurrences (see :func:`_reverse_recurrence`). Between grid points, with t = z_j
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -26,50 +28,43 @@ _BLOCK = 128
 _DIRECT_TARGETS = 4
 
 
-def _blocked(decay, terms):
-    """``terms`` zero-padded into rows of _BLOCK points, and the triangular matrix of powers
-    decay^(i-k) for i >= k (0 below the diagonal) that sums them inside a block."""
-    blocks = -(-terms.shape[0] // _BLOCK)
-    padded = jnp.pad(terms, (0, blocks * _BLOCK - terms.shape[0])).reshape(blocks, _BLOCK)
-    lag = jnp.arange(_BLOCK)[None, :] - jnp.arange(_BLOCK)[:, None]  # i - k
-    powers = jnp.where(lag >= 0, decay ** jnp.maximum(lag, 0).astype(terms.dtype), 0.0)
-    return padded, powers
+def _powers(decay, size: int, dtype):
+    """The size x size matrix of decay^(i-k) at row k, column i >= k (0 below the diagonal):
+    ``size`` powers, each placed along its diagonal (one power per entry cost 16,384 a row
+    for every evaluation)."""
+    lag = jnp.arange(size)[None, :] - jnp.arange(size)[:, None]  # i - k
+    column = decay ** jnp.arange(size).astype(dtype)
+    return jnp.where(lag >= 0, column[jnp.maximum(lag, 0)], 0.0)
+
+
+def _reverse_recurrence(decay, terms, block: int = _BLOCK):
+    """x_k = terms_k + decay * x_{k+1} (x_n = 0) for all k, i.e. sum_{i>=k} decay^(i-k) terms_i.
+
+    Blocked, with no sequential loop (on a GPU each step of one is a kernel launch): inside
+    blocks of ``block`` points a product with the triangular matrix of powers of ``decay``
+    (:func:`_powers`), then the same recurrence over the blocks' first points, with decay^block
+    and blocks of about the square root of their number, for what later blocks contribute; at
+    most ``block`` points: one triangular product. All terms are non-negative for the sums used
+    here, so no digits cancel; it compiles much faster than an associative scan.
+    """
+    n = terms.shape[0]
+    if n <= block:
+        return _powers(decay, n, terms.dtype) @ terms
+    blocks = -(-n // block)
+    padded = jnp.pad(terms, (0, blocks * block - n)).reshape(blocks, block)
+    inner = padded @ _powers(decay, block, terms.dtype).T  # sum_{i >= k in its block}
+    starts = _block_starts(decay**block, inner[:, 0])
+    after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])
+    to_end = decay ** (block - jnp.arange(block)).astype(terms.dtype)  # decay^(block end - k)
+    return (inner + after[:, None] * to_end[None, :]).reshape(-1)[:n]
 
 
 def _block_starts(decay, heads):
-    """x (see :func:`_reverse_recurrence`) at the first point of every block, from ``heads``,
-    each block's own sum there: x_b = heads_b + decay^_BLOCK x_{b+1}, itself a reverse
-    recurrence over the blocks, solved the same blocked way down to one block (no sequential
-    loop: on a GPU each step of one is a kernel launch, 1,024 of them for 131,072 points)."""
-    decay = decay**_BLOCK
-    if heads.shape[0] > _BLOCK:
-        return _reverse_recurrence(decay, heads)
-    padded, powers = _blocked(decay, heads)
-    return (padded @ powers.T)[0, : heads.shape[0]]
-
-
-def _carried_in(decay, inner, after):
-    """x at every point of some blocks: their own sums ``inner`` plus what the blocks after
-    them carry in (``after``: x at the start of each one's next block)."""
-    to_end = decay ** (_BLOCK - jnp.arange(_BLOCK)).astype(inner.dtype)  # decay^(block end - k)
-    return inner + after[:, None] * to_end[None, :]
-
-
-def _reverse_recurrence(decay, terms):
-    """x_k = terms_k + decay * x_{k+1} (x_n = 0) for all k, i.e. sum_{i>=k} decay^(i-k) terms_i.
-
-    Blocked: inside blocks of _BLOCK points a product with the triangular matrix of powers of
-    ``decay``, then the same recurrence over the blocks (:func:`_block_starts`) for what later
-    blocks contribute.
-    All terms are non-negative for the sums used here, so no digits cancel; it compiles much faster
-    than an associative scan over the full length.
-    """
-    n = terms.shape[0]
-    padded, powers = _blocked(decay, terms)
-    inner = padded @ powers.T  # inner[b, k] = sum_{i >= k in block b} decay^(i-k) terms[b, i]
-    starts = _block_starts(decay, inner[:, 0])
-    after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])
-    return _carried_in(decay, inner, after).reshape(-1)[:n]
+    """The reverse recurrence x_b = heads_b + decay x_{b+1} over the first points of blocks
+    (``decay``: the per-point decay to the power of their length), in blocks of about the square
+    root of their number (a power of two, at most _BLOCK): a few small products however many."""
+    block = min(_BLOCK, 1 << max(0, math.ceil(math.log2(heads.shape[0]) / 2)))
+    return _reverse_recurrence(decay, heads, block)
 
 
 def _block_level_sums(probs, step):
@@ -85,7 +80,7 @@ def _block_level_sums(probs, step):
                                                axis=1)).T
     zero = jnp.zeros((1,), probs.dtype)
     s = jnp.concatenate([jax.lax.cumsum(mass, reverse=True), zero])
-    r = jnp.concatenate([_block_starts(jnp.exp(-step), decayed), zero])
+    r = jnp.concatenate([_block_starts(jnp.exp(-_BLOCK * step), decayed), zero])
     # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
     # (1 - e^{-(i - (b+1)B)h}) + e^{-(i - (b+1)B)h} (1 - e^{-Bh})
     d = jnp.concatenate([jax.lax.cumsum(grown - jnp.expm1(-_BLOCK * step) * r[1:], reverse=True),
