@@ -76,7 +76,7 @@ def stages(rtol=None):
     tail = float(dpsgd_lib.composition_tail(target, "epsilon")[0])
     windows = functools.partial(dpsgd_lib.window_placement, evaluate="epsilon")
     lo, hi, chernoff, summary = windows(probs, offset, step, count, target)
-    widths = compose_lib.window_widths(probs, offset, count, lo, hi, "steps")
+    widths = compose_lib.window_widths(summary, offset, count, lo, hi, "steps")
     size = grid_lib.fft_size(int(np.max(widths)))
 
     def wrap():

@@ -68,6 +68,10 @@ COMPOSE_ELEMENTS = 2**23
 #: On a CPU, small windows share a composition call up to this many grid points (see
 #: :func:`_rows_per_call`).
 CPU_CALL_ELEMENTS = 2**18
+#: The most rows of any composition call: the evaluation holds a few 128 x 128 matrices a row
+#: whatever the window (about 0.4 MB a row at its peak), so tiny windows must not fill a call
+#: of COMPOSE_ELEMENTS points (4 million rows of 2 points asked for 567 GB).
+CALL_ROWS = 1024
 #: CHUNK and CHUNK_ELEMENTS on an accelerator, where a call's cost is mostly its launch and a
 #: chunk's memory (about 200 bytes a point, 3.4 GB) is small beside the device's.
 ACCELERATOR_CHUNK = 1024
@@ -306,12 +310,12 @@ class _Compositions:
 
 def _rows_per_call(size: int, devices: int) -> int:
     """Most rows one composition call takes (a power of two; a multiple of the devices when
-    sharded): COMPOSE_ELEMENTS grid points in all, and on a CPU the power of two at or above its
-    cores (XLA runs one row per core; 2 rows of 81,920 points took 3.4 ms a row on 2 cores, 1
-    row 6.4 ms, 8 rows 3.1 ms: more rows a call only add compiled shapes), or as many as fill
-    CPU_CALL_ELEMENTS points where windows are small (a call's fixed cost then weighs: the sweep
-    of 1,024 took 7.5 -> 6.8 s, at rtol 1e-2 2.05 -> 1.66 s)."""
-    most = max(1, COMPOSE_ELEMENTS // size)
+    sharded): COMPOSE_ELEMENTS grid points in all and at most CALL_ROWS rows, and on a CPU the
+    power of two at or above its cores (XLA runs one row per core; 2 rows of 81,920 points took
+    3.4 ms a row on 2 cores, 1 row 6.4 ms, 8 rows 3.1 ms: more rows a call only add compiled
+    shapes), or as many as fill CPU_CALL_ELEMENTS points where windows are small (a call's
+    fixed cost then weighs: the sweep of 1,024 took 7.5 -> 6.8 s, at rtol 1e-2 2.05 -> 1.66 s)."""
+    most = max(1, min(CALL_ROWS, COMPOSE_ELEMENTS // size))
     if not _keeps_chunks_on_device():
         most = min(most, max(grid_lib.next_pow2(_cores()), CPU_CALL_ELEMENTS // size))
     most = 1 << (most.bit_length() - 1)

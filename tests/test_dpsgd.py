@@ -153,7 +153,9 @@ def test_accelerator_path_gives_the_host_path_values(monkeypatch):
     window sizes."""
     from pldjax import dpsgd
 
-    sigma, q, steps = [0.8, 1.0, 2.0, 1.0, 5.0], [0.01, 0.02, 0.005, 0.02, 0.3], [100, 1000, 10, 1000, 3]
+    # sigma 1e-6: windows of 2 and 64 points (a full call of 2-point rows once asked for 567 GB)
+    sigma = [0.8, 1.0, 2.0, 1.0, 5.0, 1e-6]
+    q, steps = [0.01, 0.02, 0.005, 0.02, 0.3, 0.01], [100, 1000, 10, 1000, 3, 1000]
     want = [pj.dpsgd_epsilon(sigma, q, steps, 1e-5), pj.dpsgd_delta(sigma, q, steps, 1.0)]
     calls = []
     gather = dpsgd._gather_rows
