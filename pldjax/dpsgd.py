@@ -245,9 +245,10 @@ class _Compositions:
         self._results: list = []
 
     def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray) -> None:
-        """Queue the rows ``rows`` of a chunk: its PMFs ``probs`` (rows, mechanism grid) and
-        ``scalars`` (summary, inf_mass, offset, step, count, target, exponents; each with a
-        leading rows axis); their values go to values[rows]."""
+        """Queue the rows ``rows`` of a chunk (on one accelerator: start their composition) from
+        its PMFs ``probs`` (rows, mechanism grid) and ``scalars`` (summary, inf_mass, offset,
+        step, count, target, exponents; each with a leading rows axis); their values go to
+        values[rows] by :meth:`flush` at the latest."""
         most = _rows_per_call(size, self._devices)
         if self._gathers:
             for begin in range(0, len(rows), most):

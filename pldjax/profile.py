@@ -30,8 +30,8 @@ _DIRECT_TARGETS = 4
 
 def _powers(decay, size: int, dtype):
     """The size x size matrix of decay^(i-k) at row k, column i >= k (0 below the diagonal):
-    ``size`` powers, each placed along its diagonal (one power per entry cost 16,384 a row
-    for every evaluation)."""
+    ``size`` powers, each placed along its diagonal (a power per entry would be 16,384 for a
+    block of 128, in every evaluation of every row)."""
     lag = jnp.arange(size)[None, :] - jnp.arange(size)[:, None]  # i - k
     column = decay ** jnp.arange(size).astype(dtype)
     return jnp.where(lag >= 0, column[jnp.maximum(lag, 0)], 0.0)
