@@ -96,8 +96,9 @@ def test_epsilon_over_many_blocks_inverts_the_brute_force_delta(n, target):
 @pytest.mark.parametrize("n", [1, 128, 16_385, 40_000, 2**21 + 7])
 @pytest.mark.parametrize("step", [1e-4, 0.01, 3.0])
 def test_reverse_recurrence_matches_a_sequential_filter(n, step):
-    # blocks of blocks (profile._block_starts) down to one block: 40,000 points take two levels,
-    # 2^21 + 7 three; the reference runs x_k = t_k + e^-h x_{k+1} point by point (scipy's IIR filter)
+    # blocks of 128 points, then blocks of blocks (profile._block_starts) down to one: from 16,385
+    # points on, two levels and more; the reference runs x_k = t_k + e^-h x_{k+1} point by point
+    # (scipy's IIR filter)
     from scipy.signal import lfilter
 
     from pldjax import profile
