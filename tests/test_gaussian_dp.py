@@ -156,3 +156,54 @@ def test_gdp_residue_does_not_depend_on_its_batch_size():
     assert pj.gaussian_dp.residue_batch_size() == pj.gaussian_dp.RESIDUE_BATCH_CPU
     with pytest.raises(ValueError, match="batch_size"):
         pj.gdp_residue(mus, queries, batch_size=0)
+
+
+def _queries_for_gdp_mu():
+    return [pj.gaussian(jnp.asarray([1.0, 1.4, 2.0]), sampling_prob=0.1),
+            pj.gaussian(jnp.asarray([0.8, 3.0]), sampling_prob=0.01),
+            pj.randomized_response(jnp.asarray([0.01, 1.0, 5.0])),
+            pj.laplace(jnp.asarray([0.5, 2.0])),
+            pj.gaussian(1.0, sampling_prob=0.1).self_compose(20)]
+
+
+def test_gdp_mu_is_the_boundary_of_its_test():
+    """gdp_mu searches on a few comparisons and confirms with the full test (issue 18): the value
+    returned is the full test's boundary, to 1e-12 (the test recomputed outside the kernel
+    rounds differently), in every direction."""
+    import jax
+
+    from pldjax.gaussian_dp import _budget_bounds, _gdp_mu_jit, _grid_curve, _verdict
+
+    @jax.jit
+    def passes(probs, inf_mass, offset, step, mu):
+        z, d = _grid_curve(probs, inf_mass, offset, step)
+        return _verdict(z, d, _budget_bounds(z, mu, 0.0), 0.0)[0]
+
+    with jax.enable_x64(True):
+        for query in _queries_for_gdp_mu():
+            for direction in query.directions():
+                args = [a.reshape((-1,) + a.shape[len(direction.batch_shape):]) for a in
+                        (direction.probs, direction.inf_mass, direction.offset, direction.step)]
+                for probs, inf_mass, offset, step in zip(*args, strict=True):
+                    row = (probs, inf_mass, offset, step)
+                    mu = _gdp_mu_jit(*row, 0.0, 64.0)
+                    assert passes(*row, mu * (1 + 1e-12)), float(mu)
+                    assert not passes(*row, mu * (1 - 1e-12)), float(mu)
+
+
+def test_gdp_mu_rounds_give_the_full_search_value(monkeypatch):
+    """Without the rounds on a few comparisons (the full test's own search from the start, as
+    before issue 18's change) gdp_mu finds the same values, to 1e-12."""
+    import jax
+
+    from pldjax import gaussian_dp
+
+    for query in _queries_for_gdp_mu():
+        fast = np.asarray(pj.gdp_mu(query))
+        with monkeypatch.context() as patch:
+            patch.setattr(gaussian_dp, "_MU_ROUNDS", 0)
+            # a new function, so that jit traces it again (with no rounds)
+            patch.setattr(gaussian_dp, "_gdp_mu_jit",
+                          jax.jit(lambda *args: gaussian_dp.gdp_mu_kernel(*args)))
+            full = np.asarray(pj.gdp_mu(query))
+        np.testing.assert_allclose(fast, full, rtol=1e-12)
