@@ -427,10 +427,9 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
         return np.full(count, grid.size)
     # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
     # for a configuration's one or two directions and few for a sweep
-    padded = max(8, grid_lib.next_pow2(count))
-    params, tail = (tuple(np.pad(p, (0, padded - count), mode="edge") for p in arrays)
-                    for arrays in (params, (tail,)))
-    widths = np.asarray(_half_widths(params, tail[0], grid.step, mechanism=mechanism))[:count]
+    repeat_last = np.minimum(np.arange(max(8, grid_lib.next_pow2(count))), count - 1)
+    params, tail = tuple(p[repeat_last] for p in params), tail[repeat_last]
+    widths = np.asarray(_half_widths(params, tail, grid.step, mechanism=mechanism))[:count]
     # grid.mechanism_size, vectorized: a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]
     points = np.nan_to_num(np.minimum(2 * widths + 4, grid_lib.MAX_MECHANISM_SIZE),
                            nan=grid_lib.MAX_MECHANISM_SIZE)

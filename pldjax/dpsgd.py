@@ -202,10 +202,13 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     sizes = np.array([compositions.window_size(int(w))
                       for w in window_widths(summary, offset, counts, lo, hi, "steps")])
     # a row repeated (the chunk's padding, or a configuration given twice) is composed once
-    config = np.column_stack([np.asarray(a, np.float64) for a in (*params, steps, target)])
-    rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
-                               np.tile(config, (directions, 1))])
-    _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
+    if steps.shape[0] == 1:
+        first = same = np.arange(directions)
+    else:
+        config = np.column_stack([np.asarray(a, np.float64) for a in (*params, steps, target)])
+        rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
+                                   np.tile(config, (directions, 1))])
+        _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
     values = np.zeros(sizes.shape[0])
     scalars = (*summary, inf_mass, offset, step, counts, targets, *exponents)
     for size in np.unique(sizes[first]):
@@ -349,15 +352,18 @@ _RDP_ORDERS = np.array([2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 12
 
 
 @functools.cache
-def _log_binomials() -> np.ndarray:
-    """log C(a, k) for the orders a in _RDP_ORDERS (rows) and k = 0 .. the largest order
-    (columns); -inf where k > a."""
-    top = int(_RDP_ORDERS[-1])
-    return np.array([[math.lgamma(a + 1.0) - math.lgamma(k + 1.0) - math.lgamma(a - k + 1.0)
-                      if k <= a else -np.inf for k in range(top + 1)] for a in _RDP_ORDERS])
+def _rdp_terms() -> tuple[np.ndarray, ...]:
+    """The terms k = 0 .. a of the binomial expansion at each order a of _RDP_ORDERS, flat (944
+    terms, not 18 x 257): (a, k, log C(a, k)) for each term, and where each order's terms start."""
+    order = np.repeat(_RDP_ORDERS, _RDP_ORDERS + 1).astype(np.float64)
+    k = np.concatenate([np.arange(a + 1) for a in _RDP_ORDERS]).astype(np.float64)
+    log_binomial = np.array([math.lgamma(a + 1.0) - math.lgamma(j + 1.0) - math.lgamma(a - j + 1.0)
+                             for a, j in zip(order, k, strict=True)])
+    starts = np.concatenate([[0], np.cumsum(_RDP_ORDERS + 1)[:-1]])
+    return order, k, log_binomial, starts
 
 
-#: Configurations per block of :func:`_rdp_epsilon` (each takes orders x terms = 18 x 257 values).
+#: Configurations per block of :func:`_rdp_epsilon` (each takes 944 terms).
 _RDP_BLOCK = 256
 
 
@@ -367,18 +373,20 @@ def _rdp_epsilon(sigma, q, steps, delta):
     an upper bound, about 10% loose, used only to choose a grid step (never reported); flat."""
     sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
         *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
-    order = _RDP_ORDERS[:, None].astype(np.float64)
-    k = np.arange(_RDP_ORDERS[-1] + 1, dtype=np.float64)
+    order, k, log_binomial, starts = _rdp_terms()
+    counts = _RDP_ORDERS + 1
+    orders = _RDP_ORDERS.astype(np.float64)
     out = np.empty(sigma.shape)
     for begin in range(0, sigma.size, _RDP_BLOCK):
         part = slice(begin, begin + _RDP_BLOCK)
-        s, p, t, d = (a[part, None, None] for a in (sigma, q, steps, delta))
+        s, p, t, d = (a[part, None] for a in (sigma, q, steps, delta))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            terms = (_log_binomials() + (order - k) * np.where(k < order, np.log1p(-p), 0.0)
+            terms = (log_binomial + (order - k) * np.where(k < order, np.log1p(-p), 0.0)
                      + k * np.where(k > 0, np.log(p), 0.0) + (k * k - k) / (2 * s**2))
-            top = np.max(terms, axis=-1, keepdims=True)
-            log_a = top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1))
-            eps = t[..., 0] * log_a / (order[:, 0] - 1) + np.log(1.0 / d[..., 0]) / (order[:, 0] - 1)
+            top = np.maximum.reduceat(terms, starts, axis=-1)
+            spread = np.exp(terms - np.repeat(top, counts, axis=-1))
+            log_a = top + np.log(np.add.reduceat(spread, starts, axis=-1))
+            eps = t * log_a / (orders - 1) + np.log(1.0 / d) / (orders - 1)
         out[part] = np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
     return out
 

@@ -6,6 +6,7 @@ Checks run on concrete values only; under ``jit`` the values are tracers and are
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import jax
@@ -28,12 +29,22 @@ def check_range(
     allow_inf: bool = False,
 ) -> None:
     """Raise ValueError unless every element of ``value`` lies in the stated interval (no NaN)."""
-    if is_traced(value):
+    # the common case first, without arrays (NaN fails every comparison)
+    if type(value) is float or (type(value) is int and abs(value) < 2**1023):
+        if ((value > low if low_open else value >= low)
+                and (value < high if high_open else value <= high)
+                and (allow_inf or math.isfinite(value))):
+            return
+    elif is_traced(value):
         return
-    arr = np.asarray(value, dtype=np.float64)
     lo_b = "(" if low_open or low == -np.inf else "["
     hi_b = ")" if high_open or high == np.inf else "]"
     allowed = f"{lo_b}{low}, {high}{hi_b}"
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except OverflowError:
+        raise ValueError(f"{name} must be a number in {allowed}, got {value!r} (beyond float64)"
+                         ) from None
     if np.any(np.isnan(arr)):
         raise ValueError(f"{name} must be a number in {allowed}, got NaN")
     if not allow_inf and np.any(np.isinf(arr)):
