@@ -41,6 +41,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export
 
 from pldjax import grid as grid_lib
 from pldjax.align import align
@@ -186,6 +187,8 @@ def _tangency_search(probs, centred, variance, count, target, start):
     return best
 
 
+@functools.partial(export.register_namedtuple_serialization,
+                   serialized_name="pldjax.compose.PMFSummary")  # an exported kernel returns it
 class PMFSummary(NamedTuple):
     """What a self-composition reads of a PMF besides its wrapped masses (:func:`wrap_rows`),
     so that its kernel's shapes depend on the window's size only (:func:`pmf_summary`)."""

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax import grid as grid_lib
+from pldjax.compilation import exported_jit
 from pldjax.grid import Grid
 from pldjax.validate import is_traced
 
@@ -338,7 +339,7 @@ def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pe
 _STATIC = ("mechanism", "size", "pessimistic", "fixed")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@exported_jit(static_argnames=_STATIC)
 def _curve_kernel(params, tail, step, **options):
     """(values, offset, step) of a batch: :func:`curve_values` on each one's grid."""
     def one(single, single_tail):
@@ -350,7 +351,7 @@ def _curve_kernel(params, tail, step, **options):
     return jax.vmap(one)(params, tail)
 
 
-@jax.jit
+@exported_jit()
 def _masses_kernel(values, offset, step):
     """(probs, inf_mass) of a batch of :func:`curve_values` rows (see :func:`masses_from_values`)."""
     def one(row, single_offset, h):
@@ -359,7 +360,7 @@ def _masses_kernel(values, offset, step):
     return jax.vmap(one)(values, offset, step)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("rounding",))
+@exported_jit(static_argnames=_STATIC + ("rounding",))
 def _estimate_kernel(params, tail, step, *, rounding, **options):
     """(probs, inf_mass, offset, step) of a batch in one compiled call (see :func:`discretize`)."""
     mechanism = options["mechanism"]
@@ -392,7 +393,7 @@ def _window_grid(params, tail, step, *, mechanism: Mechanism, size: int, pessimi
     return grid_lib.window_offset(center, h, size, pessimistic), h
 
 
-@functools.partial(jax.jit, static_argnames=("mechanism",))
+@exported_jit(static_argnames=("mechanism",))
 def _half_widths(params, tail, step, *, mechanism: Mechanism):
     """Each element's half-width in units of ``step``. With no fixed step, in units of twice the
     fine step, so that a range of parameters shares one size (one compiled kernel); auto_step

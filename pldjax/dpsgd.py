@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
 from pldjax import sampling as sampling_lib
-from pldjax.compilation import MappingGuard
+from pldjax.compilation import MappingGuard, exported_jit
 from pldjax.compose import (
     PMFSummary,
     _checked_size,
@@ -108,7 +108,7 @@ def composition_tail(target, evaluate: str):
     return jnp.maximum(target * TAIL_FRACTION, grid_lib.TAIL_MASS)
 
 
-@functools.partial(jax.jit, static_argnames=("pessimistic", "evaluate"))
+@exported_jit(static_argnames=("pessimistic", "evaluate"))
 def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, target, exponents, *,
                           pessimistic, evaluate):
     """Each row's count-fold composition (its PMF wrapped to the window,
@@ -123,7 +123,7 @@ def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, targe
         probs, composed_inf, start, step, target)
 
 
-@functools.partial(jax.jit, static_argnames=("size", "rows"))
+@exported_jit(static_argnames=("size", "rows"))
 def _gather_rows(probs, index, scalars, *, size, rows):
     """The rows ``index`` of a chunk kept on the device, ready for :func:`_compose_and_evaluate`:
     ``probs`` (chunk rows, mechanism grid) wrapped to ``size``, and ``scalars`` (each with a
@@ -136,7 +136,7 @@ def _gather_rows(probs, index, scalars, *, size, rows):
     return fill(wrap_rows(jnp, probs[index], size)), [fill(a[index]) for a in scalars]
 
 
-@functools.partial(jax.jit, static_argnames=("evaluate",))
+@exported_jit(static_argnames=("evaluate",))
 def window_placement(probs, offset, step, count, target, *, evaluate):
     """Each row's count-fold composition: its Chernoff tail window (lo, hi) (grid indices) for
     :func:`composition_tail`, the exponents it came from (which the composition reuses for its

@@ -1,8 +1,12 @@
-"""What a fresh process pays before its first answer (issue 17): the import's cost. The cache policy
-itself is tested in test_api.py, the compiled-program count in test_dpsgd.py."""
+"""What a fresh process pays before its first answer (issue 17): the import's cost, and the
+exported kernels kept beside the compilation cache. The cache policy itself is tested in
+test_api.py, the compiled-program count in test_dpsgd.py."""
 
+import functools
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import jax
@@ -85,3 +89,83 @@ def test_mapping_guard_reads_the_mappings_only_every_so_many_new_kernels(monkeyp
     kernel.shapes = 4
     assert guard.check()
     assert reads == [4, 7, 10, 13, 4]
+
+
+def _accounting_values():
+    return [pj.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5),
+            pj.dpsgd_epsilon(np.array([0.8, 1.2, 2.0]), 0.02, 500, 1e-6, rtol=1e-2),
+            pj.dpsgd_epsilon(1.5, 0.1, 100, 1e-5, pessimistic=False),
+            pj.dpsgd_delta(1.0, 0.05, 200, 2.0, neighboring="replace_one"),
+            pj.event_epsilon(pj.Event(pj.noise.Laplace(2.0), pj.sampling.Poisson(0.1)), 50, 1e-6)]
+
+
+@pytest.fixture
+def exported_to(tmp_path, monkeypatch):
+    """Exported kernels on, kept in tmp_path, with nothing remembered in memory."""
+    from pldjax import compilation, discretize, dpsgd
+
+    kernels = [k for k in (*discretize.MECHANISM_KERNELS, discretize._half_widths,
+                           dpsgd.window_placement, dpsgd._compose_and_evaluate)]
+    for kernel in kernels:
+        monkeypatch.setattr(kernel, "_calls", {})
+    monkeypatch.setattr(compilation, "_exported_dir", tmp_path)
+    return tmp_path
+
+
+def test_exported_kernels_give_the_values_of_jit(exported_to):
+    """The kernels' programs exported to disk (jax.export) and read back give the values of the
+    jitted kernels, bit for bit; an unreadable entry is exported again."""
+    from pldjax import compilation, discretize, dpsgd
+
+    written = _accounting_values()
+    files = sorted(exported_to.glob("*.jaxexport"))
+    assert len(files) >= 5
+    for kernel in (*discretize.MECHANISM_KERNELS, discretize._half_widths,
+                   dpsgd.window_placement, dpsgd._compose_and_evaluate):
+        kernel._calls.clear()  # read back from disk
+    files[0].write_bytes(b"not a program")
+    read = _accounting_values()
+    compilation._exported_dir = None  # the jitted kernels themselves (the fixture restores it)
+    plain = _accounting_values()
+    for a, b, c in zip(written, read, plain, strict=True):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, c)
+    assert files[0].read_bytes() != b"not a program"
+
+
+def test_exported_kernel_falls_back_to_jit_where_it_cannot_export(exported_to):
+    """Inside a trace, or with a static argument that has no description stable across
+    processes (an object's repr holds its address), the kernel runs as a plain jitted function."""
+    from pldjax.compilation import exported_jit
+
+    @exported_jit(static_argnames=("scale",))
+    def scaled(x, *, scale):
+        return x * (scale() if callable(scale) else scale)
+
+    assert float(scaled(jnp.ones(()), scale=2.0)) == 2.0
+    assert len(list(exported_to.glob("scaled-*"))) == 1
+    assert float(jax.jit(lambda x: scaled(x, scale=3.0))(jnp.ones(()))) == 3.0
+    holder = type("Holder", (), {"__call__": lambda self: 4.0})()
+    assert float(scaled(jnp.ones(()), scale=holder)) == 4.0
+    assert len(list(exported_to.glob("scaled-*"))) == 1
+
+
+def test_a_new_process_reads_the_exported_kernels(tmp_path):
+    """Two fresh processes with pldjax's cache in one directory: the second finds every kernel
+    program the first exported (no entry is written again) and gives the same epsilon."""
+    code = textwrap.dedent("""
+        import pldjax as pj
+        print(repr(pj.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env["PLDJAX_COMPILATION_CACHE"] = str(tmp_path / "xla")
+    run = functools.partial(subprocess.run, [sys.executable, "-c", code], capture_output=True,
+                            text=True, timeout=600, env=env)
+    first = run()
+    assert first.returncode == 0, first.stderr
+    entries = {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*.jaxexport")}
+    assert len(entries) == 5  # the four kernels of one configuration and the sizing one
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*")} == entries
