@@ -19,8 +19,10 @@ skips Python tracing and lowering too: a warm cache answered ``pj.dpsgd_epsilon(
 10_000, 1e-5)`` in a new process in 0.46-0.55 s instead of 1.2-1.4 s (2-core CPU). An entry is
 keyed by the kernel, its static arguments, the shapes and dtypes of its inputs, and a digest of
 pldjax's source, the jax and jaxlib versions and the device; a stale or unreadable entry is
-exported again. Calls inside a trace (``jit``, ``vmap``), with several devices, or without the
-``flatbuffers`` package run the kernels as plain ``jax.jit`` functions.
+exported again. Like jit's own trace cache, an entry does not see module constants changed at
+run time (tests that patch them run with the cache off). Calls inside a trace (``jit``,
+``vmap``), with several devices, or without the ``flatbuffers`` package run the kernels as plain
+``jax.jit`` functions.
 """
 
 from __future__ import annotations
