@@ -55,10 +55,6 @@ _RESIDUE_SCORE_TOL = 1e-7
 #: Search steps and relative tolerance of gdp_mu (and of the naive update inside the residue).
 _MU_STEPS = 40
 _MU_RTOL = 1e-15
-#: gdp_mu's rounds on a few comparisons (see :func:`gdp_mu_kernel`), and how many points and
-#: chords each full test adds to them.
-_MU_ROUNDS = 3
-_MU_CANDIDATES = 16
 #: G_mu's curve beyond mu^2/2 + _TAIL_SIGMAS * mu is below Phi(-11) ~ 2e-28: the residue check
 #: covers [0, that] on the query's grid and relies on the flat-tail argument beyond it.
 _TAIL_SIGMAS = 11.0
@@ -123,63 +119,30 @@ def _with_lead(z, d):
             jnp.concatenate([(1.0 - (1.0 - d[0]) * jnp.exp(lead - z[0]))[None], d]))
 
 
-def _budget_values(z, mu, delta_slack):
-    """(g, slope) at the points ``z``: g a lower bound on delta_mu + delta_slack + ROUNDOFF, slope
-    x times d delta_mu / dx (x = e^eps), for :func:`_segment_bounds`."""
+def _budget_bounds(z, mu, delta_slack):
+    """What a curve at the increasing points ``z`` is compared with under the budget G_mu plus
+    the slack: (point bounds, chord positions t, chord bounds), all lower bounds on
+    delta_mu + delta_slack + ROUNDOFF at the points and on the tangent envelope between them.
+
+    Between two points a curve convex in x = e^eps is below its chord and G_mu's convex curve
+    above both tangents at the ends; chord minus the larger tangent is concave, so comparing at
+    the ends and at the tangents' crossing (position t in [0, 1]) suffices."""
     g, tail = _gdp_parts(mu, z)
-    return g * (1.0 - _gdp_error(mu)) + delta_slack + ROUNDOFF, -tail
-
-
-def _segment_bounds(width, g0, g1, s0, s1):
-    """(t, envelope) on segments [z0, z0 + width] with :func:`_budget_values` (g0, s0) and
-    (g1, s1) at their ends: the tangents' crossing t in [0, 1] (position in x = e^eps) and the
-    larger tangent there, a lower bound on G_mu's curve at that point.
-
-    Between two points a curve convex in x is below its chord and G_mu's convex curve above both
-    tangents at the ends; chord minus the larger tangent is concave, so comparing at the ends and
-    at the tangents' crossing suffices."""
-    # on [x_0, x_1], x = x_0 (1 + grow t): tangent 0 is g0 + s0 grow t, tangent 1 is
-    # g1 + s1 e^-width grow (t - 1)
+    g = g * (1.0 - _gdp_error(mu)) + delta_slack + ROUNDOFF
+    slope = -tail  # x times d delta / dx at the points
+    # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
+    g, slope = jax.lax.optimization_barrier((g, slope))
+    # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
+    # g_{i+1} + s_{i+1} e^-h grow (t - 1), h = z_{i+1} - z_i
+    width = z[1:] - z[:-1]
     grow, back = jnp.expm1(width), jnp.exp(-width)
+    g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
     denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
     numerator = g1 - g0 - s1 * back * grow
     t = jnp.clip(numerator / jnp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
     t = jnp.where(denominator < 0, t, 0.0)
-    return t, jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
-
-
-def _budget_bounds(z, mu, delta_slack):
-    """What a curve at the increasing points ``z`` is compared with under the budget G_mu plus
-    the slack: (point bounds, chord positions t, chord bounds) (:func:`_budget_values` at the
-    points, :func:`_segment_bounds` between consecutive ones)."""
-    g, slope = _budget_values(z, mu, delta_slack)
-    # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
-    g, slope = jax.lax.optimization_barrier((g, slope))
-    t, envelope = _segment_bounds(z[1:] - z[:-1], g[:-1], g[1:], slope[:-1], slope[1:])
+    envelope = jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
     return g, t, envelope
-
-
-def _ratios(lhs, rhs, used):
-    """lhs / rhs where ``used`` (1e300 where rhs is 0 and lhs is not), else 0."""
-    r = jnp.where(rhs > 0, lhs / jnp.where(rhs > 0, rhs, 1.0), jnp.where(lhs > 0, 1e300, 0.0))
-    return jnp.where(used, r, 0.0)
-
-
-def _score(*ratios):
-    """log of the largest of the ratios (clipped to float64's range)."""
-    worst = functools.reduce(jnp.maximum, [jnp.max(r) for r in ratios])
-    return jnp.log(jnp.clip(worst, 1e-300, 1e300))
-
-
-def _comparison(z, d, bounds, delta_slack):
-    """(ok, point ratios, chord ratios, last ratio) of :func:`_verdict`."""
-    g, t, envelope = bounds
-    chord = d[:-1] + (d[1:] - d[:-1]) * t
-    last = delta_slack + ROUNDOFF
-    chord_ok = (chord <= envelope) | (z[1:] <= 0.0)
-    point_ok = (d <= g) | (z < 0.0)
-    ok = jnp.all(chord_ok) & jnp.all(point_ok) & (d[-1] <= last)
-    return ok, _ratios(d, g, z >= 0.0), _ratios(chord, envelope, z[1:] > 0.0), d[-1] / last
 
 
 def _verdict(z, d, bounds, delta_slack):
@@ -195,8 +158,20 @@ def _verdict(z, d, bounds, delta_slack):
     coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
     Right of the points the curve is at most its last value while G_mu tends to 0.
     """
-    ok, *ratios = _comparison(z, d, bounds, delta_slack)
-    return ok, _score(*ratios)
+    g, t, envelope = bounds
+    chord = d[:-1] + (d[1:] - d[:-1]) * t
+    last = delta_slack + ROUNDOFF
+    chord_ok = (chord <= envelope) | (z[1:] <= 0.0)
+    point_ok = (d <= g) | (z < 0.0)
+    ok = jnp.all(chord_ok) & jnp.all(point_ok) & (d[-1] <= last)
+
+    def ratio(lhs, rhs, used):
+        r = jnp.where(rhs > 0, lhs / jnp.where(rhs > 0, rhs, 1.0), jnp.where(lhs > 0, 1e300, 0.0))
+        return jnp.max(jnp.where(used, r, 0.0))
+
+    worst = jnp.maximum(jnp.maximum(ratio(chord, envelope, z[1:] > 0.0), ratio(d, g, z >= 0.0)),
+                        d[-1] / last)
+    return ok, jnp.log(jnp.clip(worst, 1e-300, 1e300))
 
 
 def _grid_curve(probs, inf_mass, offset, step):
@@ -294,117 +269,24 @@ def _search(evaluate, good, bad, points, steps: int, tol, score_tol, bad_score=N
     return jax.lax.while_loop(cond, body, start)[2]
 
 
-def _leaders(values, k: int, blocks: int = 64):
-    """Indices of k large entries of ``values`` (1-D): the largest of each of the k blocks (of
-    ``blocks`` consecutive runs) whose largest entries are largest. Neighbouring comparisons
-    estimate alike, so one a block spreads the picks; and XLA's top_k sorts (10 ms for 16 rows
-    of 4,097 on a CPU, against 0.2 ms for this)."""
-    n = values.shape[0]
-    blocks = min(blocks, n)
-    width = -(-n // blocks)
-    runs = jnp.concatenate([values, jnp.full(blocks * width - n, -jnp.inf, values.dtype)])
-    runs = runs.reshape(blocks, width)
-    top = jnp.max(runs, axis=1)
-    # the first index of each block's largest (argmax's reduction fails in a trace with x64 off)
-    best = jnp.min(jnp.where(runs == top[:, None], jnp.arange(width), width), axis=1)
-    chosen = jax.lax.top_k(top, k)[1]
-    return jnp.minimum(chosen * width + best[chosen], n - 1)
-
-
 def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_RTOL):
     """Smallest mu in (0, mu_max] (to relative resolution ``rtol``, rounded up: the value returned
-    passed the test) with L below G_mu plus the slack; inf if not even mu_max is enough.
-
-    The test compares every point and chord of the curve (:func:`_verdict`), but only a few of
-    them bind. A full test also estimates, for each comparison, the mu at which it would bind
-    (a Newton step on its log ratio; d delta_mu / d mu is a normal density). Each round searches
-    (:func:`_search`) on the comparisons estimated to bind highest in the full tests so far
-    (:func:`_leaders`, _MU_CANDIDATES points and chords a test), which costs a few dozen points
-    a step instead of the whole curve, and then runs the full test at the value found. A subset
-    of the comparisons passes wherever all do, so that value is at most the answer (to
-    ``rtol``): if the full test passes there it is the answer, else the comparisons failing it
-    join the next round. After _MU_ROUNDS rounds the search goes on with the full test. Either
-    way only values that passed the full test are returned. On the subsampled-Gaussian queries
-    of bench/gdp_residue.py one or two rounds settle it (3 or 4 full tests, against 4-21)."""
+    passed the test) with L below G_mu plus the slack; inf if not even mu_max is enough."""
     mu_max = jnp.asarray(mu_max, jnp.float64)
     z, d = _grid_curve(probs, inf_mass, offset, step)
 
-    def full(mu):
-        """(ok, score, and each point's and chord's estimated threshold: where its comparison
-        would bind, a Newton step in log from mu)."""
-        bounds = _budget_bounds(z, mu, delta_slack)
-        ok, points, chords, last = _comparison(z, d, bounds, delta_slack)
-        g, t, envelope = bounds
-        # d delta_mu / d mu = phi(mu/2 - eps/mu), the density at the points
-        safe = jnp.maximum(mu, 1e-300)
-        rise = jnp.exp(-0.5 * (safe / 2 - z / safe) ** 2 - _LOG_SQRT_2PI) * (1.0 - _gdp_error(mu))
-        chord_rise = (1.0 - t) * rise[:-1] + t * rise[1:]
-
-        def threshold(ratio, bound, slope):
-            step = jnp.log(ratio) * bound / jnp.maximum(slope, 1e-300)
-            return jnp.nan_to_num(mu + step, nan=-jnp.inf, posinf=1e300, neginf=-jnp.inf)
-
-        return (ok, _score(points, chords, last), threshold(points, g, rise),
-                threshold(chords, envelope, chord_rise))
-
     def evaluate(mu):
-        return (*full(mu)[:2], mu)
+        ok, score = _verdict(z, d, _budget_bounds(z, mu, delta_slack), delta_slack)
+        return ok, score, mu
 
-    ok_max, f_max = full(mu_max)[:2]
+    ok_max, f_max = evaluate(mu_max)[:2]
     # a start below: G_mu(0) must reach the curve at the first point >= 0 (less the slack)
     reach = jnp.max(jnp.where(z >= 0, d, 0.0)) - delta_slack - ROUNDOFF
     start = 2.0 * ndtri(jnp.clip((1.0 + reach) / 2, 0.5, 1.0 - 1e-16))
     floor = jnp.clip(start * (1 - 1e-9), mu_max * 1e-30, mu_max)
-    ok_floor, f_floor, points_floor, chords_floor = full(floor)
-
-    k_points, k_chords = (min(_MU_CANDIDATES, n) for n in (z.shape[0], z.shape[0] - 1))
-    blocks = _MU_ROUNDS + 1
-
-    def worst(points, chords):  # the comparisons estimated to bind at the largest mu
-        return _leaders(points, k_points), _leaders(chords, k_chords)
-
-    def restricted(point_index, chord_index):
-        """The full test's comparisons at these points and on these chords only."""
-        zp, dp = z[point_index], d[point_index]
-        z0, z1, d0, d1 = z[chord_index], z[chord_index + 1], d[chord_index], d[chord_index + 1]
-        ends = jnp.concatenate([zp, z0, z1])
-
-        def evaluate_some(mu):
-            g, slope = _budget_values(ends, mu, delta_slack)
-            gp, g0, g1 = jnp.split(g, [zp.shape[0], zp.shape[0] + z0.shape[0]])
-            _, s0, s1 = jnp.split(slope, [zp.shape[0], zp.shape[0] + z0.shape[0]])
-            t, envelope = _segment_bounds(z1 - z0, g0, g1, s0, s1)
-            chord = d0 + (d1 - d0) * t
-            ok = jnp.all((dp <= gp) | (zp < 0.0)) & jnp.all((chord <= envelope) | (z1 <= 0.0))
-            return ok, _score(_ratios(dp, gp, zp >= 0.0), _ratios(chord, envelope, z1 > 0.0)), mu
-
-        return evaluate_some
-
-    def round_(carry):
-        k, good, f_good, bad, f_bad, point_index, chord_index, _ = carry
-        found = _search(restricted(point_index, chord_index), (good, good, f_good), bad,
-                        ((good, f_good), (bad, f_bad)), _MU_STEPS, lambda v: rtol * v, rtol)
-        ok, f, points, chords = full(found)
-        new_points, new_chords = worst(points, chords)
-        point_index = jax.lax.dynamic_update_slice(point_index, new_points, ((k + 1) * k_points,))
-        chord_index = jax.lax.dynamic_update_slice(chord_index, new_chords, ((k + 1) * k_chords,))
-        return (k + 1, jnp.where(ok, found, good), jnp.where(ok, f, f_good),
-                jnp.where(ok, bad, found), jnp.where(ok, f_bad, f), point_index, chord_index, ok)
-
-    def more(carry):
-        return (carry[0] < _MU_ROUNDS) & ~carry[-1]
-
-    floor_points, floor_chords = worst(points_floor, chords_floor)
-    point_index = jnp.concatenate([floor_points] * blocks)
-    chord_index = jnp.concatenate([floor_chords] * blocks)
-    done = ok_floor | ~ok_max
-    _, good, f_good, bad, f_bad, _, _, done = jax.lax.while_loop(
-        more, round_, (jnp.zeros((), jnp.int32), mu_max, f_max, floor, f_floor, point_index,
-                       chord_index, done))
-    # not settled in _MU_ROUNDS rounds: the full test's own search on what is left
-    bad = jnp.where(done, good, bad)
-    found = _search(evaluate, (good, good, f_good), bad, ((good, f_good), (bad, f_bad)),
-                    _MU_STEPS, lambda v: rtol * v, rtol)
+    ok_floor, f_floor, _ = evaluate(floor)
+    found = _search(evaluate, (mu_max, mu_max, f_max), floor, ((mu_max, f_max), (floor, f_floor)),
+                    _MU_STEPS, lambda good: rtol * good, rtol)
     found = jnp.where(ok_floor, floor, found)
     return jnp.where(ok_max, found, jnp.inf)
 
