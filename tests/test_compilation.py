@@ -97,14 +97,19 @@ def _accounting_values():
             pj.dpsgd_delta(1.0, 0.05, 200, 2.0, neighboring="replace_one", pessimistic=False)]
 
 
+def _exported_kernels():
+    from pldjax import discretize, dpsgd
+
+    return (*discretize.MECHANISM_KERNELS, discretize._half_widths, dpsgd.window_placement,
+            dpsgd._compose_and_evaluate)
+
+
 @pytest.fixture
 def exported_to(tmp_path, monkeypatch):
     """Exported kernels on, kept in tmp_path, with nothing remembered in memory."""
-    from pldjax import compilation, discretize, dpsgd
+    from pldjax import compilation
 
-    kernels = [k for k in (*discretize.MECHANISM_KERNELS, discretize._half_widths,
-                           dpsgd.window_placement, dpsgd._compose_and_evaluate)]
-    for kernel in kernels:
+    for kernel in _exported_kernels():
         monkeypatch.setattr(kernel, "_calls", {})
     monkeypatch.setattr(compilation, "_exported_dir", tmp_path)
     return tmp_path
@@ -113,13 +118,12 @@ def exported_to(tmp_path, monkeypatch):
 def test_exported_kernels_give_the_values_of_jit(exported_to):
     """The kernels' programs exported to disk (jax.export) and read back give the values of the
     jitted kernels, bit for bit; an unreadable entry is exported again."""
-    from pldjax import compilation, discretize, dpsgd
+    from pldjax import compilation
 
     written = _accounting_values()
     files = sorted(exported_to.glob("*.jaxexport"))
     assert len(files) >= 5
-    for kernel in (*discretize.MECHANISM_KERNELS, discretize._half_widths,
-                   dpsgd.window_placement, dpsgd._compose_and_evaluate):
+    for kernel in _exported_kernels():
         kernel._calls.clear()  # read back from disk
     files[0].write_bytes(b"not a program")
     read = _accounting_values()
