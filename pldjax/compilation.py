@@ -43,6 +43,8 @@ import jax
 import numpy as np
 from jax import export
 
+from pldjax.validate import is_traced
+
 #: Where :func:`exported_jit` kernels keep their programs (set by enable_compilation_cache).
 _exported_dir: Path | None = None
 
@@ -181,7 +183,7 @@ class ExportedKernel:
                 or not _can_serialize() or len(jax.devices()) != 1 or _program_version() is None):
             return self.kernel(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten(args)
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        if is_traced(leaves):
             return self.kernel(*args, **kwargs)
         statics = self._static_tokens(kwargs)
         if statics is None:
