@@ -10,11 +10,12 @@
 # OUT_DIR/gpu_<UTC time>.log (everything printed) and the gdp_residue tables (natural_filter.py
 # writes its own to bench/results).
 # Steps, by priority:
-#   1. one DP-SGD epsilon, warm (bench/profile_dpsgd.py --total);
+#   1. one DP-SGD epsilon, warm (bench/profile_dpsgd.py --total), then its stages;
 #   2. bench/dpsgd.py's distribution, 10^4 configurations, three calls (the first compiles);
 #   3. gdp_residue, 10^4 pairs, the library's chunk size and 2,048 pairs a chunk;
-#   4. the same 10^4 configurations at rtol=1e-2 (its own shapes to compile);
-#   5. V_k, 4 queries x 8 rounds on 2^14 points.
+#   4. V_k, 4 queries x 8 rounds on 2^14 points;
+#   5. the same 10^4 configurations at rtol=1e-2 (its own shapes to compile), in the time left
+#      of LIMIT seconds (default 560).
 set -u
 out=${1:-bench/results}
 mkdir -p "$out"
@@ -24,11 +25,13 @@ rm -rf "$PLDJAX_COMPILATION_CACHE"
 log="$out/gpu_$(date -u +%Y%m%dT%H%M%SZ).log"
 start=$(date +%s)
 elapsed() { echo "[$(( $(date +%s) - start )) s]"; }
+left() { local l=$(( ${LIMIT:-560} - ($(date +%s) - start) )); echo $(( l > 10 ? l : 10 )); }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
   git log --oneline -1 2>/dev/null; git status --short pldjax 2>/dev/null
   echo "== one configuration"; timeout 60 python3 bench/profile_dpsgd.py --total --rounds 15; elapsed
+  timeout 60 python3 bench/profile_dpsgd.py --rounds 15; elapsed
   echo "== 10^4 configurations"
   timeout 200 python3 bench/profile_sweep.py --configs 10000 --calls 3; elapsed
   echo "== gdp_residue"
@@ -36,9 +39,10 @@ elapsed() { echo "[$(( $(date +%s) - start )) s]"; }
     --no-accuracy --max-seconds 30 --deadline 45 --out-dir "$out"; elapsed
   timeout 50 python3 bench/gdp_residue.py --families rr,gauss --forms function --sizes 10000 \
     --no-accuracy --max-seconds 30 --deadline 45 --batch-size 2048 --out-dir "$out"; elapsed
-  echo "== 10^4 configurations, rtol=1e-2"
-  timeout 120 python3 bench/profile_sweep.py --configs 10000 --calls 3 --rtol 1e-2; elapsed
   echo "== V_k"
   timeout 50 python3 bench/natural_filter.py --sizes 16384 --no-cached \
     --functions natural_filter_free --timeout 40; elapsed
+  echo "== 10^4 configurations, rtol=1e-2 (at most $(left) s)"
+  timeout "$(left)" python3 bench/profile_sweep.py --configs 10000 --calls 3 --rtol 1e-2 --progress \
+    2> >(tr '\r' '\n' | tail -3 >&2); elapsed
 } 2>&1 | tee "$log"
