@@ -714,8 +714,8 @@ def dpsgd_epsilon(
       progress: print a progress bar to stderr.
       rtol: target relative accuracy of epsilon, in (0, 1]; the grid step follows from it (the
         discretization error of a T-fold composition grows like T step^2). None (default): the
-        automatic grid (about 1e-5 relative here). For example 1e-2 for hyperparameter searches:
-        several times faster. Whatever rtol, the pessimistic value stays an upper bound; rtol
+        automatic grid (about 1e-5 relative here). For example 1e-2 (several times faster), or
+        5e-2 for hyperparameter searches. Whatever rtol, the pessimistic value stays an upper bound; rtol
         sets how close to the truth it aims to be (a target, not a guarantee).
     """
     if is_traced((noise_multiplier, sampling_prob, steps, delta)):

@@ -416,17 +416,27 @@ def _residue_batch(stacked, mu, delta_slack, *, size: int, steps: int, batch_siz
 _residue_batch_jit = jax.jit(_residue_batch,
                              static_argnames=("size", "steps", "batch_size", "factor"))
 
-#: Pairs :func:`gdp_residue` searches together by default, on a CPU and elsewhere. A vmapped search
-#: runs until its slowest pair is done, for every pair of the chunk, and on a CPU a chunk gains
-#: little from being wide: 256 subsampled-Gaussian pairs took 2.49 s in chunks of 8 against
-#: 4.15 s in one of 256 (2 cores; randomized response 0.60 against 0.71 s).
+#: Pairs :func:`gdp_residue` searches together by default on a CPU. A vmapped search runs until
+#: its slowest pair is done, for every pair of the chunk, and on a CPU a chunk gains little from
+#: being wide: 256 subsampled-Gaussian pairs took 2.49 s in chunks of 8 against 4.15 s in one of
+#: 256 (2 cores; randomized response 0.60 against 0.71 s).
 RESIDUE_BATCH_CPU = 8
-RESIDUE_BATCH = 256
+#: Elsewhere a chunk holds as many pairs as fill RESIDUE_POINTS transform points (directions x
+#: FFT length a pair; each test keeps a few complex arrays of that size), a power of two up to
+#: RESIDUE_BATCH: on an H100, 10^4 randomized-response pairs (15,360 points each) took 0.123 s in
+#: chunks of 256 and 0.092 s in chunks of 2,048; subsampled-Gaussian ones (two directions of
+#: 16,384) 0.849 and 0.822 s.
+RESIDUE_POINTS = 2**25
+RESIDUE_BATCH = 2048
 
 
-def residue_batch_size() -> int:
-    """The default ``batch_size`` of :func:`gdp_residue` on the default backend."""
-    return RESIDUE_BATCH_CPU if jax.default_backend() == "cpu" else RESIDUE_BATCH
+def residue_batch_size(points: int = 0) -> int:
+    """The default ``batch_size`` of :func:`gdp_residue` on the default backend, for pairs of
+    ``points`` transform points each (0: unknown, the most pairs)."""
+    if jax.default_backend() == "cpu":
+        return RESIDUE_BATCH_CPU
+    pairs = min(RESIDUE_BATCH, max(1, RESIDUE_POINTS // max(int(points), 1)))
+    return 1 << (pairs.bit_length() - 1)
 
 
 @float64
@@ -441,7 +451,8 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     exists; ``-inf`` orders below every valid residue and fails ``>= 0``, like a filter's
     accepted=False). ``mu`` and the query's batch axes broadcast:
     many (mu, L) pairs are one compiled call, ``batch_size`` pairs at a time (default
-    :func:`residue_batch_size`: 8 on a CPU, 256 elsewhere; the result does not depend on it). ``steps``: most
+    :func:`residue_batch_size`: 8 on a CPU; elsewhere up to 2,048, fewer for long transforms; the
+    result does not depend on it). ``steps``: most
     search steps after the two first tests (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
     typically 1-3 are used for pure-DP queries, 4-12 for subsampled-Gaussian ones); ``size``:
     check window points (automatic on the host; under jit it must be given, and the query's step
@@ -452,8 +463,8 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     check_range("mu", mu, 0.0, MAX_MU)
     check_range("delta_slack", delta_slack, 0.0, 1.0)
     steps = check_count("steps", steps, minimum=1)
-    batch_size = residue_batch_size() if batch_size is None else check_count("batch_size", batch_size,
-                                                                              minimum=1)
+    if batch_size is not None:
+        batch_size = check_count("batch_size", batch_size, minimum=1)
     if is_traced((mu, query, delta_slack)) and size is None:
         raise ValueError("gdp_residue under jit needs size=")
     factor, size = residue_plan(mu, query, size)
@@ -461,6 +472,10 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     shape = jnp.broadcast_shapes(mu.shape, query.batch_shape, jnp.shape(delta_slack))
     stacked = query.stack_directions()
     nb = len(query.batch_shape)
+    if batch_size is None:
+        directions, n = stacked[0].shape[nb:]
+        n = n if factor == 1 else regrid_size(n, 1 / factor)
+        batch_size = residue_batch_size(directions * _size_class(n - 1 + size))
     flat = tuple(
         jnp.broadcast_to(a, shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:]) for a in stacked)
     mus = jnp.broadcast_to(mu, shape).reshape(-1)

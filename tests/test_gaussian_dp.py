@@ -2,6 +2,7 @@
 independent mpmath evaluation, and the GDP residue is never NaN (-inf for a query that does not
 fit) and never below the naive update sqrt(mu^2 - nu^2), for mu over its whole practical range."""
 
+import jax
 import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
@@ -156,3 +157,14 @@ def test_gdp_residue_does_not_depend_on_its_batch_size():
     assert pj.gaussian_dp.residue_batch_size() == pj.gaussian_dp.RESIDUE_BATCH_CPU
     with pytest.raises(ValueError, match="batch_size"):
         pj.gdp_residue(mus, queries, batch_size=0)
+
+
+def test_gdp_residue_chunks_fill_an_accelerator(monkeypatch):
+    """Elsewhere than on a CPU a chunk holds a power of two of pairs whose transforms fill about
+    RESIDUE_POINTS points, at most RESIDUE_BATCH."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    size = pj.gaussian_dp.residue_batch_size
+    assert size(0) == size(15_360) == pj.gaussian_dp.RESIDUE_BATCH == 2048  # randomized response
+    assert size(2 * 16_384) == 1024  # a subsampled Gaussian's two directions
+    assert size(2 * 2**17) == 128
+    assert size(2**40) == 1
