@@ -363,30 +363,38 @@ def _rdp_terms() -> tuple[np.ndarray, ...]:
     return order, k, log_binomial, starts
 
 
-#: Configurations per block of :func:`_rdp_epsilon` (each takes 944 terms).
-_RDP_BLOCK = 256
+#: Configurations per block of :func:`_rdp_epsilon` (each takes 944 terms; 32 to 128 were alike).
+_RDP_BLOCK = 64
 
 
 def _rdp_epsilon(sigma, q, steps, delta):
     """An estimate of epsilon (nats) from the Renyi DP of the Poisson-subsampled Gaussian at
     integer orders (Mironov, Talwar and Zhang's binomial expansion) and the standard conversion:
-    an upper bound, about 10% loose, used only to choose a grid step (never reported); flat."""
+    an upper bound, about 10% loose, used only to choose a grid step (never reported); flat.
+    Each term is a sum of constants times three per-configuration logarithms, so no term takes a
+    logarithm of its own (245 -> 125 ms for 10^4 configurations)."""
     sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
         *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
     order, k, log_binomial, starts = _rdp_terms()
+    misses, square = order - k, k * k - k
     counts = _RDP_ORDERS + 1
     orders = _RDP_ORDERS.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        # -inf (q = 1, or 0) made finite: times a count of 0 it must give 0, not NaN
+        log_miss = np.maximum(np.log1p(-q), -1e300)[:, None]
+        log_hit = np.maximum(np.log(q), -1e300)[:, None]
+    twice_variance = (2 * sigma**2)[:, None]
     out = np.empty(sigma.shape)
     for begin in range(0, sigma.size, _RDP_BLOCK):
         part = slice(begin, begin + _RDP_BLOCK)
-        s, p, t, d = (a[part, None] for a in (sigma, q, steps, delta))
+        terms = (log_binomial + misses * log_miss[part] + k * log_hit[part]
+                 + square / twice_variance[part])
+        top = np.maximum.reduceat(terms, starts, axis=-1)
+        spread = np.exp(terms - np.repeat(top, counts, axis=-1))
+        log_a = top + np.log(np.add.reduceat(spread, starts, axis=-1))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            terms = (log_binomial + (order - k) * np.where(k < order, np.log1p(-p), 0.0)
-                     + k * np.where(k > 0, np.log(p), 0.0) + (k * k - k) / (2 * s**2))
-            top = np.maximum.reduceat(terms, starts, axis=-1)
-            spread = np.exp(terms - np.repeat(top, counts, axis=-1))
-            log_a = top + np.log(np.add.reduceat(spread, starts, axis=-1))
-            eps = t * log_a / (orders - 1) + np.log(1.0 / d) / (orders - 1)
+            eps = (steps[part, None] * log_a / (orders - 1)
+                   + np.log(1.0 / delta[part, None]) / (orders - 1))
         out[part] = np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
     return out
 

@@ -298,6 +298,27 @@ def test_rtol_is_about_as_accurate_as_asked_at_small_epsilon(sigma, q, count):
     assert upper_ref * (1 - 1e-3) <= got <= upper_ref * (1 + 1e-2)
 
 
+def test_renyi_estimate_behind_rtol_matches_dp_accounting():
+    """rtol sizes its steps from an epsilon estimate by Renyi DP (never reported): at each of its
+    orders the Renyi divergence is dp-accounting's, and the conversion the standard one; the
+    extremes (q = 1, q = 0, sigma 1e-6 and 1e17) give numbers, never NaN."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from pldjax.dpsgd import _RDP_ORDERS, _rdp_epsilon
+
+    cases = [(1.0, 0.01, 10_000, 1e-5), (2.659, 0.00101, 157, 1e-5), (0.6, 0.05, 100_000, 1e-9),
+             (5.0, 1.0, 10, 1e-3), (1.147, 0.3, 1, 0.5)]
+    sigma, q, steps, delta = (np.array(column) for column in zip(*cases, strict=True))
+    got = _rdp_epsilon(sigma, q, steps, delta)
+    for (s, p, t, d), value in zip(cases, got, strict=True):
+        divergence = rdp._compute_rdp_poisson_subsampled_gaussian(p, s, _RDP_ORDERS)
+        expected = np.min(t * divergence + np.log(1 / d) / (_RDP_ORDERS - 1))
+        np.testing.assert_allclose(value, expected, rtol=1e-10)
+    extremes = _rdp_epsilon(np.array([1.0, 1.0, 1e-6, 1e17]), np.array([1.0, 0.0, 0.01, 0.01]),
+                            np.full(4, 1e9), np.full(4, 1e-5))
+    assert not np.any(np.isnan(extremes)) and np.all(extremes >= 0)
+
+
 def test_rtol_sets_the_step_and_schedules_take_it():
     coarse, fine = (pj.compose_schedule([(1.0, 0.02, 300)], rtol=r) for r in (1e-1, 1e-3))
     assert float(coarse.step) >= 8 * float(fine.step)
