@@ -8,6 +8,8 @@ also the points composed), compose (``dpsgd._compose_and_evaluate``); "other" is
 call (host glue).
 
     python bench/profile_sweep.py --configs 1024 --calls 2 [--save eps.npy] [--progress]
+    python bench/profile_sweep.py --configs 1024 --calls 2 --profile 25   # and the last call's
+                                                # 25 costliest functions (cProfile, cumulative)
 
 Needs: pip install '.[bench]'. Not part of CI; prints one line per call.
 """
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import os
+import pstats
 import sys
 import time
 
@@ -39,6 +43,8 @@ def main() -> None:
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--save", help="save the last call's epsilons here (.npy)")
     parser.add_argument("--progress", action="store_true", help="progress bars on stderr")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the last call and print its N costliest functions")
     args = parser.parse_args()
     seconds = collections.defaultdict(float)
 
@@ -70,15 +76,23 @@ def main() -> None:
 
     dpsgd._gather_rows = counted_gather
     sigmas, qs, steps = sweep_configs(args.configs)
+    profiler = cProfile.Profile()
     for call in range(args.calls):
         seconds.clear()
         points[0] = 0
+        profiled = args.profile and call == args.calls - 1
+        if profiled:
+            profiler.enable()
         start = time.perf_counter()
         eps = pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol, progress=args.progress)
         total = time.perf_counter() - start
+        if profiled:
+            profiler.disable()
         stages = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
         print(f"call {call}: {total:.2f} s: {stages}, other {total - sum(seconds.values()):.2f} s; "
               f"{points[0] / 1e6:.1f} M points composed", flush=True)
+    if args.profile:
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     if args.save:
         np.save(args.save, eps)
 
