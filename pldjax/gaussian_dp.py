@@ -452,9 +452,9 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     accepted=False). ``mu`` and the query's batch axes broadcast:
     many (mu, L) pairs are one compiled call, ``batch_size`` pairs at a time (default
     :func:`residue_batch_size`: 8 on a CPU; elsewhere up to 2,048, fewer for long transforms; the
-    result does not depend on it). ``steps``: most
-    search steps after the two first tests (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
-    typically 1-3 are used for pure-DP queries, 4-12 for subsampled-Gaussian ones); ``size``:
+    result does not depend on it). ``steps``: most search steps after the two first tests (it
+    stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2; typically 1-3 are used for pure-DP
+    queries, 4-12 for subsampled-Gaussian ones); ``size``:
     check window points (automatic on the host; under jit it must be given, and the query's step
     then used as is).
     """
