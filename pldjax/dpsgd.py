@@ -72,7 +72,7 @@ CPU_CALL_ELEMENTS = 2**18
 #: grid.fft_size (four sizes an octave), except on one accelerator (powers of two throughout): a
 #: composition shape takes about a second to compile on a CPU whatever its size, and padding a
 #: small window costs little. bench/dpsgd.py's 1,024 configurations at rtol=1e-2 compiled 35
-#: shapes in a 79 s first call, now 18 in 46 s, warm 1.58 -> 1.44 s (2 cores).
+#: shapes in a 79 s first call, now 18 in 46 s, equally fast warm (2 cores).
 SMALL_WINDOW = 8192
 #: The most rows of any composition call: the evaluation holds a few 128 x 128 matrices a row
 #: whatever the window (about 0.4 MB a row at its peak), so tiny windows must not fill a call
@@ -319,7 +319,7 @@ class _Compositions:
 
 
 def composition_size(width: int) -> int:
-    """Points of the composition window for ``width`` needed ones (see SMALL_WINDOW)."""
+    """Points of the composition window that holds ``width`` points (see SMALL_WINDOW)."""
     return grid_lib.next_pow2(width) if width <= SMALL_WINDOW else grid_lib.fft_size(width)
 
 
