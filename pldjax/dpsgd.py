@@ -365,13 +365,14 @@ _RDP_ORDERS = np.array([2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 12
 @functools.cache
 def _rdp_terms() -> tuple[np.ndarray, ...]:
     """The terms k = 0 .. a of the binomial expansion at each order a of _RDP_ORDERS, flat (944
-    terms, not 18 x 257): (a, k, log C(a, k)) for each term, and where each order's terms start."""
+    terms, not 18 x 257): for each term log C(a, k) and the coefficients a - k, k and k^2 - k of
+    log(1 - q), log q and 1 / (2 sigma^2); and where each order's terms start."""
     order = np.repeat(_RDP_ORDERS, _RDP_ORDERS + 1).astype(np.float64)
     k = np.concatenate([np.arange(a + 1) for a in _RDP_ORDERS]).astype(np.float64)
     log_binomial = np.array([math.lgamma(a + 1.0) - math.lgamma(j + 1.0) - math.lgamma(a - j + 1.0)
                              for a, j in zip(order, k, strict=True)])
     starts = np.concatenate([[0], np.cumsum(_RDP_ORDERS + 1)[:-1]])
-    return order, k, log_binomial, starts
+    return log_binomial, order - k, k, k * k - k, starts
 
 
 #: Configurations per block of :func:`_rdp_epsilon` (each takes 944 terms; 32 to 128 were alike).
@@ -385,8 +386,7 @@ def _rdp_epsilon(sigma, q, steps, delta):
     Every term combines three logarithms per configuration with constant coefficients."""
     sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
         *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
-    order, k, log_binomial, starts = _rdp_terms()
-    misses, square = order - k, k * k - k
+    log_binomial, misses, k, square, starts = _rdp_terms()
     counts = _RDP_ORDERS + 1
     orders = _RDP_ORDERS.astype(np.float64)
     with np.errstate(divide="ignore"):

@@ -333,6 +333,17 @@ def residue_size(mu_max, step, query_size: int) -> int:
     return _size_class(int(np.ceil(reach / float(np.min(step)))) + 2)
 
 
+def _coarse_points(n: int, factor: int) -> int:
+    """Points of an ``n``-point query grid coarsened ``factor``-fold for the residue search."""
+    return n if factor == 1 else regrid_size(n, 1 / factor)
+
+
+def _fft_length(n: int, size: int) -> int:
+    """FFT length of a residue test on ``n`` query points and ``size`` check points: outputs
+    n-1 .. n-2+size of a cyclic convolution of that length are exact."""
+    return _size_class(n - 1 + size)
+
+
 def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int,
                    factor: int = 1):
     """(mu', accepted) for one query and one budget mu; ``probs`` etc. carry a leading direction
@@ -351,13 +362,13 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     accepted = nu <= mu
     naive = jnp.where(accepted, root_of_difference_down(mu, nu), 0.0)
     if factor > 1:
-        coarse = functools.partial(regrid_kernel, size=regrid_size(probs.shape[-1], 1 / factor),
+        coarse = functools.partial(regrid_kernel, size=_coarse_points(probs.shape[-1], factor),
                                    pessimistic=True)
         step_coarse = step * float(factor)  # a float: the factor may exceed int64 for huge mu
         probs, offset = jax.vmap(coarse)(probs, offset, step, step_coarse)
         step = step_coarse
     n = probs.shape[-1]
-    nfft = _size_class(n - 1 + size)  # outputs n-1 .. n-2+size of a cyclic convolution are exact
+    nfft = _fft_length(n, size)
     checks = jnp.arange(size)[None, :] * step[:, None]  # eps_j = j h, per direction (from 0)
     # lags k = j - i for check j and grid point i: eps_j - z_i = (k - offset) h
     lags = (jnp.arange(-(n - 1), size)[None, :] - offset[:, None]) * step[:, None]
@@ -474,8 +485,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     nb = len(query.batch_shape)
     if batch_size is None:
         directions, n = stacked[0].shape[nb:]
-        n = n if factor == 1 else regrid_size(n, 1 / factor)
-        batch_size = residue_batch_size(directions * _size_class(n - 1 + size))
+        batch_size = residue_batch_size(directions * _fft_length(_coarse_points(n, factor), size))
     flat = tuple(
         jnp.broadcast_to(a, shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:]) for a in stacked)
     mus = jnp.broadcast_to(mu, shape).reshape(-1)
