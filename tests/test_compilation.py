@@ -171,3 +171,22 @@ def test_a_new_process_reads_the_exported_kernels(tmp_path):
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*")} == entries
+
+
+def test_kernels_compile_with_their_cpu_options_only_where_xla_knows_them():
+    """A kernel given ``cpu_options`` compiles with them on a CPU; with an option this XLA does
+    not know (a later jaxlib may drop one) it compiles as a plain jitted kernel, same values."""
+    from pldjax import compilation
+
+    def curve(x):
+        return jnp.exp(-x) * jnp.log1p(x)
+
+    fast = compilation.exported_jit(cpu_options=compilation.FAST_COMPILE)(curve)
+    unknown = compilation.exported_jit(cpu_options={"xla_no_such_option": True})(curve)
+    assert jax.default_backend() == "cpu"
+    assert fast.kernel is fast._tuned
+    assert unknown.kernel is unknown._jitted
+    x = jnp.linspace(0.0, 5.0, 101)
+    np.testing.assert_allclose(fast(x), unknown(x), rtol=1e-15)
+    np.testing.assert_allclose(fast(x), np.exp(-np.asarray(x)) * np.log1p(np.asarray(x)),
+                               rtol=1e-14)
