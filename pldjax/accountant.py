@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax import io
+from pldjax.compilation import kernel_jit
 from pldjax.dpsgd import compose_schedule, dpsgd_event
 from pldjax.mechanisms import Event, identity
 from pldjax.neighboring import Neighboring
@@ -213,7 +214,7 @@ def _step(packed: AccountantState, event: Event, steps) -> AccountantState:
     return pack(new)
 
 
-_step_jit = jax.jit(_step)
+_step_jit = kernel_jit(_step)
 
 
 def _as_event(state: AccountantState, event_or_sigma, sampling_prob) -> Event:

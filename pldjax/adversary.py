@@ -54,7 +54,6 @@ values before any multiset is listed.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from typing import NamedTuple
@@ -64,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.align import align
+from pldjax.compilation import kernel_jit
 from pldjax.discretize import masses_from_curve
 from pldjax.grid import MAX_SIZE, next_pow2
 from pldjax.order import ROUNDOFF
@@ -202,7 +202,7 @@ def _identity_curve(window: Window, step):
     return jnp.maximum(-jnp.expm1(eps), 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("window", "rows"))
+@kernel_jit(static_argnames=("window", "rows"))
 def _identity_rows(step, *, window: Window, rows: int):
     return jnp.broadcast_to(_identity_curve(window, step), (rows, window.size))
 
@@ -323,7 +323,7 @@ def _prepare(curves, rows, count, probs, step, plan: _Plan, table):
     return _spectra(curves, rows, count, step, plan, table), jnp.fft.rfft(probs, plan.nfft)
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "rows"))
+@kernel_jit(static_argnames=("plan", "rows"))
 def _start(step, budget, *, plan: _Plan, rows: int):
     """What a forward pass starts from: Id in every row (level 0), a spare buffer and a spectra
     table of as many rows (for :func:`_forward_level` to take over), and the budget's limits."""
@@ -334,7 +334,7 @@ def _start(step, budget, *, plan: _Plan, rows: int):
             jnp.zeros((rows, window.size)), table, limits)
 
 
-@functools.partial(jax.jit, static_argnames=("plan",), donate_argnames=("out", "table"))
+@kernel_jit(static_argnames=("plan",), donate_argnames=("out", "table"))
 def _forward_level(curves, out, table, rows, count, source, query, moves, probs, inf_mass, step,
                    limits, *, plan: _Plan):
     """The compositions L_query[e] (+) curves[rows[source[e]]] for e < moves, written into the
@@ -364,7 +364,7 @@ def _forward_level(curves, out, table, rows, count, source, query, moves, probs,
     return out, spectra, at_points, everywhere
 
 
-@functools.partial(jax.jit, static_argnames=("plan",))
+@kernel_jit(static_argnames=("plan",))
 def _backward_level(curves, count, source, query, target, moves, probs, inf_mass, step, *,
                     plan: _Plan):
     """W at the level above: row r is max(Id, L_query[e] (+) curves[source[e]] for the moves
@@ -564,7 +564,7 @@ class Bounds(NamedTuple):
     gap: float
 
 
-@functools.partial(jax.jit, static_argnames=("window",))
+@kernel_jit(static_argnames=("window",))
 def _summary(up_rows, low_rows, step, limits: _Limits, *, window: Window):
     """From row 0 of the recursions' results: the grid, both curves, the upper curve's PLD
     (Alg. 1: masses, inf mass, offset, step), the gap, and the excess over the budget of the upper
@@ -715,7 +715,7 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
     return bool(jnp.all(below | below.T))
 
 
-@jax.jit
+@kernel_jit
 def _largest_differences(curves):
     """max over the points of curves[i] - curves[j], for every pair (i, j): one fused reduction,
     so the pairs-by-points differences are never held at once."""

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax import grid as grid_lib
+from pldjax.compilation import kernel_jit
 from pldjax.pld import PLD
 from pldjax.validate import is_traced
 
@@ -79,7 +80,7 @@ def regrid_size(n: int, ratio: float) -> int:
     return math.ceil((n - 1) * ratio * (1 + 1e-12)) + 3
 
 
-@functools.partial(jax.jit, static_argnames=("size", "pessimistic"))
+@kernel_jit(static_argnames=("size", "pessimistic"))
 def _regrid_batch(probs, offset, step, target, *, size: int, pessimistic: bool):
     kernel = functools.partial(regrid_kernel, size=size, pessimistic=pessimistic)
     return jax.vmap(kernel)(probs, offset, step, target)

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.compilation import kernel_jit
 from pldjax.order import log_mgf_kernel
 from pldjax.pld import PLD
 from pldjax.precision import float64
@@ -42,7 +43,7 @@ RESOLVED_DELTA = 1e-10
 #: Relative slack for float64 round-off in the log-sums (far below the bound's own looseness).
 _ROUNDOFF = 1e-12
 
-_log_mgf = jax.jit(jax.vmap(log_mgf_kernel, in_axes=(None, None, None, None, 0)))
+_log_mgf = kernel_jit(jax.vmap(log_mgf_kernel, in_axes=(None, None, None, None, 0)))
 
 
 def _exponents(parts: Sequence[tuple[PLD, int]]) -> list[tuple[np.ndarray, float]]:

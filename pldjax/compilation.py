@@ -160,23 +160,40 @@ def _signature(leaf) -> tuple | str:
     return str(jax.typeof(leaf))  # a Python or NumPy scalar: its dtype follows jax_enable_x64
 
 
-class ExportedKernel:
-    """A jitted kernel whose programs (one per static arguments and input shapes) are exported
-    with ``jax.export`` and kept on disk while the compilation cache is on (see the module
-    docstring); otherwise, and inside traces, the jitted kernel itself. Same values either way:
-    the program is the one ``jit`` would compile. On a CPU it compiles with the XLA options
-    ``cpu_options`` where given (not inside a trace: a nested jit takes no options of its own)."""
+#: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: the
+#: default of :func:`kernel_jit`. Measured kernel by kernel on a 2-core CPU, most of pldjax's
+#: kernels compile in 60-75% of the time and run as fast (the composition for DP-SGD: 1.24 ->
+#: 0.83 s; the GDP residue's 3.6 -> 3.0 s); those that run slower with it (the discretization's
+#: curve 3x, self-composition's power 1.14x) compile with XLA's defaults.
+FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False}
 
-    def __init__(self, fn, static_argnames: Iterable[str] = (),
-                 cpu_options: Mapping[str, object] | None = None):
-        static_argnames = tuple(static_argnames)
-        self._jitted = jax.jit(fn, static_argnames=static_argnames)
+
+@functools.cache
+def _supported(options: tuple) -> bool:
+    """Whether this process's XLA compiles with ``options`` ((name, value) pairs): a later
+    jaxlib may drop an option, and its kernels then compile without any."""
+    def option_probe(x):
+        return x + 1
+
+    try:
+        jax.jit(option_probe, compiler_options=dict(options)).trace(0.0).lower().compile()
+    except Exception:
+        return False
+    return True
+
+
+class Kernel:
+    """``jax.jit(fn, **jit_options)`` that compiles with the XLA options ``cpu_options`` on a CPU
+    whose XLA knows them, except inside a trace, where it runs as a nested jit (which takes no
+    options of its own). The options change how XLA turns the program into machine code, not the
+    program: values agree to the last few bits."""
+
+    def __init__(self, fn, cpu_options: Mapping[str, object] | None = FAST_COMPILE,
+                 **jit_options):
+        self._jitted = jax.jit(fn, **jit_options)
         self._cpu_options = dict(cpu_options or {})
-        self._tuned = (jax.jit(fn, static_argnames=static_argnames,
-                               compiler_options=self._cpu_options) if cpu_options else None)
-        self.static_argnames = frozenset(static_argnames)
-        self._calls: dict = {}
-        self._tokens: dict = {}
+        self._tuned = (jax.jit(fn, compiler_options=self._cpu_options, **jit_options)
+                       if cpu_options else None)
         functools.update_wrapper(self, fn)
 
     def _options(self) -> dict | None:
@@ -188,14 +205,50 @@ class ExportedKernel:
 
     @property
     def kernel(self):
-        """The jitted kernel (compiled with :meth:`_options`)."""
+        """The jitted kernel for a call at top level (compiled with :meth:`_options`)."""
         return self._jitted if self._options() is None else self._tuned
 
     def _cache_size(self) -> int:
         """Compiled shapes held in memory (for :func:`compiled_count`)."""
         tuned = 0 if self._tuned is None else self._tuned._cache_size()
         return self._jitted._cache_size() + tuned + sum(
-            getattr(call, "_cache_size", lambda: 0)() for call in self._calls.values())
+            getattr(call, "_cache_size", lambda: 0)() for call in self._programs())
+
+    def _programs(self) -> Iterable:
+        """Further jitted programs this kernel holds (an exported kernel's)."""
+        return ()
+
+    def __call__(self, *args, **kwargs):
+        if is_traced((args, kwargs)):
+            return self._jitted(*args, **kwargs)
+        return self.kernel(*args, **kwargs)
+
+
+def kernel_jit(fn=None, *, cpu_options: Mapping[str, object] | None = FAST_COMPILE,
+               **jit_options):
+    """``jax.jit`` for pldjax's kernels (a :class:`Kernel`; also a decorator with options):
+    ``cpu_options`` None for a kernel that runs slower with :data:`FAST_COMPILE`."""
+    if fn is None:
+        return functools.partial(kernel_jit, cpu_options=cpu_options, **jit_options)
+    return Kernel(fn, cpu_options, **jit_options)
+
+
+class ExportedKernel(Kernel):
+    """A :class:`Kernel` whose programs (one per static arguments and input shapes) are exported
+    with ``jax.export`` and kept on disk while the compilation cache is on (see the module
+    docstring); otherwise, and inside traces, the jitted kernel itself. Same values either way:
+    the program is the one ``jit`` would compile."""
+
+    def __init__(self, fn, static_argnames: Iterable[str] = (),
+                 cpu_options: Mapping[str, object] | None = FAST_COMPILE):
+        static_argnames = tuple(static_argnames)
+        super().__init__(fn, cpu_options, static_argnames=static_argnames)
+        self.static_argnames = frozenset(static_argnames)
+        self._calls: dict = {}
+        self._tokens: dict = {}
+
+    def _programs(self) -> Iterable:
+        return self._calls.values()
 
     def __call__(self, *args, **kwargs):
         leaves, tree = jax.tree_util.tree_flatten(args)
@@ -249,34 +302,13 @@ class ExportedKernel:
 
 
 def exported_jit(*, static_argnames: Iterable[str] = (),
-                 cpu_options: Mapping[str, object] | None = None) -> Callable:
-    """Decorator: ``jax.jit`` with ``static_argnames``, as an :class:`ExportedKernel` (static
-    arguments by keyword, the others by position); compiled with the XLA options ``cpu_options``
-    (e.g. :data:`FAST_COMPILE`) on a CPU."""
+                 cpu_options: Mapping[str, object] | None = FAST_COMPILE) -> Callable:
+    """Decorator: :func:`kernel_jit` with ``static_argnames``, as an :class:`ExportedKernel`
+    (static arguments by keyword, the others by position)."""
     def wrap(fn):
         return ExportedKernel(fn, static_argnames, cpu_options)
 
     return wrap
-
-
-#: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: kernels
-#: that pass it as ``cpu_options`` compile in about two thirds of the time, as fast at run time
-#: (measured kernel by kernel; others, such as the discretization's curve, run twice as long).
-FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False}
-
-
-@functools.cache
-def _supported(options: tuple) -> bool:
-    """Whether this process's XLA compiles with ``options`` ((name, value) pairs): a later
-    jaxlib may drop an option, and its kernels then compile without any."""
-    def option_probe(x):
-        return x + 1
-
-    try:
-        jax.jit(option_probe, compiler_options=dict(options)).trace(0.0).lower().compile()
-    except Exception:
-        return False
-    return True
 
 
 @functools.cache

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax import grid as grid_lib
-from pldjax.compilation import FAST_COMPILE, exported_jit
+from pldjax.compilation import exported_jit
 from pldjax.grid import Grid
 from pldjax.validate import is_traced
 
@@ -339,7 +339,8 @@ def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pe
 _STATIC = ("mechanism", "size", "pessimistic", "fixed")
 
 
-@exported_jit(static_argnames=_STATIC)
+# XLA's defaults: with FAST_COMPILE its tails (erfc, logs) ran 3x slower
+@exported_jit(static_argnames=_STATIC, cpu_options=None)
 def _curve_kernel(params, tail, step, **options):
     """(values, offset, step) of a batch: :func:`curve_values` on each one's grid."""
     def one(single, single_tail):
@@ -351,7 +352,7 @@ def _curve_kernel(params, tail, step, **options):
     return jax.vmap(one)(params, tail)
 
 
-@exported_jit(cpu_options=FAST_COMPILE)
+@exported_jit()
 def _masses_kernel(values, offset, step):
     """(probs, inf_mass) of a batch of :func:`curve_values` rows (see :func:`masses_from_values`)."""
     def one(row, single_offset, h):
@@ -393,7 +394,7 @@ def _window_grid(params, tail, step, *, mechanism: Mechanism, size: int, pessimi
     return grid_lib.window_offset(center, h, size, pessimistic), h
 
 
-@exported_jit(static_argnames=("mechanism",), cpu_options=FAST_COMPILE)
+@exported_jit(static_argnames=("mechanism",))
 def _half_widths(params, tail, step, *, mechanism: Mechanism):
     """Each element's half-width in units of ``step``. With no fixed step, in units of twice the
     fine step, so that a range of parameters shares one size (one compiled kernel); auto_step

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax import grid as grid_lib
 from pldjax import sampling as sampling_lib
-from pldjax.compilation import FAST_COMPILE, MappingGuard, exported_jit
+from pldjax.compilation import MappingGuard, exported_jit
 from pldjax.compose import (
     PMFSummary,
     _checked_size,
@@ -114,7 +114,7 @@ def composition_tail(target, evaluate: str):
     return jnp.maximum(target * TAIL_FRACTION, grid_lib.TAIL_MASS)
 
 
-@exported_jit(static_argnames=("pessimistic", "evaluate"), cpu_options=FAST_COMPILE)
+@exported_jit(static_argnames=("pessimistic", "evaluate"))
 def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, target, exponents, *,
                           pessimistic, evaluate):
     """Each row's count-fold composition (its PMF wrapped to the window,
@@ -142,7 +142,7 @@ def _gather_rows(probs, index, scalars, *, size, rows):
     return fill(wrap_rows(jnp, probs[index], size)), [fill(a[index]) for a in scalars]
 
 
-@exported_jit(static_argnames=("evaluate",), cpu_options=FAST_COMPILE)
+@exported_jit(static_argnames=("evaluate",))
 def window_placement(probs, offset, step, count, target, *, evaluate):
     """Each row's count-fold composition: its Chernoff tail window (lo, hi) (grid indices) for
     :func:`composition_tail`, the exponents it came from (which the composition reuses for its

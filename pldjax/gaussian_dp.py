@@ -35,6 +35,7 @@ import numpy as np
 from jax.scipy.special import ndtri
 
 from pldjax.align import regrid_kernel, regrid_size
+from pldjax.compilation import kernel_jit
 from pldjax.grid import MAX_SIZE, check_size
 from pldjax.order import ROUNDOFF
 from pldjax.pld import PLD, batched
@@ -291,7 +292,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     return jnp.where(ok_max, found, jnp.inf)
 
 
-_gdp_mu_jit = jax.jit(gdp_mu_kernel)
+_gdp_mu_jit = kernel_jit(gdp_mu_kernel)
 
 
 @float64
@@ -424,7 +425,7 @@ def _residue_batch(stacked, mu, delta_slack, *, size: int, steps: int, batch_siz
     return jax.lax.map(one, (*stacked, mu, delta_slack), batch_size=batch_size)
 
 
-_residue_batch_jit = jax.jit(_residue_batch,
+_residue_batch_jit = kernel_jit(_residue_batch,
                              static_argnames=("size", "steps", "batch_size", "factor"))
 
 #: Pairs :func:`gdp_residue` searches together by default on a CPU. A vmapped search runs until

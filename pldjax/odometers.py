@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.compilation import kernel_jit
 from pldjax.filters.base import _pld_problems, keep_if
 from pldjax.filters.residue import GDPState, ResidueState, gdp_filter, gdp_residue_filter
 from pldjax.filters.whitehouse import residue_epsilon_squared
@@ -124,7 +125,7 @@ def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[
         new, ok = core(unpack(state, like), *args)
         return keep_if(ok, pack(new), state), ok
 
-    compiled = jax.jit(guarded)
+    compiled = kernel_jit(guarded)
 
     @float64
     def step(state, *args):

@@ -37,6 +37,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from pldjax.align import align, regrid
+from pldjax.compilation import kernel_jit
 from pldjax.discretize import masses_from_curve
 from pldjax.mass import settle
 from pldjax.pld import PLD, batched, check_same_kind
@@ -174,9 +175,9 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     return host_result(jnp.maximum(jnp.max(lines, axis=-1), 0.0))
 
 
-_tradeoff_jit = jax.jit(tradeoff_kernel, static_argnames=("pessimistic",))
-_renyi_jit = jax.jit(renyi_kernel, static_argnames=("pessimistic",))
-_log_mgf_jit = jax.jit(log_mgf_kernel, static_argnames=("pessimistic",))
+_tradeoff_jit = kernel_jit(tradeoff_kernel, static_argnames=("pessimistic",))
+_renyi_jit = kernel_jit(renyi_kernel, static_argnames=("pessimistic",))
+_log_mgf_jit = kernel_jit(log_mgf_kernel, static_argnames=("pessimistic",))
 
 
 @float64
@@ -229,7 +230,7 @@ def dominance_excess_kernel(l_probs, l_inf, l_off, l_step, b_probs, b_inf, b_off
     )
 
 
-_dominance_excess_jit = jax.jit(dominance_excess_kernel)
+_dominance_excess_jit = kernel_jit(dominance_excess_kernel)
 
 
 def _unbatched(pld: PLD, what: str) -> None:
@@ -292,7 +293,7 @@ def sup_kernel(probs, inf_mass, offset, step, *, size: int):
     return out, out_inf, low
 
 
-_sup_jit = jax.jit(sup_kernel, static_argnames=("size",))
+_sup_jit = kernel_jit(sup_kernel, static_argnames=("size",))
 
 
 @float64

@@ -18,6 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from pldjax.compilation import kernel_jit
 from pldjax.pld import PLD, batched
 from pldjax.precision import float64, host_result
 from pldjax.validate import check_range
@@ -173,8 +174,8 @@ def epsilon_kernel(probs, inf_mass, offset, step, deltas):
     return jnp.where(deltas >= 1.0, 0.0, jnp.where(inf_mass > deltas, jnp.inf, eps))
 
 
-_delta_jit = jax.jit(delta_kernel)
-_epsilon_jit = jax.jit(epsilon_kernel)
+_delta_jit = kernel_jit(delta_kernel)
+_epsilon_jit = kernel_jit(epsilon_kernel)
 
 
 def per_direction(pld: PLD, values, kernel, combine=jnp.maximum) -> jax.Array:

@@ -56,7 +56,6 @@ is the Poisson-subsampled pair at rate pi.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +64,7 @@ from scipy import stats
 
 from pldjax import grid as grid_lib
 from pldjax.align import align
+from pldjax.compilation import kernel_jit
 from pldjax.discretize import _lower_hull_at, masses_from_curve
 from pldjax.grid import Grid
 from pldjax.mass import settle
@@ -123,7 +123,7 @@ def mixture(weights, plds: list[PLD]) -> PLD:
 _HULL_REACH = 600.0
 
 
-@functools.partial(jax.jit, static_argnames=("size", "hull"))
+@kernel_jit(static_argnames=("size", "hull"))
 def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
     """One direction: the PLD whose curve is the lower convex envelope (in x = e^z) of the
     pointwise minimum of the K curves at the window's grid points (see :func:`tightest`); without

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
+from pldjax.compilation import kernel_jit
 from pldjax.pld import PLD
 from pldjax.precision import float64, host_result, pack, unpack, upper_of_rounded
 from pldjax.validate import is_traced
@@ -201,7 +202,7 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
         accepted = accepted & valid & sane
         return keep_if(accepted, pack(new), state), accepted
 
-    compiled = jax.jit(guarded, static_argnames=static)
+    compiled = kernel_jit(guarded, static_argnames=static)
 
     @float64
     def spend(state, query):
