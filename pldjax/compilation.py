@@ -23,6 +23,9 @@ exported again. Like jit's own trace cache, an entry does not see module constan
 run time (tests that patch them run with the cache off). Calls inside a trace (``jit``,
 ``vmap``), with several devices, or without the ``flatbuffers`` package run the kernels as plain
 ``jax.jit`` functions.
+
+Every kernel is jitted by :func:`kernel_jit` (or :func:`exported_jit`), which on a CPU compiles it
+with :data:`FAST_COMPILE` unless the kernel runs slower with it.
 """
 
 from __future__ import annotations
