@@ -164,10 +164,11 @@ def _signature(leaf) -> tuple | str:
 
 
 #: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: the
-#: default of :func:`kernel_jit`. Measured kernel by kernel on a 2-core CPU, most of pldjax's
-#: kernels compile in 60-75% of the time and run as fast (the composition for DP-SGD: 1.24 ->
-#: 0.83 s; the GDP residue's 3.6 -> 3.0 s); those that run slower with it (the discretization's
-#: curve 3x, self-composition's power 1.14x) compile with XLA's defaults.
+#: default of :func:`kernel_jit`. Measured kernel by kernel on a 2-core CPU (bench/compile_options.py
+#: --kernels), most of pldjax's kernels compile in 60-80% of the time and run as fast (DP-SGD's
+#: composition: 1.38 -> 0.95 s); those that ran slower with it keep XLA's defaults (the
+#: discretization's curve 2.9x, G_mu's erfc in gdp_mu and the residue 5-11%, V_k's levels 3-8%,
+#: filters' spends).
 FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -197,6 +198,8 @@ class Kernel:
         self._cpu_options = dict(cpu_options or {})
         self._tuned = (jax.jit(fn, compiler_options=self._cpu_options, **jit_options)
                        if cpu_options else None)
+        static = jit_options.get("static_argnames", ())
+        self.static_argnames = frozenset((static,) if isinstance(static, str) else static)
         functools.update_wrapper(self, fn)
 
     def _options(self) -> dict | None:
@@ -246,7 +249,6 @@ class ExportedKernel(Kernel):
                  cpu_options: Mapping[str, object] | None = FAST_COMPILE):
         static_argnames = tuple(static_argnames)
         super().__init__(fn, cpu_options, static_argnames=static_argnames)
-        self.static_argnames = frozenset(static_argnames)
         self._calls: dict = {}
         self._tokens: dict = {}
 

@@ -499,17 +499,14 @@ def _truncate_batch(probs, inf_mass, offset, tail, *, size: int, pessimistic: bo
     return jax.vmap(kernel)(probs, inf_mass, offset)
 
 
-# XLA's defaults: its power ran 1.14x slower with FAST_COMPILE
-@kernel_jit(static_argnames=("size", "pessimistic"), cpu_options=None)
+@kernel_jit(static_argnames=("size", "pessimistic"))
 def _self_compose_batch(pld: PLD, count, tail, *, size: int, pessimistic: bool):
     return self_compose_rows(pld.probs, pld.inf_mass, pld.offset, pld.step, count, size=size,
                              tail=tail, pessimistic=pessimistic)
 
 
 _needed_size_batch = kernel_jit(jax.vmap(needed_size, in_axes=(0, None)))
-# XLA's defaults: its Chernoff search ran 1.4x slower with FAST_COMPILE
-_tail_window_batch = kernel_jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)),
-                                cpu_options=None)
+_tail_window_batch = kernel_jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)))
 
 
 def _checked_size(size: int, what: str, argument: str) -> int:

@@ -339,7 +339,7 @@ def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pe
 _STATIC = ("mechanism", "size", "pessimistic", "fixed")
 
 
-# XLA's defaults: with FAST_COMPILE its tails (erfc, logs) ran 3x slower
+# XLA's defaults: its tails (erfc, logs) ran 3x slower with FAST_COMPILE
 @exported_jit(static_argnames=_STATIC, cpu_options=None)
 def _curve_kernel(params, tail, step, **options):
     """(values, offset, step) of a batch: :func:`curve_values` on each one's grid."""

@@ -236,8 +236,7 @@ def test_spend_is_jittable_and_vmappable():
     eager, ok = f.spend(f.init(), rr)
     jitted, ok_jit = jax.jit(f.spend)(f.init(), rr)
     assert bool(ok) and bool(ok_jit)
-    # the eager call compiles with pldjax's CPU options, a nested jit with XLA's defaults
-    assert f.remaining(jitted)["mu"] == pytest.approx(float(f.remaining(eager)["mu"]), rel=1e-12)
+    assert f.remaining(jitted)["mu"] == f.remaining(eager)["mu"]
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), f.init())
     queries = pj.randomized_response(np.array([0.25, 0.5, 4.0]))
     new, accepted = jax.vmap(f.spend)(states, queries)
