@@ -9,7 +9,8 @@ Two tables, each comparing XLA's defaults with FAST_COMPILE (``xla_cpu_use_fusio
   kernels that keep XLA's defaults (``cpu_options=None``) were chosen.
 * default: public calls in fresh processes, alternating XLA's defaults (pldjax's options switched
   off) and pldjax as shipped: each call's first time (compilation included; caches off) and its
-  warm time (median of 3).
+  warm time (median of 3). The calls run in the table's order in one process, so a first time
+  counts only the kernels that the calls before it had not compiled.
 
     python bench/compile_options.py                # first calls, 2 processes per setting
     python bench/compile_options.py --rounds 3
