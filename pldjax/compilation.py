@@ -230,8 +230,9 @@ class Kernel:
         return self.kernel(*args, **kwargs)
 
 
-def kernel_jit(fn=None, *, cpu_options: Mapping[str, object] | None = FAST_COMPILE,
-               **jit_options):
+def kernel_jit(fn: Callable | None = None, *,
+               cpu_options: Mapping[str, object] | None = FAST_COMPILE,
+               **jit_options) -> Callable:
     """``jax.jit`` for pldjax's kernels (a :class:`Kernel`; also a decorator with options):
     ``cpu_options`` None for a kernel that runs slower with :data:`FAST_COMPILE`."""
     if fn is None:
