@@ -169,7 +169,7 @@ def _signature(leaf) -> tuple | str:
 #: composition: 1.38 -> 0.95 s); those that ran slower with it keep XLA's defaults (the
 #: discretization's curve 2.9x, G_mu's erfc in gdp_mu and the residue 5-11%, V_k's levels 3-8%,
 #: filters' spends).
-FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False}
+FAST_COMPILE = types.MappingProxyType({"xla_cpu_use_fusion_emitters": False})
 
 
 @functools.cache
@@ -234,9 +234,12 @@ def kernel_jit(fn: Callable | None = None, *,
                cpu_options: Mapping[str, object] | None = FAST_COMPILE,
                **jit_options) -> Callable:
     """``jax.jit`` for pldjax's kernels (a :class:`Kernel`; also a decorator with options):
-    ``cpu_options`` None for a kernel that runs slower with :data:`FAST_COMPILE`."""
+    ``cpu_options`` None for a kernel that runs slower with :data:`FAST_COMPILE`, which is then
+    the plain ``jax.jit`` (no check for traced inputs on its calls)."""
     if fn is None:
         return functools.partial(kernel_jit, cpu_options=cpu_options, **jit_options)
+    if not cpu_options:
+        return jax.jit(fn, **jit_options)
     return Kernel(fn, cpu_options, **jit_options)
 
 
