@@ -196,6 +196,7 @@ class Kernel:
                  **jit_options):
         self._jitted = jax.jit(fn, **jit_options)
         self._cpu_options = dict(cpu_options or {})
+        self._option_key = tuple(sorted(self._cpu_options.items()))  # for _supported's cache
         self._tuned = (jax.jit(fn, compiler_options=self._cpu_options, **jit_options)
                        if cpu_options else None)
         static = jit_options.get("static_argnames", ())
@@ -207,7 +208,7 @@ class Kernel:
         XLA knows them (:func:`_supported`), else none."""
         if self._tuned is None or jax.default_backend() != "cpu":
             return None
-        return self._cpu_options if _supported(tuple(sorted(self._cpu_options.items()))) else None
+        return self._cpu_options if _supported(self._option_key) else None
 
     @property
     def kernel(self):
