@@ -93,38 +93,52 @@ def first_calls(rounds: int) -> None:
               f"{warm['pldjax']:8.2f}")
 
 
-KERNELS = SETUP + """
-import statistics, time
-import pldjax.compilation as compilation
-seen = {}
-originals = {cls: cls.__call__ for cls in (compilation.Kernel, compilation.ExportedKernel)}
-def recorder(cls):
-    def call(self, *args, **kwargs):
+KERNELS = """
+import jax
+# every jax.jit pldjax creates (its kernels with FAST_COMPILE and with XLA's defaults alike) is
+# wrapped, before pldjax is imported, to record the function, its jit options and first inputs
+seen, plain_jit = {}, jax.jit
+class Recorded:
+    def __init__(self, fn, options):
+        self.fn, self.options, self.jitted = fn, options, plain_jit(fn, **options)
+    def __call__(self, *args, **kwargs):
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
-            seen.setdefault(self, (args, kwargs, jax.config.jax_enable_x64))
-        return originals[cls](self, *args, **kwargs)
-    return call
-for cls in originals:
-    cls.__call__ = recorder(cls)
+            entry = seen.setdefault(self.fn, [self.options, args, kwargs, x64(), "defaults"])
+            if "compiler_options" in self.options:
+                entry[4] = "FAST"
+        return self.jitted(*args, **kwargs)
+    def __getattr__(self, name):
+        return getattr(self.jitted, name)
+def x64():
+    return jax.config.jax_enable_x64
+def recording_jit(fn=None, **options):
+    return (lambda f: Recorded(f, options)) if fn is None else Recorded(fn, options)
+jax.jit = recording_jit
+""" + SETUP + """
+import statistics, time
 for code in CALLS.values():
     jax.block_until_ready(eval(code))
-for cls, call in originals.items():
-    cls.__call__ = call
+jax.jit = plain_jit
 print(f"{'kernel':30s} {'compile s: defaults':>19s} {'FAST':>6s}   {'warm ms: defaults':>17s} "
       f"{'FAST':>8s}   shipped with")
-for kernel, (args, kwargs, x64) in seen.items():
-    if ONLY and kernel.__name__ not in ONLY:
+for fn, (options, args, kwargs, enable_x64, shipped) in seen.items():
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if ONLY and name not in ONLY:
         continue
-    jax.config.update("jax_enable_x64", x64)
+    jax.config.update("jax_enable_x64", enable_x64)
+    options = {k: v for k, v in options.items() if k not in ("compiler_options", "donate_argnames")}
+    static = options.get("static_argnames", ())
+    static = {static} if isinstance(static, str) else set(static)
+    kernel = plain_jit(fn, **options)
     compile_s, executables = [], []
     for fusion in (True, False):
         jax.clear_caches()  # no executable compiled by the calls above
         start = time.perf_counter()
-        executables.append(kernel._jitted.trace(*args, **kwargs).lower().compile(
+        executables.append(kernel.trace(*args, **kwargs).lower().compile(
             compiler_options={"xla_cpu_use_fusion_emitters": fusion}))
         compile_s.append(time.perf_counter() - start)
-    dynamic = {k: v for k, v in kwargs.items() if k not in kernel.static_argnames}
+    dynamic = {k: v for k, v in kwargs.items() if k not in static}
     warm = [[], []]
     try:
         for executable in executables:
@@ -136,8 +150,7 @@ for kernel, (args, kwargs, x64) in seen.items():
         warm_ms = [statistics.median(times) * 1e3 for times in warm]
     except Exception:  # donated inputs: no second run
         warm_ms = [float("nan")] * 2
-    shipped = "defaults" if kernel._tuned is None else "FAST"
-    print(f"{kernel.__name__:30s} {compile_s[0]:19.3f} {compile_s[1]:6.3f}   {warm_ms[0]:17.3f} "
+    print(f"{name:30s} {compile_s[0]:19.3f} {compile_s[1]:6.3f}   {warm_ms[0]:17.3f} "
           f"{warm_ms[1]:8.3f}   {shipped}")
 """
 
