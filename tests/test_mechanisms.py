@@ -166,3 +166,44 @@ def test_a_window_with_no_finite_mass_is_trimmed():
     assert pj.gdp_mu(tiny) == float("inf")
     ordinary = pj.gaussian(1.0)
     assert ordinary.size >= 256  # windows with mass near their edges are kept whole
+
+
+def _numpy_lower_hull_at(xs, ys):
+    """Reference: Andrew's monotone chain in plain Python, then linear interpolation."""
+    chain = []
+    for x, y in zip(xs, ys, strict=True):
+        while len(chain) >= 2:
+            (ax, ay), (bx, by) = chain[-2], chain[-1]
+            if (bx - ax) * (y - ay) - (by - ay) * (x - ax) > 0:
+                break
+            chain.pop()
+        chain.append((x, y))
+    hx, hy = np.array(chain).T
+    return np.interp(xs, hx, hy)
+
+
+@pytest.mark.parametrize("peel_rounds", [64, 3, 0])
+def test_lower_hull_by_peeling_matches_the_monotone_chain(peel_rounds):
+    # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain on
+    # what is left; shapes that settle in one round, in many (a low point far from its tangent
+    # points drops one neighbour a round), and with the chain finishing
+    import functools
+
+    import jax
+
+    from pldjax import discretize
+
+    rng = np.random.default_rng(7)
+    hull = jax.jit(functools.partial(discretize._lower_hull_at, peel_rounds=peel_rounds))
+    for m in (2, 3, 17, 1500):
+        x = np.cumsum(rng.uniform(0.01, 1.0, m))
+        middle = (x - x.mean()) ** 2
+        middle[m // 2] -= 1e3
+        shapes = [(x - x.mean()) ** 2, -(x - x.mean()) ** 2, rng.normal(size=m),
+                  np.exp(-x / x[-1]) - 5.0 * (np.arange(m) == 0), middle,
+                  (np.arange(m) % 2) + 1e-3 * x**2]
+        for y in shapes:
+            expected = _numpy_lower_hull_at(x, y)
+            got = np.asarray(hull(x, y))
+            np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+            assert np.all(got <= y + 1e-12 * np.abs(y))
