@@ -12,7 +12,8 @@ alone, so the parts of the fused composition call need not add up to it exactly 
     python bench/profile_dpsgd.py --rounds 31 --json out.json
     python bench/profile_dpsgd.py --fresh 3    # fresh processes: pldjax with an empty and a filled
                                                # compilation cache, dp-accounting (1e-4)
-    python bench/profile_dpsgd.py --total      # only the call and the FFT floor, alternated
+    python bench/profile_dpsgd.py --total      # only the call, the FFT floor, the optimistic and
+                                               # the rtol=1e-2 calls, alternated
     python bench/profile_dpsgd.py --total --peer 5   # and dp-accounting (1e-4) 5 times after
 
 ``--total`` is for before/after comparisons: run it back to back in two checkouts
@@ -207,8 +208,13 @@ def total(rounds: int, peer: int = 0) -> None:
         def coarse():
             return pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=1e-2)
 
+        def optimistic():
+            return pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, pessimistic=False)
+
         # the accuracy setting, where the checkout has it
-        thunks = (call, floor, coarse) if "rtol" in (pj.dpsgd_epsilon.__doc__ or "") else (call, floor)
+        thunks = (call, floor, optimistic)
+        if "rtol" in (pj.dpsgd_epsilon.__doc__ or ""):
+            thunks += (coarse,)
         times = tuple([] for _ in thunks)
         cpu = tuple([] for _ in thunks)  # CPU seconds of this process: less noisy under load
         for thunk in thunks:
@@ -219,12 +225,14 @@ def total(rounds: int, peer: int = 0) -> None:
                 jax.block_until_ready(thunk())
                 got.append(time.perf_counter() - start)
                 got_cpu.append(time.process_time() - start_cpu)
-    call_ms, floor_ms, *coarse_ms = (1e3 * float(np.median(t)) for t in times)
-    call_cpu, floor_cpu, *coarse_cpu = (1e3 * float(np.median(t)) for t in cpu)
+    call_ms, floor_ms, optimistic_ms, *coarse_ms = (1e3 * float(np.median(t)) for t in times)
+    call_cpu, floor_cpu, optimistic_cpu, *coarse_cpu = (1e3 * float(np.median(t)) for t in cpu)
     print(f"{pj.__file__}: call {call_ms:.1f} ms, FFT floor ({size} points x 2) {floor_ms:.2f} ms, "
           f"{call_ms / floor_ms:.1f} x floor; CPU time: call {call_cpu:.1f} ms, floor "
           f"{floor_cpu:.2f} ms, {call_cpu / floor_cpu:.1f} x; median of {rounds}; "
           f"load {os.getloadavg()[0]:.1f}")
+    print(f"  pessimistic=False: {optimistic_ms:.1f} ms ({optimistic_ms / call_ms:.1f}x the default; "
+          f"CPU time {optimistic_cpu:.1f} ms), epsilon {optimistic():.6f}")
     if coarse_ms:
         print(f"  rtol=1e-2: {coarse_ms[0]:.1f} ms ({call_ms / coarse_ms[0]:.1f}x faster than the "
               f"default; CPU time {coarse_cpu[0]:.1f} ms, {call_cpu / coarse_cpu[0]:.1f}x), "
