@@ -345,11 +345,19 @@ def _fft_length(n: int, size: int) -> int:
     return _size_class(n - 1 + size)
 
 
+def query_mu(probs, inf_mass, offset, step, delta_slack, mu_max):
+    """gdp_mu of one query whose arrays carry a leading direction axis (the largest of its
+    directions'), inf above ``mu_max``."""
+    return jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None, None))(
+        probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu_max, 1e-300), _MU_RTOL))
+
+
 def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int,
-                   factor: int = 1):
+                   factor: int = 1, nu=None):
     """(mu', accepted) for one query and one budget mu; ``probs`` etc. carry a leading direction
     axis (1 or 2 directions, all of which must fit). The query fits when nu = gdp_mu(query) <= mu
-    (certified on the query's own grid, rounded up), and mu' >= the naive
+    (certified on the query's own grid, rounded up: :func:`query_mu`, or ``nu`` when the caller
+    has it), and mu' >= the naive
     update sqrt(mu^2 - nu^2); from there a bracketed search (:func:`_search` in s = mu'^2, at
     most ``steps`` tests after the two at its ends, steered by its failed tests, stopping when
     the bracket is narrower than 1e-5 s + 1e-7 mu^2) looks for larger values with G_mu' (+) L below
@@ -358,8 +366,8 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     tail of G_mu (0 if rejected). Every test is one FFT convolution; G_mu's side of the
     comparison is computed once."""
     mu = jnp.asarray(mu, jnp.float64)
-    nu = jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None, None))(
-        probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu, 1e-300), _MU_RTOL))
+    if nu is None:
+        nu = query_mu(probs, inf_mass, offset, step, delta_slack, mu)
     accepted = nu <= mu
     naive = jnp.where(accepted, root_of_difference_down(mu, nu), 0.0)
     if factor > 1:
@@ -414,15 +422,22 @@ def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
     return factor, residue_size(mu_max, steps * factor, (pld.size - 1) // factor + 2)
 
 
-def _residue_batch(stacked, mu, delta_slack, *, size: int, steps: int, batch_size: int,
+def _residue_batch(queries, slack, which, mu, *, size: int, steps: int, batch_size: int,
                    factor: int):
-    """residue_kernel over a flat batch (leading axis) of queries and budgets, a chunk at a time."""
+    """residue_kernel for budgets ``mu`` (flat) and queries ``queries[which]`` with their
+    ``slack[which]``, a chunk at a time. Each query's nu = gdp_mu (the naive update's) once for
+    all its budgets, searched up to the largest."""
+    mu_max = jnp.max(mu, initial=0.0)
+    nu = jax.lax.map(lambda args: query_mu(*args, mu_max), (*queries, slack),
+                     batch_size=batch_size)
 
     def one(args):
-        p, m, o, h, u, s = args
-        return residue_kernel(p, m, o, h, u, s, size=size, steps=steps, factor=factor)
+        w, u = args
+        p, m, o, h = (a[w] for a in queries)
+        return residue_kernel(p, m, o, h, u, slack[w], size=size, steps=steps, factor=factor,
+                              nu=nu[w])
 
-    return jax.lax.map(one, (*stacked, mu, delta_slack), batch_size=batch_size)
+    return jax.lax.map(one, (which, mu), batch_size=batch_size)
 
 
 # XLA's defaults: G_mu's erfc and exp ran 5-11% slower with FAST_COMPILE (so did gdp_mu's)
@@ -463,7 +478,8 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     NaN: ``-inf`` where the query does not fit (it is not certified below G_mu, so no residue
     exists; ``-inf`` orders below every valid residue and fails ``>= 0``, like a filter's
     accepted=False). ``mu`` and the query's batch axes broadcast:
-    many (mu, L) pairs are one compiled call, ``batch_size`` pairs at a time (default
+    many (mu, L) pairs are one compiled call (each distinct query's nu, of the naive update,
+    searched once for all its budgets), ``batch_size`` pairs at a time (default
     :func:`residue_batch_size`: 8 on a CPU; elsewhere up to 2,048, fewer for long transforms; the
     result does not depend on it). ``steps``: most search steps after the two first tests (it
     stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2; typically 1-3 are used for pure-DP
@@ -482,16 +498,21 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         raise ValueError("gdp_residue under jit needs size=")
     factor, size = residue_plan(mu, query, size)
     mu = jnp.asarray(mu, jnp.float64)
-    shape = jnp.broadcast_shapes(mu.shape, query.batch_shape, jnp.shape(delta_slack))
+    # the distinct (query, slack) pairs, each searched for its nu once: a query broadcast
+    # against many budgets (a residue table) does not repeat it
+    queries_shape = jnp.broadcast_shapes(query.batch_shape, jnp.shape(delta_slack))
+    shape = jnp.broadcast_shapes(mu.shape, queries_shape)
     stacked = query.stack_directions()
     nb = len(query.batch_shape)
     if batch_size is None:
         directions, n = stacked[0].shape[nb:]
         batch_size = residue_batch_size(directions * _fft_length(_coarse_points(n, factor), size))
-    flat = tuple(
-        jnp.broadcast_to(a, shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:]) for a in stacked)
+    queries = tuple(jnp.broadcast_to(a, queries_shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:])
+                    for a in stacked)
+    slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), queries_shape).reshape(-1)
+    count = int(np.prod(queries_shape, dtype=np.int64))
+    which = np.broadcast_to(np.arange(count).reshape(queries_shape), shape).reshape(-1)
     mus = jnp.broadcast_to(mu, shape).reshape(-1)
-    slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), shape).reshape(-1)
-    residue, accepted = _residue_batch_jit(flat, mus, slack, size=size, steps=steps, batch_size=batch_size,
-                            factor=factor)
+    residue, accepted = _residue_batch_jit(queries, slack, which, mus, size=size, steps=steps,
+                                           batch_size=batch_size, factor=factor)
     return host_result(jnp.where(accepted, residue, -jnp.inf).reshape(shape))

@@ -159,6 +159,19 @@ def test_gdp_residue_does_not_depend_on_its_batch_size():
         pj.gdp_residue(mus, queries, batch_size=0)
 
 
+def test_gdp_residue_searches_each_query_once_for_all_its_budgets():
+    """A query batch broadcast against a column of budgets (as a residue table is built) gives
+    the residues of the same queries repeated explicitly, bit for bit: each distinct query's
+    nu = gdp_mu, the naive update's, is searched once, up to the largest budget."""
+    queries = pj.gaussian(jnp.array([1.2, 1.9]), sampling_prob=0.1)
+    mus = np.array([[0.6], [0.9], [1.5]])
+    repeated = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (3,) + a.shape), queries)
+    broadcast = np.asarray(pj.gdp_residue(mus, queries))
+    np.testing.assert_array_equal(broadcast, np.asarray(pj.gdp_residue(mus, repeated)))
+    naive = np.sqrt(np.maximum(mus**2 - np.asarray(pj.gdp_mu(queries)) ** 2, 0.0))
+    assert np.all(broadcast >= naive * (1 - 1e-15)) and np.all(broadcast <= mus)
+
+
 def test_gdp_residue_chunks_fill_an_accelerator(monkeypatch):
     """Elsewhere than on a CPU a chunk holds a power of two of pairs whose transforms fill about
     RESIDUE_POINTS points, at most RESIDUE_BATCH."""
