@@ -426,9 +426,9 @@ def _residue_batch(queries, slack, which, mu, *, size: int, steps: int, batch_si
                    factor: int):
     """residue_kernel for budgets ``mu`` (flat) and queries ``queries[which]`` with their
     ``slack[which]``, a chunk at a time. Each query's nu = gdp_mu (the naive update's) once for
-    all its budgets, searched up to the largest."""
-    mu_max = jnp.max(mu, initial=0.0)
-    nu = jax.lax.map(lambda args: query_mu(*args, mu_max), (*queries, slack),
+    all its budgets, searched up to the largest of them."""
+    mu_max = jax.ops.segment_max(mu, which, num_segments=slack.shape[0])
+    nu = jax.lax.map(lambda args: query_mu(*args), (*queries, slack, mu_max),
                      batch_size=batch_size)
 
     def one(args):
