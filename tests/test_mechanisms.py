@@ -1,10 +1,13 @@
+import functools
 import math
 
+import jax
 import numpy as np
 import pytest
 from reference import gaussian_delta, laplace_delta
 
 import pldjax as pj
+from pldjax import discretize
 
 EPS = np.array([0.0, 0.1, 0.5, 1.0, 2.0, 3.0, 4.5])
 
@@ -187,12 +190,6 @@ def test_lower_hull_by_peeling_matches_the_monotone_chain(peel_rounds):
     # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain on
     # what is left; shapes that settle in one round, in many (a low point far from its tangent
     # points drops one neighbour a round), and with the chain finishing
-    import functools
-
-    import jax
-
-    from pldjax import discretize
-
     rng = np.random.default_rng(7)
     hull = jax.jit(functools.partial(discretize._lower_hull_at, peel_rounds=peel_rounds))
     for m in (2, 3, 17, 1500):
