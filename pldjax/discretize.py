@@ -158,64 +158,120 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     return probs * jnp.maximum(ratio, 1.0), curve[-1]
 
 
-#: Rounds of :func:`_lower_hull_at`'s parallel peeling before the points left go through the
-#: sequential monotone chain (the candidates of Alg. 2 settle in 5-20 rounds).
-_PEEL_ROUNDS = 64
+#: Rounds of :func:`_lower_hull_at`'s parallel peeling before the rows left unsettled go through
+#: the sequential monotone chain. The candidates of Alg. 2 on DP-SGD grids settle in 5-20 rounds;
+#: nearly collinear ones (sampling probability 1e-6) need many more, and each round costs about
+#: a fiftieth of the chain.
+_PEEL_ROUNDS = 24
 
 
-def _lower_hull_at(xs, ys, peel_rounds: int = _PEEL_ROUNDS):
-    """Values at ``xs`` of the lower convex hull of the points (xs, ys); xs strictly increasing.
-
-    The hull's vertices by peeling, whole arrays at a time (a sequential monotone chain costs a
-    loop step a point, 88 ms for two curves of 16,385 points on a CPU): each round drops every
-    point that lies on or above a chord between two others still kept, its neighbours or one
-    neighbour and an end point. A dropped point is no vertex of the hull of the points kept, so the
-    hull never changes; when a round drops none, the points kept are a convex chain: the vertices.
-    Should ``peel_rounds`` rounds not get there, the monotone chain finishes on the points kept.
-    """
+def _monotone_chain(xs, ys, kept):
+    """Which of the ``kept`` points are vertices of their lower convex hull (xs strictly
+    increasing): Andrew's monotone chain, one loop step a point (the others skipped)."""
     m = xs.shape[0]
+
+    def push(chain, point):
+        hx, hy, hi, top = chain
+        x, y, i, keep = point
+        top = jax.lax.while_loop(
+            lambda t: keep & (t >= 2) & ((hx[t - 1] - hx[t - 2]) * (y - hy[t - 2])
+                                         - (hy[t - 1] - hy[t - 2]) * (x - hx[t - 2]) <= 0.0),
+            lambda t: t - 1, top)
+        slot = jnp.where(keep, top, m)  # out of range: dropped
+        return (hx.at[slot].set(x, mode="drop"), hy.at[slot].set(y, mode="drop"),
+                hi.at[slot].set(i, mode="drop"), top + keep), None
+
+    start = (jnp.zeros_like(xs), jnp.zeros_like(ys), jnp.zeros(m, jnp.int32), jnp.int32(0))
+    (_, _, stack, top), _ = jax.lax.scan(push, start,
+                                         (xs, ys, jnp.arange(m, dtype=jnp.int32), kept))
+    return jnp.zeros(m, bool).at[jnp.where(jnp.arange(m) < top, stack, m)].set(True, mode="drop")
+
+
+def _on_or_above(xs, ys, i, a, c):
+    """Whether point i lies on or above the chord from point a to point c."""
+    return (xs[i] - xs[a]) * (ys[c] - ys[a]) - (ys[i] - ys[a]) * (xs[c] - xs[a]) <= 0.0
+
+
+def _nearest_kept(kept):
+    """The nearest kept point at or left of each point (-1 if none) and at or right of it (m if
+    none), along the last axis: one cumulative max for both (XLA compiles each as a scan)."""
+    m = kept.shape[-1]
     idx = jnp.arange(m)
+    scans = jax.lax.cummax(jnp.stack([jnp.where(kept, idx, -1),
+                                      jnp.flip(jnp.where(kept, m - 1 - idx, -1), -1)]),
+                           axis=kept.ndim)
+    return scans[0], m - 1 - jnp.flip(scans[1], -1)
 
-    def on_or_above(i, a, c):  # point i against the chord from point a to point c
-        return (xs[i] - xs[a]) * (ys[c] - ys[a]) - (ys[i] - ys[a]) * (xs[c] - xs[a]) <= 0.0
 
-    def nearest(kept):
-        """The nearest kept point at or left of each point (-1 if none), and at or right of it
-        (m if none): one cumulative max for both (each costs XLA a scan to compile)."""
-        scans = jax.lax.cummax(jnp.stack([jnp.where(kept, idx, -1),
-                                          jnp.where(kept, m - 1 - idx, -1)[::-1]]), axis=1)
-        return scans[0], m - 1 - scans[1][::-1]
+def _hull_vertices(xs, ys, peel_rounds: int):
+    """The lower hull's vertices of each row of (xs, ys) (shape rows x m), by peeling.
+
+    Each round drops, in every row at once, each point that lies on or above a chord between two
+    other points still kept: its kept neighbours, or one kept neighbour and an end point. A
+    dropped point is no vertex of the hull of the points kept, so the hull never changes; when a
+    round drops none, the points kept are the vertices. Rows still dropping points after
+    ``peel_rounds`` rounds finish with the monotone chain on the points kept. The loop and that
+    branch look at all rows together, so under ``vmap`` neither runs for rows that settled (a
+    batched ``while_loop`` would carry every row through every step)."""
+    rows, m = xs.shape
+    idx = jnp.arange(m)
+    neighbour = jax.vmap(_on_or_above, in_axes=(0, 0, None, 0, 0))
+    anchor = jax.vmap(_on_or_above, in_axes=(0, 0, None, None, 0))
 
     def peel(state):
         kept, _, rounds = state
-        before, after = nearest(kept)
-        a = jnp.concatenate([jnp.full((1,), -1), before[:-1]])  # nearest kept point left of i
-        c = jnp.concatenate([after[1:], jnp.full((1,), m)])
+        before, after = _nearest_kept(kept)
+        a = jnp.concatenate([jnp.full((rows, 1), -1), before[:, :-1]], axis=1)  # kept, left of i
+        c = jnp.concatenate([after[:, 1:], jnp.full((rows, 1), m)], axis=1)
         inner = kept & (a >= 0) & (c < m)
         a, c = jnp.maximum(a, 0), jnp.minimum(c, m - 1)
-        drop = inner & (on_or_above(idx, a, c) | on_or_above(idx, 0, c)
-                        | on_or_above(idx, a, m - 1))
-        return kept & ~drop, jnp.any(drop), rounds + 1
+        drop = inner & (neighbour(xs, ys, idx, a, c) | anchor(xs, ys, idx, 0, c)
+                        | neighbour(xs, ys, idx, a, jnp.full_like(c, m - 1)))
+        return kept & ~drop, jnp.any(drop, axis=1), rounds + 1
 
-    kept, changed, _ = jax.lax.while_loop(lambda s: s[1] & (s[2] < peel_rounds), peel,
-                                          (jnp.ones(m, bool), jnp.array(True), 0))
+    kept, dropping, _ = jax.lax.while_loop(
+        lambda state: jnp.any(state[1]) & (state[2] < peel_rounds), peel,
+        (jnp.ones((rows, m), bool), jnp.ones(rows, bool), 0))
 
-    def push(i, chain):  # the monotone chain over the kept points (the others are skipped)
-        stack, top = chain
-        top = jax.lax.while_loop(
-            lambda t: kept[i] & (t >= 2) & on_or_above(stack[t - 1], stack[t - 2], i),
-            lambda t: t - 1, top)
-        return stack.at[top].set(jnp.where(kept[i], i, stack[top])), top + kept[i]
+    def chain(kept):
+        return jnp.where(dropping[:, None], jax.vmap(_monotone_chain)(xs, ys, kept), kept)
 
-    # no step when the peeling settled
-    stack, top = jax.lax.fori_loop(0, jnp.where(changed, m, 0), push, (jnp.zeros(m, idx.dtype), 0))
-    chained = jnp.zeros(m, bool).at[jnp.where(idx < top, stack, m)].set(True, mode="drop")
-    kept = jnp.where(changed, chained, kept)
+    return jax.lax.cond(jnp.any(dropping), chain, lambda kept: kept, kept)
 
-    left, right = nearest(kept)
-    right = jnp.minimum(right, m - 1)
-    width = jnp.where(kept, 1.0, xs[right] - xs[left])
-    return jnp.where(kept, ys, ys[left] + ((xs - xs[left]) / width) * (ys[right] - ys[left]))
+
+def _interpolate(xs, ys, left, right):
+    """Values at xs of the chords from point ``left`` to point ``right`` (per row), as jnp.interp
+    computes them."""
+    take = functools.partial(jnp.take_along_axis, axis=-1)
+    lx, ly = take(xs, left), take(ys, left)
+    width = take(xs, right) - lx
+    return ly + ((xs - lx) / jnp.where(width > 0, width, 1.0)) * (take(ys, right) - ly)
+
+
+@jax.custom_batching.custom_vmap
+def _hull_rows(xs, ys):
+    """Values at xs of the lower convex hull of each row of (xs, ys) (rows x m)."""
+    kept = _hull_vertices(xs, ys, _PEEL_ROUNDS)
+    left, right = _nearest_kept(kept)
+    right = jnp.minimum(right, xs.shape[-1] - 1)
+    return jnp.where(kept, ys, _interpolate(xs, ys, left, right))
+
+
+@_hull_rows.def_vmap
+def _hull_rows_vmap(axis_size, in_batched, xs, ys):
+    # the batch becomes more rows, so that the rounds and the chain see every row
+    xs, ys = (a if batched else jnp.broadcast_to(a, (axis_size,) + a.shape)
+              for batched, a in zip(in_batched, (xs, ys), strict=True))
+    out = _hull_rows(xs.reshape(-1, xs.shape[-1]), ys.reshape(-1, ys.shape[-1]))
+    return out.reshape(ys.shape), True
+
+
+def _lower_hull_at(xs, ys):
+    """Values at ``xs`` of the lower convex hull of the points (xs, ys); xs strictly increasing.
+
+    By peeling rounds over whole arrays (:func:`_hull_vertices`): the sequential monotone chain
+    costs a loop step a point, 88 ms for two curves of 16,385 points on a CPU."""
+    return _hull_rows(xs[None], ys[None])[0]
 
 
 def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):

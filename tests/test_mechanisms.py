@@ -171,36 +171,58 @@ def test_a_window_with_no_finite_mass_is_trimmed():
     assert ordinary.size >= 256  # windows with mass near their edges are kept whole
 
 
-def _numpy_lower_hull_at(xs, ys):
-    """Reference: Andrew's monotone chain in plain Python, then linear interpolation."""
+def _numpy_lower_hull(xs, ys):
+    """Reference: Andrew's monotone chain in plain Python; (vertex indices, values at xs)."""
     chain = []
-    for x, y in zip(xs, ys, strict=True):
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         while len(chain) >= 2:
-            (ax, ay), (bx, by) = chain[-2], chain[-1]
+            (ax, ay), (bx, by) = (xs[chain[-2]], ys[chain[-2]]), (xs[chain[-1]], ys[chain[-1]])
             if (bx - ax) * (y - ay) - (by - ay) * (x - ax) > 0:
                 break
             chain.pop()
-        chain.append((x, y))
-    hx, hy = np.array(chain).T
-    return np.interp(xs, hx, hy)
+        chain.append(i)
+    return np.array(chain), np.interp(xs, xs[chain], ys[chain])
+
+
+def _hull_shapes(rng, m):
+    x = np.cumsum(rng.uniform(0.01, 1.0, m))
+    middle = (x - x.mean()) ** 2
+    middle[m // 2] -= 1e3
+    # nearly collinear, as the optimistic candidates of tiny sampling probabilities: the peeling
+    # does not settle in its rounds and the chain finishes
+    level = 1.0 + 1e-3 * x + 1e-15 * rng.normal(size=m)
+    return x, [(x - x.mean()) ** 2, -(x - x.mean()) ** 2, rng.normal(size=m),
+               np.exp(-x / x[-1]) - 5.0 * (np.arange(m) == 0), middle,
+               (np.arange(m) % 2) + 1e-3 * x**2, level]
 
 
 @pytest.mark.parametrize("peel_rounds", [64, 3, 0])
-def test_lower_hull_by_peeling_matches_the_monotone_chain(peel_rounds):
-    # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain on
-    # what is left; shapes that settle in one round, in many (a low point far from its tangent
-    # points drops one neighbour a round), and with the chain finishing
+def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(peel_rounds):
+    # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain for
+    # rows still changing; shapes that settle in one round, in many (a low point far from its
+    # tangent points drops one neighbour a round), and with the chain finishing
     rng = np.random.default_rng(7)
-    hull = jax.jit(functools.partial(discretize._lower_hull_at, peel_rounds=peel_rounds))
+    vertices = jax.jit(functools.partial(discretize._hull_vertices, peel_rounds=peel_rounds))
     for m in (2, 3, 17, 1500):
-        x = np.cumsum(rng.uniform(0.01, 1.0, m))
-        middle = (x - x.mean()) ** 2
-        middle[m // 2] -= 1e3
-        shapes = [(x - x.mean()) ** 2, -(x - x.mean()) ** 2, rng.normal(size=m),
-                  np.exp(-x / x[-1]) - 5.0 * (np.arange(m) == 0), middle,
-                  (np.arange(m) % 2) + 1e-3 * x**2]
+        x, shapes = _hull_shapes(rng, m)
         for y in shapes:
-            expected = _numpy_lower_hull_at(x, y)
-            got = np.asarray(hull(x, y))
-            np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
-            assert np.all(got <= y + 1e-12 * np.abs(y))
+            expected, _ = _numpy_lower_hull(x, y)
+            np.testing.assert_array_equal(np.flatnonzero(vertices(x[None], y[None])[0]), expected)
+
+
+def test_lower_hull_values_alone_and_batched():
+    # under vmap (nested too) the rows are peeled together and the chain runs only when a row
+    # still changes: each row's values are what it gets alone, and the reference's
+    rng = np.random.default_rng(3)
+    x, shapes = _hull_shapes(rng, 1500)
+    ys = np.stack(shapes)
+    alone = np.stack([np.asarray(jax.jit(discretize._lower_hull_at)(x, y)) for y in ys])
+    for y, got in zip(ys, alone, strict=True):
+        _, expected = _numpy_lower_hull(x, y)
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+        assert np.all(got <= y + 1e-12 * np.abs(y))
+    batched = jax.jit(jax.vmap(discretize._lower_hull_at, in_axes=(None, 0)))(x, ys)
+    np.testing.assert_array_equal(np.asarray(batched), alone)
+    nested = jax.jit(jax.vmap(jax.vmap(discretize._lower_hull_at)))(
+        np.broadcast_to(x, (2,) + ys.shape), np.stack([ys, ys[::-1]]))
+    np.testing.assert_array_equal(np.asarray(nested), np.stack([alone, alone[::-1]]))
