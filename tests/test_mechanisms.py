@@ -196,7 +196,7 @@ def _hull_shapes(rng, m):
                (np.arange(m) % 2) + 1e-3 * x**2, level]
 
 
-@pytest.mark.parametrize("peel_rounds", [64, 3, 0])
+@pytest.mark.parametrize("peel_rounds", [24, 3, 0])
 def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(peel_rounds):
     # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain for
     # rows still changing; shapes that settle in one round, in many (a low point far from its
