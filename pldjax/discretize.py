@@ -174,8 +174,8 @@ def _monotone_chain(xs, ys, kept):
         hx, hy, hi, top = chain
         x, y, i, keep = point
         top = jax.lax.while_loop(
-            lambda t: keep & (t >= 2) & ((hx[t - 1] - hx[t - 2]) * (y - hy[t - 2])
-                                         - (hy[t - 1] - hy[t - 2]) * (x - hx[t - 2]) <= 0.0),
+            lambda t: keep & (t >= 2) & _on_or_above(hx[t - 2], hy[t - 2], hx[t - 1], hy[t - 1],
+                                                     x, y),
             lambda t: t - 1, top)
         slot = jnp.where(keep, top, m)  # out of range: dropped
         return (hx.at[slot].set(x, mode="drop"), hy.at[slot].set(y, mode="drop"),
@@ -187,9 +187,9 @@ def _monotone_chain(xs, ys, kept):
     return jnp.zeros(m, bool).at[jnp.where(jnp.arange(m) < top, stack, m)].set(True, mode="drop")
 
 
-def _on_or_above(xs, ys, i, a, c):
-    """Whether point i lies on or above the chord from point a to point c."""
-    return (xs[i] - xs[a]) * (ys[c] - ys[a]) - (ys[i] - ys[a]) * (xs[c] - xs[a]) <= 0.0
+def _on_or_above(ax, ay, bx, by, cx, cy):
+    """Whether point b lies on or above the chord from point a to point c (ax < bx < cx)."""
+    return (bx - ax) * (cy - ay) - (by - ay) * (cx - ax) <= 0.0
 
 
 def _nearest_kept(kept):
@@ -214,9 +214,7 @@ def _hull_vertices(xs, ys, peel_rounds: int):
     branch look at all rows together, so under ``vmap`` neither runs for rows that settled (a
     batched ``while_loop`` would carry every row through every step)."""
     rows, m = xs.shape
-    idx = jnp.arange(m)
-    neighbour = jax.vmap(_on_or_above, in_axes=(0, 0, None, 0, 0))
-    anchor = jax.vmap(_on_or_above, in_axes=(0, 0, None, None, 0))
+    take = functools.partial(jnp.take_along_axis, axis=-1)
 
     def peel(state):
         kept, _, rounds = state
@@ -225,8 +223,10 @@ def _hull_vertices(xs, ys, peel_rounds: int):
         c = jnp.concatenate([after[:, 1:], jnp.full((rows, 1), m)], axis=1)
         inner = kept & (a >= 0) & (c < m)
         a, c = jnp.maximum(a, 0), jnp.minimum(c, m - 1)
-        drop = inner & (neighbour(xs, ys, idx, a, c) | anchor(xs, ys, idx, 0, c)
-                        | neighbour(xs, ys, idx, a, jnp.full_like(c, m - 1)))
+        ax, ay, cx, cy = take(xs, a), take(ys, a), take(xs, c), take(ys, c)
+        drop = inner & (_on_or_above(ax, ay, xs, ys, cx, cy)
+                        | _on_or_above(xs[:, :1], ys[:, :1], xs, ys, cx, cy)
+                        | _on_or_above(ax, ay, xs, ys, xs[:, -1:], ys[:, -1:]))
         return kept & ~drop, jnp.any(drop, axis=1), rounds + 1
 
     kept, dropping, _ = jax.lax.while_loop(
