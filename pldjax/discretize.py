@@ -171,6 +171,8 @@ def _monotone_chain(xs, ys, kept):
     m = xs.shape[0]
 
     def push(chain, point):
+        # the stack holds the vertices' coordinates, not only their indices: gathering through
+        # the indices at every comparison took twice as long
         hx, hy, hi, top = chain
         x, y, i, keep = point
         top = jax.lax.while_loop(
@@ -190,6 +192,10 @@ def _monotone_chain(xs, ys, kept):
 def _on_or_above(ax, ay, bx, by, cx, cy):
     """Whether point b lies on or above the chord from point a to point c (ax < bx < cx)."""
     return (bx - ax) * (cy - ay) - (by - ay) * (cx - ax) <= 0.0
+
+
+#: values at per-row indices (along the last axis)
+_take = functools.partial(jnp.take_along_axis, axis=-1)
 
 
 def _nearest_kept(kept):
@@ -214,7 +220,6 @@ def _hull_vertices(xs, ys, peel_rounds: int):
     branch look at all rows together, so under ``vmap`` neither runs for rows that settled (a
     batched ``while_loop`` would carry every row through every step)."""
     rows, m = xs.shape
-    take = functools.partial(jnp.take_along_axis, axis=-1)
 
     def peel(state):
         kept, _, rounds = state
@@ -223,7 +228,7 @@ def _hull_vertices(xs, ys, peel_rounds: int):
         c = jnp.concatenate([after[:, 1:], jnp.full((rows, 1), m)], axis=1)
         inner = kept & (a >= 0) & (c < m)
         a, c = jnp.maximum(a, 0), jnp.minimum(c, m - 1)
-        ax, ay, cx, cy = take(xs, a), take(ys, a), take(xs, c), take(ys, c)
+        ax, ay, cx, cy = _take(xs, a), _take(ys, a), _take(xs, c), _take(ys, c)
         drop = inner & (_on_or_above(ax, ay, xs, ys, cx, cy)
                         | _on_or_above(xs[:, :1], ys[:, :1], xs, ys, cx, cy)
                         | _on_or_above(ax, ay, xs, ys, xs[:, -1:], ys[:, -1:]))
@@ -242,10 +247,9 @@ def _hull_vertices(xs, ys, peel_rounds: int):
 def _interpolate(xs, ys, left, right):
     """Values at xs of the chords from point ``left`` to point ``right`` (per row), as jnp.interp
     computes them."""
-    take = functools.partial(jnp.take_along_axis, axis=-1)
-    lx, ly = take(xs, left), take(ys, left)
-    width = take(xs, right) - lx
-    return ly + ((xs - lx) / jnp.where(width > 0, width, 1.0)) * (take(ys, right) - ly)
+    lx, ly = _take(xs, left), _take(ys, left)
+    width = _take(xs, right) - lx
+    return ly + ((xs - lx) / jnp.where(width > 0, width, 1.0)) * (_take(ys, right) - ly)
 
 
 @jax.custom_batching.custom_vmap
