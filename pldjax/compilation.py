@@ -18,9 +18,9 @@ programs on disk (``jax.export``, in ``<cache directory>-exported``), so that a 
 skips Python tracing and lowering too: a warm cache answered ``pj.dpsgd_epsilon(1.0, 0.01,
 10_000, 1e-5)`` in a new process in 0.46-0.55 s instead of 1.2-1.4 s (2-core CPU). An entry is
 keyed by the kernel, its static arguments, the shapes and dtypes of its inputs, and a digest of
-pldjax's source, the jax and jaxlib versions and the device; a stale or unreadable entry is
-exported again. Like jit's own trace cache, an entry does not see module constants changed at
-run time (tests that patch them run with the cache off). Calls inside a trace (``jit``,
+pldjax's source, the jax and jaxlib versions, the device and the x64 setting; a stale or
+unreadable entry is exported again. Like jit's own trace cache, an entry does not see module
+constants changed at run time (tests that patch them run with the cache off). Calls inside a trace (``jit``,
 ``vmap``), with several devices, or without the ``flatbuffers`` package run the kernels as plain
 ``jax.jit`` functions.
 
@@ -270,7 +270,8 @@ class ExportedKernel(Kernel):
         statics = self._static_tokens(kwargs)
         if statics is None:
             return self.kernel(*args, **kwargs)
-        key = (tree, tuple(map(_signature, leaves)), statics)
+        # the x64 setting decides the program's dtypes for the same NumPy inputs
+        key = (tree, tuple(map(_signature, leaves)), statics, jax.config.jax_enable_x64)
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = self._program(key, args, kwargs)

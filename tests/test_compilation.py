@@ -152,6 +152,25 @@ def test_exported_kernel_falls_back_to_jit_where_it_cannot_export(exported_to):
     assert len(list(exported_to.glob("scaled-*"))) == 1
 
 
+def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to):
+    """A kernel called without jax_enable_x64 (float32 programs for float64 NumPy inputs) and
+    then with it gets two programs: the float32 one, read back from disk, failed the float64
+    call with a dtype mismatch in every later process."""
+    from pldjax.compilation import exported_jit
+
+    @exported_jit()
+    def doubled(x):
+        return 2 * x
+
+    argument = np.ones(3, np.float64)
+    with jax.enable_x64(False):
+        assert doubled(argument).dtype == jnp.float32
+    doubled._calls.clear()  # a later process: read back from disk
+    with jax.enable_x64(True):
+        assert doubled(argument).dtype == jnp.float64
+    assert len(list(exported_to.glob("doubled-*"))) == 2
+
+
 def test_a_new_process_reads_the_exported_kernels(tmp_path):
     """Two fresh processes with pldjax's cache in one directory: the second finds every kernel
     program the first exported (no entry is written again) and gives the same epsilon."""
