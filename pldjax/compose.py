@@ -99,7 +99,7 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
     target = jnp.log(2.0 / tail)
     sides = jnp.array([1.0, -1.0])
     start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
-    coarse_probs, coarse_z, coarse_variance = _coarse(probs, z)
+    coarse_probs, coarse_z, coarse_variance = _coarse(probs, z, step)
     t = jnp.exp(_tangency_search(coarse_probs, coarse_z - mean, coarse_variance, count, target,
                                  start))
     k, _, _ = _cumulants(_log(probs), sides[:, None] * (z - mean)[None, :], 0.0, t)
@@ -112,24 +112,26 @@ def _log(probs):
     return jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
 
 
-def _coarse(probs, z):
-    """The PMF (probs at losses z) in blocks of consecutive points, each block given by its mass,
-    mean and variance: about _CHERNOFF_COARSE_POINTS blocks, or the points themselves (variance
-    0) when there are at most 4 times that many. Steers a search only: it is no bound."""
+def _coarse(probs, z, step):
+    """The PMF (probs at the losses z, ``step`` apart) in blocks of consecutive points, each block
+    given by its mass, mean and variance: about _CHERNOFF_COARSE_POINTS blocks, or the points
+    themselves (variance 0) when there are at most 4 times that many. Steers a search only: it is
+    no bound. The moments are of the positions 0 .. block - 1 within each block, all three from
+    one matrix product (a third of the time of sums over the reshaped losses)."""
     n = probs.shape[0]
     block = n // _CHERNOFF_COARSE_POINTS
     if block < 4:
         return probs, z, jnp.zeros_like(z)
     blocks = -(-n // block)
-    pad = blocks * block - n
-    p = jnp.pad(probs, (0, pad)).reshape(blocks, block)
-    zz = jnp.pad(z, (0, pad), mode="edge").reshape(blocks, block)
-    merged = jnp.sum(p, axis=1)
+    p = jnp.pad(probs, (0, blocks * block - n)).reshape(blocks, block)
+    position = jnp.arange(block, dtype=jnp.float64)
+    moments = p @ jnp.stack([jnp.ones(block), position, position * position], axis=1)
+    merged = moments[:, 0]
     held = merged > 0
-    weight = p / jnp.where(held, merged, 1.0)[:, None]
-    center = jnp.where(held, jnp.sum(weight * zz, axis=1), zz[:, 0])
-    variance = jnp.where(held, jnp.sum(weight * (zz - center[:, None]) ** 2, axis=1), 0.0)
-    return merged, center, variance
+    safe = jnp.where(held, merged, 1.0)
+    mean = moments[:, 1] / safe  # 0 for an empty block: its first point, variance 0
+    variance = jnp.maximum(moments[:, 2] / safe - mean * mean, 0.0) * (step * step)
+    return merged, z[::block] + mean * step, variance
 
 
 def _cumulants(logp, y, variance, t):

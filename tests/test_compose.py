@@ -343,6 +343,40 @@ def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monk
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-300)
 
 
+@pytest.mark.parametrize("n", [9_000, 2**14 + 5])
+def test_coarse_copy_has_each_blocks_mass_mean_and_variance(n):
+    """The Newton search's coarse copy of a PMF: each block of consecutive points as its mass,
+    mean and variance (NumPy, two passes), the last block padded with empty points, and an
+    empty block at its first point with variance 0."""
+    import importlib
+
+    import jax
+
+    compose_module = importlib.import_module("pldjax.compose")
+    rng = np.random.default_rng(n)
+    probs = rng.random(n) ** 4
+    probs[100:400] = 0.0  # whole empty blocks
+    probs /= probs.sum()
+    offset, step = -1234, 3e-3
+    z = (offset + np.arange(n)) * step
+    with jax.enable_x64(True):
+        mass, center, variance = (np.asarray(a) for a in compose_module._coarse(
+            jnp.asarray(probs), jnp.asarray(z), step))
+    block = n // compose_module._CHERNOFF_COARSE_POINTS
+    assert block >= 4 and mass.shape == (-(-n // block),)
+    for i in range(mass.shape[0]):
+        p, zz = probs[i * block:(i + 1) * block], z[i * block:(i + 1) * block]
+        assert mass[i] == pytest.approx(p.sum(), rel=1e-14, abs=0)
+        if p.sum() == 0:
+            assert (center[i], variance[i]) == (zz[0], 0.0)
+            continue
+        mean = (p * zz).sum() / p.sum()
+        assert center[i] == pytest.approx(mean, rel=1e-13, abs=1e-13 * step)
+        assert variance[i] == pytest.approx((p * (zz - mean) ** 2).sum() / p.sum(), rel=1e-9,
+                                            abs=1e-13 * step**2)
+    assert np.any(mass == 0)  # the empty blocks were checked
+
+
 @pytest.mark.parametrize("count", [3.0, 1000.0, 10**6])
 def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
     """The Newton search for the tangency t runs on a coarse copy of the PMF (blocks taken as
