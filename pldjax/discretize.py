@@ -94,11 +94,13 @@ def masses_from_values(values, step, z):
     """:func:`masses_from_curve` (pessimistic) of the curve given by :func:`curve_values` at
     the grid points z: the curve where z >= 0, the excess where z < 0."""
     upper = z >= 0
-    # the curve is 1 - (e^z - excess): exactly 1 where the excess is exactly e^z (all of P's
-    # mass at +inf: a curve a rounding below 1 would leave round-off masses and an atom below 1)
-    x = jnp.exp(z)
-    curve = jnp.where(upper, values, 1.0 - (x - values))
-    excess = jnp.where(upper, x - (1.0 - values), values)
+    # delta - excess = -expm1(z), added as a sum of two non-negative terms: 1 - e^z and e^z - 1
+    # lose the digits of a loss near 0 (a loss of spread 1e-7 lost its masses to round-off), and
+    # the curve is exactly 1 where the excess is exactly e^z (all of P's mass at +inf: a curve a
+    # rounding below 1 would leave round-off masses and an atom below 1)
+    linear = jnp.expm1(z)
+    curve = jnp.where(upper, values, jnp.where(values == jnp.exp(z), 1.0, values - linear))
+    excess = jnp.where(upper, values + linear, values)
     return masses_from_curve(curve, step, excess, z)
 
 
@@ -142,8 +144,12 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
         mixed = jnp.maximum(jnp.where(z < 0, low, probs), 0.0)
         # the excess keeps digits where the curve is close to 1, but where the window lies far
         # below the loss (x = e^z underflows) it has lost the masses: then the curve's own
-        # masses, which telescope to the right total, are used
-        probs = jnp.where(jnp.abs(jnp.sum(mixed) - target) <= 1e-9, mixed, probs)
+        # masses, which telescope to the right total, are used. Where both are off by more
+        # than 1e-9 (a loss of spread 1e-4 or less: round-off of order u / step each mass), the
+        # one closer to the total: the curve's masses at z < 0 are then round-off alone
+        mismatch = jnp.abs(jnp.sum(mixed) - target)
+        probs = jnp.where(mismatch <= jnp.maximum(1e-9, jnp.abs(jnp.sum(probs) - target)), mixed,
+                          probs)
     total = jnp.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
     ratio = target / jnp.where(total > 0, total, 1.0)
     if not pessimistic:
