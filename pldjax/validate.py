@@ -40,6 +40,10 @@ def check_range(
     lo_b = "(" if low_open or low == -np.inf else "["
     hi_b = ")" if high_open or high == np.inf else "]"
     allowed = f"{lo_b}{low}, {high}{hi_b}"
+    # strings, booleans, complex numbers and None are refused, not converted
+    kind = np.asarray(value).dtype.kind if not isinstance(value, numbers.Real) else "f"
+    if kind not in "iuf" or isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a real number in {allowed}, got {value!r}")
     try:
         arr = np.asarray(value, dtype=np.float64)
     except OverflowError:

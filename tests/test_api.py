@@ -94,6 +94,15 @@ def test_vmap_over_plds():
         (lambda: pj.compose([]), "plds"),
         (lambda: pj.Grid(step=-1.0), "step"),
         (lambda: pj.Grid(size=1), "size"),
+        # strings, booleans, complex numbers and None are refused, never converted
+        (lambda: pj.gaussian("1"), "sigma must be a real number"),
+        (lambda: pj.gaussian(True), "sigma must be a real number"),
+        (lambda: pj.gaussian(None), "sigma must be a real number"),
+        (lambda: pj.gaussian(1 + 2j), "sigma must be a real number"),
+        (lambda: pj.gaussian(np.array([True, False])), "sigma must be a real number"),
+        (lambda: pj.gaussian(1.0, sampling_prob="0.5"), "sampling_prob must be a real number"),
+        (lambda: pj.gaussian(1.0).epsilon("1e-5"), "delta must be a real number"),
+        (lambda: pj.dpsgd_epsilon(1.0, 0.01, True, 1e-5), "steps must be a real number"),
     ],
 )
 def test_bad_input_names_the_argument(call, match):

@@ -124,3 +124,13 @@ def test_parts_that_do_not_fit_exit_2(capsys, args, message):
     assert main(["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", *args]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and message in captured.err
+
+
+def test_python_dash_m_runs_the_command_line():
+    """``python -m pldjax`` is the ``pldjax`` command (it had no ``__main__``)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pldjax", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "epsilon" in done.stdout
