@@ -95,11 +95,12 @@ def masses_from_values(values, step, z):
     the grid points z: the curve where z >= 0, the excess where z < 0."""
     upper = z >= 0
     # delta - excess = -expm1(z), added as a sum of two non-negative terms: 1 - e^z and e^z - 1
-    # lose the digits of a loss near 0 (a loss of spread 1e-7 lost its masses to round-off), and
-    # the curve is exactly 1 where the excess is exactly e^z (all of P's mass at +inf: a curve a
-    # rounding below 1 would leave round-off masses and an atom below 1)
+    # lose the digits of a loss near 0 (a loss of spread 1e-7 lost its masses to round-off); the
+    # curve is 1 where the excess is e^z to a few ulps (all of P's mass at +inf: a curve a
+    # rounding below 1 would leave round-off masses and an atom below 1; rounding up is safe)
     linear = jnp.expm1(z)
-    curve = jnp.where(upper, values, jnp.where(values == jnp.exp(z), 1.0, values - linear))
+    full = values >= (linear + 1.0) * (1.0 - 4.0 * jnp.finfo(jnp.float64).eps)
+    curve = jnp.where(upper, values, jnp.where(full, 1.0, values - linear))
     excess = jnp.where(upper, values + linear, values)
     return masses_from_curve(curve, step, excess, z)
 
