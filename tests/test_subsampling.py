@@ -168,6 +168,24 @@ def test_from_privacy_curve_gaussian_both_directions_and_checks():
     with pytest.raises(ValueError, match="privacy curve"):
         pj.from_privacy_curve(lambda e: np.clip(0.5 + 0.1 * e, 0, 1), epsilon_min=0.0,
                               epsilon_max=1.0, step=0.1)
+    with pytest.raises(ValueError, match="convex"):  # linear in e^eps, one value 1e-6 low
+        pj.from_privacy_curve(lambda e: (1 - np.exp(e - 1)) / 2 - 1e-6 * np.isclose(e, 0.5),
+                              epsilon_min=0.0, epsilon_max=1.0, step=0.1)
+
+
+def test_from_privacy_curve_takes_an_exact_curve_at_fine_steps():
+    """The exact Gaussian curve (SciPy) from eps = -10 at step 1e-3: the convexity check was
+    tighter than the values' round-off where they are close to 1 (slopes off by 1e-8)."""
+    from scipy.stats import norm
+
+    def curve(eps):
+        return norm.cdf(0.5 - eps) - np.exp(eps) * norm.cdf(-0.5 - eps)
+
+    pld = pj.from_privacy_curve(curve, epsilon_min=-10.0, epsilon_max=10.0, step=1e-3)
+    eps = np.array([0.0, 0.5, 1.0, 2.0])
+    want = np.array([gaussian_delta(1.0, e) for e in eps])
+    got = np.asarray(pld.delta(eps))
+    assert np.all(got >= want - 1e-15) and np.all(got <= want * 1.001 + 1e-12)
 
 
 @pytest.mark.slow
