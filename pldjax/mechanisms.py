@@ -37,6 +37,7 @@ from pldjax.noise import (
 from pldjax.pld import PLD
 from pldjax.precision import float64
 from pldjax.sampling import Directions, Sampling
+from pldjax.special import binomial_pmf
 from pldjax.subsampling import ADD, REMOVE
 from pldjax.validate import check_count, check_range, is_traced
 
@@ -402,21 +403,19 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
                          f"{float(epsilon)}: the lattice would need more than grid.MAX_SIZE = "
                          f"{grid_lib.MAX_SIZE} points (a memory guard); use a step of at least "
                          f"{2 * count * float(epsilon) / (grid_lib.MAX_SIZE - 1):.3g}")
-    j = jnp.arange(count + 1, dtype=jnp.float64)
-    log_binomial = (jax.scipy.special.gammaln(count + 1.0) - jax.scipy.special.gammaln(j + 1.0)
-                    - jax.scipy.special.gammaln(count - j + 1.0))
     eps = jnp.asarray(epsilon, jnp.float64)
     log_keep = count * jnp.log1p(-jnp.asarray(delta, jnp.float64))
-    # losses (count - 2 j) eps, ascending in the index i = count - j
-    log_mass = (log_keep + log_binomial - (count - j) * jax.nn.softplus(-eps)
-                - j * jax.nn.softplus(eps))[::-1]
+    # j of the count steps at loss -eps (probability 1 / (1 + e^eps) each): losses
+    # (count - 2 j) eps, ascending in the index i = count - j
+    masses = jnp.exp(log_keep) * binomial_pmf(jnp.arange(count + 1.0), count,
+                                              jax.nn.sigmoid(-eps), jax.nn.sigmoid(eps))[::-1]
     inf_mass = -jnp.expm1(log_keep)
     if grid is None and epsilon > 0:
-        probs = jnp.zeros(2 * count + 1).at[::2].set(jnp.exp(log_mass))
+        probs = jnp.zeros(2 * count + 1).at[::2].set(masses)
         return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), eps, True)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
     index = np.ceil(losses / step - 1e-12).astype(np.int64)
-    probs = jnp.zeros(int(index[-1] - index[0]) + 1).at[index - index[0]].add(jnp.exp(log_mass))
+    probs = jnp.zeros(int(index[-1] - index[0]) + 1).at[index - index[0]].add(masses)
     return PLD(probs, inf_mass, jnp.asarray(index[0], jnp.int64), jnp.asarray(step), True)
 
 

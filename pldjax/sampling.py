@@ -41,6 +41,7 @@ from pldjax import subsampling
 from pldjax.discretize import Mechanism
 from pldjax.neighboring import Neighboring
 from pldjax.noise import Noise, check_parameter, record, resolvable
+from pldjax.special import binomial_pmf
 from pldjax.validate import check_count, is_traced
 
 
@@ -174,15 +175,11 @@ class Mixture(Sampling):
         """A user with ``count`` records, each Poisson-sampled with probability ``sampling_prob``
         and each of norm at most the sensitivity: the user's contribution is K sensitivities with
         K ~ Binomial(count, q) (user-level accounting; ``count`` = 1 is Poisson sampling)."""
-        from scipy.special import gammaln, xlog1py, xlogy  # here: SciPy not in `import pldjax`
-
         count = check_count("count", count, minimum=1)
         check_parameter("sampling_prob", sampling_prob, 0.0, high=1.0)
         q = float(sampling_prob)
         k = np.arange(count + 1, dtype=np.float64)
-        log_binomial = gammaln(count + 1.0) - gammaln(k + 1.0) - gammaln(count - k + 1.0)
-        with np.errstate(divide="ignore"):  # q = 0 or 1: log 0 = -inf, and 0 log 0 = 0
-            probs = np.exp(log_binomial + xlogy(k, q) + xlog1py(count - k, -q))
+        probs = binomial_pmf(k, count, q, 1.0 - q, xp=np)
         return cls(k, probs / math.fsum(probs))
 
     def mechanism(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
