@@ -71,7 +71,7 @@ from pldjax.filters.residue import GDPState, ResidueState, gdp_filter, gdp_resid
 from pldjax.filters.whitehouse import residue_epsilon_squared
 from pldjax.gaussian_dp import RESIDUE_STEPS
 from pldjax.pld import PLD
-from pldjax.precision import add_up, float64, host_result, pack, unpack, upper_of_rounded
+from pldjax.precision import add_up, float64, host_result, pack, square_up, unpack, upper_of_rounded
 from pldjax.validate import check_count, check_range, is_traced
 
 #: Relative margin added to every reading computed in floating point: the few roundings of a
@@ -102,15 +102,6 @@ def _round_up(x):
     only an infinite intermediate can produce, becomes +inf)."""
     x = jnp.asarray(x, jnp.float64)
     return jnp.where(jnp.isnan(x), jnp.inf, x * (1.0 + READING_MARGIN))
-
-
-def _square_up(x):
-    """x^2 rounded up: one ulp above the rounded product bounds the exact square; a square below
-    the smallest normal float (which XLA may flush to 0) is charged that normal; only x = 0 gives 0."""
-    square = x * x
-    tiny = float(np.finfo(np.float64).tiny)
-    up = jnp.where(square < tiny, tiny, jnp.nextafter(square, jnp.inf))
-    return jnp.where(x != 0, up, 0.0)
 
 
 def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
@@ -180,7 +171,7 @@ def _variance_odometer(kind: str, params: dict, delta: float, delta_prime: float
 
     def core(state, epsilon, delta_n):
         ok = (epsilon >= 0) & (delta_n >= 0) & (delta_n <= 1)  # False for NaN
-        new = VarianceState(add_up(state.variance, _square_up(epsilon)),
+        new = VarianceState(add_up(state.variance, square_up(epsilon)),
                             add_up(state.delta_spent, delta_n))
         return keep_if(ok, new, state), ok
 

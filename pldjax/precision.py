@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from fractions import Fraction
 from typing import TypeVar
 
 import jax
@@ -44,6 +45,33 @@ def add_up(a, b):
     b_part = total - a
     error = (a - (total - b_part)) + (b - b_part)
     return jnp.where(error > 0, jnp.nextafter(total, jnp.inf), total)
+
+
+def square_up(x):
+    """x^2 rounded up: the float product, moved one ulp up when it fell below the exact square
+    (Dekker's two-product error term, from Veltkamp's split of x, is positive). Exact squares stay
+    exact; a square below the smallest normal float (which XLA may flush to 0) is charged that
+    normal; only x = 0 gives 0."""
+    x = jnp.asarray(x, jnp.float64)
+    square = x * x
+    split = 134217729.0 * x  # 2^27 + 1
+    high = split - (split - x)
+    low = x - high
+    error = ((high * high - square) + 2.0 * high * low) + low * low
+    tiny = float(np.finfo(np.float64).tiny)
+    up = jnp.where(error > 0, jnp.nextafter(square, jnp.inf), square)
+    # beyond 2^996 the split overflows: the product alone is then moved up
+    up = jnp.where(jnp.isfinite(split), up, jnp.nextafter(square, jnp.inf))
+    return jnp.where(x == 0, 0.0, jnp.where(square < tiny, tiny, up))
+
+
+def square_down(x: float) -> float:
+    """x^2 rounded down, exactly (on the host: a budget that a running total rounded up is
+    compared with)."""
+    square = float(x) * float(x)
+    if Fraction(square) > Fraction(float(x)) ** 2:
+        square = float(np.nextafter(square, 0.0))
+    return square
 
 
 # -- 64-bit values that survive any jit boundary ----------------------------------------------------

@@ -125,6 +125,29 @@ def test_gdp_filter_admits_floor_mu2_over_nu2(mu, nu):
     assert spend_until_rejected(F.gdp_residue_filter(mu), nu)[0] in (expected, expected - 1)
 
 
+def test_gdp_filter_never_accepts_above_the_exact_budget():
+    """Pairs nu_1, nu_2 with nu_1^2 + nu_2^2 within a few ulps of mu^2 = 1, judged in exact
+    rational arithmetic: nu^2 was charged rounded to nearest, and (0.7683991025035597,
+    0.6399709518968216), 1.9e-17 above the budget, was accepted. Exact squares stay exact."""
+    rng = np.random.default_rng(7)
+    firsts = np.concatenate([[0.7683991025035597, 0.14524109418144696, 0.6], rng.uniform(0.05, 0.95,
+                                                                                         60)])
+    accepted_below = below = 0
+    for first in firsts:
+        second = float(np.sqrt(1.0 - first * first))
+        for nu in second + np.arange(-6, 3) * np.spacing(second):
+            f = F.gdp_filter(1.0, delta=0.0)
+            state, ok = f.spend(f.init(), float(first))
+            state, ok = f.spend(state, float(nu))
+            exact = Fraction(float(first)) ** 2 + Fraction(float(nu)) ** 2
+            assert not (bool(ok) and exact > 1)
+            below += exact <= 1 - Fraction(1, 2**50)
+            accepted_below += bool(ok) and exact <= 1 - Fraction(1, 2**50)
+    assert accepted_below == below > 0  # and no tighter than a few ulps
+    f = F.gdp_filter(1.0, delta=0.0)
+    assert bool(f.spend(f.init(), 1.0)[1])  # an exact square is charged exactly
+
+
 def test_gdp_filters_with_pld_queries_and_residue_at_least_as_long():
     query = pj.gdp(0.3)  # nu from the pessimistic PLD is a hair above 0.3: 11 = floor(1/0.09)
     assert spend_until_rejected(F.gdp_filter(1.0), query)[0] == 11
@@ -142,6 +165,23 @@ def test_whitehouse_residue_solves_the_corrected_equation():
         log_term = np.log(1 / delta_prime)
         assert np.sqrt(2 * log_term * y) + y / 2 == pytest.approx(epsilon, rel=1e-13)
         assert np.sqrt(2 * log_term * y) + y / 2 <= epsilon
+
+
+def test_approx_dp_filter_budget_is_below_the_exact_root():
+    """y* (the largest sum of eps_n^2) at or below its exact value (mpmath), and eps_n^2 charged
+    rounded up: 0.18254685258945505^2, 6.4e-19 above the exact y* for (1, 1e-6), was accepted."""
+    import mpmath
+
+    from pldjax.filters.whitehouse import residue_epsilon_squared
+
+    mpmath.mp.dps = 40
+    for epsilon, delta_prime in [(1.0, 5e-7), (0.3, 1e-9), (5.0, 1e-3), (1e-3, 1e-12), (50.0, 0.4)]:
+        two_log = 2 * mpmath.log(1 / mpmath.mpf(delta_prime))
+        exact = (mpmath.sqrt(two_log + 2 * mpmath.mpf(epsilon)) - mpmath.sqrt(two_log)) ** 2
+        y = residue_epsilon_squared(epsilon, delta_prime)
+        assert y <= exact and y >= exact * (1 - 1e-13)
+    f = F.approx_dp_filter(1.0, 1e-6)
+    assert not bool(f.spend(f.init(), 0.18254685258945505)[1])
 
 
 @pytest.mark.parametrize("epsilon, delta, eps_n", [(1.0, 1e-6, 0.1), (3.0, 1e-5, 0.05)])

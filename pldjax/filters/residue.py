@@ -26,7 +26,7 @@ from pldjax.gaussian_dp import (
 from pldjax.mechanisms import gaussian
 from pldjax.order import ROUNDOFF, renyi_kernel
 from pldjax.pld import PLD
-from pldjax.precision import add_up, float64, root_of_difference_down
+from pldjax.precision import add_up, float64, root_of_difference_down, square_down, square_up
 from pldjax.validate import check_count, check_range, is_traced
 
 
@@ -98,12 +98,13 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     """The GDP filter (Koskela et al.; Regehr et al. 2026, Remark 2): a query L costs nu^2, nu the
     smallest with L below G_nu; accept while the sum of nu^2 stays <= mu^2.
 
-    Query: a float nu (a nu-GDP query, charged exactly) or a PLD (nu by :func:`pldjax.gdp_mu`,
+    Query: a float nu (a nu-GDP query, nu^2 charged rounded up) or a PLD (nu by :func:`pldjax.gdp_mu`,
     an upper bound; its atom at +inf plus ROUNDOFF charged to ``delta``). The interaction has
     delta(eps) <= delta_{G_mu}(eps) + delta at every eps.
     """
     check_range("mu", mu, 0.0)
     check_range("delta", delta, 0.0, 1.0)
+    budget = square_down(mu)  # the spent nu^2 are summed rounded up
 
     def init():
         return GDPState(jnp.zeros(()), jnp.zeros(()))
@@ -113,13 +114,13 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
             nu, cost_delta = _nu(query, max(float(mu), 1e-300))
         else:
             nu, cost_delta = query, jnp.zeros(())
-        new = GDPState(add_up(state.mu_squared_spent, nu * nu),
+        new = GDPState(add_up(state.mu_squared_spent, square_up(nu)),
                        add_up(state.delta_spent, cost_delta))
-        accepted = (new.mu_squared_spent <= mu * mu) & (new.delta_spent <= delta)
+        accepted = (new.mu_squared_spent <= budget) & (new.delta_spent <= delta)
         return keep_if(accepted, new, state), accepted
 
     def remaining(state):
-        return {"mu": jnp.sqrt(jnp.maximum(mu * mu - state.mu_squared_spent, 0.0)),
+        return {"mu": jnp.sqrt(jnp.maximum(budget - state.mu_squared_spent, 0.0)),
                 "delta": delta - state.delta_spent}
 
     return make_filter("gdp", {"mu": float(mu), "delta": float(delta)},
