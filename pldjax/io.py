@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.pld import PLD
 from pldjax.precision import pack
 
 FORMAT = "pldjax-state"
@@ -95,21 +97,31 @@ def save(path, state, *, kind: str, params: dict) -> None:
         raise ValueError(f"path must end in .npz or .json, got {path.name!r}")
 
 
+def _read(path: Path) -> tuple[dict, list]:
+    """(header, leaves) of a saved state; a damaged file is a ValueError naming it."""
+    try:
+        if path.suffix == ".json":
+            data = json.loads(path.read_text())
+            header = {k: data.get(k) for k in ("format", "version", "kind", "params")}
+            return header, [_decode_json(entry) for entry in data["leaves"]]
+        with np.load(path, allow_pickle=False) as archive:
+            header = json.loads(str(archive["header"]))
+            count = len([k for k in archive.files if k.startswith("leaf_")])
+            return header, [archive[f"leaf_{i}"] for i in range(count)]
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, zipfile.BadZipFile) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: not a readable {FORMAT} file ({type(error).__name__}: "
+                         f"{error})") from None
+
+
 def load(path, template, *, kind: str, params: dict):
     """Read a state saved by :func:`save`, checked against ``kind``/``params`` and rebuilt on the
     tree structure (and leaf shapes and dtypes) of ``template``."""
     path = Path(path)
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        header = {k: data.get(k) for k in ("format", "version", "kind", "params")}
-        leaves = [_decode_json(entry) for entry in data["leaves"]]
-    elif path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as archive:
-            header = json.loads(str(archive["header"]))
-            count = len([k for k in archive.files if k.startswith("leaf_")])
-            leaves = [archive[f"leaf_{i}"] for i in range(count)]
-    else:
+    if path.suffix not in (".json", ".npz"):
         raise ValueError(f"path must end in .npz or .json, got {path.name!r}")
+    header, leaves = _read(path)
     if header.get("format") != FORMAT or header.get("version") not in _READABLE:
         raise ValueError(f"{path}: not a {FORMAT} file of version {VERSION} "
                          f"(format {header.get('format')!r}, version {header.get('version')!r})")
@@ -155,8 +167,23 @@ def save_filter_state(path, filter_, state) -> None:
 
 
 def load_filter_state(path, filter_):
-    """Restore a state saved by :func:`save_filter_state` for this very filter."""
-    return load(path, filter_.init(), kind=filter_.kind, params=filter_.params)
+    """Restore a state saved by :func:`save_filter_state` for this very filter. A state that no
+    sequence of spends reaches (a damaged or edited file) is a ValueError: one whose remaining
+    budget is NaN, negative or above a fresh filter's (a PLD budget's masses NaN or negative)."""
+    state = load(path, filter_.init(), kind=filter_.kind, params=filter_.params)
+    left, fresh = filter_.remaining(state), filter_.remaining(filter_.init())
+    if isinstance(left, PLD):
+        pairs = [(np.asarray(a, np.float64), None) for direction in left.directions()
+                 for a in (direction.probs, direction.inf_mass)]
+    else:
+        pairs = [(np.asarray(a, np.float64), np.asarray(b, np.float64))
+                 for a, b in zip(jax.tree_util.tree_leaves(left),
+                                 jax.tree_util.tree_leaves(fresh), strict=True)]
+    for value, bound in pairs:
+        if np.any(np.isnan(value) | (value < 0)) or (bound is not None and np.any(value > bound)):
+            raise ValueError(f"{path}: the state leaves a budget no spend reaches from "
+                             f"{filter_.kind} {filter_.params} ({left}); the file is damaged")
+    return state
 
 
 def save_odometer_state(path, odometer, state) -> None:

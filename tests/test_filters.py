@@ -336,6 +336,43 @@ def test_restore_refuses_another_filter_or_version(tmp_path):
         pj.io.load_filter_state(path, f)
 
 
+@pytest.mark.parametrize("mu, delta_left", [(1000.0, 1e-10), (float("nan"), 1e-10),
+                                             (0.5, -1.0), (1.0, 1.0)])
+def test_restore_refuses_a_budget_no_spend_reaches(tmp_path, mu, delta_left):
+    """A file whose state leaves more budget than a fresh filter, or a NaN or negative one (a
+    damaged or edited file), is refused: mu = 1000 on a mu = 1 filter was restored, and then
+    accepted a query of 500."""
+    from pldjax.filters.residue import ResidueState
+    from pldjax.precision import pack
+
+    f = F.gdp_residue_filter(1.0)
+    path = tmp_path / "state.json"
+    with jax.enable_x64(True):
+        edited = ResidueState(pack(jnp.float64(mu)), pack(jnp.float64(delta_left)))
+    pj.io.save_filter_state(path, f, edited)
+    with pytest.raises(ValueError, match="no spend reaches"):
+        pj.io.load_filter_state(path, f)
+    spent, _ = f.spend(f.init(), 0.5)  # a reachable state still loads
+    pj.io.save_filter_state(path, f, spent)
+    pj.io.load_filter_state(path, f)
+
+
+@pytest.mark.parametrize("suffix, damage", [
+    (".npz", lambda path: path.write_bytes(path.read_bytes()[:40])),
+    (".json", lambda path: path.write_text("[1, 2]")),
+    (".json", lambda path: path.write_text(path.read_text().replace('"leaves"', '"other"'))),
+    (".json", lambda path: path.write_text(path.read_text().replace('"dtype"', '"other"'))),
+    (".json", lambda path: path.write_text(path.read_text()[:30])),
+])
+def test_restore_refuses_a_damaged_file_by_name(tmp_path, suffix, damage):
+    f = F.pure_dp_filter(1.0)
+    path = tmp_path / f"state{suffix}"
+    pj.io.save_filter_state(path, f, f.init())
+    damage(path)
+    with pytest.raises(ValueError, match="state"):
+        pj.io.load_filter_state(path, f)
+
+
 def test_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
     f = F.pure_dp_filter(1.0)
     path = tmp_path / "state.npz"
