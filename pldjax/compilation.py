@@ -20,9 +20,9 @@ skips Python tracing and lowering too: a warm cache answered ``pj.dpsgd_epsilon(
 keyed by the kernel, its static arguments, the shapes and dtypes of its inputs, and a digest of
 pldjax's source, the jax and jaxlib versions, the device and the x64 setting; a stale or
 unreadable entry is exported again. Like jit's own trace cache, an entry does not see module
-constants changed at run time (tests that patch them run with the cache off). Calls inside a trace (``jit``,
-``vmap``), with several devices, or without the ``flatbuffers`` package run the kernels as plain
-``jax.jit`` functions.
+constants changed at run time (tests that patch them run with the cache off). Calls inside a
+trace (``jit``, ``vmap``), with several devices, or without the ``flatbuffers`` package run the
+kernels as plain ``jax.jit`` functions.
 
 Every kernel is jitted by :func:`kernel_jit` (or :func:`exported_jit`), which on a CPU compiles it
 with :data:`FAST_COMPILE` unless the kernel runs slower with it.

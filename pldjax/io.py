@@ -108,9 +108,7 @@ def _read(path: Path) -> tuple[dict, list]:
             header = json.loads(str(archive["header"]))
             count = len([k for k in archive.files if k.startswith("leaf_")])
             return header, [archive[f"leaf_{i}"] for i in range(count)]
-    except (ValueError, KeyError, TypeError, AttributeError, OSError, zipfile.BadZipFile) as error:
-        if isinstance(error, FileNotFoundError):
-            raise
+    except (ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as error:
         raise ValueError(f"{path}: not a readable {FORMAT} file ({type(error).__name__}: "
                          f"{error})") from None
 

@@ -98,9 +98,9 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     """The GDP filter (Koskela et al.; Regehr et al. 2026, Remark 2): a query L costs nu^2, nu the
     smallest with L below G_nu; accept while the sum of nu^2 stays <= mu^2.
 
-    Query: a float nu (a nu-GDP query, nu^2 charged rounded up) or a PLD (nu by :func:`pldjax.gdp_mu`,
-    an upper bound; its atom at +inf plus ROUNDOFF charged to ``delta``). The interaction has
-    delta(eps) <= delta_{G_mu}(eps) + delta at every eps.
+    Query: a float nu (a nu-GDP query, nu^2 charged rounded up) or a PLD (nu by
+    :func:`pldjax.gdp_mu`, an upper bound; its atom at +inf plus ROUNDOFF charged to ``delta``).
+    The interaction has delta(eps) <= delta_{G_mu}(eps) + delta at every eps.
     """
     check_range("mu", mu, 0.0)
     check_range("delta", delta, 0.0, 1.0)
