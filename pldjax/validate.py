@@ -40,9 +40,14 @@ def check_range(
     lo_b = "(" if low_open or low == -np.inf else "["
     hi_b = ")" if high_open or high == np.inf else "]"
     allowed = f"{lo_b}{low}, {high}{hi_b}"
-    # strings, booleans, complex numbers and None are refused, not converted
-    kind = np.asarray(value).dtype.kind if not isinstance(value, numbers.Real) else "f"
-    if kind not in "iuf" or isinstance(value, (bool, np.bool_)):
+    # strings, booleans, complex numbers and None are refused, not converted (an array's dtype
+    # is read without converting it)
+    if isinstance(value, numbers.Real):
+        kind = "b" if isinstance(value, (bool, np.bool_)) else "f"
+    else:
+        dtype = getattr(value, "dtype", None)
+        kind = np.dtype(np.asarray(value).dtype if dtype is None else dtype).kind
+    if kind not in "iuf":
         raise ValueError(f"{name} must be a real number in {allowed}, got {value!r}")
     try:
         arr = np.asarray(value, dtype=np.float64)
