@@ -40,13 +40,13 @@ def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
     assert not pj.compilation.release_compiled_kernels(limit=10**9)
     assert square._cache_size() == 1
     before = mappings()
-    for size in range(40):  # compiled kernels add mappings ...
+    for size in range(20):  # compiled kernels add mappings ...
         jax.jit(lambda x: jnp.fft.rfft(x) * 2)(jnp.ones(size + 8)).block_until_ready()
     assert mappings() > before
     during = mappings()
     assert pj.compilation.release_compiled_kernels(limit=0)
     assert square._cache_size() == 0 and mappings() < during  # ... which dropping gives back
-    sigmas, steps = np.linspace(0.6, 3.0, 40), np.geomspace(100, 3000, 40).round()
+    sigmas, steps = np.linspace(0.6, 3.0, 16), np.geomspace(100, 3000, 16).round()
     whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
     monkeypatch.setattr(pj.compilation, "MAPPING_FRACTION", 0.0)  # drop after every chunk
     monkeypatch.setattr(pj.dpsgd._MAPPINGS, "first", 0)
