@@ -100,7 +100,7 @@ def _stirling_error(n, xp):
 
 def _deviance(x, mean, xp):
     """x log(x / mean) + mean - x (>= 0; x >= 0, mean >= 0) without its cancellation near
-    x = mean: there the series 2 x sum_k v^(2k+1) / (2k+1) - (x - mean) v... in
+    x = mean: there (x - mean) v + 2 x sum_{k >= 1} v^(2k+1) / (2k+1) with
     v = (x - mean) / (x + mean), |v| < 0.1 (Loader's bd0)."""
     total = x + mean
     v = (x - mean) / xp.where(total > 0, total, 1.0)
