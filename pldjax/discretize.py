@@ -420,7 +420,7 @@ def window(mechanism: Mechanism, params, tail):
 
 
 def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
-                      fixed: bool, rounding):
+                      fixed: bool, rounding, as_curve: bool = False):
     """A batch of mechanisms (``params`` and ``tail``: flat arrays, see :func:`window`) ->
     (probs, inf_mass, offset, step), each batched; ``step`` (data, so that a new value compiles
     nothing) is used when ``fixed``, else each one's automatic step. Vmapped inside jit: a warm
@@ -429,10 +429,14 @@ def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pe
     The pessimistic connect-the-dots estimate is two compiled calls: the curve (the mechanism's
     tails, nearly all of the work, one value a point) and its masses. Given both in one program,
     XLA on a CPU recomputed the tails in several of the masses' loops (3.0-3.4 ms against 2.2 ms
-    for 2 x 16,384 points)."""
+    for 2 x 16,384 points), and the curve runs 2.9x slower with the masses' compiler options.
+    ``as_curve``: that estimate gives (values, None, offset, step) instead, the curve a caller
+    turns into masses in its own next kernel (:func:`masses_rows`)."""
     options = dict(mechanism=mechanism, size=size, pessimistic=pessimistic, fixed=fixed)
     if pessimistic and rounding == "connect_dots":
         values, offset, h = _curve_kernel(params, tail, step, **options)
+        if as_curve:
+            return values, None, offset, h
         probs, inf_mass = _masses_kernel(values, offset, h)
         return probs, inf_mass, offset, h
     return _estimate_kernel(params, tail, step, rounding=rounding, **options)
@@ -454,13 +458,16 @@ def _curve_kernel(params, tail, step, **options):
     return jax.vmap(one)(params, tail)
 
 
-@exported_jit()
-def _masses_kernel(values, offset, step):
-    """(probs, inf_mass) of a batch of :func:`curve_values` rows (see :func:`masses_from_values`)."""
+def masses_rows(values, offset, step):
+    """(probs, inf_mass) of a batch of :func:`curve_values` rows, each on its grid (offset, step)
+    (see :func:`masses_from_values`)."""
     def one(row, single_offset, h):
         return masses_from_values(row, h, grid_points(single_offset, h, row.shape[0]))
 
     return jax.vmap(one)(values, offset, step)
+
+
+_masses_kernel = exported_jit()(masses_rows)
 
 
 @exported_jit(static_argnames=_STATIC + ("rounding",))
@@ -566,12 +573,14 @@ def _check_step(grid: Grid, size: int, pessimistic: bool) -> None:
 
 
 def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool,
-                      tail=None, size: int | None = None) -> tuple:
+                      tail=None, size: int | None = None, as_curve: bool = False) -> tuple:
     """(probs, inf_mass, offset, step) of ``mechanism``'s (single-direction) PLD, batched over
     the broadcast ``params`` and ``tail`` (the mass of P each window may leave outside, see
     :func:`window`; None: 0, the default windows); ``size``: the grid size when the caller has
     it from :func:`mechanism_sizes`. Concrete results in host memory stay NumPy arrays (glue
-    code reads them on the host; :func:`pldjax.mechanisms.discretize_directions` gives PLDs)."""
+    code reads them on the host; :func:`pldjax.mechanisms.discretize_directions` gives PLDs).
+    ``as_curve``: the pessimistic connect-the-dots estimate gives (values, None, offset, step),
+    untrimmed, for a caller that takes the masses in its own kernel (:func:`masses_rows`)."""
     traced = is_traced((params, tail))
     # on the host: no small compiled kernels for each array operation
     flat, flat_tail, shape = _broadcast_flat(params, tail, jnp if traced else np)
@@ -582,18 +591,19 @@ def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimist
     probs, inf_mass, offset, step = _mechanism_kernel(
         flat, flat_tail, fixed_step, mechanism=mechanism, size=size,
         pessimistic=bool(pessimistic), fixed=grid.step is not None, rounding=grid.rounding,
+        as_curve=as_curve,
     )
-    if traced:
-        return (probs.reshape(shape + (size,)), inf_mass.reshape(shape), offset.reshape(shape),
-                step.reshape(shape))
-    # in host memory, the reshapes and the trim run in NumPy (each eager jnp operation would be
-    # one more small program to compile, or to load from the cache, in every new process)
-    xp = np if on_host(probs) else jnp
-    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
+    curve = inf_mass is None  # its masses are the caller's (as_curve)
+    if not traced:
+        # in host memory, the reshapes and the trim run in NumPy (each eager jnp operation would
+        # be one more small program to compile, or to load from the cache, in every new process)
+        xp = np if on_host(probs) else jnp
+        probs, offset, step = (xp.asarray(a) for a in (probs, offset, step))
+        inf_mass = None if curve else xp.asarray(inf_mass)
     probs, offset = probs.reshape(shape + (size,)), offset.reshape(shape)
-    if grid.size is None:
+    if not (traced or curve or grid.size is not None):
         probs, offset = _trim(probs, offset)
-    return probs, inf_mass.reshape(shape), offset, step.reshape(shape)
+    return probs, None if curve else inf_mass.reshape(shape), offset, step.reshape(shape)
 
 
 def on_host(array) -> bool:

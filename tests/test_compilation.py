@@ -101,7 +101,7 @@ def _exported_kernels():
     from pldjax import discretize, dpsgd
 
     return (*discretize.MECHANISM_KERNELS, discretize._half_widths, dpsgd.window_placement,
-            dpsgd._compose_and_evaluate)
+            dpsgd._masses_and_placement, dpsgd._compose_and_evaluate)
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def test_a_new_process_reads_the_exported_kernels(tmp_path):
     first = run()
     assert first.returncode == 0, first.stderr
     entries = {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*.jaxexport")}
-    assert len(entries) == 5  # the four kernels of one configuration and the sizing one
+    assert len(entries) == 4  # the three kernels of one configuration and the sizing one
     second = run()
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
