@@ -1,8 +1,9 @@
 """DP-SGD as optax gradient transformations with the privacy accounting in the optimizer state.
 
-* :func:`dpsgd`: clipping and Gaussian noise by optax's own ``differentially_private_aggregate``
-  (noise standard deviation ``l2_norm_clip * noise_multiplier`` on the sum of clipped per-example
-  gradients, divided by the batch size), then SGD. The number of steps the budget allows is
+* :func:`dpsgd`: per-example clipping, then Gaussian noise by optax's own
+  ``differentially_private_aggregate`` (noise standard deviation ``l2_norm_clip *
+  noise_multiplier`` on the sum of clipped per-example gradients, divided by the batch size), then
+  SGD. The number of steps the budget allows is
   calibrated once, on the host, when the transformation is built (:func:`calibrate_steps`); inside
   the jitted step the state counts steps and records them in a :mod:`pldjax.accountant` state, and
   once another step would exceed the budget the updates become zeros (and nothing more is
@@ -17,6 +18,12 @@
   a :class:`pldjax.filters.residue.ResidueTable` built once on the host.
 
 Noise keys are explicit: both take a ``key`` and have no default.
+
+Clipping is pldjax's in all three (:func:`_clipped`): a clipped gradient's norm stays at most
+``l2_norm_clip`` after rounding to the model's precision (bfloat16 included), and an example whose
+gradient is not finite (NaN or inf) is left out of the sum and, with per-example budgets, charged
+as a zero gradient. Rounding in the sum over examples and in the noise itself is not accounted
+for, as in other DP-SGD libraries.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from optax import contrib as _contrib
 from pldjax import accountant as _accountant
 from pldjax import filters as _filters
 from pldjax.calibrate import calibrate_steps
+from pldjax.dpsgd import dpsgd_event
 from pldjax.precision import float64, pack, unpack
 from pldjax.validate import check_count, check_range
 
@@ -65,25 +73,30 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     allowed = int(calibrate_steps(epsilon_budget, delta, noise_multiplier, sampling_prob,
                                   neighboring=neighboring))
+    # the recorded events carry the neighbouring relation, which epsilon() then reads them under
+    event = dpsgd_event(noise_multiplier, sampling_prob, neighboring)
     aggregate = _contrib.differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)
     sgd = _optax.sgd(learning_rate)
 
     @float64
     def init(params):
         return DPSGDState(aggregate.init(params), sgd.init(params),
-                          _accountant.init(capacity=1), pack(jnp.zeros((), jnp.int64)),
+                          _accountant.init(capacity=1, event=event), pack(jnp.zeros((), jnp.int64)),
                           pack(jnp.asarray(allowed, jnp.int64)))
 
     @float64
     def update(grads, state, params=None):
-        noised, aggregate_state = aggregate.update(grads, state.aggregate)
+        leaves, treedef = jax.tree_util.tree_flatten(grads)
+        batch = leaves[0].shape[0] if leaves and jnp.ndim(leaves[0]) else 0
+        clipped = _clipped(leaves, _norms(leaves, batch), l2_norm_clip, True)
+        noised, aggregate_state = aggregate.update(jax.tree_util.tree_unflatten(treedef, clipped),
+                                                   state.aggregate)
         updates, sgd_state = sgd.update(noised, state.sgd, params)
         count = jax.ShapeDtypeStruct((), jnp.int64)
         taken, allowed_steps = unpack((state.steps, state.max_steps), (count, count))
         go = taken < allowed_steps
         updates = jax.tree_util.tree_map(lambda u: jnp.where(go, u, jnp.zeros_like(u)), updates)
-        recorded = _accountant.step(state.accountant, noise_multiplier, sampling_prob,
-                                    go.astype(jnp.int64))
+        recorded = _accountant.step(state.accountant, event, steps=go.astype(jnp.int64))
         return updates, DPSGDState(aggregate_state, sgd_state, recorded,
                                    pack(taken + go.astype(jnp.int64)), state.max_steps)
 
@@ -155,17 +168,29 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     check_range("l2_norm_clip", l2_norm_clip, 0.0, low_open=True)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     num_examples = check_count("num_examples", num_examples, minimum=1)
+    check_range("mu_budget", mu_budget, 0.0, low_open=True)
+    if accounting not in ("residue", "gdp"):
+        raise ValueError(f"accounting must be 'residue' or 'gdp', got {accounting!r}")
     if sampling_prob is None:
+        check_range("delta_slack", delta_slack, 0.0, 1.0)
+        if table is not None:
+            raise ValueError("table is for Poisson-sampled steps (sampling_prob); full-batch "
+                             "steps are charged their closed-form GDP costs")
         return _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key,
                                       mu_budget, num_examples, delta_slack)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0, low_open=True)
-    check_range("mu_budget", mu_budget, 0.0, low_open=True)
     check_range("delta_slack", delta_slack, 0.0, 1.0, low_open=True)
-    if accounting not in ("residue", "gdp"):
-        raise ValueError(f"accounting must be 'residue' or 'gdp', got {accounting!r}")
     if table is None:
         table = _filters.residue.gdp_residue_table(noise_multiplier, sampling_prob, mu_budget,
                                                    residue=accounting == "residue")
+    built_for = tuple(float(np.asarray(a, np.float64))
+                      for a in (table.noise_multiplier, table.sampling_prob))
+    if built_for != (float(noise_multiplier), float(sampling_prob)):
+        raise ValueError(
+            f"table was built for noise_multiplier = {built_for[0]!r}, sampling_prob = "
+            f"{built_for[1]!r}; its costs do not hold for this transformation's noise_multiplier "
+            f"= {noise_multiplier!r}, sampling_prob = {sampling_prob!r}"
+        )
     if accounting == "gdp":  # the naive costs: the table's row at budget 0, at every budget
         table = table._replace(cost=jnp.broadcast_to(table.cost[:1], table.cost.shape))
     sgd = _optax.sgd(learning_rate)
@@ -187,19 +212,17 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
         like = jax.ShapeDtypeStruct((num_examples,), jnp.float64)
         mu, delta_left = unpack((state.mu, state.delta_left), (like, like))
         norms = _norms(leaves, num_examples)
-        c = jnp.minimum(norms, l2_norm_clip) / l2_norm_clip
+        c = _sensitivities(norms, l2_norm_clip)
         new_mu, new_delta, accepted = _filters.residue.table_spend(table, mu, delta_left, c)
         active = state.active & accepted
         next_key, sample_key, noise_key = jax.random.split(jax.random.wrap_key_data(state.key), 3)
         # P(bits < floor(q 2^32)) = floor(q 2^32) / 2^32 <= q: never above the accounted rate
         sampled = active if threshold is None else active & (
             jax.random.bits(sample_key, (num_examples,), jnp.uint32) < threshold)
-        factor = jnp.where(sampled, jnp.minimum(1.0, l2_norm_clip / jnp.maximum(norms, 1e-300)),
-                           0.0)
         noise_keys = jax.random.split(noise_key, len(leaves))
         noised = []
-        for g, k in zip(leaves, noise_keys, strict=True):
-            total = jnp.tensordot(factor.astype(g.dtype), g, axes=1)
+        for g, k in zip(_clipped(leaves, norms, l2_norm_clip, sampled), noise_keys, strict=True):
+            total = jnp.sum(g, axis=0)
             noise = jax.random.normal(k, total.shape, g.dtype) * (l2_norm_clip * noise_multiplier)
             noised.append((total + noise) * scale)
         updates, sgd_state = sgd.update(jax.tree_util.tree_unflatten(treedef, noised), state.sgd,
@@ -225,6 +248,32 @@ def _norms(leaves, num_examples: int):
                         for g in leaves))
 
 
+def _sensitivities(norms, l2_norm_clip):
+    """Each example's sensitivity min(norm, C) / C in [0, 1]; 0 where its gradient is not finite
+    (:func:`_clipped` leaves it out of the sum)."""
+    return jnp.where(jnp.isfinite(norms), jnp.minimum(norms, l2_norm_clip) / l2_norm_clip, 0.0)
+
+
+def _clipped(leaves, norms, l2_norm_clip, keep):
+    """Per-example gradients ``leaves`` (leading example axis, ``norms`` their float64 norms)
+    clipped to norm at most ``l2_norm_clip``, each in its own dtype; zero where ``keep`` (a bool
+    per example, or True) is False or the gradient is not finite (a where, not a product:
+    0 * NaN is NaN). A gradient above the norm is scaled by C / norm less 4 units of round-off of
+    the coarsest leaf dtype, so that rounding the factor and the products cannot take it above C
+    (bfloat16 gradients scaled by C / norm reached 1.004 C); one within the norm is kept exactly.
+    """
+    unit = max((float(jnp.finfo(g.dtype).eps) for g in leaves), default=0.0) / 2
+    over = norms > l2_norm_clip
+    factor = jnp.where(over, l2_norm_clip / jnp.where(over, norms, 1.0) * (1.0 - 4.0 * unit), 1.0)
+    kept = jnp.asarray(keep) & jnp.isfinite(norms)
+    out = []
+    for g in leaves:
+        shape = (-1,) + (1,) * (g.ndim - 1)
+        scaled = g * factor.astype(g.dtype).reshape(shape)
+        out.append(jnp.where(kept.reshape(shape), scaled, jnp.zeros((), g.dtype)))
+    return out
+
+
 def _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key, mu_budget,
                            num_examples, delta_slack):
     """Full-batch steps with one GDP residue filter per example (closed-form GDP costs)."""
@@ -241,15 +290,15 @@ def _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key, m
 
     @float64
     def update(grads, state, params=None):
-        leaves = jax.tree_util.tree_leaves(grads)
+        leaves, treedef = jax.tree_util.tree_flatten(grads)
         _check_per_example(leaves, num_examples)
-        nu = jnp.minimum(_norms(leaves, num_examples), l2_norm_clip) / (
-            l2_norm_clip * noise_multiplier)
-        nu = jnp.where(state.active, nu, 0.0)
+        norms = _norms(leaves, num_examples)
+        nu = jnp.where(state.active, _sensitivities(norms, l2_norm_clip) / noise_multiplier, 0.0)
         filters, accepted = jax.vmap(budget.spend)(state.filters, nu)
         active = state.active & accepted
-        masked = jax.tree_util.tree_map(
-            lambda g: g * active.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype), grads)
+        # clipped here (optax's own clipping then leaves them as they are)
+        masked = jax.tree_util.tree_unflatten(treedef, _clipped(leaves, norms, l2_norm_clip,
+                                                                active))
         noised, aggregate_state = aggregate.update(masked, state.aggregate)
         updates, sgd_state = sgd.update(noised, state.sgd, params)
         return updates, IndividualState(aggregate_state, sgd_state, filters, active)

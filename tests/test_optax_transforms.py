@@ -128,13 +128,14 @@ def test_individual_dpsgd_with_x64_off_and_a_wrong_batch(x64_off):
 
 
 # -- per-example budgets for Poisson-sampled DP-SGD (issue 18) ------------------------------------
-def _hand_table():
-    """A ResidueTable with known costs: budgets {0, 0.5, 1}, sensitivities {0, 0.5, 1}."""
+def _hand_table(sigma=1.0, q=0.5):
+    """A ResidueTable with known costs: budgets {0, 0.5, 1}, sensitivities {0, 0.5, 1}, said to
+    be for the step (sigma, q) (made up: it tests the lookups' mechanics)."""
     from pldjax.filters.residue import ResidueTable
 
     cost = jnp.array([[0.0, 0.3, 0.6], [0.0, 0.2, 0.5], [0.0, 0.1, 0.4]])
     return ResidueTable(jnp.array([0.0, 0.5, 1.0]), jnp.array([0.0, 0.5, 1.0]), cost,
-                        jnp.array([0.0, 1e-3, 1e-3]))
+                        jnp.array([0.0, 1e-3, 1e-3]), np.float64(sigma), np.float64(q))
 
 
 def test_table_spend_rounds_budgets_down_and_sensitivities_up():
@@ -193,7 +194,7 @@ def test_sampled_individual_dpsgd_noise_and_sampling_with_x64_off(x64_off):
     """Zero gradients: the update is -lr N(0, (C sigma)^2) / (q N); all examples active; float32
     model; the sampled fraction (seen through unit gradients) is about q."""
     clip, sigma, lr, q, n = 1.0, 2.0, 0.5, 0.25, 400
-    zero = _hand_table()._replace(cost=jnp.zeros((3, 3)), delta=jnp.zeros(3))
+    zero = _hand_table(sigma, q)._replace(cost=jnp.zeros((3, 3)), delta=jnp.zeros(3))
     tx = pj.optax.individual_dpsgd(lr, clip, sigma, key=jax.random.key(3), mu_budget=1.0,
                                    num_examples=n, delta_slack=1e-6, sampling_prob=q, table=zero)
     params = {"w": jnp.zeros(5000, jnp.float32)}
@@ -204,7 +205,8 @@ def test_sampled_individual_dpsgd_noise_and_sampling_with_x64_off(x64_off):
     assert stats.kstest(np.asarray(updates["w"]), "norm", args=(0, right)).pvalue > 1e-3
     # unit gradients along one coordinate: the update's first coordinate counts the sample
     small = pj.optax.individual_dpsgd(1.0, 1.0, 1e-9, key=jax.random.key(4), mu_budget=1.0,
-                                      num_examples=n, delta_slack=1e-6, sampling_prob=q, table=zero)
+                                      num_examples=n, delta_slack=1e-6, sampling_prob=q,
+                                      table=zero._replace(noise_multiplier=np.float64(1e-9)))
     grads = {"w": jnp.zeros((n, 2), jnp.float32).at[:, 0].set(1.0)}
     updates, _ = jax.jit(small.update)(grads, small.init({"w": jnp.zeros(2)}), {"w": jnp.zeros(2)})
     sampled = -float(updates["w"][0]) * q * n
@@ -242,3 +244,97 @@ def test_residue_table_is_sound_against_direct_residues_and_monotone():
     assert np.all(np.asarray(looked).reshape(m.shape) >= naive * (1 - 1e-12))
     assert np.all(np.diff(np.asarray(table.cost), axis=0) <= 0)
     assert np.all(np.diff(np.asarray(table.cost), axis=1) >= 0)
+
+
+# -- found by an adversarial review (session 28) --------------------------------------------------
+
+
+def test_dpsgd_reads_epsilon_under_its_own_neighbouring_relation():
+    """Replace-one DP-SGD: a Gaussian of sensitivity 2 C, so q = 1 and 3 steps are
+    (2 sqrt(3) / sigma)-GDP; epsilon used to be read add/remove (1.70 against the truth 3.71)."""
+    from reference import gaussian_epsilon
+
+    sigma, steps = 4.0, 3
+    tx = pj.optax.dpsgd(0.1, 1.0, sigma, 1.0, key=jax.random.key(0), epsilon_budget=10.0,
+                        delta=DELTA, neighboring="replace_one")
+    params = jnp.zeros(3)
+    state = tx.init(params)
+    for _ in range(steps):
+        _, state = tx.update(jnp.ones((4, 3)), state, params)
+    truth = gaussian_epsilon(2.0 * np.sqrt(steps) / sigma, DELTA)
+    assert truth <= pj.optax.epsilon(state, DELTA) <= truth * (1 + 1e-3)
+
+
+def test_individual_dpsgd_refuses_a_table_of_other_parameters():
+    from pldjax.filters.residue import gdp_residue_table
+
+    table = gdp_residue_table(20.0, 0.01, 1.0, mu_nodes=2, c_nodes=2, residue=False)
+    kwargs = dict(key=jax.random.key(0), mu_budget=1.0, num_examples=4, delta_slack=1e-6)
+    for sigma, q in [(1.0, 0.01), (20.0, 0.5)]:
+        with pytest.raises(ValueError, match="table was built for noise_multiplier = 20"):
+            pj.optax.individual_dpsgd(0.1, 1.0, sigma, sampling_prob=q, table=table, **kwargs)
+    pj.optax.individual_dpsgd(0.1, 1.0, 20.0, sampling_prob=0.01, table=table, **kwargs)
+    with pytest.raises(ValueError, match="table"):  # full-batch steps have closed-form costs
+        pj.optax.individual_dpsgd(0.1, 1.0, 20.0, table=table, **kwargs)
+    with pytest.raises(ValueError, match="accounting"):
+        pj.optax.individual_dpsgd(0.1, 1.0, 20.0, accounting="bogus", **kwargs)
+
+
+def _transformations():
+    """DP-SGD, full-batch and Poisson-sampled per-example DP-SGD (q = 1, so every example is in
+    the batch) on 4 examples, with the same key."""
+    key = jax.random.key(5)
+    table = pj.filters.residue.gdp_residue_table(1.0, 1.0, 2.0, mu_nodes=2, c_nodes=2,
+                                                 residue=False)
+    return {
+        "dpsgd": pj.optax.dpsgd(1.0, 1.0, 1.0, 1.0, key=key, epsilon_budget=50.0, delta=DELTA),
+        "full batch": pj.optax.individual_dpsgd(1.0, 1.0, 1.0, key=key, mu_budget=2.0,
+                                                num_examples=4),
+        "sampled": pj.optax.individual_dpsgd(1.0, 1.0, 1.0, key=key, mu_budget=2.0,
+                                             num_examples=4, sampling_prob=1.0,
+                                             delta_slack=1e-3, table=table),
+    }
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_gradient_contributes_nothing_and_costs_nothing(bad):
+    """An example whose gradient is not finite is left out of the sum (its contribution is 0):
+    the update is the one without it, never NaN (0 * NaN made the released update a function
+    of that example alone), and its budget is untouched."""
+    params = jnp.zeros(3)
+    grads = np.ones((4, 3), np.float32)
+    grads[3, 0] = bad
+    without = grads.copy()
+    without[3] = 0.0
+    for name, tx in _transformations().items():
+        state = tx.init(params)
+        got, after = tx.update(jnp.asarray(grads), state, params)
+        want, after_without = tx.update(jnp.asarray(without), state, params)
+        assert np.all(np.isfinite(np.asarray(got))), name
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=name)
+        if name != "dpsgd":  # charged as a zero gradient (c = 0)
+            assert bool(after.active[3]), name
+            assert (pj.optax.remaining_mu(after)[3] == pj.optax.remaining_mu(after_without)[3]
+                    > 2.0 * (1 - 1e-15)), name
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_clipped_gradients_stay_within_the_clip_norm_after_rounding(dtype):
+    """One example, noise 1e-20 C, learning rate 1: the update is its clipped gradient, whose
+    norm (exact, in float64) must not exceed C. Scaled by C / norm in the model's precision, a
+    bfloat16 gradient reached 1.004 C and a float32 one 1 + 6e-8."""
+    rng = np.random.default_rng(1)
+    key = jax.random.key(0)
+    table = _hand_table(1e-20, 1.0)._replace(cost=jnp.zeros((3, 3)), delta=jnp.zeros(3))
+    transformations = [  # (pj.optax.dpsgd clips by the same function, but cannot run at 1e-20)
+        pj.optax.individual_dpsgd(1.0, 1.0, 1e-20, key=key, mu_budget=1e30, num_examples=1),
+        pj.optax.individual_dpsgd(1.0, 1.0, 1e-20, key=key, mu_budget=2.0, num_examples=1,
+                                  sampling_prob=1.0, delta_slack=1.0, table=table),
+    ]
+    grads = jnp.asarray(rng.normal(size=(300, 1, 50)) * rng.uniform(1, 10, (300, 1, 1)), dtype)
+    params = jnp.zeros(50, dtype)
+    for tx in transformations:
+        state = tx.init(params)
+        updates = jax.jit(jax.vmap(lambda g, s=state, t=tx: t.update(g, s, params)[0]))(grads)
+        norms = np.linalg.norm(np.asarray(updates, np.float64), axis=-1)
+        assert np.max(norms) <= 1.0 and np.min(norms) > 0.98

@@ -241,12 +241,15 @@ class ResidueTable(NamedTuple):
     ``cost[j, k]`` is an effective GDP cost nu: for every budget mu >= ``mu_nodes[j]`` and
     sensitivity c <= ``c_nodes[k]`` the update mu' = sqrt(mu^2 - nu^2) (rounded down) satisfies
     G_mu' (+) L_c below G_mu plus ``delta[k]`` (ROUNDOFF included), L_c the step's PLD at
-    sensitivity c (noise sigma / c, sampling probability q)."""
+    sensitivity c (noise sigma / c, sampling probability q). The costs hold for that step only:
+    ``noise_multiplier`` (sigma) and ``sampling_prob`` (q) record it."""
 
     mu_nodes: jax.Array  # (M,) increasing, mu_nodes[0] = 0
     c_nodes: jax.Array  # (K,) increasing, from 0 to 1
     cost: jax.Array  # (M, K), non-increasing along mu, non-decreasing along c
     delta: jax.Array  # (K,) delta charged by a step at c_nodes[k]
+    noise_multiplier: jax.Array  # () sigma of the step the costs are certified for
+    sampling_prob: jax.Array  # () its Poisson sampling probability q
 
 
 @float64
@@ -299,7 +302,8 @@ def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: flo
     cost = np.minimum.accumulate(cost, axis=0)  # valid for every larger budget
     cost = np.minimum.accumulate(cost[:, ::-1], axis=1)[:, ::-1]  # and every smaller c
     delta = np.concatenate([[0.0], np.full(c_nodes - 1, slack + ROUNDOFF)])
-    return ResidueTable(*(jnp.asarray(a, jnp.float64) for a in (mus, c, cost, delta)))
+    return ResidueTable(*(jnp.asarray(a, jnp.float64) for a in (mus, c, cost, delta,
+                                                                noise_multiplier, sampling_prob)))
 
 
 def table_spend(table: ResidueTable, mu, delta_left, c):
