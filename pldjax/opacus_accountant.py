@@ -98,7 +98,8 @@ class PLDAccountant(IAccountant):
         eps = min(float(pld.epsilon(delta)), self._rdp_epsilon(delta))
         if delta < chernoff.RESOLVED_DELTA or math.isinf(eps):
             eps = min(eps, chernoff.epsilon(self._single_steps(), delta))
-        return eps
+        # RDP's conversion goes below 0 for delta near 1; epsilon 0 is then an upper bound
+        return max(eps, 0.0)
 
     def _single_steps(self) -> list[tuple[PLD, int]]:
         """(one step's PLD, steps) of each live segment, for :mod:`pldjax.chernoff`."""
@@ -131,12 +132,17 @@ class PLDAccountant(IAccountant):
             rdp = sum(opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps,
                                              orders=_ORDERS) for sigma, q, steps in live)
             with np.errstate(over="ignore", invalid="ignore"):
-                bounds = np.exp((orders - 1) * (np.asarray(rdp) - epsilon))
-            rdp_delta = float(np.nanmin(np.append(bounds, 1.0)))
+                exponents = (orders - 1) * (np.asarray(rdp) - epsilon)
+            rdp_delta = float(np.exp(np.nanmin(np.append(exponents, 0.0))))
         delta = min(float(pld.delta(epsilon)), rdp_delta)
         if delta < chernoff.RESOLVED_DELTA:
             delta = min(delta, chernoff.delta(self._single_steps(), epsilon))
-        return delta
+        if live and math.isfinite(epsilon):
+            # a noisy Gaussian's delta is positive at every finite epsilon: where a bound
+            # underflowed (6e-546 at sigma = 5, epsilon = 10), the smallest positive float,
+            # and exp's last bit rounded up
+            delta = max(float(np.nextafter(delta, 1.0)), math.ulp(0.0))
+        return min(delta, 1.0)
 
     def __len__(self) -> int:
         """The number of optimizer steps taken so far."""

@@ -151,3 +151,24 @@ def test_tiny_privacy_loss_is_never_negative():
     eps = acct.get_epsilon(DELTA)
     assert 0.0 <= eps <= 1e-2
     assert eps >= float(pj.dpsgd_epsilon(20.0, 1e-4, 100, DELTA, pessimistic=False))
+
+
+def test_large_delta_gives_epsilon_zero_not_below():
+    """Opacus's RDP conversion is negative for delta near 1 (-3.29 at delta = 1 for sigma = 3);
+    epsilon is never negative."""
+    from reference import gaussian_delta
+
+    acct = pj.opacus.PLDAccountant()
+    acct.history = [(3.0, 1.0, 1)]
+    for delta in [0.5, 0.9, 0.999999, 1.0]:
+        eps = acct.get_epsilon(delta)
+        assert eps >= 0.0 and gaussian_delta(1 / 3, eps) <= delta
+
+
+def test_delta_of_a_gaussian_is_never_zero():
+    """sigma = 5, one step: delta(10) is 6.4e-546 (mpmath), below float64's range; the sound
+    float is the smallest positive one, not 0 (the RDP bound's exp underflowed)."""
+    acct = pj.opacus.PLDAccountant()
+    acct.history = [(5.0, 1.0, 1)]
+    for eps in [6.0, 8.0, 10.0, 1e3]:
+        assert acct.get_delta(eps) > 0.0
