@@ -71,8 +71,12 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
     check_range("l2_norm_clip", l2_norm_clip, 0.0, low_open=True)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
-    allowed = int(calibrate_steps(epsilon_budget, delta, noise_multiplier, sampling_prob,
-                                  neighboring=neighboring))
+    check_range("epsilon_budget", epsilon_budget, 0.0, low_open=True)
+    try:
+        allowed = int(calibrate_steps(epsilon_budget, delta, noise_multiplier, sampling_prob,
+                                      neighboring=neighboring))
+    except ValueError as error:  # in this function's names
+        raise ValueError(str(error).replace("target_epsilon", "epsilon_budget")) from None
     # the recorded events carry the neighbouring relation, which epsilon() then reads them under
     event = dpsgd_event(noise_multiplier, sampling_prob, neighboring)
     aggregate = _contrib.differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)

@@ -673,3 +673,11 @@ def test_version_1_files_with_64_bit_leaves_still_load(tmp_path):
 def test_natural_filter_window_size_is_capped():
     with pytest.raises(ValueError, match="size"):
         pj.filters.natural_filter(pj.gdp(1.0, pessimistic=False), size=2**40)
+
+
+def test_additive_filter_names_what_is_out_of_range():
+    with pytest.raises(ValueError, match="epsilon = 1e-300 is too small"):
+        F.additive_profile_filter(1e-300, 1e-6, 10)
+    for rounds in [10**18, 10**400]:  # not a bare OverflowError
+        with pytest.raises(ValueError, match=r"rounds must be an integer in \[1, 2\^53\]"):
+            F.additive_profile_filter(1.0, 1e-6, rounds)

@@ -338,3 +338,11 @@ def test_clipped_gradients_stay_within_the_clip_norm_after_rounding(dtype):
         updates = jax.jit(jax.vmap(lambda g, s=state, t=tx: t.update(g, s, params)[0]))(grads)
         norms = np.linalg.norm(np.asarray(updates, np.float64), axis=-1)
         assert np.max(norms) <= 1.0 and np.min(norms) > 0.98
+
+
+def test_dpsgd_names_its_own_arguments():
+    kwargs = dict(key=jax.random.key(0), delta=DELTA)
+    with pytest.raises(ValueError, match="epsilon_budget must be"):
+        pj.optax.dpsgd(0.1, 1.0, 1.0, 0.01, epsilon_budget=float("nan"), **kwargs)
+    with pytest.raises(ValueError, match="no number of steps reaches epsilon_budget"):
+        pj.optax.dpsgd(0.1, 1.0, 1.0, 0.01, epsilon_budget=1e-9, **kwargs)

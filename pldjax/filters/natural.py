@@ -155,7 +155,10 @@ def _most_compositions(eps_rr: float, epsilon: float, bound: float) -> int:
     while _rr_composition_delta(high, eps_rr, epsilon) <= bound:
         high *= 2
         if high > 2**62:
-            raise ValueError("additive_profile: epsilon too large for these parameters")
+            raise ValueError(
+                f"additive_profile: the band of losses up to {eps_rr:.3g} nats would take more than "
+                f"2^62 queries: epsilon = {epsilon!r} is too small (or rounds too large) for "
+                "Eq. (1)'s bands")
     low = high // 2 if high > 1 else 0
     while high - low > 1:
         mid = (low + high) // 2
@@ -214,6 +217,9 @@ def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter
     check_range("epsilon", epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 0.25, low_open=True, high_open=True)
     rounds = check_count("rounds", rounds, minimum=1)
+    if rounds > 2**53:
+        shown = rounds if rounds < 10**30 else f"an integer of {len(str(rounds))} digits"
+        raise ValueError(f"rounds must be an integer in [1, 2^53], got {shown}")
     edges, budgets = additive_parameters(epsilon, delta, rounds)
     n = len(budgets)
     eps_out, delta_out = additive_guarantee(epsilon, delta, n)
