@@ -42,6 +42,10 @@ MECHANISM = "pldjax"
 _ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128, 256, 512, 1024]
 
 
+#: :meth:`PLDAccountant._composed` where the history's composition does not fit a grid
+_TOO_WIDE = object()
+
+
 class PLDAccountant(IAccountant):
     """Opacus accountant backed by pldjax's PLDs (pessimistic: epsilon is an upper bound)."""
 
@@ -87,15 +91,25 @@ class PLDAccountant(IAccountant):
             self._cache = (key, pld)
         return self._cache[1]
 
+    def _composed(self) -> PLD | object | None:
+        """:meth:`pld`, or _TOO_WIDE where no grid holds the composition (10^9 steps at
+        sigma = 1e3: the ValueError asks for a coarser Grid, which Opacus cannot pass); the RDP
+        and Chernoff bounds answer then."""
+        self._segments()  # a bad history is an error, not a wide composition
+        try:
+            return self.pld()
+        except ValueError:
+            return _TOO_WIDE
+
     def get_epsilon(self, delta: float, **kwargs) -> float:
         """An upper bound on epsilon at ``delta`` in [0, 1] for the steps taken so far (0 before the
         first step, inf after a step without noise). Extra keyword arguments (Opacus passes
         accountant-specific ones such as ``eps_error``) are accepted and ignored."""
         check_range("delta", delta, 0.0, 1.0)
-        pld = self.pld()
+        pld = self._composed()
         if pld is None:
             return math.inf
-        eps = min(float(pld.epsilon(delta)), self._rdp_epsilon(delta))
+        eps = min(self._rdp_epsilon(delta), math.inf if pld is _TOO_WIDE else float(pld.epsilon(delta)))
         if delta < chernoff.RESOLVED_DELTA or math.isinf(eps):
             eps = min(eps, chernoff.epsilon(self._single_steps(), delta))
         # RDP's conversion goes below 0 for delta near 1; epsilon 0 is then an upper bound
@@ -122,7 +136,7 @@ class PLDAccountant(IAccountant):
         """An upper bound on delta at ``epsilon`` >= 0 (inf allowed): the smaller of the PLD's and
         the RDP bound's."""
         check_range("epsilon", epsilon, 0.0, allow_inf=True)
-        pld = self.pld()
+        pld = self._composed()
         if pld is None:
             return 1.0
         live = [s for s in self._segments() if s[1] > 0 and s[2] > 0]
@@ -134,7 +148,7 @@ class PLDAccountant(IAccountant):
             with np.errstate(over="ignore", invalid="ignore"):
                 exponents = (orders - 1) * (np.asarray(rdp) - epsilon)
             rdp_delta = float(np.exp(np.nanmin(np.append(exponents, 0.0))))
-        delta = min(float(pld.delta(epsilon)), rdp_delta)
+        delta = min(1.0 if pld is _TOO_WIDE else float(pld.delta(epsilon)), rdp_delta)
         if delta < chernoff.RESOLVED_DELTA:
             delta = min(delta, chernoff.delta(self._single_steps(), epsilon))
         if live and math.isfinite(epsilon):

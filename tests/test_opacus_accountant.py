@@ -172,3 +172,16 @@ def test_delta_of_a_gaussian_is_never_zero():
     acct.history = [(5.0, 1.0, 1)]
     for eps in [6.0, 8.0, 10.0, 1e3]:
         assert acct.get_delta(eps) > 0.0
+
+
+def test_a_composition_too_wide_for_a_grid_is_still_answered():
+    """10^9 steps at sigma = 1e3 (q = 1): the PLD composition asks for a coarser Grid, which an
+    Opacus user cannot pass; the RDP and Chernoff bounds answer, above the closed form."""
+    from reference import gaussian_delta, gaussian_epsilon
+
+    acct = pj.opacus.PLDAccountant()
+    acct.history = [(1e3, 1.0, 10**9)]
+    mu = math.sqrt(1e9) / 1e3
+    eps = acct.get_epsilon(DELTA)
+    assert gaussian_epsilon(mu, DELTA) <= eps <= 1.1 * gaussian_epsilon(mu, DELTA)
+    assert gaussian_delta(mu, 600.0) <= acct.get_delta(600.0) < 1.0
