@@ -19,11 +19,11 @@
 
 Noise keys are explicit: both take a ``key`` and have no default.
 
-Clipping is pldjax's in all three (:func:`_clipped`): a clipped gradient's norm stays at most
-``l2_norm_clip`` after rounding to the model's precision (bfloat16 included), and an example whose
-gradient is not finite (NaN or inf) is left out of the sum and, with per-example budgets, charged
-as a zero gradient. Rounding in the sum over examples and in the noise itself is not accounted
-for, as in other DP-SGD libraries.
+Clipping is pldjax's in all three (:func:`_clipped`; optax's, applied again after it, can only
+scale down): a clipped gradient's norm stays at most ``l2_norm_clip`` after rounding to the
+model's precision (bfloat16 included), and an example whose gradient is not finite (NaN or inf)
+is left out of the sum and, with per-example budgets, charged as a zero gradient. Rounding in the
+sum over examples and in the noise itself is not accounted for, as in other DP-SGD libraries.
 """
 
 from __future__ import annotations
@@ -300,7 +300,8 @@ def _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key, m
         nu = jnp.where(state.active, _sensitivities(norms, l2_norm_clip) / noise_multiplier, 0.0)
         filters, accepted = jax.vmap(budget.spend)(state.filters, nu)
         active = state.active & accepted
-        # clipped here (optax's own clipping then leaves them as they are)
+        # clipped here: optax's own clipping, applied again, can only scale them down (its
+        # rounding included, within _clipped's margin)
         masked = jax.tree_util.tree_unflatten(treedef, _clipped(leaves, norms, l2_norm_clip,
                                                                 active))
         noised, aggregate_state = aggregate.update(masked, state.aggregate)
