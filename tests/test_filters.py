@@ -233,6 +233,19 @@ def test_natural_filter_on_an_approximate_dp_budget():
     assert float(composed.delta(1.0)) <= 1e-6 + ROUNDOFF
 
 
+def test_natural_filter_at_no_slack_against_a_gdp_budget():
+    """Randomized responses against G_1 at delta_slack 0: the convolution's round-off allowance
+    was added to every bin, 3e-13 of mass above the responses' losses, more than G_1's tail, and
+    the first one was rejected. The accepted composition is below G_1 (mpmath, both exact)."""
+    from reference import gaussian_delta, rr_kfold_delta
+
+    f = F.natural_filter(pj.gdp(1.0, pessimistic=False))
+    count, _ = spend_until_rejected(f, rr(0.25))
+    assert count >= 4
+    for t in np.linspace(-1.0, 6.0, 57):
+        assert rr_kfold_delta(0.25, 0.0, count, t) <= gaussian_delta(1.0, t) + ROUNDOFF
+
+
 def test_natural_filter_accepts_the_identity_at_no_slack():
     """Every filter accepts the identity for free; the natural filter's FFT composition of it
     left 3e-13 of round-off in the tail, above G_mu's curve, and it rejected it at slack 0."""

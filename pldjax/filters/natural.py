@@ -63,10 +63,10 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     interaction is NOT dominated by the budget in general: its worst case is V_k
     (Regehr et al. 2026, Thm 6).
 
-    The composition is an FFT convolution, whose round-off leaves about 1e-13 of spurious mass
-    at large losses (kept: pessimistic). Against a budget whose curve falls below that (a GDP
-    budget beyond eps of about 5), only ``delta_slack`` of about 1e-12 or more lets queries
-    other than the identity through.
+    The composition is an FFT convolution with a per-bin round-off allowance inside its support
+    (pessimistic, about 1e-16 a bin): against a budget whose curve falls below what that adds up
+    to (a GDP budget far in its tail) while the composition's support reaches there, a
+    ``delta_slack`` of about 1e-12 lets the query through.
     """
     if not isinstance(budget, PLD) or budget.batch_shape:
         raise ValueError("natural: budget must be one (unbatched) PLD")
@@ -114,8 +114,8 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
 
         new_probs, new_inf, excess = jax.vmap(one)(state.probs, state.inf_mass, window, probs,
                                                    inf_mass, offset, *budget_arrays)
-        # the identity changes nothing, and is accepted as such: composed by FFT, its round-off
-        # (about 3e-13 of spurious mass in the tail) exceeded a GDP budget's tail at slack 0
+        # the identity, the unit of composition, is accepted and keeps the state exactly
+        # (composed, it would add the convolution's per-bin round-off allowance)
         identity = jnp.all((inf_mass == 0) & jnp.all(
             probs == jnp.where(jnp.arange(probs.shape[-1]) == -offset[:, None], 1.0, 0.0), axis=-1))
         accepted = fits & (identity | jnp.all(excess <= delta_slack + ROUNDOFF))
