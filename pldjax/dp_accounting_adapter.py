@@ -403,29 +403,40 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
                               parts[0] if len(parts) == 1 else _compose(parts))
         return self._composed
 
+    def _composed_if_it_fits(self) -> PLD | None:
+        """:meth:`pld`, or None where no grid holds the composition (10^9 runs of
+        GaussianDpEvent(1e3): the ValueError asks for a coarser Grid, which this interface cannot
+        pass); the Chernoff bound answers then."""
+        try:
+            return self.pld()
+        except ValueError:
+            return None
+
     def get_epsilon(self, target_delta: float) -> float:
         """An upper bound on epsilon at ``target_delta`` in [0, 1] (inf after a non-private
         event, or where the PLD's atom at +inf exceeds ``target_delta``). Below
-        ``chernoff.RESOLVED_DELTA``, or where the composed PLD reads inf, the smaller of its
-        epsilon and the Chernoff bound of :mod:`pldjax.chernoff` (both upper bounds), so
-        delta = 1e-18 gets a finite answer."""
+        ``chernoff.RESOLVED_DELTA``, where the composed PLD reads inf, or where no grid holds
+        the composition, the smaller of its epsilon and the Chernoff bound of
+        :mod:`pldjax.chernoff` (both upper bounds), so delta = 1e-18 gets a finite answer."""
         check_range("target_delta", target_delta, 0.0, 1.0)
         if self._contains_non_dp_event:
             return math.inf
-        eps = float(self.pld().epsilon(target_delta))
+        composed = self._composed_if_it_fits()
+        eps = math.inf if composed is None else float(composed.epsilon(target_delta))
         if target_delta < chernoff.RESOLVED_DELTA or math.isinf(eps):
             eps = min(eps, chernoff.epsilon(self._single_steps(), target_delta))
         return eps
 
     def get_delta(self, target_epsilon: float) -> float:
         """An upper bound on delta at ``target_epsilon`` >= 0 (inf allowed: the atom at +inf);
-        1 after a non-private event. Below ``chernoff.RESOLVED_DELTA``, also the Chernoff bound
-        (the smaller)."""
+        1 after a non-private event. Below ``chernoff.RESOLVED_DELTA``, or where no grid holds the
+        composition, also the Chernoff bound (the smaller)."""
         check_range("target_epsilon", target_epsilon, 0.0, allow_inf=True)
         if self._contains_non_dp_event:
             return 1.0
-        delta = float(self.pld().delta(target_epsilon))
-        if delta < chernoff.RESOLVED_DELTA:
+        composed = self._composed_if_it_fits()
+        delta = 1.0 if composed is None else float(composed.delta(target_epsilon))
+        if composed is None or delta < chernoff.RESOLVED_DELTA:
             delta = min(delta, chernoff.delta(self._single_steps(), target_epsilon))
         return delta
 

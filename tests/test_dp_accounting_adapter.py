@@ -317,3 +317,18 @@ def test_tiny_delta_gets_a_finite_sound_epsilon_quickly():
             assert eps >= exact
         assert acct.get_delta(eps) <= 1e-18 * (1 + 1e-9)
     assert dpa.pld.PLDAccountant().compose(sampled).get_epsilon(1e-18) == math.inf
+
+
+def test_a_composition_too_wide_for_a_grid_is_still_answered():
+    """10^9 runs of GaussianDpEvent(1e3): no grid holds the composition, and the error asked for
+    a coarser Grid, which this interface cannot pass; the Chernoff bound answers, above the
+    closed form (mu = sqrt(1e9) / 1e3)."""
+    from reference import gaussian_delta
+
+    acct = pj.dp_accounting.PLDAccountant()
+    acct.compose(ev.GaussianDpEvent(1e3), 10**9)
+    mu = math.sqrt(1e9) / 1e3
+    for delta in [1e-5, 1e-40]:
+        eps = acct.get_epsilon(delta)
+        assert gaussian_epsilon(mu, delta) <= eps <= 1.1 * gaussian_epsilon(mu, delta)
+    assert gaussian_delta(mu, 700.0) <= acct.get_delta(700.0) < 1.0
