@@ -524,11 +524,12 @@ def _broadcast_flat(params, tail, xp):
 
 
 def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
-                    tail=None) -> np.ndarray:
+                    tail=None, smallest: int = grid_lib.MECHANISM_SIZE) -> np.ndarray:
     """The number of grid points each element of the broadcast ``params`` (and ``tail``, see
-    :func:`window`) would get alone (concrete parameters; flat). A batch is discretized at the
-    largest of its elements' sizes, so batching elements of one size changes no element's grid
-    (used to group sweeps)."""
+    :func:`window`) would get alone (concrete parameters; flat): a power of two from
+    ``smallest`` up that holds its window. A batch is discretized at the largest of its
+    elements' sizes, so batching elements of one size changes no element's grid (used to group
+    sweeps)."""
     grid = grid or Grid()
     params, tail, _ = _broadcast_flat(params, tail, np)
     count = tail.size
@@ -541,11 +542,11 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
     repeat_last = np.minimum(np.arange(max(8, grid_lib.next_pow2(count))), count - 1)
     params, tail = tuple(p[repeat_last] for p in params), tail[repeat_last]
     widths = np.asarray(_half_widths(params, tail, grid.step, mechanism=mechanism))[:count]
-    # grid.mechanism_size, vectorized: a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]
+    # grid.mechanism_size, vectorized: a power of two in [smallest, MAX_MECHANISM_SIZE]
     points = np.nan_to_num(np.minimum(2 * widths + 4, grid_lib.MAX_MECHANISM_SIZE),
                            nan=grid_lib.MAX_MECHANISM_SIZE)
     sizes = np.exp2(np.ceil(np.log2(np.maximum(np.ceil(points), 1.0))))
-    return np.clip(sizes, grid_lib.MECHANISM_SIZE, grid_lib.MAX_MECHANISM_SIZE).astype(np.int64)
+    return np.clip(sizes, smallest, grid_lib.MAX_MECHANISM_SIZE).astype(np.int64)
 
 
 def _size(mechanism: Mechanism, params, tail, grid: Grid) -> int:

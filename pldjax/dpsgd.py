@@ -78,6 +78,10 @@ SMALL_WINDOW = 8192
 #: whatever the window (about 0.4 MB a row at its peak), so tiny windows must not fill a call
 #: of COMPOSE_ELEMENTS points (4 million rows of 2 points asked for 567 GB).
 CALL_ROWS = 1024
+#: The smallest mechanism grid of a configuration whose step is given (rtol's, a lattice's): its
+#: window alone sets the size (grid.MECHANISM_SIZE, the automatic step's floor, held four times
+#: the 511 points sigma = 1, q = 0.01 needs at rtol=5e-2).
+STEPPED_MECHANISM_SIZE = 256
 #: CHUNK and CHUNK_ELEMENTS on an accelerator, where a call's cost is mostly its launch and a
 #: chunk's memory (about 200 bytes a point, 3.4 GB) is small beside the device's.
 ACCELERATOR_CHUNK = 1024
@@ -492,8 +496,11 @@ def _accuracy_steps(sigma, q, steps, target, target_name, neighboring, rtol):
 
 
 def _mechanism_sizes(mechanism, params, both, grid, tail):
-    """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes)."""
-    return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid, tail)
+    """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes):
+    with a given step (rtol's, a lattice's), from STEPPED_MECHANISM_SIZE up."""
+    smallest = grid_lib.MECHANISM_SIZE if grid is None or grid.step is None else STEPPED_MECHANISM_SIZE
+    return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid, tail,
+                           smallest)
 
 
 def _gaussian_poisson(event: Event, shape) -> tuple[np.ndarray, np.ndarray] | None:
