@@ -263,8 +263,10 @@ def _clipped(leaves, norms, l2_norm_clip, keep):
     clipped to norm at most ``l2_norm_clip``, each in its own dtype; zero where ``keep`` (a bool
     per example, or True) is False or the gradient is not finite (a where, not a product:
     0 * NaN is NaN). A gradient above the norm is scaled by C / norm less 4 units of round-off of
-    the coarsest leaf dtype, so that rounding the factor and the products cannot take it above C
-    (bfloat16 gradients scaled by C / norm reached 1.004 C); one within the norm is kept exactly.
+    the coarsest leaf dtype, the product taken in float64 and rounded once to the leaf's dtype,
+    so that rounding cannot take it above C (bfloat16 gradients scaled by C / norm in their own
+    dtype reached 1.004 C; a float16 factor below 6e-5 is subnormal, and reached 1.001 C); one
+    within the norm is kept exactly.
     """
     unit = max((float(jnp.finfo(g.dtype).eps) for g in leaves), default=0.0) / 2
     over = norms > l2_norm_clip
@@ -273,7 +275,7 @@ def _clipped(leaves, norms, l2_norm_clip, keep):
     out = []
     for g in leaves:
         shape = (-1,) + (1,) * (g.ndim - 1)
-        scaled = g * factor.astype(g.dtype).reshape(shape)
+        scaled = (g.astype(jnp.float64) * factor.reshape(shape)).astype(g.dtype)
         out.append(jnp.where(kept.reshape(shape), scaled, jnp.zeros((), g.dtype)))
     return out
 

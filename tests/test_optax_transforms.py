@@ -318,11 +318,12 @@ def test_a_non_finite_gradient_contributes_nothing_and_costs_nothing(bad):
                     > 2.0 * (1 - 1e-15)), name
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
 def test_clipped_gradients_stay_within_the_clip_norm_after_rounding(dtype):
     """One example, noise 1e-20 C, learning rate 1: the update is its clipped gradient, whose
     norm (exact, in float64) must not exceed C. Scaled by C / norm in the model's precision, a
-    bfloat16 gradient reached 1.004 C and a float32 one 1 + 6e-8."""
+    bfloat16 gradient reached 1.004 C, a float32 one 1 + 6e-8, and a float16 one of norm 2.4e5
+    1.001 C (its factor 4e-6 is subnormal in float16)."""
     rng = np.random.default_rng(1)
     key = jax.random.key(0)
     table = _hand_table(1e-20, 1.0)._replace(cost=jnp.zeros((3, 3)), delta=jnp.zeros(3))
@@ -331,7 +332,10 @@ def test_clipped_gradients_stay_within_the_clip_norm_after_rounding(dtype):
         pj.optax.individual_dpsgd(1.0, 1.0, 1e-20, key=key, mu_budget=2.0, num_examples=1,
                                   sampling_prob=1.0, delta_slack=1.0, table=table),
     ]
-    grads = jnp.asarray(rng.normal(size=(300, 1, 50)) * rng.uniform(1, 10, (300, 1, 1)), dtype)
+    # norms to 3e5 (a float16 factor below 6e-5 is subnormal), entries below float16's 65504
+    scales = np.concatenate([rng.uniform(1, 10, 290), rng.uniform(1e4, 1.5e4, 10)])
+    normal = np.clip(rng.normal(size=(300, 1, 50)), -4, 4)
+    grads = jnp.asarray(normal * scales[:, None, None], dtype)
     params = jnp.zeros(50, dtype)
     for tx in transformations:
         state = tx.init(params)
