@@ -152,11 +152,11 @@ class PLDAccountant(IAccountant):
         if delta < chernoff.RESOLVED_DELTA:
             delta = min(delta, chernoff.delta(self._single_steps(), epsilon))
         if live and math.isfinite(epsilon):
-            # a noisy Gaussian's delta is positive at every finite epsilon: where a bound
-            # underflowed (6e-546 at sigma = 5, epsilon = 10), the smallest positive float,
-            # and exp's last bit rounded up
-            delta = max(float(np.nextafter(delta, 1.0)), math.ulp(0.0))
-        return min(delta, 1.0)
+            # a noisy Gaussian's delta is positive at every finite epsilon: one step up rounds
+            # exp's last bit up, and where a bound underflowed to 0 (6e-546 at sigma = 5,
+            # epsilon = 10) gives the smallest positive float
+            delta = float(np.nextafter(delta, 1.0))
+        return delta
 
     def __len__(self) -> int:
         """The number of optimizer steps taken so far."""
