@@ -144,19 +144,24 @@ def test_residue_search_of_subsampled_gaussian_queries_converges_in_a_few_tests(
     assert np.all(few >= naive * (1 - 1e-15)) and np.all(many <= mu)
 
 
+@pytest.mark.slow  # each chunk size compiles the search once: 25-30 s from an empty cache
 def test_gdp_residue_does_not_depend_on_its_batch_size():
     """Pairs are searched in chunks (8 on a CPU by default, where a chunk runs as long as its
-    slowest pair): every chunking gives the same residues, bit for bit; a bad size is refused."""
+    slowest pair): every chunking gives the same residues, bit for bit."""
     sigmas = jnp.linspace(1.0, 2.0, 5)
     queries = pj.gaussian(sigmas, sampling_prob=0.1)
     mus = np.linspace(0.75, 1.0, 5)
     default = np.asarray(pj.gdp_residue(mus, queries))  # one chunk of 8, padded
-    for batch_size in (2,):  # three chunks, the last padded (each size compiles once: 10-15 s)
-        np.testing.assert_array_equal(np.asarray(pj.gdp_residue(mus, queries, batch_size=batch_size)),
-                                      default)
+    # three chunks, the last padded
+    np.testing.assert_array_equal(np.asarray(pj.gdp_residue(mus, queries, batch_size=2)), default)
+
+
+def test_gdp_residue_batch_size_is_a_positive_count():
+    """8 pairs a chunk on a CPU by default; a bad size is refused before any search."""
     assert pj.gaussian_dp.residue_batch_size() == pj.gaussian_dp.RESIDUE_BATCH_CPU
-    with pytest.raises(ValueError, match="batch_size"):
-        pj.gdp_residue(mus, queries, batch_size=0)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="batch_size"):
+            pj.gdp_residue(1.0, pj.randomized_response(0.5), batch_size=bad)
 
 
 def test_gdp_residue_searches_each_query_once_for_all_its_budgets():
