@@ -645,7 +645,8 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
     return _both_directions(power, [pld])
 
 
-def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count") -> np.ndarray:
+def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count",
+                  remedy: str = "use a coarser Grid(step=...)") -> np.ndarray:
     """Host-side guards of self-compositions, and the width (grid points) of each row's window.
 
     ``summary`` (a :class:`PMFSummary`, each field (rows,)) and ``offset`` (rows,) describe
@@ -655,7 +656,8 @@ def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count
     where an index of the composition (count times the outermost index with mass, or a window's
     end) reaches MAX_INDEX, beyond which float64 cannot place it exactly. Rows with no finite mass
     get width 1. Widths are capped at 2^62 (callers compare them with grid.MAX_SIZE). ``name``: the
-    caller's argument for count. Reads scalars per row only (no PMF leaves the device).
+    caller's argument for count; ``remedy``: what the error tells the caller to change. Reads
+    scalars per row only (no PMF leaves the device).
     """
     first, last, offset = (np.asarray(a, np.float64) for a in (summary.first, summary.last, offset))
     count = np.broadcast_to(np.asarray(count, np.float64), offset.shape)
@@ -663,14 +665,14 @@ def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count
     live = np.asarray(summary.mass) > 0
     if np.any(live & ~(hi >= lo)):
         raise ValueError(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: its tail "
-                         "window cannot be placed in float64; use a coarser Grid(step=...)")
+                         f"window cannot be placed in float64; {remedy}")
     support = np.maximum(np.abs(offset + first), np.abs(offset + last))
     reach = np.where(live, np.maximum(count * support, np.maximum(np.abs(lo), np.abs(hi))), 0.0)
     if np.any(reach >= MAX_INDEX):
         raise ValueError(
             f"{name} = {np.max(count[live]):.6g} is too large for this grid: the composition's "
             f"losses reach {np.max(reach):.3g} grid steps (at most 2^53 can be placed exactly in "
-            "float64); use a coarser Grid(step=...) for the mechanism"
+            f"float64); {remedy}"
         )
     return np.where(live, np.minimum(hi - lo + 1, 2.0**62), 1.0)
 

@@ -197,14 +197,15 @@ def _keeps_chunks_on_device() -> bool:
 
 
 def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_size, both,
-                   pessimistic, grid, evaluate, sharding):
+                   pessimistic, grid, evaluate, sharding, remedy):
     """Values for one chunk of configurations (all steps >= 1), once ``compositions`` (a
     :class:`_Compositions`) has run: ``params`` are the flat parameters of ``mechanism``
     (:meth:`~pldjax.mechanisms.Event.directions`). Returns a function giving the chunk's values.
 
     Both directions of every configuration are discretized in one call, their windows placed in
     one call; then each row goes to ``compositions`` under the composition size it needs
-    (:meth:`_Compositions.window_size`).
+    (:meth:`_Compositions.window_size`). ``remedy``: what an error about a window that cannot
+    be placed tells the caller to change.
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
     # small program to compile, or to load from the cache, per process)
@@ -231,7 +232,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     exponents = [xp.asarray(e) for e in exponents]
     summary = PMFSummary(*(xp.asarray(s) for s in summary))
     sizes = np.array([compositions.window_size(int(w))
-                      for w in window_widths(summary, offset, counts, lo, hi, "steps")])
+                      for w in window_widths(summary, offset, counts, lo, hi, "steps", remedy)])
     # a row repeated (the chunk's padding, or a configuration given twice) is composed once
     if steps.shape[0] == 1:
         first = same = np.arange(directions)
@@ -627,8 +628,12 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     finishers = []
     for group_step in np.unique(group_steps):
         group_grid = grid
+        remedy = "use a coarser Grid(step=...)"
         if group_step > 0:
             group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
+        if rtol is not None:
+            remedy = (f"rtol={float(rtol):.3g} asks for a grid step of {group_step:.3g} nats here, "
+                      "too fine: use a larger rtol (or the default grid, rtol=None)")
         stepped = active[group_steps == group_step]
         # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
         # largest member's size, so no configuration is slower (or on another grid) in a batch
@@ -643,7 +648,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
             done = _account_group(order, params, steps_arr, target, finishers, done, report,
                                   mechanism=mechanism, mechanism_size=int(size), both=both,
                                   pessimistic=pessimistic, grid=group_grid, evaluate=evaluate,
-                                  sharding=sharding, compositions=compositions)
+                                  sharding=sharding, compositions=compositions, remedy=remedy)
     compositions.flush()
     for idx, finish in finishers:
         out[idx] = finish()[: len(idx)]
@@ -865,8 +870,15 @@ def compose_schedule(
         count = np.sum(steps)
         step = accuracy_step(float(rtol), count, sd**2 / 2 + 4.8 * sd, sd / np.sqrt(count), 4.8)
         grid = dataclasses.replace(grid or Grid(), step=float(step))
-    for event, steps in checked:
-        parts.append(event.pld(pessimistic=pessimistic, grid=grid).self_compose(steps))
+    for i, (event, steps) in enumerate(checked):
+        try:
+            parts.append(event.pld(pessimistic=pessimistic, grid=grid).self_compose(steps))
+        except ValueError as error:  # the inputs are checked: a composition's size guard
+            if rtol is None:
+                raise
+            raise ValueError(f"rtol={float(rtol):.3g} asks for a grid step of {grid.step:.3g} "
+                             f"nats, too fine for segments[{i}] ({error}): use a larger rtol (or "
+                             "the default grid, rtol=None)") from error
     if not parts:
         return identity(pessimistic=pessimistic)
     return compose(parts) if len(parts) > 1 else parts[0]

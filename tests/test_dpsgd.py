@@ -346,6 +346,15 @@ def test_bad_rtol_is_refused(rtol):
         pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=rtol)
 
 
+def test_rtol_too_fine_for_float64_names_rtol():
+    """rtol = 1e-8 asks for steps of 2e-6 nats, on which 100 compositions' windows cannot be
+    placed in float64: the refusal says to raise rtol (a fixed Grid cannot be passed with it)."""
+    with pytest.raises(ValueError, match="use a larger rtol"):
+        pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5, rtol=1e-8)
+    with pytest.raises(ValueError, match=r"rtol=1e-08 .* segments\[0\]"):
+        pj.compose_schedule([(1.0, 0.01, 100)], rtol=1e-8)
+
+
 def test_rtol_and_a_fixed_step_are_exclusive():
     with pytest.raises(ValueError, match="rtol"):
         pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=1e-2, grid=pj.Grid(step=2.0**-10))
