@@ -105,6 +105,11 @@ def masses_from_values(values, step, z):
     return masses_from_curve(curve, step, excess, z)
 
 
+#: Mass surplus of a pessimistic estimate (over 1 - inf_mass) beyond which its masses are
+#: round-off (see :func:`masses_from_curve`); ordinary grids leave surpluses near 1e-16.
+_SURPLUS_TOLERANCE = 1e-12
+
+
 def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: bool = True):
     """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points)
     and reaches 1 - ``below`` at x = 0 (``below``: mass dropped to -inf by an optimistic estimate).
@@ -120,6 +125,8 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     masses at losses <= 0 (delta at eps >= 0 keeps every digit) and spreads a deficit over all
     masses (raising delta); an optimistic one is rescaled to the total. Scaling every mass down
     lowered a pessimistic curve below the truth (by 5e-11 for R_{1.95,0.05} on a 2^-10 grid).
+    A surplus larger than the masses at losses <= 0 means the masses are round-off (a step far
+    finer than the curve's digits allow): the pessimistic estimate is then all mass at +inf.
     """
     curve = jax.lax.cummin(jnp.clip(curve, 0.0, 1.0))
     n = curve.shape[0]
@@ -162,7 +169,13 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     surplus = total - target
     keep = jnp.clip(1.0 - surplus / jnp.where(low_mass > 0, low_mass, 1.0), 0.0, 1.0)
     probs = jnp.where(low & (surplus > 0), probs * keep, probs)
-    return probs * jnp.maximum(ratio, 1.0), curve[-1]
+    # a surplus beyond the masses at losses <= 0 is round-off, not mass: on a step so fine that
+    # the values' round-off (about u / step a mass, clipped at 0) outweighs the masses, e.g.
+    # Grid(step=1e-9) for the Gaussian of sigma 1, whose masses summed to 1.07. Nothing can be
+    # certified from such values: all of the mass goes to the +inf atom (delta = 1, an upper bound)
+    lost = surplus - low_mass > _SURPLUS_TOLERANCE
+    return (jnp.where(lost, 0.0, probs * jnp.maximum(ratio, 1.0)),
+            jnp.where(lost, 1.0, curve[-1]))
 
 
 #: Rounds of :func:`_lower_hull_at`'s parallel peeling before the rows left unsettled go through

@@ -355,6 +355,14 @@ def test_rtol_too_fine_for_float64_names_rtol():
         pj.compose_schedule([(1.0, 0.01, 100)], rtol=1e-8)
 
 
+def test_rtol_for_a_loss_narrower_than_min_spread():
+    """sigma = 1e13: rtol asked for steps of 2^-46 nats, on which the curve's round-off outweighed
+    its masses and the call reported inf; its steps now stop at the automatic grid's 2^-43. The
+    truth is 0 (delta(0) is about 1e-14 here), as the default grid says."""
+    assert pj.dpsgd_epsilon(1e13, 0.01, 1000, 1e-5, rtol=0.1) == 0.0
+    assert pj.dpsgd_epsilon(1e13, 0.01, 1000, 1e-5) == 0.0
+
+
 def test_rtol_and_a_fixed_step_are_exclusive():
     with pytest.raises(ValueError, match="rtol"):
         pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=1e-2, grid=pj.Grid(step=2.0**-10))

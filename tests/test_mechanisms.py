@@ -273,3 +273,24 @@ def test_lower_hull_values_alone_and_batched():
     nested = jax.jit(jax.vmap(jax.vmap(discretize._lower_hull_at)))(
         np.broadcast_to(x, (2,) + ys.shape), np.stack([ys, ys[::-1]]))
     np.testing.assert_array_equal(np.asarray(nested), np.stack([alone, alone[::-1]]))
+
+
+def test_a_step_finer_than_the_curves_digits_gives_a_valid_sound_pld():
+    """On a step far finer than its automatic one, a curve's round-off (about u / step a mass)
+    outweighs the connect-the-dots masses: Grid(step=1e-9) for the Gaussian of sigma 1 gave masses
+    summing to 1.07, and a subsampled sigma = 1e13 at 2^-46 summed to 1.49 and composed to NaN.
+    Such an estimate now certifies nothing (all of its mass at +inf): a valid PLD whose every value
+    bounds the truth, never NaN."""
+    fine = pj.gaussian(1.0, grid=pj.Grid(step=1e-9))
+    tiny = pj.gaussian(1e13, sampling_prob=0.01, grid=pj.Grid(step=2.0**-46))
+    for pld in (fine, tiny):
+        for direction in pld.directions():
+            assert float(np.sum(direction.probs) + direction.inf_mass) <= 1.0 + 1e-12
+        composed = pld.self_compose(1000)
+        assert not np.isnan(float(composed.epsilon(1e-5)))
+    for eps in (0.0, 0.5, 2.0):
+        assert float(fine.delta(eps)) >= gaussian_delta(1.0, eps)
+    # a step the curve's digits allow is unchanged: its masses add up to 1
+    ordinary = pj.gaussian(1.0, grid=pj.Grid(step=1e-6)).directions()[0]
+    assert abs(float(np.sum(ordinary.probs) + ordinary.inf_mass) - 1.0) <= 1e-12
+    assert float(ordinary.inf_mass) < 0.5
