@@ -518,12 +518,25 @@ _needed_size_batch = kernel_jit(jax.vmap(needed_size, in_axes=(0, None)))
 _tail_window_batch = kernel_jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)))
 
 
-def _checked_size(size: int, what: str, argument: str) -> int:
-    """``size`` if it fits grid.MAX_SIZE, else a ValueError naming the ``argument`` that asked."""
+#: What a :class:`CompositionTooWide` tells a caller who chose the grid to change.
+COARSER_GRID = "use a coarser Grid(step=...) for the mechanisms"
+
+
+class CompositionTooWide(ValueError):
+    """A composition that no window holds: more points than grid.MAX_SIZE (a memory guard), or
+    losses float64 cannot place (MAX_INDEX grid steps, a Chernoff window below round-off). A
+    ValueError; a caller with another sound answer (the adapters' Chernoff bound) catches this
+    one alone."""
+
+
+def _checked_size(size: int, what: str, argument: str,
+                  remedy: str = COARSER_GRID) -> int:
+    """``size`` if it fits grid.MAX_SIZE, else a :class:`CompositionTooWide` naming the
+    ``argument`` that asked and the ``remedy``."""
     if size > grid_lib.MAX_SIZE:
-        raise ValueError(
+        raise CompositionTooWide(
             f"{argument}: {what} needs a window of {size} grid points (more than grid.MAX_SIZE = "
-            f"{grid_lib.MAX_SIZE}, a memory guard); use a coarser Grid(step=...) for the mechanisms"
+            f"{grid_lib.MAX_SIZE}, a memory guard); {remedy}"
         )
     return size
 
@@ -646,7 +659,7 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
 
 
 def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count",
-                  remedy: str = "use a coarser Grid(step=...)") -> np.ndarray:
+                  remedy: str = COARSER_GRID) -> np.ndarray:
     """Host-side guards of self-compositions, and the width (grid points) of each row's window.
 
     ``summary`` (a :class:`PMFSummary`, each field (rows,)) and ``offset`` (rows,) describe
@@ -664,12 +677,12 @@ def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     live = np.asarray(summary.mass) > 0
     if np.any(live & ~(hi >= lo)):
-        raise ValueError(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: its tail "
+        raise CompositionTooWide(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: its tail "
                          f"window cannot be placed in float64; {remedy}")
     support = np.maximum(np.abs(offset + first), np.abs(offset + last))
     reach = np.where(live, np.maximum(count * support, np.maximum(np.abs(lo), np.abs(hi))), 0.0)
     if np.any(reach >= MAX_INDEX):
-        raise ValueError(
+        raise CompositionTooWide(
             f"{name} = {np.max(count[live]):.6g} is too large for this grid: the composition's "
             f"losses reach {np.max(reach):.3g} grid steps (at most 2^53 can be placed exactly in "
             f"float64); {remedy}"

@@ -64,6 +64,7 @@ from dp_accounting.pld import pld_privacy_accountant as _dpa_pld
 from scipy import special
 
 from pldjax import chernoff, noise, sampling
+from pldjax.compose import CompositionTooWide
 from pldjax.compose import compose as _compose
 from pldjax.discretize import hockey_stick, hockey_stick_excess, masses_from_curve
 from pldjax.dpsgd import compose_schedule
@@ -405,11 +406,11 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
 
     def _composed_if_it_fits(self) -> PLD | None:
         """:meth:`pld`, or None where no grid holds the composition (10^9 runs of
-        GaussianDpEvent(1e3): the ValueError asks for a coarser Grid, which this interface cannot
-        pass); the Chernoff bound answers then."""
+        GaussianDpEvent(1e3): the CompositionTooWide error asks for a coarser Grid, which this
+        interface cannot pass); the Chernoff bound answers then."""
         try:
             return self.pld()
-        except ValueError:
+        except CompositionTooWide:
             return None
 
     def get_epsilon(self, target_delta: float) -> float:

@@ -34,6 +34,8 @@ from pldjax import grid as grid_lib
 from pldjax import sampling as sampling_lib
 from pldjax.compilation import MappingGuard, exported_jit
 from pldjax.compose import (
+    COARSER_GRID,
+    CompositionTooWide,
     PMFSummary,
     _checked_size,
     chernoff_exponents,
@@ -244,7 +246,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     values = np.zeros(sizes.shape[0])
     scalars = (*summary, inf_mass, offset, step, counts, targets, *exponents)
     for size in np.unique(sizes[first]):
-        size = _checked_size(int(size), "dpsgd accounting", "steps")
+        size = _checked_size(int(size), "dpsgd accounting", "steps", remedy)
         compositions.add(size, probs, scalars, first[sizes[first] == size], values)
 
     def finish():
@@ -630,7 +632,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     finishers = []
     for group_step in np.unique(group_steps):
         group_grid = grid
-        remedy = "use a coarser Grid(step=...)"
+        remedy = COARSER_GRID
         if group_step > 0:
             group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
         if rtol is not None:
@@ -875,10 +877,10 @@ def compose_schedule(
     for i, (event, steps) in enumerate(checked):
         try:
             parts.append(event.pld(pessimistic=pessimistic, grid=grid).self_compose(steps))
-        except ValueError as error:  # the inputs are checked: a composition's size guard
+        except CompositionTooWide as error:
             if rtol is None:
                 raise
-            raise ValueError(f"rtol={float(rtol):.3g} asks for a grid step of {grid.step:.3g} "
+            raise CompositionTooWide(f"rtol={float(rtol):.3g} asks for a grid step of {grid.step:.3g} "
                              f"nats, too fine for segments[{i}] ({error}): use a larger rtol (or "
                              "the default grid, rtol=None)") from error
     if not parts:

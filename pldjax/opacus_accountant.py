@@ -32,6 +32,7 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 from opacus.accountants.registry import _ACCOUNTANTS, register_accountant
 
 from pldjax import chernoff
+from pldjax.compose import CompositionTooWide
 from pldjax.dpsgd import compose_schedule
 from pldjax.mechanisms import gaussian, identity
 from pldjax.pld import PLD
@@ -93,12 +94,11 @@ class PLDAccountant(IAccountant):
 
     def _composed(self) -> PLD | object | None:
         """:meth:`pld`, or _TOO_WIDE where no grid holds the composition (10^9 steps at
-        sigma = 1e3: the ValueError asks for a coarser Grid, which Opacus cannot pass); the RDP
-        and Chernoff bounds answer then."""
-        self._segments()  # a bad history is an error, not a wide composition
+        sigma = 1e3: the CompositionTooWide error asks for a coarser Grid, which Opacus cannot
+        pass); the RDP and Chernoff bounds answer then. A bad history raises its ValueError."""
         try:
             return self.pld()
-        except ValueError:
+        except CompositionTooWide:
             return _TOO_WIDE
 
     def get_epsilon(self, delta: float, **kwargs) -> float:

@@ -221,17 +221,20 @@ def test_huge_count_in_a_small_explicit_window_is_a_sound_bound():
 
 
 def test_window_widths_refuse_lost_precision_and_huge_indices():
-    from pldjax.compose import MAX_INDEX, pmf_summary, window_widths
+    """Each refusal is a CompositionTooWide (a ValueError the adapters catch alone, answering
+    with the Chernoff bound), with the caller's remedy."""
+    from pldjax.compose import MAX_INDEX, CompositionTooWide, pmf_summary, window_widths
 
     summary = jax.vmap(pmf_summary)(jnp.array([[0.5, 0.5]]))
     offset = np.array([-1])
     assert window_widths(summary, offset, 10, np.array([-10.0]), np.array([0.0])).tolist() == [11.0]
-    with pytest.raises(ValueError, match="cannot be placed"):
+    with pytest.raises(CompositionTooWide, match="cannot be placed.*coarser Grid"):
         window_widths(summary, offset, 10, np.array([0.0]), np.array([-1.0]))
-    with pytest.raises(ValueError, match="steps = .* too large for this grid"):
-        window_widths(summary, offset, MAX_INDEX, np.array([-1.0]), np.array([0.0]), "steps")
+    with pytest.raises(CompositionTooWide, match="steps = .* too large for this grid.*raise it"):
+        window_widths(summary, offset, MAX_INDEX, np.array([-1.0]), np.array([0.0]), "steps",
+                      "raise it")
     # the support alone (offset + last index with mass, times the count) reaches MAX_INDEX
-    with pytest.raises(ValueError, match="too large for this grid"):
+    with pytest.raises(CompositionTooWide, match="too large for this grid"):
         window_widths(summary, np.array([1]), MAX_INDEX // 2 + 1, np.array([0.0]), np.array([1.0]))
     # no finite mass: nothing to place
     empty = jax.vmap(pmf_summary)(jnp.zeros((1, 2)))

@@ -185,3 +185,7 @@ def test_a_composition_too_wide_for_a_grid_is_still_answered():
     eps = acct.get_epsilon(DELTA)
     assert gaussian_epsilon(mu, DELTA) <= eps <= 1.1 * gaussian_epsilon(mu, DELTA)
     assert gaussian_delta(mu, 600.0) <= acct.get_delta(600.0) < 1.0
+    # only a composition too wide is answered so: a bad history entry is still an error
+    acct.history.append((1.0, 0.1, 2.5))
+    with pytest.raises(ValueError, match=r"history\[1\] num_steps"):
+        acct.get_epsilon(DELTA)
