@@ -44,6 +44,9 @@ from pldjax.sampling import FixedBatch, Poisson
 from pldjax.validate import check_count, check_range, is_traced
 
 CAPACITY = 64
+#: Most steps one :func:`step` call records (a segment's total may reach int64's largest value,
+#: 2^63 - 1; a step that would pass it marks the state, as an invalid one does).
+MAX_STEPS = 2**62
 
 #: How a float32 parameter is widened (the side on which its mechanism reveals more) and the
 #: values it may take under jit (low, low_open, high): scales down, the rest up.
@@ -189,10 +192,15 @@ def _step(packed: AccountantState, event: Event, steps) -> AccountantState:
                 for cls, name, value in _parts(event)]
     values = [jnp.broadcast_to(v, leaf.shape[1:])
               for (v, _), leaf in zip(recorded, state.rows, strict=True)]
+    given = jnp.asarray(steps)
+    # a count from float64 beyond MAX_STEPS (or NaN) is not a count: its int64 cast saturates
+    in_range = ((given >= 0) & (given <= MAX_STEPS)) if jnp.issubdtype(given.dtype, jnp.floating) \
+        else given >= 0
     steps = jnp.asarray(steps, jnp.int64)
     # under jit bad values cannot raise: the step is not recorded and the state is marked, so
     # that every later reading raises (NaN fails every comparison here)
-    valid = jnp.all(jnp.stack([jnp.all(ok) for _, ok in recorded])) & (steps >= 0)
+    valid = (jnp.all(jnp.stack([jnp.all(ok) for _, ok in recorded])) & in_range & (steps >= 0)
+             & (steps <= MAX_STEPS))
     rows = state.rows
     last = jnp.maximum(state.count - 1, 0)
     same = state.count > 0
@@ -201,7 +209,8 @@ def _step(packed: AccountantState, event: Event, steps) -> AccountantState:
     capacity = _capacity(state)
     room = state.count < capacity
     slot = jnp.where(same, last, jnp.minimum(state.count, capacity - 1))
-    fits = (same | room) & valid
+    # a segment's total stays within int64 (it wrapped around to a few steps, or to none)
+    fits = (same | room) & valid & (steps <= jnp.iinfo(jnp.int64).max - state.steps[slot])
     written = [row.at[slot].set(jnp.where(fits, value, row[slot]))
                for row, value in zip(rows, values, strict=True)]
     new = AccountantState(
@@ -250,7 +259,7 @@ def step(state: AccountantState, event: Event | float | None = None, sampling_pr
         event = noise_multiplier
     event = _as_event(state, event, sampling_prob)
     if not is_traced(steps):
-        check_range("steps", steps, 0.0)
+        check_range("steps", steps, 0.0, MAX_STEPS)
         if not float(np.asarray(steps)).is_integer():
             raise ValueError(f"steps must be a whole number >= 0, got {steps!r}")
     kernel = _step if is_traced((state, event, steps)) else _step_jit
@@ -262,9 +271,10 @@ def _read(state: AccountantState) -> tuple[AccountantState, int]:
     if bool(np.asarray(state.overflow)):
         raise ValueError(
             f"the accountant's run is not fully recorded: more parameter changes than its "
-            f"capacity ({_capacity(state)}; use init(capacity=...)), or a step under jit with "
-            f"an invalid noise_multiplier (not finite > 0), sampling_prob (not in [0, 1]), steps "
-            f"(< 0) or other event parameter (out of range, or float32 where no rounding is safe)")
+            f"capacity ({_capacity(state)}; use init(capacity=...)), more than 2^63 - 1 steps "
+            f"of one event, or a step under jit with an invalid noise_multiplier (not finite > "
+            f"0), sampling_prob (not in [0, 1]), steps (not in [0, 2^62]) or other event "
+            f"parameter (out of range, or float32 where no rounding is safe)")
     return state, int(np.asarray(state.count))
 
 

@@ -48,6 +48,27 @@ def test_accountant_step_is_jittable_and_overflow_refuses_to_report():
         pj.accountant.step(pj.accountant.init(), 1.0, 1.5)
 
 
+def test_accountant_step_counts_never_wrap_around():
+    """Two steps=2^63-1 and 12 more wrapped int64 around to a run of 10 steps (epsilon 0.38 for
+    about 2^64 steps); two of 2^62 to none (epsilon 0). A count beyond int64 now marks the state
+    (every reading raises), eagerly and under jit; a steps argument above 2^62 is refused."""
+    A = pj.accountant
+    with pytest.raises(ValueError, match="steps"):
+        A.step(A.init(), 1.0, 0.01, steps=2**63)
+    with pytest.raises(ValueError, match="steps"):
+        A.step(A.init(), 1.0, 0.01, steps=1e30)
+    for step in (A.step, jax.jit(A.step)):
+        state = step(step(A.init(), 1.0, 0.01, 2**62), 1.0, 0.01, 2**62 - 1)
+        assert A.segments(state) == [(1.0, 0.01, 2**63 - 1)]
+        state = step(state, 1.0, 0.01, 1)  # 2^63 steps: not representable
+        with pytest.raises(ValueError, match="2\\^63 - 1 steps"):
+            A.epsilon(state, DELTA)
+    # a float count beyond the largest under jit is invalid, not saturated
+    state = jax.jit(A.step)(A.init(), 1.0, 0.01, 1e30)
+    with pytest.raises(ValueError, match="not fully recorded"):
+        A.epsilon(state, DELTA)
+
+
 def test_accountant_checkpoint_midway_ends_with_the_same_epsilon(tmp_path):
     state = pj.accountant.init()
     for sigma in (1.0, 1.2, 0.8):
