@@ -59,6 +59,8 @@ _MU_RTOL = 1e-15
 #: G_mu's curve beyond mu^2/2 + _TAIL_SIGMAS * mu is below Phi(-11) ~ 2e-28: the residue check
 #: covers [0, that] on the query's grid and relies on the flat-tail argument beyond it.
 _TAIL_SIGMAS = 11.0
+#: Smallest mu gdp_mu tests: queries below it (the identity, to the grid's resolution) get it.
+_TINY_MU = 1e-300
 #: Largest residue check window (grid points); coarser query grids are used beyond it.
 MAX_RESIDUE_SIZE = 2**15
 #: Largest budget mu of a residue (mu^2 must stay finite in float64; G_mu is fully revealing to
@@ -284,7 +286,9 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     # a start below: G_mu(0) must reach the curve at the first point >= 0 (less the slack)
     reach = jnp.max(jnp.where(z >= 0, d, 0.0)) - delta_slack - ROUNDOFF
     start = 2.0 * ndtri(jnp.clip((1.0 + reach) / 2, 0.5, 1.0 - 1e-16))
-    floor = jnp.clip(start * (1 - 1e-9), mu_max * 1e-30, mu_max)
+    # never above that lower bound (a floor of mu_max * 1e-30 passed, and was returned, for
+    # gaussian(1) at mu_max = 1e31: 10); positive, for the search's geometric midpoints
+    floor = jnp.clip(start * (1 - 1e-9), _TINY_MU, mu_max)
     ok_floor, f_floor, _ = evaluate(floor)
     found = _search(evaluate, (mu_max, mu_max, f_max), floor, ((mu_max, f_max), (floor, f_floor)),
                     _MU_STEPS, lambda good: rtol * good, rtol)

@@ -192,3 +192,15 @@ def test_gdp_residue_chunks_fill_an_accelerator(monkeypatch):
     assert size(2 * 16_384) == 1024  # a subsampled Gaussian's two directions
     assert size(2 * 2**17) == 128
     assert size(2**40) == 1
+
+
+def test_gdp_mu_does_not_depend_on_a_large_mu_max():
+    """The search's floor was mu_max * 1e-30 at least: gaussian(1) at mu_max = 1e31 read 10 (and
+    a ladder odometer, which passes its top rung, 1.3e27 for one G_0.001 step)."""
+    want = float(pj.gdp_mu(pj.gaussian(1.0)))
+    assert 1.0 <= want <= 1.0001
+    for mu_max in (1e31, 1e100, 1e300):
+        assert float(pj.gdp_mu(pj.gaussian(1.0), mu_max=mu_max)) == pytest.approx(want, rel=1e-12)
+    odometer = pj.odometers.gdp_ladder_odometer(1e-3, delta=1e-6, growth=2.0, rungs=200)
+    state, _ = odometer.step(odometer.init(), pj.gaussian(1000.0))
+    assert float(odometer.bound(state)["mu"]) <= 2e-3
