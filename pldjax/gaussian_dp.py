@@ -178,11 +178,11 @@ def _verdict(z, d, bounds, delta_slack):
 
 
 def _grid_curve(probs, inf_mass, offset, step):
-    """(points, curve) of a grid PLD, the curve raised by :func:`_curve_error` (an upper bound on
-    the exact curve of the grid PLD) and led by eps = 0 if the grid starts above it."""
+    """(points, curve) of a grid PLD, the curve of its finite masses raised by :func:`_curve_error`
+    (an upper bound on the exact curve of the grid PLD; the atom at +inf is exact, so a slack of
+    exactly the atom covers the curve's flat tail) and led by eps = 0 if the grid starts above it."""
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
-    d = grid_deltas(probs, inf_mass, step)
-    return _with_lead(z, d * (1.0 + _curve_error(probs.shape[0])))
+    return _with_lead(z, grid_deltas(probs, inf_mass, step, 1.0 + _curve_error(probs.shape[0])))
 
 
 def _curve_error(n: int) -> float:

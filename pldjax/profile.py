@@ -131,10 +131,12 @@ def tail_sums(probs, step):
     return s, r, d
 
 
-def grid_deltas(probs, inf_mass, step):
-    """delta at every grid point z_k, shape (n,): non-increasing in k, at most 1."""
+def grid_deltas(probs, inf_mass, step, finite_scale=1.0):
+    """delta at every grid point z_k, shape (n,): non-increasing in k, at most 1. The finite
+    masses' part is multiplied by ``finite_scale`` (a caller's round-off allowance; the atom at
+    +inf is exact)."""
     _, _, d = tail_sums(probs, step)
-    return jnp.minimum(inf_mass + d[:-1], 1.0)
+    return jnp.minimum(inf_mass + d[:-1] * finite_scale, 1.0)
 
 
 def delta_kernel(probs, inf_mass, offset, step, epsilons):

@@ -204,3 +204,18 @@ def test_gdp_mu_does_not_depend_on_a_large_mu_max():
     odometer = pj.odometers.gdp_ladder_odometer(1e-3, delta=1e-6, growth=2.0, rungs=200)
     state, _ = odometer.step(odometer.init(), pj.gaussian(1000.0))
     assert float(odometer.bound(state)["mu"]) <= 2e-3
+
+
+def test_a_slack_of_exactly_the_atom_covers_it():
+    """The curve's round-off allowance raised the atom at +inf too (exact, it needs none): a
+    query with an atom of 0.1 was inf at a slack of 0.1, and the GDP filters, which charge the
+    atom, refused every query whose atom exceeded about 5e-3, whatever their budget."""
+    query = pj.randomized_response(1.0, 0.1)
+    exact = float(pj.gdp_mu(query, delta_slack=0.1))
+    assert exact == pytest.approx(float(pj.gdp_mu(query, delta_slack=0.1 + 1e-9)), rel=1e-6)
+    for make in (pj.filters.gdp_filter, pj.filters.gdp_residue_filter):
+        f = make(10.0, delta=0.5)
+        _, accepted = f.spend(f.init(), query)
+        assert bool(accepted)
+        with pytest.raises(ValueError, match="mu"):
+            make(1e200)  # squared beyond float64: an OverflowError deep inside before

@@ -15,6 +15,7 @@ import numpy as np
 
 from pldjax.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
 from pldjax.gaussian_dp import (
+    MAX_MU,
     MAX_RESIDUE_SIZE,
     RESIDUE_STEPS,
     gdp_mu,
@@ -102,7 +103,7 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     :func:`pldjax.gdp_mu`, an upper bound; its atom at +inf plus ROUNDOFF charged to ``delta``).
     The interaction has delta(eps) <= delta_{G_mu}(eps) + delta at every eps.
     """
-    check_range("mu", mu, 0.0)
+    check_range("mu", mu, 0.0, MAX_MU)
     check_range("delta", delta, 0.0, 1.0)
     budget = square_down(mu)  # the spent nu^2 are summed rounded up
 
@@ -146,7 +147,7 @@ def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_
     the query's grid; by default chosen on the host (coarsening too-fine query grids
     pessimistically), and MAX_RESIDUE_SIZE under jit.
     """
-    check_range("mu", mu, 0.0)
+    check_range("mu", mu, 0.0, MAX_MU)
     check_range("delta", delta, 0.0, 1.0)
     steps = check_count("steps", steps, minimum=1)
 
