@@ -693,3 +693,23 @@ def test_additive_filter_names_what_is_out_of_range():
     for rounds in [10**18, 10**400]:  # not a bare OverflowError
         with pytest.raises(ValueError, match=r"rounds must be an integer in \[1, 2\^53\]"):
             F.additive_profile_filter(1.0, 1e-6, rounds)
+
+
+def test_subnormal_costs_are_never_charged_as_zero():
+    """XLA on a CPU flushes subnormal numbers to 0: a pure-DP filter of budget 0 accepted a cost
+    of 5e-324, and filters of budget 1e-310 accepted any number of costs of 1e-310 (the budget
+    itself flushed to 0, or the charge: approx-DP halves a square of the smallest normal). A
+    positive cost is now charged at least the smallest normal."""
+    f = F.pure_dp_filter(0.0)
+    assert not bool(f.spend(f.init(), 5e-324)[1])
+    for f, query in ((F.pure_dp_filter(1e-310), 1e-310), (F.renyi_filter([2.0], 1e-310), [1e-310]),
+                     (F.approx_zcdp_filter(1e-310, 1e-6), 1e-310),
+                     (F.approx_dp_filter(1e-310, 1e-6), (1e-310, 0.0))):
+        state, accepted = f.spend(f.init(), query)
+        assert not bool(accepted)
+    # tiny normal costs still add up exactly where they fit
+    f = F.pure_dp_filter(1e-300)
+    state = f.init()
+    for _ in range(5):
+        state, accepted = f.spend(state, 1e-310)
+        assert bool(accepted)

@@ -168,10 +168,21 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
             raise ValueError(f"{kind}: a query cost must have shape {cost_shape} (or broadcast "
                              f"to it), got shape {shape}")
     cost = jax.tree_util.tree_map(upper_of_rounded, query)
-    if not is_traced(cost) and not bool(_cost_ok(cost)):
+    if is_traced(cost):
+        return cost
+    if not bool(_cost_ok(cost)):
         raise ValueError(f"{kind}: a query cost must be a number >= 0 (inf is allowed and "
                          f"rejected), got {query!r}")
-    return cost
+    return jax.tree_util.tree_map(_normal_or_zero, cost)
+
+
+def _normal_or_zero(cost):
+    """A positive cost below the smallest normal float raised to it (an upper bound): XLA on a
+    CPU flushes subnormal numbers to 0, and a filter of budget 0 accepted a cost of 5e-324.
+    (Under a caller's jit the cost is traced and cannot be looked at: charged as XLA reads it.)"""
+    cost = np.asarray(cost, np.float64)
+    tiny = np.finfo(np.float64).tiny
+    return np.where((cost > 0) & (cost < tiny), tiny, cost)
 
 
 def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],

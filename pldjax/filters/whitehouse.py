@@ -137,7 +137,10 @@ def approx_dp_filter(epsilon: float, delta: float, *, delta_queries: float | Non
 
     def native(query):
         eps_n, delta_n = _pair(query)
-        return square_up(eps_n) / 2, delta_n
+        # half of a square charged at the smallest normal would be subnormal, which XLA flushes
+        # to 0 (a budget below it then accepted every tiny query)
+        tiny = jnp.finfo(jnp.float64).tiny
+        return jnp.where(eps_n > 0, jnp.maximum(square_up(eps_n) / 2, tiny), 0.0), delta_n
 
     def remaining(state):
         return {"epsilon_squared": y_star - 2 * state.rho_spent,
