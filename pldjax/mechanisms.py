@@ -357,7 +357,7 @@ def from_privacy_curve(
       reverse: the curve of PLD(Q || P) when the mechanism is not symmetric (e.g. add/remove
         adjacency); the result then has both directions.
     """
-    check_range("step", step, 0.0, low_open=True)
+    check_range("step", step, 0.0, grid_lib.MAX_STEP, low_open=True)
     check_range("epsilon_min", epsilon_min)
     check_range("epsilon_max", epsilon_max, float(epsilon_min), low_open=True)
     offset = int(np.floor(epsilon_min / step))

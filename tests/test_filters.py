@@ -713,3 +713,12 @@ def test_subnormal_costs_are_never_charged_as_zero():
     for _ in range(5):
         state, accepted = f.spend(state, 1e-310)
         assert bool(accepted)
+
+
+def test_natural_filter_step_must_fit_the_memory_guard():
+    """step = 1e-300 overflowed int64 into a filter of 2 points (warnings only); a step whose
+    budget window needs more than grid.MAX_SIZE points, or above grid.MAX_STEP, names step."""
+    budget = pj.approx_dp_composition(1.0, 1e-6, 1)
+    for step in (1e-300, 1e-9, 1e300):
+        with pytest.raises(ValueError, match="step"):
+            F.natural_filter(budget, step=step)

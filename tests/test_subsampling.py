@@ -171,6 +171,8 @@ def test_from_privacy_curve_gaussian_both_directions_and_checks():
     with pytest.raises(ValueError, match="convex"):  # linear in e^eps, one value 1e-6 low
         pj.from_privacy_curve(lambda e: (1 - np.exp(e - 1)) / 2 - 1e-6 * np.isclose(e, 0.5),
                               epsilon_min=0.0, epsilon_max=1.0, step=0.1)
+    with pytest.raises(ValueError, match="step"):  # e^step overflows (accepted with warnings)
+        pj.from_privacy_curve(curve, epsilon_min=0.0, epsilon_max=1e300, step=1e300)
 
 
 def test_from_privacy_curve_takes_an_exact_curve_at_fine_steps():

@@ -22,7 +22,7 @@ from scipy import stats
 from pldjax.align import STEP_RTOL, onto_step, regrid_kernel
 from pldjax.compose import convolve_kernel
 from pldjax.filters.base import Filter, keep_if, make_filter, query_directions
-from pldjax.grid import MAX_SIZE, check_size, next_pow2
+from pldjax.grid import MAX_SIZE, MAX_STEP, check_size, next_pow2
 from pldjax.order import ROUNDOFF, dominance_excess_kernel
 from pldjax.pld import PLD
 from pldjax.precision import add_up, float64
@@ -76,9 +76,13 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
         b_probs, b_inf, b_off, b_step = (np.concatenate([a, a]) for a in (b_probs, b_inf, b_off,
                                                                           b_step))
     step = float(b_step[0]) if step is None else float(step)
-    check_range("step", step, 0.0, low_open=True)
-    low = np.floor(b_off * b_step / step).astype(np.int64)
-    high = np.ceil((b_off + b_probs.shape[-1] - 1) * b_step / step).astype(np.int64)
+    check_range("step", step, 0.0, MAX_STEP, low_open=True)
+    low, high = (np.floor(b_off * b_step / step),
+                 np.ceil((b_off + b_probs.shape[-1] - 1) * b_step / step))
+    if not np.max(high - low) + 2 <= MAX_SIZE:  # also where a tiny step overflows float64
+        raise ValueError(f"step = {step!r} puts the budget's losses on more than grid.MAX_SIZE "
+                         f"= {MAX_SIZE} points (a memory guard); use a larger step")
+    low, high = low.astype(np.int64), high.astype(np.int64)
     if size is None:
         size = next_pow2(int(np.max(high - low)) + 2)
     size = check_size("size", size, minimum=2, maximum=MAX_SIZE)
