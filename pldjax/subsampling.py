@@ -58,8 +58,8 @@ def _log_mix(log_weight_b, log_b, log_q, log_a):
 def _threshold(x, q, log_q):
     """log((e^x - 1 + q) / q) where e^x > 1 - q, else -inf: the base loss at which the subsampled
     loss crosses (for the remove direction x = eps, for add x = -eps). For x > 0 it is written as
-    x + log1p((q - 1) e^-x) - log q, which does not overflow for x beyond 709. One ``expm1`` and
-    one ``log`` a point (the log1p's, see :func:`pldjax.special.log1p_parts`, or the other's)."""
+    x + log1p((q - 1) e^-x) - log q, which does not overflow for x beyond 709; for x <= 0 and
+    q >= 1/2 as x + log1p(-(1 - q) e^-x) - log q, which keeps a large -x (exact at q = 1)."""
     m = jnp.expm1(-jnp.abs(x))  # e^x - 1 for x <= 0, e^-x - 1 for x > 0
     above = x > 0
     u, r = log1p_parts((q - 1.0) * (1.0 + m))  # (q - 1) e^-x for x > 0
@@ -67,6 +67,13 @@ def _threshold(x, q, log_q):
     positive = argument > 0
     logged = jnp.log(jnp.where(positive, argument, 1.0))
     below = jnp.where(positive, logged - log_q, -jnp.inf)
+    # from q = 1/2 (1 - q exact) x <= 0 is taken as x + log(1 - (1 - q) e^-x): expm1(x) + q
+    # rounded to 0 below x = -37 at q = 1 (and e^x underflows below -745), which put the add
+    # direction's losses above 37 nats at -inf; for small q, m + q keeps the digits of x near 0
+    scaled = jnp.where(q < 1.0, (1.0 - q) * jnp.exp(jnp.minimum(-x, 709.0)), 0.0)
+    inside = scaled < 1.0
+    near_one = jnp.where(inside, x + jnp.log1p(-jnp.where(inside, scaled, 0.0)) - log_q, -jnp.inf)
+    below = jnp.where(q >= 0.5, near_one, below)
     return jnp.where(above, x + logged * r - log_q, below)
 
 

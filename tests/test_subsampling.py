@@ -336,3 +336,17 @@ def test_side_tails_are_the_tails_on_each_side(sampled):
             four = jax.jit(float64(lambda e, u, p=params: _one_side(mechanism.tails(p, e), u)))(eps, upper)
             for got, want in zip(side, four, strict=True):
                 np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("sigma,size", [(0.05, 64), (0.0185, 256)])
+def test_sampling_prob_one_keeps_the_add_directions_large_losses(sigma, size):
+    """At q = 1 the add direction's threshold log(e^x - 1 + q) was computed as log(expm1(x) + 1),
+    0 below x = -37: its losses above 37 nats went to -inf, a mass of 1 + e^-16 sat at 48 nats
+    (delta(48) read 0 against the Gaussian's 1 - 2e-14, and the PLD summed to 1 + 1.1e-7)."""
+    from reference import gaussian_delta
+
+    pld = pj.gaussian(sigma, sampling_prob=1.0, grid=pj.Grid(size=size))
+    for direction in pld.directions():
+        assert abs(float(direction.total_mass()) - 1.0) <= 1e-12
+        for eps in (48.0, 0.5 / sigma**2):
+            assert float(direction.delta(eps)) >= gaussian_delta(1.0 / sigma, eps) - 1e-15
