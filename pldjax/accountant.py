@@ -192,15 +192,12 @@ def _step(packed: AccountantState, event: Event, steps) -> AccountantState:
                 for cls, name, value in _parts(event)]
     values = [jnp.broadcast_to(v, leaf.shape[1:])
               for (v, _), leaf in zip(recorded, state.rows, strict=True)]
-    given = jnp.asarray(steps)
-    # a count from float64 beyond MAX_STEPS (or NaN) is not a count: its int64 cast saturates
-    in_range = ((given >= 0) & (given <= MAX_STEPS)) if jnp.issubdtype(given.dtype, jnp.floating) \
-        else given >= 0
+    # compared before the int64 cast, which saturates a float count beyond it (or NaN)
+    in_range = (jnp.asarray(steps) >= 0) & (jnp.asarray(steps) <= MAX_STEPS)
     steps = jnp.asarray(steps, jnp.int64)
     # under jit bad values cannot raise: the step is not recorded and the state is marked, so
     # that every later reading raises (NaN fails every comparison here)
-    valid = (jnp.all(jnp.stack([jnp.all(ok) for _, ok in recorded])) & in_range & (steps >= 0)
-             & (steps <= MAX_STEPS))
+    valid = jnp.all(jnp.stack([jnp.all(ok) for _, ok in recorded])) & in_range
     rows = state.rows
     last = jnp.maximum(state.count - 1, 0)
     same = state.count > 0

@@ -677,8 +677,8 @@ def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     live = np.asarray(summary.mass) > 0
     if np.any(live & ~(hi >= lo)):
-        raise CompositionTooWide(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: its tail "
-                         f"window cannot be placed in float64; {remedy}")
+        raise CompositionTooWide(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: "
+                                 f"its tail window cannot be placed in float64; {remedy}")
     support = np.maximum(np.abs(offset + first), np.abs(offset + last))
     reach = np.where(live, np.maximum(count * support, np.maximum(np.abs(lo), np.abs(hi))), 0.0)
     if np.any(reach >= MAX_INDEX):

@@ -880,9 +880,10 @@ def compose_schedule(
         except CompositionTooWide as error:
             if rtol is None:
                 raise
-            raise CompositionTooWide(f"rtol={float(rtol):.3g} asks for a grid step of {grid.step:.3g} "
-                             f"nats, too fine for segments[{i}] ({error}): use a larger rtol (or "
-                             "the default grid, rtol=None)") from error
+            raise CompositionTooWide(
+                f"rtol={float(rtol):.3g} asks for a grid step of {grid.step:.3g} nats, too fine "
+                f"for segments[{i}] ({error}): use a larger rtol (or the default grid, rtol=None)"
+            ) from error
     if not parts:
         return identity(pessimistic=pessimistic)
     return compose(parts) if len(parts) > 1 else parts[0]
