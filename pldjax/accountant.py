@@ -192,8 +192,10 @@ def _step(packed: AccountantState, event: Event, steps) -> AccountantState:
                 for cls, name, value in _parts(event)]
     values = [jnp.broadcast_to(v, leaf.shape[1:])
               for (v, _), leaf in zip(recorded, state.rows, strict=True)]
-    # compared before the int64 cast, which saturates a float count beyond it (or NaN)
-    in_range = (jnp.asarray(steps) >= 0) & (jnp.asarray(steps) <= MAX_STEPS)
+    # compared in float64 before the int64 cast, which saturates a float count beyond it (or
+    # NaN); as its own dtype, an int32 count met 2^62 wrapped to 0
+    wide = jnp.asarray(steps).astype(jnp.float64)
+    in_range = (wide >= 0) & (wide <= MAX_STEPS)
     steps = jnp.asarray(steps, jnp.int64)
     # under jit bad values cannot raise: the step is not recorded and the state is marked, so
     # that every later reading raises (NaN fails every comparison here)

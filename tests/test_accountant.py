@@ -67,6 +67,9 @@ def test_accountant_step_counts_never_wrap_around():
     state = jax.jit(A.step)(A.init(), 1.0, 0.01, 1e30)
     with pytest.raises(ValueError, match="not fully recorded"):
         A.epsilon(state, DELTA)
+    # an int32 count (a caller's jit with x64 off) is compared with the limit in float64
+    state = jax.jit(A.step)(A.init(), 1.0, 0.01, np.int32(7))
+    assert A.segments(state) == [(1.0, 0.01, 7)]
 
 
 def test_accountant_checkpoint_midway_ends_with_the_same_epsilon(tmp_path):
