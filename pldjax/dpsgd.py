@@ -469,6 +469,12 @@ def _progress(total: int, enabled: bool) -> Callable[[int], None]:
     return report
 
 
+def _rtol_remedy(rtol, step) -> str:
+    """What a composition too wide for float64 at ``rtol``'s grid ``step`` tells its caller."""
+    return (f"rtol={float(rtol):.3g} asks for a grid step of {float(step):.3g} nats here, too "
+            "fine: use a larger rtol (or the default grid, rtol=None)")
+
+
 def _check_rtol(rtol, grid: Grid | None) -> None:
     if rtol is None:
         return
@@ -636,8 +642,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         if group_step > 0:
             group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
         if rtol is not None:
-            remedy = (f"rtol={float(rtol):.3g} asks for a grid step of {group_step:.3g} nats here, "
-                      "too fine: use a larger rtol (or the default grid, rtol=None)")
+            remedy = _rtol_remedy(rtol, group_step)
         stepped = active[group_steps == group_step]
         # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
         # largest member's size, so no configuration is slower (or on another grid) in a batch
@@ -880,10 +885,8 @@ def compose_schedule(
         except CompositionTooWide as error:
             if rtol is None:
                 raise
-            raise CompositionTooWide(
-                f"rtol={float(rtol):.3g} asks for a grid step of {grid.step:.3g} nats, too fine "
-                f"for segments[{i}] ({error}): use a larger rtol (or the default grid, rtol=None)"
-            ) from error
+            raise CompositionTooWide(f"{_rtol_remedy(rtol, grid.step)}, for segments[{i}] ({error})"
+                                     ) from error
     if not parts:
         return identity(pessimistic=pessimistic)
     return compose(parts) if len(parts) > 1 else parts[0]
