@@ -16,7 +16,8 @@ N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(
 Both searches test a candidate (a yes/no certificate) and steer by a score, the log of the
 largest ratio of the curve to its bound: the test is monotone in mu', so a secant on the score
 with a bracket (:func:`_search`) needs 3-15 tests where bisection took 32-64; only values that
-passed the test are returned.
+passed the test are returned. gdp_mu runs its secant on a few of the curve's intervals and tests
+the answer on all of them (two such tests where the secant took 11-25).
 
 Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps >= 0
 in every direction, which for the symmetric G_mu is the full order (see :func:`_verdict`
@@ -56,6 +57,11 @@ _RESIDUE_SCORE_TOL = 1e-7
 #: Search steps and relative tolerance of gdp_mu (and of the naive update inside the residue).
 _MU_STEPS = 40
 _MU_RTOL = 1e-15
+#: gdp_mu's working set: intervals of the curve spread over it to begin with, added per round,
+#: and most rounds.
+_MU_SPREAD = 64
+_MU_CANDIDATES = 16
+_MU_ROUNDS = 6
 #: G_mu's curve beyond mu^2/2 + _TAIL_SIGMAS * mu is below Phi(-11) ~ 2e-28: the residue check
 #: covers [0, that] on the query's grid and relies on the flat-tail argument beyond it.
 _TAIL_SIGMAS = 11.0
@@ -148,6 +154,25 @@ def _budget_bounds(z, mu, delta_slack):
     return g, t, envelope
 
 
+def _comparisons(z, d, bounds):
+    """(ok, ratio) per interval [z_i, z_{i+1}] of the points ``z``: ok if the curve ``d`` (convex
+    in x = e^eps) is below the budget whose :func:`_budget_bounds` are given at both ends and along
+    the chord, wherever eps >= 0 there; ratio = the largest of curve / bound over the same
+    comparisons (about 1 at the boundary; it only steers searches, ok decides)."""
+    g, t, envelope = bounds
+    chord = d[:-1] + (d[1:] - d[:-1]) * t
+    point_ok = (d <= g) | (z < 0.0)
+    ok = ((chord <= envelope) | (z[1:] <= 0.0)) & point_ok[:-1] & point_ok[1:]
+
+    def ratio(lhs, rhs, used):
+        r = jnp.where(rhs > 0, lhs / jnp.where(rhs > 0, rhs, 1.0), jnp.where(lhs > 0, 1e300, 0.0))
+        return jnp.where(used, r, 0.0)
+
+    points = ratio(d, g, z >= 0.0)
+    return ok, jnp.maximum(ratio(chord, envelope, z[1:] > 0.0),
+                           jnp.maximum(points[:-1], points[1:]))
+
+
 def _verdict(z, d, bounds, delta_slack):
     """(ok, score): ok if the curve ``d`` at the points ``z`` (convex in x = e^eps, flat beyond the
     last point) is below the budget whose :func:`_budget_bounds` are given, at every eps >= 0;
@@ -161,20 +186,10 @@ def _verdict(z, d, bounds, delta_slack):
     coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
     Right of the points the curve is at most its last value while G_mu tends to 0.
     """
-    g, t, envelope = bounds
-    chord = d[:-1] + (d[1:] - d[:-1]) * t
+    ok, ratio = _comparisons(z, d, bounds)
     last = delta_slack + ROUNDOFF
-    chord_ok = (chord <= envelope) | (z[1:] <= 0.0)
-    point_ok = (d <= g) | (z < 0.0)
-    ok = jnp.all(chord_ok) & jnp.all(point_ok) & (d[-1] <= last)
-
-    def ratio(lhs, rhs, used):
-        r = jnp.where(rhs > 0, lhs / jnp.where(rhs > 0, rhs, 1.0), jnp.where(lhs > 0, 1e300, 0.0))
-        return jnp.max(jnp.where(used, r, 0.0))
-
-    worst = jnp.maximum(jnp.maximum(ratio(chord, envelope, z[1:] > 0.0), ratio(d, g, z >= 0.0)),
-                        d[-1] / last)
-    return ok, jnp.log(jnp.clip(worst, 1e-300, 1e300))
+    worst = jnp.maximum(jnp.max(ratio), d[-1] / last)
+    return jnp.all(ok) & (d[-1] <= last), jnp.log(jnp.clip(worst, 1e-300, 1e300))
 
 
 def _grid_curve(probs, inf_mass, offset, step):
@@ -214,7 +229,8 @@ def _search(evaluate, good, bad, points, steps: int, tol, score_tol, bad_score=N
     where that reaches the good end or does not leave the bad one, regula falsi between the ends,
     at least 0.9 ``tol`` from the good end and doubled for each further test that passes in a
     row. The midpoint after five tests without halving, as above.
-    Returns the good end's value (the third output of ``evaluate``, or the initial one)."""
+    Returns the good end's value (the third output of ``evaluate``, or the initial one), the bad
+    end (where the test failed, or the initial one) and the good end's score."""
     (x0, f0), (x1, f1) = points
     steer_bad = bad_score is not None
     nan = jnp.asarray(jnp.nan, jnp.float64)
@@ -269,31 +285,98 @@ def _search(evaluate, good, bad, points, steps: int, tol, score_tol, bad_score=N
              jnp.zeros((), jnp.int32), nan, nan,
              nan if bad_score is None else jnp.asarray(bad_score, jnp.float64),
              jnp.zeros((), jnp.int32))
-    return jax.lax.while_loop(cond, body, start)[2]
+    end = jax.lax.while_loop(cond, body, start)
+    return end[2], end[4], end[3]
 
 
 def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_RTOL):
     """Smallest mu in (0, mu_max] (to relative resolution ``rtol``, rounded up: the value returned
-    passed the test) with L below G_mu plus the slack; inf if not even mu_max is enough."""
+    passed the test) with L below G_mu plus the slack; inf if not even mu_max is enough.
+
+    Few of the curve's intervals bind, so the search runs on a working set of them (a few dozen
+    erfc a test, not the grid's thousands): _MU_SPREAD intervals spread over the grid to begin
+    with. Each round's secant search on the set gives a candidate, which is tested on the whole
+    curve: a pass ends the search (a smaller value fails the set, a subset of the curve's
+    comparisons, so the candidate is the smallest to ``rtol``); a failure adds its worst interval
+    and its _MU_CANDIDATES - 1 neighbours to the set. Two rounds are typical (subsampled
+    Gaussian, G_nu, randomized response). The last of _MU_ROUNDS rounds tests mu_max, and
+    bisection on the whole curve finishes what the rounds (or a search on a flat score) left
+    open."""
     mu_max = jnp.asarray(mu_max, jnp.float64)
     z, d = _grid_curve(probs, inf_mass, offset, step)
-
-    def evaluate(mu):
-        ok, score = _verdict(z, d, _budget_bounds(z, mu, delta_slack), delta_slack)
-        return ok, score, mu
-
-    ok_max, f_max = evaluate(mu_max)[:2]
+    # right of the points the curve stays at its last value, which no mu covers beyond the slack
+    flat_ok = d[-1] <= delta_slack + ROUNDOFF
     # a start below: G_mu(0) must reach the curve at the first point >= 0 (less the slack)
     reach = jnp.max(jnp.where(z >= 0, d, 0.0)) - delta_slack - ROUNDOFF
     start = 2.0 * ndtri(jnp.clip((1.0 + reach) / 2, 0.5, 1.0 - 1e-16))
     # never above that lower bound (a floor of mu_max * 1e-30 passed, and was returned, for
     # gaussian(1) at mu_max = 1e31: 10); positive, for the search's geometric midpoints
     floor = jnp.clip(start * (1 - 1e-9), _TINY_MU, mu_max)
-    ok_floor, f_floor, _ = evaluate(floor)
-    found = _search(evaluate, (mu_max, mu_max, f_max), floor, ((mu_max, f_max), (floor, f_floor)),
-                    _MU_STEPS, lambda good: rtol * good, rtol)
-    found = jnp.where(ok_floor, floor, found)
-    return jnp.where(ok_max, found, jnp.inf)
+
+    def whole(mu):
+        return _comparisons(z, d, _budget_bounds(z, mu, delta_slack))
+
+    def on_set(intervals):
+        # the intervals' ends one after the other: every other interval of these points is one
+        # of the set's, those between (from one's end back to the next one's start) are ignored
+        ends = jnp.stack([intervals, intervals + 1], axis=-1).reshape(-1)
+        z_set, d_set = z[ends], d[ends]
+
+        def evaluate(mu):
+            ok, ratio = _comparisons(z_set, d_set, _budget_bounds(z_set, mu, delta_slack))
+            return (jnp.all(ok[::2]), jnp.log(jnp.clip(jnp.max(ratio[::2]), 1e-300, 1e300)), mu)
+
+        return evaluate
+
+    def round_(carry):
+        k, intervals, low, answer, _ = carry
+        evaluate = on_set(intervals)
+        ok_max, f_max, _ = evaluate(mu_max)
+        ok_low, f_low, _ = evaluate(low)
+        # low passing the set (the floor may): an empty bracket, nothing to search
+        top = jnp.where(ok_low, low, mu_max)
+        found, below, f_found = _search(evaluate, (top, top, f_max), low,
+                                        ((top, f_max), (low, f_low)), _MU_STEPS,
+                                        lambda good: rtol * good, rtol)
+        # the search ended where it should: its bracket closed, or at the boundary's score
+        closed = (found - below <= rtol * found) | (f_found >= -rtol)
+        last = k + 1 >= _MU_ROUNDS
+        candidate = jnp.where(last, mu_max, found)
+        ok, ratio = whole(candidate)
+        passed = jnp.all(ok)
+        # the worst interval (a failed comparison's ratio is >= 1, a passed one's <= 1) and its
+        # neighbours (XLA's top_k on a CPU costs 50 whole tests; argmax of float64 with x64 off
+        # fails to trace under vmap)
+        key = ratio + jnp.where(ok, 0.0, 1.0)
+        worst = jnp.min(jnp.where(key == jnp.max(key), jnp.arange(n, dtype=jnp.int32), n))
+        worst = jnp.clip(worst + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2, 0, n - 1)
+        intervals = jax.lax.dynamic_update_slice(intervals, worst.astype(intervals.dtype),
+                                                 (_MU_SPREAD + k * _MU_CANDIDATES,))
+        # failing on the working set, mu_max fails the curve: nothing fits; a value that fails
+        # the set (the search's bad end) fails the curve, and bounds what is left open
+        return (k + 1, intervals,
+                jnp.where(passed & closed & ~last, candidate, jnp.where(passed, below, candidate)),
+                jnp.where(passed, candidate, answer), passed | ~ok_max | last)
+
+    n = z.shape[0] - 1
+    spread = jnp.linspace(0, n - 1, _MU_SPREAD).astype(jnp.int32)
+    intervals = jnp.concatenate([spread, jnp.zeros(_MU_CANDIDATES * _MU_ROUNDS, jnp.int32)])
+    start_carry = (jnp.zeros((), jnp.int32), intervals, floor, jnp.asarray(jnp.inf, jnp.float64),
+                   ~flat_ok)
+    _, _, low, answer, _ = jax.lax.while_loop(lambda carry: ~carry[4], round_, start_carry)
+
+    def halve(bracket):
+        bad, good = bracket
+        middle = jnp.where((bad > 0) & (good > 4 * bad), jnp.sqrt(bad) * jnp.sqrt(good),
+                           bad + (good - bad) / 2)
+        ok = jnp.all(whole(middle)[0])
+        return jnp.where(ok, bad, middle), jnp.where(ok, middle, good)
+
+    # where the rounds ran out (mu_max passed) or the last search did (a flat score): bisection
+    # on the whole curve from the last failure; elsewhere the bracket is closed (or inf) and the
+    # loop idle
+    return jax.lax.while_loop(lambda bracket: bracket[1] - bracket[0] > rtol * bracket[1], halve,
+                              (low, answer))[1]
 
 
 _gdp_mu_jit = kernel_jit(gdp_mu_kernel, cpu_options=None)
@@ -408,7 +491,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     good = jax.tree_util.tree_map(lambda a, b: jnp.where(ok_guess, a, b),
                                   (s_guess, mu_guess, f_guess), (s_naive, naive, f_naive))
     bad = jnp.where(ok_naive, jnp.where(ok_guess, s_top, s_guess), s_naive)
-    low = _search(evaluate, good, bad, ((s_naive, f_naive), (s_guess, f_guess)), steps,
+    low, _, _ = _search(evaluate, good, bad, ((s_naive, f_naive), (s_guess, f_guess)), steps,
                   lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top, _RESIDUE_SCORE_TOL,
                   jnp.where(ok_naive, jnp.where(ok_guess, jnp.nan, f_guess), f_naive))
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
