@@ -492,8 +492,9 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
                                   (s_guess, mu_guess, f_guess), (s_naive, naive, f_naive))
     bad = jnp.where(ok_naive, jnp.where(ok_guess, s_top, s_guess), s_naive)
     low, _, _ = _search(evaluate, good, bad, ((s_naive, f_naive), (s_guess, f_guess)), steps,
-                  lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top, _RESIDUE_SCORE_TOL,
-                  jnp.where(ok_naive, jnp.where(ok_guess, jnp.nan, f_guess), f_naive))
+                        lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top,
+                        _RESIDUE_SCORE_TOL,
+                        jnp.where(ok_naive, jnp.where(ok_guess, jnp.nan, f_guess), f_naive))
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
 
 
@@ -534,8 +535,10 @@ _residue_batch_jit = kernel_jit(_residue_batch, cpu_options=None,
 #: Pairs :func:`gdp_residue` searches together by default on a CPU. A vmapped search runs until
 #: its slowest pair is done, for every pair of the chunk, and on a CPU a chunk gains little from
 #: being wide: 256 subsampled-Gaussian pairs took 2.49 s in chunks of 8 against 4.15 s in one of
-#: 256 (2 cores; randomized response 0.60 against 0.71 s).
-RESIDUE_BATCH_CPU = 8
+#: 256 (2 cores; randomized response 0.60 against 0.71 s). Since gdp_mu's working set, chunks
+#: of 4 (2-core AMD EPYC, 64 pairs, milliseconds a pair for chunks of 1/2/4/8/16):
+#: subsampled Gaussian 5.09/4.53/4.58/5.42/6.43, randomized response 2.35/1.92/1.68/1.67/1.84.
+RESIDUE_BATCH_CPU = 4
 #: Elsewhere a chunk holds as many pairs as fill RESIDUE_POINTS transform points (directions x
 #: FFT length a pair; each test keeps a few complex arrays of that size), a power of two up to
 #: RESIDUE_BATCH: on an H100, 10^4 randomized-response pairs (15,360 points each) took 0.123 s in
@@ -567,7 +570,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     accepted=False). ``mu`` and the query's batch axes broadcast:
     many (mu, L) pairs are one compiled call (each distinct query's nu, of the naive update,
     searched once for all its budgets), ``batch_size`` pairs at a time (default
-    :func:`residue_batch_size`: 8 on a CPU; elsewhere up to 2,048, fewer for long transforms; the
+    :func:`residue_batch_size`: 4 on a CPU; elsewhere up to 2,048, fewer for long transforms; the
     result does not depend on it). ``steps``: most search steps after the two first tests (it
     stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2; typically 1-3 are used for pure-DP
     queries, 4-12 for subsampled-Gaussian ones); ``size``:

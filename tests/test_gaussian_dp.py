@@ -146,18 +146,18 @@ def test_residue_search_of_subsampled_gaussian_queries_converges_in_a_few_tests(
 
 @pytest.mark.slow  # each chunk size compiles the search once: 25-30 s from an empty cache
 def test_gdp_residue_does_not_depend_on_its_batch_size():
-    """Pairs are searched in chunks (8 on a CPU by default, where a chunk runs as long as its
+    """Pairs are searched in chunks (4 on a CPU by default, where a chunk runs as long as its
     slowest pair): every chunking gives the same residues, bit for bit."""
     sigmas = jnp.linspace(1.0, 2.0, 5)
     queries = pj.gaussian(sigmas, sampling_prob=0.1)
     mus = np.linspace(0.75, 1.0, 5)
-    default = np.asarray(pj.gdp_residue(mus, queries))  # one chunk of 8, padded
+    default = np.asarray(pj.gdp_residue(mus, queries))  # two chunks of 4, the last padded
     # three chunks, the last padded
     np.testing.assert_array_equal(np.asarray(pj.gdp_residue(mus, queries, batch_size=2)), default)
 
 
 def test_gdp_residue_batch_size_is_a_positive_count():
-    """8 pairs a chunk on a CPU by default; a bad size is refused before any search."""
+    """4 pairs a chunk on a CPU by default; a bad size is refused before any search."""
     assert pj.gaussian_dp.residue_batch_size() == pj.gaussian_dp.RESIDUE_BATCH_CPU
     for bad in (0, -3, 2.5):
         with pytest.raises(ValueError, match="batch_size"):
