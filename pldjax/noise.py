@@ -66,7 +66,8 @@ def _ratio(sensitivity, scale):
     """``sensitivity / scale`` in float64 (the loss scale of an additive noise), on the host for
     concrete input like :func:`resolvable`."""
     xp = jnp if is_traced((sensitivity, scale)) else np
-    return xp.asarray(sensitivity, xp.float64) / xp.asarray(scale, xp.float64)
+    with np.errstate(over="ignore"):  # a ratio beyond float64 is inf, which the callers handle
+        return xp.asarray(sensitivity, xp.float64) / xp.asarray(scale, xp.float64)
 
 
 def _placeholder(value) -> bool:
@@ -533,12 +534,15 @@ class DiscreteGaussian(Noise):
         if is_traced((self.sigma, self.sensitivity)):
             raise ValueError("discrete_gaussian needs concrete sigma and sensitivity (its support "
                              "is a static size)")
-        needed = 2 * (_DGAUSS_SIGMAS * float(np.max(self.sigma)) + 2 * float(np.max(self.sensitivity)) + 2)
-        support = grid_lib.next_pow2(int(np.ceil(needed)))
-        if support > _DGAUSS_MAX_SUPPORT:
-            raise ValueError(f"sigma={np.max(self.sigma)} needs a support of {support} integers (more "
-                             f"than {_DGAUSS_MAX_SUPPORT}); use a Gaussian for such wide noise")
-        return support
+        sigma, sensitivity = float(np.max(self.sigma)), float(np.max(self.sensitivity))
+        needed = 2 * (_DGAUSS_SIGMAS * sigma + 2 * sensitivity + 2)  # inf beyond float64's range
+        if needed <= _DGAUSS_MAX_SUPPORT:
+            support = grid_lib.next_pow2(int(np.ceil(needed)))
+            if support <= _DGAUSS_MAX_SUPPORT:
+                return support
+        raise ValueError(f"discrete_gaussian(sigma={sigma:.6g}, sensitivity={sensitivity:.6g}) needs "
+                         f"a support of about {needed:.3g} integers (more than "
+                         f"{_DGAUSS_MAX_SUPPORT}); use a Gaussian for such wide noise")
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[Mechanism, tuple]:
         s = jnp.asarray(self.sigma, jnp.float64)

@@ -238,6 +238,10 @@ def test_subsampled_losses_beyond_709_nats_are_kept():
     (lambda: pj.discrete_gaussian(1.0, sampling_prob=1.5), "sampling_prob"),
     (lambda: pj.discrete_laplace(1.0, neighboring="swap"), "neighboring"),
     (lambda: pj.discrete_gaussian(1e7), "sigma"),
+    # beyond float64's range the support was an OverflowError, and below it a 300-digit number
+    (lambda: pj.discrete_gaussian(1e308), r"sigma=1e\+308.*about inf integers"),
+    (lambda: pj.discrete_gaussian(1e300), r"about 8e\+301 integers"),
+    (lambda: pj.discrete_gaussian(1.0, sensitivity=1e308), "sensitivity=1e\\+308"),
 ])
 def test_more_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
