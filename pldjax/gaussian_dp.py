@@ -300,9 +300,9 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     """Smallest mu in (0, mu_max] (to relative resolution ``rtol``, rounded up: the value returned
     passed the test) with L below G_mu plus the slack; inf if not even mu_max is enough.
 
-    Few of the curve's intervals bind, so the search runs on a working set of them (a few dozen
-    erfc a test, not the grid's thousands): _MU_SPREAD intervals spread over the grid to begin
-    with. Each round's secant search on the set gives a candidate, which is tested on the whole
+    Few of the curve's intervals bind, so the search runs on a working set of them (at most a
+    few hundred points a test, not the grid's thousands): _MU_SPREAD intervals spread over the
+    grid to begin with. Each round's secant search on the set gives a candidate, which is tested on the whole
     curve: a pass ends the search (a smaller value fails the set, a subset of the curve's
     comparisons, so the candidate is the smallest to ``rtol``); a failure adds its worst interval
     and its _MU_CANDIDATES - 1 neighbours to the set. Two rounds are typical (subsampled
@@ -342,8 +342,8 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
         ok_low, f_low, _ = evaluate(low)
         # low passing the set (the floor may): an empty bracket, nothing to search
         top = jnp.where(ok_low, low, mu_max)
-        found, below, f_found = _search(evaluate, (top, top, f_max), low,
-                                        ((top, f_max), (low, f_low)), _MU_STEPS,
+        found, below, f_found = _search(evaluate, (top, top, jnp.where(ok_low, f_low, f_max)),
+                                        low, ((mu_max, f_max), (low, f_low)), _MU_STEPS,
                                         lambda good: rtol * good, rtol)
         # the search ended where it should: its bracket closed, or at the boundary's score
         closed = (found - below <= rtol * found) | (f_found >= -rtol)
