@@ -244,7 +244,8 @@ def test_gdp_mu_is_the_smallest_certified_mu(monkeypatch, rounds):
     2 after one search) and bisection on the whole curve finishes."""
     if rounds is not None:
         monkeypatch.setattr(pj.gaussian_dp, "_MU_ROUNDS", rounds)
-    kernel = jax.jit(pj.gaussian_dp.gdp_mu_kernel)  # traced here: sees the patched rounds
+    # a new function, so traced here with the patched rounds (jit caches by function)
+    kernel = jax.jit(lambda *args: pj.gaussian_dp.gdp_mu_kernel(*args))
     queries = [(pj.gaussian(1.3, sampling_prob=0.1), 0.0), (pj.gdp(1.0), 0.0),
                (pj.gaussian(1.0, sampling_prob=0.01).self_compose(50), 0.0),
                (pj.randomized_response(1.0, 1e-3), 1e-3)]
