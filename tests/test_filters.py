@@ -513,6 +513,24 @@ def test_degenerate_query_plds_are_rejected_under_jit_and_vmap(name):
     assert _same(states, jax.tree_util.tree_map(lambda x: jnp.stack([x] * 5), f.init()))
 
 
+@pytest.mark.parametrize("name", ["pure_dp", "gdp"])
+def test_query_plds_closed_over_by_a_callers_jit(name):
+    """A PLD closed over by the caller's jit (not passed as an argument) is concrete, but its
+    checks run under the caller's trace: spend raised TracerBoolConversionError. Now a good query
+    spends as when passed as an argument, and a degenerate one is refused in the spend."""
+    f = ALL_FILTERS[name]()
+    good = pj.gaussian(1.0, sampling_prob=0.1)
+    want = f.spend(f.init(), good)
+    got = jax.jit(lambda state: f.spend(state, good))(f.init())
+    assert bool(got[1]) and bool(want[1])
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+        lambda a, b: np.allclose(a, b, rtol=1e-12, atol=0), got[0], want[0]))
+    for make, _ in DEGENERATE.values():
+        bad = make()
+        state, accepted = jax.jit(lambda state, bad=bad: f.spend(state, bad))(f.init())
+        assert not bool(accepted) and _same(state, f.init())
+
+
 def test_issue_examples_degenerate_queries_cost_nothing_no_more():
     # pure_dp accepted laplace(1e-5) (NaN masses) again and again at zero cost
     f = F.pure_dp_filter(1.0)

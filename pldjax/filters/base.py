@@ -140,7 +140,9 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
                         f"query inside the jitted function or enable jax_enable_x64")
         if not is_traced(query):
             for reason, bad in _pld_problems(query):
-                if bool(bad):
+                # under a caller's jit a closed-over PLD's checks are traced: the spend refuses
+                # such a query itself (``guarded``), as it does a traced one
+                if not is_traced(bad) and bool(bad):
                     raise ValueError(f"{kind}: the query PLD is degenerate ({reason}); such a "
                                      f"query is never accepted")
         return query
