@@ -23,7 +23,8 @@ Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOF
 in every direction, which for the symmetric G_mu is the full order (see :func:`_verdict`
 and :mod:`pldjax.order`); a filter charges that slack to its delta budget. G_mu's curve is
 computed with erfc and the Mills ratio (:func:`_gdp_parts`, relative error bounded by
-:func:`_gdp_error`, checked against mpmath) and the bound is widened by that error on each side.
+:func:`_gdp_error`, checked against mpmath) and the bound is widened by that error on each side,
+then lowered by 4 ulps (_SUM_MARGIN) for the rounding of the sums on either side.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ _MU_ROUNDS = 6
 _TAIL_SIGMAS = 11.0
 #: Smallest mu gdp_mu tests: queries below it (the identity, to the grid's resolution) get it.
 _TINY_MU = 1e-300
+#: The budget's bounds (G_mu's curve plus the slack plus ROUNDOFF) are lowered by this factor, 4
+#: ulps: a curve and its bound are both sums rounded to nearest (an atom of 0.5 added to a curve
+#: of 1e-14 keeps it to an ulp of 0.5), so either may be half an ulp of its size off the exact
+#: value; with a large slack that was more than the certificate's own ROUNDOFF can absorb.
+_SUM_MARGIN = 1.0 - 2.0**-50
 #: Largest residue check window (grid points); coarser query grids are used beyond it.
 MAX_RESIDUE_SIZE = 2**15
 #: Largest budget mu of a residue (mu^2 must stay finite in float64; G_mu is fully revealing to
@@ -128,6 +134,12 @@ def _with_lead(z, d):
             jnp.concatenate([(1.0 - (1.0 - d[0]) * jnp.exp(lead - z[0]))[None], d]))
 
 
+def _flat_bound(delta_slack):
+    """What a curve's last value (its flat tail beyond the points) is compared with: G_mu is 0
+    there, so the slack plus ROUNDOFF, lowered by _SUM_MARGIN like every bound."""
+    return (delta_slack + ROUNDOFF) * _SUM_MARGIN
+
+
 def _budget_bounds(z, mu, delta_slack):
     """What a curve at the increasing points ``z`` is compared with under the budget G_mu plus
     the slack: (point bounds, chord positions t, chord bounds), all lower bounds on
@@ -137,7 +149,7 @@ def _budget_bounds(z, mu, delta_slack):
     above both tangents at the ends; chord minus the larger tangent is concave, so comparing at
     the ends and at the tangents' crossing (position t in [0, 1]) suffices."""
     g, tail = _gdp_parts(mu, z)
-    g = g * (1.0 - _gdp_error(mu)) + delta_slack + ROUNDOFF
+    g = (g * (1.0 - _gdp_error(mu)) + delta_slack + ROUNDOFF) * _SUM_MARGIN
     slope = -tail  # x times d delta / dx at the points
     # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
     g, slope = jax.lax.optimization_barrier((g, slope))
@@ -154,26 +166,30 @@ def _budget_bounds(z, mu, delta_slack):
     return g, t, envelope
 
 
-def _ratio(lhs, rhs, used):
-    """lhs / rhs where ``used`` (0 elsewhere; 1e300 for a positive lhs over a bound <= 0)."""
-    r = jnp.where(rhs > 0, lhs / jnp.where(rhs > 0, rhs, 1.0), jnp.where(lhs > 0, 1e300, 0.0))
-    return jnp.where(used, r, 0.0)
+def _ratio(value, bound, floor, used):
+    """(value - floor) / (bound - floor) where ``used`` (0 elsewhere), the denominator at least
+    2^-40 floor: differences from the floor below that are its round-off (a curve an ulp above a
+    bound an ulp above the floor read 1, "at the boundary", whatever mu)."""
+    return jnp.where(used, (value - floor) / jnp.maximum(bound - floor, 2.0**-40 * floor), 0.0)
 
 
-def _checks(z, d, bounds):
+def _checks(z, d, bounds, delta_slack):
     """The curve ``d`` at the increasing points ``z`` (convex in x = e^eps) against the budget
     whose :func:`_budget_bounds` are given, wherever eps >= 0: (chord ok, point ok, chord ratio,
-    point ratio), each chord's between its two points and each point's; a ratio is curve / bound
-    (about 1 at the boundary; it only steers searches, ok decides)."""
+    point ratio), each chord's between its two points and each point's. A ratio compares what
+    exceeds the bound's constant part c = delta_slack + ROUNDOFF: (curve - c) / (bound - c), 1 at
+    the boundary like curve / bound, but not held near 1 by a large slack whatever mu (a curve at
+    c passes for every mu); it only steers searches, ok decides."""
     g, t, envelope = bounds
+    floor = delta_slack + ROUNDOFF
     chord = d[:-1] + (d[1:] - d[:-1]) * t
     return ((chord <= envelope) | (z[1:] <= 0.0), (d <= g) | (z < 0.0),
-            _ratio(chord, envelope, z[1:] > 0.0), _ratio(d, g, z >= 0.0))
+            _ratio(chord, envelope, floor, z[1:] > 0.0), _ratio(d, g, floor, z >= 0.0))
 
 
-def _comparisons(z, d, bounds):
+def _comparisons(z, d, bounds, delta_slack):
     """:func:`_checks` per interval [z_i, z_{i+1}]: (ok, ratio) of its chord and its two ends."""
-    chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds)
+    chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
     return (chord_ok & point_ok[:-1] & point_ok[1:],
             jnp.maximum(chord_ratio, jnp.maximum(point_ratio[:-1], point_ratio[1:])))
 
@@ -192,10 +208,11 @@ def _verdict(z, d, bounds, delta_slack):
     Right of the points the curve is at most its last value while G_mu tends to 0.
     """
     # reduced apart, not per interval (:func:`_comparisons`): the residue's tests ran 10% faster
-    chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds)
-    last = delta_slack + ROUNDOFF
-    ok = jnp.all(chord_ok) & jnp.all(point_ok) & (d[-1] <= last)
-    worst = jnp.maximum(jnp.maximum(jnp.max(chord_ratio), jnp.max(point_ratio)), d[-1] / last)
+    chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
+    flat = d[-1] <= _flat_bound(delta_slack)  # whatever mu: no ratio of its own
+    ok = jnp.all(chord_ok) & jnp.all(point_ok) & flat
+    worst = jnp.maximum(jnp.maximum(jnp.max(chord_ratio), jnp.max(point_ratio)),
+                        jnp.where(flat, 0.0, 1e300))
     return ok, jnp.log(jnp.clip(worst, 1e-300, 1e300))
 
 
@@ -312,7 +329,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     mu_max = jnp.asarray(mu_max, jnp.float64)
     z, d = _grid_curve(probs, inf_mass, offset, step)
     # right of the points the curve stays at its last value, which no mu covers beyond the slack
-    flat_ok = d[-1] <= delta_slack + ROUNDOFF
+    flat_ok = d[-1] <= _flat_bound(delta_slack)
     # a start below: G_mu(0) must reach the curve at the first point >= 0 (less the slack)
     reach = jnp.max(jnp.where(z >= 0, d, 0.0)) - delta_slack - ROUNDOFF
     start = 2.0 * ndtri(jnp.clip((1.0 + reach) / 2, 0.5, 1.0 - 1e-16))
@@ -321,7 +338,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     floor = jnp.clip(start * (1 - 1e-9), _TINY_MU, mu_max)
 
     def whole(mu):
-        return _comparisons(z, d, _budget_bounds(z, mu, delta_slack))
+        return _comparisons(z, d, _budget_bounds(z, mu, delta_slack), delta_slack)
 
     def on_set(intervals):
         # the intervals' ends one after the other: every other interval of these points is one
@@ -330,7 +347,8 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
         z_set, d_set = z[ends], d[ends]
 
         def evaluate(mu):
-            ok, ratio = _comparisons(z_set, d_set, _budget_bounds(z_set, mu, delta_slack))
+            ok, ratio = _comparisons(z_set, d_set, _budget_bounds(z_set, mu, delta_slack),
+                                     delta_slack)
             return (jnp.all(ok[::2]), jnp.log(jnp.clip(jnp.max(ratio[::2]), 1e-300, 1e300)), mu)
 
         return evaluate
