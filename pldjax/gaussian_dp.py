@@ -14,10 +14,11 @@ N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(
   by construction, so the search starts from it and the residue is never below it.
 
 Both searches test a candidate (a yes/no certificate) and steer by a score, the log of the
-largest ratio of the curve to its bound: the test is monotone in mu', so a secant on the score
-with a bracket (:func:`_search`) needs 3-15 tests where bisection took 32-64; only values that
-passed the test are returned. gdp_mu runs its secant on a few of the curve's intervals and tests
-the answer on all of them (two such tests where the secant took 11-25).
+largest ratio of the curve to its bound (of what each exceeds the slack by): the test is
+monotone in mu', so a secant on the score with a bracket (:func:`_search`) needs 3-15 tests
+where bisection took 32-64; only values that passed the test are returned. gdp_mu runs its
+secant on a few of the curve's intervals and tests the answer on all of them (two such tests
+where the secant took 11-25).
 
 Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps >= 0
 in every direction, which for the symmetric G_mu is the full order (see :func:`_verdict`
@@ -197,8 +198,8 @@ def _comparisons(z, d, bounds, delta_slack):
 def _verdict(z, d, bounds, delta_slack):
     """(ok, score): ok if the curve ``d`` at the points ``z`` (convex in x = e^eps, flat beyond the
     last point) is below the budget whose :func:`_budget_bounds` are given, at every eps >= 0;
-    score = log of the largest ratio curve / bound (> 0 roughly where not ok; it only steers the
-    search, ok decides).
+    score = log of the largest ratio of :func:`_checks` (> 0 roughly where not ok; it only steers
+    the search, ok decides).
 
     Why eps >= 0 is enough: G_mu is symmetric, so a pair is below it iff both directions' curves
     are below it at eps >= 0 (the curve at -eps is fixed by the other direction's at eps), and
