@@ -370,10 +370,10 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
         candidate = jnp.where(last, mu_max, found)
         ok, ratio = whole(candidate)
         passed = jnp.all(ok)
-        # the worst interval (a failed comparison's ratio is >= 1, a passed one's <= 1) and its
-        # neighbours (XLA's top_k on a CPU costs 50 whole tests; argmax of float64 with x64 off
-        # fails to trace under vmap)
-        key = ratio + jnp.where(ok, 0.0, 1.0)
+        # the worst interval, failed ones first (a failed comparison's ratio is below 1 where its
+        # bound is within round-off of the slack), and its neighbours (XLA's top_k on a CPU costs
+        # 50 whole tests; argmax of float64 with x64 off fails to trace under vmap)
+        key = jnp.where(ok, jnp.minimum(ratio, 1.0), 2.0 + jnp.maximum(ratio, -1.0))
         worst = jnp.min(jnp.where(key == jnp.max(key), jnp.arange(n, dtype=jnp.int32), n))
         worst = jnp.clip(worst + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2, 0, n - 1)
         intervals = jax.lax.dynamic_update_slice(intervals, worst.astype(intervals.dtype),
