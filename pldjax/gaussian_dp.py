@@ -188,6 +188,11 @@ def _checks(z, d, bounds, delta_slack):
             _ratio(chord, envelope, floor, z[1:] > 0.0), _ratio(d, g, floor, z >= 0.0))
 
 
+def _score(worst):
+    """A search's score from the largest ratio of :func:`_checks`: its log, kept finite."""
+    return jnp.log(jnp.clip(worst, 1e-300, 1e300))
+
+
 def _comparisons(z, d, bounds, delta_slack):
     """:func:`_checks` per interval [z_i, z_{i+1}]: (ok, ratio) of its chord and its two ends."""
     chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
@@ -214,7 +219,7 @@ def _verdict(z, d, bounds, delta_slack):
     ok = jnp.all(chord_ok) & jnp.all(point_ok) & flat
     worst = jnp.maximum(jnp.maximum(jnp.max(chord_ratio), jnp.max(point_ratio)),
                         jnp.where(flat, 0.0, 1e300))
-    return ok, jnp.log(jnp.clip(worst, 1e-300, 1e300))
+    return ok, _score(worst)
 
 
 def _grid_curve(probs, inf_mass, offset, step):
@@ -350,7 +355,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
         def evaluate(mu):
             ok, ratio = _comparisons(z_set, d_set, _budget_bounds(z_set, mu, delta_slack),
                                      delta_slack)
-            return (jnp.all(ok[::2]), jnp.log(jnp.clip(jnp.max(ratio[::2]), 1e-300, 1e300)), mu)
+            return jnp.all(ok[::2]), _score(jnp.max(ratio[::2])), mu
 
         return evaluate
 
