@@ -101,7 +101,7 @@ def stages(rtol=None):
     spec, low = spectrum(folded, summary.mass)
     raw = power_irfft(spec, low)
     settle = jax.jit(jax.vmap(lambda r, m: compose_lib.settle(
-        jnp.maximum(r, 0.0), m, compose_lib._roundoff_per_bin(r), tail, True)))
+        jnp.maximum(r, 0.0), m, compose_lib.fft_roundoff(r), tail, True)))
     evaluate = jax.jit(jax.vmap(
         lambda p, m, o, h, t: profile_lib.epsilon_kernel(p, m, o, h, t[None])[0]))
     composed = settle(raw, inf_mass)[0]

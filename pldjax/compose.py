@@ -69,7 +69,7 @@ _CHERNOFF_COARSE_POINTS = 2048
 _ACCURATE_FREQS = 256
 
 
-def _roundoff_per_bin(raw):
+def fft_roundoff(raw):
     """Round-off level of an inverse-FFT result ``raw`` (see the module docstring)."""
     size = raw.shape[0]
     rms = UNIT_ROUNDOFF * math.log2(size) * jnp.linalg.norm(raw) / math.sqrt(size)
@@ -273,7 +273,7 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessi
     inside = (index >= a.first + b.first) & (index <= a.last + b.last)
     probs, inf_mass = settle(
         jnp.where(inside, jnp.maximum(raw[:length], 0.0), 0.0), inf_mass,
-        jnp.where(inside, _roundoff_per_bin(raw), 0.0), 0.0, pessimistic
+        jnp.where(inside, fft_roundoff(raw), 0.0), 0.0, pessimistic
     )
     return probs, inf_mass, a_off + b_off
 
@@ -424,7 +424,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         supported = (index >= first) & (index <= last)
         out, out_inf = settle(
             jnp.where(supported, jnp.maximum(raw, 0.0), 0.0), composed_inf,
-            jnp.where(supported, _roundoff_per_bin(raw), 0.0), above + below, pessimistic
+            jnp.where(supported, fft_roundoff(raw), 0.0), above + below, pessimistic
         )
         return jnp.where(live, out, 0.0), jnp.where(live, out_inf, composed_inf), start
 
