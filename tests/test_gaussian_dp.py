@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pldjax as pj
-from pldjax.gaussian_dp import _search
+from pldjax.gaussian_dp import _newton_search
 from pldjax.order import ROUNDOFF
 
 
@@ -108,28 +108,32 @@ def test_gdp_curve_within_its_error_bound_by_mpmath():
     assert worst <= 0.25  # a 4x margin on the bound used
 
 
-def test_search_steered_by_failures_closes_on_a_kinked_score():
+@pytest.mark.parametrize("boundary", [0.987115, 0.85, 0.8388])
+def test_newton_search_closes_on_a_kinked_score_in_a_few_tests(boundary):
     # issue 18: a subsampled-Gaussian query's score is a flat comparison's below the boundary and
-    # the binding, near linear one's above it (shape and slopes from the bench's pair 0); the
-    # secant through the last two points stalled next to the passing end and used every test,
-    # the secant through the last two failures lands on the boundary
-    boundary = 0.987115
+    # the binding, near linear one's above it (shape and slopes from the bench's pair 0); a secant
+    # through the last two points stalled next to the passing end and used every test. Newton
+    # steps from the failing end, with the active comparison's slope, land on the boundary.
+    tests = []
 
     def evaluate(s):
+        jax.debug.callback(lambda value: tests.append(float(value)), s)
         steep = 26.0 * (s - boundary)
-        score = jnp.where(s <= boundary, jnp.maximum(steep, -0.004 - 0.5 * (boundary - s)), steep)
-        return s <= boundary, score, s
+        flat = -0.004 - 0.5 * (boundary - s)
+        binding = (s > boundary) | (steep > flat)
+        return (s <= boundary, jnp.where(binding, steep, flat), jnp.where(binding, 26.0, 0.5),
+                s)
 
-    first, second = jnp.float64(0.8387), jnp.float64(0.887)
-    f1, f2 = evaluate(first)[1], evaluate(second)[1]
-
-    def search(**steer):
-        return float(_search(evaluate, (second, second, f2), jnp.float64(1.0),
-                             ((first, f1), (second, f2)), 8, lambda good: 1e-5 * good + 1e-7,
-                             1e-7, **steer)[0])
-
-    assert boundary - 2e-5 <= search(bad_score=jnp.nan) <= boundary
-    assert search() < boundary - 1e-4
+    found = float(_newton_search(evaluate, (0.8387, 0.8387), 1.0, 0.8387 + 0.3 * (1 - 0.8387), 5,
+                                 lambda good: 1e-5 * good + 1e-7))
+    assert boundary - 2e-5 <= found <= boundary
+    assert len(tests) <= 5 and tests[0] == pytest.approx(0.8387 + 0.3 * (1 - 0.8387))
+    tests.clear()
+    # only a value that passed is returned: with no steps after the first test, its value or the
+    # start
+    assert float(_newton_search(evaluate, (0.8387, 0.8387), 1.0, 0.9, 0,
+                                lambda good: 1e-5 * good)) == (0.9 if boundary >= 0.9 else 0.8387)
+    assert tests == [0.9]
 
 
 @pytest.mark.slow  # two compilations of the residue kernel, 5-10 s

@@ -138,7 +138,7 @@ class ResidueState(NamedTuple):
 def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
                 size: int | None = None) -> Filter:
     """The GDP residue filter (Regehr et al. 2026, Thm 5): the budget G_mu becomes G_mu' with mu'
-    the largest value (a search of at most ``steps`` tests, rounded down) such that G_mu' (+) L is below
+    the largest value (a search of at most 1 + ``steps`` tests, rounded down) such that G_mu' (+) L is below
     G_mu. Never worse than the GDP filter: it starts from the naive sqrt(mu^2 - nu^2).
 
     Query: a float nu (a nu-GDP query: mu' = sqrt(mu^2 - nu^2), rounded down) or a pessimistic PLD (its
