@@ -201,10 +201,11 @@ def _comparisons(z, d, bounds, delta_slack):
 
 
 def _verdict(z, d, bounds, delta_slack):
-    """(ok, score, worst): ok if the curve ``d`` at the points ``z`` (convex in x = e^eps, flat
+    """(ok, score, at, along): ok if the curve ``d`` at the points ``z`` (convex in x = e^eps, flat
     beyond the last point) is below the budget whose :func:`_budget_bounds` are given, at every
     eps >= 0; score = log of the largest ratio of :func:`_checks` (> 0 roughly where not ok; it only
-    steers the search, ok decides); worst = the point with the largest ratio.
+    steers the search, ok decides), found at the point ``at`` or on the chord from it, ``along``
+    (position t in [0, 1]) of the way to the next (0 for a point).
 
     Why eps >= 0 is enough: G_mu is symmetric, so a pair is below it iff both directions' curves
     are below it at eps >= 0 (the curve at -eps is fixed by the other direction's at eps), and
@@ -217,9 +218,11 @@ def _verdict(z, d, bounds, delta_slack):
     chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
     flat = d[-1] <= _flat_bound(delta_slack)  # whatever mu: no ratio of its own
     ok = jnp.all(chord_ok) & jnp.all(point_ok) & flat
-    worst = jnp.maximum(jnp.maximum(jnp.max(chord_ratio), jnp.max(point_ratio)),
-                        jnp.where(flat, 0.0, 1e300))
-    return ok, _score(worst), _first_index(point_ratio, jnp.max(point_ratio))
+    top_chord, top_point = jnp.max(chord_ratio), jnp.max(point_ratio)
+    worst = jnp.maximum(jnp.maximum(top_chord, top_point), jnp.where(flat, 0.0, 1e300))
+    chord = top_chord > top_point
+    at = jnp.where(chord, _first_index(chord_ratio, top_chord), _first_index(point_ratio, top_point))
+    return ok, _score(worst), at, jnp.where(chord, bounds[1][at], 0.0)
 
 
 def _first_index(values, target):
@@ -297,9 +300,10 @@ def _newton_search(evaluate, good, bad, first, steps: int, tol):
     the caller and never tested; only values that passed the test (or it) are returned, so the
     search is as sound as one test. ``tol`` is a function of the good end.
 
-    The first test is at ``first``; then each aims at the Newton root r of an end's score: the bad
-    end's where it has one (past the boundary the binding comparison sets the score, while a good
-    end's may be a flatter comparison's whose root lies far beyond), else the good end's. It goes
+    The first test is at ``first``; then each aims at the root r of an end's score: the bad end's
+    where it has one (past the boundary the binding comparison sets the score, while a good end's
+    may be a flatter comparison's whose root lies far beyond), by the secant through the last two
+    failures or with one, by its slope (Newton); else the good end's by its slope. It goes
     a quarter of tol below r (a likely pass that leaves the good end near the boundary); where an
     end is within 0.65 tol of r, a quarter of tol past r but at most 0.9 tol from that end, so that
     the bracket closes in one test. Where r is outside the bracket, where neither end has a slope,
@@ -312,9 +316,13 @@ def _newton_search(evaluate, good, bad, first, steps: int, tol):
         return jnp.where(jnp.isfinite(score) & (slope > 0), end - score / slope, nan)
 
     def body(carry):
-        k, g, value, fg, dg, b, fb, db, ref, stall = carry
+        k, g, value, fg, dg, b, fb, db, b0, fb0, ref, stall = carry
         width, t = b - g, tol(g)
-        from_bad, from_good = root(b, fb, db), root(g, fg, dg)
+        # from the bad end: the secant through the last two failures where there are two (it
+        # follows the binding comparison's curvature), else the slope
+        secant = (fb - fb0) / (b - b0)
+        from_bad = root(b, fb, jnp.where(jnp.isfinite(secant) & (secant > 0), secant, db))
+        from_good = root(g, fg, dg)
         r = jnp.where((from_bad > g) & (from_bad < b), from_bad,
                       jnp.where((from_good > g) & (from_good < b), from_good, nan))
         x = jnp.where(r - g < 0.65 * t, jnp.minimum(r + t / 4, g + 0.9 * t),
@@ -326,9 +334,10 @@ def _newton_search(evaluate, good, bad, first, steps: int, tol):
         ok, f, d, v = evaluate(x)
         g, value, fg, dg = (jnp.where(ok, new, old) for new, old in ((x, g), (v, value), (f, fg),
                                                                         (d, dg)))
+        b0, fb0 = jnp.where(ok, b0, b), jnp.where(ok, fb0, fb)
         b, fb, db = (jnp.where(ok, old, new) for new, old in ((x, b), (f, fb), (d, db)))
         halved = b - g <= ref / 2
-        return (k + 1, g, value, fg, dg, b, fb, db, jnp.where(halved, b - g, ref),
+        return (k + 1, g, value, fg, dg, b, fb, db, b0, fb0, jnp.where(halved, b - g, ref),
                 jnp.where(halved, 0, stall + 1).astype(jnp.int32))
 
     def cond(carry):
@@ -337,8 +346,9 @@ def _newton_search(evaluate, good, bad, first, steps: int, tol):
         return (k <= steps) & (b - g > tol(g))
 
     g, value = good
-    start = (jnp.zeros((), jnp.int32), g, value, nan, nan, jnp.asarray(bad, jnp.float64), nan, nan,
-             bad - g, jnp.zeros((), jnp.int32))
+    bad = jnp.asarray(bad, jnp.float64)
+    start = (jnp.zeros((), jnp.int32), g, value, nan, nan, bad, nan, nan, bad, nan, bad - g,
+             jnp.zeros((), jnp.int32))
     return jax.lax.while_loop(cond, body, start)[2]
 
 
@@ -546,14 +556,17 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     verdict = jax.vmap(_verdict, in_axes=(0, 0, 0, None))
     floor = delta_slack + ROUNDOFF
 
-    def slope(mu_residue, curve, worst, probs, lags):
-        # d/ds of log(curve - floor) at check ``worst`` (s = mu'^2): d delta_mu / d mu =
-        # phi(mu/2 - x/mu), summed over the query's points at their lags eps - z_i
-        x = jax.lax.dynamic_slice(lags, (worst,), (n,))[::-1]
+    def slope(mu_residue, curve, at, along, probs, lags):
+        # d/ds of log(curve - floor) (s = mu'^2) at the worst check, a point or along a chord
+        # (the derivative taken at its nearer end): d delta_mu / d mu = phi(mu/2 - x/mu), summed
+        # over the query's points at their lags eps - z_i
+        near = jnp.minimum(at + (along > 0.5), size - 1)
+        x = jax.lax.dynamic_slice(lags, (near,), (n,))[::-1]
         safe = jnp.maximum(mu_residue, 1e-300)
         a = safe / 2 - x / safe
         change = jnp.sum(probs * jnp.exp(-0.5 * a * a - _LOG_SQRT_2PI)) / (2 * safe)
-        excess = curve[worst] - floor
+        value = curve[at] + (curve[jnp.minimum(at + 1, size - 1)] - curve[at]) * along
+        excess = value - floor
         return jnp.where(excess > 0, change / jnp.where(excess > 0, excess, 1.0), jnp.nan)
 
     def evaluate(s):
@@ -565,16 +578,19 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
         # exact composed curve
         curves = ((raw[:, n - 1:n - 1 + size] + jax.vmap(fft_roundoff)(raw)[:, None]) * untilt
                   * (1.0 + _gdp_error(mu_residue)) + inf_mass[:, None])
-        ok, score, worst = verdict(checks, curves, bounds, delta_slack)
-        slopes = jax.vmap(slope, in_axes=(None, 0, 0, 0, 0))(mu_residue, curves, worst, probs, lags)
+        ok, score, at, along = verdict(checks, curves, bounds, delta_slack)
+        slopes = jax.vmap(slope, in_axes=(None, 0, 0, 0, 0, 0))(mu_residue, curves, at, along,
+                                                               probs, lags)
         top = jnp.max(score)
         return jnp.all(ok), top, jnp.max(jnp.where(score == top, slopes, -jnp.inf)), mu_residue
 
     s_naive, s_top = naive * naive, mu * mu
     # the naive update is the theorem's (certified with nu), not tested; the first test 30% of the
-    # way up (the gains over it are typically 30-95% of the way up)
-    low = _newton_search(evaluate, (s_naive, naive), s_top, s_naive + 0.3 * (s_top - s_naive),
-                         steps, lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top)
+    # way up (the gains over it are typically 30-95% of the way up); nothing to search where the
+    # query does not fit
+    low = _newton_search(evaluate, (s_naive, naive), jnp.where(accepted, s_top, s_naive),
+                         s_naive + 0.3 * (s_top - s_naive), steps,
+                         lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top)
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
 
 
