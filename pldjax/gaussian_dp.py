@@ -358,13 +358,14 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
 
     Few of the curve's intervals bind, so the search runs on a working set of them (at most a
     few hundred points a test, not the grid's thousands): _MU_SPREAD intervals spread over the
-    grid to begin with. Each round's secant search on the set gives a candidate, which is tested on the whole
-    curve: a pass ends the search (a smaller value fails the set, a subset of the curve's
-    comparisons, so the candidate is the smallest to ``rtol``); a failure adds its worst interval
-    and its _MU_CANDIDATES - 1 neighbours to the set. Two rounds are typical (subsampled
-    Gaussian, G_nu, randomized response). The last of _MU_ROUNDS rounds tests mu_max, and
-    bisection on the whole curve finishes what the rounds (or a search on a flat score) left
-    open."""
+    grid and the _MU_CANDIDATES around eps = 0 to begin with. Each round's secant search on the
+    set gives a candidate, which is tested on the whole curve: a pass ends the search (a smaller
+    value fails the set, a subset of the curve's comparisons, so the candidate is the smallest
+    to ``rtol``); a failure adds its worst interval and its _MU_CANDIDATES - 1 neighbours to the
+    set. One or two rounds are typical (a subsampled Gaussian's remove direction binds at
+    eps = 0: one; its add direction, G_nu, randomized response: two). The last of _MU_ROUNDS
+    rounds tests mu_max, and bisection on the whole curve finishes what the rounds (or a search
+    on a flat score) left open."""
     mu_max = jnp.asarray(mu_max, jnp.float64)
     z, d = _grid_curve(probs, inf_mass, offset, step)
     # right of the points the curve stays at its last value, which no mu covers beyond the slack
@@ -415,7 +416,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
         worst = _first_index(key, jnp.max(key))
         worst = jnp.clip(worst + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2, 0, n - 1)
         intervals = jax.lax.dynamic_update_slice(intervals, worst.astype(intervals.dtype),
-                                                 (_MU_SPREAD + k * _MU_CANDIDATES,))
+                                                 (_MU_SPREAD + (k + 1) * _MU_CANDIDATES,))
         # failing on the working set, mu_max fails the curve: nothing fits; a value that fails
         # the set (the search's bad end) fails the curve, and bounds what is left open
         return (k + 1, intervals,
@@ -424,7 +425,11 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
 
     n = z.shape[0] - 1
     spread = jnp.linspace(0, n - 1, _MU_SPREAD).astype(jnp.int32)
-    intervals = jnp.concatenate([spread, jnp.zeros(_MU_CANDIDATES * _MU_ROUNDS, jnp.int32)])
+    # and the intervals around eps = 0, where a direction of small loss binds (the remove
+    # direction of a subsampled Gaussian): its first round then passes
+    zero = _first_index(z >= 0, True) - 1 + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2
+    intervals = jnp.concatenate([spread, jnp.clip(zero, 0, n - 1).astype(jnp.int32),
+                                 jnp.zeros(_MU_CANDIDATES * _MU_ROUNDS, jnp.int32)])
     start_carry = (jnp.zeros((), jnp.int32), intervals, floor, jnp.asarray(jnp.inf, jnp.float64),
                    ~flat_ok)
     _, _, low, answer, _ = jax.lax.while_loop(lambda carry: ~carry[4], round_, start_carry)
