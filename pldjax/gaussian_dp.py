@@ -141,10 +141,19 @@ def _flat_bound(delta_slack):
     return (delta_slack + ROUNDOFF) * _SUM_MARGIN
 
 
-def _budget_bounds(z, mu, delta_slack):
+def _widths(z):
+    """(e^h - 1, e^-h) of each interval's width h = z_{i+1} - z_i: what :func:`_budget_bounds`
+    needs of the points besides their values, the same for every mu (a scalar pair for points a
+    constant step apart)."""
+    width = z[1:] - z[:-1]
+    return jnp.expm1(width), jnp.exp(-width)
+
+
+def _budget_bounds(z, mu, delta_slack, widths):
     """What a curve at the increasing points ``z`` is compared with under the budget G_mu plus
     the slack: (point bounds, chord positions t, chord bounds), all lower bounds on
-    delta_mu + delta_slack + ROUNDOFF at the points and on the tangent envelope between them.
+    delta_mu + delta_slack + ROUNDOFF at the points and on the tangent envelope between them;
+    ``widths`` = :func:`_widths` of the points.
 
     Between two points a curve convex in x = e^eps is below its chord and G_mu's convex curve
     above both tangents at the ends; chord minus the larger tangent is concave, so comparing at
@@ -156,8 +165,7 @@ def _budget_bounds(z, mu, delta_slack):
     g, slope = jax.lax.optimization_barrier((g, slope))
     # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
     # g_{i+1} + s_{i+1} e^-h grow (t - 1), h = z_{i+1} - z_i
-    width = z[1:] - z[:-1]
-    grow, back = jnp.expm1(width), jnp.exp(-width)
+    grow, back = widths
     g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
     denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
     numerator = g1 - g0 - s1 * back * grow
@@ -377,17 +385,21 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     # gaussian(1) at mu_max = 1e31: 10); positive, for the search's geometric midpoints
     floor = jnp.clip(start * (1 - 1e-9), _TINY_MU, mu_max)
 
+    widths = _widths(z)
+
     def whole(mu):
-        return _comparisons(z, d, _budget_bounds(z, mu, delta_slack), delta_slack)
+        return _comparisons(z, d, _budget_bounds(z, mu, delta_slack, widths), delta_slack)
 
     def on_set(intervals):
         # the intervals' ends one after the other: every other interval of these points is one
         # of the set's, those between (from one's end back to the next one's start) are ignored
         ends = jnp.stack([intervals, intervals + 1], axis=-1).reshape(-1)
         z_set, d_set = z[ends], d[ends]
+        widths_set = _widths(z_set)
 
         def evaluate(mu):
-            ok, ratio = _comparisons(z_set, d_set, _budget_bounds(z_set, mu, delta_slack),
+            ok, ratio = _comparisons(z_set, d_set,
+                                     _budget_bounds(z_set, mu, delta_slack, widths_set),
                                      delta_slack)
             return jnp.all(ok[::2]), _score(jnp.max(ratio[::2])), mu
 
@@ -557,7 +569,9 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     tilt = _tilt(mu, jnp.max(jnp.abs(lags)), jnp.max(jnp.abs(points)))
     spectra = jnp.fft.rfft(probs * jnp.exp(tilt * points), nfft)
     lag_tilt, untilt = jnp.exp(tilt * lags), jnp.exp(-tilt * checks)
-    bounds = jax.vmap(_budget_bounds, in_axes=(0, None, None))(checks, mu, delta_slack)
+    # the checks are a step apart: two scalars per direction for their widths
+    bounds = jax.vmap(_budget_bounds, in_axes=(0, None, None, 0))(
+        checks, mu, delta_slack, (jnp.expm1(step), jnp.exp(-step)))
     verdict = jax.vmap(_verdict, in_axes=(0, 0, 0, None))
     floor = delta_slack + ROUNDOFF
 

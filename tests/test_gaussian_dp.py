@@ -236,7 +236,7 @@ def test_a_slack_of_exactly_the_atom_covers_it():
 def _certificate(probs, inf_mass, offset, step, mu, slack):
     gdp = pj.gaussian_dp
     z, d = gdp._grid_curve(probs, inf_mass, offset, step)
-    return gdp._verdict(z, d, gdp._budget_bounds(z, mu, slack), slack)[0]
+    return gdp._verdict(z, d, gdp._budget_bounds(z, mu, slack, gdp._widths(z)), slack)[0]
 
 
 def _certified(direction, mu, slack):
