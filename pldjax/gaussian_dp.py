@@ -96,6 +96,11 @@ def _mills(t):
     return series / t
 
 
+def _phi(a):
+    """The standard normal density."""
+    return jnp.exp(-0.5 * a * a - _LOG_SQRT_2PI)
+
+
 def _gdp_parts(mu, x):
     """(delta_mu(x), e^x Phi(-mu/2 - x/mu)) for every real x (the second is -x d delta / dx), each
     within :func:`_gdp_error` of the exact value (relative); mu = 0 gives the identity's (1 - e^x)_+.
@@ -109,7 +114,7 @@ def _gdp_parts(mu, x):
     t = safe / 2 + x / safe
     p1 = 0.5 * jax.lax.erfc(-a * _SQRT_HALF)
     direct = 0.5 * jnp.exp(jnp.minimum(x, 700.0)) * jax.lax.erfc(jnp.minimum(t, _MILLS_FROM) * _SQRT_HALF)
-    mills = jnp.exp(-0.5 * a * a - _LOG_SQRT_2PI) * _mills(jnp.maximum(t, _MILLS_FROM))
+    mills = _phi(a) * _mills(jnp.maximum(t, _MILLS_FROM))
     p2 = jnp.where(t < _MILLS_FROM, direct, mills)
     return jnp.maximum(p1 - p2, 0.0), p2
 
@@ -582,8 +587,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
         near = jnp.minimum(at + (along > 0.5), size - 1)
         x = jax.lax.dynamic_slice(lags, (near,), (n,))[::-1]
         safe = jnp.maximum(mu_residue, 1e-300)
-        a = safe / 2 - x / safe
-        change = jnp.sum(probs * jnp.exp(-0.5 * a * a - _LOG_SQRT_2PI)) / (2 * safe)
+        change = jnp.sum(probs * _phi(safe / 2 - x / safe)) / (2 * safe)
         value = curve[at] + (curve[jnp.minimum(at + 1, size - 1)] - curve[at]) * along
         excess = value - floor
         return jnp.where(excess > 0, change / jnp.where(excess > 0, excess, 1.0), jnp.nan)
