@@ -7,10 +7,16 @@ import mpmath as mp
 mp.mp.dps = 50
 
 
+def gaussian_delta_mp(mu, eps) -> mp.mpf:
+    """delta(eps) of G_mu in mpmath (at the caller's precision): Phi(mu/2 - eps/mu) -
+    e^eps Phi(-mu/2 - eps/mu)."""
+    mu, eps = mp.mpf(mu), mp.mpf(eps)
+    return mp.ncdf(mu / 2 - eps / mu) - mp.e**eps * mp.ncdf(-mu / 2 - eps / mu)
+
+
 def gaussian_delta(mu: float, eps: float) -> float:
     """delta(eps) of G_mu: Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
-    mu, eps = mp.mpf(mu), mp.mpf(eps)
-    return float(mp.ncdf(mu / 2 - eps / mu) - mp.e**eps * mp.ncdf(-mu / 2 - eps / mu))
+    return float(gaussian_delta_mp(mu, eps))
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:

@@ -7,6 +7,7 @@ import itertools
 import mpmath
 import numpy as np
 import pytest
+from reference import gaussian_delta_mp
 
 import pldjax as pj
 
@@ -184,8 +185,7 @@ def test_general_queries_are_not_free_under_a_gdp_budget():
 
     @functools.cache
     def gaussian(eps):
-        eps = mpmath.mpf(eps)
-        return (mpmath.ncdf(mu / 2 - eps / mu) - mpmath.exp(eps) * mpmath.ncdf(-mu / 2 - eps / mu))
+        return gaussian_delta_mp(mu, eps)
 
     check_witness(verdict.witness, queries, gaussian, [k / 64 for k in range(-400, 401)])
 
@@ -240,9 +240,7 @@ def test_approximate_dp_queries_are_not_free_under_an_approximate_gdp_budget():
 
     @functools.cache
     def exact(eps):
-        eps = mpmath.mpf(eps)
-        g = mpmath.ncdf(mu / 2 - eps / mu) - mpmath.exp(eps) * mpmath.ncdf(-mu / 2 - eps / mu)
-        return (1 - delta) * g + delta
+        return (1 - delta) * gaussian_delta_mp(mu, eps) + delta
 
     check_witness(verdict.witness, queries, exact, [k / 64 for k in range(-400, 401)])
 

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
 import pytest
+from reference import gaussian_delta_mp
 
 import pldjax as pj
 from pldjax.gaussian_dp import _newton_search
@@ -295,9 +296,7 @@ def _worst_excess(query: pj.PLD, mu: float, slack: float, low: float, high: floa
         above = keep[z[keep] > eps].size  # masses past eps: delta = sum p (1 - e^(eps - z)) + atom
         tail = slice(len(keep) - above, None)
         curve = mp.fsum(mass[tail]) - mp.exp(e) * mp.fsum(weighted[tail]) + mp.mpf(float(direction.inf_mass))
-        m = mp.mpf(mu)
-        budget = mp.ncdf(m / 2 - e / m) - mp.exp(e) * mp.ncdf(-m / 2 - e / m)
-        worst = max(worst, curve - budget - mp.mpf(slack) - mp.mpf(ROUNDOFF))
+        worst = max(worst, curve - gaussian_delta_mp(mu, e) - mp.mpf(slack) - mp.mpf(ROUNDOFF))
     return float(worst)
 
 
@@ -332,10 +331,6 @@ def _exact_composed_excess(query, mu_residue, mu, count=3):
     def delta(m, x):  # G_m's curve, float64
         return np.maximum(np.exp(log_ndtr(m / 2 - x / m)) - np.exp(x + log_ndtr(-m / 2 - x / m)), 0)
 
-    def delta_mp(m, x):
-        m, x = mp.mpf(m), mp.mpf(x)
-        return mp.ncdf(m / 2 - x / m) - mp.exp(x) * mp.ncdf(-m / 2 - x / m)
-
     mp.mp.dps = 30
     worst = -np.inf
     for direction in query.directions():
@@ -347,9 +342,9 @@ def _exact_composed_excess(query, mu_residue, mu, count=3):
         curve = np.convolve(probs, delta(mu_residue, lags))[n - 1:n - 1 + count_eps]
         excess = curve + float(direction.inf_mass) - delta(mu, eps) - ROUNDOFF
         for j in np.argsort(excess)[-count:]:
-            exact = sum(mp.mpf(float(p)) * delta_mp(mu_residue, eps[j] - loss)
+            exact = sum(mp.mpf(float(p)) * gaussian_delta_mp(mu_residue, eps[j] - loss)
                         for p, loss in zip(probs, z, strict=True) if p > 0)
-            exact += mp.mpf(float(direction.inf_mass)) - delta_mp(mu, eps[j]) - ROUNDOFF
+            exact += mp.mpf(float(direction.inf_mass)) - gaussian_delta_mp(mu, eps[j]) - ROUNDOFF
             worst = max(worst, float(exact))
     return worst
 
