@@ -15,7 +15,7 @@ Two tables, each comparing XLA's defaults with FAST_COMPILE (``xla_cpu_use_fusio
     python bench/compile_options.py                # first calls, 2 processes per setting
     python bench/compile_options.py --rounds 3
     python bench/compile_options.py --kernels
-    python bench/compile_options.py --kernels --repeats 41 --only _residue_batch gdp_mu_kernel
+    python bench/compile_options.py --kernels --repeats 41 --only _residue_pairs gdp_mu_kernel
 
 Not part of CI. CPU only (on an accelerator pldjax uses no options).
 """

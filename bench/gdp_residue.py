@@ -182,33 +182,19 @@ def make_pairs(family: str, count: int, seed: int):
 
 
 def plan(mu_max: float, query) -> dict:
-    """The check window pj.gdp_residue picks on the host (without running the coarsening)."""
-    from pldjax.gaussian_dp import MAX_RESIDUE_SIZE, residue_size
-    from pldjax.grid import next_pow2
+    """The check window pj.gdp_residue picks on the host for the query's finest step (each query's
+    own step sets its window: coarser ones get smaller windows)."""
+    from pldjax.gaussian_dp import _coarse_points, _fft_length, residue_plan
 
-    try:  # FFT lengths since the secant search (5-smooth); before it, powers of two
-        from pldjax.gaussian_dp import _size_class
-
-        def fft_length(n, window):
-            return _size_class(n - 1 + window)
-    except ImportError:
-
-        def fft_length(n, window):
-            return next_pow2(2 * n + window - 2)
-
-    steps = np.asarray(query.step, np.float64)
-    factor = 1
-    while residue_size(mu_max, steps * factor, query.size) > MAX_RESIDUE_SIZE:
-        factor *= 2
-    n = query.size if factor == 1 else (query.size - 1) // factor + 2
-    window = residue_size(mu_max, steps * factor, n)
+    factor, window = residue_plan(mu_max, query, None)
+    n = _coarse_points(query.size, factor)
     return dict(
         n=n,
         window=window,
-        nfft=fft_length(n, window),
+        nfft=_fft_length(n, window),
         coarsen=factor,
         directions=len(query.directions()),
-        min_step=float(steps.min()),
+        min_step=float(np.min(np.asarray(query.step, np.float64))),
     )
 
 

@@ -492,19 +492,31 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
 
 
 # -- residue --------------------------------------------------------------------------------------
-def _size_class(n: int) -> int:
+def _size_class(n):
     """The smallest m 2^k >= n (and >= 16) with m in {8, 9, 10, 12, 15}: five sizes an octave, all
-    5-smooth (FFTs of these lengths are as fast as of powers of two), so that static shapes stay
-    few while a window or an FFT is at most 12.5% longer than it needs to be."""
-    n = max(int(n), 16)
-    octave = 1 << (n.bit_length() - 4)  # n / 8 < 2 octave
-    return min(m * k for m in (8, 9, 10, 12, 15) for k in (octave, 2 * octave) if m * k >= n)
+    5-smooth, so that static shapes stay few while a window or an FFT is at most 25% (12.5% on
+    average) longer than it needs to be. Elementwise on an array of counts; an int for an int."""
+    count = np.maximum(np.asarray(n, np.int64), 16)
+    octave = np.left_shift(1, np.frexp(count)[1] - 4).astype(np.int64)  # count / 8 < 2 octave
+    candidates = np.multiply.outer(np.array([8, 9, 10, 12, 15, 16, 18, 20, 24, 30]), octave)
+    sizes = np.min(np.where(candidates >= count, candidates, np.iinfo(np.int64).max), axis=0)
+    return int(sizes) if np.ndim(n) == 0 else sizes
 
 
-def residue_size(mu_max, step, query_size: int) -> int:
-    """Static number of check points covering [0, w], w = mu^2/2 + _TAIL_SIGMAS mu, at ``step``."""
-    reach = float(np.max(mu_max)) ** 2 / 2 + _TAIL_SIGMAS * float(np.max(mu_max))
-    return _size_class(int(np.ceil(reach / float(np.min(step)))) + 2)
+def _window_plans(mu_max, step):
+    """(factor, size) for queries with budgets up to ``mu_max`` on grids of ``step`` (arrays of one
+    entry per query): the query grid is coarsened ``factor``-fold (a power of two, a float: it may
+    exceed int64 for huge mu) until its check window of ``size`` points covering [0, w],
+    w = mu^2/2 + _TAIL_SIGMAS mu, fits in MAX_RESIDUE_SIZE."""
+    mu_max = np.asarray(mu_max, np.float64)
+    reach = mu_max**2 / 2 + _TAIL_SIGMAS * mu_max
+    factor = np.ones_like(reach * np.asarray(step, np.float64))
+    while True:
+        points = np.ceil(reach / (step * factor)) + 2
+        over = points > MAX_RESIDUE_SIZE
+        if not np.any(over):
+            return factor, _size_class(points.astype(np.int64))
+        factor = np.where(over, 2 * factor, factor)
 
 
 def _coarse_points(n: int, factor: int) -> int:
@@ -621,24 +633,25 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
 
 def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
     """(factor, size): how many-fold the query's grid is coarsened for the residue search so that
-    its check window fits, and the static window size; host-side, before jit."""
+    its check window fits, and the static window size, for budgets up to ``mu_max`` (its largest)
+    and the PLD's finest step; host-side, before jit."""
     if size is not None:
         return 1, check_size("size", size, minimum=16, maximum=MAX_SIZE)
-    steps = np.asarray(pld.step, np.float64)
-    factor = 1
-    while residue_size(mu_max, steps * factor, pld.size) > MAX_RESIDUE_SIZE:
-        factor *= 2
-    return factor, residue_size(mu_max, steps * factor, (pld.size - 1) // factor + 2)
+    factor, size = _window_plans(np.max(mu_max), np.min(np.asarray(pld.step, np.float64)))
+    return int(factor), int(size)
 
 
-def _residue_batch(queries, slack, which, mu, *, size: int, steps: int, batch_size: int,
+def _queries_nu(queries, slack, mu_max, *, batch_size: int):
+    """nu = gdp_mu (the naive update's) of each query (a leading axis of ``queries``) with its
+    ``slack``, searched up to its ``mu_max``, ``batch_size`` queries at a time."""
+    return jax.lax.map(lambda args: query_mu(*args), (*queries, slack, mu_max),
+                       batch_size=batch_size)
+
+
+def _residue_pairs(queries, slack, nu, which, mu, *, size: int, steps: int, batch_size: int,
                    factor: int):
     """residue_kernel for budgets ``mu`` (flat) and queries ``queries[which]`` with their
-    ``slack[which]``, a chunk at a time. Each query's nu = gdp_mu (the naive update's) once for
-    all its budgets, searched up to the largest of them."""
-    mu_max = jax.ops.segment_max(mu, which, num_segments=slack.shape[0])
-    nu = jax.lax.map(lambda args: query_mu(*args), (*queries, slack, mu_max),
-                     batch_size=batch_size)
+    ``slack[which]`` and ``nu[which]``, ``batch_size`` pairs at a time."""
 
     def one(args):
         w, u = args
@@ -650,8 +663,18 @@ def _residue_batch(queries, slack, which, mu, *, size: int, steps: int, batch_si
 
 
 # XLA's defaults: G_mu's erfc and exp ran 5-11% slower with FAST_COMPILE (so did gdp_mu's)
-_residue_batch_jit = kernel_jit(_residue_batch, cpu_options=None,
+_queries_nu_jit = kernel_jit(_queries_nu, cpu_options=None, static_argnames=("batch_size",))
+_residue_pairs_jit = kernel_jit(_residue_pairs, cpu_options=None,
                                 static_argnames=("size", "steps", "batch_size", "factor"))
+
+
+def _padded_pairs(count: int, batch_size: int) -> int:
+    """Pairs a group of ``count`` is padded to: whole chunks of ``batch_size``, their number
+    exact up to 16 and beyond that a :func:`_size_class` (so that groups whose sizes vary from
+    call to call compile a few shapes, not one each)."""
+    chunks = -(-count // batch_size)
+    return batch_size * (chunks if chunks <= 16 else _size_class(chunks))
+
 
 #: Pairs :func:`gdp_residue` searches together by default on a CPU. A vmapped search runs until
 #: its slowest pair is done, for every pair of the chunk, and on a CPU a chunk gains little from
@@ -688,15 +711,15 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     cover the query's atom at +inf). Never below the naive GDP update sqrt(mu^2 - nu^2). Never
     NaN: ``-inf`` where the query does not fit (it is not certified below G_mu, so no residue
     exists; ``-inf`` orders below every valid residue and fails ``>= 0``, like a filter's
-    accepted=False). ``mu`` and the query's batch axes broadcast:
-    many (mu, L) pairs are one compiled call (each distinct query's nu, of the naive update,
-    searched once for all its budgets), ``batch_size`` pairs at a time (default
+    accepted=False). ``mu`` and the query's batch axes broadcast: each distinct query's nu, of
+    the naive update, is searched once for all its budgets, and the pairs whose queries need the
+    same check window are one compiled call, ``batch_size`` pairs at a time (default
     :func:`residue_batch_size`: 4 on a CPU; elsewhere up to 2,048, fewer for long transforms; the
-    result does not depend on it). ``steps``: most search steps after the first test (it stops
-    earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2; typically 2-3 are used for pure-DP queries,
-    3-6 for subsampled-Gaussian ones); ``size``:
-    check window points (automatic on the host; under jit it must be given, and the query's step
-    then used as is).
+    result does not depend on it, nor on the other pairs of the call). ``steps``: most search
+    steps after the first test (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
+    typically 2-3 are used for pure-DP queries, 3-6 for subsampled-Gaussian ones); ``size``:
+    check window points (automatic on the host: each query's own, from its finest step and its
+    largest budget; under jit it must be given, and the query's step then used as is).
     """
     if not query.pessimistic:
         raise ValueError("gdp_residue needs a pessimistic query PLD (an upper bound)")
@@ -705,9 +728,11 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     steps = check_count("steps", steps, minimum=1)
     if batch_size is not None:
         batch_size = check_count("batch_size", batch_size, minimum=1)
-    if is_traced((mu, query, delta_slack)) and size is None:
+    traced = is_traced((mu, query, delta_slack))
+    if traced and size is None:
         raise ValueError("gdp_residue under jit needs size=")
-    factor, size = residue_plan(mu, query, size)
+    if size is not None:
+        size = check_size("size", size, minimum=16, maximum=MAX_SIZE)
     mu = jnp.asarray(mu, jnp.float64)
     # the distinct (query, slack) pairs, each searched for its nu once: a query broadcast
     # against many budgets (a residue table) does not repeat it
@@ -715,15 +740,48 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     shape = jnp.broadcast_shapes(mu.shape, queries_shape)
     stacked = query.stack_directions()
     nb = len(query.batch_shape)
-    if batch_size is None:
-        directions, n = stacked[0].shape[nb:]
-        batch_size = residue_batch_size(directions * _fft_length(_coarse_points(n, factor), size))
+    directions, n = stacked[0].shape[nb:]
     queries = tuple(jnp.broadcast_to(a, queries_shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:])
                     for a in stacked)
     slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), queries_shape).reshape(-1)
     count = int(np.prod(queries_shape, dtype=np.int64))
     which = np.broadcast_to(np.arange(count).reshape(queries_shape), shape).reshape(-1)
     mus = jnp.broadcast_to(mu, shape).reshape(-1)
-    residue, accepted = _residue_batch_jit(queries, slack, which, mus, size=size, steps=steps,
-                                           batch_size=batch_size, factor=factor)
-    return host_result(jnp.where(accepted, residue, -jnp.inf).reshape(shape))
+
+    def chunk(factor, window):
+        return batch_size or residue_batch_size(
+            directions * _fft_length(_coarse_points(n, factor), window))
+
+    if traced:  # one window, the query's own steps
+        mu_max = jax.ops.segment_max(mus, which, num_segments=count)
+        nu = _queries_nu(queries, slack, mu_max, batch_size=chunk(1, size))
+        residue, accepted = _residue_pairs(queries, slack, nu, which, mus, size=size, steps=steps,
+                                           batch_size=chunk(1, size), factor=1)
+        return jnp.where(accepted, residue, -jnp.inf).reshape(shape)
+    mus = np.asarray(mus)
+    mu_max = np.zeros(count)  # 0 for a query without pairs (only where there are none at all)
+    np.maximum.at(mu_max, which, mus)
+    if size is None:
+        # each query its own window, from its finest step and its largest budget: pairs are
+        # searched in groups of one window (a batch mixing steps of 2^-10 and 2^-8 otherwise
+        # checks the coarse ones over four times the reach they need)
+        factors, windows = _window_plans(
+            mu_max, np.min(np.asarray(queries[3]).reshape(count, -1), axis=1))
+    else:
+        factors, windows = np.ones(count), np.full(count, size)
+    nu = _queries_nu_jit(queries, slack, jnp.asarray(mu_max), batch_size=chunk(1, 0))
+    keys = np.stack([factors, windows], axis=1)[which]
+    residue, accepted = np.zeros(which.shape[0]), np.zeros(which.shape[0], bool)
+    for factor, window in np.unique(keys, axis=0):
+        factor, window = int(factor), int(window)
+        pairs = np.nonzero((keys[:, 0] == factor) & (keys[:, 1] == window))[0]
+        batch = chunk(factor, window)
+        padding = _padded_pairs(pairs.shape[0], batch) - pairs.shape[0]
+        # padded with budgets of 0 (no query fits them: their searches are empty) at the end
+        found, fits = _residue_pairs_jit(
+            queries, slack, nu, np.concatenate([which[pairs], np.full(padding, which[pairs[0]])]),
+            np.concatenate([mus[pairs], np.zeros(padding)]), size=window, steps=steps,
+            batch_size=batch, factor=factor)
+        residue[pairs], accepted[pairs] = np.asarray(found)[:pairs.shape[0]], \
+            np.asarray(fits)[:pairs.shape[0]]
+    return np.where(accepted, residue, -np.inf).reshape(shape)

@@ -168,6 +168,19 @@ def test_gdp_residue_does_not_depend_on_its_batch_size():
     np.testing.assert_array_equal(np.asarray(pj.gdp_residue(mus, queries, batch_size=2)), default)
 
 
+def test_gdp_residue_of_a_pair_does_not_depend_on_the_other_pairs_of_its_call():
+    """issue 18: each query's own grid step (and largest budget) sets its check window, so a call
+    mixing fine and coarse grids gives each pair what a call of its own gives, bit for bit (the
+    whole batch was checked on the finest grid's window: the coarse query here over 32 times the
+    reach it needs)."""
+    queries = pj.randomized_response(jnp.asarray([0.1, 2.0]))  # steps 2^-10 and 2^-5
+    mus = np.array([1.0, 2.5])
+    together = np.asarray(pj.gdp_residue(mus, queries))
+    alone = [float(pj.gdp_residue(mus[i], queries[i])) for i in range(2)]
+    np.testing.assert_array_equal(together, alone)
+    assert np.all(together > np.sqrt(mus**2 - np.asarray(pj.gdp_mu(queries)) ** 2))
+
+
 def test_gdp_residue_batch_size_is_a_positive_count():
     """4 pairs a chunk on a CPU by default; a bad size is refused before any search."""
     assert pj.gaussian_dp.residue_batch_size() == pj.gaussian_dp.RESIDUE_BATCH_CPU
