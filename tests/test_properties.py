@@ -560,7 +560,14 @@ def test_dpsgd_alone_and_in_a_batch(profile, whole):
         if alone is None:
             return
         a, b = float(assert_epsilon(alone)), float(assert_epsilon(batch)[0])
-        low = float(assert_epsilon(pj.dpsgd_epsilon(sigma, q, steps, delta, pessimistic=False)))
+        low = refused(DPSGD_NAMES, lambda: pj.dpsgd_epsilon(sigma, q, steps, delta,
+                                                            pessimistic=False))
+        if low is None:
+            # the optimistic composition refused as too wide for float64 (sigma 1e-300, q = 1,
+            # 10^13 steps), where the pessimistic one is all at +inf and skips it
+            assert a == b == np.inf
+            return
+        low = float(assert_epsilon(low))
         assert low <= a + allowance(a) and low <= b + allowance(b)
         if a != b:  # (both inf when delta = 0: the truth is inf)
             assert abs(a - b) <= max(a - low, 0.0) + allowance(a) + 1e-9, (a, b, low)
