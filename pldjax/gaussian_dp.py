@@ -728,7 +728,9 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     steps after the first test (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
     typically 2-3 are used for pure-DP queries, 3-6 for subsampled-Gaussian ones); ``size``:
     check window points (automatic on the host: each query's own, from its finest step and its
-    largest budget; under jit it must be given, and the query's step then used as is).
+    largest budget, so a call whose queries span many grid steps compiles one kernel per window,
+    a few seconds each on a CPU, kept by the persistent compilation cache; under jit it must be
+    given, and the query's step then used as is).
     """
     if not query.pessimistic:
         raise ValueError("gdp_residue needs a pessimistic query PLD (an upper bound)")
