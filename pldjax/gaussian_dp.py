@@ -793,6 +793,6 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
             queries, slack, nu, np.concatenate([which[pairs], np.full(padding, which[pairs[0]])]),
             np.concatenate([mus[pairs], np.zeros(padding)]), size=window, steps=steps,
             batch_size=batch, factor=factor)
-        residue[pairs], accepted[pairs] = np.asarray(found)[:pairs.shape[0]], \
-            np.asarray(fits)[:pairs.shape[0]]
+        residue[pairs] = np.asarray(found)[:pairs.shape[0]]
+        accepted[pairs] = np.asarray(fits)[:pairs.shape[0]]
     return np.where(accepted, residue, -np.inf).reshape(shape)
