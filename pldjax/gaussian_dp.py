@@ -500,7 +500,8 @@ def _size_class(n):
     5-smooth, so that static shapes stay few while a window or an FFT is at most 25% (12.5% on
     average) longer than it needs to be. Elementwise on an array of counts; an int for an int."""
     count = np.maximum(np.asarray(n, np.int64), 16)
-    octave = np.left_shift(1, np.frexp(count)[1] - 4).astype(np.int64)  # count / 8 < 2 octave
+    # count / 8 < 2 octave (frexp's exponent is the bit length; int64 before the shift)
+    octave = np.left_shift(np.int64(1), np.frexp(count)[1].astype(np.int64) - 4)
     candidates = np.multiply.outer(np.array([8, 9, 10, 12, 15, 16, 18, 20, 24, 30]), octave)
     sizes = np.min(np.where(candidates >= count, candidates, np.iinfo(np.int64).max), axis=0)
     return int(sizes) if np.ndim(n) == 0 else sizes

@@ -388,3 +388,16 @@ def test_residues_on_their_own_windows_are_certified_to_twelve_sigmas():
     assert residues[0] >= 1.68
     for i in range(2):
         assert _exact_composed_excess(queries[i], residues[i], mus[i]) <= 0.0
+
+
+def test_size_classes_are_the_smallest_five_smooth_sizes_above():
+    """The residue's windows and transforms: the smallest m 2^k >= n (and >= 16), m in {8, 9, 10,
+    12, 15}, elementwise on arrays (per-query windows) as on ints, and exact past 2^31."""
+    from pldjax.gaussian_dp import _size_class
+
+    def smallest(n):
+        return min(m << k for m in (8, 9, 10, 12, 15) for k in range(60) if (m << k) >= max(n, 16))
+
+    counts = np.concatenate([np.arange(0, 3000), [12289, 2**31 + 1, 2**40 + 1, 10**15]])
+    np.testing.assert_array_equal(_size_class(counts), [smallest(int(n)) for n in counts])
+    assert _size_class(17) == 18 and isinstance(_size_class(17), int)
