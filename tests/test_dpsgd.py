@@ -355,12 +355,20 @@ def test_rtol_too_fine_for_float64_names_rtol():
         pj.compose_schedule([(1.0, 0.01, 100)], rtol=1e-8)
 
 
-def test_rtol_for_a_loss_narrower_than_min_spread():
+@pytest.mark.parametrize("sigma,q", [(1e13, 0.01), (1e12, 1.0), (1e17, 1.0)])
+def test_rtol_for_a_loss_narrower_than_min_spread(sigma, q):
     """sigma = 1e13: rtol asked for steps of 2^-46 nats, on which the curve's round-off outweighed
-    its masses and the call reported inf; its steps now stop at the automatic grid's 2^-43. The
-    truth is 0 (delta(0) is about 1e-14 here), as the default grid says."""
-    assert pj.dpsgd_epsilon(1e13, 0.01, 1000, 1e-5, rtol=0.1) == 0.0
-    assert pj.dpsgd_epsilon(1e13, 0.01, 1000, 1e-5) == 0.0
+    its masses and the call reported inf; its steps stopped at 2^-43, where the Gaussian without
+    sampling (q = 1) still reported inf (delta(0) = 1); they now stop at MIN_SPREAD, 2^-40. The
+    truth is 0 (delta(0) = 2 Phi(mu / 2) - 1 <= 1.3e-11 here), as the default grid says."""
+    from scipy.stats import norm
+
+    # below: the Gaussian's delta(0) without sampling (a subsampled one's is smaller)
+    below = 2 * norm.cdf(np.sqrt(1000) / sigma / 2) - 1 if q == 1 else 0.0
+    for rtol in (1e-3, 0.1):
+        assert pj.dpsgd_epsilon(sigma, q, 1000, 1e-5, rtol=rtol) == 0.0
+        assert below <= pj.dpsgd_delta(sigma, q, 1000, 0.0, rtol=rtol) <= 1e-7
+    assert pj.dpsgd_epsilon(sigma, q, 1000, 1e-5) == 0.0
 
 
 def test_rtol_and_a_fixed_step_are_exclusive():
