@@ -783,10 +783,14 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         factors, windows = np.ones(count), np.full(count, size)
     nu = _queries_nu_jit(queries, slack, jnp.asarray(mu_max), batch_size=chunk(1, 0))
     keys = np.stack([factors, windows], axis=1)[which]
+    nus = np.asarray(nu)
     residue, accepted = np.zeros(which.shape[0]), np.zeros(which.shape[0], bool)
     for factor, window in np.unique(keys, axis=0):
         factor, window = int(factor), int(window)
         pairs = np.nonzero((keys[:, 0] == factor) & (keys[:, 1] == window))[0]
+        # alike pairs side by side (a chunk searches as long as its slowest pair): by the share
+        # of the budget the query's nu takes; the bench's gauss chunks ran 335 tests, not 351
+        pairs = pairs[np.argsort(nus[which[pairs]] / np.maximum(mus[pairs], 1e-300), kind="stable")]
         batch = chunk(factor, window)
         padding = _padded_pairs(pairs.shape[0], batch) - pairs.shape[0]
         # padded with budgets of 0 (no query fits them: their searches are empty) at the end
