@@ -5,7 +5,7 @@ N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(
 
 * :func:`gdp_mu`: the smallest mu with L dominated by G_mu (the naive GDP filter's cost).
 * :func:`gdp_residue` (Regehr et al. 2026, Thm 5): the largest mu' in [0, mu] with
-  G_mu' (+) L dominated by G_mu, by a bounded secant search inside jit. The composed curve is
+  G_mu' (+) L dominated by G_mu, by a bounded Newton search inside jit. The composed curve is
   exact at the query's grid points: for a grid PLD L with masses p_i at z_i,
   delta_{G_mu' (+) L}(eps) = sum_i p_i delta_mu'(eps - z_i) + p_inf, a discrete convolution of p
   with delta_mu' sampled on the same grid (one FFT per test, exponentially tilted so that its
@@ -744,7 +744,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     if traced and size is None:
         raise ValueError("gdp_residue under jit needs size=")
     if size is not None:
-        size = check_size("size", size, minimum=16, maximum=MAX_SIZE)
+        _, size = residue_plan(mu, query, size)  # checks the window given
     mu = jnp.asarray(mu, jnp.float64)
     # the distinct (query, slack) pairs, each searched for its nu once: a query broadcast
     # against many budgets (a residue table) does not repeat it
