@@ -42,7 +42,7 @@ from jax.scipy.special import ndtri
 from pldjax.align import regrid_kernel, regrid_size
 from pldjax.compilation import kernel_jit
 from pldjax.compose import fft_roundoff
-from pldjax.grid import MAX_SIZE, check_size
+from pldjax.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.order import ROUNDOFF
 from pldjax.pld import PLD, batched
 from pldjax.precision import float64, host_result, root_of_difference_down
@@ -651,17 +651,42 @@ def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
     return int(factor), int(size)
 
 
-def _queries_nu(queries, slack, mu_max, *, batch_size: int):
-    """nu = gdp_mu (the naive update's) of each query (a leading axis of ``queries``) with its
-    ``slack``, searched up to its ``mu_max``, ``batch_size`` queries at a time."""
-    return jax.lax.map(lambda args: query_mu(*args), (*queries, slack, mu_max),
+def _map_chunks(fn, xs, count, fill, *, batch_size: int):
+    """``jax.lax.map(fn, xs, batch_size=batch_size)`` run on the first ``count`` rows only (a
+    traced count, so that calls padded to one shape share a program): the chunks past it are not
+    run, and their rows are ``fill`` (a pytree like ``fn``'s output, of scalars)."""
+    tree_map = jax.tree_util.tree_map
+    rows = jax.tree_util.tree_leaves(xs)[0].shape[0]
+    total = -(-rows // batch_size) * batch_size
+    xs = tree_map(lambda a: jnp.pad(a, [(0, total - rows)] + [(0, 0)] * (a.ndim - 1), mode="edge"),
+                  xs)
+    chunk_fn = jax.vmap(fn)
+    shapes = jax.eval_shape(chunk_fn, tree_map(lambda a: a[:batch_size], xs))
+    out = tree_map(lambda shape, value: jnp.full((total,) + shape.shape[1:], value, shape.dtype),
+                   shapes, fill)
+
+    def body(i, out):
+        part = tree_map(lambda a: jax.lax.dynamic_slice_in_dim(a, i * batch_size, batch_size), xs)
+        return tree_map(lambda o, got: jax.lax.dynamic_update_slice_in_dim(o, got, i * batch_size, 0),
+                        out, chunk_fn(part))
+
+    out = jax.lax.fori_loop(0, (count + batch_size - 1) // batch_size, body, out)
+    return tree_map(lambda o: o[:rows], out)
+
+
+def _queries_nu(queries, slack, mu_max, count, *, batch_size: int):
+    """nu = gdp_mu (the naive update's) of the first ``count`` queries (a leading axis of
+    ``queries``) with their ``slack``, searched up to their ``mu_max``, ``batch_size`` queries at
+    a time; inf for the others, which are not searched."""
+    return _map_chunks(lambda args: query_mu(*args), (*queries, slack, mu_max), count, jnp.inf,
                        batch_size=batch_size)
 
 
-def _residue_pairs(queries, slack, nu, which, mu, *, size: int, steps: int, batch_size: int,
-                   factor: int):
-    """residue_kernel for budgets ``mu`` (flat) and queries ``queries[which]`` with their
-    ``slack[which]`` and ``nu[which]``, ``batch_size`` pairs at a time."""
+def _residue_pairs(queries, slack, nu, which, mu, count, *, size: int, steps: int,
+                   batch_size: int, factor: int):
+    """(residue, accepted) of residue_kernel for the first ``count`` budgets ``mu`` (flat) and
+    queries ``queries[which]`` with their ``slack[which]`` and ``nu[which]``, ``batch_size``
+    pairs at a time; (0, False) for the other pairs, which are not searched."""
 
     def one(args):
         w, u = args
@@ -669,7 +694,7 @@ def _residue_pairs(queries, slack, nu, which, mu, *, size: int, steps: int, batc
         return residue_kernel(p, m, o, h, u, slack[w], size=size, steps=steps, factor=factor,
                               nu=nu[w])
 
-    return jax.lax.map(one, (which, mu), batch_size=batch_size)
+    return _map_chunks(one, (which, mu), count, (0.0, False), batch_size=batch_size)
 
 
 # XLA's defaults: G_mu's erfc and exp ran 5-11% slower with FAST_COMPILE (so did gdp_mu's)
@@ -678,12 +703,14 @@ _residue_pairs_jit = kernel_jit(_residue_pairs, cpu_options=None,
                                 static_argnames=("size", "steps", "batch_size", "factor"))
 
 
-def _padded_pairs(count: int, batch_size: int) -> int:
-    """Pairs a group of ``count`` is padded to: whole chunks of ``batch_size``, their number
-    exact up to 16 and beyond that a :func:`_size_class` (so that groups whose sizes vary from
-    call to call compile a few shapes, not one each)."""
+def _padded_count(count: int, batch_size: int) -> int:
+    """What ``count`` queries or pairs are padded to: whole chunks of ``batch_size``, a power of
+    two of them up to 16 chunks and a :func:`_size_class` beyond (at most 25% more memory), so
+    that calls whose counts vary compile a few shapes, not one each (a new count recompiled
+    every kernel of its call: 11-14 s for 60, 63 and 64 subsampled-Gaussian queries on a 2-core
+    CPU). The chunks past ``count`` are not run (:func:`_map_chunks`)."""
     chunks = -(-count // batch_size)
-    return batch_size * (chunks if chunks <= 16 else _size_class(chunks))
+    return batch_size * (next_pow2(chunks) if chunks <= 16 else _size_class(chunks))
 
 
 #: Pairs :func:`gdp_residue` searches together by default on a CPU. A vmapped search runs until
@@ -730,8 +757,9 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     typically 2-3 are used for pure-DP queries, 3-6 for subsampled-Gaussian ones); ``size``:
     check window points (automatic on the host: each query's own, from its finest step and its
     largest budget, so a call whose queries span many grid steps compiles one kernel per window,
-    a few seconds each on a CPU, kept by the persistent compilation cache; under jit it must be
-    given, and the query's step then used as is).
+    about a second each on a CPU, kept by the persistent compilation cache; the numbers of
+    queries and pairs are padded to a few sizes, so that later calls with other numbers reuse
+    them; under jit the window must be given, and the query's step is then used as is).
     """
     if not query.pessimistic:
         raise ValueError("gdp_residue needs a pessimistic query PLD (an upper bound)")
@@ -766,9 +794,10 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
 
     if traced:  # one window, the query's own steps
         mu_max = jax.ops.segment_max(mus, which, num_segments=count)
-        nu = _queries_nu(queries, slack, mu_max, batch_size=chunk(1, size))
-        residue, accepted = _residue_pairs(queries, slack, nu, which, mus, size=size, steps=steps,
-                                           batch_size=chunk(1, size), factor=1)
+        nu = _queries_nu(queries, slack, mu_max, count, batch_size=chunk(1, size))
+        residue, accepted = _residue_pairs(queries, slack, nu, which, mus, which.shape[0],
+                                           size=size, steps=steps, batch_size=chunk(1, size),
+                                           factor=1)
         return jnp.where(accepted, residue, -jnp.inf).reshape(shape)
     mus = np.asarray(mus)
     mu_max = np.zeros(count)  # 0 for a query without pairs (only where there are none at all)
@@ -781,7 +810,16 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
             mu_max, np.min(np.asarray(queries[3]).reshape(count, -1), axis=1), n)
     else:
         factors, windows = np.ones(count), np.full(count, size)
-    nu = _queries_nu_jit(queries, slack, jnp.asarray(mu_max), batch_size=chunk(1, 0))
+    # padded (with copies of the last query, and of a group's last pair) to _padded_count, every
+    # group to its call's number of pairs (the pairs past a group's are not searched)
+    queries_batch = chunk(1, 0)
+    padding = _padded_count(count, queries_batch) - count
+    if padding:
+        *queries, slack = (jnp.pad(a, [(0, padding)] + [(0, 0)] * (a.ndim - 1), mode="edge")
+                           for a in (*queries, slack))
+        queries = tuple(queries)
+    nu = _queries_nu_jit(queries, slack, np.pad(mu_max, (0, padding)), np.int32(count),
+                         batch_size=queries_batch)
     keys = np.stack([factors, windows], axis=1)[which]
     nus = np.asarray(nu)
     residue, accepted = np.zeros(which.shape[0]), np.zeros(which.shape[0], bool)
@@ -792,12 +830,11 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         # of the budget the query's nu takes; the bench's gauss chunks ran 335 tests, not 351
         pairs = pairs[np.argsort(nus[which[pairs]] / np.maximum(mus[pairs], 1e-300), kind="stable")]
         batch = chunk(factor, window)
-        padding = _padded_pairs(pairs.shape[0], batch) - pairs.shape[0]
-        # padded with budgets of 0 (no query fits them: their searches are empty) at the end
+        padding = _padded_count(which.shape[0], batch) - pairs.shape[0]
         found, fits = _residue_pairs_jit(
-            queries, slack, nu, np.concatenate([which[pairs], np.full(padding, which[pairs[0]])]),
-            np.concatenate([mus[pairs], np.zeros(padding)]), size=window, steps=steps,
-            batch_size=batch, factor=factor)
+            queries, slack, nu, np.pad(which[pairs], (0, padding), mode="edge"),
+            np.pad(mus[pairs], (0, padding), mode="edge"), np.int32(pairs.shape[0]), size=window,
+            steps=steps, batch_size=batch, factor=factor)
         residue[pairs] = np.asarray(found)[:pairs.shape[0]]
         accepted[pairs] = np.asarray(fits)[:pairs.shape[0]]
     return np.where(accepted, residue, -np.inf).reshape(shape)
