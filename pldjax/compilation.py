@@ -163,6 +163,19 @@ def _signature(leaf) -> tuple | str:
     return str(jax.typeof(leaf))  # a Python or NumPy scalar: its dtype follows jax_enable_x64
 
 
+def computed_once(values):
+    """``values`` (along the last axis) computed once, before their uses: XLA's CPU fusion can
+    move an expensive element-wise op (a pow, an expm1) into a gather that reads each of its
+    values many times, and then computes it once per read (a 128 x 128 matrix of 128 powers
+    placed along its diagonals took 16,384 pows). A sort by an iota key leaves the values where
+    they are, and XLA fuses no sort; ``jax.lax.optimization_barrier`` does not stop this fusion
+    on a CPU. Elsewhere (an accelerator) the values as they are."""
+    if jax.default_backend() != "cpu":
+        return values
+    keys = jax.lax.broadcasted_iota(np.int32, values.shape, values.ndim - 1)
+    return jax.lax.sort((keys, values), dimension=values.ndim - 1, num_keys=1)[1]
+
+
 #: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: the
 #: default of :func:`kernel_jit`. Measured kernel by kernel on a 2-core CPU (bench/compile_options.py
 #: --kernels), most of pldjax's kernels compile in 60-80% of the time and run as fast (DP-SGD's

@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from pldjax.compilation import kernel_jit
+from pldjax.compilation import computed_once, kernel_jit
 from pldjax.pld import PLD, batched
 from pldjax.precision import float64, host_result
 from pldjax.validate import check_range
@@ -34,7 +34,7 @@ def _powers(decay, size: int, dtype):
     ``size`` powers, each placed along its diagonal (a power per entry would be 16,384 for a
     block of 128, in every evaluation of every row)."""
     lag = jnp.arange(size)[None, :] - jnp.arange(size)[:, None]  # i - k
-    column = decay ** jnp.arange(size).astype(dtype)
+    column = computed_once(decay ** jnp.arange(size).astype(dtype))
     return jnp.where(lag >= 0, column[jnp.maximum(lag, 0)], 0.0)
 
 
@@ -103,8 +103,10 @@ def _crossing_sums(probs, inf_mass, step, deltas):
     inside = padded[block]  # (targets, _BLOCK)
     s_next, r_next, d_next = s[block + 1], r[block + 1], d[block + 1]
     local = jnp.arange(_BLOCK)
-    lag = (local[None, :] - local[:, None]).astype(probs.dtype) * step  # i - k
-    grown = jnp.where(lag > 0, -jnp.expm1(-jnp.maximum(lag, 0.0)), 0.0)
+    # 1 - e^{-(i - k) h} for i > k: _BLOCK values placed along their diagonals
+    lag = local[None, :] - local[:, None]  # i - k
+    grown = computed_once(-jnp.expm1(-local.astype(probs.dtype) * step))
+    grown = jnp.where(lag > 0, grown[jnp.maximum(lag, 0)], 0.0)
     to_end = (_BLOCK - local).astype(probs.dtype) * step
     d_inside = (inside @ grown.T + d_next[:, None]
                 - jnp.expm1(-to_end)[None, :] * r_next[:, None])
