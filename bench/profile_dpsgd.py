@@ -13,14 +13,23 @@ alone, so the parts of the fused composition call need not add up to it exactly 
     python bench/profile_dpsgd.py --fresh 3    # fresh processes: pldjax with an empty and a filled
                                                # compilation cache, dp-accounting (1e-4)
     python bench/profile_dpsgd.py --total      # only the call, the FFT floor, the optimistic and
-                                               # the rtol=1e-2 calls, alternated
+                                               # the rtol=1e-2 and 5e-2 calls, alternated
     python bench/profile_dpsgd.py --total --peer 5   # and dp-accounting (1e-4) 5 times after
+    python bench/profile_dpsgd.py --total --sync     # with jax_cpu_enable_async_dispatch off
+    python bench/profile_dpsgd.py --consecutive --rounds 3   # default, rtol=1e-2 and 5e-2 calls,
+                                                             # 50 in a row each (a search's pattern)
 
 ``--total`` is for before/after comparisons: run it back to back in two checkouts
 (``PYTHONPATH=<checkout>``), a few times each, and compare the "x floor" ratios. Its floor is the
 window of ``pj.gaussian(...).self_compose(T)`` (131,072 points), wider than dpsgd_epsilon's own
 (the table's floor, 81,920 points). ``--peer K`` then times dp-accounting's ``PLDAccountant``
 (value_discretization_interval 1e-4) K times on the same event, in the same process.
+
+``--sync`` turns JAX's asynchronous dispatch on a CPU off before the first computation: each
+call of a small kernel then runs on the calling thread instead of waking one of XLA's workers
+(about 40 us a call on the 2-core machine of bench/README.md, Session 21), which a call of four
+kernels pays four times. It is a process-wide setting, fixed when JAX starts its CPU backend, so
+pldjax leaves it to its users.
 
 ``--fresh N`` times N fresh ``python -c`` processes each: pldjax with an empty cache directory,
 then with the cache it filled, and dp-accounting's ``PLDAccountant`` (value_discretization_interval
@@ -53,6 +62,8 @@ profile_lib = importlib.import_module("pldjax.profile")
 
 SIGMA, Q, STEPS, DELTA = 1.0, 0.01, 10_000, 1e-5
 DISCRETIZE = "discretize both directions (dpsgd's windows)"
+#: The accuracy settings --total times beside the default grid.
+COARSE_RTOLS = (1e-2, 5e-2)
 
 
 def stages(rtol=None):
@@ -205,16 +216,15 @@ def total(rounds: int, peer: int = 0) -> None:
         def floor():
             return fft_floor(probs)
 
-        def coarse():
-            return pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=1e-2)
-
         def optimistic():
             return pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, pessimistic=False)
 
+        coarse = [functools.partial(pj.dpsgd_epsilon, SIGMA, Q, STEPS, DELTA, rtol=rtol)
+                  for rtol in COARSE_RTOLS]
         # the accuracy setting, where the checkout has it
         thunks = (call, floor, optimistic)
         if "rtol" in (pj.dpsgd_epsilon.__doc__ or ""):
-            thunks += (coarse,)
+            thunks += tuple(coarse)
         times = tuple([] for _ in thunks)
         cpu = tuple([] for _ in thunks)  # CPU seconds of this process: less noisy under load
         for thunk in thunks:
@@ -233,10 +243,11 @@ def total(rounds: int, peer: int = 0) -> None:
           f"load {os.getloadavg()[0]:.1f}")
     print(f"  pessimistic=False: {optimistic_ms:.1f} ms ({optimistic_ms / call_ms:.1f}x the default; "
           f"CPU time {optimistic_cpu:.1f} ms), epsilon {optimistic():.6f}")
-    if coarse_ms:
-        print(f"  rtol=1e-2: {coarse_ms[0]:.1f} ms ({call_ms / coarse_ms[0]:.1f}x faster than the "
-              f"default; CPU time {coarse_cpu[0]:.1f} ms, {call_cpu / coarse_cpu[0]:.1f}x), "
-              f"epsilon {coarse():.6f} (default {call():.6f})")
+    for rtol, ms, cpu_ms, coarse_call in zip(COARSE_RTOLS, coarse_ms, coarse_cpu, coarse,
+                                             strict=False):
+        print(f"  rtol={rtol:g}: {ms:.2f} ms ({call_ms / ms:.2f}x faster than the default; CPU "
+              f"time {cpu_ms:.2f} ms, {call_cpu / cpu_ms:.2f}x), epsilon {coarse_call():.6f} "
+              f"(default {call():.6f})")
     if peer:
         peer_s = []
         for _ in range(peer):
@@ -247,6 +258,29 @@ def total(rounds: int, peer: int = 0) -> None:
         print(f"  dp-accounting PLDAccountant(1e-4): {peer_ms:.0f} ms (median of {peer}; "
               f"{', '.join(f'{1e3 * t:.0f}' for t in peer_s)}), epsilon {peer_epsilon:.6f}: "
               f"the default call is {peer_ms / call_ms:.1f}x faster")
+
+
+def consecutive(rounds: int, calls: int = 50, warmup: int = 20) -> None:
+    """The default call and each of COARSE_RTOLS, ``calls`` in a row each (after ``warmup``), as a
+    hyperparameter search repeats one kind of call: median milliseconds and the ratio to the
+    default, ``rounds`` times."""
+    def median_ms(rtol):
+        for _ in range(warmup):
+            pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=rtol)
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=rtol)
+            times.append(time.perf_counter() - start)
+        return 1e3 * float(np.median(times))
+
+    for _ in range(rounds):
+        default = median_ms(None)
+        parts = [f"default {default:.2f} ms"]
+        for rtol in COARSE_RTOLS:
+            ms = median_ms(rtol)
+            parts.append(f"rtol={rtol:g} {ms:.2f} ms ({default / ms:.2f}x)")
+        print("  ".join(parts), flush=True)
 
 
 def main() -> None:
@@ -264,9 +298,18 @@ def main() -> None:
                         help="with --total: time dp-accounting (1e-4) this many times too")
     parser.add_argument("--total", action="store_true",
                         help="instead: only the call and the FFT floor (see the module docstring)")
+    parser.add_argument("--consecutive", action="store_true",
+                        help="instead: the default and rtol calls, 50 in a row each, --rounds times")
+    parser.add_argument("--sync", action="store_true",
+                        help="run with jax_cpu_enable_async_dispatch off (see the module docstring)")
     args = parser.parse_args()
+    if args.sync:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     if args.total:
         total(args.rounds, args.peer)
+        return
+    if args.consecutive:
+        consecutive(args.rounds)
         return
     if args.fresh:
         fresh(args.fresh)
