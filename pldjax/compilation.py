@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import export
 
@@ -167,16 +168,25 @@ def _signature(leaf) -> tuple | str:
 
 
 def computed_once(values):
-    """``values`` (along the last axis) computed once, before their uses: XLA's CPU fusion can
-    move an expensive element-wise op (a pow, an expm1) into a gather that reads each of its
-    values many times, and then computes it once per read (a 128 x 128 matrix of 128 powers
-    placed along its diagonals took 16,384 pows). A sort by an iota key leaves the values where
-    they are, and XLA fuses no sort; ``jax.lax.optimization_barrier`` does not stop this fusion
-    on a CPU. Elsewhere (an accelerator) the values as they are."""
+    """``values`` computed once, before their uses: XLA's CPU fusion can move an expensive
+    element-wise op (a pow, an expm1, G_mu's erfc) into each consumer that reads its values, a
+    gather that reads each many times or slices of it, and then computes it once per read (a
+    128 x 128 matrix of 128 powers placed along its diagonals took 16,384 pows).
+    ``jax.lax.optimization_barrier`` does not stop this on a CPU (XLA removes it before fusion),
+    and a sort by an iota key costs more than it saves beyond a few hundred values (41 ms for
+    8 x 16,384); a while loop that runs once, whose body XLA cannot prove to be the identity,
+    stops it for a few microseconds. Elsewhere (an accelerator) the values as they are."""
     if jax.default_backend() != "cpu":
         return values
-    keys = jax.lax.broadcasted_iota(np.int32, values.shape, values.ndim - 1)
-    return jax.lax.sort((keys, values), dimension=values.ndim - 1, num_keys=1)[1]
+
+    def once(carry):
+        count, held = carry
+        return count + 1, jax.tree_util.tree_map(lambda a: jnp.where(count < 0, 0, a), held)
+
+    # a start of 0 that XLA cannot fold: with a constant one it removes the loop
+    first = jax.tree_util.tree_leaves(values)[0].reshape(-1)[0]
+    start = jnp.minimum((first != first).astype(jnp.int32), 0)
+    return jax.lax.while_loop(lambda carry: carry[0] < 1, once, (start, values))[1]
 
 
 #: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: the

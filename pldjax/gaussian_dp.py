@@ -40,7 +40,7 @@ import numpy as np
 from jax.scipy.special import ndtri
 
 from pldjax.align import regrid_kernel, regrid_size
-from pldjax.compilation import kernel_jit
+from pldjax.compilation import computed_once, kernel_jit
 from pldjax.compose import fft_roundoff
 from pldjax.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.order import ROUNDOFF
@@ -170,7 +170,7 @@ def _budget_bounds(z, mu, delta_slack, widths):
     g = (g * (1.0 - _gdp_error(mu)) + delta_slack + ROUNDOFF) * _SUM_MARGIN
     slope = -tail  # x times d delta / dx at the points
     # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
-    g, slope = jax.lax.optimization_barrier((g, slope))
+    g, slope = computed_once((g, slope))
     # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
     # g_{i+1} + s_{i+1} e^-h grow (t - 1), h = z_{i+1} - z_i
     grow, back = widths
