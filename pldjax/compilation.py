@@ -167,26 +167,39 @@ def _signature(leaf) -> tuple | str:
     return str(jax.typeof(leaf))
 
 
+#: Most values along its last axis that :func:`computed_once` materializes by a sort.
+_SORTED_VALUES = 256
+
+
 def computed_once(values):
-    """``values`` computed once, before their uses: XLA's CPU fusion can move an expensive
-    element-wise op (a pow, an expm1, G_mu's erfc) into each consumer that reads its values, a
-    gather that reads each many times or slices of it, and then computes it once per read (a
-    128 x 128 matrix of 128 powers placed along its diagonals took 16,384 pows).
-    ``jax.lax.optimization_barrier`` does not stop this on a CPU (XLA removes it before fusion),
-    and a sort by an iota key costs more than it saves beyond a few hundred values (41 ms for
-    8 x 16,384); a while loop that runs once, whose body XLA cannot prove to be the identity,
-    stops it for a few microseconds. Elsewhere (an accelerator) the values as they are."""
+    """``values`` (an array, or a tuple of arrays of one shape) computed once, before their
+    uses: XLA's CPU fusion can move an expensive element-wise op (a pow, an expm1, G_mu's erfc)
+    into each consumer that reads its values (a gather that reads each many times, or slices of
+    it), and then computes it once per read (a 128 x 128 matrix of 128 powers placed along its
+    diagonals took 16,384 pows). ``jax.lax.optimization_barrier`` does not stop this on a CPU
+    (XLA removes it before fusion). A sort by an iota key, which leaves the values in place,
+    does, for up to _SORTED_VALUES values along the last axis (it cost 41 ms for 8 x 16,384);
+    more go through a while loop that runs once and whose body XLA cannot prove to be the
+    identity (which slowed the DP-SGD composition's 128-value matrices by 15%). Elsewhere (an
+    accelerator) the values as they are."""
     if jax.default_backend() != "cpu":
         return values
+    leaves, tree = jax.tree_util.tree_flatten(values)
+    shape = leaves[0].shape
+    if shape[-1] <= _SORTED_VALUES:
+        keys = jax.lax.broadcasted_iota(np.int32, shape, len(shape) - 1)
+        return tree.unflatten(jax.lax.sort((keys, *leaves), dimension=len(shape) - 1,
+                                           num_keys=1)[1:])
 
     def once(carry):
         count, held = carry
-        return count + 1, jax.tree_util.tree_map(lambda a: jnp.where(count < 0, 0, a), held)
+        return count + 1, [jnp.where(count < 0, 0, a) for a in held]
 
     # a start of 0 that XLA cannot fold: with a constant one it removes the loop
-    first = jax.tree_util.tree_leaves(values)[0].reshape(-1)[0]
+    first = leaves[0].reshape(-1)[0]
     start = jnp.minimum((first != first).astype(jnp.int32), 0)
-    return jax.lax.while_loop(lambda carry: carry[0] < 1, once, (start, values))[1]
+    return tree.unflatten(jax.lax.while_loop(lambda carry: carry[0] < 1, once,
+                                             (start, leaves))[1])
 
 
 #: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: the

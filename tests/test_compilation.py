@@ -217,15 +217,19 @@ def test_kernels_compile_with_their_cpu_options_only_where_xla_knows_them():
 
 
 def test_values_computed_once_are_unchanged_and_not_recomputed_per_use():
-    """computed_once leaves its values in place (batched too), and the 128 x 128 matrix of 128
-    powers (pldjax.profile._powers, on every grid evaluation's path) computes each power once:
-    XLA's CPU fusion put the pow into the gather that places the powers, 16,384 of them."""
+    """computed_once leaves its values in place (batched, and a tuple of more values than it
+    sorts, too), and the 128 x 128 matrix of 128 powers (pldjax.profile._powers, on every grid
+    evaluation's path) computes each power once: XLA's CPU fusion put the pow into the gather
+    that places the powers, 16,384 of them."""
     from pldjax.compilation import computed_once
     from pldjax.profile import _powers
 
     values = jnp.asarray([[3.0, -1.0, jnp.nan, 2.0], [0.5, 0.5, -jnp.inf, 7.0]])
     np.testing.assert_array_equal(jax.jit(computed_once)(values), values)
     np.testing.assert_array_equal(jax.jit(jax.vmap(computed_once))(values), values)
+    many = jnp.tile(values, (1, 100)), -jnp.tile(values, (1, 100))  # a tuple, past the sort's 256
+    for got, want in zip(jax.jit(jax.vmap(computed_once))(many), many, strict=True):
+        np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(_powers(0.5, 128, jnp.float64)[3, 5:8], [0.25, 0.125, 0.0625],
                                rtol=1e-15)
     # as the blocked recurrence uses it: a product, for a batch of decays
