@@ -651,6 +651,11 @@ def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
     return int(factor), int(size)
 
 
+def _pad_rows(array, padding: int):
+    """``array`` with ``padding`` copies of its last row appended along its leading axis."""
+    return jnp.pad(array, [(0, padding)] + [(0, 0)] * (array.ndim - 1), mode="edge")
+
+
 def _map_chunks(fn, xs, count, fill, *, batch_size: int):
     """``jax.lax.map(fn, xs, batch_size=batch_size)`` run on the first ``count`` rows only (a
     traced count, so that calls padded to one shape share a program): the chunks past it are not
@@ -658,8 +663,7 @@ def _map_chunks(fn, xs, count, fill, *, batch_size: int):
     tree_map = jax.tree_util.tree_map
     rows = jax.tree_util.tree_leaves(xs)[0].shape[0]
     total = -(-rows // batch_size) * batch_size
-    xs = tree_map(lambda a: jnp.pad(a, [(0, total - rows)] + [(0, 0)] * (a.ndim - 1), mode="edge"),
-                  xs)
+    xs = tree_map(lambda a: _pad_rows(a, total - rows), xs)
     chunk_fn = jax.vmap(fn)
     shapes = jax.eval_shape(chunk_fn, tree_map(lambda a: a[:batch_size], xs))
     out = tree_map(lambda shape, value: jnp.full((total,) + shape.shape[1:], value, shape.dtype),
@@ -815,9 +819,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     queries_batch = chunk(1, 0)
     padding = _padded_count(count, queries_batch) - count
     if padding:
-        *queries, slack = (jnp.pad(a, [(0, padding)] + [(0, 0)] * (a.ndim - 1), mode="edge")
-                           for a in (*queries, slack))
-        queries = tuple(queries)
+        queries, slack = tuple(_pad_rows(a, padding) for a in queries), _pad_rows(slack, padding)
     nu = _queries_nu_jit(queries, slack, np.pad(mu_max, (0, padding)), np.int32(count),
                          batch_size=queries_batch)
     keys = np.stack([factors, windows], axis=1)[which]
