@@ -755,8 +755,9 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     accepted=False). ``mu`` and the query's batch axes broadcast: each distinct query's nu, of
     the naive update, is searched once for all its budgets, and the pairs whose queries need the
     same check window are one compiled call, ``batch_size`` pairs at a time (default
-    :func:`residue_batch_size`: 4 on a CPU; elsewhere up to 2,048, fewer for long transforms; the
-    result does not depend on it, nor on the pairs of other queries). ``steps``: most search
+    :func:`residue_batch_size`: 4 on a CPU; elsewhere up to 2,048, fewer for long transforms;
+    never more than the next power of two of the pairs searched together; the result does not
+    depend on it, nor on the pairs of other queries). ``steps``: most search
     steps after the first test (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
     typically 2-3 are used for pure-DP queries, 3-6 for subsampled-Gaussian ones); ``size``:
     check window points (automatic on the host: each query's own, from its finest step and its
@@ -792,16 +793,17 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     which = np.broadcast_to(np.arange(count).reshape(queries_shape), shape).reshape(-1)
     mus = jnp.broadcast_to(mu, shape).reshape(-1)
 
-    def chunk(factor, window):
-        return batch_size or residue_batch_size(
-            directions * _fft_length(_coarse_points(n, factor), window))
+    def chunk(factor, window, rows):
+        # never wider than the rows (a vmapped chunk computes its padding too)
+        return min(next_pow2(rows), batch_size or residue_batch_size(
+            directions * _fft_length(_coarse_points(n, factor), window)))
 
     if traced:  # one window, the query's own steps
         mu_max = jax.ops.segment_max(mus, which, num_segments=count)
-        nu = _queries_nu(queries, slack, mu_max, count, batch_size=chunk(1, size))
+        nu = _queries_nu(queries, slack, mu_max, count, batch_size=chunk(1, size, count))
         residue, accepted = _residue_pairs(queries, slack, nu, which, mus, which.shape[0],
-                                           size=size, steps=steps, batch_size=chunk(1, size),
-                                           factor=1)
+                                           size=size, steps=steps,
+                                           batch_size=chunk(1, size, which.shape[0]), factor=1)
         return jnp.where(accepted, residue, -jnp.inf).reshape(shape)
     mus = np.asarray(mus)
     mu_max = np.zeros(count)  # 0 for a query without pairs (only where there are none at all)
@@ -816,7 +818,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         factors, windows = np.ones(count), np.full(count, size)
     # padded (with copies of the last query, and of a group's last pair) to _padded_count, every
     # group to its call's number of pairs (the pairs past a group's are not searched)
-    queries_batch = chunk(1, 0)
+    queries_batch = chunk(1, 0, count)
     padding = _padded_count(count, queries_batch) - count
     if padding:
         queries, slack = tuple(_pad_rows(a, padding) for a in queries), _pad_rows(slack, padding)
@@ -824,19 +826,21 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
                          batch_size=queries_batch)
     keys = np.stack([factors, windows], axis=1)[which]
     nus = np.asarray(nu)
-    residue, accepted = np.zeros(which.shape[0]), np.zeros(which.shape[0], bool)
+    searched = []  # read back once all groups are queued, so that an accelerator runs ahead
     for factor, window in np.unique(keys, axis=0):
         factor, window = int(factor), int(window)
         pairs = np.nonzero((keys[:, 0] == factor) & (keys[:, 1] == window))[0]
         # alike pairs side by side (a chunk searches as long as its slowest pair): by the share
         # of the budget the query's nu takes; the bench's gauss chunks ran 335 tests, not 351
         pairs = pairs[np.argsort(nus[which[pairs]] / np.maximum(mus[pairs], 1e-300), kind="stable")]
-        batch = chunk(factor, window)
+        batch = chunk(factor, window, pairs.shape[0])
         padding = _padded_count(which.shape[0], batch) - pairs.shape[0]
-        found, fits = _residue_pairs_jit(
+        searched.append((pairs, _residue_pairs_jit(
             queries, slack, nu, np.pad(which[pairs], (0, padding), mode="edge"),
             np.pad(mus[pairs], (0, padding), mode="edge"), np.int32(pairs.shape[0]), size=window,
-            steps=steps, batch_size=batch, factor=factor)
-        residue[pairs] = np.asarray(found)[:pairs.shape[0]]
-        accepted[pairs] = np.asarray(fits)[:pairs.shape[0]]
-    return np.where(accepted, residue, -np.inf).reshape(shape)
+            steps=steps, batch_size=batch, factor=factor)))
+    residue = np.full(which.shape[0], -np.inf)
+    for pairs, (found, fits) in searched:
+        residue[pairs] = np.where(np.asarray(fits)[:pairs.shape[0]],
+                                  np.asarray(found)[:pairs.shape[0]], -np.inf)
+    return residue.reshape(shape)

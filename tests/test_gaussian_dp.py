@@ -230,6 +230,32 @@ def test_gdp_residue_batch_size_is_a_positive_count():
             pj.gdp_residue(1.0, pj.randomized_response(0.5), batch_size=bad)
 
 
+def test_gdp_residue_chunks_are_no_wider_than_their_pairs(monkeypatch):
+    """A vmapped chunk computes its padding too: one pair was searched four times over on a CPU
+    (15 ms against 5 for a subsampled Gaussian). A chunk now holds at most the next power of two
+    of its call's queries or its group's pairs, and the residue does not depend on it."""
+    from pldjax import gaussian_dp
+
+    widths = []
+
+    def spied(name):
+        kernel = getattr(gaussian_dp, name)
+
+        def spy(*args, **kwargs):
+            widths.append((name, kwargs["batch_size"]))
+            return kernel(*args, **kwargs)
+
+        return spy
+
+    for name in ("_queries_nu_jit", "_residue_pairs_jit"):
+        monkeypatch.setattr(gaussian_dp, name, spied(name))
+    one = pj.gdp_residue(1.0, pj.randomized_response(0.3))
+    assert widths == [("_queries_nu_jit", 1), ("_residue_pairs_jit", 1)]
+    three = pj.gdp_residue(np.full(3, 1.0), pj.randomized_response(jnp.full(3, 0.3)))
+    assert widths[2:] == [("_queries_nu_jit", 4), ("_residue_pairs_jit", 4)]
+    np.testing.assert_array_equal(three, np.full(3, one))
+
+
 def test_gdp_residue_searches_each_query_once_for_all_its_budgets():
     """A query batch broadcast against a column of budgets (as a residue table is built): each
     query's nu = gdp_mu, the naive update's, is searched once, up to its largest budget, and every
