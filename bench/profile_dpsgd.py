@@ -61,7 +61,7 @@ mechanisms_lib = importlib.import_module("pldjax.mechanisms")
 profile_lib = importlib.import_module("pldjax.profile")
 
 SIGMA, Q, STEPS, DELTA = 1.0, 0.01, 10_000, 1e-5
-DISCRETIZE = "discretize both directions (dpsgd's windows)"
+DISCRETIZE = "discretize both directions + window placement"
 #: The accuracy settings --total times beside the default grid.
 COARSE_RTOLS = (1e-2, 5e-2)
 
@@ -79,15 +79,20 @@ def stages(rtol=None):
                                          "add_remove", rtol)[0]
         grid = pj.Grid(step=float(step))
 
-    def discretize():
-        return mechanisms_lib.direction_arrays(directions, grid, True, mechanism_tail)
+    count = np.full((2,), float(STEPS))
+    target = np.full((2,), DELTA)
 
-    probs, inf_mass, offset, step = (jnp.asarray(a) for a in discretize())
-    count = jnp.full((2,), float(STEPS))
-    target = jnp.full((2,), DELTA)
+    def discretize():
+        return mechanisms_lib.direction_arrays(directions, grid, True, mechanism_tail,
+                                               then=dpsgd_lib._placement(2, "epsilon"),
+                                               extra=(count, target))
+
+    probs, inf_mass, offset, step, lo, hi, chernoff, summary = jax.tree_util.tree_map(
+        jnp.asarray, discretize())
+    summary = compose_lib.PMFSummary(*summary)
+    count, target = jnp.asarray(count), jnp.asarray(target)
     tail = float(dpsgd_lib.composition_tail(target, "epsilon")[0])
-    windows = functools.partial(dpsgd_lib.window_placement, evaluate="epsilon")
-    lo, hi, chernoff, summary = windows(probs, offset, step, count, target)
+    windows = jax.jit(functools.partial(dpsgd_lib._placement_rows, evaluate="epsilon"))
     widths = compose_lib.window_widths(summary, offset, count, lo, hi, "steps")
     size = grid_lib.fft_size(int(np.max(widths)))
 
@@ -125,7 +130,7 @@ def stages(rtol=None):
     return size, [
         ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=rtol)),
         (DISCRETIZE, lambda: discretize()[0]),
-        ("window placement (Chernoff, one call)", lambda: windows(probs, offset, step, count, target)),
+        ("  part: window placement (Chernoff)", lambda: windows(probs, offset, step, count, target)),
         ("wrap to the window (host, NumPy)", wrap),
         ("compose + evaluate (one fused call)", fused),
         ("  part: Chernoff exponents (now in window placement)",
@@ -326,8 +331,7 @@ def main() -> None:
                 jax.block_until_ready(thunk())
                 times[name].append(clock() - start)
     median = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
-    device = median[DISCRETIZE] + median[
-        "window placement (Chernoff, one call)"] + median["compose + evaluate (one fused call)"]
+    device = median[DISCRETIZE] + median["compose + evaluate (one fused call)"]
     floor = median["FFT floor: rfft, P**T, irfft"]
     print(f"pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}, rtol={args.rtol}) = "
           f"{pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=args.rtol):.6f}; composition window "
@@ -337,7 +341,7 @@ def main() -> None:
     for name, value in median.items():
         print(f"{name:<52} {value:8.2f} {value / floor:12.1f}")
     host = median["total: pj.dpsgd_epsilon"] - device
-    print(f"{'host and dispatch (total - the three calls)':<52} {host:8.2f} {host / floor:12.1f}")
+    print(f"{'host and dispatch (total - the two calls)':<52} {host:8.2f} {host / floor:12.1f}")
     machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} "
                f"{jax.default_backend()}, load average {os.getloadavg()[0]:.1f}")
     print("machine:", machine)

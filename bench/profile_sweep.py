@@ -2,8 +2,8 @@
 ``pj.dpsgd_epsilon`` call, with each stage's device calls timed (block_until_ready after each, so
 the stages do not overlap: the total is a little above an untimed call's).
 
-Stages: discretize (``mechanisms.direction_arrays``), placement (``dpsgd.window_placement``, or
-``dpsgd._masses_and_placement`` with the masses of the pessimistic curve),
+Stages: discretize (``mechanisms.direction_arrays``, with each row's window placement in the same
+call),
 wrap (``compose.wrap_rows`` on the host; on an accelerator ``dpsgd._gather_rows``, on the device;
 also the points composed), compose (``dpsgd._compose_and_evaluate``); "other" is the rest of the
 call (host glue).
@@ -58,8 +58,6 @@ def main() -> None:
         return wrapper
 
     dpsgd.direction_arrays = timed("discretize", dpsgd.direction_arrays)
-    dpsgd.window_placement = timed("placement", dpsgd.window_placement)
-    dpsgd._masses_and_placement = timed("placement", dpsgd._masses_and_placement)
     dpsgd._compose_and_evaluate = timed("compose", dpsgd._compose_and_evaluate)
     wrap = timed("wrap", dpsgd.wrap_rows)
     points = [0]

@@ -436,26 +436,35 @@ def window(mechanism: Mechanism, params, tail):
 
 
 def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
-                      fixed: bool, rounding, as_curve: bool = False):
+                      fixed: bool, rounding, then: Callable | None = None, extra: tuple = ()):
     """A batch of mechanisms (``params`` and ``tail``: flat arrays, see :func:`window`) ->
     (probs, inf_mass, offset, step), each batched; ``step`` (data, so that a new value compiles
     nothing) is used when ``fixed``, else each one's automatic step. Vmapped inside jit: a warm
     call traces nothing.
 
-    The pessimistic connect-the-dots estimate is two compiled calls: the curve (the mechanism's
-    tails, nearly all of the work, one value a point) and its masses. Given both in one program,
-    XLA on a CPU recomputed the tails in several of the masses' loops (3.0-3.4 ms against 2.2 ms
-    for 2 x 16,384 points), and the curve runs 2.9x slower with the masses' compiler options.
-    ``as_curve``: that estimate gives (values, None, offset, step) instead, the curve a caller
-    turns into masses in its own next kernel (:func:`masses_rows`)."""
+    ``then``: a function (probs, inf_mass, offset, step, *extra) -> outputs that runs in the
+    program of the masses (a caller's next step: DP-SGD's window placement), whose outputs the
+    call returns instead; a static argument, so it must hash the same across calls (a
+    module-level function, or one cached partial of it).
+
+    The pessimistic connect-the-dots estimate is two compiled calls, queued one after the other
+    without waiting: the curve (the mechanism's tails, nearly all of the work, one value a point)
+    and its masses. Given both in one program, XLA on a CPU recomputed the tails in several of
+    the masses' loops (3.0-3.4 ms against 2.2 ms for 2 x 16,384 points); with the curve computed
+    once (:func:`~pldjax.compilation.computed_once`) the one program ran 0.2-0.7 ms faster but
+    compiled in 1.6 s against 0.9 s for the two (DP-SGD's first call: the curve runs 2.9x slower
+    with the masses' compiler options, and the masses compile slower with the curve's)."""
     options = dict(mechanism=mechanism, size=size, pessimistic=pessimistic, fixed=fixed)
+    then = then or _grid_masses
     if pessimistic and rounding == "connect_dots":
         values, offset, h = _curve_kernel(params, tail, step, **options)
-        if as_curve:
-            return values, None, offset, h
-        probs, inf_mass = _masses_kernel(values, offset, h)
-        return probs, inf_mass, offset, h
-    return _estimate_kernel(params, tail, step, rounding=rounding, **options)
+        return _masses_kernel(values, offset, h, extra, then=then)
+    return _estimate_kernel(params, tail, step, extra, rounding=rounding, then=then, **options)
+
+
+def _grid_masses(probs, inf_mass, offset, step):
+    """The mechanism kernels' default ``then``: the masses and their grids."""
+    return probs, inf_mass, offset, step
 
 
 _STATIC = ("mechanism", "size", "pessimistic", "fixed")
@@ -483,12 +492,15 @@ def masses_rows(values, offset, step):
     return jax.vmap(one)(values, offset, step)
 
 
-_masses_kernel = exported_jit()(masses_rows)
+@exported_jit(static_argnames=("then",))
+def _masses_kernel(values, offset, step, extra, *, then):
+    """``then`` of a batch of :func:`curve_values` rows' masses (:func:`masses_rows`)."""
+    return then(*masses_rows(values, offset, step), offset, step, *extra)
 
 
-@exported_jit(static_argnames=_STATIC + ("rounding",))
-def _estimate_kernel(params, tail, step, *, rounding, **options):
-    """(probs, inf_mass, offset, step) of a batch in one compiled call (see :func:`discretize`)."""
+@exported_jit(static_argnames=_STATIC + ("rounding", "then"))
+def _estimate_kernel(params, tail, step, extra, *, rounding, then, **options):
+    """``then`` of a batch's masses and grids in one compiled call (see :func:`discretize`)."""
     mechanism = options["mechanism"]
 
     def one(single, single_tail):
@@ -498,7 +510,7 @@ def _estimate_kernel(params, tail, step, *, rounding, **options):
                                      options["size"], options["pessimistic"], rounding, atom)
         return probs, inf_mass, offset, h
 
-    return jax.vmap(one)(params, tail)
+    return then(*jax.vmap(one)(params, tail), *extra)
 
 
 #: The compiled kernels a discretization runs (for pldjax.compilation's counts).
@@ -590,14 +602,16 @@ def _check_step(grid: Grid, size: int, pessimistic: bool) -> None:
 
 
 def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool,
-                      tail=None, size: int | None = None, as_curve: bool = False) -> tuple:
+                      tail=None, size: int | None = None, then: Callable | None = None,
+                      extra: tuple = ()) -> tuple:
     """(probs, inf_mass, offset, step) of ``mechanism``'s (single-direction) PLD, batched over
     the broadcast ``params`` and ``tail`` (the mass of P each window may leave outside, see
     :func:`window`; None: 0, the default windows); ``size``: the grid size when the caller has
     it from :func:`mechanism_sizes`. Concrete results in host memory stay NumPy arrays (glue
     code reads them on the host; :func:`pldjax.mechanisms.discretize_directions` gives PLDs).
-    ``as_curve``: the pessimistic connect-the-dots estimate gives (values, None, offset, step),
-    untrimmed, for a caller that takes the masses in its own kernel (:func:`masses_rows`)."""
+    ``then`` and ``extra``: the outputs of ``then(probs, inf_mass, offset, step, *extra)``
+    instead, computed on the flat rows in the program of their masses and left where they are
+    (untrimmed; see :func:`_mechanism_kernel`)."""
     traced = is_traced((params, tail))
     # on the host: no small compiled kernels for each array operation
     flat, flat_tail, shape = _broadcast_flat(params, tail, jnp if traced else np)
@@ -605,22 +619,23 @@ def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimist
     size = size or _size(mechanism, flat, flat_tail, grid)
     _check_step(grid, size, pessimistic)
     fixed_step = 0.0 if grid.step is None else grid.step
-    probs, inf_mass, offset, step = _mechanism_kernel(
+    out = _mechanism_kernel(
         flat, flat_tail, fixed_step, mechanism=mechanism, size=size,
         pessimistic=bool(pessimistic), fixed=grid.step is not None, rounding=grid.rounding,
-        as_curve=as_curve,
+        then=then, extra=extra,
     )
-    curve = inf_mass is None  # its masses are the caller's (as_curve)
+    if then is not None:
+        return out
+    probs, inf_mass, offset, step = out
     if not traced:
         # in host memory, the reshapes and the trim run in NumPy (each eager jnp operation would
         # be one more small program to compile, or to load from the cache, in every new process)
         xp = np if on_host(probs) else jnp
-        probs, offset, step = (xp.asarray(a) for a in (probs, offset, step))
-        inf_mass = None if curve else xp.asarray(inf_mass)
+        probs, inf_mass, offset, step = (xp.asarray(a) for a in out)
     probs, offset = probs.reshape(shape + (size,)), offset.reshape(shape)
-    if not (traced or curve or grid.size is not None):
+    if not (traced or grid.size is not None):
         probs, offset = _trim(probs, offset)
-    return probs, None if curve else inf_mass.reshape(shape), offset, step.reshape(shape)
+    return probs, inf_mass.reshape(shape), offset, step.reshape(shape)
 
 
 def on_host(array) -> bool:

@@ -46,7 +46,7 @@ from pldjax.compose import (
     window_widths,
     wrap_rows,
 )
-from pldjax.discretize import MECHANISM_KERNELS, masses_rows, mechanism_sizes
+from pldjax.discretize import MECHANISM_KERNELS, mechanism_sizes
 from pldjax.grid import Grid
 from pldjax.mechanisms import Event, direction_arrays, identity
 from pldjax.neighboring import Neighboring
@@ -162,20 +162,26 @@ def _placement_rows(probs, offset, step, count, target, evaluate):
     return jax.vmap(one)(probs, offset, step, count, target)
 
 
-@exported_jit(static_argnames=("evaluate",))
-def window_placement(probs, offset, step, count, target, *, evaluate):
-    """:func:`_placement_rows` in one call: (lo, hi, exponents, summary)."""
-    return _placement_rows(probs, offset, step, count, target, evaluate)
+def _placed_rows(probs, inf_mass, offset, step, count, target, *, directions: int, evaluate: str):
+    """The discretization's ``then`` (see :func:`~pldjax.mechanisms.direction_arrays`): its rows
+    in this module's order (every configuration's first direction, then every one's second), with
+    their windows placed (:func:`_placement_rows`; ``count`` and ``target`` in that order):
+    (probs, inf_mass, offset, step, lo, hi, exponents, summary), in the program of the masses:
+    the curve's values no longer wait on the host for a program of their own."""
+    def by_direction(a):
+        a = a.reshape((-1, directions) + a.shape[1:])
+        return jnp.moveaxis(a, 1, 0).reshape((-1,) + a.shape[2:])
+
+    probs, inf_mass, offset, step = (by_direction(a) for a in (probs, inf_mass, offset, step))
+    return (probs, inf_mass, offset, step,
+            *_placement_rows(probs, offset, step, count, target, evaluate))
 
 
-@exported_jit(static_argnames=("evaluate",))
-def _masses_and_placement(values, offset, step, count, target, *, evaluate):
-    """(probs, inf_mass, lo, hi, exponents, summary) of rows given as pessimistic
-    connect-the-dots curves (:func:`~pldjax.discretize.masses_rows`, then
-    :func:`_placement_rows`): one call where two took 0.3 ms longer for a configuration's two
-    directions of 16,384 points on a 2-core CPU."""
-    probs, inf_mass = masses_rows(values, offset, step)
-    return (probs, inf_mass, *_placement_rows(probs, offset, step, count, target, evaluate))
+@functools.cache
+def _placement(directions: int, evaluate: str) -> Callable:
+    """:func:`_placed_rows` for ``directions`` and ``evaluate``: one object each, as the
+    discretization kernels' static ``then`` must be to reuse their compiled programs."""
+    return functools.partial(_placed_rows, directions=directions, evaluate=evaluate)
 
 
 def _sharding() -> NamedSharding | None:
@@ -204,8 +210,8 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     :class:`_Compositions`) has run: ``params`` are the flat parameters of ``mechanism``
     (:meth:`~pldjax.mechanisms.Event.directions`). Returns a function giving the chunk's values.
 
-    Both directions of every configuration are discretized in one call, their windows placed in
-    one call; then each row goes to ``compositions`` under the composition size it needs
+    Both directions of every configuration are discretized, and their windows placed, in one
+    call; then each row goes to ``compositions`` under the composition size it needs
     (:meth:`_Compositions.window_size`). ``remedy``: what an error about a window that cannot
     be placed tells the caller to change.
     """
@@ -216,21 +222,14 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     *params, steps, target, tail = _place(
         [np.asarray(a, np.float64) for a in (*params, steps, target, tail)], sharding
     )
-    rows = direction_arrays(Directions(mechanism, tuple(params), both), grid, pessimistic, tail,
-                            mechanism_size, as_curve=True)
-    directions = rows[0].shape[0]
+    directions = 2 if both else 1
     # rows: every configuration's first direction, then (when it has two) every one's second
-    probs, inf_mass, offset, step = (None if a is None else xp.reshape(a, (-1,) + a.shape[2:])
-                                     for a in rows)
     counts = xp.concatenate([steps] * directions)
     targets = xp.concatenate([target] * directions)
-    if inf_mass is None:  # the pessimistic connect-the-dots curve: its masses come with the windows
-        probs, inf_mass, lo, hi, exponents, summary = _masses_and_placement(
-            probs, offset, step, counts, targets, evaluate=evaluate)
-        probs, inf_mass = xp.asarray(probs), xp.asarray(inf_mass)
-    else:
-        lo, hi, exponents, summary = window_placement(probs, offset, step, counts, targets,
-                                                      evaluate=evaluate)
+    probs, inf_mass, offset, step, lo, hi, exponents, summary = direction_arrays(
+        Directions(mechanism, tuple(params), both), grid, pessimistic, tail, mechanism_size,
+        then=_placement(directions, evaluate), extra=(counts, targets))
+    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
     exponents = [xp.asarray(e) for e in exponents]
     summary = PMFSummary(*(xp.asarray(s) for s in summary))
     sizes = np.array([compositions.window_size(int(w))
@@ -557,8 +556,8 @@ def _lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray
 
 #: Releases the accounting kernels before a sweep runs out of memory mappings: a first look at
 #: 64 compiled shapes, then every 16 more (see pldjax.compilation.MappingGuard).
-_MAPPINGS = MappingGuard((*MECHANISM_KERNELS, window_placement, _masses_and_placement,
-                          _compose_and_evaluate, _gather_rows), first=64, every=16)
+_MAPPINGS = MappingGuard((*MECHANISM_KERNELS, _compose_and_evaluate, _gather_rows), first=64,
+                         every=16)
 
 
 def _account_group(order, params, steps, target, finishers, done, report, *, sharding,

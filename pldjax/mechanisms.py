@@ -97,14 +97,16 @@ def privacy_loss(
 
 
 def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: bool, tail=None,
-                     size: int | None = None, as_curve: bool = False) -> tuple:
+                     size: int | None = None, then: Callable | None = None,
+                     extra: tuple = ()) -> tuple:
     """(probs, inf_mass, offset, step) of each direction of a mechanism before discretization
     (:meth:`Event.directions`) on ``grid`` (None: automatic), stacked on a leading axis (remove
     then add, or the one direction), then the broadcast parameters' axes; both directions in one
-    vmapped call (one compiled kernel: the direction is a parameter). ``tail``, ``size`` and
-    ``as_curve`` (curve values and an inf_mass of None instead): see
-    :func:`pldjax.discretize.discretize_arrays`. For code that discretizes a batch of events
-    itself (:mod:`pldjax.dpsgd`); concrete results in host memory stay NumPy arrays."""
+    vmapped call (one compiled kernel: the direction is a parameter). ``tail``, ``size``,
+    ``then`` and ``extra``: see :func:`pldjax.discretize.discretize_arrays` (``then`` gets the
+    flat rows with the directions innermost: each configuration's remove, then its add). For
+    code that discretizes a batch of events itself (:mod:`pldjax.dpsgd`); concrete results in
+    host memory stay NumPy arrays."""
     mechanism, params, both = directions
     # concrete parameters, and results in host memory, are handled in NumPy: no small compiled
     # programs for the staging and the slices
@@ -112,12 +114,14 @@ def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: boo
     if both:
         params = tuple(xp.asarray(p)[..., None] for p in params) + (xp.asarray([REMOVE, ADD]),)
         tail = None if tail is None else xp.asarray(tail)[..., None]
-    probs, *rest = discretize_arrays(mechanism, params, grid, pessimistic, tail, size, as_curve)
+    probs, *rest = out = discretize_arrays(mechanism, params, grid, pessimistic, tail, size, then,
+                                           extra)
+    if then is not None:
+        return out
     xp = np if on_host(probs) else jnp
     if not both:
-        return (xp.asarray(probs)[None], *(None if a is None else xp.asarray(a)[None] for a in rest))
-    return (xp.moveaxis(xp.asarray(probs), -2, 0),
-            *(None if a is None else xp.moveaxis(xp.asarray(a), -1, 0) for a in rest))
+        return (xp.asarray(probs)[None], *(xp.asarray(a)[None] for a in rest))
+    return (xp.moveaxis(xp.asarray(probs), -2, 0), *(xp.moveaxis(xp.asarray(a), -1, 0) for a in rest))
 
 
 def discretize_directions(directions: Directions, grid: Grid | None, pessimistic: bool) -> PLD:

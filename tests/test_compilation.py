@@ -105,8 +105,7 @@ def _accounting_values():
 def _exported_kernels():
     from pldjax import discretize, dpsgd
 
-    return (*discretize.MECHANISM_KERNELS, discretize._half_widths, dpsgd.window_placement,
-            dpsgd._masses_and_placement, dpsgd._compose_and_evaluate)
+    return (*discretize.MECHANISM_KERNELS, discretize._half_widths, dpsgd._compose_and_evaluate)
 
 
 @pytest.fixture

@@ -96,9 +96,10 @@ def test_sharded_sweep_agrees_with_unsharded():
 
 def test_first_call_compiles_only_the_kernels():
     """A new process's first dpsgd_epsilon compiles (or loads from the persistent cache) its three
-    kernels, the sizing one and the one-op probe of their XLA options, and nothing else: host glue
-    in NumPy, no small program per eager jnp operation (each costs tens of ms to compile, and a
-    cache look-up, in every new process; issue 17)."""
+    kernels (the curve, its masses with their windows placed, the composition), the sizing one
+    and the one-op probe of their XLA options, and nothing else: host glue in NumPy, no small
+    program per eager jnp operation (each costs tens of ms to compile, and a cache look-up, in
+    every new process; issue 17)."""
     code = textwrap.dedent("""
         import logging, jax, pldjax as pj
         names = []
@@ -115,9 +116,8 @@ def test_first_call_compiles_only_the_kernels():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     names = out.stdout.split()
-    assert sorted(names) == sorted(["jit(_half_widths)", "jit(_curve_kernel)",
-                                    "jit(_masses_and_placement)", "jit(_compose_and_evaluate)",
-                                    "jit(option_probe)"]), names
+    assert sorted(names) == sorted(["jit(_half_widths)", "jit(_curve_kernel)", "jit(_masses_kernel)",
+                                    "jit(_compose_and_evaluate)", "jit(option_probe)"]), names
 
 
 def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):

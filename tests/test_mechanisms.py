@@ -294,3 +294,24 @@ def test_a_step_finer_than_the_curves_digits_gives_a_valid_sound_pld():
     ordinary = pj.gaussian(1.0, grid=pj.Grid(step=1e-6)).directions()[0]
     assert abs(float(np.sum(ordinary.probs) + ordinary.inf_mass) - 1.0) <= 1e-12
     assert float(ordinary.inf_mass) < 0.5
+
+
+def _masses_and_scaled(probs, inf_mass, offset, step, scale):
+    return probs, inf_mass * scale
+
+
+def test_direction_arrays_then_gets_the_flat_rows_in_the_masses_program():
+    """``then`` runs on the flat rows, each configuration's directions innermost (remove, add),
+    with ``extra`` beside them; its outputs are the call's, the masses those of the plain call
+    (the pessimistic curve's masses and the optimistic estimate's)."""
+    from pldjax.mechanisms import direction_arrays
+
+    directions = pj.dpsgd.dpsgd_event(np.array([1.0, 2.0]), 0.05).directions(True)
+    grid = pj.Grid(size=1024)  # untrimmed either way
+    for pessimistic in (True, False):
+        plain = direction_arrays(directions, grid, pessimistic)
+        probs, scaled = direction_arrays(directions, grid, pessimistic, then=_masses_and_scaled,
+                                         extra=(np.arange(1.0, 5.0),))
+        # plain: (directions, configurations, ...); then's rows: configuration-major
+        np.testing.assert_array_equal(probs, np.swapaxes(plain[0], 0, 1).reshape(4, -1))
+        np.testing.assert_array_equal(scaled, plain[1].T.reshape(-1) * np.arange(1.0, 5.0))
