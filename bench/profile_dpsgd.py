@@ -6,7 +6,8 @@ pointwise power and irfft of the composition window for the two directions. Roun
 stage once in turn (so that load from other processes spreads over all of them); the table gives
 the median over rounds, in milliseconds, and each stage over the FFT floor. Stages are measured
 alone, so the parts of the fused composition call need not add up to it exactly (XLA fuses them);
-"host and dispatch" is the total minus the three device calls.
+"host and dispatch" is the total minus the two timed calls (discretization with window placement,
+composition and evaluation).
 
     python bench/profile_dpsgd.py              # 15 rounds
     python bench/profile_dpsgd.py --rounds 31 --json out.json
