@@ -166,8 +166,8 @@ def _placed_rows(probs, inf_mass, offset, step, count, target, *, directions: in
     """The discretization's ``then`` (see :func:`~pldjax.mechanisms.direction_arrays`): its rows
     in this module's order (every configuration's first direction, then every one's second), with
     their windows placed (:func:`_placement_rows`; ``count`` and ``target`` in that order):
-    (probs, inf_mass, offset, step, lo, hi, exponents, summary), in the program of the masses:
-    the curve's values no longer wait on the host for a program of their own."""
+    (probs, inf_mass, offset, step, lo, hi, exponents, summary). It runs in the program of the
+    masses, which is queued behind the curve's without a round trip through the host."""
     def by_direction(a):
         a = a.reshape((-1, directions) + a.shape[1:])
         return jnp.moveaxis(a, 1, 0).reshape((-1,) + a.shape[2:])

@@ -757,9 +757,9 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     same check window are one compiled call, ``batch_size`` pairs at a time (default
     :func:`residue_batch_size`: 4 on a CPU; elsewhere up to 2,048, fewer for long transforms;
     never more than the next power of two of the pairs searched together; the result does not
-    depend on it, nor on the pairs of other queries). ``steps``: most search
-    steps after the first test (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2;
-    typically 2-3 are used for pure-DP queries, 3-6 for subsampled-Gaussian ones); ``size``:
+    depend on it, nor on the pairs of other queries). ``steps``: most search steps after the
+    first test (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2; typically 2-3 are
+    used for pure-DP queries, 3-6 for subsampled-Gaussian ones); ``size``:
     check window points (automatic on the host: each query's own, from its finest step and its
     largest budget, so a call whose queries span many grid steps compiles one kernel per window,
     about a second each on a CPU, kept by the persistent compilation cache; the numbers of

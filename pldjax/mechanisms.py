@@ -114,10 +114,10 @@ def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: boo
     if both:
         params = tuple(xp.asarray(p)[..., None] for p in params) + (xp.asarray([REMOVE, ADD]),)
         tail = None if tail is None else xp.asarray(tail)[..., None]
-    probs, *rest = out = discretize_arrays(mechanism, params, grid, pessimistic, tail, size, then,
-                                           extra)
+    out = discretize_arrays(mechanism, params, grid, pessimistic, tail, size, then, extra)
     if then is not None:
         return out
+    probs, *rest = out
     xp = np if on_host(probs) else jnp
     if not both:
         return (xp.asarray(probs)[None], *(xp.asarray(a)[None] for a in rest))
