@@ -551,6 +551,31 @@ def _broadcast_flat(params, tail, xp):
     return tuple(p.reshape(-1) for p in params), tail.reshape(-1), tail.shape
 
 
+def mechanism_half_widths(mechanism: Mechanism, params, tail=None, step=None) -> np.ndarray:
+    """Each element's window half-width (see :func:`window`) in units of ``step`` (1.0: nats;
+    None: of twice its fine step, see :func:`_half_widths`), for the broadcast concrete
+    ``params`` and ``tail``; flat. One compiled call."""
+    params, tail, _ = _broadcast_flat(params, tail, np)
+    count = tail.size
+    if count == 0:
+        return np.zeros(0)
+    # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
+    # for a configuration's one or two directions and few for a sweep
+    repeat_last = np.minimum(np.arange(max(8, grid_lib.next_pow2(count))), count - 1)
+    params, tail = tuple(p[repeat_last] for p in params), tail[repeat_last]
+    return np.asarray(_half_widths(params, tail, step, mechanism=mechanism))[:count]
+
+
+def sizes_for_half_widths(half_widths, smallest: int = grid_lib.MECHANISM_SIZE) -> np.ndarray:
+    """grid.mechanism_size, vectorized: the power of two in [smallest, MAX_MECHANISM_SIZE]
+    points whose window reaches ``half_widths`` grid steps on both sides of its centre."""
+    points = np.nan_to_num(np.minimum(2 * np.asarray(half_widths) + 4,
+                                      grid_lib.MAX_MECHANISM_SIZE),
+                           nan=grid_lib.MAX_MECHANISM_SIZE)
+    sizes = np.exp2(np.ceil(np.log2(np.maximum(np.ceil(points), 1.0))))
+    return np.clip(sizes, smallest, grid_lib.MAX_MECHANISM_SIZE).astype(np.int64)
+
+
 def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
                     tail=None, smallest: int = grid_lib.MECHANISM_SIZE) -> np.ndarray:
     """The number of grid points each element of the broadcast ``params`` (and ``tail``, see
@@ -559,22 +584,10 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
     elements' sizes, so batching elements of one size changes no element's grid (used to group
     sweeps)."""
     grid = grid or Grid()
-    params, tail, _ = _broadcast_flat(params, tail, np)
-    count = tail.size
-    if count == 0:
-        return np.zeros(0, np.int64)
     if grid.size is not None:
-        return np.full(count, grid.size)
-    # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
-    # for a configuration's one or two directions and few for a sweep
-    repeat_last = np.minimum(np.arange(max(8, grid_lib.next_pow2(count))), count - 1)
-    params, tail = tuple(p[repeat_last] for p in params), tail[repeat_last]
-    widths = np.asarray(_half_widths(params, tail, grid.step, mechanism=mechanism))[:count]
-    # grid.mechanism_size, vectorized: a power of two in [smallest, MAX_MECHANISM_SIZE]
-    points = np.nan_to_num(np.minimum(2 * widths + 4, grid_lib.MAX_MECHANISM_SIZE),
-                           nan=grid_lib.MAX_MECHANISM_SIZE)
-    sizes = np.exp2(np.ceil(np.log2(np.maximum(np.ceil(points), 1.0))))
-    return np.clip(sizes, smallest, grid_lib.MAX_MECHANISM_SIZE).astype(np.int64)
+        return np.full(_broadcast_flat(params, tail, np)[1].size, grid.size)
+    return sizes_for_half_widths(mechanism_half_widths(mechanism, params, tail, grid.step),
+                                 smallest)
 
 
 def _size(mechanism: Mechanism, params, tail, grid: Grid) -> int:

@@ -46,7 +46,12 @@ from pldjax.compose import (
     window_widths,
     wrap_rows,
 )
-from pldjax.discretize import MECHANISM_KERNELS, mechanism_sizes
+from pldjax.discretize import (
+    MECHANISM_KERNELS,
+    mechanism_half_widths,
+    mechanism_sizes,
+    sizes_for_half_widths,
+)
 from pldjax.grid import Grid
 from pldjax.mechanisms import Event, direction_arrays, identity
 from pldjax.neighboring import Neighboring
@@ -505,12 +510,33 @@ def _accuracy_steps(sigma, q, steps, target, target_name, neighboring, rtol):
     return accuracy_step(rtol, steps, estimate, spread, np.nan_to_num(z, posinf=0.0))
 
 
-def _mechanism_sizes(mechanism, params, both, grid, tail):
+def _mechanism_sizes(mechanism, params, both, grid, tail, half_widths=None):
     """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes):
-    with a given step (rtol's, a lattice's), from STEPPED_MECHANISM_SIZE up."""
+    with a given step (rtol's, a lattice's), from STEPPED_MECHANISM_SIZE up. ``half_widths``:
+    their windows' half-widths in nats (:func:`_half_widths_nats`) where the caller has them
+    (then no compiled call)."""
     smallest = grid_lib.MECHANISM_SIZE if grid is None or grid.step is None else STEPPED_MECHANISM_SIZE
+    if half_widths is not None and grid.step is not None and grid.size is None:
+        return sizes_for_half_widths(half_widths / grid.step, smallest)
     return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid, tail,
                            smallest)
+
+
+def _half_widths_nats(mechanism, params, both, tail) -> np.ndarray:
+    """Each configuration's mechanism window half-width (nats; flat), as _mechanism_sizes
+    measures it (the remove direction's when there are two)."""
+    return mechanism_half_widths(mechanism, tuple(params) + ((REMOVE,) if both else ()), tail,
+                                 1.0)
+
+
+def _covering_steps(half_widths):
+    """rtol's finest steps (nats): on a finer one a window of ``half_widths`` nats no longer
+    fits the largest mechanism grid (MAX_MECHANISM_SIZE points), and the loss beyond the grid
+    goes to its ends (a tiny sampling probability over many steps: a loss spread of 7e-8 nats
+    asked for steps of 6e-8, on which a window of 2.4 nats was 2^25 points, and the composition
+    could not be placed even at rtol = 1, where the automatic grid answers)."""
+    return grid_lib.cover_step(np.nan_to_num(half_widths, nan=0.0), grid_lib.MAX_MECHANISM_SIZE,
+                               np)
 
 
 def _gaussian_poisson(event: Event, shape) -> tuple[np.ndarray, np.ndarray] | None:
@@ -623,10 +649,15 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     active = np.nonzero((steps_arr > 0) & _spends(event, shape))[0]
     # configurations on one grid step share a chunk (one Grid per call): rtol's steps, or each
     # one's exact lattice (integer-valued noise), or the automatic steps (one group)
+    half_widths = None
     if rtol is not None:
         sigma, q = closed_form
         group_steps = _accuracy_steps(sigma[active], q[active], steps_arr[active], target[active],
                                       target_name, event.neighboring, float(rtol))
+        half_widths = _half_widths_nats(
+            mechanism, [p[active] for p in params], both,
+            mechanism_tail(steps_arr[active], target[active], evaluate))
+        group_steps = np.maximum(group_steps, _covering_steps(half_widths))
     else:
         lattice = _lattice_steps(event, params, shape, pessimistic) if grid is None else None
         group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
@@ -642,11 +673,13 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
             group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
         if rtol is not None:
             remedy = _rtol_remedy(rtol, group_step)
-        stepped = active[group_steps == group_step]
+        in_group = group_steps == group_step
+        stepped = active[in_group]
         # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
         # largest member's size, so no configuration is slower (or on another grid) in a batch
         tail = mechanism_tail(steps_arr[stepped], target[stepped], evaluate)
-        sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid, tail)
+        sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid, tail,
+                                 None if half_widths is None else half_widths[in_group])
         for size in np.unique(sizes):
             members = stepped[sizes == size]
             # alike configurations side by side (few distinct composition sizes per chunk)
@@ -775,7 +808,10 @@ def dpsgd_epsilon(
         discretization error of a T-fold composition grows like T step^2). None (default): the
         automatic grid (about 1e-5 relative here). For example 1e-2 (several times faster), or
         5e-2 for hyperparameter searches. Whatever rtol, the pessimistic value stays an upper
-        bound; rtol sets how close to the truth it aims to be (a target, not a guarantee).
+        bound; rtol sets how close to the truth it aims to be (a target, not a guarantee). The
+        step is never finer than the finest on which one step's loss window fits the largest
+        mechanism grid (grid.MAX_MECHANISM_SIZE points); where rtol asks for a finer one (a
+        tiny sampling probability, or a very small rtol) it is not met.
     """
     if is_traced((noise_multiplier, sampling_prob, steps, delta)):
         raise ValueError(_UNDER_JIT.format("epsilon"))
@@ -877,7 +913,10 @@ def compose_schedule(
         sd = np.sqrt(np.sum(steps * spread**2))
         count = np.sum(steps)
         step = accuracy_step(float(rtol), count, sd**2 / 2 + 4.8 * sd, sd / np.sqrt(count), 4.8)
-        grid = dataclasses.replace(grid or Grid(), step=float(step))
+        half_widths = np.concatenate([_half_widths_nats(*event.directions(pessimistic), None)
+                                      for event, _ in checked])
+        step = max(float(step), float(np.max(_covering_steps(half_widths))))
+        grid = dataclasses.replace(grid or Grid(), step=step)
     for i, (event, steps) in enumerate(checked):
         try:
             parts.append(event.pld(pessimistic=pessimistic, grid=grid).self_compose(steps))

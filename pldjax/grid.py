@@ -116,17 +116,23 @@ def mechanism_size(half_width_in_steps: float) -> int:
     return min(max(MECHANISM_SIZE, next_pow2(int(np.ceil(points)))), MAX_MECHANISM_SIZE)
 
 
+def cover_step(half_width, size: int, xp=jnp):
+    """The smallest power-of-two step (nats, at most MAX_STEP) on which a window of ``size``
+    points reaches ``half_width`` nats on both sides of its centre; ``xp``: jax.numpy (traced
+    parameters) or numpy."""
+    wanted = xp.clip(2.0 * half_width / (size - 2), 2.0**-1000, MAX_STEP)
+    return xp.ldexp(1.0, xp.ceil(xp.log2(wanted)).astype(xp.int32))
+
+
 def auto_step(spread, half_width, size: int):
     """A power-of-two step (so that grids of different mechanisms are commensurate).
 
     The largest power of two <= spread / 2^STEP_FRACTION_LOG2 (accuracy), unless the window of
     ``size`` points would then not reach ``half_width`` on both sides of its centre: then the
-    smallest power of two that does.
+    smallest power of two that does (:func:`cover_step`).
     Never above MAX_STEP (a wider loss is then not covered: its tails go to the window's ends).
     """
-    wanted = jnp.clip(2.0 * half_width / (size - 2), 2.0**-1000, MAX_STEP)
-    cover = jnp.ldexp(1.0, jnp.ceil(jnp.log2(wanted)).astype(jnp.int32))
-    return jnp.minimum(jnp.maximum(fine_step(spread), cover), MAX_STEP)
+    return jnp.minimum(jnp.maximum(fine_step(spread), cover_step(half_width, size)), MAX_STEP)
 
 
 def optimistic_step_limit(size: int) -> float:

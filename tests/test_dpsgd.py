@@ -346,13 +346,51 @@ def test_bad_rtol_is_refused(rtol):
         pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=rtol)
 
 
-def test_rtol_too_fine_for_float64_names_rtol():
-    """rtol = 1e-8 asks for steps of 2e-6 nats, on which 100 compositions' windows cannot be
-    placed in float64: the refusal says to raise rtol (a fixed Grid cannot be passed with it)."""
+def _max_statistic_epsilon(sigma, q, steps, delta):
+    """A lower bound on the true epsilon of ``steps`` Poisson-subsampled Gaussian steps (remove
+    direction), from the events S = {some step's output exceeds c}: delta >= P(S) - e^eps Q(S)
+    at the true epsilon, so eps >= log((P(S) - delta) / Q(S)) for every c (closed form, SciPy)."""
+    from scipy.stats import norm
+
+    c = np.linspace(0.0, 10.0 * sigma + 1.0, 4001)
+    base = norm.sf(c / sigma)
+    mixed = (1 - q) * base + q * norm.sf((c - 1) / sigma)
+    q_s = -np.expm1(steps * np.log1p(-base))
+    p_s = -np.expm1(steps * np.log1p(-mixed))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bounds = np.log((p_s - delta) / q_s)
+    return np.max(bounds[np.isfinite(bounds)])
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(0.5, 1e-6, 10**7), (0.5, 1e-8, 10**9)])
+def test_rtol_answers_where_the_default_grid_does(sigma, q, steps):
+    """A tiny sampling probability over many steps: one step's loss spread (q sqrt(e^(1/sigma^2)
+    - 1), 7e-6 and 7e-8 nats) asked for steps on which the mechanism's window (2.4 nats wide)
+    could not fit the largest mechanism grid; it was placed around its centre, far from the mass
+    near 0, and the composition was refused even at rtol = 1, where the default grid answers.
+    rtol's step is now never finer than the one on which the window fits."""
+    lower = _max_statistic_epsilon(sigma, q, steps, 1e-5)
+    default = pj.dpsgd_epsilon(sigma, q, steps, 1e-5)
+    default_schedule = pj.compose_schedule([(sigma, q, steps)]).epsilon(1e-5)
+    assert lower > 0.03 if q == 1e-6 else lower > 0.0
+    for rtol in (1e-2, 1.0):
+        got = pj.dpsgd_epsilon(sigma, q, steps, 1e-5, rtol=rtol)
+        assert lower <= got <= default * (1 + 1e-9)
+        schedule = pj.compose_schedule([(sigma, q, steps)], rtol=rtol).epsilon(1e-5)
+        assert lower <= schedule <= default_schedule * (1 + 1e-9)
+
+
+def test_rtol_too_fine_for_the_composition_names_rtol():
+    """rtol = 1e-8 asks the Gaussian's 10^6 steps for a composition window of 2^27 points (more
+    than grid.MAX_SIZE): the refusal says to raise rtol (a fixed Grid cannot be passed with it).
+    A step too fine for the mechanism's own window is raised to the finest that fits instead
+    (test_rtol_answers_where_the_default_grid_does): 100 subsampled steps answer at rtol = 1e-8."""
     with pytest.raises(ValueError, match="use a larger rtol"):
-        pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5, rtol=1e-8)
+        pj.dpsgd_epsilon(2.0, 1.0, 10**6, 1e-5, rtol=1e-8)
     with pytest.raises(ValueError, match=r"rtol=1e-08 .* segments\[0\]"):
-        pj.compose_schedule([(1.0, 0.01, 100)], rtol=1e-8)
+        pj.compose_schedule([(2.0, 1.0, 10**6)], rtol=1e-8)
+    assert pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5, rtol=1e-8) == pytest.approx(
+        pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5), rel=1e-4)
 
 
 @pytest.mark.parametrize("sigma,q", [(1e13, 0.01), (1e12, 1.0), (1e17, 1.0)])
