@@ -223,17 +223,22 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
     # small program to compile, or to load from the cache, per process)
     xp = np if compositions.host_glue else jnp
-    tail = mechanism_tail(steps, target, evaluate)
-    *params, steps, target, tail = _place(
-        [np.asarray(a, np.float64) for a in (*params, steps, target, tail)], sharding
-    )
+    params = [np.asarray(p, np.float64) for p in params]
+    steps, target = np.asarray(steps, np.float64), np.asarray(target, np.float64)
     directions = 2 if both else 1
-    # rows: every configuration's first direction, then (when it has two) every one's second
-    counts = xp.concatenate([steps] * directions)
-    targets = xp.concatenate([target] * directions)
+    # rows: every configuration's first direction, then (when it has two) every one's second;
+    # the host reads the counts (window widths), the discretization and every composition call
+    # of the chunk read the counts and targets: on an accelerator put there once
+    counts, targets = (np.concatenate([a] * directions) for a in (steps, target))
+    row_counts, row_targets = counts, targets
+    if sharding is not None:
+        row_counts, row_targets = _place([counts, targets], sharding)
+    elif not compositions.host_glue:
+        row_counts, row_targets = jax.device_put(counts), jax.device_put(targets)
     probs, inf_mass, offset, step, lo, hi, exponents, summary = direction_arrays(
-        Directions(mechanism, tuple(params), both), grid, pessimistic, tail, mechanism_size,
-        then=_placement(directions, evaluate), extra=(counts, targets))
+        Directions(mechanism, tuple(params), both), grid, pessimistic,
+        mechanism_tail(steps, target, evaluate), mechanism_size,
+        then=_placement(directions, evaluate), extra=(row_counts, row_targets))
     probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
     exponents = [xp.asarray(e) for e in exponents]
     summary = PMFSummary(*(xp.asarray(s) for s in summary))
@@ -243,12 +248,12 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     if steps.shape[0] == 1:
         first = same = np.arange(directions)
     else:
-        config = np.column_stack([np.asarray(a, np.float64) for a in (*params, steps, target)])
+        config = np.column_stack([*params, steps, target])
         rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
                                    np.tile(config, (directions, 1))])
         _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
     values = np.zeros(sizes.shape[0])
-    scalars = (*summary, inf_mass, offset, step, counts, targets, *exponents)
+    scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
     for size in np.unique(sizes[first]):
         size = _checked_size(int(size), "dpsgd accounting", "steps", remedy)
         compositions.add(size, probs, scalars, first[sizes[first] == size], values)
