@@ -283,8 +283,8 @@ def wrap_rows(xp, probs, size: int):
     modulo ``size``): (rows, size). ``xp``: jax.numpy inside kernels, NumPy where the host wraps
     rows for a kernel whose shapes should not depend on n."""
     rows, n = probs.shape
-    if n <= size:
-        return xp.pad(probs, ((0, 0), (0, size - n)))
+    if n <= size:  # zeros appended (NumPy's pad took 12 us for a single call's two rows)
+        return xp.concatenate([probs, xp.zeros((rows, size - n), probs.dtype)], axis=1)
     return xp.pad(probs, ((0, 0), (0, (-n) % size))).reshape(rows, -1, size).sum(axis=1)
 
 

@@ -551,19 +551,22 @@ def _broadcast_flat(params, tail, xp):
     return tuple(p.reshape(-1) for p in params), tail.reshape(-1), tail.shape
 
 
-def mechanism_half_widths(mechanism: Mechanism, params, tail=None, step=None) -> np.ndarray:
+def mechanism_half_widths(mechanism: Mechanism, params, tail=None,
+                          step=None) -> Callable[[], np.ndarray]:
     """Each element's window half-width (see :func:`window`) in units of ``step`` (1.0: nats;
     None: of twice its fine step, see :func:`_half_widths`), for the broadcast concrete
-    ``params`` and ``tail``; flat. One compiled call."""
+    ``params`` and ``tail``; flat. Starts their compiled call and returns the function that
+    reads them, so that the caller's host work can run meanwhile."""
     params, tail, _ = _broadcast_flat(params, tail, np)
     count = tail.size
     if count == 0:
-        return np.zeros(0)
+        return lambda: np.zeros(0)
     # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
     # for a configuration's one or two directions and few for a sweep
     repeat_last = np.minimum(np.arange(max(8, grid_lib.next_pow2(count))), count - 1)
     params, tail = tuple(p[repeat_last] for p in params), tail[repeat_last]
-    return np.asarray(_half_widths(params, tail, step, mechanism=mechanism))[:count]
+    widths = _half_widths(params, tail, step, mechanism=mechanism)
+    return lambda: np.asarray(widths)[:count]
 
 
 def sizes_for_half_widths(half_widths, smallest: int = grid_lib.MECHANISM_SIZE) -> np.ndarray:
@@ -586,7 +589,7 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
     grid = grid or Grid()
     if grid.size is not None:
         return np.full(_broadcast_flat(params, tail, np)[1].size, grid.size)
-    return sizes_for_half_widths(mechanism_half_widths(mechanism, params, tail, grid.step),
+    return sizes_for_half_widths(mechanism_half_widths(mechanism, params, tail, grid.step)(),
                                  smallest)
 
 

@@ -527,9 +527,10 @@ def _mechanism_sizes(mechanism, params, both, grid, tail, half_widths=None):
                            smallest)
 
 
-def _half_widths_nats(mechanism, params, both, tail) -> np.ndarray:
+def _half_widths_nats(mechanism, params, both, tail) -> Callable[[], np.ndarray]:
     """Each configuration's mechanism window half-width (nats; flat), as _mechanism_sizes
-    measures it (the remove direction's when there are two)."""
+    measures it (the remove direction's when there are two): the function that reads them once
+    computed (see discretize.mechanism_half_widths)."""
     return mechanism_half_widths(mechanism, tuple(params) + ((REMOVE,) if both else ()), tail,
                                  1.0)
 
@@ -656,12 +657,13 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     # one's exact lattice (integer-valued noise), or the automatic steps (one group)
     half_widths = None
     if rtol is not None:
+        read_half_widths = _half_widths_nats(
+            mechanism, [p[active] for p in params], both,
+            mechanism_tail(steps_arr[active], target[active], evaluate))
         sigma, q = closed_form
         group_steps = _accuracy_steps(sigma[active], q[active], steps_arr[active], target[active],
                                       target_name, event.neighboring, float(rtol))
-        half_widths = _half_widths_nats(
-            mechanism, [p[active] for p in params], both,
-            mechanism_tail(steps_arr[active], target[active], evaluate))
+        half_widths = read_half_widths()
         group_steps = np.maximum(group_steps, _covering_steps(half_widths))
     else:
         lattice = _lattice_steps(event, params, shape, pessimistic) if grid is None else None
@@ -918,7 +920,7 @@ def compose_schedule(
         sd = np.sqrt(np.sum(steps * spread**2))
         count = np.sum(steps)
         step = accuracy_step(float(rtol), count, sd**2 / 2 + 4.8 * sd, sd / np.sqrt(count), 4.8)
-        half_widths = np.concatenate([_half_widths_nats(*event.directions(pessimistic), None)
+        half_widths = np.concatenate([_half_widths_nats(*event.directions(pessimistic), None)()
                                       for event, _ in checked])
         step = max(float(step), float(np.max(_covering_steps(half_widths))))
         grid = dataclasses.replace(grid or Grid(), step=step)
