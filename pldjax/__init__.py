@@ -24,7 +24,7 @@ Docstrings cite these papers by first author and year:
 The layers, and where each kind of change goes, are described in ARCHITECTURE.md.
 """
 
-import importlib
+import importlib as _importlib
 
 from pldjax.calibrate import (
     calibrate_event,
@@ -32,7 +32,8 @@ from pldjax.calibrate import (
     calibrate_sampling_prob,
     calibrate_steps,
 )
-from pldjax.compilation import enable_compilation_cache, enable_default_cache
+from pldjax.compilation import enable_compilation_cache
+from pldjax.compilation import enable_default_cache as _enable_default_cache
 from pldjax.compose import compose
 from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon, event_delta, event_epsilon
 from pldjax.gaussian_dp import gdp_mu, gdp_residue
@@ -126,7 +127,7 @@ def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'pldjax' has no attribute {name!r}")
     module_name, attribute = _LAZY[name]
-    module = importlib.import_module(module_name)
+    module = _importlib.import_module(module_name)
     value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value
     return value
@@ -138,4 +139,4 @@ def __dir__() -> list[str]:
 
 # the persistent compilation cache is on by default (opt out: PLDJAX_COMPILATION_CACHE=0; a cache
 # directory configured for JAX wins); see pldjax.compilation
-enable_default_cache()
+_enable_default_cache()

@@ -162,3 +162,16 @@ def test_compilation_cache_keeps_kernels_across_processes(tmp_path):
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert off.returncode == 0 and off.stdout.splitlines()[0] == "None"
+
+
+def test_public_namespace_holds_only_the_api():
+    """Every public name of the package is in __all__ or one of its own modules (no helper
+    imports, such as importlib, leak into ``dir(pj)`` and tab completion)."""
+    import types
+
+    for name in dir(pj):
+        if name.startswith("_"):
+            continue
+        value = getattr(pj, name)
+        own_module = isinstance(value, types.ModuleType) and value.__name__.startswith("pldjax.")
+        assert name in pj.__all__ or own_module, name
