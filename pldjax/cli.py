@@ -12,16 +12,19 @@ discrete_laplace, discrete_gaussian; the noise's scale is S times ``--sensitivit
 defaults are DP-SGD's (Gaussian, Poisson, add/remove).
 
 Values printed are pessimistic (upper bounds on the truth) with the optimistic estimate beside
-them, to show how tight they are. Bad input (a NaN, a value out of range, a CSV row with a missing
-or malformed field) is reported on standard error, naming the argument (and the CSV row and
-column), with exit code 2; a computation that fails (a NaN result) exits with code 1, printing
-no result.
+them, to show how tight they are; each is printed to six digits rounded to its safe side (up for
+the pessimistic value, down for the optimistic one; the sweep writes every digit). Bad input (a
+NaN, a value out of range, a CSV row with a missing or malformed field) is reported on standard
+error, naming the argument (and the CSV row and column), with exit code 2; a computation that
+fails (a NaN result) exits with code 1, printing no result.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import decimal
+import math
 import sys
 from collections.abc import Sequence
 
@@ -175,7 +178,20 @@ def _single(args) -> str:
         for pessimistic in (True, False)
     ]
     _check_numbers(bounds, lambda bad: "for these arguments")
-    return f"{args.command} = {bounds[0]:.6g}  (optimistic {bounds[1]:.6g})"
+    return (f"{args.command} = {_six_digits(bounds[0], up=True)}  "
+            f"(optimistic {_six_digits(bounds[1], up=False)})")
+
+
+def _six_digits(value: float, up: bool) -> str:
+    """``value`` to six significant digits, rounded up (``up``: an upper bound printed stays one)
+    or down (a lower bound), from its exact binary value."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.6g}"
+    exact = decimal.Decimal(value)
+    unit = decimal.Decimal(1).scaleb(exact.adjusted() - 5)
+    rounded = exact.quantize(unit, rounding=decimal.ROUND_CEILING if up else decimal.ROUND_FLOOR)
+    text = f"{float(rounded):.6g}"  # as Python prints floats; the same digits,
+    return text if decimal.Decimal(text) == rounded else str(rounded)  # but for subnormals
 
 
 def _read_configs(path: str):

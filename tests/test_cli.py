@@ -1,6 +1,8 @@
 """The command line at the edges: bad arguments and bad CSV rows give a clear message naming the
 argument (and row and column) with exit code 2; a NaN result is never printed (exit code 1)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -102,7 +104,8 @@ def test_parts_select_the_event(capsys, tmp_path):
     printed = capsys.readouterr().out
     event = pj.Event(pj.noise.Laplace(2.0))
     expected = pj.event_epsilon(event, 10, 1e-5)
-    assert printed.startswith(f"epsilon = {expected:.6g}  (optimistic ")
+    shown = float(printed.split()[2])
+    assert expected <= shown <= expected * (1 + 1e-5)  # six digits, rounded up (see below)
     configs = tmp_path / "configs.csv"
     configs.write_text(HEADER + "2.0,1.0,10,1e-5\n")
     out = tmp_path / "out.csv"
@@ -112,6 +115,36 @@ def test_parts_select_the_event(capsys, tmp_path):
     # the same loss (sensitivity / scale = 1/2), so the same epsilon
     assert float(row.split(",")[4]) == pj.event_epsilon(pj.Event(pj.noise.Laplace(6.0, 3.0)), 10,
                                                          1e-5) == expected
+
+
+@pytest.mark.parametrize(("command", "target", "truth"), [
+    # one run of the discrete Laplace (scale 1, sensitivity 1): its loss is +1 with probability
+    # 1 / (1 + e^-1), else -1, so delta(eps) = (1 - e^(eps - 1)) / (1 + e^-1) for eps in [0, 1)
+    # (the truth rounded to nearest six digits, 0.999986 and 0.433832, lies below it)
+    ("epsilon", ["--delta", "1e-5"], 1 + math.log1p(-1e-5 * (1 + math.exp(-1)))),
+    ("delta", ["--epsilon", "0.1"], -math.expm1(0.1 - 1) / (1 + math.exp(-1))),
+])
+def test_printed_values_are_rounded_to_their_safe_side(capsys, command, target, truth):
+    """Six digits printed: the pessimistic value rounded up, the optimistic one down, so the
+    printed numbers still bound the truth."""
+    args = ["--noise-multiplier", "1", "--sampling", "none", "--steps", "1", *target,
+            "--noise", "discrete_laplace"]
+    assert main([command, *args]) == 0
+    words = capsys.readouterr().out.split()
+    upper, lower = float(words[2]), float(words[4].rstrip(")"))
+    assert lower <= truth <= upper <= truth * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("value", [6.187906790056493, 0.1, 1e-300, 123456789.0, 9.9999996,
+                                   5e-324, 1.0])
+def test_six_digits_bound_their_value(value):
+    from decimal import Decimal
+
+    from pldjax.cli import _six_digits
+
+    up, down = _six_digits(value, up=True), _six_digits(value, up=False)
+    assert Decimal(down) <= Decimal(value) <= Decimal(up)  # exact decimal comparisons
+    assert float(up) <= value * (1 + 1e-5) and float(down) >= value * (1 - 1e-5)
 
 
 @pytest.mark.parametrize(("args", "message"), [
