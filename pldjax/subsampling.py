@@ -38,7 +38,6 @@ round-off.
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -272,11 +271,15 @@ def _unordered(key):
     return jax.lax.bitcast_convert_type(bits, jnp.float64)
 
 
+def _components(values, x):
+    """``values`` (one per component, on the leading axis) shaped to broadcast against ``x``."""
+    return values.reshape(values.shape + (1,) * jnp.ndim(x))
+
+
 def _mixture_loss(location: Location, x, shifts, log_probs):
     """l(x) = log sum_k p_k f(x - a_k) / f(x); components with p_k = 0 left out (no -inf + inf)."""
-    terms = [jnp.where(jnp.isneginf(lp), -jnp.inf, lp + location.log_ratio(x, a))
-             for a, lp in zip(shifts, log_probs, strict=True)]
-    return logsumexp(jnp.stack(terms), axis=0)
+    a, lp = _components(shifts, x), _components(log_probs, x)
+    return logsumexp(jnp.where(jnp.isneginf(lp), -jnp.inf, lp + location.log_ratio(x, a)), axis=0)
 
 
 def _mixture_threshold(location: Location, shifts, log_probs, eps):
@@ -297,12 +300,14 @@ def _mixture_threshold(location: Location, shifts, log_probs, eps):
 
 
 def _mixture_parts(params):
-    """(shifts a_k, log p_k, direction) from params (shift, w_1..w_K, p_1..p_K, direction)."""
+    """(shifts a_k, log p_k, direction) from params (shift, w_1..w_K, p_1..p_K, direction), the
+    components stacked on a leading axis (the programs' size does not grow with K)."""
     shift, *rest, direction = params
     count = len(rest) // 2
+    weights, probs = jnp.stack(rest[:count]), jnp.stack(rest[count:])
     # at most MAX_SHIFT (see pldjax.noise: a (x - a/2) stays finite); a zero scale is no shift
-    shifts = [jnp.where(w > 0, jnp.minimum(w * shift, MAX_SHIFT), 0.0) for w in rest[:count]]
-    return shifts, [jnp.log(p) for p in rest[count:]], direction
+    shifts = jnp.where(weights > 0, jnp.minimum(weights * shift, MAX_SHIFT), 0.0)
+    return shifts, jnp.log(probs), direction
 
 
 def _mixture_tails(location: Location, params, eps):
@@ -311,8 +316,7 @@ def _mixture_tails(location: Location, params, eps):
     x = _mixture_threshold(location, shifts, log_probs, jnp.where(add, -eps, eps))
 
     def mixed(tail):
-        return logsumexp(jnp.stack([lp + tail(x - a) for a, lp in zip(shifts, log_probs, strict=True)]),
-                         axis=0)
+        return logsumexp(_components(log_probs, x) + tail(x - _components(shifts, x)), axis=0)
 
     sf, cdf = location.log_sf(x), location.log_cdf(x)
     mixed_sf, mixed_cdf = mixed(location.log_sf), mixed(location.log_cdf)
@@ -330,7 +334,7 @@ def _mixture_range(location: Location, params):
     """(low, high) of the loss over outputs in [-REACH, max a_k + REACH], capped at
     BASE_REACH_MAX, for the direction in params."""
     shifts, log_probs, direction = _mixture_parts(params)
-    top = functools.reduce(jnp.maximum, shifts)
+    top = jnp.max(shifts, axis=0)
     low = _mixture_loss(location, jnp.asarray(-_REACH), shifts, log_probs)
     high = _mixture_loss(location, top + _REACH, shifts, log_probs)
     low, high = (jnp.clip(v, -BASE_REACH_MAX, BASE_REACH_MAX) for v in (low, high))
@@ -343,12 +347,18 @@ def _mixture_spread(location: Location, params):
     it is close to F, never more than the largest component's own loss scale a_max, nor than
     sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0)."""
     shifts, log_probs, _ = _mixture_parts(params)
-    probs = [jnp.exp(lp) for lp in log_probs]
-    pairs = itertools.product(zip(shifts, probs, strict=True), repeat=2)
-    # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
-    chi2 = sum(jnp.where(pj * pk > 0, pj * pk * location.cross(aj, ak), 0.0) for (aj, pj), (ak, pk) in pairs)
-    top = functools.reduce(jnp.maximum, shifts)
-    moving = sum(jnp.where(a > 0, p, 0.0) for a, p in zip(shifts, probs, strict=True))
+    probs = jnp.exp(log_probs)
+
+    def add_row(j, total):
+        # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
+        pair = probs[j] * probs
+        return total + jnp.sum(jnp.where(pair > 0, pair * location.cross(shifts[j], shifts), 0.0),
+                               axis=0)
+
+    # row by row: K values in memory at a time, not K^2
+    chi2 = jax.lax.fori_loop(0, shifts.shape[0], add_row, jnp.zeros(shifts.shape[1:]))
+    top = jnp.max(shifts, axis=0)
+    moving = jnp.sum(jnp.where(shifts > 0, probs, 0.0), axis=0)
     rare = jnp.sqrt(moving) * (top**2 / 2 + top)
     spread = jnp.minimum(jnp.minimum(jnp.sqrt(jnp.maximum(chi2, 0.0)), rare), top)
     return jnp.where(spread > 0, spread, 1.0)

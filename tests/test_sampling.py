@@ -60,6 +60,28 @@ def test_mixture_single_step_against_mpmath():
             assert float(direction.total_mass()) == pytest.approx(1.0, abs=1e-12)
 
 
+def test_mixture_of_many_components_against_mpmath():
+    """A user with 200 records (Mixture.binomial, 201 components). Each component was its own
+    traced term, and 101 of them crashed the compiler (signal 11 after a minute, 5 GB); they are
+    stacked now. Components of probability 0 (the binomial's far tail underflows) are left out,
+    and beyond MAX_COMPONENTS present ones a ValueError says so."""
+    sigma = 2.0
+    mixture = pj.sampling.Mixture.binomial(0.05, 200)
+    up = pj.privacy_loss(pj.noise.Gaussian(sigma), mixture)
+    present = mixture.probs > 0
+    eps = np.array([0.5, 2.0, 5.0])
+    want = np.array([_mixture_delta(sigma, mixture.scales[present], mixture.probs[present], e,
+                                    add=False) for e in eps])
+    upper = np.asarray(up.directions()[0].delta(eps))
+    lower = np.asarray(pj.privacy_loss(pj.noise.Gaussian(sigma), mixture, pessimistic=False)
+                       .directions()[0].delta(eps))
+    # the loss spans thousands of nats (shifts up to 100): the automatic step is 2 nats
+    assert np.all(lower <= want * (1 + 1e-9)) and np.all(lower >= want * (1 - 1e-3))
+    assert np.all(upper >= want * (1 - 1e-9)) and np.all(upper <= want * (1 + 3e-2))
+    with pytest.raises(ValueError, match="MAX_COMPONENTS"):
+        pj.privacy_loss(pj.noise.Gaussian(sigma), pj.sampling.Mixture.binomial(0.5, 10**4))
+
+
 def test_mixture_of_nothing_and_one_contribution_is_poisson_sampling():
     q = 0.05
     mixed = _mixture(scales=[0.0, 1.0], probs=[1 - q, q])
