@@ -9,9 +9,10 @@ components and neighbouring relation; the parameters vary), so the state keeps f
 Recording is pure and jit-able (arrays of fixed capacity, no host calls); reading epsilon or
 delta composes the segments exactly (:func:`pldjax.compose_schedule`) on the host, at any time.
 Any number of steps fits; only the number of parameter *changes* is bounded by the capacity
-(``init(capacity=...)``, default 64). A step that would need one more segment than the capacity
-sets ``overflow``, after which readings raise instead of reporting a wrong value; so does a step
-recorded under jit with invalid values (which cannot raise there).
+(``init(capacity=...)``, default 64). On the host, a step that would need one more segment than
+the capacity raises (the state passed in stays as it was); under jit, where nothing can raise,
+it sets ``overflow``, after which readings raise instead of reporting a wrong value; so does a
+step recorded under jit with invalid values.
 
 The state's 64-bit leaves are stored as exact uint32 bit pairs (:func:`pldjax.precision.pack`), so
 it crosses a caller's jit, vmap and save/load bit for bit whatever ``jax_enable_x64``. Parameters
@@ -261,19 +262,31 @@ def step(state: AccountantState, event: Event | float | None = None, sampling_pr
         check_range("steps", steps, 0.0, MAX_STEPS)
         if not float(np.asarray(steps)).is_integer():
             raise ValueError(f"steps must be a whole number >= 0, got {steps!r}")
-    kernel = _step if is_traced((state, event, steps)) else _step_jit
-    return kernel(state, event, steps)
+    if is_traced((state, event, steps)):
+        return _step(state, event, steps)
+    new = _step_jit(state, event, steps)
+    # on the host a step that does not fit raises, and the caller keeps the state it passed in
+    if bool(np.asarray(new.overflow)) and not bool(np.asarray(state.overflow)):
+        raise ValueError(f"this step cannot be recorded (the state passed in is unchanged): "
+                         f"{_limits(state)}, or an event parameter in float32 where no rounding "
+                         f"is safe")
+    return new
+
+
+def _limits(state: AccountantState) -> str:
+    """The limits of what a state records (see :func:`_step`)."""
+    return (f"more parameter changes than the accountant's capacity ({_capacity(state)}; use "
+            f"init(capacity=...)) or more than 2^63 - 1 steps of one event")
 
 
 def _read(state: AccountantState) -> tuple[AccountantState, int]:
     state = _unpacked(state)
     if bool(np.asarray(state.overflow)):
         raise ValueError(
-            f"the accountant's run is not fully recorded: more parameter changes than its "
-            f"capacity ({_capacity(state)}; use init(capacity=...)), more than 2^63 - 1 steps "
-            f"of one event, or a step under jit with an invalid noise_multiplier (not finite > "
-            f"0), sampling_prob (not in [0, 1]), steps (not in [0, 2^62]) or other event "
-            f"parameter (out of range, or float32 where no rounding is safe)")
+            f"the accountant's run is not fully recorded: {_limits(state)}, or a step under jit "
+            f"with an invalid noise_multiplier (not finite > 0), sampling_prob (not in [0, 1]), "
+            f"steps (not in [0, 2^62]) or other event parameter (out of range, or float32 where "
+            f"no rounding is safe)")
     return state, int(np.asarray(state.count))
 
 

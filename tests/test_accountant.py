@@ -34,9 +34,15 @@ def test_accountant_step_is_jittable_and_overflow_refuses_to_report():
     for sigma in (1.0, 1.0, 2.0):
         state = step(state, sigma, 0.01, 1)
     assert pj.accountant.segments(state) == [(1.0, 0.01, 2), (2.0, 0.01, 1)]
+    full = state
     state = step(state, 3.0, 0.01, 1)  # a third segment does not fit
     with pytest.raises(ValueError, match="capacity"):
         pj.accountant.epsilon(state, DELTA)
+    # on the host it raises at once, and the state passed in keeps its readable record
+    with pytest.raises(ValueError, match="cannot be recorded .* capacity \\(2"):
+        pj.accountant.step(full, 3.0, 0.01, 1)
+    assert pj.accountant.epsilon(full, DELTA) == pytest.approx(
+        pj.compose_schedule([(1.0, 0.01, 2), (2.0, 0.01, 1)]).epsilon(DELTA), rel=1e-6)
     with pytest.raises(ValueError, match="noise_multiplier"):
         pj.accountant.step(pj.accountant.init(), -1.0, 0.01)
     # under jit bad values cannot raise: nothing is recorded and every reading raises
@@ -60,6 +66,11 @@ def test_accountant_step_counts_never_wrap_around():
     for step in (A.step, jax.jit(A.step)):
         state = step(step(A.init(), 1.0, 0.01, 2**62), 1.0, 0.01, 2**62 - 1)
         assert A.segments(state) == [(1.0, 0.01, 2**63 - 1)]
+        if step is A.step:  # on the host the step raises, and the state passed in stays usable
+            with pytest.raises(ValueError, match="2\\^63 - 1 steps"):
+                step(state, 1.0, 0.01, 1)
+            assert A.segments(state) == [(1.0, 0.01, 2**63 - 1)]
+            continue
         state = step(state, 1.0, 0.01, 1)  # 2^63 steps: not representable
         with pytest.raises(ValueError, match="2\\^63 - 1 steps"):
             A.epsilon(state, DELTA)
