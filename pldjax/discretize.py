@@ -569,16 +569,6 @@ def mechanism_half_widths(mechanism: Mechanism, params, tail=None,
     return lambda: np.asarray(widths)[:count]
 
 
-def sizes_for_half_widths(half_widths, smallest: int = grid_lib.MECHANISM_SIZE) -> np.ndarray:
-    """grid.mechanism_size, vectorized: the power of two in [smallest, MAX_MECHANISM_SIZE]
-    points whose window reaches ``half_widths`` grid steps on both sides of its centre."""
-    points = np.nan_to_num(np.minimum(2 * np.asarray(half_widths) + 4,
-                                      grid_lib.MAX_MECHANISM_SIZE),
-                           nan=grid_lib.MAX_MECHANISM_SIZE)
-    sizes = np.exp2(np.ceil(np.log2(np.maximum(np.ceil(points), 1.0))))
-    return np.clip(sizes, smallest, grid_lib.MAX_MECHANISM_SIZE).astype(np.int64)
-
-
 def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
                     tail=None, smallest: int = grid_lib.MECHANISM_SIZE) -> np.ndarray:
     """The number of grid points each element of the broadcast ``params`` (and ``tail``, see
@@ -589,8 +579,8 @@ def mechanism_sizes(mechanism: Mechanism, params, grid: Grid | None = None,
     grid = grid or Grid()
     if grid.size is not None:
         return np.full(_broadcast_flat(params, tail, np)[1].size, grid.size)
-    return sizes_for_half_widths(mechanism_half_widths(mechanism, params, tail, grid.step)(),
-                                 smallest)
+    return grid_lib.mechanism_sizes(mechanism_half_widths(mechanism, params, tail, grid.step)(),
+                                    smallest)
 
 
 def _size(mechanism: Mechanism, params, tail, grid: Grid) -> int:

@@ -46,12 +46,7 @@ from pldjax.compose import (
     window_widths,
     wrap_rows,
 )
-from pldjax.discretize import (
-    MECHANISM_KERNELS,
-    mechanism_half_widths,
-    mechanism_sizes,
-    sizes_for_half_widths,
-)
+from pldjax.discretize import MECHANISM_KERNELS, mechanism_half_widths, mechanism_sizes
 from pldjax.grid import Grid
 from pldjax.mechanisms import Event, direction_arrays, identity
 from pldjax.neighboring import Neighboring
@@ -522,7 +517,7 @@ def _mechanism_sizes(mechanism, params, both, grid, tail, half_widths=None):
     (then no compiled call)."""
     smallest = grid_lib.MECHANISM_SIZE if grid is None or grid.step is None else STEPPED_MECHANISM_SIZE
     if half_widths is not None and grid.step is not None and grid.size is None:
-        return sizes_for_half_widths(half_widths / grid.step, smallest)
+        return grid_lib.mechanism_sizes(half_widths / grid.step, smallest)
     return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid, tail,
                            smallest)
 

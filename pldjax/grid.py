@@ -108,12 +108,18 @@ def fine_step(spread):
     return jnp.ldexp(1.0, (jnp.floor(jnp.log2(spread)) - STEP_FRACTION_LOG2).astype(jnp.int32))
 
 
+def mechanism_sizes(half_widths_in_steps, smallest: int = MECHANISM_SIZE) -> np.ndarray:
+    """Numbers of points (powers of two in [smallest, MAX_MECHANISM_SIZE]) of windows reaching
+    ``half_widths_in_steps`` grid steps on both sides of their centres (inf or nan: the largest)."""
+    points = np.nan_to_num(np.minimum(2 * np.asarray(half_widths_in_steps) + 4,
+                                      MAX_MECHANISM_SIZE), nan=MAX_MECHANISM_SIZE)
+    sizes = np.exp2(np.ceil(np.log2(np.maximum(np.ceil(points), 1.0))))
+    return np.clip(sizes, smallest, MAX_MECHANISM_SIZE).astype(np.int64)
+
+
 def mechanism_size(half_width_in_steps: float) -> int:
-    """Number of points (a power of two in [MECHANISM_SIZE, MAX_MECHANISM_SIZE]) of a window
-    reaching ``half_width_in_steps`` grid steps on both sides of its centre."""
-    points = min(2 * half_width_in_steps + 4, MAX_MECHANISM_SIZE)  # inf or nan: the largest
-    points = MAX_MECHANISM_SIZE if np.isnan(points) else points
-    return min(max(MECHANISM_SIZE, next_pow2(int(np.ceil(points)))), MAX_MECHANISM_SIZE)
+    """:func:`mechanism_sizes` of one window."""
+    return int(mechanism_sizes(half_width_in_steps))
 
 
 def cover_step(half_width, size: int, xp=jnp):
