@@ -11,7 +11,11 @@
 # writes its own to bench/results).
 # Steps, by priority:
 #   1. one DP-SGD epsilon, warm (bench/profile_dpsgd.py --total), then its stages;
-#   2. bench/dpsgd.py's distribution, 10^4 configurations, three calls (the first compiles);
+#   2. bench/dpsgd.py's distribution, 10^4 configurations: a first call (it compiles), one with
+#      each stage timed (blocks between stages), three untimed (the goal's figure: the host
+#      queues the next chunk while the device works);
+#   2b. with BASELINE=<dir of another pldjax checkout> (e.g. extracted by git archive), the
+#      same untimed calls there, in a process of their own, for an A/B on one machine;
 #   3. gdp_residue, 10^4 pairs, the library's chunk size and 2,048 pairs a chunk;
 #   4. V_k, 4 queries x 8 rounds on 2^14 points;
 #   5. the same 10^4 configurations at rtol=1e-2 (its own shapes to compile), in the time left
@@ -33,7 +37,14 @@ left() { local l=$(( ${LIMIT:-560} - ($(date +%s) - start) )); echo $(( l > 10 ?
   echo "== one configuration"; timeout 60 python3 bench/profile_dpsgd.py --total --rounds 15; elapsed
   timeout 60 python3 bench/profile_dpsgd.py --rounds 15; elapsed
   echo "== 10^4 configurations"
-  timeout 200 python3 bench/profile_sweep.py --configs 10000 --calls 3; elapsed
+  timeout 200 python3 bench/profile_sweep.py --configs 10000 --calls 2 --untimed 3; elapsed
+  if [ -n "${BASELINE:-}" ]; then
+    echo "== 10^4 configurations, baseline $BASELINE (at most $(left) s)"
+    PYTHONPATH=$BASELINE timeout "$(left)" python3 bench/profile_sweep.py --configs 10000 \
+      --calls 1 --untimed 3; elapsed
+    echo "== 10^4 configurations again, this checkout"
+    timeout "$(left)" python3 bench/profile_sweep.py --configs 10000 --calls 1 --untimed 3; elapsed
+  fi
   echo "== gdp_residue"
   timeout 50 python3 bench/gdp_residue.py --families rr,gauss --forms function --sizes 10000 \
     --no-accuracy --max-seconds 30 --deadline 45 --out-dir "$out"; elapsed

@@ -11,6 +11,8 @@ call (host glue).
     python bench/profile_sweep.py --configs 1024 --calls 2 [--save eps.npy] [--progress]
     python bench/profile_sweep.py --configs 1024 --calls 2 --profile 25   # and the last call's
                                                 # 25 costliest functions (cProfile, cumulative)
+    python bench/profile_sweep.py --configs 1024 --calls 2 --untimed 3    # then 3 calls without
+                                                # the stage timers (the host queues ahead)
 
 Needs: pip install '.[bench]'. Not part of CI; prints one line per call.
 """
@@ -28,7 +30,8 @@ import time
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# after PYTHONPATH: another checkout's pldjax there is the one measured (gpu.sh's BASELINE)
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dpsgd import DELTA, sweep_configs  # noqa: E402
@@ -46,6 +49,9 @@ def main() -> None:
     parser.add_argument("--progress", action="store_true", help="progress bars on stderr")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the last call and print its N costliest functions")
+    parser.add_argument("--untimed", type=int, default=0, metavar="N",
+                        help="then N calls without the stage timers, whose blocks keep the host "
+                             "from queueing a chunk while the device works on the last one")
     args = parser.parse_args()
     seconds = collections.defaultdict(float)
 
@@ -57,6 +63,8 @@ def main() -> None:
             return out
         return wrapper
 
+    untimed = {name: getattr(dpsgd, name) for name in
+               ("direction_arrays", "_compose_and_evaluate", "wrap_rows", "_gather_rows")}
     dpsgd.direction_arrays = timed("discretize", dpsgd.direction_arrays)
     dpsgd._compose_and_evaluate = timed("compose", dpsgd._compose_and_evaluate)
     wrap = timed("wrap", dpsgd.wrap_rows)
@@ -91,6 +99,12 @@ def main() -> None:
         stages = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
         print(f"call {call}: {total:.2f} s: {stages}, other {total - sum(seconds.values()):.2f} s; "
               f"{points[0] / 1e6:.1f} M points composed", flush=True)
+    for name, kernel in untimed.items():
+        setattr(dpsgd, name, kernel)
+    for call in range(args.untimed):
+        start = time.perf_counter()
+        eps = pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol)
+        print(f"untimed call {call}: {time.perf_counter() - start:.2f} s", flush=True)
     if args.profile:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     if args.save:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -74,6 +74,20 @@ def fft_roundoff(raw):
     size = raw.shape[0]
     rms = UNIT_ROUNDOFF * math.log2(size) * jnp.linalg.norm(raw) / math.sqrt(size)
     return _ROUNDOFF_SAFETY * jnp.maximum(rms, -jnp.min(raw))
+
+
+def _early_exit_on_cpu(args, *, cpu: Callable, elsewhere: Callable):
+    """``cpu(*args)`` on a CPU, ``elsewhere(*args)`` on other platforms (chosen when the kernel
+    is lowered, for the one platform it runs on).
+
+    For a branch or a loop that stops early: on a GPU, XLA runs a conditional, and a loop whose
+    trip count it cannot read from the program, by copying the predicate to the host and waiting
+    for the device to finish all the work queued before it, at every branch and every iterate;
+    the host then cannot queue the next call while the device works (a sweep's chunks wait for
+    each other's compositions). ``elsewhere`` does the same work without such control flow; the
+    CPU, which runs a program's steps from the host anyway, keeps the early exit.
+    """
+    return jax.lax.platform_dependent(*args, cpu=cpu, default=elsewhere)
 
 
 # -- tail bounds ----------------------------------------------------------------------------------
@@ -180,13 +194,20 @@ def _tangency_search(probs, centred, variance, count, target, start):
         u_next = jnp.where(jnp.isfinite(u_next), u_next, u)  # no mass: stay
         return i + 1, done, u_next, low, high, best, best_gap
 
+    def until_done(carry):  # a CPU stops as soon as both sides' conditions hold
+        return jax.lax.while_loop(lambda c: (c[0] < _CHERNOFF_STEPS) & ~c[1], newton, carry)
+
+    def every_step(carry):  # the iterates after done leave the carry as it was
+        def once(_, c):
+            return jax.tree.map(functools.partial(jnp.where, c[1]), c, newton(c))
+        return jax.lax.fori_loop(0, _CHERNOFF_STEPS, once, carry)
+
     # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
     # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE
     infinite = jnp.full((2,), jnp.inf)
-    *_, best, _ = jax.lax.while_loop(
-        lambda carry: (carry[0] < _CHERNOFF_STEPS) & ~carry[1], newton,
-        (0, False, start, -infinite, infinite, start, infinite),
-    )
+    *_, best, _ = _early_exit_on_cpu(
+        [(0, False, start, -infinite, infinite, start, infinite)], cpu=until_done,
+        elsewhere=every_step)
     return best
 
 
@@ -409,8 +430,10 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
                     | {frequencies})
     needed = jnp.max(last) + 1
     branch = jnp.sum(jnp.asarray(widths[:-1]) < needed)  # the first width >= needed
-    powered = jax.lax.switch(branch, [functools.partial(_powered, width=w) for w in widths],
-                             spectrum, low, shift, count)
+    powers = [functools.partial(_powered, width=w) for w in widths]
+    powered = _early_exit_on_cpu(  # elsewhere every frequency
+        (spectrum, low, shift, count), cpu=lambda *args: jax.lax.switch(branch, powers, *args),
+        elsewhere=powers[-1])
 
     def finish(p, live, s, start, m, o, h, c, e):
         raw = jnp.fft.irfft(p, size)

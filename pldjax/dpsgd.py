@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import os
 import sys
@@ -208,12 +209,15 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                    pessimistic, grid, evaluate, sharding, remedy):
     """Values for one chunk of configurations (all steps >= 1), once ``compositions`` (a
     :class:`_Compositions`) has run: ``params`` are the flat parameters of ``mechanism``
-    (:meth:`~pldjax.mechanisms.Event.directions`). Returns a function giving the chunk's values.
+    (:meth:`~pldjax.mechanisms.Event.directions`).
 
     Both directions of every configuration are discretized, and their windows placed, in one
-    call; then each row goes to ``compositions`` under the composition size it needs
-    (:meth:`_Compositions.window_size`). ``remedy``: what an error about a window that cannot
-    be placed tells the caller to change.
+    call, queued here. Returns ``place``: it reads the windows' widths back (waiting for that
+    call), hands each row to ``compositions`` under the composition size it needs
+    (:meth:`_Compositions.window_size`) and returns a function giving the chunk's values. A
+    caller queues the next chunk's discretization before it places this one, so that on an
+    accelerator the device has work while the host places. ``remedy``: what an error about a
+    window that cannot be placed tells the caller to change.
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
     # small program to compile, or to load from the cache, per process)
@@ -234,29 +238,35 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         Directions(mechanism, tuple(params), both), grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size,
         then=_placement(directions, evaluate), extra=(row_counts, row_targets))
-    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
-    exponents = [xp.asarray(e) for e in exponents]
-    summary = PMFSummary(*(xp.asarray(s) for s in summary))
-    sizes = np.array([compositions.window_size(int(w))
-                      for w in window_widths(summary, offset, counts, lo, hi, "steps", remedy)])
-    # a row repeated (the chunk's padding, or a configuration given twice) is composed once
-    if steps.shape[0] == 1:
-        first = same = np.arange(directions)
-    else:
-        config = np.column_stack([*params, steps, target])
-        rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
-                                   np.tile(config, (directions, 1))])
-        _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
-    values = np.zeros(sizes.shape[0])
-    scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
-    for size in np.unique(sizes[first]):
-        size = _checked_size(int(size), "dpsgd accounting", "steps", remedy)
-        compositions.add(size, probs, scalars, first[sizes[first] == size], values)
 
-    def finish():
-        return np.max(values[first][same.reshape(-1)].reshape(directions, -1), axis=0)
+    def place():
+        chunk_probs, chunk_inf, chunk_offset, chunk_step = (
+            xp.asarray(a) for a in (probs, inf_mass, offset, step))
+        chunk_exponents = [xp.asarray(e) for e in exponents]
+        chunk_summary = PMFSummary(*(xp.asarray(s) for s in summary))
+        sizes = np.array([compositions.window_size(int(w)) for w in window_widths(
+            chunk_summary, chunk_offset, counts, lo, hi, "steps", remedy)])
+        # a row repeated (the chunk's padding, or a configuration given twice) is composed once
+        if steps.shape[0] == 1:
+            first = same = np.arange(directions)
+        else:
+            config = np.column_stack([*params, steps, target])
+            rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
+                                       np.tile(config, (directions, 1))])
+            _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
+        values = np.zeros(sizes.shape[0])
+        scalars = (*chunk_summary, chunk_inf, chunk_offset, chunk_step, row_counts, row_targets,
+                   *chunk_exponents)
+        for size in np.unique(sizes[first]):
+            size = _checked_size(int(size), "dpsgd accounting", "steps", remedy)
+            compositions.add(size, chunk_probs, scalars, first[sizes[first] == size], values)
 
-    return finish
+        def finish():
+            return np.max(values[first][same.reshape(-1)].reshape(directions, -1), axis=0)
+
+        return finish
+
+    return place
 
 
 class _Compositions:
@@ -587,11 +597,10 @@ _MAPPINGS = MappingGuard((*MECHANISM_KERNELS, _compose_and_evaluate, _gather_row
                          every=16)
 
 
-def _account_group(order, params, steps, target, finishers, done, report, *, sharding,
-                   mechanism_size, **kwargs):
-    """The configurations ``order`` (one grid step and mechanism size), in chunks (see
-    :func:`_account_chunk`): appends (indices, the function giving their values) to
-    ``finishers``; returns the running count of configurations done."""
+def _account_group(order, params, steps, target, *, sharding, mechanism_size, **kwargs):
+    """The configurations ``order`` (one grid step and mechanism size), in chunks: yields each
+    chunk's (indices, ``place``) once its discretization is queued (see
+    :func:`_account_chunk`)."""
     devices = 1 if sharding is None else len(jax.devices())
     on_device = _keeps_chunks_on_device()
     # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
@@ -606,14 +615,8 @@ def _account_group(order, params, steps, target, finishers, done, report, *, sha
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
         padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
-        finish = _account_chunk([p[padded] for p in params], steps[padded], target[padded],
-                                sharding=sharding, mechanism_size=mechanism_size, **kwargs)
-        finishers.append((idx, finish))
-        done += len(idx)
-        report(done)
-        # a sweep compiles a kernel per shape it meets (and so may a loop of single calls)
-        _MAPPINGS.check()
-    return done
+        yield idx, _account_chunk([p[padded] for p in params], steps[padded], target[padded],
+                                  sharding=sharding, mechanism_size=mechanism_size, **kwargs)
 
 
 def _account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
@@ -664,34 +667,49 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         lattice = _lattice_steps(event, params, shape, pessimistic) if grid is None else None
         group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
     sharding = _sharding()
+    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate)
+
+    def chunks():  # each chunk's discretization queued as the loop below asks for it
+        for group_step in np.unique(group_steps):
+            group_grid = grid
+            remedy = COARSER_GRID
+            if group_step > 0:
+                group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
+            if rtol is not None:
+                remedy = _rtol_remedy(rtol, group_step)
+            in_group = group_steps == group_step
+            stepped = active[in_group]
+            # and by the mechanism grid each configuration gets alone: a chunk is discretized at
+            # its largest member's size, so no configuration is slower (or on another grid) in a
+            # batch
+            tail = mechanism_tail(steps_arr[stepped], target[stepped], evaluate)
+            sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid,
+                                     tail, None if half_widths is None else half_widths[in_group])
+            for size in np.unique(sizes):
+                members = stepped[sizes == size]
+                # alike configurations side by side (few distinct composition sizes per chunk)
+                points = (np.zeros(members.shape[0]) if closed_form is None
+                          else _mechanism_points(*(a[members] for a in closed_form)))
+                order = members[np.lexsort((steps_arr[members], points))]
+                yield from _account_group(
+                    order, params, steps_arr, target, mechanism=mechanism,
+                    mechanism_size=int(size), both=both, pessimistic=pessimistic,
+                    grid=group_grid, evaluate=evaluate, sharding=sharding,
+                    compositions=compositions, remedy=remedy)
+
     report = _progress(len(active), progress)
     done = 0
-    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate)
     finishers = []
-    for group_step in np.unique(group_steps):
-        group_grid = grid
-        remedy = COARSER_GRID
-        if group_step > 0:
-            group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
-        if rtol is not None:
-            remedy = _rtol_remedy(rtol, group_step)
-        in_group = group_steps == group_step
-        stepped = active[in_group]
-        # and by the mechanism grid each configuration gets alone: a chunk is discretized at its
-        # largest member's size, so no configuration is slower (or on another grid) in a batch
-        tail = mechanism_tail(steps_arr[stepped], target[stepped], evaluate)
-        sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid, tail,
-                                 None if half_widths is None else half_widths[in_group])
-        for size in np.unique(sizes):
-            members = stepped[sizes == size]
-            # alike configurations side by side (few distinct composition sizes per chunk)
-            points = (np.zeros(members.shape[0]) if closed_form is None
-                      else _mechanism_points(*(a[members] for a in closed_form)))
-            order = members[np.lexsort((steps_arr[members], points))]
-            done = _account_group(order, params, steps_arr, target, finishers, done, report,
-                                  mechanism=mechanism, mechanism_size=int(size), both=both,
-                                  pessimistic=pessimistic, grid=group_grid, evaluate=evaluate,
-                                  sharding=sharding, compositions=compositions, remedy=remedy)
+    queued = None  # one chunk ahead: the next one's discretization is queued before it is placed
+    for chunk in itertools.chain(chunks(), [None]):
+        if queued is not None:
+            idx, place = queued
+            finishers.append((idx, place()))
+            done += len(idx)
+            report(done)
+            # a sweep compiles a kernel per shape it meets (and so may a loop of single calls)
+            _MAPPINGS.check()
+        queued = chunk
     compositions.flush()
     for idx, finish in finishers:
         out[idx] = finish()[: len(idx)]

@@ -436,3 +436,46 @@ def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
     width = best_hi - best_lo
     assert best_hi - 1e-9 * width <= hi + step <= best_hi + 1e-3 * width + 2 * step
     assert best_lo - 1e-3 * width - 2 * step <= lo - step <= best_lo + 1e-9 * width
+
+
+def _off_the_cpu(compose_module):
+    """What compose's kernels compute on a GPU (see compose._early_exit_on_cpu), run here."""
+    def elsewhere(args, *, cpu, elsewhere):
+        return elsewhere(*args)
+
+    return elsewhere
+
+
+@pytest.mark.parametrize("count", [3.0, 700.0, 10**6])
+def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
+    """Off the CPU, the Chernoff search runs all its iterates (those after it converged keep
+    its carry) and the power takes every frequency, so that a GPU never waits for a predicate.
+    The same t bit for bit as the CPU's early exits, and the same composition to the FFT's
+    round-off (the branch is compiled apart from the rest; the count 700 composition takes the
+    CPU's short power width)."""
+    import importlib
+
+    import jax
+
+    compose_module = importlib.import_module("pldjax.compose")
+    rng = np.random.default_rng(11)
+    probs = rng.random((2, 64)) ** 3
+    probs /= probs.sum(axis=1, keepdims=True)
+    args = (jnp.asarray(probs), jnp.zeros(2), jnp.array([-20, -31]), jnp.full(2, 0.01),
+            jnp.full(2, count))
+
+    def run():
+        with jax.enable_x64(True):
+            exponents = jax.vmap(compose_module.chernoff_exponents, (0, 0, 0, 0, None))(
+                args[0], args[2], args[3], args[4], 1e-18)
+            composed = compose_module.self_compose_rows(*args, size=2**16, tail=1e-18,
+                                                        pessimistic=True)
+        return [np.asarray(a) for a in (*exponents, *composed)]
+
+    on_cpu = run()
+    monkeypatch.setattr(compose_module, "_early_exit_on_cpu", _off_the_cpu(compose_module))
+    elsewhere = run()
+    for a, b in zip(on_cpu[:4], elsewhere[:4], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(on_cpu[4:], elsewhere[4:], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-14)

@@ -180,6 +180,53 @@ def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
     np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-14)
 
 
+
+def _host_round_trips_on_a_gpu(kernel, args, kwargs) -> list[str]:
+    """The conditionals, and the loops without a trip count XLA knows, of ``kernel``'s program
+    lowered for CUDA and optimized by this machine's XLA (its loop analysis is the one a GPU's
+    compiler runs): each would make a GPU wait for the host (see compose._early_exit_on_cpu)."""
+    import re
+
+    from jax.extend import backend
+
+    client = backend.get_backend("cpu")
+    compile_ = getattr(client, "compile_and_load", None)
+    if compile_ is None:
+        pytest.skip("this jaxlib's client has no compile_and_load")
+    text = kernel._jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",)).as_text()
+    hlo = compile_(text, client.devices()[:1]).hlo_modules()[0].to_string()
+    return [line.strip()[:100] for line in hlo.splitlines()
+            if re.search(r" conditional\(", line)
+            or (re.search(r" while\(", line) and "known_trip_count" not in line)]
+
+
+@pytest.mark.parametrize("rtol", [None, 5e-2])
+def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
+    """Every program a DP-SGD epsilon runs on an accelerator (the windows' sizes, the curve,
+    the masses and window placement, the gather, the composition), lowered for CUDA: no
+    conditional and no loop of unknown length, so the host queues a sweep's chunks while the
+    device works (on the CPU the same kernels keep their early exits, as this check shows)."""
+    from pldjax import compilation, dpsgd
+
+    monkeypatch.setattr(dpsgd, "_keeps_chunks_on_device", lambda: True)
+    calls = {}
+    run = compilation.ExportedKernel.__call__
+
+    def spy(self, *args, **kwargs):
+        calls.setdefault(self.__name__, (self, args, kwargs))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(compilation.ExportedKernel, "__call__", spy)
+    pj.dpsgd_epsilon([1.0, 2.0], [0.01, 0.1], [1000, 30], 1e-5, rtol=rtol)
+    monkeypatch.undo()
+    assert {"_curve_kernel", "_masses_kernel", "_gather_rows", "_compose_and_evaluate"} <= set(calls)
+    for name, call in calls.items():
+        assert _host_round_trips_on_a_gpu(*call) == [], name
+    # the check sees them where they are: the composition's power width on the CPU
+    kernel, args, kwargs = calls["_compose_and_evaluate"]
+    text = kernel._jitted.trace(*args, **kwargs).lower().compile().as_text()
+    assert " conditional(" in text
+
 def test_cli_dpsgd_and_sweep(tmp_path, capsys):
     from pldjax.cli import main
 
