@@ -278,10 +278,13 @@ class _Compositions:
     waits for the next chunk's instead of sharing its call with a repeat (the sweep of 1,024
     composed 2,298 rows, 250 of them repeats). On one accelerator a chunk's rows are composed
     straight from the chunk (:func:`_gather_rows`), and their values read back at
-    :meth:`flush`, so the device runs ahead of the host.
+    :meth:`flush`, so the device runs ahead of the host; there every call of a size has the
+    same number of rows (one compiled shape per size): a full call, or the power of two at or
+    above ``rows``, the most rows the accounting call has (a single configuration's two
+    directions composed 64 rows of 131,072 points otherwise).
     """
 
-    def __init__(self, *, sharding, pessimistic: bool, evaluate: str):
+    def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int):
         self._sharding = sharding
         self._devices = 1 if sharding is None else len(jax.devices())
         self._gathers = sharding is None and _keeps_chunks_on_device()
@@ -291,6 +294,7 @@ class _Compositions:
         #: on one accelerator the power of two (a quarter of the compiled shapes, compiled for
         #: seconds each there, for at most twice the points)
         self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
+        self._rows = grid_lib.next_pow2(rows)
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         self._pending: dict[int, list] = {}
         self._results: list = []
@@ -302,6 +306,7 @@ class _Compositions:
         values[rows] by :meth:`flush` at the latest."""
         most = _rows_per_call(size, self._devices)
         if self._gathers:
+            most = min(most, self._rows)
             for begin in range(0, len(rows), most):
                 part = rows[begin:begin + most]
                 # a power of two of rows gathered, ``most`` composed (padded with repeats)
@@ -667,7 +672,8 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         lattice = _lattice_steps(event, params, shape, pessimistic) if grid is None else None
         group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
     sharding = _sharding()
-    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate)
+    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate,
+                                 rows=(2 if both else 1) * max(len(active), 1))
 
     def chunks():  # each chunk's discretization queued as the loop below asks for it
         for group_step in np.unique(group_steps):
