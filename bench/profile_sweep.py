@@ -78,9 +78,9 @@ def main() -> None:
     # on an accelerator rows are gathered and wrapped on the device
     gather = timed("wrap", dpsgd._gather_rows)
 
-    def counted_gather(probs, index, scalars, *, size, rows):
-        points[0] += rows * size
-        return gather(probs, index, scalars, size=size, rows=rows)
+    def counted_gather(probs, index, scalars, *, size):
+        points[0] += len(index) * size
+        return gather(probs, index, scalars, size=size)
 
     dpsgd._gather_rows = counted_gather
     sigmas, qs, steps = sweep_configs(args.configs)

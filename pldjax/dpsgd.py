@@ -136,17 +136,14 @@ def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, targe
         probs, composed_inf, start, step, target)
 
 
-@exported_jit(static_argnames=("size", "rows"))
-def _gather_rows(probs, index, scalars, *, size, rows):
+@exported_jit(static_argnames=("size",))
+def _gather_rows(probs, index, scalars, *, size):
     """The rows ``index`` of a chunk kept on the device, ready for :func:`_compose_and_evaluate`:
     ``probs`` (chunk rows, mechanism grid) wrapped to ``size``, and ``scalars`` (each with a
-    leading chunk rows axis) gathered, then the last row repeated up to ``rows`` (a full
-    composition call, so that its compiled shapes depend on the window alone; this program is
-    cheap to compile per chunk shape)."""
-    def fill(a):
-        return jnp.concatenate([a, jnp.repeat(a[-1:], rows - a.shape[0], axis=0)])
-
-    return fill(wrap_rows(jnp, probs[index], size)), [fill(a[index]) for a in scalars]
+    leading chunk rows axis) gathered (a caller pads ``index`` to a full composition call with
+    repeats, so that the composition's compiled shapes depend on the window alone; this program
+    is cheap to compile per chunk shape)."""
+    return wrap_rows(jnp, probs[index], size), [a[index] for a in scalars]
 
 
 def _placement_rows(probs, offset, step, count, target, evaluate):
@@ -309,10 +306,8 @@ class _Compositions:
             most = min(most, self._rows)
             for begin in range(0, len(rows), most):
                 part = rows[begin:begin + most]
-                # a power of two of rows gathered, ``most`` composed (padded with repeats)
-                index = np.concatenate([part, np.full(grid_lib.next_pow2(len(part)) - len(part),
-                                                      part[-1])])
-                wrapped, columns = _gather_rows(probs, index, scalars, size=size, rows=most)
+                index = np.concatenate([part, np.full(most - len(part), part[-1])])
+                wrapped, columns = _gather_rows(probs, index, scalars, size=size)
                 got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
                                             tuple(columns[10:]), **self._options)
                 self._results.append((got, values, part))
