@@ -18,9 +18,9 @@ Every value is pessimistic (an upper bound on the true epsilon or delta) unless
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-import itertools
 import math
 import os
 import sys
@@ -699,18 +699,29 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
                     compositions=compositions, remedy=remedy)
 
     report = _progress(len(active), progress)
-    done = 0
     finishers = []
-    queued = None  # one chunk ahead: the next one's discretization is queued before it is placed
-    for chunk in itertools.chain(chunks(), [None]):
-        if queued is not None:
-            idx, place = queued
-            finishers.append((idx, place()))
-            done += len(idx)
-            report(done)
-            # a sweep compiles a kernel per shape it meets (and so may a loop of single calls)
-            _MAPPINGS.check()
-        queued = chunk
+    queued = collections.deque()
+    done = 0
+
+    def place_first():
+        nonlocal done
+        idx, place = queued.popleft()
+        finishers.append((idx, place()))
+        done += len(idx)
+        report(done)
+        # a sweep compiles a kernel per shape it meets (and so may a loop of single calls)
+        _MAPPINGS.check()
+
+    # on an accelerator one chunk ahead: the next chunk's discretization is queued before this
+    # one is placed, so that the device works while the host places (on a CPU, which computes
+    # as fast either way, it would only hold two chunks at once)
+    ahead = 0 if compositions.host_glue else 1
+    for chunk in chunks():
+        queued.append(chunk)
+        if len(queued) > ahead:
+            place_first()
+    while queued:
+        place_first()
     compositions.flush()
     for idx, finish in finishers:
         out[idx] = finish()[: len(idx)]

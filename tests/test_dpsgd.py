@@ -607,3 +607,13 @@ def test_rows_of_different_chunks_share_a_composition_call(monkeypatch):
     assert sum(rows) - 2 * sigmas.size <= len(sizes)
     np.testing.assert_allclose(got, [pj.dpsgd_epsilon(s, 0.3, 100, 1e-5) for s in sigmas],
                                rtol=1e-12)
+
+
+def test_progress_counts_every_configuration_once(capsys):
+    """``progress=True``: a bar on stderr after each chunk, ending at all configurations (here
+    three mechanism grids, so three chunks; zero steps count as nothing to do)."""
+    pj.dpsgd_epsilon([0.6, 2.0, 8.0, 1.0], 0.01, [1000, 100, 10, 0], 1e-5, progress=True)
+    reports = capsys.readouterr().err.split("\r")[1:]
+    assert reports[-1].endswith("] 3/3 configurations\n")
+    assert [int(r.split("] ")[1].split("/")[0]) for r in reports] == sorted(
+        int(r.split("] ")[1].split("/")[0]) for r in reports)
