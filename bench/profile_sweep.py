@@ -84,6 +84,7 @@ def main() -> None:
 
     dpsgd._gather_rows = counted_gather
     sigmas, qs, steps = sweep_configs(args.configs)
+    print(f"pldjax from {os.path.dirname(os.path.abspath(pj.__file__))}", flush=True)
     profiler = cProfile.Profile()
     for call in range(args.calls):
         seconds.clear()
