@@ -387,13 +387,14 @@ def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
 
 
 #: A frequency whose count-th power is below e^_NEGLIGIBLE_LOG (1e-304) moves no bin of the
-#: inverse FFT by more than that: the batch's power is taken up to the last one that is not.
+#: inverse FFT by more than that: on a CPU the batch's power is taken up to the last one that is
+#: not (elsewhere on every frequency, see :func:`_early_exit_on_cpu`).
 _NEGLIGIBLE_LOG = -700.0
-#: The power's widths besides the full one (fractions of the rfft's length): the smallest width
-#: that holds every row's last non-negligible frequency is computed (at large counts the composed
-#: PMF is wide and only its lowest frequencies survive the power: about 100 of 40,961 for sigma
-#: 1, q 0.01, T 1e4). One short width is as fast there as three (1/64, 1/16, 1/4, measured) and
-#: compiles fewer branches (a fresh process's first call 3.9 s against 4.2 s).
+#: The power's widths besides the full one on a CPU (fractions of the rfft's length): the
+#: smallest width that holds every row's last non-negligible frequency is computed (at large
+#: counts the composed PMF is wide and only its lowest frequencies survive the power: about 100
+#: of 40,961 for sigma 1, q 0.01, T 1e4). One short width is as fast there as three (1/64, 1/16,
+#: 1/4, measured) and compiles fewer branches (a fresh process's first call 3.9 s against 4.2 s).
 _POWER_FRACTIONS = (16,)
 
 
