@@ -438,12 +438,9 @@ def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
     assert best_lo - 1e-3 * width - 2 * step <= lo - step <= best_lo + 1e-9 * width
 
 
-def _off_the_cpu(compose_module):
-    """What compose's kernels compute on a GPU (see compose._early_exit_on_cpu), run here."""
-    def elsewhere(args, *, cpu, elsewhere):
-        return elsewhere(*args)
-
-    return elsewhere
+def _as_off_the_cpu(args, *, cpu, elsewhere):
+    """compose._early_exit_on_cpu as a GPU runs it: what compose's kernels compute there."""
+    return elsewhere(*args)
 
 
 @pytest.mark.parametrize("count", [3.0, 700.0, 10**6])
@@ -473,7 +470,7 @@ def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
         return [np.asarray(a) for a in (*exponents, *composed)]
 
     on_cpu = run()
-    monkeypatch.setattr(compose_module, "_early_exit_on_cpu", _off_the_cpu(compose_module))
+    monkeypatch.setattr(compose_module, "_early_exit_on_cpu", _as_off_the_cpu)
     elsewhere = run()
     for a, b in zip(on_cpu[:4], elsewhere[:4], strict=True):
         np.testing.assert_array_equal(a, b)
