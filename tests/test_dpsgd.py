@@ -229,6 +229,7 @@ def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
     text = kernel._jitted.trace(*args, **kwargs).lower().compile().as_text()
     assert " conditional(" in text
 
+
 def test_cli_dpsgd_and_sweep(tmp_path, capsys):
     from pldjax.cli import main
 
