@@ -476,3 +476,29 @@ def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(on_cpu[4:], elsewhere[4:], strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("sigma,count", [(1.0, 100), (4.0, 3000)])
+def test_gpu_composition_of_gaussians_bounds_the_gdp_closed_form(sigma, count, monkeypatch):
+    """The composition as a GPU computes it (every Chernoff iterate, every frequency's power),
+    run here on the Gaussian PLD: delta(eps) at or above the closed form of G_mu, mu =
+    sqrt(count) / sigma, and within 0.1% of it or the FFT's round-off (1e-14), as the CPU's."""
+    import importlib
+
+    compose_module = importlib.import_module("pldjax.compose")
+    one = pj.gaussian(sigma)
+    on_cpu = one.self_compose(count)
+    size = on_cpu.probs.shape[0]
+    monkeypatch.setattr(compose_module, "_early_exit_on_cpu", _as_off_the_cpu)
+    with jax.enable_x64(True):
+        probs, inf_mass, offset = compose_module.self_compose_rows(
+            one.probs[None], one.inf_mass[None], jnp.asarray(one.offset)[None],
+            jnp.asarray(one.step)[None], jnp.full(1, float(count)), size=size, tail=1e-18,
+            pessimistic=True)
+    composed = pj.PLD(probs[0], inf_mass[0], offset[0], one.step, True)
+    mu = math.sqrt(count) / sigma
+    for eps in (0.0, 0.5 * mu * mu + mu, mu * mu + 2 * mu):
+        exact = gaussian_delta(mu, eps)
+        got = float(composed.delta(eps))
+        assert exact * (1 - 2e-9) - 2e-15 <= got <= exact * (1 + 1e-3) + 1e-14
+        assert got == pytest.approx(float(on_cpu.delta(eps)), rel=1e-9, abs=1e-14)
