@@ -202,6 +202,20 @@ def computed_once(values):
                                              (start, leaves))[1])
 
 
+def early_exit_on_cpu(args, *, cpu: Callable, elsewhere: Callable):
+    """``cpu(*args)`` on a CPU, ``elsewhere(*args)`` on other platforms (chosen when the kernel
+    is lowered, for the one platform it runs on).
+
+    For a branch or a loop that stops early: on a GPU, XLA runs a conditional, and a loop whose
+    trip count it cannot read from the program, by copying the predicate to the host and waiting
+    for the device to finish all the work queued before it, at every branch and every iterate;
+    the host then cannot queue the next call while the device works (a sweep's chunks wait for
+    each other's compositions). ``elsewhere`` does the same work without such control flow; the
+    CPU, which runs a program's steps from the host anyway, keeps the early exit.
+    """
+    return jax.lax.platform_dependent(*args, cpu=cpu, default=elsewhere)
+
+
 #: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: the
 #: default of :func:`kernel_jit`. Measured kernel by kernel on a 2-core CPU (bench/compile_options.py
 #: --kernels), most of pldjax's kernels compile in 60-80% of the time and run as fast (DP-SGD's

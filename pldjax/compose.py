@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -45,7 +45,7 @@ from jax import export
 
 from pldjax import grid as grid_lib
 from pldjax.align import align
-from pldjax.compilation import kernel_jit
+from pldjax.compilation import early_exit_on_cpu, kernel_jit
 from pldjax.mass import settle
 from pldjax.pld import PLD, check_same_kind
 from pldjax.precision import float64
@@ -74,20 +74,6 @@ def fft_roundoff(raw):
     size = raw.shape[0]
     rms = UNIT_ROUNDOFF * math.log2(size) * jnp.linalg.norm(raw) / math.sqrt(size)
     return _ROUNDOFF_SAFETY * jnp.maximum(rms, -jnp.min(raw))
-
-
-def _early_exit_on_cpu(args, *, cpu: Callable, elsewhere: Callable):
-    """``cpu(*args)`` on a CPU, ``elsewhere(*args)`` on other platforms (chosen when the kernel
-    is lowered, for the one platform it runs on).
-
-    For a branch or a loop that stops early: on a GPU, XLA runs a conditional, and a loop whose
-    trip count it cannot read from the program, by copying the predicate to the host and waiting
-    for the device to finish all the work queued before it, at every branch and every iterate;
-    the host then cannot queue the next call while the device works (a sweep's chunks wait for
-    each other's compositions). ``elsewhere`` does the same work without such control flow; the
-    CPU, which runs a program's steps from the host anyway, keeps the early exit.
-    """
-    return jax.lax.platform_dependent(*args, cpu=cpu, default=elsewhere)
 
 
 # -- tail bounds ----------------------------------------------------------------------------------
@@ -205,7 +191,7 @@ def _tangency_search(probs, centred, variance, count, target, start):
     # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
     # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE
     infinite = jnp.full((2,), jnp.inf)
-    *_, best, _ = _early_exit_on_cpu(
+    *_, best, _ = early_exit_on_cpu(
         [(0, False, start, -infinite, infinite, start, infinite)], cpu=until_done,
         elsewhere=every_step)
     return best
@@ -388,7 +374,7 @@ def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
 
 #: A frequency whose count-th power is below e^_NEGLIGIBLE_LOG (1e-304) moves no bin of the
 #: inverse FFT by more than that: on a CPU the batch's power is taken up to the last one that is
-#: not (elsewhere on every frequency, see :func:`_early_exit_on_cpu`).
+#: not (elsewhere on every frequency, see :func:`early_exit_on_cpu`).
 _NEGLIGIBLE_LOG = -700.0
 #: The power's widths besides the full one on a CPU (fractions of the rfft's length): the
 #: smallest width that holds every row's last non-negligible frequency is computed (at large
@@ -432,7 +418,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
     needed = jnp.max(last) + 1
     branch = jnp.sum(jnp.asarray(widths[:-1]) < needed)  # the first width >= needed
     powers = [functools.partial(_powered, width=w) for w in widths]
-    powered = _early_exit_on_cpu(  # elsewhere every frequency
+    powered = early_exit_on_cpu(  # elsewhere every frequency
         (spectrum, low, shift, count), cpu=lambda *args: jax.lax.switch(branch, powers, *args),
         elsewhere=powers[-1])
 

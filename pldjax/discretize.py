@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax import grid as grid_lib
-from pldjax.compilation import exported_jit
+from pldjax.compilation import early_exit_on_cpu, exported_jit
 from pldjax.grid import Grid
 from pldjax.validate import is_traced
 
@@ -241,7 +241,9 @@ def _hull_vertices(xs, ys, peel_rounds: int):
     round drops none, the points kept are the vertices. Rows still dropping points after
     ``peel_rounds`` rounds finish with the monotone chain on the points kept. The loop and that
     branch look at all rows together, so under ``vmap`` neither runs for rows that settled (a
-    batched ``while_loop`` would carry every row through every step)."""
+    batched ``while_loop`` would carry every row through every step). Off the CPU the loop runs
+    all ``peel_rounds`` rounds (see :func:`~pldjax.compilation.early_exit_on_cpu`); the chain,
+    rarely needed and a sequential scan, stays a branch."""
     rows, m = xs.shape
 
     def peel(state):
@@ -257,9 +259,15 @@ def _hull_vertices(xs, ys, peel_rounds: int):
                         | _on_or_above(ax, ay, xs, ys, xs[:, -1:], ys[:, -1:]))
         return kept & ~drop, jnp.any(drop, axis=1), rounds + 1
 
-    kept, dropping, _ = jax.lax.while_loop(
-        lambda state: jnp.any(state[1]) & (state[2] < peel_rounds), peel,
-        (jnp.ones((rows, m), bool), jnp.ones(rows, bool), 0))
+    def until_settled(state):
+        return jax.lax.while_loop(lambda s: jnp.any(s[1]) & (s[2] < peel_rounds), peel, state)
+
+    def every_round(state):  # a round after all rows settled drops nothing: the same points
+        return jax.lax.fori_loop(0, peel_rounds, lambda _, s: peel(s), state)
+
+    kept, dropping, _ = early_exit_on_cpu(
+        [(jnp.ones((rows, m), bool), jnp.ones(rows, bool), 0)], cpu=until_settled,
+        elsewhere=every_round)
 
     def chain(kept):
         return jnp.where(dropping[:, None], jax.vmap(_monotone_chain)(xs, ys, kept), kept)

@@ -439,7 +439,7 @@ def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
 
 
 def _as_off_the_cpu(args, *, cpu, elsewhere):
-    """compose._early_exit_on_cpu as a GPU runs it: what compose's kernels compute there."""
+    """compilation.early_exit_on_cpu as a GPU runs it: what compose's kernels compute there."""
     return elsewhere(*args)
 
 
@@ -470,7 +470,7 @@ def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
         return [np.asarray(a) for a in (*exponents, *composed)]
 
     on_cpu = run()
-    monkeypatch.setattr(compose_module, "_early_exit_on_cpu", _as_off_the_cpu)
+    monkeypatch.setattr(compose_module, "early_exit_on_cpu", _as_off_the_cpu)
     elsewhere = run()
     for a, b in zip(on_cpu[:4], elsewhere[:4], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -489,7 +489,7 @@ def test_gpu_composition_of_gaussians_bounds_the_gdp_closed_form(sigma, count, m
     one = pj.gaussian(sigma)
     on_cpu = one.self_compose(count)
     size = on_cpu.probs.shape[0]
-    monkeypatch.setattr(compose_module, "_early_exit_on_cpu", _as_off_the_cpu)
+    monkeypatch.setattr(compose_module, "early_exit_on_cpu", _as_off_the_cpu)
     with jax.enable_x64(True):
         probs, inf_mass, offset = compose_module.self_compose_rows(
             one.probs[None], one.inf_mass[None], jnp.asarray(one.offset)[None],

@@ -186,7 +186,7 @@ def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
 def _host_round_trips_on_a_gpu(kernel, args, kwargs) -> list[str]:
     """The conditionals, and the loops without a trip count XLA knows, of ``kernel``'s program
     lowered for CUDA and optimized by this machine's XLA (its loop analysis is the one a GPU's
-    compiler runs): each would make a GPU wait for the host (see compose._early_exit_on_cpu)."""
+    compiler runs): each would make a GPU wait for the host (see compilation.early_exit_on_cpu)."""
     import re
 
     from jax.extend import backend

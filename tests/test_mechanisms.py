@@ -243,11 +243,17 @@ def _hull_shapes(rng, m):
                (np.arange(m) % 2) + 1e-3 * x**2, level]
 
 
+@pytest.mark.parametrize("off_the_cpu", [False, True])
 @pytest.mark.parametrize("peel_rounds", [24, 3, 0])
-def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(peel_rounds):
+def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(peel_rounds, off_the_cpu,
+                                                                  monkeypatch):
     # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain for
     # rows still changing; shapes that settle in one round, in many (a low point far from its
-    # tangent points drops one neighbour a round), and with the chain finishing
+    # tangent points drops one neighbour a round), and with the chain finishing; off the CPU
+    # every round runs (compilation.early_exit_on_cpu), forced here
+    if off_the_cpu:
+        monkeypatch.setattr(discretize, "early_exit_on_cpu",
+                            lambda args, *, cpu, elsewhere: elsewhere(*args))
     rng = np.random.default_rng(7)
     vertices = jax.jit(functools.partial(discretize._hull_vertices, peel_rounds=peel_rounds))
     for m in (2, 3, 17, 1500):
