@@ -38,6 +38,7 @@ from dpsgd import DELTA, sweep_configs  # noqa: E402
 
 import pldjax as pj  # noqa: E402
 from pldjax import dpsgd  # noqa: E402
+from pldjax.discretize import MECHANISM_KERNELS  # noqa: E402
 
 
 def main() -> None:
@@ -106,6 +107,9 @@ def main() -> None:
         start = time.perf_counter()
         eps = pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol)
         print(f"untimed call {call}: {time.perf_counter() - start:.2f} s", flush=True)
+    kernels = (*MECHANISM_KERNELS, untimed["_compose_and_evaluate"], untimed["_gather_rows"])
+    print("compiled shapes: " + ", ".join(f"{k.__name__} {k._cache_size()}" for k in kernels
+                                          if hasattr(k, "_cache_size")), flush=True)
     if args.profile:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     if args.save:
