@@ -154,10 +154,10 @@ def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
     """On an accelerator a chunk stays on the device and each composition call's rows are
     gathered and wrapped there (dpsgd._gather_rows), always a full call of rows (or, for a call
     of few configurations, the power of two of their rows) on a window of a power of two (one
-    compiled composition per octave); forced here on a CPU, it must give the
-    values of the host path, for a repeated configuration and rows of several window sizes (the
-    delta target, which gathers the same way, with the slow tests: each target compiles its own
-    kernels, about 25 s from an empty cache)."""
+    compiled composition per octave); forced here on a CPU, it must give the values of the host
+    path, for a repeated configuration and rows of several window sizes (the delta target,
+    which gathers the same way, with the slow tests: each target compiles its own kernels,
+    about 25 s from an empty cache)."""
     from pldjax import dpsgd
 
     # sigma 1e-6: windows of 2 and 64 points (a full call of 2-point rows once asked for 567 GB)
@@ -180,7 +180,6 @@ def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
     # there windows are rounded up to powers of two: a wider window leaves less of the tail
     # (charged to delta) outside, which moves epsilon by about 1e-8 and a tiny delta by round-off
     np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-14)
-
 
 
 def _host_round_trips_on_a_gpu(kernel, args, kwargs) -> list[str]:
