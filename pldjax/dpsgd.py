@@ -235,14 +235,15 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         Directions(mechanism, tuple(params), both), grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size,
         then=_placement(directions, evaluate), extra=(row_counts, row_targets))
+    # off the host glue (xp = jnp) these wait for nothing; on a CPU, where the chunk is placed
+    # at once, they wait for the call as place() would
+    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
+    exponents = [xp.asarray(e) for e in exponents]
+    summary = PMFSummary(*(xp.asarray(s) for s in summary))
 
     def place():
-        chunk_probs, chunk_inf, chunk_offset, chunk_step = (
-            xp.asarray(a) for a in (probs, inf_mass, offset, step))
-        chunk_exponents = [xp.asarray(e) for e in exponents]
-        chunk_summary = PMFSummary(*(xp.asarray(s) for s in summary))
         sizes = np.array([compositions.window_size(int(w)) for w in window_widths(
-            chunk_summary, chunk_offset, counts, lo, hi, "steps", remedy)])
+            summary, offset, counts, lo, hi, "steps", remedy)])
         # a row repeated (the chunk's padding, or a configuration given twice) is composed once
         if steps.shape[0] == 1:
             first = same = np.arange(directions)
@@ -252,11 +253,10 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                                        np.tile(config, (directions, 1))])
             _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
         values = np.zeros(sizes.shape[0])
-        scalars = (*chunk_summary, chunk_inf, chunk_offset, chunk_step, row_counts, row_targets,
-                   *chunk_exponents)
+        scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
         for size in np.unique(sizes[first]):
             size = _checked_size(int(size), "dpsgd accounting", "steps", remedy)
-            compositions.add(size, chunk_probs, scalars, first[sizes[first] == size], values)
+            compositions.add(size, probs, scalars, first[sizes[first] == size], values)
 
         def finish():
             return np.max(values[first][same.reshape(-1)].reshape(directions, -1), axis=0)
