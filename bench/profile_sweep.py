@@ -13,6 +13,9 @@ call (host glue).
                                                 # 25 costliest functions (cProfile, cumulative)
     python bench/profile_sweep.py --configs 1024 --calls 2 --untimed 3    # then 3 calls without
                                                 # the stage timers (the host queues ahead)
+    python bench/profile_sweep.py --configs 10000 --calls 0 --untimed 3 --trace 12
+                                                # and a traced call: device busy time, idle gaps
+                                                # and the 12 costliest programs and kernels
 
 Needs: pip install '.[bench]'. Not part of CI; prints one line per call.
 """
@@ -22,9 +25,11 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import glob
 import os
 import pstats
 import sys
+import tempfile
 import time
 
 import jax
@@ -53,6 +58,9 @@ def main() -> None:
     parser.add_argument("--untimed", type=int, default=0, metavar="N",
                         help="then N calls without the stage timers, whose blocks keep the host "
                              "from queueing a chunk while the device works on the last one")
+    parser.add_argument("--trace", type=int, default=0, metavar="N",
+                        help="then one call under jax.profiler: each device's busy time and idle "
+                             "gaps, and its N costliest programs and kernels")
     args = parser.parse_args()
     seconds = collections.defaultdict(float)
 
@@ -107,6 +115,16 @@ def main() -> None:
         start = time.perf_counter()
         eps = pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol)
         print(f"untimed call {call}: {time.perf_counter() - start:.2f} s", flush=True)
+    if args.trace:
+        with tempfile.TemporaryDirectory() as log_dir:
+            options = jax.profiler.ProfileOptions()
+            options.python_tracer_level = 0
+            start = time.perf_counter()
+            with jax.profiler.trace(log_dir, profiler_options=options):
+                pj.dpsgd_epsilon(sigmas, qs, steps, DELTA, rtol=args.rtol)
+            print(f"traced call: {time.perf_counter() - start:.2f} s", flush=True)
+            (path,) = glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)
+            print_device_activity(jax.profiler.ProfileData.from_file(path), args.trace)
     kernels = (*MECHANISM_KERNELS, untimed["_compose_and_evaluate"], untimed["_gather_rows"])
     print("compiled shapes: " + ", ".join(f"{k.__name__} {k._cache_size()}" for k in kernels
                                           if hasattr(k, "_cache_size")), flush=True)
@@ -114,6 +132,59 @@ def main() -> None:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     if args.save:
         np.save(args.save, eps)
+
+
+def _busy_ns(intervals) -> int:
+    """Length of the union of (start, end) intervals, in ns."""
+    busy, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            busy += end - start
+            reach = end
+        elif end > reach:
+            busy += end - reach
+            reach = end
+    return busy
+
+
+def print_device_activity(profile, top: int) -> None:
+    """Each device plane of a trace: its streams' event counts and busy time (union of their
+    events), the idle gaps between events, and the costliest programs (``hlo_module``) and kernels
+    by summed duration."""
+    for plane in profile.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        intervals, programs, kernels = [], collections.Counter(), collections.Counter()
+        for line in plane.lines:
+            events = list(line.events)
+            if not events:
+                continue
+            spans = [(e.start_ns, e.end_ns) for e in events]
+            print(f"{plane.name} {line.name}: {len(events)} events, "
+                  f"busy {_busy_ns(spans) / 1e6:.1f} ms", flush=True)
+            if line.name.startswith(("XLA", "Launch", "Steps", "Framework")):
+                continue  # derived lines repeat the streams' events
+            intervals += spans
+            for event in events:
+                stats = dict(event.stats)
+                programs[str(stats.get("hlo_module", "?"))] += event.duration_ns
+                kernels[event.name[:70]] += event.duration_ns
+        if not intervals:
+            continue
+        intervals.sort()
+        first, last = intervals[0][0], max(end for _, end in intervals)
+        gaps, reach = [], intervals[0][1]
+        for start, end in intervals[1:]:
+            if start > reach:
+                gaps.append(start - reach)
+            reach = max(reach, end)
+        long_gaps = [g for g in gaps if g > 50_000]
+        print(f"{plane.name}: first to last event {(last - first) / 1e6:.1f} ms, busy "
+              f"{_busy_ns(intervals) / 1e6:.1f} ms; {len(long_gaps)} idle gaps over 50 us, "
+              f"{sum(long_gaps) / 1e6:.1f} ms in all (largest {max(gaps, default=0) / 1e6:.1f} ms)")
+        for title, counter in (("programs", programs), ("kernels", kernels)):
+            print(f"  costliest {title}: " + "; ".join(
+                f"{name} {ns / 1e6:.1f} ms" for name, ns in counter.most_common(top)), flush=True)
 
 
 if __name__ == "__main__":
