@@ -31,6 +31,7 @@ import pstats
 import sys
 import tempfile
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -151,6 +152,8 @@ def print_device_activity(profile, top: int) -> None:
     """Each device plane of a trace: its streams' event counts and busy time (union of their
     events), the idle gaps between events, and the costliest programs (``hlo_module``) and kernels
     by summed duration."""
+    # jaxlib 0.11's event stats type warns on Python 3.12 when it is iterated
+    warnings.filterwarnings("ignore", "builtin type event_stats", DeprecationWarning)
     for plane in profile.planes:
         if not plane.name.startswith("/device:"):
             continue
