@@ -445,10 +445,10 @@ def window(mechanism: Mechanism, params, tail):
 
 def _mechanism_kernel(params, tail, step, *, mechanism: Mechanism, size: int, pessimistic: bool,
                       fixed: bool, rounding, then: Callable | None = None, extra: tuple = ()):
-    """A batch of mechanisms (``params`` and ``tail``: flat arrays, see :func:`window`) ->
-    (probs, inf_mass, offset, step), each batched; ``step`` (data, so that a new value compiles
-    nothing) is used when ``fixed``, else each one's automatic step. Vmapped inside jit: a warm
-    call traces nothing.
+    """A batch of mechanisms (``params``, ``tail`` and ``step``: flat arrays, see :func:`window`)
+    -> (probs, inf_mass, offset, step), each batched; each one's ``step`` (nats; data, so that new
+    values compile nothing) is used when ``fixed``, else each one's automatic step. Vmapped
+    inside jit: a warm call traces nothing.
 
     ``then``: a function (probs, inf_mass, offset, step, *extra) -> outputs that runs in the
     program of the masses (a caller's next step: DP-SGD's window placement), whose outputs the
@@ -482,13 +482,13 @@ _STATIC = ("mechanism", "size", "pessimistic", "fixed")
 @exported_jit(static_argnames=_STATIC, cpu_options=None)
 def _curve_kernel(params, tail, step, **options):
     """(values, offset, step) of a batch: :func:`curve_values` on each one's grid."""
-    def one(single, single_tail):
-        offset, h = _window_grid(single, single_tail, step, **options)
+    def one(single, single_tail, single_step):
+        offset, h = _window_grid(single, single_tail, single_step, **options)
         z = grid_points(offset, h, options["size"])
         tails = side_tails(options["mechanism"], single, z, z >= 0)
         return curve_values(*tails, z), offset, h
 
-    return jax.vmap(one)(params, tail)
+    return jax.vmap(one)(params, tail, step)
 
 
 def masses_rows(values, offset, step):
@@ -511,14 +511,14 @@ def _estimate_kernel(params, tail, step, extra, *, rounding, then, **options):
     """``then`` of a batch's masses and grids in one compiled call (see :func:`discretize`)."""
     mechanism = options["mechanism"]
 
-    def one(single, single_tail):
-        offset, h = _window_grid(single, single_tail, step, **options)
+    def one(single, single_tail, single_step):
+        offset, h = _window_grid(single, single_tail, single_step, **options)
         atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
         probs, inf_mass = discretize(functools.partial(mechanism.tails, single), offset, h,
                                      options["size"], options["pessimistic"], rounding, atom)
         return probs, inf_mass, offset, h
 
-    return then(*jax.vmap(one)(params, tail), *extra)
+    return then(*jax.vmap(one)(params, tail, step), *extra)
 
 
 #: The compiled kernels a discretization runs (for pldjax.compilation's counts).
@@ -601,23 +601,24 @@ def _size(mechanism: Mechanism, params, tail, grid: Grid) -> int:
     return int(np.max(mechanism_sizes(mechanism, params, grid, tail)))
 
 
-def _check_step(grid: Grid, size: int, pessimistic: bool) -> None:
-    """A user's step must keep the discretization's exponentials finite (see the module notes)."""
-    if grid.step is None:
+def _check_step(step, size: int, pessimistic: bool) -> None:
+    """A user's step (the largest of several, or None: automatic) must keep the discretization's
+    exponentials finite (see the module notes)."""
+    if step is None:
         return
-    if grid.step > grid_lib.MAX_STEP:
-        raise ValueError(f"Grid.step must be in (0, {grid_lib.MAX_STEP}] nats, got {grid.step!r}")
+    if not 0 < step <= grid_lib.MAX_STEP:
+        raise ValueError(f"Grid.step must be in (0, {grid_lib.MAX_STEP}] nats, got {step!r}")
     limit = grid_lib.optimistic_step_limit(size)
-    if not pessimistic and grid.step > limit:
+    if not pessimistic and step > limit:
         raise ValueError(
             f"Grid.step must be at most {limit} for an optimistic PLD of {size} points (its window "
-            f"spans at most {grid_lib.OPTIMISTIC_SPAN} nats), got {grid.step!r}"
+            f"spans at most {grid_lib.OPTIMISTIC_SPAN} nats), got {step!r}"
         )
 
 
 def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimistic: bool,
                       tail=None, size: int | None = None, then: Callable | None = None,
-                      extra: tuple = ()) -> tuple:
+                      extra: tuple = (), steps=None) -> tuple:
     """(probs, inf_mass, offset, step) of ``mechanism``'s (single-direction) PLD, batched over
     the broadcast ``params`` and ``tail`` (the mass of P each window may leave outside, see
     :func:`window`; None: 0, the default windows); ``size``: the grid size when the caller has
@@ -625,18 +626,30 @@ def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimist
     code reads them on the host; :func:`pldjax.mechanisms.discretize_directions` gives PLDs).
     ``then`` and ``extra``: the outputs of ``then(probs, inf_mass, offset, step, *extra)``
     instead, computed on the flat rows in the program of their masses and left where they are
-    (untrimmed; see :func:`_mechanism_kernel`)."""
+    (untrimmed; see :func:`_mechanism_kernel`). ``steps``: concrete grid steps (nats)
+    broadcasting with ``params``, each element's own, in place of ``grid.step`` (with ``size``:
+    elements on different steps share one call)."""
     traced = is_traced((params, tail))
+    xp = jnp if traced else np
     # on the host: no small compiled kernels for each array operation
-    flat, flat_tail, shape = _broadcast_flat(params, tail, jnp if traced else np)
+    flat, flat_tail, shape = _broadcast_flat(params, tail, xp)
     grid = grid or Grid()
+    if steps is not None and grid.step is not None:
+        raise ValueError("pass either steps or a Grid(step=...), not both")
     size = size or _size(mechanism, flat, flat_tail, grid)
-    _check_step(grid, size, pessimistic)
-    fixed_step = 0.0 if grid.step is None else grid.step
+    if steps is None:
+        steps, largest = (0.0 if grid.step is None else grid.step), grid.step
+    else:
+        steps = np.asarray(steps, np.float64)
+        largest = float(np.max(steps)) if steps.size else None
+        if steps.size:
+            _check_step(float(np.min(steps)), size, pessimistic)
+    _check_step(largest, size, pessimistic)
+    fixed_steps = xp.broadcast_to(xp.asarray(steps, xp.float64), shape).reshape(-1)
     out = _mechanism_kernel(
-        flat, flat_tail, fixed_step, mechanism=mechanism, size=size,
-        pessimistic=bool(pessimistic), fixed=grid.step is not None, rounding=grid.rounding,
-        then=then, extra=extra,
+        flat, flat_tail, fixed_steps, mechanism=mechanism, size=size,
+        pessimistic=bool(pessimistic), fixed=largest is not None, rounding=grid.rounding, then=then,
+        extra=extra,
     )
     if then is not None:
         return out

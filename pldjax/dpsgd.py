@@ -203,10 +203,11 @@ def _keeps_chunks_on_device() -> bool:
 
 
 def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_size, both,
-                   pessimistic, grid, evaluate, sharding, remedy):
+                   pessimistic, grid, grid_steps, evaluate, sharding, remedy):
     """Values for one chunk of configurations (all steps >= 1), once ``compositions`` (a
     :class:`_Compositions`) has run: ``params`` are the flat parameters of ``mechanism``
-    (:meth:`~pldjax.mechanisms.Event.directions`).
+    (:meth:`~pldjax.mechanisms.Event.directions`); ``grid_steps``: each one's mechanism grid
+    step (nats; rtol's, a lattice's), or None for ``grid``'s.
 
     Both directions of every configuration are discretized, and their windows placed, in one
     call, queued here. Returns ``place``: it reads the windows' widths back (waiting for that
@@ -234,7 +235,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     probs, inf_mass, offset, step, lo, hi, exponents, summary = direction_arrays(
         Directions(mechanism, tuple(params), both), grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size,
-        then=_placement(directions, evaluate), extra=(row_counts, row_targets))
+        then=_placement(directions, evaluate), extra=(row_counts, row_targets), steps=grid_steps)
     # off the host glue (xp = jnp) these wait for nothing; on a CPU, where the chunk is placed
     # at once, they wait for the call as place() would
     probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
@@ -485,7 +486,7 @@ def _progress(total: int, enabled: bool) -> Callable[[int], None]:
 
 def _rtol_remedy(rtol, step) -> str:
     """What a composition too wide for float64 at ``rtol``'s grid ``step`` tells its caller."""
-    return (f"rtol={float(rtol):.3g} asks for a grid step of {float(step):.3g} nats here, too "
+    return (f"rtol={float(rtol):.3g} asks for grid steps down to {float(step):.3g} nats here, too "
             "fine: use a larger rtol (or the default grid, rtol=None)")
 
 
@@ -597,10 +598,11 @@ _MAPPINGS = MappingGuard((*MECHANISM_KERNELS, _compose_and_evaluate, _gather_row
                          every=16)
 
 
-def _account_group(order, params, steps, target, *, sharding, mechanism_size, **kwargs):
-    """The configurations ``order`` (one grid step and mechanism size), in chunks: yields each
-    chunk's (indices, ``place``) once its discretization is queued (see
-    :func:`_account_chunk`)."""
+def _account_group(order, params, steps, target, *, sharding, mechanism_size, grid_steps,
+                   **kwargs):
+    """The configurations ``order`` (one mechanism grid size; ``grid_steps``: every
+    configuration's own grid step, or None: ``grid``'s), in chunks: yields each chunk's
+    (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`)."""
     devices = 1 if sharding is None else len(jax.devices())
     on_device = _keeps_chunks_on_device()
     # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
@@ -616,7 +618,9 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, **
         idx = order[begin:begin + chunk]
         padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
         yield idx, _account_chunk([p[padded] for p in params], steps[padded], target[padded],
-                                  sharding=sharding, mechanism_size=mechanism_size, **kwargs)
+                                  sharding=sharding, mechanism_size=mechanism_size,
+                                  grid_steps=None if grid_steps is None else grid_steps[padded],
+                                  **kwargs)
 
 
 def _account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
@@ -670,33 +674,41 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate,
                                  rows=(2 if both else 1) * max(len(active), 1))
 
+    # the mechanism grid each configuration gets alone: a chunk is discretized at its largest
+    # member's size, so no configuration is slower (or on another grid) in a batch
+    sizes = np.zeros(active.shape[0], np.int64)
+    for group_step in np.unique(group_steps):
+        in_group = group_steps == group_step
+        stepped = active[in_group]
+        group_grid = (grid if group_step == 0
+                      else dataclasses.replace(grid or Grid(), step=float(group_step)))
+        sizes[in_group] = _mechanism_sizes(
+            mechanism, [p[stepped] for p in params], both, group_grid,
+            mechanism_tail(steps_arr[stepped], target[stepped], evaluate),
+            None if half_widths is None else half_widths[in_group])
+    grid_steps = np.zeros(steps_arr.shape[0])
+    grid_steps[active] = group_steps
+
     def chunks():  # each chunk's discretization queued as the loop below asks for it
-        for group_step in np.unique(group_steps):
-            group_grid = grid
-            remedy = COARSER_GRID
-            if group_step > 0:
-                group_grid = dataclasses.replace(grid or Grid(), step=float(group_step))
-            if rtol is not None:
-                remedy = _rtol_remedy(rtol, group_step)
-            in_group = group_steps == group_step
-            stepped = active[in_group]
-            # and by the mechanism grid each configuration gets alone: a chunk is discretized at
-            # its largest member's size, so no configuration is slower (or on another grid) in a
-            # batch
-            tail = mechanism_tail(steps_arr[stepped], target[stepped], evaluate)
-            sizes = _mechanism_sizes(mechanism, [p[stepped] for p in params], both, group_grid,
-                                     tail, None if half_widths is None else half_widths[in_group])
-            for size in np.unique(sizes):
-                members = stepped[sizes == size]
+        # configurations of one size share chunks: on the automatic grid, or each on its own
+        # step (rtol's, a lattice's). Chunks of one step each were 48 for bench/dpsgd.py's 10^4
+        # configurations at rtol=1e-2 on an accelerator, 14 now (23 mechanism shapes, 7 now)
+        for stepped in np.unique(group_steps > 0):
+            for size in np.unique(sizes[(group_steps > 0) == stepped]):
+                chosen = ((group_steps > 0) == stepped) & (sizes == size)
+                members = active[chosen]
+                remedy = COARSER_GRID
+                if rtol is not None:
+                    remedy = _rtol_remedy(rtol, np.min(group_steps[chosen]))
                 # alike configurations side by side (few distinct composition sizes per chunk)
                 points = (np.zeros(members.shape[0]) if closed_form is None
                           else _mechanism_points(*(a[members] for a in closed_form)))
-                order = members[np.lexsort((steps_arr[members], points))]
+                order = members[np.lexsort((steps_arr[members], points, group_steps[chosen]))]
                 yield from _account_group(
                     order, params, steps_arr, target, mechanism=mechanism,
                     mechanism_size=int(size), both=both, pessimistic=pessimistic,
-                    grid=group_grid, evaluate=evaluate, sharding=sharding,
-                    compositions=compositions, remedy=remedy)
+                    grid=grid, grid_steps=grid_steps if stepped else None, evaluate=evaluate,
+                    sharding=sharding, compositions=compositions, remedy=remedy)
 
     report = _progress(len(active), progress)
     finishers = []

@@ -302,6 +302,29 @@ def test_a_step_finer_than_the_curves_digits_gives_a_valid_sound_pld():
     assert float(ordinary.inf_mass) < 0.5
 
 
+def test_direction_arrays_each_configuration_on_its_own_step():
+    """``steps`` puts each configuration (both its directions) on its own grid step in one call,
+    as dpsgd's rtol chunks do: the masses and grids of a Grid(step=...) call for each alone, and
+    a step outside (0, MAX_STEP] is refused as Grid.step is."""
+    from pldjax.mechanisms import direction_arrays
+
+    directions = pj.dpsgd.dpsgd_event(np.array([1.0, 2.0, 0.7]), 0.05).directions(True)
+    steps = np.array([2.0**-9, 2.0**-7, 2.0**-8])
+    for pessimistic in (True, False):
+        together = direction_arrays(directions, pj.Grid(size=1024), pessimistic, steps=steps)
+        for i, step in enumerate(steps):
+            one = pj.dpsgd.dpsgd_event(np.array([1.0, 2.0, 0.7])[i], 0.05).directions(True)
+            alone = direction_arrays(one, pj.Grid(step=float(step), size=1024), pessimistic)
+            for got, want in zip(together, alone, strict=True):
+                np.testing.assert_allclose(np.asarray(got)[:, i], np.asarray(want), rtol=1e-13,
+                                           atol=1e-300)
+        np.testing.assert_array_equal(together[3], np.broadcast_to(steps, (2, 3)))
+    with pytest.raises(ValueError, match="Grid.step must be in"):
+        direction_arrays(directions, pj.Grid(size=1024), True, steps=np.array([0.0, 1e-3, 1e-3]))
+    with pytest.raises(ValueError, match="either steps or a Grid"):
+        direction_arrays(directions, pj.Grid(step=1e-3, size=1024), True, steps=steps)
+
+
 def _masses_and_scaled(probs, inf_mass, offset, step, scale):
     return probs, inf_mass * scale
 
