@@ -11,15 +11,15 @@
 # writes its own to bench/results).
 # Steps, by priority:
 #   1. one DP-SGD epsilon, warm (bench/profile_dpsgd.py --total), then its stages;
-#   2. bench/dpsgd.py's distribution, 10^4 configurations: a first call (it compiles), one with
-#      each stage timed (blocks between stages), three untimed (the goal's figure: the host
-#      queues the next chunk while the device works);
+#   2. bench/dpsgd.py's distribution, 10^4 configurations: three untimed calls (the first
+#      compiles; the others are the goal's figure: the host queues the next chunk while the
+#      device works), then one under jax.profiler (the GPU's busy time and idle gaps); the same
+#      at rtol=1e-2 (three untimed calls; its own shapes to compile);
 #   2b. with BASELINE=<dir of another pldjax checkout> (e.g. extracted by git archive), the
-#      same untimed calls there, in a process of their own, for an A/B on one machine;
+#      default's untimed calls there, in a process of their own, for an A/B on one machine, in
+#      the time left of LIMIT seconds (default 560);
 #   3. gdp_residue, 10^4 pairs, the library's chunk size and 2,048 pairs a chunk;
-#   4. V_k, 4 queries x 8 rounds on 2^14 points;
-#   5. the same 10^4 configurations at rtol=1e-2 (its own shapes to compile), in the time left
-#      of LIMIT seconds (default 560).
+#   4. V_k, 4 queries x 8 rounds on 2^14 points.
 set -u
 out=${1:-bench/results}
 mkdir -p "$out"
@@ -37,7 +37,10 @@ left() { local l=$(( ${LIMIT:-560} - ($(date +%s) - start) )); echo $(( l > 10 ?
   echo "== one configuration"; timeout 60 python3 bench/profile_dpsgd.py --total --rounds 15; elapsed
   timeout 60 python3 bench/profile_dpsgd.py --rounds 15; elapsed
   echo "== 10^4 configurations"
-  timeout 200 python3 bench/profile_sweep.py --configs 10000 --calls 2 --untimed 3; elapsed
+  timeout 200 python3 bench/profile_sweep.py --configs 10000 --calls 0 --untimed 3 --trace 12; elapsed
+  echo "== 10^4 configurations, rtol=1e-2"
+  timeout 150 python3 bench/profile_sweep.py --configs 10000 --calls 0 --untimed 3 --rtol 1e-2
+  elapsed
   if [ -n "${BASELINE:-}" ]; then
     echo "== 10^4 configurations, baseline $BASELINE (at most $(left) s)"
     # no timed calls (the stage timers wrap this checkout's kernel signatures); the first
@@ -55,7 +58,4 @@ left() { local l=$(( ${LIMIT:-560} - ($(date +%s) - start) )); echo $(( l > 10 ?
   echo "== V_k"
   timeout 50 python3 bench/natural_filter.py --sizes 16384 --no-cached \
     --functions natural_filter_free --timeout 40; elapsed
-  echo "== 10^4 configurations, rtol=1e-2 (at most $(left) s)"
-  timeout "$(left)" python3 bench/profile_sweep.py --configs 10000 --calls 3 --rtol 1e-2 --progress \
-    2> >(tr '\r' '\n' | tail -3 >&2); elapsed
 } 2>&1 | tee "$log"
