@@ -602,8 +602,9 @@ def _size(mechanism: Mechanism, params, tail, grid: Grid) -> int:
 
 
 def _check_step(step, size: int, pessimistic: bool) -> None:
-    """A user's step (the largest of several, or None: automatic) must keep the discretization's
-    exponentials finite (see the module notes)."""
+    """A given step (nats; None: the automatic one) must be in (0, MAX_STEP] and keep the
+    discretization's exponentials finite (see the module notes); of several, check the smallest
+    and the largest."""
     if step is None:
         return
     if not 0 < step <= grid_lib.MAX_STEP:

@@ -693,9 +693,9 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         # configurations of one size share chunks: on the automatic grid, or each on its own
         # step (rtol's, a lattice's). Chunks of one step each were 48 for bench/dpsgd.py's 10^4
         # configurations at rtol=1e-2 on an accelerator, 14 now (23 mechanism shapes, 7 now)
-        for stepped in np.unique(group_steps > 0):
-            for size in np.unique(sizes[(group_steps > 0) == stepped]):
-                chosen = ((group_steps > 0) == stepped) & (sizes == size)
+        for own_steps in np.unique(group_steps > 0):
+            for size in np.unique(sizes[(group_steps > 0) == own_steps]):
+                chosen = ((group_steps > 0) == own_steps) & (sizes == size)
                 members = active[chosen]
                 remedy = COARSER_GRID
                 if rtol is not None:
@@ -707,7 +707,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
                 yield from _account_group(
                     order, params, steps_arr, target, mechanism=mechanism,
                     mechanism_size=int(size), both=both, pessimistic=pessimistic,
-                    grid=grid, grid_steps=grid_steps if stepped else None, evaluate=evaluate,
+                    grid=grid, grid_steps=grid_steps if own_steps else None, evaluate=evaluate,
                     sharding=sharding, compositions=compositions, remedy=remedy)
 
     report = _progress(len(active), progress)
