@@ -551,6 +551,21 @@ def _covering_steps(half_widths):
                                np)
 
 
+def _optimistic_steps(steps, half_widths, grid: Grid | None):
+    """rtol's ``steps`` for the optimistic estimate, whose window spans at most
+    grid.OPTIMISTIC_SPAN nats: each at most the limit of the size its window then gets (a finer
+    step is only more accurate; the estimate is 0 beyond its window, still a lower bound). A
+    coarser one was refused with an error about a Grid.step the caller never gave (sigma = 1e-6,
+    or sigma = 0.05 with q = 1). Sizes grow as steps shrink, so this repeats until they agree."""
+    while True:
+        sizes = (np.full(steps.shape, grid.size) if grid is not None and grid.size is not None
+                 else grid_lib.mechanism_sizes(half_widths / steps, STEPPED_MECHANISM_SIZE))
+        limits = grid_lib.optimistic_step_limit(sizes)
+        if np.all(steps <= limits):
+            return steps
+        steps = np.minimum(steps, limits)
+
+
 def _gaussian_poisson(event: Event, shape) -> tuple[np.ndarray, np.ndarray] | None:
     """(noise multiplier sigma / sensitivity, sampling probability), flat, for an event that is
     the Gaussian without sampling (q = 1) or Poisson-subsampled, whose closed forms (loss
@@ -667,6 +682,8 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
                                       target_name, event.neighboring, float(rtol))
         half_widths = read_half_widths()
         group_steps = np.maximum(group_steps, _covering_steps(half_widths))
+        if not pessimistic:
+            group_steps = _optimistic_steps(group_steps, half_widths, grid)
     else:
         lattice = _lattice_steps(event, params, shape, pessimistic) if grid is None else None
         group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]

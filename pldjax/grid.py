@@ -141,9 +141,10 @@ def auto_step(spread, half_width, size: int):
     return jnp.minimum(jnp.maximum(fine_step(spread), cover_step(half_width, size)), MAX_STEP)
 
 
-def optimistic_step_limit(size: int) -> float:
-    """The largest power-of-two step whose window of ``size`` points spans <= OPTIMISTIC_SPAN."""
-    return float(2.0 ** np.floor(np.log2(OPTIMISTIC_SPAN / (size - 1))))
+def optimistic_step_limit(size):
+    """The largest power-of-two step (nats) whose window of ``size`` points (an int, or a NumPy
+    array of them) spans <= OPTIMISTIC_SPAN."""
+    return np.exp2(np.floor(np.log2(OPTIMISTIC_SPAN / (np.asarray(size, np.float64) - 1))))
 
 
 def window_offset(center, step, size: int, pessimistic: bool = True):

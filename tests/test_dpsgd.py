@@ -316,10 +316,11 @@ def _gaussian_epsilon(mu, delta):
     from scipy.optimize import brentq
     from scipy.stats import norm
 
-    def curve(eps):
-        return norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
+    def curve(eps):  # e^eps times a tiny cdf in logs (mu = 20 reads at eps near 285)
+        return (norm.cdf(-eps / mu + mu / 2) - np.exp(eps + norm.logcdf(-eps / mu - mu / 2))
+                - delta)
 
-    return brentq(curve, 0.0, 100.0, xtol=1e-14, rtol=1e-15)
+    return brentq(curve, 0.0, mu * mu / 2 + 10 * mu, xtol=1e-14, rtol=1e-15)
 
 
 @pytest.mark.parametrize("rtol", [1e-2, 1e-3])
@@ -486,6 +487,19 @@ def test_rtol_for_a_loss_narrower_than_min_spread(sigma, q):
         assert pj.dpsgd_epsilon(sigma, q, 1000, 1e-5, rtol=rtol) == 0.0
         assert below <= pj.dpsgd_delta(sigma, q, 1000, 0.0, rtol=rtol) <= 1e-7
     assert pj.dpsgd_epsilon(sigma, q, 1000, 1e-5) == 0.0
+
+
+def test_rtol_optimistic_answers_where_its_window_would_span_too_far():
+    """The optimistic estimate's window spans at most grid.OPTIMISTIC_SPAN nats: rtol's step is
+    kept within what that allows (these were refused with an error about a Grid.step nobody
+    passed). The Gaussian of sigma = 0.05 once is G_20: the closed form lies between the two."""
+    truth = _gaussian_epsilon(20.0, 1e-5)
+    lower = pj.dpsgd_epsilon(0.05, 1.0, 1, 1e-5, rtol=1e-2, pessimistic=False)
+    upper = pj.dpsgd_epsilon(0.05, 1.0, 1, 1e-5, rtol=1e-2)
+    assert 0.0 < lower <= truth <= upper
+    lower, upper = (pj.dpsgd_epsilon(1e-6, 0.01, 100, 1e-5, rtol=1e-2, pessimistic=pessimistic)
+                    for pessimistic in (False, True))
+    assert 0.0 <= lower <= upper and not np.isnan(lower)
 
 
 def test_rtol_and_a_fixed_step_are_exclusive():
