@@ -872,7 +872,9 @@ def dpsgd_epsilon(
         bound; rtol sets how close to the truth it aims to be (a target, not a guarantee). The
         step is never finer than the finest on which one step's loss window fits the largest
         mechanism grid (grid.MAX_MECHANISM_SIZE points); where rtol asks for a finer one (a
-        tiny sampling probability, or a very small rtol) it is not met.
+        tiny sampling probability, or a very small rtol) it is not met. The optimistic value
+        (``pessimistic=False``) stays a lower bound but can be far below the truth, even 0, on
+        a step coarser than -log(1 - q), which a coarse rtol can pick (see the README).
     """
     if is_traced((noise_multiplier, sampling_prob, steps, delta)):
         raise ValueError(_UNDER_JIT.format("epsilon"))
