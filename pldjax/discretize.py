@@ -601,12 +601,9 @@ def _size(mechanism: Mechanism, params, tail, grid: Grid) -> int:
     return int(np.max(mechanism_sizes(mechanism, params, grid, tail)))
 
 
-def _check_step(step, size: int, pessimistic: bool) -> None:
-    """A given step (nats; None: the automatic one) must be in (0, MAX_STEP] and keep the
-    discretization's exponentials finite (see the module notes); of several, check the smallest
-    and the largest."""
-    if step is None:
-        return
+def _check_step(step: float, size: int, pessimistic: bool) -> None:
+    """A given step (nats) must be in (0, MAX_STEP] and keep the discretization's exponentials
+    finite (see the module notes); of several, check the smallest and the largest."""
     if not 0 < step <= grid_lib.MAX_STEP:
         raise ValueError(f"Grid.step must be in (0, {grid_lib.MAX_STEP}] nats, got {step!r}")
     limit = grid_lib.optimistic_step_limit(size)
@@ -638,18 +635,15 @@ def discretize_arrays(mechanism: Mechanism, params, grid: Grid | None, pessimist
     if steps is not None and grid.step is not None:
         raise ValueError("pass either steps or a Grid(step=...), not both")
     size = size or _size(mechanism, flat, flat_tail, grid)
-    if steps is None:
-        steps, largest = (0.0 if grid.step is None else grid.step), grid.step
-    else:
-        steps = np.asarray(steps, np.float64)
-        largest = float(np.max(steps)) if steps.size else None
-        if steps.size:
-            _check_step(float(np.min(steps)), size, pessimistic)
-    _check_step(largest, size, pessimistic)
+    fixed = steps is not None or grid.step is not None
+    steps = np.asarray(grid.step or 0.0 if steps is None else steps, np.float64)
+    if fixed and steps.size:
+        for bound in (np.min(steps), np.max(steps)):
+            _check_step(float(bound), size, pessimistic)
     fixed_steps = xp.broadcast_to(xp.asarray(steps, xp.float64), shape).reshape(-1)
     out = _mechanism_kernel(
         flat, flat_tail, fixed_steps, mechanism=mechanism, size=size,
-        pessimistic=bool(pessimistic), fixed=largest is not None, rounding=grid.rounding, then=then,
+        pessimistic=bool(pessimistic), fixed=fixed, rounding=grid.rounding, then=then,
         extra=extra,
     )
     if then is not None:

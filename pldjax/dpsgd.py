@@ -526,11 +526,19 @@ def _mechanism_sizes(mechanism, params, both, grid, tail, half_widths=None):
     with a given step (rtol's, a lattice's), from STEPPED_MECHANISM_SIZE up. ``half_widths``:
     their windows' half-widths in nats (:func:`_half_widths_nats`) where the caller has them
     (then no compiled call)."""
+    if half_widths is not None and grid is not None and grid.step is not None:
+        return _sizes_on_steps(half_widths, grid.step, grid)
     smallest = grid_lib.MECHANISM_SIZE if grid is None or grid.step is None else STEPPED_MECHANISM_SIZE
-    if half_widths is not None and grid.step is not None and grid.size is None:
-        return grid_lib.mechanism_sizes(half_widths / grid.step, smallest)
     return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid, tail,
                            smallest)
+
+
+def _sizes_on_steps(half_widths, steps, grid: Grid | None) -> np.ndarray:
+    """The mechanism grid sizes of windows of ``half_widths`` nats on the given ``steps`` (see
+    :func:`_mechanism_sizes`): from STEPPED_MECHANISM_SIZE up, or ``grid.size`` when set."""
+    if grid is not None and grid.size is not None:
+        return np.full(np.shape(half_widths), grid.size)
+    return grid_lib.mechanism_sizes(half_widths / steps, STEPPED_MECHANISM_SIZE)
 
 
 def _half_widths_nats(mechanism, params, both, tail) -> Callable[[], np.ndarray]:
@@ -558,9 +566,7 @@ def _optimistic_steps(steps, half_widths, grid: Grid | None):
     coarser one was refused with an error about a Grid.step the caller never gave (sigma = 1e-6,
     or sigma = 0.05 with q = 1). Sizes grow as steps shrink, so this repeats until they agree."""
     while True:
-        sizes = (np.full(steps.shape, grid.size) if grid is not None and grid.size is not None
-                 else grid_lib.mechanism_sizes(half_widths / steps, STEPPED_MECHANISM_SIZE))
-        limits = grid_lib.optimistic_step_limit(sizes)
+        limits = grid_lib.optimistic_step_limit(_sizes_on_steps(half_widths, steps, grid))
         if np.all(steps <= limits):
             return steps
         steps = np.minimum(steps, limits)
@@ -710,9 +716,10 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         # configurations of one size share chunks: on the automatic grid, or each on its own
         # step (rtol's, a lattice's). Chunks of one step each were 48 for bench/dpsgd.py's 10^4
         # configurations at rtol=1e-2 on an accelerator, 14 now (23 mechanism shapes, 7 now)
-        for own_steps in np.unique(group_steps > 0):
-            for size in np.unique(sizes[(group_steps > 0) == own_steps]):
-                chosen = ((group_steps > 0) == own_steps) & (sizes == size)
+        on_own_step = group_steps > 0
+        for own_steps in np.unique(on_own_step):
+            for size in np.unique(sizes[on_own_step == own_steps]):
+                chosen = (on_own_step == own_steps) & (sizes == size)
                 members = active[chosen]
                 remedy = COARSER_GRID
                 if rtol is not None:
