@@ -135,17 +135,15 @@ def main() -> None:
         np.save(args.save, eps)
 
 
-def _busy_ns(intervals) -> int:
-    """Length of the union of (start, end) intervals, in ns."""
-    busy, reach = 0, None
-    for start, end in sorted(intervals):
-        if reach is None or start > reach:
-            busy += end - start
-            reach = end
-        elif end > reach:
-            busy += end - reach
-            reach = end
-    return busy
+def _busy_and_gaps(intervals) -> tuple[int, list[int]]:
+    """Length of the union of (start, end) intervals and the gaps between them, in ns."""
+    intervals = sorted(intervals)
+    gaps, reach = [], intervals[0][1]
+    for start, end in intervals[1:]:
+        if start > reach:
+            gaps.append(start - reach)
+        reach = max(reach, end)
+    return reach - intervals[0][0] - sum(gaps), gaps
 
 
 def print_device_activity(profile, top: int) -> None:
@@ -164,7 +162,7 @@ def print_device_activity(profile, top: int) -> None:
                 continue
             spans = [(e.start_ns, e.end_ns) for e in events]
             print(f"{plane.name} {line.name}: {len(events)} events, "
-                  f"busy {_busy_ns(spans) / 1e6:.1f} ms", flush=True)
+                  f"busy {_busy_and_gaps(spans)[0] / 1e6:.1f} ms", flush=True)
             if line.name.startswith(("XLA", "Launch", "Steps", "Framework")):
                 continue  # derived lines repeat the streams' events
             intervals += spans
@@ -174,16 +172,10 @@ def print_device_activity(profile, top: int) -> None:
                 kernels[event.name[:70]] += event.duration_ns
         if not intervals:
             continue
-        intervals.sort()
-        first, last = intervals[0][0], max(end for _, end in intervals)
-        gaps, reach = [], intervals[0][1]
-        for start, end in intervals[1:]:
-            if start > reach:
-                gaps.append(start - reach)
-            reach = max(reach, end)
+        busy, gaps = _busy_and_gaps(intervals)
         long_gaps = [g for g in gaps if g > 50_000]
-        print(f"{plane.name}: first to last event {(last - first) / 1e6:.1f} ms, busy "
-              f"{_busy_ns(intervals) / 1e6:.1f} ms; {len(long_gaps)} idle gaps over 50 us, "
+        print(f"{plane.name}: first to last event {(busy + sum(gaps)) / 1e6:.1f} ms, busy "
+              f"{busy / 1e6:.1f} ms; {len(long_gaps)} idle gaps over 50 us, "
               f"{sum(long_gaps) / 1e6:.1f} ms in all (largest {max(gaps, default=0) / 1e6:.1f} ms)")
         for title, counter in (("programs", programs), ("kernels", kernels)):
             print(f"  costliest {title}: " + "; ".join(
