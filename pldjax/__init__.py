@@ -26,20 +26,25 @@ The layers, and where each kind of change goes, are described in ARCHITECTURE.md
 
 import importlib as _importlib
 
-from pldjax.calibrate import (
+from pldjax.accounting.calibration import (
     calibrate_event,
     calibrate_noise_multiplier,
     calibrate_sampling_prob,
     calibrate_steps,
 )
-from pldjax.compilation import enable_compilation_cache
-from pldjax.compilation import enable_default_cache as _enable_default_cache
-from pldjax.compose import compose
-from pldjax.dpsgd import compose_schedule, dpsgd_delta, dpsgd_epsilon, event_delta, event_epsilon
-from pldjax.gaussian_dp import gdp_mu, gdp_residue
-from pldjax.grid import Grid
-from pldjax.mechanisms import (
-    Event,
+from pldjax.accounting.dpsgd import dpsgd_delta, dpsgd_epsilon, dpsgd_event
+from pldjax.accounting.engine import event_delta, event_epsilon
+from pldjax.accounting.schedule import compose_schedule
+from pldjax.core.compilation import enable_compilation_cache
+from pldjax.core.compilation import enable_default_cache as _enable_default_cache
+from pldjax.core.grid import Grid
+from pldjax.core.pld import PLD
+from pldjax.kernels.compose import compose
+from pldjax.kernels.divergences import profile_from_tradeoff, tradeoff_from_profile
+from pldjax.kernels.dominance import sup
+from pldjax.kernels.gaussian_dp import gdp_mu, gdp_residue
+from pldjax.mechanisms.events import Event, privacy_loss
+from pldjax.mechanisms.named import (
     approx_dp_composition,
     discrete_gaussian,
     discrete_laplace,
@@ -48,11 +53,8 @@ from pldjax.mechanisms import (
     gdp,
     identity,
     laplace,
-    privacy_loss,
     randomized_response,
 )
-from pldjax.order import profile_from_tradeoff, sup, tradeoff_from_profile
-from pldjax.pld import PLD
 
 __all__ = [
     "Event",
@@ -70,6 +72,7 @@ __all__ = [
     "discrete_laplace",
     "dpsgd_delta",
     "dpsgd_epsilon",
+    "dpsgd_event",
     "enable_compilation_cache",
     "event_delta",
     "event_epsilon",
@@ -103,23 +106,24 @@ __all__ = [
 
 #: Names imported on first use: attribute -> (module, name in it, or None for the module itself).
 #: The integrations live in modules that do not shadow the packages they wrap (``pj.optax`` is
-#: :mod:`pldjax.optax_transforms`, ``pj.dp_accounting`` is :mod:`pldjax.dp_accounting_adapter`).
+#: :mod:`pldjax.integrations.optax_transforms`, ``pj.dp_accounting`` is
+#: :mod:`pldjax.integrations.dp_accounting_adapter`).
 _LAZY = {
-    "accountant": ("pldjax.accountant", None),
-    "dp_accounting": ("pldjax.dp_accounting_adapter", None),
-    "filters": ("pldjax.filters", None),
-    "io": ("pldjax.io", None),
-    "neighboring": ("pldjax.neighboring", None),
-    "noise": ("pldjax.noise", None),
-    "odometers": ("pldjax.odometers", None),
-    "opacus": ("pldjax.opacus_accountant", None),
-    "optax": ("pldjax.optax_transforms", None),
+    "accountant": ("pldjax.accounting.accountant", None),
+    "dp_accounting": ("pldjax.integrations.dp_accounting_adapter", None),
+    "filters": ("pldjax.adaptive.filters", None),
+    "io": ("pldjax.core.serialization", None),
+    "neighboring": ("pldjax.mechanisms.neighboring", None),
+    "noise": ("pldjax.mechanisms.noise", None),
+    "odometers": ("pldjax.adaptive.odometers", None),
+    "opacus": ("pldjax.integrations.opacus_accountant", None),
+    "optax": ("pldjax.integrations.optax_transforms", None),
     "plot": ("pldjax.plot", None),
-    "sampling": ("pldjax.sampling", None),
-    "natural_filter_bounds": ("pldjax.adversary", "natural_filter_bounds"),
-    "natural_filter_cost": ("pldjax.adversary", "natural_filter_cost"),
-    "natural_filter_free": ("pldjax.adversary", "natural_filter_free"),
-    "totally_ordered": ("pldjax.adversary", "totally_ordered"),
+    "sampling": ("pldjax.mechanisms.sampling", None),
+    "natural_filter_bounds": ("pldjax.adaptive.natural_cost", "natural_filter_bounds"),
+    "natural_filter_cost": ("pldjax.adaptive.natural_cost", "natural_filter_cost"),
+    "natural_filter_free": ("pldjax.adaptive.natural_cost", "natural_filter_free"),
+    "totally_ordered": ("pldjax.adaptive.natural_cost", "totally_ordered"),
 }
 
 
@@ -138,5 +142,5 @@ def __dir__() -> list[str]:
 
 
 # the persistent compilation cache is on by default (opt out: PLDJAX_COMPILATION_CACHE=0; a cache
-# directory configured for JAX wins); see pldjax.compilation
+# directory configured for JAX wins); see pldjax.core.compilation
 _enable_default_cache()

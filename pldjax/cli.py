@@ -31,11 +31,11 @@ from collections.abc import Sequence
 #: Sweeps with more rows than this show a progress bar.
 PROGRESS_ROWS = 64
 _NEIGHBORING = ("add_remove", "replace_one")
-#: --noise: the pldjax.noise record each name builds (noise scale, sensitivity).
+#: --noise: the pldjax.mechanisms.noise record each name builds (noise scale, sensitivity).
 _NOISES = {"gaussian": "Gaussian", "laplace": "Laplace", "discrete_laplace": "DiscreteLaplace",
            "discrete_gaussian": "DiscreteGaussian"}
 _SAMPLINGS = ("poisson", "fixed_batch", "none")
-#: The range of each CSV column, as pldjax.validate.check_range arguments (low, high, options).
+#: The range of each CSV column, as pldjax.core.validation.check_range arguments (low, high, options).
 _COLUMN_RANGES = {
     "noise_multiplier": (0.0, float("inf"), {"low_open": True}),
     "sampling_prob": (0.0, 1.0, {}),
@@ -157,7 +157,7 @@ def _evaluate(args, evaluate: str, noise_multiplier, sampling_prob, steps, targe
     """epsilon (``evaluate``) or delta of the configurations: DP-SGD's accounting for the default
     parts, the event's otherwise."""
     import pldjax as pj
-    from pldjax.validate import check_range
+    from pldjax.core.validation import check_range
 
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
@@ -211,7 +211,7 @@ def _read_configs(path: str):
             f"delta, epsilon; found {header}"
         )
 
-    from pldjax.validate import check_range
+    from pldjax.core.validation import check_range
 
     def cell(number: int, row: dict, name: str) -> float:
         where = f"{path}: row {number} (line {number + 1}), column {name}"
@@ -266,7 +266,7 @@ def _sweep(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    from pldjax.compilation import enable_compilation_cache
+    from pldjax.core.compilation import enable_compilation_cache
 
     enable_compilation_cache()
     try:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pldjax.pld import PLD
+from pldjax.core.pld import PLD
 
 
 def _pyplot():

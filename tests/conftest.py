@@ -15,7 +15,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
-from pldjax.compilation import release_compiled_kernels  # noqa: E402
+from pldjax.core.compilation import release_compiled_kernels  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -43,7 +43,7 @@ def x64_off():
 def _drop_compiled_kernels_before_the_mapping_limit():
     # a worker running half of the default run compiles thousands of kernels, each holding
     # memory mappings, and reached Linux's limit (a segfault inside XLA; see
-    # pldjax.compilation.release_compiled_kernels): later tests reload theirs from the cache
+    # pldjax.core.compilation.release_compiled_kernels): later tests reload theirs from the cache
     yield
     release_compiled_kernels()
 

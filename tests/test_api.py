@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import pldjax as pj
-from pldjax import discretize
+from pldjax.kernels import discretize
 
-compose_lib = importlib.import_module("pldjax.compose")  # the module, not the function
+compose_lib = importlib.import_module("pldjax.kernels.compose")  # the module, not the function
 
 
 def _workload():
@@ -165,7 +165,7 @@ def test_compilation_cache_keeps_kernels_across_processes(tmp_path):
 
 
 def test_public_namespace_holds_only_the_api():
-    """Every public name of the package is in __all__ or one of its own modules (no helper
+    """Every public name of the package is in __all__ or one of its own modules (no stray
     imports, such as importlib, leak into ``dir(pj)`` and tab completion)."""
     import types
 

@@ -2,7 +2,7 @@
 
 Every public constructor and evaluator is called with arguments drawn log-uniformly over their
 valid range (1e-300 to 1e300 where the type allows, plus the boundary values 0, 1, inf where
-valid), and must give a sound value or a ValueError naming the argument (issue 15, "Done when"):
+valid), and must give a sound value or a ValueError naming the argument:
 
 - never NaN; delta in [0, 1]; epsilon >= 0 (inf allowed);
 - sound brackets against closed forms computed here in mpmath, independently of pldjax: Gaussian /
@@ -192,7 +192,7 @@ def subsampled_delta(base, q: float, eps: float) -> float:
         return float(max(remove, add))
 
 
-# -- property helpers -----------------------------------------------------------------------------
+# -- strategies and checks -----------------------------------------------------------------------------
 def refused(names, fn):
     """``fn()``, or None after a ValueError that names one of ``names`` (the argument at fault)."""
     names = (names,) if isinstance(names, str) else names

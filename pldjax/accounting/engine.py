@@ -1,0 +1,588 @@
+"""The batched accounting engine: epsilon or delta of T runs of any
+:class:`~pldjax.mechanisms.events.Event` (:func:`event_epsilon`, :func:`event_delta`).
+
+For one configuration or for many at once (an event's parameters may be arrays: a batch).
+Configurations are sorted by the grid they need (:mod:`pldjax.accounting.planner`) and processed
+in fixed-size chunks: per chunk, one vmapped call discretizes both directions
+(:meth:`~pldjax.mechanisms.events.Event.directions`) and one places every composition's window
+(Chernoff); each row then waits, with the rows of later chunks that need the same window size,
+for a fused call that composes (an FFT power per row) and evaluates. Chunks keep memory bounded
+and shapes repeat, so a sweep compiles a handful of kernels, whatever its length. When several
+devices are visible the configuration axis of each chunk is sharded over a one-dimensional
+device mesh (``jax.sharding``).
+
+Every value is pessimistic (an upper bound on the true epsilon or delta) unless
+``pessimistic=False`` is passed, which gives the optimistic lower bound.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import os
+import sys
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pldjax.accounting.planner import (
+    accuracy_steps,
+    check_rtol,
+    composition_tail,
+    configuration_sizes,
+    covering_steps,
+    gaussian_poisson_parameters,
+    half_widths_nats,
+    lattice_steps,
+    mechanism_points,
+    mechanism_tail,
+    optimistic_steps,
+    rtol_remedy,
+    spends,
+)
+from pldjax.core import grid as grid_lib
+from pldjax.core.compilation import MappingGuard, exported_jit
+from pldjax.core.grid import Grid
+from pldjax.core.precision import float64
+from pldjax.core.validation import check_range, is_traced
+from pldjax.kernels.compose import (
+    COARSER_GRID,
+    PMFSummary,
+    checked_size,
+    chernoff_exponents,
+    compose_wrapped_rows,
+    pmf_summary,
+    summary_window,
+    window_widths,
+    wrap_rows,
+)
+from pldjax.kernels.discretize import MECHANISM_KERNELS
+from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
+from pldjax.mechanisms.events import Event, direction_arrays
+from pldjax.mechanisms.sampling import Directions
+
+#: Most configurations discretized together (per device when sharded), the most mechanism grid
+#: points (configurations x points) one chunk discretizes (about 200 bytes each at the peak of
+#: discretization and window placement: 32 configurations on 131,072 points took the process
+#: from 0.3 to 1.5 GB; bench/dpsgd.py's sweep peaks at 0.9-1.0 GB with 2^18, 1.4 GB without the
+#: limit, equally fast), and the most grid points (rows x size) one composition call handles:
+#: together they bound the memory in use.
+CHUNK = 32
+CHUNK_ELEMENTS = 2**18
+COMPOSE_ELEMENTS = 2**23
+#: On a CPU, small windows share a composition call up to this many grid points (see
+#: :func:`_rows_per_call`).
+CPU_CALL_ELEMENTS = 2**18
+#: Windows of up to this many points are composed at a power of two, larger ones at
+#: grid.fft_size (four sizes an octave), except on one accelerator (powers of two throughout): a
+#: composition shape takes about a second to compile on a CPU whatever its size, and padding a
+#: small window costs little. bench/dpsgd.py's 1,024 configurations at rtol=1e-2 compiled 35
+#: shapes in a 79 s first call, now 18 in 46 s, equally fast warm (2 cores).
+SMALL_WINDOW = 8192
+#: The most rows of any composition call: the evaluation holds a few 128 x 128 matrices a row
+#: whatever the window (about 0.4 MB a row at its peak), so tiny windows must not fill a call
+#: of COMPOSE_ELEMENTS points (4 million rows of 2 points asked for 567 GB).
+CALL_ROWS = 1024
+#: CHUNK and CHUNK_ELEMENTS on an accelerator, where a call's cost is mostly its launch and a
+#: chunk's memory (about 200 bytes a point, 3.4 GB) is small beside the device's.
+ACCELERATOR_CHUNK = 1024
+ACCELERATOR_CHUNK_ELEMENTS = 2**24
+
+
+@exported_jit(static_argnames=("pessimistic", "evaluate"))
+def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, target, exponents, *,
+                          pessimistic, evaluate):
+    """Each row's count-fold composition (its PMF wrapped to the window,
+    :func:`~pldjax.kernels.compose.wrap_rows`), read at its target: one compiled shape per (rows,
+    window size)."""
+    kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
+    probs, composed_inf, start = compose_wrapped_rows(
+        wrapped, summary, inf_mass, offset, step, count, exponents,
+        tail=composition_tail(target, evaluate), pessimistic=pessimistic,
+    )
+    return jax.vmap(lambda p, m, o, h, t: kernel(p, m, o, h, t[None])[0])(
+        probs, composed_inf, start, step, target)
+
+
+@exported_jit(static_argnames=("size",))
+def _gather_rows(probs, index, scalars, *, size):
+    """The rows ``index`` of a chunk kept on the device, ready for :func:`_compose_and_evaluate`:
+    ``probs`` (chunk rows, mechanism grid) wrapped to ``size``, and ``scalars`` (each with a
+    leading chunk rows axis) gathered (a caller pads ``index`` to a full composition call with
+    repeats, so that the composition's compiled shapes depend on the window alone; this program
+    is cheap to compile per chunk shape)."""
+    return wrap_rows(jnp, probs[index], size), [a[index] for a in scalars]
+
+
+def _placement_rows(probs, offset, step, count, target, evaluate):
+    """Each row's count-fold composition: its Chernoff tail window (lo, hi) (grid indices) for
+    :func:`composition_tail`, the exponents it came from (which the composition reuses for its
+    tail bounds) and the PMF's :func:`~pldjax.kernels.compose.pmf_summary`."""
+    def one(p, o, h, c, t):
+        tail = composition_tail(t, evaluate)
+        exponents = chernoff_exponents(p, o, h, c, tail)
+        summary = pmf_summary(p)
+        lo, hi = summary_window(summary, o, h, c, tail, exponents)
+        return lo, hi, exponents, summary
+
+    return jax.vmap(one)(probs, offset, step, count, target)
+
+
+def _placed_rows(probs, inf_mass, offset, step, count, target, *, directions: int, evaluate: str):
+    """The discretization's ``then`` (see :func:`~pldjax.mechanisms.events.direction_arrays`): its rows
+    in this module's order (every configuration's first direction, then every one's second), with
+    their windows placed (:func:`_placement_rows`; ``count`` and ``target`` in that order):
+    (probs, inf_mass, offset, step, lo, hi, exponents, summary). It runs in the program of the
+    masses, which is queued behind the curve's without a round trip through the host."""
+    def by_direction(a):
+        a = a.reshape((-1, directions) + a.shape[1:])
+        return jnp.moveaxis(a, 1, 0).reshape((-1,) + a.shape[2:])
+
+    probs, inf_mass, offset, step = (by_direction(a) for a in (probs, inf_mass, offset, step))
+    return (probs, inf_mass, offset, step,
+            *_placement_rows(probs, offset, step, count, target, evaluate))
+
+
+@functools.cache
+def _placement(directions: int, evaluate: str) -> Callable:
+    """:func:`_placed_rows` for ``directions`` and ``evaluate``: one object each, as the
+    discretization kernels' static ``then`` must be to reuse their compiled programs."""
+    return functools.partial(_placed_rows, directions=directions, evaluate=evaluate)
+
+
+def _sharding() -> NamedSharding | None:
+    devices = jax.devices()
+    if len(devices) == 1:
+        return None
+    return NamedSharding(Mesh(np.asarray(devices), ("configs",)), PartitionSpec("configs"))
+
+
+def _place(arrays, sharding):
+    if sharding is None:
+        return arrays
+    return [jax.device_put(a, sharding) for a in arrays]
+
+
+def _keeps_chunks_on_device() -> bool:
+    """True on an accelerator: chunks are large, the glue between compiled calls runs there and
+    only a few scalars per row come to the host (a chunk's PMFs through the host and back took
+    longer than their composition). On a CPU the glue runs in NumPy."""
+    return jax.default_backend() != "cpu"
+
+
+def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_size, both,
+                   pessimistic, grid, grid_steps, evaluate, sharding, remedy):
+    """Values for one chunk of configurations (all steps >= 1), once ``compositions`` (a
+    :class:`_Compositions`) has run: ``params`` are the flat parameters of ``mechanism``
+    (:meth:`~pldjax.mechanisms.events.Event.directions`); ``grid_steps``: each one's mechanism grid
+    step (nats; rtol's, a lattice's), or None for ``grid``'s.
+
+    Both directions of every configuration are discretized, and their windows placed, in one
+    call, queued here. Returns ``place``: it reads the windows' widths back (waiting for that
+    call), hands each row to ``compositions`` under the composition size it needs
+    (:meth:`_Compositions.window_size`) and returns a function giving the chunk's values. A
+    caller queues the next chunk's discretization before it places this one, so that on an
+    accelerator the device has work while the host places. ``remedy``: what an error about a
+    window that cannot be placed tells the caller to change.
+    """
+    # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
+    # small program to compile, or to load from the cache, per process)
+    xp = np if compositions.host_glue else jnp
+    params = [np.asarray(p, np.float64) for p in params]
+    steps, target = np.asarray(steps, np.float64), np.asarray(target, np.float64)
+    directions = 2 if both else 1
+    # rows: every configuration's first direction, then (when it has two) every one's second;
+    # the host reads the counts (window widths), the discretization and every composition call
+    # of the chunk read the counts and targets: on an accelerator put there once
+    counts, targets = (np.concatenate([a] * directions) for a in (steps, target))
+    row_counts, row_targets = counts, targets
+    if sharding is not None:
+        row_counts, row_targets = _place([counts, targets], sharding)
+    elif not compositions.host_glue:
+        row_counts, row_targets = jax.device_put(counts), jax.device_put(targets)
+    probs, inf_mass, offset, step, lo, hi, exponents, summary = direction_arrays(
+        Directions(mechanism, tuple(params), both), grid, pessimistic,
+        mechanism_tail(steps, target, evaluate), mechanism_size,
+        then=_placement(directions, evaluate), extra=(row_counts, row_targets), steps=grid_steps)
+    # off the host glue (xp = jnp) these wait for nothing; on a CPU, where the chunk is placed
+    # at once, they wait for the call as place() would
+    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
+    exponents = [xp.asarray(e) for e in exponents]
+    summary = PMFSummary(*(xp.asarray(s) for s in summary))
+
+    def place():
+        sizes = np.array([compositions.window_size(int(w)) for w in window_widths(
+            summary, offset, counts, lo, hi, "steps", remedy)])
+        # a row repeated (the chunk's padding, or a configuration given twice) is composed once
+        if steps.shape[0] == 1:
+            first = same = np.arange(directions)
+        else:
+            config = np.column_stack([*params, steps, target])
+            rows_of = np.column_stack([np.repeat(np.arange(directions), config.shape[0]),
+                                       np.tile(config, (directions, 1))])
+            _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
+        values = np.zeros(sizes.shape[0])
+        scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
+        for size in np.unique(sizes[first]):
+            size = checked_size(int(size), "dpsgd accounting", "steps", remedy)
+            compositions.add(size, probs, scalars, first[sizes[first] == size], values)
+
+        def finish():
+            return np.max(values[first][same.reshape(-1)].reshape(directions, -1), axis=0)
+
+        return finish
+
+    return place
+
+
+class _Compositions:
+    """Rows waiting for their composition and evaluation, by window size.
+
+    On a CPU, and when sharded, across chunks: a size's rows are composed as soon as they fill a
+    call (:func:`_rows_per_call`), and :meth:`flush` composes what is left, padded with repeats.
+    On a CPU a call of fewer rows than cores takes as long as a full one, so a chunk's odd row
+    waits for the next chunk's instead of sharing its call with a repeat (the sweep of 1,024
+    composed 2,298 rows, 250 of them repeats). On one accelerator a chunk's rows are composed
+    straight from the chunk (:func:`_gather_rows`), and their values read back at
+    :meth:`flush`, so the device runs ahead of the host; there every call of a size has the
+    same number of rows (one compiled shape per size): a full call, or the power of two at or
+    above ``rows``, the most rows the accounting call has (a single configuration's two
+    directions composed 64 rows of 131,072 points otherwise).
+    """
+
+    def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int):
+        self._sharding = sharding
+        self._devices = 1 if sharding is None else len(jax.devices())
+        self._gathers = sharding is None and _keeps_chunks_on_device()
+        self.host_glue = sharding is None and not self._gathers
+        self._xp = np if self.host_glue else jnp
+        #: The composition size for a window of ``width`` points (:func:`composition_size`), or
+        #: on one accelerator the power of two (a quarter of the compiled shapes, compiled for
+        #: seconds each there, for at most twice the points)
+        self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
+        self._rows = grid_lib.next_pow2(rows)
+        self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
+        self._pending: dict[int, list] = {}
+        self._results: list = []
+
+    def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray) -> None:
+        """Queue the rows ``rows`` of a chunk (on one accelerator: start their composition) from
+        its PMFs ``probs`` (rows, mechanism grid) and ``scalars`` (summary, inf_mass, offset,
+        step, count, target, exponents; each with a leading rows axis); their values go to
+        values[rows] by :meth:`flush` at the latest."""
+        most = _rows_per_call(size, self._devices)
+        if self._gathers:
+            most = min(most, self._rows)
+            for begin in range(0, len(rows), most):
+                part = rows[begin:begin + most]
+                index = np.concatenate([part, np.full(most - len(part), part[-1])])
+                wrapped, columns = _gather_rows(probs, index, scalars, size=size)
+                got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
+                                            tuple(columns[10:]), **self._options)
+                self._results.append((got, values, part))
+            return
+        pending = self._pending.setdefault(size, [])
+        pending.append((probs[rows], [a[rows] for a in scalars], values, rows))
+        while sum(len(block[3]) for block in pending) >= most:
+            self._run(size, most)
+
+    def flush(self) -> None:
+        """Compose every row still queued; read back every value."""
+        for size, pending in self._pending.items():
+            most = _rows_per_call(size, self._devices)
+            while pending:
+                self._run(size, most)
+        for got, values, rows in self._results:
+            values[rows] = np.asarray(got)[: len(rows)]
+        self._results.clear()
+
+    def _run(self, size: int, most: int) -> None:
+        """Compose up to ``most`` queued rows of ``size`` in one call (padded with repeats)."""
+        xp, devices, blocks = self._xp, self._devices, self._pending[size]
+        wrapped, columns, sinks = [], [], []
+        while len(sinks) < most and blocks:
+            probs, scalars, values, indices = blocks[0]
+            k = min(most - len(sinks), len(indices))
+            # wrapped here, so that the composition's shapes do not depend on the mechanism's grid
+            wrapped.append(wrap_rows(xp, probs[:k], size))
+            columns.append([column[:k] for column in scalars])
+            sinks += [(values, index) for index in indices[:k]]
+            if k < len(indices):
+                blocks[0] = (probs[k:], [column[k:] for column in scalars], values, indices[k:])
+            else:
+                blocks.pop(0)
+        # a power of two of rows, padded with repeats (few compiled shapes)
+        batch = min(most, max(2, grid_lib.next_pow2(len(sinks))))
+        batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
+        if batch > len(sinks):
+            repeat = batch - len(sinks)
+            wrapped.append(xp.repeat(wrapped[-1][-1:], repeat, axis=0))
+            columns.append([xp.repeat(column[-1:], repeat, axis=0) for column in columns[-1]])
+        arrays = [parts[0] if len(parts) == 1 else xp.concatenate(parts)
+                  for parts in [wrapped, *zip(*columns, strict=True)]]
+        arrays = _place(arrays, self._sharding)
+        got = np.asarray(_compose_and_evaluate(
+            arrays[0], PMFSummary(*arrays[1:6]), *arrays[6:11], tuple(arrays[11:]),
+            **self._options,
+        ))
+        for value, (values, index) in zip(got, sinks, strict=False):
+            values[index] = value
+
+
+def composition_size(width: int) -> int:
+    """Points of the composition window that holds ``width`` points (see SMALL_WINDOW)."""
+    return grid_lib.next_pow2(width) if width <= SMALL_WINDOW else grid_lib.fft_size(width)
+
+
+def _rows_per_call(size: int, devices: int) -> int:
+    """Most rows one composition call takes (a power of two; a multiple of the devices when
+    sharded): COMPOSE_ELEMENTS grid points in all and at most CALL_ROWS rows, and on a CPU the
+    power of two at or above its cores (XLA runs one row per core; 2 rows of 81,920 points took
+    3.4 ms a row on 2 cores, 1 row 6.4 ms, 8 rows 3.1 ms: more rows a call only add compiled
+    shapes), or as many as fill CPU_CALL_ELEMENTS points where windows are small (a call's
+    fixed cost then weighs: the sweep of 1,024 took 7.5 -> 6.8 s, at rtol 1e-2 2.05 -> 1.66 s)."""
+    most = max(1, min(CALL_ROWS, COMPOSE_ELEMENTS // size))
+    if not _keeps_chunks_on_device():
+        most = min(most, max(grid_lib.next_pow2(_cores()), CPU_CALL_ELEMENTS // size))
+    most = 1 << (most.bit_length() - 1)
+    return max(devices, most // devices * devices)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _progress(total: int, enabled: bool) -> Callable[[int], None]:
+    def report(done: int) -> None:
+        if enabled:
+            bar = "#" * (30 * done // total)
+            print(f"\r[{bar:<30}] {done}/{total} configurations", end="", file=sys.stderr)
+            if done == total:
+                print(file=sys.stderr)
+
+    return report
+
+
+#: Releases the accounting kernels before a sweep runs out of memory mappings: a first look at
+#: 64 compiled shapes, then every 16 more (see pldjax.core.compilation.MappingGuard).
+_MAPPINGS = MappingGuard((*MECHANISM_KERNELS, _compose_and_evaluate, _gather_rows), first=64,
+                         every=16)
+
+
+def _account_group(order, params, steps, target, *, sharding, mechanism_size, grid_steps,
+                   **kwargs):
+    """The configurations ``order`` (one mechanism grid size; ``grid_steps``: every
+    configuration's own grid step, or None: ``grid``'s), in chunks: yields each chunk's
+    (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`)."""
+    devices = 1 if sharding is None else len(jax.devices())
+    on_device = _keeps_chunks_on_device()
+    # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
+    # (padded with repeats, at most 7 rows of waste); powers of two on an accelerator
+    wanted = (grid_lib.next_pow2(len(order)) if len(order) <= 8 or on_device
+              else -(-len(order) // 8) * 8)
+    configs, elements = ((ACCELERATOR_CHUNK, ACCELERATOR_CHUNK_ELEMENTS) if on_device
+                         else (CHUNK, CHUNK_ELEMENTS))
+    chunk = min(configs, max(1, elements // mechanism_size)) * devices
+    chunk = min(chunk, wanted)
+    chunk = -(-chunk // devices) * devices
+    for begin in range(0, len(order), chunk):
+        idx = order[begin:begin + chunk]
+        padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
+        yield idx, _account_chunk([p[padded] for p in params], steps[padded], target[padded],
+                                  sharding=sharding, mechanism_size=mechanism_size,
+                                  grid_steps=None if grid_steps is None else grid_steps[padded],
+                                  **kwargs)
+
+
+def account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
+             rtol=None, function=None):
+    function = function or f"event_{evaluate}"
+    if not isinstance(event, Event):
+        raise ValueError(f"event must be a pldjax.Event, got {event!r}")
+    if is_traced((event, steps, target)):
+        raise ValueError(
+            f"{function} picks its grids from the values and cannot run under jit; inside jit, "
+            "build the PLD with event.pld(grid=pj.Grid(size=...)) and self_compose(size=...)"
+        )
+    check_range("steps", steps, 0.0)
+    if target_name == "delta":
+        check_range("delta", target, 0.0, 1.0)
+    else:
+        check_range("epsilon", target, 0.0, allow_inf=True)
+    check_rtol(rtol, grid)
+    steps_arr = np.asarray(steps, np.float64)
+    if np.any(steps_arr != np.floor(steps_arr)):
+        raise ValueError(f"steps must be whole numbers >= 0, got {steps!r}")
+    mechanism, params, both = event.directions(pessimistic)
+    arrays = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params), steps_arr,
+                                 np.asarray(target, np.float64))
+    shape = arrays[0].shape
+    *params, steps_arr, target = (a.reshape(-1) for a in arrays)
+    closed_form = gaussian_poisson_parameters(event, shape)
+    if rtol is not None and closed_form is None:
+        raise ValueError(
+            "rtol needs an estimate of the loss's spread, available for the Gaussian (without "
+            "sampling or Poisson-subsampled) only; for this event pass grid=pj.Grid(step=...)"
+        )
+    out = np.zeros(steps_arr.shape[0])  # zero steps: epsilon 0 and delta 0
+    active = np.nonzero((steps_arr > 0) & spends(event, shape))[0]
+    # configurations on one grid step share a chunk (one Grid per call): rtol's steps, or each
+    # one's exact lattice (integer-valued noise), or the automatic steps (one group)
+    half_widths = None
+    if rtol is not None:
+        read_half_widths = half_widths_nats(
+            mechanism, [p[active] for p in params], both,
+            mechanism_tail(steps_arr[active], target[active], evaluate))
+        sigma, q = closed_form
+        group_steps = accuracy_steps(sigma[active], q[active], steps_arr[active], target[active],
+                                      target_name, event.neighboring, float(rtol))
+        half_widths = read_half_widths()
+        group_steps = np.maximum(group_steps, covering_steps(half_widths))
+        if not pessimistic:
+            group_steps = optimistic_steps(group_steps, half_widths, grid)
+    else:
+        lattice = lattice_steps(event, params, shape, pessimistic) if grid is None else None
+        group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
+    sharding = _sharding()
+    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate,
+                                 rows=(2 if both else 1) * max(len(active), 1))
+
+    # the mechanism grid each configuration gets alone: a chunk is discretized at its largest
+    # member's size, so no configuration is slower (or on another grid) in a batch
+    sizes = np.zeros(active.shape[0], np.int64)
+    for group_step in np.unique(group_steps):
+        in_group = group_steps == group_step
+        stepped = active[in_group]
+        group_grid = (grid if group_step == 0
+                      else dataclasses.replace(grid or Grid(), step=float(group_step)))
+        sizes[in_group] = configuration_sizes(
+            mechanism, [p[stepped] for p in params], both, group_grid,
+            mechanism_tail(steps_arr[stepped], target[stepped], evaluate),
+            None if half_widths is None else half_widths[in_group])
+    grid_steps = np.zeros(steps_arr.shape[0])
+    grid_steps[active] = group_steps
+
+    def chunks():  # each chunk's discretization queued as the loop below asks for it
+        # configurations of one size share chunks: on the automatic grid, or each on its own
+        # step (rtol's, a lattice's). Chunks of one step each were 48 for bench/dpsgd.py's 10^4
+        # configurations at rtol=1e-2 on an accelerator, 14 now (23 mechanism shapes, 7 now)
+        on_own_step = group_steps > 0
+        for own_steps in np.unique(on_own_step):
+            for size in np.unique(sizes[on_own_step == own_steps]):
+                chosen = (on_own_step == own_steps) & (sizes == size)
+                members = active[chosen]
+                remedy = COARSER_GRID
+                if rtol is not None:
+                    remedy = rtol_remedy(rtol, np.min(group_steps[chosen]))
+                # alike configurations side by side (few distinct composition sizes per chunk)
+                points = (np.zeros(members.shape[0]) if closed_form is None
+                          else mechanism_points(*(a[members] for a in closed_form)))
+                order = members[np.lexsort((steps_arr[members], points, group_steps[chosen]))]
+                yield from _account_group(
+                    order, params, steps_arr, target, mechanism=mechanism,
+                    mechanism_size=int(size), both=both, pessimistic=pessimistic,
+                    grid=grid, grid_steps=grid_steps if own_steps else None, evaluate=evaluate,
+                    sharding=sharding, compositions=compositions, remedy=remedy)
+
+    report = _progress(len(active), progress)
+    finishers = []
+    queued = collections.deque()
+    done = 0
+
+    def place_first():
+        nonlocal done
+        idx, place = queued.popleft()
+        finishers.append((idx, place()))
+        done += len(idx)
+        report(done)
+        # a sweep compiles a kernel per shape it meets (and so may a loop of single calls)
+        _MAPPINGS.check()
+
+    # on an accelerator one chunk ahead: the next chunk's discretization is queued before this
+    # one is placed, so that the device works while the host places (on a CPU, which computes
+    # as fast either way, it would only hold two chunks at once)
+    ahead = 0 if compositions.host_glue else 1
+    for chunk in chunks():
+        queued.append(chunk)
+        if len(queued) > ahead:
+            place_first()
+    while queued:
+        place_first()
+    compositions.flush()
+    for idx, finish in finishers:
+        out[idx] = finish()[: len(idx)]
+
+    # never NaN: should a configuration still produce one, report the trivial sound bound
+    # (epsilon inf or delta 1 pessimistic, 0 optimistic) rather than a number that is none
+    out = np.where(np.isnan(out), (np.inf if evaluate == "epsilon" else 1.0) if pessimistic else 0.0,
+                   out)
+    return out.reshape(shape) if shape else float(out[0])
+
+
+_EVENT_ARGS = """
+    Args:
+      event: a :class:`~pldjax.mechanisms.events.Event`, e.g. ``pj.Event(pj.noise.Laplace(2.0),
+        pj.sampling.Poisson(0.01))``; array parameters are a batch (they broadcast with
+        ``steps`` and the target; the result has the broadcast shape, a float for scalars).
+      steps: whole number of compositions >= 0.
+      pessimistic: False for the optimistic (lower-bound) estimate.
+      grid: optional mechanism :class:`Grid` (a finer step is tighter and slower); automatic by
+        default (for integer-valued noise without sampling: each configuration's exact lattice).
+      progress: print a progress bar to stderr.
+      rtol: target relative accuracy of epsilon, in (0, 1], for the Gaussian (without sampling
+        or Poisson-subsampled) only, whose loss spread has a closed form (any other event: a
+        ValueError; pass ``grid`` instead); see :func:`dpsgd_epsilon`.
+"""
+
+
+@float64
+def event_epsilon(
+    event: Event,
+    steps,
+    delta,
+    *,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+    progress: bool = False,
+    rtol: float | None = None,
+):
+    """Smallest epsilon (nats) such that ``steps`` runs of ``event`` are (epsilon, delta)-DP,
+    ``delta`` in [0, 1]. Pessimistic (an upper bound on the truth; for events with two adjacency
+    directions the worse is reported) unless ``pessimistic=False`` (a lower bound).
+
+    Configurations are grouped by the grid each gets alone, so a batch gives the values of one
+    call per configuration.
+    """
+    return account(event, steps, delta, "delta", pessimistic=pessimistic, grid=grid,
+                    evaluate="epsilon", progress=progress, rtol=rtol)
+
+
+@float64
+def event_delta(
+    event: Event,
+    steps,
+    epsilon,
+    *,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+    progress: bool = False,
+    rtol: float | None = None,
+):
+    """Smallest delta such that ``steps`` runs of ``event`` are (epsilon, delta)-DP, ``epsilon``
+    >= 0 (nats, inf allowed). Same conventions as :func:`event_epsilon`; ``rtol`` as in
+    :func:`dpsgd_delta`.
+    """
+    return account(event, steps, epsilon, "epsilon", pessimistic=pessimistic, grid=grid,
+                    evaluate="delta", progress=progress, rtol=rtol)
+
+
+event_epsilon.__doc__ += _EVENT_ARGS
+event_delta.__doc__ += _EVENT_ARGS
+

@@ -1,0 +1,281 @@
+"""Grid planning for the accounting engine: host code (NumPy) that chooses, for each
+configuration, the tail mass its windows may leave out, its mechanism grid size and, under
+``rtol``, its grid step.
+
+The step for a target relative accuracy ``rtol`` follows a model of connect-the-dots' error
+(:func:`accuracy_step`) applied to an estimate of the epsilon sought: the smaller of a Rényi-DP
+bound of the Poisson-subsampled Gaussian (:func:`rdp_epsilon`, used only to size grids, never
+reported) and a Gaussian approximation of the composed loss. None of these choices affects
+soundness: every grid gives a pessimistic upper bound (or an optimistic lower bound); the plan
+only decides how tight and how fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from pldjax.core import grid as grid_lib
+from pldjax.core.grid import Grid
+from pldjax.core.validation import check_range
+from pldjax.kernels.discretize import mechanism_half_widths, mechanism_sizes
+from pldjax.mechanisms import sampling as sampling_lib
+from pldjax.mechanisms.events import Event
+from pldjax.mechanisms.noise import Gaussian, Noise
+from pldjax.mechanisms.subsampling import REMOVE
+
+#: The smallest mechanism grid of a configuration whose step is given (rtol's, a lattice's): its
+#: window alone sets the size (grid.MECHANISM_SIZE, the automatic step's floor, held four times
+#: the 511 points sigma = 1, q = 0.01 needs at rtol=5e-2).
+STEPPED_MECHANISM_SIZE = 256
+
+
+#: A composition read at delta (dpsgd_epsilon) may leave this fraction of delta outside its window:
+#: Chernoff-bounded and charged to delta (the +inf atom of a pessimistic PLD, the bottom of an
+#: optimistic one), so delta(eps) moves by at most delta / 2^20 and epsilon by about 1e-6 over
+#: -d log(delta) / d eps nats (4e-8 relative at sigma = 0.8, q = 0.02, T = 50, delta = 1e-5).
+#: The window then spans sqrt(log(2 / tail)) instead of sqrt(log(2 / grid.TAIL_MASS)) standard
+#: deviations of the composed loss: 0.79x at delta = 1e-5. The mechanisms' windows get the same
+#: fraction (:func:`mechanism_tail`, T steps of delta / (2^20 T) each): half the mechanism grid at
+#: sigma = 1, q = 0.01, T = 1e4, delta = 1e-5, and epsilon 2e-11 relative higher.
+TAIL_FRACTION = 2.0**-20
+
+
+def mechanism_tail(steps, target, evaluate: str):
+    """The mass of P each step's mechanism window may leave outside (see
+    :func:`pldjax.kernels.discretize.window`): a fraction TAIL_FRACTION / steps of the delta that
+    ``evaluate == "epsilon"`` reads at, so delta moves by at most delta / 2^20 more; 0 (the
+    default windows) where delta is the unknown result."""
+    if evaluate != "epsilon":
+        return np.zeros_like(target)
+    return target * TAIL_FRACTION / np.maximum(steps, 1.0)
+
+
+def composition_tail(target, evaluate: str):
+    """The mass each composition's window may leave outside (see TAIL_FRACTION): a fraction of
+    the delta that ``evaluate == "epsilon"`` reads at (never below grid.TAIL_MASS), and
+    grid.TAIL_MASS where delta is the unknown result."""
+    if evaluate != "epsilon":
+        return jnp.full_like(target, grid_lib.TAIL_MASS)
+    return jnp.maximum(target * TAIL_FRACTION, grid_lib.TAIL_MASS)
+
+
+def loss_spread(sigma, q):
+    """Rough standard deviation (nats) of one step's privacy loss: q sqrt(chi^2) for small q,
+    at most the unsubsampled loss's 1 / sigma."""
+    mu = 1.0 / sigma
+    return np.minimum(q * np.sqrt(np.expm1(np.minimum(mu, np.sqrt(700.0)) ** 2)), mu)
+
+
+def mechanism_points(sigma, q):
+    """Rough relative grid size a configuration needs (used to sort configurations into chunks)."""
+    mu = np.minimum(1.0 / sigma, 1e150)  # squared below float64's largest
+    top = np.logaddexp(np.log1p(-np.minimum(q, 1 - 1e-16)), np.log(q) + mu**2 / 2 + 10 * mu)
+    return top / loss_spread(sigma, q)
+
+
+#: Integer Renyi orders of :func:`rdp_epsilon` (a coarse set: it only sizes grids).
+_RDP_ORDERS = np.array([2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256])
+
+
+@functools.cache
+def _rdp_terms() -> tuple[np.ndarray, ...]:
+    """The terms k = 0 .. a of the binomial expansion at each order a of _RDP_ORDERS, flat (944
+    terms, not 18 x 257): for each term log C(a, k) and the coefficients a - k, k and k^2 - k of
+    log(1 - q), log q and 1 / (2 sigma^2); and where each order's terms start."""
+    order = np.repeat(_RDP_ORDERS, _RDP_ORDERS + 1).astype(np.float64)
+    k = np.concatenate([np.arange(a + 1) for a in _RDP_ORDERS]).astype(np.float64)
+    log_binomial = np.array([math.lgamma(a + 1.0) - math.lgamma(j + 1.0) - math.lgamma(a - j + 1.0)
+                             for a, j in zip(order, k, strict=True)])
+    starts = np.concatenate([[0], np.cumsum(_RDP_ORDERS + 1)[:-1]])
+    return log_binomial, order - k, k, k * k - k, starts
+
+
+#: Configurations per block of :func:`rdp_epsilon` (each takes 944 terms; 32 to 128 were alike).
+_RDP_BLOCK = 64
+
+
+def rdp_epsilon(sigma, q, steps, delta):
+    """An estimate of epsilon (nats) from the Renyi DP of the Poisson-subsampled Gaussian at
+    integer orders (Mironov, Talwar and Zhang's binomial expansion) and the standard conversion:
+    an upper bound, about 10% loose, used only to choose a grid step (never reported); flat.
+    Every term combines three logarithms per configuration with constant coefficients."""
+    sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
+        *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
+    log_binomial, misses, k, square, starts = _rdp_terms()
+    counts = _RDP_ORDERS + 1
+    orders = _RDP_ORDERS.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        # -inf (q = 1, or 0) made finite: times a count of 0 it must give 0, not NaN
+        log_miss = np.maximum(np.log1p(-q), -1e300)[:, None]
+        log_hit = np.maximum(np.log(q), -1e300)[:, None]
+    twice_variance = (2 * sigma**2)[:, None]
+    out = np.empty(sigma.shape)
+    for begin in range(0, sigma.size, _RDP_BLOCK):
+        part = slice(begin, begin + _RDP_BLOCK)
+        terms = (log_binomial + misses * log_miss[part] + k * log_hit[part]
+                 + square / twice_variance[part])
+        top = np.maximum.reduceat(terms, starts, axis=-1)
+        spread = np.exp(terms - np.repeat(top, counts, axis=-1))
+        log_a = top + np.log(np.add.reduceat(spread, starts, axis=-1))
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            eps = (steps[part, None] * log_a / (orders - 1)
+                   + np.log(1.0 / delta[part, None]) / (orders - 1))
+        out[part] = np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
+    return out
+
+
+def accuracy_step(rtol, steps, epsilon, spread, z):
+    """The grid step (a power of two, nats) for a target relative accuracy ``rtol`` of an
+    ``epsilon`` (an estimate, nats) after ``steps`` compositions of a loss whose standard
+    deviation is ``spread``, at ``z`` standard deviations of the composed loss above its mean.
+
+    Connect-the-dots adds up to h^2 / 4 of variance per composition (a two-point split across
+    one step; measured errors are about half of this rule's: see bench/README.md). For a
+    Gaussian-like composed loss of variance v = T spread^2 (mean v / 2), epsilon = v / 2 +
+    z sqrt(v) moves by (1/2 + z / (2 sqrt v)) T h^2 / 4. So h is the largest power of two with
+    that at most rtol epsilon, kept at most ``spread`` (the rule needs several points across one
+    step's loss) and at least grid.MIN_SPREAD: on finer steps a near-identity loss's curve loses
+    its masses to round-off (sigma 1e12, q = 1, 1,000 steps: delta(0) 1.5e-8 on steps of 2^-40,
+    2.9e-7 on 2^-41, 1 and so epsilon inf on 2^-42 and below; the truth is 1.3e-11).
+    """
+    sd = np.sqrt(np.maximum(steps, 1.0)) * spread
+    slope = 0.5 + np.maximum(z, 0.0) / (2.0 * np.maximum(sd, 1e-300))
+    wanted = np.sqrt(4.0 * rtol * np.maximum(epsilon, 0.0) / (np.maximum(steps, 1.0) * slope))
+    wanted = np.clip(np.minimum(wanted, spread), grid_lib.MIN_SPREAD, grid_lib.MAX_STEP)
+    return np.ldexp(1.0, np.floor(np.log2(wanted)).astype(np.int64))
+
+
+def rtol_remedy(rtol, step) -> str:
+    """What a composition too wide for float64 at ``rtol``'s grid ``step`` tells its caller."""
+    return (f"rtol={float(rtol):.3g} asks for grid steps down to {float(step):.3g} nats here, too "
+            "fine: use a larger rtol (or the default grid, rtol=None)")
+
+
+def check_rtol(rtol, grid: Grid | None) -> None:
+    if rtol is None:
+        return
+    check_range("rtol", rtol, 0.0, 1.0, low_open=True)
+    if np.ndim(rtol) != 0:
+        raise ValueError(f"rtol must be a scalar, got shape {np.shape(rtol)}")
+    if grid is not None and grid.step is not None:
+        raise ValueError("pass either rtol (the step follows from it) or a Grid(step=...), not both")
+
+
+def accuracy_steps(sigma, q, steps, target, target_name, neighboring, rtol):
+    """Each configuration's grid step for ``rtol`` (see :func:`accuracy_step`); the epsilon it
+    aims at is given (dpsgd_delta) or estimated (dpsgd_epsilon) by the smaller of Renyi DP and
+    the Gaussian estimate sd (z + sd / 2) of a composed loss with standard deviation sd (Renyi
+    DP alone overestimated tiny epsilons 10-17x, and so the step: 85 of bench/dpsgd.py's 1,024
+    configurations were up to 4x rtol off; now 2, at most 1.7x), and never taken below sd."""
+    shift_sigma = sigma / 2 if neighboring == "replace_one" else sigma
+    spread = loss_spread(shift_sigma, q)
+    sd = np.sqrt(steps) * spread
+    if target_name == "delta":
+        z = np.sqrt(2.0 * np.log(1.0 / np.maximum(target, 1e-300)))
+        estimate = np.minimum(rdp_epsilon(shift_sigma, q, steps, np.maximum(target, 1e-300)),
+                              sd * (z + sd / 2))
+    else:
+        estimate = target
+        z = (target - sd**2 / 2) / np.maximum(sd, 1e-300)
+    # never below one standard deviation of the composed loss (a large delta's tiny epsilon)
+    estimate = np.maximum(np.where(np.isfinite(estimate), estimate, sd), sd)
+    return accuracy_step(rtol, steps, estimate, spread, np.nan_to_num(z, posinf=0.0))
+
+
+def configuration_sizes(mechanism, params, both, grid, tail, half_widths=None):
+    """The mechanism grid size each configuration gets alone (see discretize.mechanism_sizes):
+    with a given step (rtol's, a lattice's), from STEPPED_MECHANISM_SIZE up. ``half_widths``:
+    their windows' half-widths in nats (:func:`half_widths_nats`) where the caller has them
+    (then no compiled call)."""
+    if half_widths is not None and grid is not None and grid.step is not None:
+        return sizes_on_steps(half_widths, grid.step, grid)
+    smallest = grid_lib.MECHANISM_SIZE if grid is None or grid.step is None else STEPPED_MECHANISM_SIZE
+    return mechanism_sizes(mechanism, tuple(params) + ((REMOVE,) if both else ()), grid, tail,
+                           smallest)
+
+
+def sizes_on_steps(half_widths, steps, grid: Grid | None) -> np.ndarray:
+    """The mechanism grid sizes of windows of ``half_widths`` nats on the given ``steps`` (see
+    :func:`configuration_sizes`): from STEPPED_MECHANISM_SIZE up, or ``grid.size`` when set."""
+    if grid is not None and grid.size is not None:
+        return np.full(np.shape(half_widths), grid.size)
+    return grid_lib.sizes_for_half_widths(half_widths / steps, STEPPED_MECHANISM_SIZE)
+
+
+def half_widths_nats(mechanism, params, both, tail) -> Callable[[], np.ndarray]:
+    """Each configuration's mechanism window half-width (nats; flat), as configuration_sizes
+    measures it (the remove direction's when there are two): the function that reads them once
+    computed (see discretize.mechanism_half_widths)."""
+    return mechanism_half_widths(mechanism, tuple(params) + ((REMOVE,) if both else ()), tail,
+                                 1.0)
+
+
+def covering_steps(half_widths):
+    """rtol's finest steps (nats): on a finer one a window of ``half_widths`` nats no longer
+    fits the largest mechanism grid (MAX_MECHANISM_SIZE points), and the loss beyond the grid
+    goes to its ends (a tiny sampling probability over many steps: a loss spread of 7e-8 nats
+    asked for steps of 6e-8, on which a window of 2.4 nats was 2^25 points, and the composition
+    could not be placed even at rtol = 1, where the automatic grid answers)."""
+    return grid_lib.cover_step(np.nan_to_num(half_widths, nan=0.0), grid_lib.MAX_MECHANISM_SIZE,
+                               np)
+
+
+def optimistic_steps(steps, half_widths, grid: Grid | None):
+    """rtol's ``steps`` for the optimistic estimate, whose window spans at most
+    grid.OPTIMISTIC_SPAN nats: each at most the limit of the size its window then gets (a finer
+    step is only more accurate; the estimate is 0 beyond its window, still a lower bound). A
+    coarser one was refused with an error about a Grid.step the caller never gave (sigma = 1e-6,
+    or sigma = 0.05 with q = 1). Sizes grow as steps shrink, so this repeats until they agree."""
+    while True:
+        limits = grid_lib.optimistic_step_limit(sizes_on_steps(half_widths, steps, grid))
+        if np.all(steps <= limits):
+            return steps
+        steps = np.minimum(steps, limits)
+
+
+def gaussian_poisson_parameters(event: Event, shape) -> tuple[np.ndarray, np.ndarray] | None:
+    """(noise multiplier sigma / sensitivity, sampling probability), flat, for an event that is
+    the Gaussian without sampling (q = 1) or Poisson-subsampled, whose closed forms (loss
+    spread, Renyi DP) order chunks and size rtol's grids; None for any other event."""
+    sampling = event.sampling
+    if type(event.noise) is not Gaussian or not (sampling is None
+                                                or type(sampling) is sampling_lib.Poisson):
+        return None
+    noise = event.noise
+    sigma = np.asarray(noise.sigma, np.float64) / np.asarray(noise.sensitivity, np.float64)
+    q = 1.0 if sampling is None else np.asarray(sampling.sampling_prob, np.float64)
+    return tuple(np.broadcast_to(a, shape).reshape(-1) for a in (sigma, q))
+
+
+def spends(event: Event, shape) -> np.ndarray:
+    """Where a configuration can reveal anything (flat): False where its sampling probability
+    is 0 (its PLD is the identity)."""
+    q = getattr(event.sampling, "sampling_prob", 1.0)
+    return np.broadcast_to(np.asarray(q, np.float64) > 0, shape).reshape(-1)
+
+
+def lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray | None:
+    """Each configuration's exact lattice step (0: the automatic grid) for an integer-valued noise
+    without sampling, as :func:`~pldjax.mechanisms.events.privacy_loss` picks it for each alone (flat;
+    ``params``: the flat mechanism parameters, ``shape``: the batch's); None when the event has
+    no lattice."""
+    noise = event.noise
+    if event.sampling is not None or type(noise).lattice is Noise.lattice:
+        return None
+    names = [field.name for field in dataclasses.fields(noise)]
+    rows = np.stack([np.broadcast_to(np.asarray(getattr(noise, name), np.float64),
+                                     shape).reshape(-1) for name in names] + list(params), axis=-1)
+    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+    steps = np.zeros(unique.shape[0])
+    for i, row in enumerate(unique):
+        one = type(noise)(**dict(zip(names, row[:len(names)], strict=True)))
+        grid = one.lattice(tuple(row[len(names):]), pessimistic)
+        steps[i] = 0.0 if grid is None else grid.step
+    return steps[inverse.reshape(-1)]
+

@@ -1,0 +1,242 @@
+"""The filter interface and what every filter shares.
+
+Every filter is built by :func:`make_filter` from a pure ``core(state, query) -> (state, accepted)``
+working on float64 / int64 values. This layer adds, once for all filters:
+
+* **Query checks.** A query PLD with a NaN, infinite or negative mass, a total mass other than 1
+  (beyond :data:`MASS_TOLERANCE`) or a step that is not finite and > 0, and a cost given in
+  numbers that is NaN or negative (inf is a valid cost: it is rejected), is never accepted: on the
+  host ``spend`` raises a ValueError naming the query; under a caller's jit or vmap (where values
+  cannot raise) the query is rejected and the state is returned unchanged. A new state with a NaN
+  anywhere is rejected too, so no cost computation can corrupt a state.
+* **Exact 64-bit states whatever the caller's x64 flag.** State leaves holding float64 / int64
+  values are stored as their bits (:func:`pldjax.core.precision.pack`: uint32 pairs), so a state crosses
+  jit, vmap and save/load bit for bit. ``remaining`` unpacks them.
+* **Costs rounded by the caller.** A cost that arrives in float32 (with x64 off, a caller's jit
+  rounds a Python float argument to float32 before pldjax sees it) is charged the largest real
+  number that rounds to it (:func:`pldjax.core.precision.upper_of_rounded`): sound, at the price of
+  rejecting a spend that fits by less than about 3e-8 relative. Pass costs as concrete values, or
+  enable x64, to have them charged exactly. A query PLD whose arrays arrive in float32 is refused
+  (ValueError): guarantees are never computed in 32 bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import logsumexp
+
+from pldjax.core.compilation import kernel_jit
+from pldjax.core.pld import PLD
+from pldjax.core.precision import float64, host_result, pack, unpack, upper_of_rounded
+from pldjax.core.validation import is_traced
+
+#: Largest |total mass - 1| of a query PLD (its masses plus its atom at +inf) accepted as round-off.
+MASS_TOLERANCE = 1e-9
+
+
+class Filter(NamedTuple):
+    """One privacy filter: ``init() -> state``, ``spend(state, query) -> (state, accepted)``,
+    ``remaining(state)``, plus what the interaction satisfies (``guarantee``) and the parameters
+    that identify it (``kind``, ``params``: used to check saved states)."""
+
+    init: Callable[[], Any]
+    spend: Callable[[Any, Any], tuple[Any, jax.Array]]
+    remaining: Callable[[Any], Any]
+    guarantee: dict
+    kind: str
+    params: dict
+
+
+def keep_if(accepted, new, old):
+    """``new`` where accepted, else ``old`` (leaf by leaf): a rejected query changes nothing."""
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(accepted, a, b), new, old)
+
+
+def query_directions(query: PLD, filter_name: str):
+    """A single (unbatched: vmap batches it) pessimistic query as stacked directions."""
+    if not query.pessimistic:
+        raise ValueError(
+            f"{filter_name}: the query PLD must be pessimistic (an upper bound) for a sound answer")
+    if query.batch_shape:
+        raise ValueError(
+            f"{filter_name}: spend takes one query; vmap spend over a batch of queries")
+    return query.stack_directions()
+
+
+def pld_cost(cost):
+    """A cost computed from a valid query PLD, made safe to charge: NaN (a failed computation)
+    becomes inf (rejected); a value below 0 (round-off: the true costs here are >= 0) becomes 0."""
+    return jnp.where(jnp.isnan(cost), jnp.inf, jnp.maximum(cost, 0.0))
+
+
+def _log_q_mass(probs, offset, step):
+    """log sum_i p_i e^{-z_i} (NaN-free for any finite masses; -inf when all are 0)."""
+    z = (jnp.asarray(offset) + jnp.arange(probs.shape[-1])) * step
+    positive = probs > 0
+    log_p = jnp.log(jnp.where(positive, probs, 1.0))
+    return logsumexp(jnp.where(positive, log_p - z, -jnp.inf))
+
+
+def pld_problems(query: PLD):
+    """(name, traced bool) pairs, True where the query PLD is degenerate, one per rule."""
+    rules = []
+    for d in query.directions():
+        probs = jnp.asarray(d.probs)
+        inf_mass = jnp.asarray(d.inf_mass)
+        step = jnp.asarray(d.step)
+        total = jnp.sum(jnp.where(jnp.isfinite(probs), probs, 0.0)) + inf_mass
+        rules += [
+            ("a mass is NaN or infinite",
+             ~(jnp.all(jnp.isfinite(probs)) & jnp.isfinite(inf_mass))),
+            ("a mass is negative", jnp.any(probs < 0) | (inf_mass < 0)),
+            (f"the total mass is not 1 (within {MASS_TOLERANCE})",
+             ~(jnp.abs(total - 1.0) <= MASS_TOLERANCE)),
+            ("the step is not finite and > 0", ~(jnp.isfinite(step) & (step > 0))),
+            # E_P[e^-L] is the mass of Q where P > 0: at most 1 for any pair of distributions
+            (f"the losses imply a Q mass above 1 (sum of p e^-z > 1 + {MASS_TOLERANCE})",
+             ~(_log_q_mass(probs, d.offset, step) <= jnp.log1p(MASS_TOLERANCE))),
+        ]
+    return rules
+
+
+def _cost_ok(query):
+    """True where every number of a native cost is >= 0 (inf allowed, NaN not)."""
+    ok = jnp.asarray(True)
+    for leaf in jax.tree_util.tree_leaves(query):
+        ok = ok & jnp.all(leaf >= 0)  # False for NaN
+    return ok
+
+
+def _is_number(leaf) -> bool:
+    if isinstance(leaf, (str, bytes)):
+        return False
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None:
+        try:
+            dtype = np.asarray(leaf).dtype
+        except (TypeError, ValueError):
+            return False
+    return bool(np.issubdtype(dtype, np.number)) or dtype == np.bool_
+
+
+def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
+    """The query checked for structure (always) and values (on the host), costs in float64."""
+    if isinstance(query, PLD):
+        if query.batch_shape:
+            raise ValueError(f"{kind}: spend takes one query PLD, got a batch of shape "
+                             f"{query.batch_shape}; vmap spend over a batch of queries")
+        for d in query.directions():
+            for name in ("probs", "inf_mass", "step"):
+                dtype = jnp.asarray(getattr(d, name)).dtype
+                if dtype != jnp.float64:
+                    raise ValueError(
+                        f"{kind}: the query PLD's {name} arrived as {dtype}, not float64 (with "
+                        f"x64 off, a caller's jit converts PLD arguments to float32): build the "
+                        f"query inside the jitted function or enable jax_enable_x64")
+        if not is_traced(query):
+            for reason, bad in pld_problems(query):
+                # under a caller's jit a closed-over PLD's checks are traced: the spend refuses
+                # such a query itself (``guarded``), as it does a traced one
+                if not is_traced(bad) and bool(bad):
+                    raise ValueError(f"{kind}: the query PLD is degenerate ({reason}); such a "
+                                     f"query is never accepted")
+        return query
+    if isinstance(query, tuple) and cost_pair:
+        if len(query) != 2:
+            raise ValueError(f"{kind}: a query cost is a pair (cost, delta_n) or one number, "
+                             f"got {query!r}")
+        return tuple(_canonical(kind, part, cost_shape, False) for part in query)
+    if isinstance(query, list):
+        if not all(_is_number(v) for v in query):
+            raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers "
+                             f">= 0), got {query!r}")
+        query = jnp.asarray(query)
+    leaves = jax.tree_util.tree_leaves(query)
+    if len(leaves) != 1 or leaves[0] is not query or not _is_number(query):
+        raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers >= 0), "
+                         f"got {query!r}")
+    for leaf in leaves:
+        shape = tuple(jnp.shape(leaf))
+        try:
+            fits = np.broadcast_shapes(shape, cost_shape) == cost_shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{kind}: a query cost must have shape {cost_shape} (or broadcast "
+                             f"to it), got shape {shape}")
+    cost = jax.tree_util.tree_map(upper_of_rounded, query)
+    if is_traced(cost):
+        return cost
+    if not bool(_cost_ok(cost)):
+        raise ValueError(f"{kind}: a query cost must be a number >= 0 (inf is allowed and "
+                         f"rejected), got {query!r}")
+    return jax.tree_util.tree_map(_normal_or_zero, cost)
+
+
+def _normal_or_zero(cost):
+    """A positive cost below the smallest normal float raised to it (an upper bound): XLA on a
+    CPU flushes subnormal numbers to 0, and a filter of budget 0 accepted a cost of 5e-324.
+    (Under a caller's jit the cost is traced and cannot be looked at: charged as XLA reads it.)"""
+    cost = np.asarray(cost, np.float64)
+    tiny = np.finfo(np.float64).tiny
+    return np.where((cost > 0) & (cost < tiny), tiny, cost)
+
+
+def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
+                core: Callable, remaining: Callable[[Any], Any], prepare: Callable | None = None,
+                static: tuple[str, ...] = (), cost_shape: tuple[int, ...] = (),
+                cost_pair: bool = False) -> Filter:
+    """A :class:`Filter` from its float64 parts.
+
+    ``init() -> state`` and ``core(state, query, **static) -> (state, accepted)`` work on plain
+    float64 / int64 states (``core`` pure, traced once per query structure); ``remaining(state)``
+    reads one. ``prepare(state, query) -> (query, static values)`` may adapt a query on the host
+    before tracing. ``cost_shape``: the shape a cost given in numbers broadcasts to;
+    ``cost_pair``: such a cost may also be a tuple of two (the filter's cost, delta_n)."""
+    with jax.enable_x64(True):
+        like = jax.eval_shape(init)
+
+    def guarded(state, query, **options):
+        plain = unpack(state, like)
+        new, accepted = core(plain, query, **options)
+        if isinstance(query, PLD):
+            valid = ~jnp.any(jnp.stack([bad for _, bad in pld_problems(query)]))
+        else:
+            valid = _cost_ok(query)
+        sane = jnp.asarray(True)
+        for leaf in jax.tree_util.tree_leaves(new):
+            if jnp.issubdtype(leaf.dtype, jnp.floating):
+                sane = sane & ~jnp.any(jnp.isnan(leaf))
+        accepted = accepted & valid & sane
+        return keep_if(accepted, pack(new), state), accepted
+
+    # XLA's defaults: a spend runs in training loops, and ran up to 12% slower with FAST_COMPILE
+    compiled = kernel_jit(guarded, static_argnames=static, cpu_options=None)
+
+    @float64
+    def spend(state, query):
+        query = _canonical(kind, query, cost_shape, cost_pair)
+        options = {}
+        if prepare is not None:
+            query, options = prepare(state, query)
+        return compiled(state, query, **options)
+
+    @float64
+    def packed_init():
+        return pack(init())
+
+    @float64
+    def read(state):
+        # numbers leave as NumPy float64; a PLD (the natural filter's composition) keeps its
+        # JAX float64 arrays, which pass a caller's jit unchanged whatever the x64 flag
+        return jax.tree_util.tree_map(
+            lambda x: x if isinstance(x, PLD) else host_result(x), remaining(unpack(state, like)),
+            is_leaf=lambda x: isinstance(x, PLD))
+
+    return Filter(packed_init, spend, read, guarantee, kind, params)
+

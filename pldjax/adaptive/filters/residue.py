@@ -1,0 +1,329 @@
+"""Residue filters (Regehr et al. 2026, §4): pure DP, GDP, the GDP residue filter, and Rényi.
+
+Each keeps a remaining budget and accepts a query L only if the updated budget U(B, L) satisfies
+the residue condition U(B, L) (+) L <= B (Thm 1), which makes the whole interaction dominated by
+the initial budget.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
+from pldjax.core.pld import PLD
+from pldjax.core.precision import add_up, float64, root_of_difference_down, square_down, square_up
+from pldjax.core.validation import check_count, check_range, is_traced
+from pldjax.kernels.divergences import renyi_kernel
+from pldjax.kernels.dominance import ROUNDOFF
+from pldjax.kernels.gaussian_dp import (
+    MAX_MU,
+    MAX_RESIDUE_SIZE,
+    RESIDUE_STEPS,
+    gdp_mu,
+    gdp_mu_kernel,
+    gdp_residue,
+    residue_kernel,
+    residue_plan,
+)
+from pldjax.mechanisms.named import gaussian
+
+
+def _max_loss(probs, offset, step):
+    """Largest finite grid loss carrying mass, per direction (>= 0; a pessimistic grid PLD's losses
+    are rounded up, so this bounds the true largest loss)."""
+    z = (offset[:, None] + jnp.arange(probs.shape[-1])) * step[:, None]
+    return jnp.maximum(jnp.max(jnp.where(probs > 0, z, -jnp.inf), axis=-1), 0.0)
+
+
+# -- pure DP --------------------------------------------------------------------------------------
+class PureDPState(NamedTuple):
+    epsilon_spent: jax.Array
+    delta_spent: jax.Array
+
+
+@float64
+def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
+    """The pure-DP filter (Rogers et al.; Regehr et al. 2026, Remark 3): accept while the sum of
+    the queries' epsilons stays <= ``epsilon``. The interaction is (epsilon, delta)-DP.
+
+    Query: a float epsilon_0 (an epsilon_0-DP query), or a PLD whose cost is its largest finite
+    loss over both directions (exact for the grid PLD) and whose atom at +inf is charged to the
+    ``delta`` budget (default 0: such queries are rejected). Sums are rounded up, so the count of
+    accepted queries is floor(epsilon / epsilon_0) in exact arithmetic on the given floats.
+    """
+    check_range("epsilon", epsilon, 0.0)
+    check_range("delta", delta, 0.0, 1.0)
+
+    def init():
+        return PureDPState(jnp.zeros(()), jnp.zeros(()))
+
+    def core(state, query):
+        if isinstance(query, PLD):
+            probs, inf_mass, offset, step = query_directions(query, "pure_dp")
+            cost = pld_cost(jnp.max(_max_loss(probs, offset, step)))
+            cost_delta = pld_cost(jnp.max(inf_mass))
+        else:
+            cost, cost_delta = query, jnp.zeros(())
+        new = PureDPState(add_up(state.epsilon_spent, cost), add_up(state.delta_spent, cost_delta))
+        accepted = (new.epsilon_spent <= epsilon) & (new.delta_spent <= delta)
+        return keep_if(accepted, new, state), accepted
+
+    def remaining(state):
+        return {"epsilon": epsilon - state.epsilon_spent, "delta": delta - state.delta_spent}
+
+    return make_filter("pure_dp", {"epsilon": float(epsilon), "delta": float(delta)},
+                       {"epsilon": epsilon, "delta": delta}, init=init, core=core,
+                       remaining=remaining)
+
+
+# -- GDP ------------------------------------------------------------------------------------------
+class GDPState(NamedTuple):
+    mu_squared_spent: jax.Array
+    delta_spent: jax.Array
+
+
+def _nu(query: PLD, mu_max: float):
+    """(nu, delta charged): the smallest nu with the query below G_nu, with the query's own slack."""
+    probs, inf_mass, offset, step = query_directions(query, "gdp")
+    slack = jnp.max(inf_mass)
+    nus = jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
+        probs, inf_mass, offset, step, slack, mu_max)
+    return pld_cost(jnp.max(nus)), pld_cost(slack) + ROUNDOFF
+
+
+@float64
+def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
+    """The GDP filter (Koskela et al.; Regehr et al. 2026, Remark 2): a query L costs nu^2, nu the
+    smallest with L below G_nu; accept while the sum of nu^2 stays <= mu^2.
+
+    Query: a float nu (a nu-GDP query, nu^2 charged rounded up) or a PLD (nu by
+    :func:`pldjax.gdp_mu`, an upper bound; its atom at +inf plus ROUNDOFF charged to ``delta``).
+    The interaction has delta(eps) <= delta_{G_mu}(eps) + delta at every eps.
+    """
+    check_range("mu", mu, 0.0, MAX_MU)
+    check_range("delta", delta, 0.0, 1.0)
+    budget = square_down(mu)  # the spent nu^2 are summed rounded up
+
+    def init():
+        return GDPState(jnp.zeros(()), jnp.zeros(()))
+
+    def core(state, query):
+        if isinstance(query, PLD):
+            nu, cost_delta = _nu(query, max(float(mu), 1e-300))
+        else:
+            nu, cost_delta = query, jnp.zeros(())
+        new = GDPState(add_up(state.mu_squared_spent, square_up(nu)),
+                       add_up(state.delta_spent, cost_delta))
+        accepted = (new.mu_squared_spent <= budget) & (new.delta_spent <= delta)
+        return keep_if(accepted, new, state), accepted
+
+    def remaining(state):
+        return {"mu": jnp.sqrt(jnp.maximum(budget - state.mu_squared_spent, 0.0)),
+                "delta": delta - state.delta_spent}
+
+    return make_filter("gdp", {"mu": float(mu), "delta": float(delta)},
+                       {"mu": mu, "delta": delta}, init=init, core=core, remaining=remaining)
+
+
+# -- GDP residue ----------------------------------------------------------------------------------
+class ResidueState(NamedTuple):
+    mu: jax.Array
+    delta_left: jax.Array
+
+
+@float64
+def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_STEPS,
+                size: int | None = None) -> Filter:
+    """The GDP residue filter (Regehr et al. 2026, Thm 5): the budget G_mu becomes G_mu' with mu'
+    the largest value (a search of at most 1 + ``steps`` tests, rounded down) such that G_mu' (+) L is below
+    G_mu. Never worse than the GDP filter: it starts from the naive sqrt(mu^2 - nu^2).
+
+    Query: a float nu (a nu-GDP query: mu' = sqrt(mu^2 - nu^2), rounded down) or a pessimistic PLD (its
+    atom at +inf plus ROUNDOFF charged to ``delta``). The interaction has
+    delta(eps) <= delta_{G_mu}(eps) + delta at every eps. ``size``: points of the check window on
+    the query's grid; by default chosen on the host (coarsening too-fine query grids
+    pessimistically), and MAX_RESIDUE_SIZE under jit.
+    """
+    check_range("mu", mu, 0.0, MAX_MU)
+    check_range("delta", delta, 0.0, 1.0)
+    steps = check_count("steps", steps, minimum=1)
+
+    def init():
+        return ResidueState(jnp.asarray(mu, jnp.float64), jnp.asarray(delta, jnp.float64))
+
+    def prepare(state, query):
+        if not isinstance(query, PLD):
+            return query, {"window": 0, "factor": 1}
+        if is_traced((query, state)):
+            return query, {"window": MAX_RESIDUE_SIZE if size is None else size, "factor": 1}
+        factor, window = residue_plan(mu, query, size)
+        return query, {"window": window, "factor": factor}
+
+    def core(state, query, window, factor):
+        if isinstance(query, PLD):
+            probs, inf_mass, offset, step = query_directions(query, "gdp_residue")
+            slack = jnp.max(inf_mass)
+            cost_delta = slack + ROUNDOFF
+            left, fits = residue_kernel(probs, inf_mass, offset, step, state.mu, slack,
+                                        size=window, steps=steps, factor=factor)
+        else:
+            nu = query
+            fits = nu <= state.mu
+            left = root_of_difference_down(state.mu, nu)
+            cost_delta = jnp.zeros(())
+        accepted = fits & (cost_delta <= state.delta_left)
+        new = ResidueState(left, -add_up(-state.delta_left, cost_delta))  # rounded down
+        return keep_if(accepted, new, state), accepted
+
+    def remaining(state):
+        return {"mu": state.mu, "delta": state.delta_left}
+
+    return make_filter("gdp_residue",
+                       {"mu": float(mu), "delta": float(delta), "steps": steps, "size": size},
+                       {"mu": mu, "delta": delta}, init=init, core=core, remaining=remaining,
+                       prepare=prepare, static=("window", "factor"))
+
+
+# -- Rényi ----------------------------------------------------------------------------------------
+class RenyiState(NamedTuple):
+    spent: jax.Array
+
+
+@float64
+def renyi_filter(orders, budget) -> Filter:
+    """The Rényi filter (Feldman and Zrnic; Regehr et al. 2026, Remark 4), for a vector of orders
+    at once: accept while, at EVERY order a, the sum of the queries' D_a stays <= ``budget[a]``.
+    The interaction is then (a, budget[a])-RDP at each order (the conjunction of one filter per
+    order, each sound by itself; "accept while some order has room" is not offered).
+
+    Query: an array of Rényi divergences (one per order) or a pessimistic PLD (its divergences,
+    the worse direction: an upper bound; an atom at +inf makes them infinite, i.e. rejected).
+    """
+    orders = np.atleast_1d(np.asarray(orders, np.float64))
+    check_range("orders", orders, 1.0, low_open=True)
+    budget = np.asarray(budget, np.float64)
+    if budget.ndim > 1 or budget.size not in (1, orders.size):
+        raise ValueError(f"budget must be one number or one per order ({orders.size} "
+                         f"numbers), got shape {budget.shape}")
+    budget = np.broadcast_to(budget, orders.shape).copy()
+    check_range("budget", budget, 0.0)
+
+    def init():
+        return RenyiState(jnp.zeros(orders.shape))
+
+    def core(state, query):
+        if isinstance(query, PLD):
+            probs, inf_mass, offset, step = query_directions(query, "renyi")
+            costs = jax.vmap(renyi_kernel, in_axes=(0, 0, 0, 0, None))(
+                probs, inf_mass, offset, step, jnp.asarray(orders))
+            cost = pld_cost(jnp.max(costs, axis=0))
+        else:
+            cost = jnp.broadcast_to(query, orders.shape)
+        new = RenyiState(add_up(state.spent, cost))
+        accepted = jnp.all(new.spent <= budget)
+        return keep_if(accepted, new, state), accepted
+
+    def remaining(state):
+        return {"orders": orders, "budget": budget - state.spent}
+
+    return make_filter("renyi", {"orders": orders.tolist(), "budget": budget.tolist()},
+                       {"orders": orders, "rdp": budget}, init=init, core=core,
+                       remaining=remaining, cost_shape=orders.shape)
+
+
+# -- GDP residue table (per-example accounting at training speed) ---------------------------------
+class ResidueTable(NamedTuple):
+    """Certified GDP residue costs of one Poisson-subsampled Gaussian step for a grid of budgets
+    and sensitivities, built once by :func:`gdp_residue_table` and read by :func:`table_spend`.
+
+    ``cost[j, k]`` is an effective GDP cost nu: for every budget mu >= ``mu_nodes[j]`` and
+    sensitivity c <= ``c_nodes[k]`` the update mu' = sqrt(mu^2 - nu^2) (rounded down) satisfies
+    G_mu' (+) L_c below G_mu plus ``delta[k]`` (ROUNDOFF included), L_c the step's PLD at
+    sensitivity c (noise sigma / c, sampling probability q). The costs hold for that step only:
+    ``noise_multiplier`` (sigma) and ``sampling_prob`` (q) record it."""
+
+    mu_nodes: jax.Array  # (M,) increasing, mu_nodes[0] = 0
+    c_nodes: jax.Array  # (K,) increasing, from 0 to 1
+    cost: jax.Array  # (M, K), non-increasing along mu, non-decreasing along c
+    delta: jax.Array  # (K,) delta charged by a step at c_nodes[k]
+    noise_multiplier: jax.Array  # () sigma of the step the costs are certified for
+    sampling_prob: jax.Array  # () its Poisson sampling probability q
+
+
+@float64
+def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: float, *,
+                      mu_nodes: int = 16, c_nodes: int = 17, mu_min: float | None = None,
+                      residue: bool = True, grid=None) -> ResidueTable:
+    """The residue costs of the step L_c = ``pj.gaussian(noise_multiplier / c,
+    sampling_prob=sampling_prob)`` (add/remove, both directions) on a grid: budgets 0 and
+    ``mu_nodes`` - 1 values spaced geometrically from ``mu_min`` (default mu_max / 32) to
+    ``mu_max``; sensitivities c = 0, 1/(c_nodes - 1), ..., 1 (in units of the clipping norm).
+
+    Why a lookup that rounds mu down and c up is sound: (1) if G_r (+) L_{c'} is below G_m, so
+    is G_r (+) L_c for c <= c' (the subsampled Gaussian is Blackwell-monotone in its
+    sensitivity); (2) composing both sides with G_s, s^2 = mu^2 - m^2, keeps the order and
+    G_m (+) G_s = G_mu, so G_sqrt(r^2 + s^2) (+) L_c is below G_mu: the cost in mu^2 units,
+    m^2 - r^2, certified at a node m <= mu and c' >= c, holds at (mu, c). Equivalently the residue
+    is non-decreasing in mu and non-increasing in c. Each entry is the smaller of the GDP residue
+    (:func:`pldjax.gdp_residue`) and the naive cost gdp_mu(L_c), and the table is then made
+    monotone (a cost certified at a lower mu or a larger c holds here too), so lookups are sound
+    whatever the rounding inside the searches. Build cost: mu_nodes x c_nodes residues in one
+    batched call, plus c_nodes PLDs and their gdp_mu. ``residue=False``: the naive costs only
+    (the GDP filter's), without the residues.
+    """
+    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    check_range("sampling_prob", sampling_prob, 0.0, 1.0, low_open=True)
+    check_range("mu_max", mu_max, 0.0, 1e6, low_open=True)
+    mu_nodes = check_count("mu_nodes", mu_nodes, minimum=2)
+    c_nodes = check_count("c_nodes", c_nodes, minimum=2)
+    mu_min = float(mu_max) / 32 if mu_min is None else mu_min
+    check_range("mu_min", mu_min, 0.0, float(mu_max), low_open=True)
+    c = np.linspace(0.0, 1.0, c_nodes)
+    mus = np.concatenate([[0.0], np.geomspace(mu_min, mu_max, mu_nodes - 1)])
+    mus[-1] = mu_max
+    steps = gaussian(jnp.asarray(noise_multiplier / c[1:]), sampling_prob=sampling_prob, grid=grid)
+    # one slack for all: the largest atom at +inf of any step PLD (each entry certifies with it)
+    slack = float(np.max([np.max(np.asarray(d.inf_mass, np.float64)) for d in steps.directions()]))
+    naive = np.asarray(gdp_mu(steps, delta_slack=slack, mu_max=float(mu_max)))
+    if residue:
+        residue = np.asarray(gdp_residue(jnp.asarray(mus[1:, None]), steps, delta_slack=slack))
+    else:
+        residue = np.full((mu_nodes - 1, c_nodes - 1), -np.inf)
+    fits = residue >= 0  # gdp_residue is -inf where the step does not fit the budget
+    kept = np.where(fits, residue, 0.0)
+    spent = (mus[1:, None] - kept) * (mus[1:, None] + kept)  # m^2 - r^2
+    spent = np.nextafter(np.nextafter(np.sqrt(np.nextafter(spent, np.inf)), np.inf), np.inf)
+    cost = np.full((mu_nodes, c_nodes), np.inf)
+    cost[:, 0] = 0.0  # c = 0: the identity
+    cost[0, 1:] = naive
+    cost[1:, 1:] = np.where(fits, np.minimum(spent, naive), naive)
+    cost = np.minimum.accumulate(cost, axis=0)  # valid for every larger budget
+    cost = np.minimum.accumulate(cost[:, ::-1], axis=1)[:, ::-1]  # and every smaller c
+    delta = np.concatenate([[0.0], np.full(c_nodes - 1, slack + ROUNDOFF)])
+    return ResidueTable(*(jnp.asarray(a, jnp.float64) for a in (mus, c, cost, delta,
+                                                                noise_multiplier, sampling_prob)))
+
+
+def table_spend(table: ResidueTable, mu, delta_left, c):
+    """One step of sensitivity ``c`` (in [0, 1]) charged against budgets ``mu`` (with
+    ``delta_left``), by table lookup: (new mu, new delta_left, accepted), elementwise; rejected
+    entries keep their budgets. mu is rounded down and c up to table nodes (sound: see
+    :func:`gdp_residue_table`); mu' = sqrt(mu^2 - cost^2) is rounded down and delta_left is
+    charged ``table.delta`` (rounded down). Pure jnp: vmaps, jits, and runs at >= 1e7 lookups/s
+    on a CPU (bench/gdp_residue.py)."""
+    # few nodes: comparing with all of them is the fastest search on CPUs and GPUs
+    j = jnp.searchsorted(table.mu_nodes, mu, side="right", method="compare_all") - 1  # node <= mu
+    k = jnp.searchsorted(table.c_nodes, c, side="left", method="compare_all")  # node >= c
+    inside = (j >= 0) & (k < table.c_nodes.shape[0])
+    cost = jnp.where(inside, table.cost[jnp.maximum(j, 0), jnp.minimum(k, table.c_nodes.shape[0] - 1)],
+                     jnp.inf)
+    charge = table.delta[jnp.minimum(k, table.c_nodes.shape[0] - 1)]
+    accepted = inside & (cost <= mu) & (charge <= delta_left)
+    spent = accepted & (cost > 0)  # a free step (c = 0) leaves mu exactly as it is
+    new_mu = jnp.where(spent, root_of_difference_down(mu, jnp.where(spent, cost, 0.0)), mu)
+    new_delta = jnp.where(accepted, -add_up(-delta_left, charge), delta_left)
+    return new_mu, new_delta, accepted

@@ -1,0 +1,505 @@
+"""Privacy odometers: running upper bounds on the privacy loss, valid at every step at once.
+
+A filter needs its budget before the interaction starts; an odometer does not. After each step it
+reports a bound U_n on the privacy loss L_{1:n}(x, x') = sum_{m <= n} L_m of the steps run so far,
+and all of these bounds hold together: for all neighbours x, x',
+
+    P( exists n >= 1 : L_{1:n}(x, x') > U_n ) <= delta,                                       (*)
+
+even when the mechanisms and their parameters are chosen adaptively from the earlier outputs
+(Definition 6 of Whitehouse, Ramdas, Rogers and Wu, "Fully-Adaptive Composition in Differential
+Privacy", ICML 2023, after Rogers, Roth, Ullman and Vadhan, "Privacy Odometers and Filters:
+Pay-as-you-Go Composition", NeurIPS 2016). An analyst can therefore stop "when the result is good
+enough" and read off what was spent; (*) bounds the privacy loss of the whole run, whatever the
+stopping rule.
+
+Every odometer is an :class:`Odometer`, a named tuple of pure functions in the style of the
+filters (:mod:`pldjax.adaptive.filters`)::
+
+    od = pj.odometers.mixture_odometer(delta=1e-6, gamma=0.1)
+    state = od.init()                              # a pytree of arrays
+    state, ok = od.step(state, epsilon, delta_n)   # record one step; jit-able, vmappable
+    od.bound(state)                                # {"epsilon": U_n}: the current reading
+    od.guarantee                                   # what (*) promises, with which delta
+
+Families (all readings are pessimistic: upper bounds on the exact formula, rounded up):
+
+* The three families of Whitehouse et al. (§4.2, Theorem 3) for steps that are
+  (epsilon_n, delta_n)-**pDP** conditioned on the past (probabilistic DP: P(|L_n| > epsilon_n) <=
+  delta_n; pure epsilon_n-DP steps such as randomized response qualify, approximate-DP steps in
+  general do not): :func:`filter_odometer`, :func:`mixture_odometer`, :func:`stitched_odometer`,
+  and the original odometer of Rogers et al. (Theorem 6.5 there; Lemma 3 of Whitehouse et al.) as
+  the baseline, :func:`rogers_odometer`. Each reads a function of the intrinsic time
+  V_n = sum_{m <= n} epsilon_m^2 and splits delta = delta' + delta'': delta'' (``delta_queries``,
+  default delta / 2, as in :func:`pldjax.adaptive.filters.approx_dp_filter`) pays for the steps' delta_n,
+  delta' for the martingale bound. The reading is +inf from the first step at which the sum of
+  the delta_n exceeds delta'' (the theorem's stopping time N), and stays +inf.
+* Beyond the paper, :func:`gdp_ladder_odometer`: a ladder of GDP residue filters
+  (:func:`pldjax.adaptive.filters.gdp_residue_filter`) with geometrically growing budgets mu_k and the
+  failure probability split across the rungs. Its steps are GDP costs or pessimistic PLDs (any
+  mechanism pldjax can describe: Gaussian, subsampled Gaussian, Laplace, ...), no pDP conversion is
+  needed, and it reads both a mu (a GDP guarantee per rung, with no failure probability) and an
+  epsilon satisfying (*). Its docstring states the guarantee and proves it.
+
+**Steps that are refused.** ``step`` checks its arguments: on the host a NaN, a negative
+epsilon_n, a delta_n outside [0, 1] or a degenerate query raise a ValueError naming the argument;
+under a caller's jit or vmap (where values cannot raise) the step is refused: ``ok`` is False and
+the state is returned unchanged. A refused step is not accounted for, so **call step before
+running the mechanism, and run it only when ok is True** (as with a filter's ``spend``). An
+infinite epsilon_n is valid: the reading becomes +inf.
+
+**Exact 64-bit states whatever the caller's x64 flag**: float64 leaves are stored as uint32 bit
+pairs (:func:`pldjax.core.precision.pack`), as for filters; save and restore them exactly with
+:func:`pldjax.core.serialization.save_odometer_state` /
+:func:`pldjax.core.serialization.load_odometer_state`. Costs that arrive in float32 (a caller's
+jit with x64 off) are charged the largest real that rounds to them
+(:func:`pldjax.core.precision.upper_of_rounded`). Sums are rounded up
+(:func:`pldjax.core.precision.add_up`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pldjax.adaptive.filters.base import keep_if, pld_problems
+from pldjax.adaptive.filters.residue import GDPState, ResidueState, gdp_filter, gdp_residue_filter
+from pldjax.adaptive.filters.whitehouse import residue_epsilon_squared
+from pldjax.core.compilation import kernel_jit
+from pldjax.core.pld import PLD
+from pldjax.core.precision import add_up, float64, host_result, pack, square_up, unpack, upper_of_rounded
+from pldjax.core.validation import check_count, check_range, is_traced
+from pldjax.kernels.gaussian_dp import RESIDUE_STEPS
+
+#: Relative margin added to every reading computed in floating point: the few roundings of a
+#: reading's formula (sqrt, log, products: well under 1e-14 relative) stay below it, so the reported
+#: value is above the exact formula at the float64 state.
+READING_MARGIN = 1e-12
+
+#: Most rungs a ladder odometer may have (its state holds one filter state per rung).
+MAX_RUNGS = 4096
+
+
+class Odometer(NamedTuple):
+    """One privacy odometer: ``init() -> state``, ``step(state, ...) -> (state, ok)``,
+    ``bound(state) -> dict`` (the current reading, e.g. ``{"epsilon": U_n}``), plus what the
+    readings satisfy (``guarantee``) and the parameters that identify it (``kind``, ``params``:
+    used to check saved states)."""
+
+    init: Callable[[], Any]
+    step: Callable[..., tuple[Any, jax.Array]]
+    bound: Callable[[Any], dict]
+    guarantee: dict
+    kind: str
+    params: dict
+
+
+def _round_up(x):
+    """A reading moved above the round-off of its formula (+inf and 0 stay as they are; NaN, which
+    only an infinite intermediate can produce, becomes +inf)."""
+    x = jnp.asarray(x, jnp.float64)
+    return jnp.where(jnp.isnan(x), jnp.inf, x * (1.0 + READING_MARGIN))
+
+
+def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
+                   core: Callable, read: Callable[[Any], dict], check: Callable) -> Odometer:
+    """An :class:`Odometer` from float64 parts: ``core(state, *args) -> (state, ok)`` on plain
+    states (pure, traced once), ``check(*args)`` raises on the host and returns the arguments to
+    pass on, ``read(state) -> dict`` on plain states."""
+    with jax.enable_x64(True):
+        like = jax.eval_shape(init)
+
+    def guarded(state, *args):
+        new, ok = core(unpack(state, like), *args)
+        return keep_if(ok, pack(new), state), ok
+
+    compiled = kernel_jit(guarded, cpu_options=None)  # as a filter's spend (filters/base.py)
+
+    @float64
+    def step(state, *args):
+        return compiled(state, *check(*args))
+
+    @float64
+    def packed_init():
+        return pack(init())
+
+    @float64
+    def bound(state):
+        return jax.tree_util.tree_map(host_result, read(unpack(state, like)))
+
+    return Odometer(packed_init, step, bound, guarantee, kind, params)
+
+
+# -- the families of Whitehouse et al., Theorem 3 ----------------------------------------------------
+class VarianceState(NamedTuple):
+    """V_n = sum of epsilon_n^2 and the sum of the delta_n, both rounded up."""
+
+    variance: jax.Array
+    delta_spent: jax.Array
+
+
+def _split(delta, delta_queries) -> tuple[float, float]:
+    """(delta', delta'') from the total ``delta`` and ``delta_queries`` (default delta / 2)."""
+    check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    delta_queries = delta / 2 if delta_queries is None else delta_queries
+    check_range("delta_queries", delta_queries, 0.0, float(delta), high_open=True)
+    return float(delta) - float(delta_queries), float(delta_queries)
+
+
+def _check_step(kind: str):
+    def check(epsilon, delta=0.0):
+        for name, value in (("epsilon", epsilon), ("delta", delta)):
+            if isinstance(value, PLD):
+                raise ValueError(f"{kind}: {name} must be a number, got a PLD (this odometer "
+                                 f"takes (epsilon_n, delta_n)-pDP steps)")
+        check_range("epsilon", epsilon, 0.0, allow_inf=True)
+        check_range("delta", delta, 0.0, 1.0)
+        return upper_of_rounded(epsilon), upper_of_rounded(delta)
+
+    return check
+
+
+def _variance_odometer(kind: str, params: dict, delta: float, delta_prime: float,
+                       delta_queries: float, boundary: Callable) -> Odometer:
+    """An odometer reading ``boundary(V_n)`` while the delta_n sum to at most delta''."""
+
+    def init():
+        return VarianceState(jnp.zeros(()), jnp.zeros(()))
+
+    def core(state, epsilon, delta_n):
+        ok = (epsilon >= 0) & (delta_n >= 0) & (delta_n <= 1)  # False for NaN
+        new = VarianceState(add_up(state.variance, square_up(epsilon)),
+                            add_up(state.delta_spent, delta_n))
+        return keep_if(ok, new, state), ok
+
+    def read(state):
+        value = _round_up(boundary(state.variance))
+        return {"epsilon": jnp.where(state.delta_spent <= delta_queries, value, jnp.inf)}
+
+    guarantee = {"delta": delta, "delta_prime": delta_prime, "delta_queries": delta_queries}
+    return _make_odometer(kind, params, guarantee, init=init, core=core, read=read,
+                          check=_check_step(kind))
+
+
+@float64
+def filter_odometer(delta: float, *, epsilon: float | None = None, y_star: float | None = None,
+                    delta_queries: float | None = None) -> Odometer:
+    """The filter odometer (Whitehouse et al., Theorem 3.1): a line in V_n tuned at V_n = y*,
+
+        U_n = sqrt(2 L y*) / 2 + (sqrt(2 L / y*) / 2 + 1/2) V_n,    L = log(1 / delta'),
+
+    Theorem 4 of Whitehouse et al. (the line-crossing bound of Howard et al. 2020) with a = y*,
+    b = sqrt(2 L y*): any y* > 0 gives a valid odometer. Give ``y_star`` directly, or a target
+    ``epsilon``: then y* = (sqrt(2L + 2 epsilon) - sqrt(2L))^2, the **"+ 2 epsilon" convention**,
+    which solves sqrt(2 L y) + y / 2 = epsilon, so that the reading equals ``epsilon`` exactly
+    where V_n = y*, touches the pointwise bound sqrt(2 L V) + V / 2 there (same value and slope),
+    and is <= epsilon (up to the round-off margin READING_MARGIN) exactly while
+    :func:`pldjax.adaptive.filters.approx_dp_filter` (``epsilon``, same delta') would still accept: both
+    use the same y*. Theorem 3 as printed has "+ epsilon" under the root, which tunes
+    the odometer at a smaller V_n where it reads epsilon / 2: valid, but the parameter then does
+    not mean the epsilon it names (the same slip as their eq. (11)).
+
+    Steps: ``step(state, epsilon_n, delta_n=0)`` for an (epsilon_n, delta_n)-pDP step. Reading:
+    ``{"epsilon": U_n}``, +inf once the delta_n sum above ``delta_queries`` (default delta / 2).
+    """
+    delta_prime, delta_queries = _split(delta, delta_queries)
+    if (epsilon is None) == (y_star is None):
+        raise ValueError("filter_odometer: give exactly one of epsilon (the target, tuned with "
+                         "the '+ 2 epsilon' convention) and y_star")
+    if epsilon is not None:
+        check_range("epsilon", epsilon, 0.0, low_open=True)
+        y_star = float(residue_epsilon_squared(float(epsilon), delta_prime))
+        if not y_star > 0:
+            raise ValueError(f"epsilon = {epsilon!r} is too small for delta' = {delta_prime!r}: "
+                             f"its tuning point y* rounds to 0")
+    check_range("y_star", y_star, 0.0, low_open=True)
+    y_star = float(y_star)
+    two_log = 2.0 * math.log(1.0 / delta_prime)
+    intercept = math.sqrt(two_log * y_star) / 2
+    slope = math.sqrt(two_log / y_star) / 2 + 0.5
+
+    def boundary(v):
+        return intercept + slope * v
+
+    params = {"delta": float(delta), "delta_queries": delta_queries, "y_star": y_star,
+              "epsilon": None if epsilon is None else float(epsilon)}
+    return _variance_odometer("filter_odometer", params, float(delta), delta_prime,
+                              delta_queries, boundary)
+
+
+@float64
+def mixture_odometer(delta: float, *, gamma: float,
+                     delta_queries: float | None = None) -> Odometer:
+    """The mixture odometer (Whitehouse et al., Theorem 3.2; Robbins' method of mixtures as in
+    Howard et al. 2021):
+
+        U_n = sqrt(2 (gamma + V_n) log(sqrt((V_n + gamma) / gamma) / delta')) + V_n / 2.
+
+    ``gamma`` > 0 sets where it is tightest (about V_n ~ gamma). Steps and reading as in
+    :func:`filter_odometer`.
+    """
+    delta_prime, delta_queries = _split(delta, delta_queries)
+    check_range("gamma", gamma, 0.0, low_open=True)
+    gamma = float(gamma)
+    log_inv = math.log(1.0 / delta_prime)
+
+    def boundary(v):
+        return jnp.sqrt(2.0 * (gamma + v) * (log_inv + 0.5 * jnp.log1p(v / gamma))) + v / 2
+
+    params = {"delta": float(delta), "delta_queries": delta_queries, "gamma": gamma}
+    return _variance_odometer("mixture_odometer", params, float(delta), delta_prime,
+                              delta_queries, boundary)
+
+
+@float64
+def stitched_odometer(delta: float, *, v0: float,
+                      delta_queries: float | None = None) -> Odometer:
+    """The stitched odometer (Whitehouse et al., Theorem 3.3; the stitched boundary of Howard et
+    al. 2021, Theorem 1):
+
+        U_n = 1.7 sqrt(V_n (log log(2 V_n / v0) + 0.72 log(5.2 / delta'))) + V_n / 2   (V_n >= v0)
+
+    and +inf while V_n < ``v0`` (so a larger epsilon_n that carries V_n past v0 lowers the reading
+    from +inf; beyond v0 it is non-decreasing in every epsilon_n). Asymptotically the best of the
+    three (rate sqrt(V log log V)). Steps and reading as in :func:`filter_odometer`.
+    """
+    delta_prime, delta_queries = _split(delta, delta_queries)
+    check_range("v0", v0, 0.0, low_open=True)
+    v0 = float(v0)
+    log_term = 0.72 * math.log(5.2 / delta_prime)
+
+    def boundary(v):
+        started = v >= v0
+        safe = jnp.where(started, v, v0)  # keeps log log finite where the reading is +inf
+        value = 1.7 * jnp.sqrt(safe * (jnp.log(jnp.log(2.0 * safe / v0)) + log_term)) + safe / 2
+        return jnp.where(started, value, jnp.inf)
+
+    params = {"delta": float(delta), "delta_queries": delta_queries, "v0": v0}
+    return _variance_odometer("stitched_odometer", params, float(delta), delta_prime,
+                              delta_queries, boundary)
+
+
+@float64
+def rogers_odometer(delta: float, *, dataset_size: int,
+                    delta_queries: float | None = None) -> Odometer:
+    """The original odometer of Rogers et al. 2016 (Theorem 6.5 there), in the form of Lemma 3 of
+    Whitehouse et al.: with n = ``dataset_size`` (>= 2) and delta' <= 1/e,
+
+        U_n = sqrt(2 V (log(110 e) + 2 log(log(n) / delta'))) + V / 2         for V in [1/n^2, 1]
+        U_n = sqrt(2 (1/n^2 + V)(1 + log(1 + n^2 V) / 2) log log(4 log2(n) / delta')) + V / 2
+                                                                               otherwise.
+
+    The baseline the three families improve on (it depends on the dataset size and loosens outside
+    [1/n^2, 1]). Implemented as Whitehouse et al. print it, including its drop at V = 1 where the
+    two cases meet (so it is not monotone in V there). Steps and reading as in
+    :func:`filter_odometer`.
+    """
+    delta_prime, delta_queries = _split(delta, delta_queries)
+    if not delta_prime <= math.exp(-1.0):
+        raise ValueError(f"rogers_odometer needs delta' = delta - delta_queries <= 1/e, got "
+                         f"{delta_prime!r}")
+    size = check_count("dataset_size", dataset_size, minimum=2)
+    if size > 10**150:  # n^2 must stay a finite float
+        raise ValueError(f"dataset_size must be an integer in [2, 1e150], got {size}")
+    inner = math.log(110.0 * math.e) + 2.0 * math.log(math.log(size) / delta_prime)
+    outer = math.log(math.log(4.0 * math.log2(size) / delta_prime))
+    floor = 1.0 / (float(size) * float(size))
+    n_squared = float(size) * float(size)
+
+    def boundary(v):
+        middle = jnp.sqrt(2.0 * v * inner)
+        other = jnp.sqrt(2.0 * (floor + v) * (1.0 + 0.5 * jnp.log1p(n_squared * v)) * outer)
+        return jnp.where((v >= floor) & (v <= 1.0), middle, other) + v / 2
+
+    params = {"delta": float(delta), "delta_queries": delta_queries, "dataset_size": size}
+    return _variance_odometer("rogers_odometer", params, float(delta), delta_prime,
+                              delta_queries, boundary)
+
+
+def pointwise_epsilon(variance, delta_prime: float):
+    """sqrt(2 log(1/delta') V) + V / 2: the loss bound at ONE intrinsic time V fixed in advance
+    (advanced composition with the constants of Whitehouse et al.; the lower envelope of all filter
+    odometers, each touching it at its y*). Not an odometer: it holds at a fixed V, not at all
+    times at once. For comparisons (Figure 3(b) of Whitehouse et al.)."""
+    check_range("delta_prime", delta_prime, 0.0, 1.0, low_open=True, high_open=True)
+    v = np.asarray(variance, np.float64)
+    return np.sqrt(2.0 * math.log(1.0 / delta_prime) * v) + v / 2
+
+
+# -- the ladder of GDP residue filters ---------------------------------------------------------------
+class LadderState(NamedTuple):
+    """One GDP residue filter state per rung (packed, stacked on a leading axis) and whether each
+    rung has accepted every step so far."""
+
+    rungs: Any
+    alive: jax.Array
+
+
+def gdp_tail_epsilon(mu, delta, slack=0.0):
+    """The smallest t with P_P(L > t) <= delta for every pair (P, Q) whose tradeoff curve is at
+    least G_mu - slack: t = log(delta) - log Phi(Phi^-1(delta - slack) - mu) (see
+    :func:`gdp_ladder_odometer` for the proof), in float64 and rounded up (relative 1e-9 plus
+    1e-12, far above the error of ndtri / log_ndtr). Host-side; +inf where delta <= slack."""
+    from scipy.special import log_ndtr, ndtri  # here: SciPy's 0.1-0.4 s import for its users only
+
+    mu = np.asarray(mu, np.float64)
+    delta = np.asarray(delta, np.float64)
+    slack = np.asarray(slack, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.log(delta) - log_ndtr(ndtri(delta - slack) - mu)
+    t = np.where(delta > slack, t, np.inf)
+    return np.where(np.isnan(t), np.inf, np.maximum(t, 0.0) * (1 + 1e-9) + 1e-12)
+
+
+@float64
+def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25,
+                        rungs: int = 64, slack: float | None = None, residue: bool = False,
+                        steps: int = RESIDUE_STEPS) -> Odometer:
+    """An odometer from a ladder of GDP filters: exact for GDP steps, PLD-based for any mechanism,
+    no pDP needed, and it reads a mu as well as an epsilon.
+
+    Rung k = 0, ..., K-1 (K = ``rungs``) is a GDP filter with budget mu_k = ``mu0`` * ``growth``^k
+    and hockey-stick slack budget s = ``slack``: a :func:`pldjax.adaptive.filters.gdp_filter` (default; all
+    rungs see the same costs nu_n, so they share one filter state and rung k accepts while
+    sum nu_n^2 <= mu_k^2), or with ``residue=True`` a :func:`pldjax.adaptive.filters.gdp_residue_filter`
+    per rung (never worse; one residue search per rung and PLD step, so costly for PLD steps: about
+    a second each on a CPU). Every step is spent on every rung; a rung is *alive* while it has
+    accepted every step so far. The reading after step n is that of the lowest alive rung k(n):
+
+        {"mu": mu_{k(n)}, "epsilon": eps_{k(n)}},
+        eps_k = log(delta_k) - log Phi(Phi^-1(delta_k - s) - mu_k),   delta_k = delta / K,
+
+    (rounded up; :func:`gdp_tail_epsilon`), and +inf for both once every rung has refused a step.
+    Steps: ``step(state, query)`` with a GDP cost nu_n >= 0 (the step is nu_n-GDP conditioned on
+    the past; inf is allowed and ends the ladder) or a pessimistic PLD (a subsampled Gaussian step,
+    or a whole epoch of them composed), exactly as a filter's ``spend``. ``slack`` defaults to
+    delta_k / 1000; a PLD query charges its atom at +inf plus pldjax.kernels.dominance.ROUNDOFF to it (numbers
+    charge nothing).
+
+    **Guarantee.** For every pair of neighbours x, x' and every adaptive analyst:
+
+    (G1) for each k, the transcript stopped after T_k, the last step with rung k alive, satisfies
+         delta(eps) <= delta_{G_mu_k}(eps) + s at every eps (it is mu_k-GDP up to s), and
+    (G2) P( exists n : L_{1:n}(x, x') > eps_{k(n)} ) <= delta: the epsilon readings are a
+         delta-privacy odometer in the sense of (*) (Definition 6 of Whitehouse et al.).
+
+    *Proof.* (G1) Rung k accepted steps 1..T_k, and T_k is a stopping time of the transcript (the
+    rung refuses step T_k + 1 as a function of the earlier outputs and of that step's PLD or cost,
+    chosen from them). A GDP filter, or a GDP residue filter, run until its first refusal is
+    mu_k-GDP up to its spent slack (Smith and Thakurta, "Fully Adaptive Composition for Gaussian
+    Differential Privacy", 2022; Koskela, Tobaben and Honkela, "Individual Privacy Accounting with
+    Gaussian Differential Privacy", ICLR 2023; Regehr, Hu, Leeman, Manurangsi, Tholoniat and
+    Lécuyer, "Privacy Filters are Captured by Residues", 2026, §4, Theorems 1 and 5, Remark 2),
+    and an analyst that stops earlier only stops the filter earlier.
+    (Tail of one rung.) Fix k and the pair (x, x'); let P, Q be the laws of a transcript under x
+    and x'. The hockey-stick slack turns into a tradeoff slack: delta(eps) <= delta_G(eps) + s for
+    all eps gives, by the convex duality of tradeoff and privacy curves (Dong, Roth and Su,
+    "Gaussian Differential Privacy", JRSS-B 2022, §2), T(Q, P) >= G_mu - s, and
+    1 - G_mu(alpha) = Phi(Phi^-1(alpha) + mu); so P(A) <= Phi(Phi^-1(Q(A)) + mu) + s for every
+    event A. Take A = {L > t}: there Q(A) <= e^-t P(A), so p = P(A) satisfies g(p) >= 0 for
+    g(p) = Phi(Phi^-1(e^-t p) + mu) + s - p, a concave function with g(0) = s >= 0. If
+    g(delta_k) <= 0 then g < 0 on (delta_k, 1] (delta_k is a convex combination of 0 and any
+    p > delta_k, and g is positive just after 0), so P(L > t) <= delta_k; and g(delta_k) <= 0 is
+    exactly t >= eps_k.
+    (G2) Let F_k = {exists n <= T_k : L_{1:n} > eps_k} and tau the first such n (tau = T_k if
+    none). For fixed (x, x') the loss is a function of the transcript, so stopping at tau is an
+    analyst's choice and the transcript stopped at tau is covered by (G1); its privacy loss is
+    L_{1:tau} (losses add along the transcript, eq. (9) of Whitehouse et al.), which exceeds eps_k
+    on F_k. By the tail bound, P(F_k) <= delta_k. If L_{1:n} > eps_{k(n)} for some n, then rung
+    k(n) is alive at n, i.e. n <= T_{k(n)}, so F_{k(n)} holds; hence the probability in (G2) is at
+    most sum_k P(F_k) <= K * delta / K = delta.  []
+
+    This is the union-bound construction of Rényi odometers (Feldman and Zrnic, "Individual Privacy
+    Accounting via a Rényi Filter", NeurIPS 2021; Lécuyer, "Practical Privacy Filters and Odometers
+    with Rényi Differential Privacy", 2021) with GDP rungs, turned into a time-uniform loss bound
+    (*) by the exact GDP tail above. **Where it beats the paper's odometers**: on Gaussian and
+    subsampled Gaussian steps, which are not (epsilon, 0)-pDP for any epsilon. The paper's
+    odometers must convert each into an (epsilon_n, delta_n)-pDP step with the delta_n summing to
+    delta'' over an unbounded horizon, and their readings grow like sqrt(V log n) or worse; the
+    ladder reads about mu sqrt(2 log(K / delta)) at mu within a factor ``growth`` of
+    sqrt(sum nu_n^2), the exact GDP composition. On (epsilon, 0)-pDP steps the paper's odometers
+    are tighter (the ladder pays log K in delta and up to ``growth`` in mu; randomized response
+    with epsilon is 2 Phi^-1(e^epsilon / (1 + e^epsilon))-GDP); see notebooks/04_odometers.ipynb.
+
+    With ``residue=True`` the rungs share one filter object (budget mu_{K-1}): a GDP residue
+    filter keeps its remaining budget in its state, so a state started at mu_k is rung k's filter.
+    """
+    check_range("mu0", mu0, 0.0, low_open=True)
+    check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    check_range("growth", growth, 1.0, low_open=True)
+    count = check_count("rungs", rungs, minimum=1)
+    if count > MAX_RUNGS:
+        raise ValueError(f"rungs must be an integer in [1, {MAX_RUNGS}], got {count}")
+    steps = check_count("steps", steps, minimum=1)
+    if not isinstance(residue, (bool, np.bool_)):
+        raise ValueError(f"residue must be True or False, got {residue!r}")
+    with np.errstate(over="ignore"):
+        mus = float(mu0) * float(growth) ** np.arange(count, dtype=np.float64)
+        finite = np.all(np.isfinite(mus * mus))
+    if not finite:
+        raise ValueError(f"(mu0 * growth^(rungs - 1))^2 overflows: mu0 = {mu0!r}, growth = "
+                         f"{growth!r}, rungs = {count}")
+    delta_k = float(delta) / count
+    slack = delta_k * 1e-3 if slack is None else slack
+    check_range("slack", slack, 0.0, delta_k, high_open=True)
+    slack = float(slack)
+    epsilons = gdp_tail_epsilon(mus, delta_k, slack)
+    top = float(mus[-1])
+    if residue:
+        rung_filter = gdp_residue_filter(top, delta=slack, steps=steps)
+    else:
+        rung_filter = gdp_filter(top, delta=slack)
+        # rung k accepts while the (rounded-up) sum of nu^2 is <= mu_k^2, compared from below
+        budgets = jnp.asarray(np.nextafter(mus * mus, 0.0))
+        with jax.enable_x64(True):
+            spent_like = jax.eval_shape(lambda: GDPState(jnp.zeros(()), jnp.zeros(())))
+
+    def init():
+        if residue:
+            rung_states = pack(ResidueState(jnp.asarray(mus),
+                                            jnp.full((count,), slack, jnp.float64)))
+        else:
+            rung_states = rung_filter.init()
+        return LadderState(rung_states, jnp.ones((count,), bool))
+
+    def valid_query(query):
+        if isinstance(query, PLD):
+            return ~jnp.any(jnp.stack([bad for _, bad in pld_problems(query)]))
+        return jnp.all(upper_of_rounded(query) >= 0)  # False for NaN
+
+    @float64
+    def step(state, query):
+        if not isinstance(query, PLD) and not is_traced(query):
+            check_range("query", query, 0.0, allow_inf=True)
+        if residue:
+            rung_states, accepted = jax.vmap(rung_filter.spend, in_axes=(0, None))(
+                state.rungs, query)
+        else:
+            rung_states, accepted = rung_filter.spend(state.rungs, query)
+            spent = unpack(rung_states, spent_like).mu_squared_spent
+            accepted = accepted & (spent <= budgets)
+        ok = valid_query(query)
+        alive = jnp.where(ok, state.alive & accepted, state.alive)
+        return LadderState(keep_if(ok, rung_states, state.rungs), alive), ok
+
+    mus_table = jnp.asarray(mus)
+    eps_table = jnp.asarray(epsilons)
+
+    @float64
+    def bound(state):
+        alive = jnp.asarray(state.alive)  # (..., K): batched states read one by one
+        lowest = jnp.argmax(alive, axis=-1)
+        some = jnp.any(alive, axis=-1)
+        reading = {"mu": jnp.where(some, mus_table[lowest], jnp.inf),
+                   "epsilon": jnp.where(some, eps_table[lowest], jnp.inf)}
+        return jax.tree_util.tree_map(host_result, reading)
+
+    params = {"mu0": float(mu0), "delta": float(delta), "growth": float(growth), "rungs": count,
+              "slack": slack, "residue": bool(residue), "steps": steps}
+    guarantee = {"delta": float(delta), "slack": slack, "mu": mus, "epsilon": epsilons}
+    return Odometer(float64(init), step, bound, guarantee, "gdp_ladder_odometer", params)

@@ -1,0 +1,258 @@
+"""The PLD type: a privacy loss distribution on a fixed, uniform grid, as an immutable pytree.
+
+A PLD describes the privacy loss L = log(P(x)/Q(x)) for x ~ P. Its finite part sits on the grid
+``z_i = (offset + i) * step`` for ``i = 0 .. n-1`` with masses ``probs[..., i]``; ``inf_mass`` is the
+atom at L = +inf (outputs that P can produce and Q cannot). ``offset`` and ``step`` are data, so
+``vmap`` can batch PLDs that sit at different places and on different scales; ``n`` (the trailing
+length of ``probs``) is static. The flag ``pessimistic`` (static) says whether the arrays describe a
+pessimistic estimate (its hockey-stick curve is an upper bound on the true one) or an optimistic
+estimate (a lower bound, reported only to show tightness).
+
+Asymmetric mechanisms (add/remove adjacency, Poisson subsampling) keep both directions: ``reverse``
+holds the PLD of the other direction, or is ``None`` for symmetric PLDs (whose two directions
+coincide). Every guarantee reported by a two-direction PLD is the worse of the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from pldjax.core.precision import float64
+
+
+@jax.tree_util.register_pytree_node_class
+class PLD:
+    """A privacy loss distribution on the grid ``(offset + i) * step`` plus an atom at +inf.
+
+    Attributes:
+      probs: float64 array ``(..., n)``, the masses of the finite losses (under P).
+      inf_mass: float64 array ``(...)``, the mass at loss +inf.
+      offset: int64 array ``(...)``, the grid index of ``probs[..., 0]``.
+      step: float64 array ``(...)``, the grid spacing in nats.
+      pessimistic: static bool; True for an upper (pessimistic) estimate of the true PLD.
+      reverse: the PLD of the other adjacency direction, or None when both coincide.
+    """
+
+    __slots__ = ("probs", "inf_mass", "offset", "step", "pessimistic", "reverse")
+
+    def __init__(self, probs, inf_mass, offset, step, pessimistic: bool = True, reverse=None):
+        self.probs = probs
+        self.inf_mass = inf_mass
+        self.offset = offset
+        self.step = step
+        self.pessimistic = bool(pessimistic)
+        self.reverse = reverse
+
+    # -- pytree -----------------------------------------------------------------------------
+    def tree_flatten(self):
+        return (self.probs, self.inf_mass, self.offset, self.step, self.reverse), self.pessimistic
+
+    @classmethod
+    def tree_unflatten(cls, pessimistic, children):
+        probs, inf_mass, offset, step, reverse = children
+        return cls(probs, inf_mass, offset, step, pessimistic, reverse)
+
+    def __setattr__(self, name, value):
+        if hasattr(self, "reverse"):  # all slots set: the object is frozen
+            raise AttributeError("PLD is immutable")
+        object.__setattr__(self, name, value)
+
+    # -- shape ------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Number of finite grid points (static)."""
+        return int(self.probs.shape[-1])
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.probs.shape[:-1])
+
+    @property
+    def symmetric(self) -> bool:
+        return self.reverse is None
+
+    # -- directions -------------------------------------------------------------------------
+    def directions(self) -> tuple[PLD, ...]:
+        """The one or two single-direction PLDs this object stands for."""
+        if self.reverse is None:
+            return (self,)
+        return (self.forward, self.reverse)
+
+    @property
+    def forward(self) -> PLD:
+        """The first direction, PLD(P || Q), alone (without ``reverse``)."""
+        if self.reverse is None:
+            return self
+        return PLD(self.probs, self.inf_mass, self.offset, self.step, self.pessimistic)
+
+    @property
+    def backward(self) -> PLD:
+        """The second direction, PLD(Q || P); the PLD itself when both coincide."""
+        return self.forward if self.reverse is None else self.reverse
+
+    @staticmethod
+    def from_directions(forward: PLD, backward: PLD | None = None) -> PLD:
+        """The PLD whose directions are ``forward`` and ``backward`` (None: symmetric)."""
+        return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step,
+                   forward.pessimistic, backward)
+
+    def map_directions(self, fn: Callable[[PLD], PLD]) -> PLD:
+        """``fn`` applied to each direction, the results joined again (once if symmetric)."""
+        if self.reverse is None:
+            return fn(self)
+        return PLD.from_directions(fn(self.forward), fn(self.reverse))
+
+    def stack_directions(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(probs, inf_mass, offset, step) with a direction axis (length 1 or 2) right after the
+        batch axes; the shorter direction is padded with zero mass above its window."""
+        directions = self.directions()
+        n = max(d.size for d in directions)
+        nb = len(self.batch_shape)
+
+        def pad(d: PLD):
+            return jnp.pad(d.probs, [(0, 0)] * nb + [(0, n - d.size)])
+
+        return (jnp.stack([pad(d) for d in directions], axis=nb),
+                jnp.stack([jnp.asarray(d.inf_mass, jnp.float64) for d in directions], axis=nb),
+                jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions], axis=nb),
+                jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions], axis=nb))
+
+    def __getitem__(self, index) -> PLD:
+        """Index the batch axes (``pld[2]``, ``pld[:, 0]``)."""
+        if not self.batch_shape:
+            raise IndexError("this PLD has no batch axes")
+        index = index if isinstance(index, tuple) else (index,)
+        reverse = None if self.reverse is None else self.reverse[index]
+        return PLD(
+            self.probs[index + (Ellipsis, slice(None))],
+            self.inf_mass[index],
+            self.offset[index],
+            self.step[index],
+            self.pessimistic,
+            reverse,
+        )
+
+    def __len__(self) -> int:
+        if not self.batch_shape:
+            raise TypeError("len() of an unbatched PLD")
+        return self.batch_shape[0]
+
+    def __repr__(self) -> str:
+        kind = "pessimistic" if self.pessimistic else "optimistic"
+        sym = "symmetric" if self.symmetric else "two directions"
+        return f"PLD({kind}, {sym}, batch_shape={self.batch_shape}, size={self.size})"
+
+    # -- derived quantities -----------------------------------------------------------------
+    @property
+    @float64
+    def losses(self) -> jax.Array:
+        """The finite loss values ``(offset + i) * step`` (nats), shape ``(..., n)``."""
+        idx = jnp.arange(self.size, dtype=jnp.float64)
+        off = jnp.asarray(self.offset, jnp.float64)[..., None]
+        return (off + idx) * jnp.asarray(self.step)[..., None]
+
+    @float64
+    def total_mass(self) -> jax.Array:
+        """Finite mass plus the +inf atom; 1 up to round-off for every valid PLD."""
+        return jnp.sum(self.probs, axis=-1) + self.inf_mass
+
+    # -- the API (implemented in the kernel modules) ----------------------------------------
+    def delta(self, epsilon) -> jax.Array:
+        """Hockey-stick divergence delta(epsilon); an upper bound if the PLD is pessimistic.
+
+        ``epsilon`` is a scalar or array (nats, any real value); the result has shape
+        ``batch_shape + shape(epsilon)``. For a two-direction PLD it is the larger direction.
+        """
+        from pldjax.kernels.hockey_stick import delta
+
+        return delta(self, epsilon)
+
+    def epsilon(self, delta) -> jax.Array:
+        """Smallest epsilon >= 0 with delta(epsilon) <= ``delta`` (inf if the +inf atom exceeds it).
+
+        Exact on this discrete PLD; an upper bound on the true epsilon if the PLD is pessimistic.
+        ``delta`` is a scalar or array in [0, 1]; result shape ``batch_shape + shape(delta)``.
+        """
+        from pldjax.kernels.hockey_stick import epsilon
+
+        return epsilon(self, delta)
+
+    def tradeoff(self, alpha) -> jax.Array:
+        """The f-DP tradeoff curve: beta(alpha), the smallest type II error of a test of P against
+        Q with type I error ``alpha`` in [0, 1]. A lower bound on the true beta if pessimistic;
+        the smaller of the two directions for a two-direction PLD."""
+        from pldjax.kernels.divergences import tradeoff
+
+        return tradeoff(self, alpha)
+
+    def renyi(self, order) -> jax.Array:
+        """Rényi divergence D_order(P || Q) (nats; order > 0, 1 gives KL): the Rényi-DP epsilon.
+
+        An upper bound if pessimistic; inf for orders >= 1 when there is an atom at +inf (as
+        pessimistic discretizations of unbounded losses have); the larger of two directions.
+        """
+        from pldjax.kernels.divergences import renyi
+
+        return renyi(self, order)
+
+    def dominated_by(self, budget: PLD, *, delta_slack: float = 0.0) -> bool:
+        """True only if this (pessimistic) PLD is dominated by ``budget`` (an optimistic PLD) for
+        the exact distributions, up to an additive ``delta_slack`` (see
+        :func:`pldjax.kernels.dominance.dominated_by`)."""
+        from pldjax.kernels.dominance import dominated_by
+
+        return dominated_by(self, budget, delta_slack=delta_slack)
+
+    def log_mgf(self, t) -> jax.Array:
+        """log E_P[e^{t L}], the log moment generating function of the loss (the PLD's two-sided
+        Laplace transform at -t); D_a = log_mgf(a - 1) / (a - 1). An upper bound for t >= 0 if
+        pessimistic; inf for t > 0 when there is an atom at +inf."""
+        from pldjax.kernels.divergences import log_mgf
+
+        return log_mgf(self, t)
+
+    def swap(self) -> PLD:
+        """PLD(Q || P): the directions exchanged (a symmetric PLD is its own swap)."""
+        return swap(self)
+
+    def compose(self, other: PLD, *, size: int | None = None) -> PLD:
+        """The PLD of running both mechanisms (independent composition), by FFT convolution; on
+        different steps the grids are aligned on the safe side (see
+        :func:`pldjax.kernels.compose.compose`)."""
+        from pldjax.kernels.compose import compose
+
+        return compose([self, other], size=size)
+
+    def self_compose(self, count: int, *, size: int | None = None) -> PLD:
+        """The ``count``-fold composition with itself in one FFT power (cost independent of count)."""
+        from pldjax.kernels.compose import self_compose
+
+        return self_compose(self, count, size=size)
+
+
+def swap(pld: PLD) -> PLD:
+    """PLD(Q || P) from PLD(P || Q): the two directions exchanged (a symmetric PLD is unchanged)."""
+    if pld.reverse is None:
+        return pld
+    return PLD.from_directions(pld.reverse, pld.forward)
+
+
+def check_same_kind(plds: Sequence[PLD]) -> bool:
+    """Raise unless all PLDs are pessimistic or all optimistic; return the common flag."""
+    kinds = {p.pessimistic for p in plds}
+    if len(kinds) > 1:
+        raise ValueError(
+            "cannot compose a pessimistic PLD with an optimistic one: the result would be "
+            "neither an upper nor a lower bound; build both with the same `pessimistic=` flag"
+        )
+    return kinds.pop()
+
+
+def batched(kernel: Callable, n_batch_dims: int) -> Callable:
+    """vmap ``kernel`` over ``n_batch_dims`` leading axes of all its array arguments."""
+    for _ in range(n_batch_dims):
+        kernel = jax.vmap(kernel)
+    return kernel

@@ -1,0 +1,469 @@
+"""pldjax as a ``dp_accounting`` privacy accountant, so that code written for Google's dp_accounting
+(``calibrate_dp_mechanism``, jax-privacy's event builders and training accountants) accounts with
+pldjax's PLDs.
+
+:class:`PLDAccountant` is a subclass of ``dp_accounting.pld.PLDAccountant``, so the checks that
+jax-privacy makes for "a PLD accountant" (``isinstance(acct, dp_accounting.pld.PLDAccountant)``)
+pass; it overrides the composition and the epsilon / delta queries. Events are recorded when
+composed and turned into PLDs when epsilon or delta is read (pessimistic: upper bounds). Each
+event's PLD is cached by its parameters, so calibration loops that compose the same event into
+fresh accountants build it once.
+
+Each leaf event is read as a :class:`pldjax.Event` (noise x sampling x neighbouring), public as
+:func:`to_event`; its PLD is ``Event.pld()``. Events (``relations``: the neighboring relations
+accepted; RS = REPLACE_SPECIAL, the zero-out relation, AR = ADD_OR_REMOVE_ONE, RO = REPLACE_ONE):
+
+=========================================== ========== =============================================
+event                                       relations  pldjax
+=========================================== ========== =============================================
+NoOpDpEvent                                 all        identity
+NonPrivateDpEvent                           all        epsilon = inf, delta = 1
+GaussianDpEvent                             all        ``noise.Gaussian`` (RS pairs as AR; RO: shift 2)
+LaplaceDpEvent                              AR, RS, RO ``noise.Laplace`` (RO: shift 2)
+DiscreteLaplaceDpEvent                      AR, RS, RO ``noise.DiscreteLaplace``
+PoissonSampledDpEvent(Gaussian)             all        ``sampling.Poisson``
+PoissonSampledDpEvent(Laplace)              AR, RS     ``sampling.Poisson``
+SampledWithoutReplacementDpEvent(Gaussian)  RO         ``sampling.FixedBatch`` (*)
+RandomizedResponseDpEvent (k buckets)       RO, RS     exact tails, :func:`k_randomized_response`
+MixtureOfGaussiansDpEvent                   AR, RS     ``sampling.Mixture``
+TruncatedSubsampledGaussianDpEvent          all        ``sampling.TruncatedPoisson``
+SelfComposedDpEvent, ComposedDpEvent        all        composition
+=========================================== ========== =============================================
+
+(*) dp_accounting has no PLD for it; its RDP accountant (and jax-privacy's ``fixed_dpsgd_event``,
+which scales the noise by the replace-one sensitivity 2C) reads the noise multiplier relative to
+the distance between the replaced and the new record's contributions, so the PLD here is that of
+a shift of 1 noise multiplier, at or below dp_accounting's RDP bound. Gaussian and
+Poisson-sampled Gaussian events under REPLACE_ONE follow dp_accounting's PLD accountant instead
+(a record moves from -C to +C: a shift of 2), as its own accountants do.
+
+Tiny delta: an FFT composition charges its round-off (about 1e-19 a bin) on the safe side, so it
+cannot resolve delta much below 1e-12 and reads epsilon = inf or a loose value there; below
+``chernoff.RESOLVED_DELTA`` (1e-10) the accountant also reads the Chernoff bound of
+:mod:`pldjax.kernels.chernoff` from the events' single-run PLDs (no FFT) and returns the smaller of the
+two upper bounds: delta = 1e-18 gets a finite epsilon.
+
+Anything else (``SampledWithReplacementDpEvent``, ``SingleEpochTreeAggregationDpEvent``,
+``RepeatAndSelectDpEvent``, ``ZCDpEvent``, ``UnsupportedDpEvent``, a sampled event around
+another kind) is reported as dp_accounting reports it: ``supports`` returns False and
+``compose`` raises ``dp_accounting.UnsupportedEventError`` naming the sub-event. Parameters out
+of range (a negative noise multiplier, a probability outside [0, 1], NaN) raise ValueError from
+both, naming the field. Requires the ``dp-accounting`` package.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import dp_accounting as _dpa
+import jax.numpy as jnp
+import numpy as np
+from dp_accounting import dp_event as _ev
+from dp_accounting.pld import pld_privacy_accountant as _dpa_pld
+from scipy import special
+
+from pldjax.accounting.schedule import compose_schedule
+from pldjax.core.pld import PLD
+from pldjax.core.precision import float64
+from pldjax.core.validation import check_count, check_range
+from pldjax.kernels import chernoff
+from pldjax.kernels.compose import CompositionTooWide
+from pldjax.kernels.compose import compose as _compose
+from pldjax.kernels.discretize import hockey_stick, hockey_stick_excess, masses_from_curve
+from pldjax.mechanisms import noise, sampling
+from pldjax.mechanisms.events import Event
+from pldjax.mechanisms.named import gaussian, identity
+from pldjax.mechanisms.neighboring import Neighboring
+
+_NR = _dpa.NeighboringRelation
+_RELATION = {_NR.ADD_OR_REMOVE_ONE: Neighboring.ADD_REMOVE, _NR.REPLACE_ONE: Neighboring.REPLACE_ONE,
+             _NR.REPLACE_SPECIAL: Neighboring.REPLACE_SPECIAL}
+
+
+# -- small exact PLDs -----------------------------------------------------------------------------
+def _discrete_tails(losses, masses):
+    """Tails of a PLD with finitely many losses L_i of P-masses m_i (Q-masses m_i e^{-L_i}):
+    eps -> log P(L > eps), log Q(L > eps), log P(L <= eps), log Q(L <= eps)."""
+    losses, masses = np.asarray(losses, np.float64), np.asarray(masses, np.float64)
+    log_p = np.log(masses)
+    log_q = log_p - losses
+
+    def tails(eps):
+        above = losses > eps[..., None]
+        return tuple(special.logsumexp(np.where(mask, logs, -np.inf), axis=-1)
+                     for mask, logs in ((above, log_p), (above, log_q), (~above, log_p),
+                                        (~above, log_q)))
+
+    return tails
+
+
+def _pld_from_tails(tails, reverse, lo: float, hi: float, points: int = 4096) -> PLD:
+    """Connect-the-dots (pessimistic) PLD from exact tails (see :func:`_discrete_tails`) on a
+    power-of-two step with about ``points`` points across the losses [lo, hi] (a window of a
+    power-of-two size, so that compiled kernels are shared); losses below the window are moved up
+    into it, the curve at its top becomes the atom at +inf (both on the safe side). The curve
+    below eps = 0 comes from the excess e^eps Q(L <= eps) - P(L <= eps), which keeps the digits
+    that 1 - delta loses (as :func:`pldjax.kernels.discretize.discretize` does)."""
+    step = float(2.0 ** np.floor(np.log2(max(hi - lo, 1e-9) / points)))
+    offset = int(np.floor(lo / step)) - 1
+    size = 1 << int(np.ceil(np.log2(int(np.ceil(hi / step)) + 2 - offset)))
+    z = (offset + np.arange(size)) * step
+
+    def one(fn) -> PLD:
+        lsp, lsq, lcp, lcq = (jnp.asarray(t) for t in fn(z))
+        zj = jnp.asarray(z)
+        probs, inf_mass = masses_from_curve(hockey_stick(lsp, lsq, zj), step,
+                                            hockey_stick_excess(lcp, lcq, zj), zj)
+        return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step), True)
+
+    return PLD.from_directions(one(tails), None if reverse is None else one(reverse))
+
+
+#: grid points across randomized response's few losses: connect-the-dots splits each atom between
+#: two grid points, which costs about a step of epsilon per composition factor of ten
+_RR_POINTS = 2**14
+
+
+@functools.lru_cache(maxsize=256)
+@float64
+def k_randomized_response(noise_parameter: float, num_buckets: int, neighboring: str) -> PLD:
+    """Pessimistic PLD of k-ary randomized response: the true bucket with probability 1 - p, else
+    a uniform one of the k (p = ``noise_parameter`` in (0, 1], k = ``num_buckets`` >= 2).
+
+    "replace_one" (x against x'): losses +-L, L = log(1 + k (1 - p) / p), with masses
+    1 - p + p/k and p/k, and 0 with mass (k - 2) p / k; symmetric. "replace_special" (x against a
+    special input answered uniformly): losses log(k (1 - p) + p) and log p with masses
+    1 - p + p/k and (k - 1) p / k, and the other direction (uniform against R(x)) their negatives
+    with masses 1/k and (k - 1)/k. The tails are exact; the grid (a power-of-two step, about 16384
+    points across the losses) is connect-the-dots, the tightest pessimistic PLD on it."""
+    check_range("noise_parameter", noise_parameter, 0.0, 1.0, low_open=True)
+    k = check_count("num_buckets", num_buckets, minimum=2)
+    if neighboring not in ("replace_one", "replace_special"):
+        raise ValueError("neighboring must be 'replace_one' or 'replace_special', "
+                         f"got {neighboring!r}")
+    p = float(noise_parameter)
+    if p == 1.0:
+        return identity()
+    if neighboring == "replace_one":
+        top = math.log1p(k * (1.0 - p) / p)
+        losses, masses = [top, 0.0, -top], [1.0 - p + p / k, (k - 2) * p / k, p / k]
+        keep = [m > 0 for m in masses]
+        tails = _discrete_tails(np.compress(keep, losses), np.compress(keep, masses))
+        return _pld_from_tails(tails, None, -top, top, _RR_POINTS)
+    high, low = math.log(k * (1.0 - p) + p), math.log(p)
+    forward = _discrete_tails([high, low], [1.0 - p + p / k, (k - 1) * p / k])
+    back = _discrete_tails([-high, -low], [1.0 / k, (k - 1) / k])
+    return _pld_from_tails(forward, back, min(low, -high), max(high, -low), _RR_POINTS)
+
+
+@functools.lru_cache(maxsize=256)
+def _event_pld(key, relation: Neighboring) -> PLD:
+    """One event's PLD, cached by its description (a hashable :class:`pldjax.Event`, or k-ary
+    randomized response's parameters)."""
+    if isinstance(key, Event):
+        return key.pld()
+    return k_randomized_response(*key, relation.value)
+
+
+@functools.lru_cache(maxsize=256)
+def _step_pld(sigma: float, q: float, relation: Neighboring) -> PLD:
+    """One step of a DP-SGD segment (for the Chernoff bound at tiny delta)."""
+    return gaussian(sigma, sampling_prob=q, neighboring=relation)
+
+
+# -- DpEvent -> pj.Event ----------------------------------------------------------------------------
+class _Unsupported(str):
+    """The reason an event has no PLD here (dp_accounting's message)."""
+
+
+def _number(event, field: str, low: float, high: float = math.inf) -> float:
+    value = getattr(event, field)
+    check_range(f"{type(event).__name__}.{field}", value, low, high)
+    return float(value)
+
+
+def _count(event, field: str) -> int:
+    return check_count(f"{type(event).__name__}.{field}", getattr(event, field))
+
+
+def _describe(event, rel: _NR):
+    """A leaf event as pldjax sees it: None (nothing released), "non_private", a
+    :class:`pldjax.Event`, ("randomized_response", p, k), or an _Unsupported reason. Parameters out
+    of range raise ValueError naming the field."""
+    relation = _RELATION[rel]
+    if isinstance(event, _ev.NoOpDpEvent):
+        return None
+    if isinstance(event, _ev.NonPrivateDpEvent):
+        return "non_private"
+    if isinstance(event, _ev.GaussianDpEvent):
+        sigma = _number(event, "noise_multiplier", 0.0)
+        return "non_private" if sigma == 0 else Event(noise.Gaussian(sigma), None, relation)
+    if isinstance(event, _ev.LaplaceDpEvent):
+        b = _number(event, "noise_multiplier", 0.0)
+        return "non_private" if b == 0 else Event(noise.Laplace(b), None, relation)
+    if isinstance(event, _ev.DiscreteLaplaceDpEvent):
+        a = _number(event, "noise_parameter", 0.0)
+        sens = _count(event, "sensitivity")
+        if sens == 0:
+            return None
+        return "non_private" if a == 0 else Event(noise.DiscreteLaplace(1.0 / a, sens), None, relation)
+    if isinstance(event, _ev.PoissonSampledDpEvent):
+        q = _number(event, "sampling_probability", 0.0, 1.0)
+        inner = event.event
+        if isinstance(inner, _ev.LaplaceDpEvent) and rel == _NR.REPLACE_ONE:
+            return _Unsupported("neighboring_relation must be ADD_OR_REMOVE_ONE or REPLACE_SPECIAL "
+                                f"for PoissonSampledDpEvent of a LaplaceDpEvent. Found {rel}.")
+        if not isinstance(inner, _ev.GaussianDpEvent | _ev.LaplaceDpEvent):
+            return _Unsupported("Subevent of PoissonSampledDpEvent must be either GaussianDpEvent "
+                                f"or LaplaceDpEvent. Found {inner}.")
+        scale = _number(inner, "noise_multiplier", 0.0)
+        if q == 0:
+            return None
+        if scale == 0:
+            return "non_private"
+        kind = noise.Gaussian if isinstance(inner, _ev.GaussianDpEvent) else noise.Laplace
+        return Event(kind(scale), sampling.Poisson(q), relation)
+    if isinstance(event, _ev.SampledWithoutReplacementDpEvent):
+        if rel != _NR.REPLACE_ONE:
+            return _Unsupported("SampledWithoutReplacementDpEvent has a PLD under REPLACE_ONE only "
+                                f"(the batch size is fixed). Found {rel}.")
+        if not isinstance(event.event, _ev.GaussianDpEvent):
+            return _Unsupported("Subevent of SampledWithoutReplacementDpEvent must be a "
+                                f"GaussianDpEvent. Found {event.event}.")
+        n = _count(event, "source_dataset_size")
+        m = _count(event, "sample_size")
+        if m > n:
+            raise ValueError(f"SampledWithoutReplacementDpEvent.sample_size must be at most "
+                             f"source_dataset_size = {n}, got {m}")
+        sigma = _number(event.event, "noise_multiplier", 0.0)
+        if m == 0:
+            return None
+        if sigma == 0:
+            return "non_private"
+        # noise multiplier relative to the replace-one distance |v - v'| (dp_accounting's RDP
+        # accountant, jax-privacy's fixed_dpsgd_event): pldjax's replace-one moves a record from
+        # -sensitivity to +sensitivity, so sensitivity 1/2
+        return Event(noise.Gaussian(sigma, 0.5), sampling.FixedBatch(m / n), relation)
+    if isinstance(event, _ev.RandomizedResponseDpEvent):
+        if rel == _NR.ADD_OR_REMOVE_ONE:
+            return _Unsupported("neighboring_relation must be REPLACE_ONE or REPLACE_SPECIAL for "
+                                f"RandomizedResponseDpEvent. Found {rel}.")
+        p = _number(event, "noise_parameter", 0.0, 1.0)
+        k = _count(event, "num_buckets")
+        if k == 0:
+            raise ValueError("RandomizedResponseDpEvent.num_buckets must be an integer >= 1, got 0")
+        if k == 1:
+            return None
+        return "non_private" if p == 0 else ("randomized_response", p, k)
+    if isinstance(event, _ev.MixtureOfGaussiansDpEvent):
+        if rel == _NR.REPLACE_ONE:
+            return _Unsupported("neighboring_relation must be ADD_OR_REMOVE_ONE or REPLACE_SPECIAL "
+                                f"for MixtureOfGaussiansDpEvent. Found {rel}.")
+        name = "MixtureOfGaussiansDpEvent"
+        sigma = _number(event, "standard_deviation", 0.0)
+        sens = tuple(float(x) for x in event.sensitivities)
+        probs = tuple(float(x) for x in event.sampling_probs)
+        if len(sens) != len(probs) or not sens:
+            raise ValueError(f"{name}.sensitivities and sampling_probs must be non-empty and of "
+                             "the same length")
+        check_range(f"{name}.sensitivities", sens, 0.0)
+        check_range(f"{name}.sampling_probs", probs, 0.0, 1.0)
+        if abs(sum(probs) - 1.0) > 1e-9:
+            raise ValueError(f"{name}.sampling_probs must sum to 1, got {sum(probs)!r}")
+        if all(s == 0 or p == 0 for s, p in zip(sens, probs, strict=True)):
+            return None
+        if sigma == 0:
+            return "non_private"
+        return Event(noise.Gaussian(sigma), sampling.Mixture(sens, probs), relation)
+    if isinstance(event, _ev.TruncatedSubsampledGaussianDpEvent):
+        n = _count(event, "dataset_size")
+        q = _number(event, "sampling_probability", 0.0, 1.0)
+        b = _count(event, "truncated_batch_size")
+        sigma = _number(event, "noise_multiplier", 0.0)
+        if q == 0 or b == 0 or n == 0:
+            return None
+        if sigma == 0:
+            return "non_private"
+        return Event(noise.Gaussian(sigma), sampling.TruncatedPoisson(q, n, b), relation)
+    return _Unsupported("Unsupported event.")
+
+
+def to_event(event, neighboring_relation: _NR = _NR.ADD_OR_REMOVE_ONE) -> Event:
+    """The :class:`pldjax.Event` (noise x sampling x neighbouring) of a leaf ``DpEvent`` under
+    ``neighboring_relation``, as :class:`PLDAccountant` reads it (``to_event(e, rel).pld()`` is
+    the event's PLD there; an event that releases nothing is the identity, ``noise.GDP(0)``).
+
+    Raises ``dp_accounting.UnsupportedEventError`` for an event without a PLD here (see the module
+    docstring), for composed events (compose their leaves) and for k-ary randomized response (no
+    pldjax noise: the accountant builds its PLD with :func:`k_randomized_response`); ValueError
+    for a non-private event and for parameters out of range (naming the field).
+    """
+    if neighboring_relation not in _RELATION:
+        raise ValueError(f"neighboring_relation must be one of {list(_RELATION)}, "
+                         f"got {neighboring_relation!r}")
+    if isinstance(event, _ev.ComposedDpEvent | _ev.SelfComposedDpEvent):
+        raise _dpa.UnsupportedEventError(f"{type(event).__name__} is a composition, not one event")
+    described = _describe(event, neighboring_relation)
+    if isinstance(described, Event):
+        return described
+    if described is None:
+        return Event(noise.GDP(0.0), None, _RELATION[neighboring_relation])
+    if described == "non_private":
+        raise ValueError(f"{event} is not private (epsilon = inf): it has no PLD")
+    if isinstance(described, tuple):
+        raise _dpa.UnsupportedEventError(f"{event} has no pldjax.Event form; its PLD is "
+                                         "pj.dp_accounting.k_randomized_response")
+    raise _dpa.UnsupportedEventError(f"{event}: {described}")
+
+
+# -- the accountant -------------------------------------------------------------------------------
+class PLDAccountant(_dpa_pld.PLDAccountant):
+    """A dp_accounting ``PrivacyAccountant`` (and ``dp_accounting.pld.PLDAccountant``) backed by
+    pldjax's PLDs: epsilon and delta are upper bounds, within about 1e-3 of dp_accounting's own
+    PLD accountant at its default discretization where both use the same analysis.
+
+    Args:
+      neighboring_relation: ``dp_accounting.NeighboringRelation``; ADD_OR_REMOVE_ONE (default),
+        REPLACE_ONE or REPLACE_SPECIAL (zero-out).
+      value_discretization_interval: accepted for compatibility with dp_accounting's signature
+        (jax-privacy passes it), > 0; pldjax chooses its grids itself (power-of-two steps fitted
+        to each mechanism and composition), so it does not change the result.
+    """
+
+    def __init__(self, neighboring_relation: _NR = _NR.ADD_OR_REMOVE_ONE,
+                 value_discretization_interval: float = 1e-4):
+        if neighboring_relation not in _RELATION:
+            raise ValueError(f"neighboring_relation must be one of {list(_RELATION)}, "
+                             f"got {neighboring_relation!r}")
+        check_range("value_discretization_interval", value_discretization_interval, 0.0,
+                    low_open=True)
+        super().__init__(neighboring_relation, value_discretization_interval)
+        self._segments: list[tuple[float, float, int]] = []  # Gaussian DP-SGD segments
+        self._parts: list[tuple[object, int]] = []  # (Event or randomized response, count)
+        self._composed: PLD | None = None
+
+    def _leaf(self, event):
+        """An error, None (nothing to account), "non_private", ("segment", (sigma, q)) for the
+        Gaussian and Poisson-sampled Gaussian (composed as DP-SGD segments), or ("part", key)."""
+        described = _describe(event, self.neighboring_relation)
+        if isinstance(described, _Unsupported):
+            return self.CompositionErrorDetails(event, str(described))
+        if not isinstance(described, Event):
+            return described if described in (None, "non_private") else ("part", described[1:])
+        gaussian_noise = type(described.noise) is noise.Gaussian and described.noise.sensitivity == 1.0
+        if gaussian_noise and described.sampling is None:
+            return "segment", (float(described.noise.sigma), 1.0)
+        if gaussian_noise and type(described.sampling) is sampling.Poisson:
+            return "segment", (float(described.noise.sigma), float(described.sampling.sampling_prob))
+        return "part", described
+
+    def _maybe_compose(self, event, count: int, do_compose: bool):
+        if isinstance(event, _ev.SelfComposedDpEvent):
+            return self._maybe_compose(event.event, count * _count(event, "count"), do_compose)
+        if isinstance(event, _ev.ComposedDpEvent):
+            for inner in event.events:
+                error = self._maybe_compose(inner, count, do_compose)
+                if error is not None:
+                    return error
+            return None
+        leaf = self._leaf(event)
+        if isinstance(leaf, self.CompositionErrorDetails):
+            return leaf
+        if not do_compose or leaf is None or count == 0:
+            return None
+        self._composed = None
+        if leaf == "non_private":
+            self._contains_non_dp_event = True
+        elif leaf[0] == "segment":
+            self._segments.append((*leaf[1], count))
+        else:
+            self._parts.append((leaf[1], count))
+        return None
+
+    def compose(self, event, count: int = 1):
+        """Account for ``count`` runs of ``event`` (see dp_accounting's ``compose``); returns self.
+        ``count``: an integer >= 0."""
+        return super().compose(event, check_count("count", count))
+
+    def _single_steps(self) -> list[tuple[PLD, int]]:
+        """(one run's PLD, count) of everything composed so far."""
+        relation = _RELATION[self.neighboring_relation]
+        steps = [(_step_pld(sigma, q, relation), count) for sigma, q, count in self._segments]
+        return steps + [(_event_pld(key, relation), count) for key, count in self._parts]
+
+    def pld(self) -> PLD:
+        """The pessimistic PLD of everything composed so far (for pldjax's own API: ``delta`` at
+        many epsilons, ``tradeoff``, ``renyi``); not meaningful after a NonPrivateDpEvent."""
+        if self._composed is None:
+            relation = _RELATION[self.neighboring_relation]
+            parts = []
+            if self._segments:
+                parts.append(compose_schedule(self._segments, neighboring=relation))
+            for key, count in self._parts:
+                parts.append(_event_pld(key, relation).self_compose(count))
+            self._composed = (identity() if not parts else
+                              parts[0] if len(parts) == 1 else _compose(parts))
+        return self._composed
+
+    def _composed_if_it_fits(self) -> PLD | None:
+        """:meth:`pld`, or None where no grid holds the composition (10^9 runs of
+        GaussianDpEvent(1e3): the CompositionTooWide error asks for a coarser Grid, which this
+        interface cannot pass); the Chernoff bound answers then."""
+        try:
+            return self.pld()
+        except CompositionTooWide:
+            return None
+
+    def get_epsilon(self, target_delta: float) -> float:
+        """An upper bound on epsilon at ``target_delta`` in [0, 1] (inf after a non-private
+        event, or where the PLD's atom at +inf exceeds ``target_delta``). Below
+        ``chernoff.RESOLVED_DELTA``, where the composed PLD reads inf, or where no grid holds
+        the composition, the smaller of its epsilon and the Chernoff bound of
+        :mod:`pldjax.kernels.chernoff` (both upper bounds), so delta = 1e-18 gets a finite answer."""
+        check_range("target_delta", target_delta, 0.0, 1.0)
+        if self._contains_non_dp_event:
+            return math.inf
+        composed = self._composed_if_it_fits()
+        eps = math.inf if composed is None else float(composed.epsilon(target_delta))
+        if target_delta < chernoff.RESOLVED_DELTA or math.isinf(eps):
+            eps = min(eps, chernoff.epsilon(self._single_steps(), target_delta))
+        return eps
+
+    def get_delta(self, target_epsilon: float) -> float:
+        """An upper bound on delta at ``target_epsilon`` >= 0 (inf allowed: the atom at +inf);
+        1 after a non-private event. Below ``chernoff.RESOLVED_DELTA``, or where no grid holds the
+        composition, also the Chernoff bound (the smaller)."""
+        check_range("target_epsilon", target_epsilon, 0.0, allow_inf=True)
+        if self._contains_non_dp_event:
+            return 1.0
+        composed = self._composed_if_it_fits()
+        delta = 1.0 if composed is None else float(composed.delta(target_epsilon))
+        if composed is None or delta < chernoff.RESOLVED_DELTA:
+            delta = min(delta, chernoff.delta(self._single_steps(), target_epsilon))
+        return delta
+
+
+@functools.cache
+def _jax_privacy_config_class():
+    from jax_privacy.accounting import PldAccountantConfig
+
+    class PldjaxAccountantConfig(PldAccountantConfig):
+        """jax-privacy's ``PldAccountantConfig`` creating pldjax's accountant (add/remove, as
+        jax-privacy's own)."""
+
+        def create_accountant(self) -> PLDAccountant:
+            return PLDAccountant(_NR.ADD_OR_REMOVE_ONE, self.value_discretization_interval)
+
+    return PldjaxAccountantConfig
+
+
+def jax_privacy_config(value_discretization_interval: float = 1e-4):
+    """A ``jax_privacy.accounting.PldAccountantConfig`` whose accountants are pldjax's: pass it as
+    ``dp_accountant_config`` to jax-privacy's ``DpsgdTrainingAccountant`` (and the calibration
+    functions built on it). An instance of jax-privacy's own class, so its type checks pass.
+    Requires the ``jax-privacy`` package."""
+    return _jax_privacy_config_class()(value_discretization_interval=value_discretization_interval)
+
+
+__all__ = ["PLDAccountant", "jax_privacy_config", "k_randomized_response", "to_event"]

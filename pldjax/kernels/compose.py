@@ -1,0 +1,711 @@
+"""Composition of PLDs: FFT convolution, T-fold self-composition in one FFT power, truncation.
+
+Kernels (pure, jit-able; unbatched, vmapped over batch axes by the API, except the ``*_rows``
+ones, which take a leading axis of rows and decide some things for the batch as a whole):
+
+* :func:`convolve_kernel` -- the exact linear convolution of two PMFs (zero-padded real FFT).
+* :func:`self_compose_rows` -- the count-fold convolution as one pointwise power of a real FFT of
+  the window's size: the result is the true distribution folded modulo the window, so the window is
+  placed by Chernoff bounds on the sum and the mass that may have been folded in from outside is
+  bounded by the same Chernoff bounds. The power is taken only on the frequencies up to the
+  batch's last one whose power is not negligible (below 1e-304: at large counts, a small
+  fraction); :func:`compose_wrapped_rows` does the same from PMFs already wrapped to the window.
+* :func:`truncate_kernel` -- back to a fixed number of points.
+
+Where mass goes: in a pessimistic PLD, mass above the window goes to the +inf atom and
+mass below it into the lowest bin; mass that may be misplaced (Chernoff-bounded folding, FFT
+round-off) is added to the +inf atom and the total restored to 1 by taking the surplus from the
+lowest bins -- each step can only raise delta(eps). In an optimistic PLD the same slack is taken from
+the highest bins and moved to the lowest -- each step can only lower delta(eps) for eps above the
+window's bottom. A pessimistic self-composition first scales up finite masses whose total falls
+short of 1 - inf_mass by round-off (:func:`_restored_log_mass`): the power would grow that deficit
+count-fold.
+
+FFT round-off: every result is clipped at zero and a per-bin round-off level E is added to every bin
+of a pessimistic result (subtracted from an optimistic one), so delta(eps) is charged E for each bin
+above eps. FFT error is spread evenly over the bins, so the bins whose true mass is negligible show
+it: E is a safety factor times the larger of the largest negative tap observed and the rms error of
+the inverse FFT (u log2(N) ||c||_2 / sqrt(N)). This is an estimate, not a proof; tests check
+pessimistic results against closed forms down to delta = 1e-12. For large counts the low
+frequencies, which alone survive the power, are computed without cancellation
+(:func:`_spectrum`), since the FFT's absolute error would be multiplied by the count.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export
+
+from pldjax.core import grid as grid_lib
+from pldjax.core.align import align
+from pldjax.core.compilation import early_exit_on_cpu, kernel_jit
+from pldjax.core.mass import settle
+from pldjax.core.pld import PLD, check_same_kind
+from pldjax.core.precision import float64
+from pldjax.core.validation import check_count, is_traced
+
+UNIT_ROUNDOFF = 2.0**-53
+#: Grid indices of a self-composition (count times an index of the PLD) must stay below this, so
+#: that they and the window's placement are exact in float64.
+MAX_INDEX = 2.0**53
+#: Largest count of self_compose (int64; larger counts cannot even be converted to float64 safely).
+MAX_COUNT = 2**63 - 1
+_ROUNDOFF_SAFETY = 2.0
+#: Most Newton iterates of :func:`chernoff_exponents`'s search per side, and the relative error
+#: of the tangency condition at which it stops (the bound is flat in t there: the window then is
+#: within about 1e-4 of the converged one's, measured; any t is sound); the search runs on a
+#: coarse copy of the PMF, of about _CHERNOFF_COARSE_POINTS blocks.
+_CHERNOFF_STEPS = 10
+_CHERNOFF_TOLERANCE = 1e-2
+_CHERNOFF_COARSE_POINTS = 2048
+#: Low frequencies computed without cancellation (see :func:`_spectrum`).
+_ACCURATE_FREQS = 256
+
+
+def fft_roundoff(raw):
+    """Round-off level of an inverse-FFT result ``raw`` (see the module docstring)."""
+    size = raw.shape[0]
+    rms = UNIT_ROUNDOFF * math.log2(size) * jnp.linalg.norm(raw) / math.sqrt(size)
+    return _ROUNDOFF_SAFETY * jnp.maximum(rms, -jnp.min(raw))
+
+
+# -- tail bounds ----------------------------------------------------------------------------------
+def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
+    """Chernoff exponents of the count-fold sum S of the PMF's loss Z (finite part only):
+    ``(t_up, up, t_down, down)`` with ``up = count log E[e^{t Z}]`` at t = ``t_up`` and
+    ``down = count log E[e^{-t Z}]`` at t = ``t_down`` (arrays of one t > 0 each, exact for this
+    PMF).
+
+    Any t > 0 gives a valid bound P(S >= a) <= e^{up - t a}; the t here aim at the bound that
+    reaches ``tail`` / 2 closest to the mean: the tangency condition count (t K'(t) - K(t)) =
+    log(2 / tail), whose left side increases in t (K: the cumulant generating function). A
+    Newton search in log t, safeguarded by bisection, finds it (to _CHERNOFF_TOLERANCE relative,
+    at most _CHERNOFF_STEPS iterates) on a coarse copy of the PMF (:func:`_coarse`: blocks of
+    points, each a normal of the block's mass, mean and variance), starting at the Gaussian answer
+    sqrt(2 log(2 / tail) / count) / sd; then K is evaluated on the PMF itself at the t found (one
+    pass). The bound is flat in t near the tangency, so the coarse copy's t costs little.
+    """
+    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
+    mass = jnp.maximum(jnp.sum(probs), 1e-300)
+    mean = jnp.sum(probs * z) / mass
+    sd = jnp.sqrt(jnp.sum(probs * (z - mean) ** 2) / mass) + step
+    target = jnp.log(2.0 / tail)
+    sides = jnp.array([1.0, -1.0])
+    start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
+    coarse_probs, coarse_z, coarse_variance = _coarse(probs, z, step)
+    t = jnp.exp(_tangency_search(coarse_probs, coarse_z - mean, coarse_variance, count, target,
+                                 start))
+    k, _, _ = _cumulants(_log(probs), sides[:, None] * (z - mean)[None, :], 0.0, t)
+    exponents = count * (k + sides * t * mean)
+    return t[:1], exponents[:1], t[1:], exponents[1:]
+
+
+def _log(probs):
+    """log of each mass, -inf where it is 0."""
+    return jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+
+
+def _coarse(probs, z, step):
+    """The PMF (probs at the losses z, ``step`` apart) in blocks of consecutive points, each block
+    given by its mass, mean and variance: about _CHERNOFF_COARSE_POINTS blocks, or the points
+    themselves (variance 0) when there are at most 4 times that many. Steers a search only: it is
+    no bound. The moments are of the positions 0 .. block - 1 within each block, all three from
+    one matrix product (a third of the time of sums over the reshaped losses)."""
+    n = probs.shape[0]
+    block = n // _CHERNOFF_COARSE_POINTS
+    if block < 4:
+        return probs, z, jnp.zeros_like(z)
+    blocks = -(-n // block)
+    p = jnp.pad(probs, (0, blocks * block - n)).reshape(blocks, block)
+    position = jnp.arange(block, dtype=jnp.float64)
+    moments = p @ jnp.stack([jnp.ones(block), position, position * position], axis=1)
+    merged = moments[:, 0]
+    held = merged > 0
+    safe = jnp.where(held, merged, 1.0)
+    mean = moments[:, 1] / safe  # 0 for an empty block: its first point, variance 0
+    variance = jnp.maximum(moments[:, 2] / safe - mean * mean, 0.0) * (step * step)
+    return merged, z[::block] + mean * step, variance
+
+
+def _cumulants(logp, y, variance, t):
+    """K(t), K'(t), K''(t) of each side's loss (t: (2,), y: (2, n), the sides' losses at the
+    points of log-masses ``logp``), each point a normal of its ``variance`` (0: a point mass)."""
+    w = logp[None, :] + t[:, None] * y + 0.5 * (t * t)[:, None] * variance
+    top = jnp.max(w, axis=1, keepdims=True)
+    e = jnp.exp(w - top)
+    slope = y + t[:, None] * variance
+    s0, s1 = jnp.sum(e, axis=1), jnp.sum(e * slope, axis=1)
+    s2 = jnp.sum(e * (slope * slope + variance), axis=1)
+    first = s1 / s0
+    return top[:, 0] + jnp.log(s0), first, jnp.maximum(s2 / s0 - first**2, 0.0)
+
+
+def _tangency_search(probs, centred, variance, count, target, start):
+    """The Newton search of :func:`chernoff_exponents` for the loss ``centred`` (its mean
+    subtracted) of the PMF ``probs`` (each point a normal of its ``variance``), from log t =
+    ``start`` (one per side, up then down): returns log t of the best iterate, at most
+    _CHERNOFF_STEPS of them."""
+    logp = _log(probs)
+    y = jnp.array([1.0, -1.0])[:, None] * centred[None, :]  # each side's loss
+
+    def newton(carry):  # one iterate, then a safeguarded step in log t
+        i, _, u, low, high, best, best_gap = carry
+        t = jnp.exp(u)
+        k, k1, k2 = _cumulants(logp, y, variance, t)
+        excess = t * k1 - k  # increasing in log t
+        gap = count * excess - target
+        better = jnp.abs(gap) < best_gap
+        best, best_gap = jnp.where(better, u, best), jnp.where(better, jnp.abs(gap), best_gap)
+        done = jnp.all(jnp.abs(gap) <= _CHERNOFF_TOLERANCE * target)
+        low, high = jnp.where(gap < 0, u, low), jnp.where(gap < 0, high, u)
+        # Newton on log(count excess): linear in log t for small t (excess ~ t^2 K'' / 2), and
+        # far less curved than the excess itself where the loss's tail is heavy (the excess
+        # then grows like an exponential of t, and Newton on it crept a few % an iterate)
+        slope = t * t * k2 / jnp.where(excess > 0, excess, 1.0)  # d log(excess) / d log t
+        usable = (slope > 0) & (excess > 0)
+        step = u + jnp.clip(-(jnp.log(jnp.where(usable, count * excess, target)) - jnp.log(target))
+                            / jnp.where(usable, slope, 1.0), -2.0, 2.0)
+        step = jnp.where(usable, step, jnp.where(gap < 0, u + 2.0, u - 2.0))
+        inside = (step > low) & (step < high) & jnp.isfinite(step)
+        bisect = jnp.where(jnp.isfinite(low) & jnp.isfinite(high), (low + high) / 2,
+                           jnp.where(gap < 0, u + 2.0, u - 2.0))
+        u_next = jnp.where(inside, step, bisect)
+        u_next = jnp.where(jnp.isfinite(u_next), u_next, u)  # no mass: stay
+        return i + 1, done, u_next, low, high, best, best_gap
+
+    def until_done(carry):  # a CPU stops as soon as both sides' conditions hold
+        return jax.lax.while_loop(lambda c: (c[0] < _CHERNOFF_STEPS) & ~c[1], newton, carry)
+
+    def every_step(carry):  # the iterates after done leave the carry as it was
+        def once(_, c):
+            return jax.tree.map(functools.partial(jnp.where, c[1]), c, newton(c))
+        return jax.lax.fori_loop(0, _CHERNOFF_STEPS, once, carry)
+
+    # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
+    # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE
+    infinite = jnp.full((2,), jnp.inf)
+    *_, best, _ = early_exit_on_cpu(
+        [(0, False, start, -infinite, infinite, start, infinite)], cpu=until_done,
+        elsewhere=every_step)
+    return best
+
+
+@functools.partial(export.register_namedtuple_serialization,
+                   serialized_name="pldjax.kernels.compose.PMFSummary")  # an exported kernel returns it
+class PMFSummary(NamedTuple):
+    """What a self-composition reads of a PMF besides its wrapped masses (:func:`wrap_rows`),
+    so that its kernel's shapes depend on the window's size only (:func:`pmf_summary`)."""
+
+    mass: jax.Array  #: sum of the finite masses
+    center: jax.Array  #: index (int64, from the first point) nearest the mean; 0 without mass
+    first: jax.Array  #: first index holding mass (n - 1 without mass)
+    last: jax.Array  #: last index holding mass (0 without mass)
+    points: jax.Array  #: n, the PMF's number of points (float64)
+
+
+def pmf_summary(probs) -> PMFSummary:
+    """The :class:`PMFSummary` of one PMF ``probs`` (n,)."""
+    n = probs.shape[0]
+    index = jnp.arange(n)
+    mass = jnp.sum(probs)
+    center = jnp.round(jnp.sum(probs * index) / jnp.maximum(mass, 1e-300)).astype(jnp.int64)
+    held = probs > 0
+    first = jnp.min(jnp.where(held, index, n - 1))
+    last = jnp.max(jnp.where(held, index, 0))
+    return PMFSummary(mass, center, first, last, jnp.float64(n))
+
+
+def _support(summary: PMFSummary, offset, count):
+    """Grid indices (first, last) of the count-fold sum's support: count times those of the
+    finite masses (beyond them the sum has no mass at all)."""
+    return count * (offset + summary.first), count * (offset + summary.last)
+
+
+def tail_window(probs, offset, step, count, tail, exponents=None):
+    """Grid indices (lo, hi) outside which the count-fold sum has at most ``tail`` mass (Chernoff),
+    and never beyond its support, as integral float64 values (a huge count must not overflow an
+    integer type); and the PMF's :func:`pmf_summary`."""
+    exponents = exponents or chernoff_exponents(probs, offset, step, count, tail)
+    summary = pmf_summary(probs)
+    return (*summary_window(summary, offset, step, count, tail, exponents), summary)
+
+
+def summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
+    """:func:`tail_window` from the PMF's summary and Chernoff exponents."""
+    t_up, up, t_down, down = exponents
+    log_half = jnp.log(tail / 2)
+    a = jnp.min((up - log_half) / t_up)
+    b = jnp.max((log_half - down) / t_down)
+    first, last = _support(summary, offset, count)
+    hi = jnp.minimum(jnp.ceil(a / step), last)
+    lo = jnp.maximum(jnp.floor(b / step), first)
+    # no finite mass (all at +inf): the bounds are -inf and +inf; a one-point window instead
+    empty = summary.mass <= 0
+    hi, lo = jnp.where(empty, count * offset, hi), jnp.where(empty, count * offset, lo)
+    return lo, hi
+
+
+def tail_bounds(summary: PMFSummary, offset, step, count, lo, hi, exponents):
+    """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo (0
+    where that is outside its support)."""
+    t_up, up, t_down, down = exponents
+    above = jnp.exp(jnp.minimum(jnp.min(up - t_up * (hi + 1) * step), 0.0))
+    below = jnp.exp(jnp.minimum(jnp.min(down + t_down * (lo - 1) * step), 0.0))
+    first, last = _support(summary, offset, count)
+    above = jnp.where(hi >= last, 0.0, above)
+    below = jnp.where(lo <= first, 0.0, below)
+    return above, below
+
+
+# -- kernels --------------------------------------------------------------------------------------
+def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessimistic: bool):
+    """Exact linear convolution of two single-direction PLDs on a common step (full length).
+    Bins outside the sum of the two supports are exactly zero: the FFT's round-off is dropped
+    there, and the per-bin round-off allowance is added inside only (added everywhere, it put
+    3e-13 of mass above the losses of two randomized responses, more than a GDP curve's tail)."""
+    length = a_probs.shape[0] + b_probs.shape[0] - 1
+    nfft = grid_lib.next_pow2(length)
+    spectrum = jnp.fft.rfft(a_probs, nfft) * jnp.fft.rfft(b_probs, nfft)
+    raw = jnp.fft.irfft(spectrum, nfft)
+    inf_mass = a_inf + b_inf - a_inf * b_inf
+    a, b = pmf_summary(a_probs), pmf_summary(b_probs)
+    index = jnp.arange(length)
+    inside = (index >= a.first + b.first) & (index <= a.last + b.last)
+    probs, inf_mass = settle(
+        jnp.where(inside, jnp.maximum(raw[:length], 0.0), 0.0), inf_mass,
+        jnp.where(inside, fft_roundoff(raw), 0.0), 0.0, pessimistic
+    )
+    return probs, inf_mass, a_off + b_off
+
+
+def wrap_rows(xp, probs, size: int):
+    """Each row of ``probs`` (rows, n) wrapped modulo ``size`` (summed over the indices equal
+    modulo ``size``): (rows, size). ``xp``: jax.numpy inside kernels, NumPy where the host wraps
+    rows for a kernel whose shapes should not depend on n."""
+    rows, n = probs.shape
+    if n <= size:  # zeros appended (NumPy's pad took 12 us for a single call's two rows)
+        return xp.concatenate([probs, xp.zeros((rows, size - n), probs.dtype)], axis=1)
+    return xp.pad(probs, ((0, 0), (0, (-n) % size))).reshape(rows, -1, size).sum(axis=1)
+
+
+def _spectrum(folded, mass):
+    """(rfft, log of its lowest ``_ACCURATE_FREQS`` coefficients) of a PMF ``folded`` to its
+    window (wrapped modulo its size and rotated to start at the PMF's centre) of total ``mass``
+    (summed before folding), the logs accurate to round-off *relative to |P_k - m|*.
+
+    For large counts only low frequencies survive the power, and there P_k is close to the total
+    mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. The
+    deviation comes from summation by parts instead, free of cancellation: with the folded PMF
+    p_j (j in [-N/2, N/2), centre at 0) and its tail sums S_j = sum_{i >= j} p_i for j >= 1 and
+    S_j = -sum_{i < j} p_i for j <= 0 (each summed from its outer end), p_j - m [j = 0] =
+    S_j - S_{j+1} cyclically, so P_k - m = (1 - e^{i theta_k}) S_k with theta_k = 2 pi k / N and
+    S_k the rfft of S. The FFT's error in S_k is relative to S's norm (about the spread of the
+    PMF in bins, no cancellation), and 1 - e^{i theta} = 2 sin^2(theta / 2) - i sin(theta) is
+    computed directly.
+    """
+    size = folded.shape[0]
+    half = size // 2
+    upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
+    upper_tails = jax.lax.cumsum(upper, reverse=True)  # sum_{i >= j}, from the top down
+    lower_heads = jnp.cumsum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
+    tails = jnp.concatenate([-jnp.sum(lower)[None], upper_tails[1:], -lower_heads])
+    freqs = min(size // 2 + 1, _ACCURATE_FREQS)
+    theta = (2.0 * jnp.pi / size) * jnp.arange(freqs, dtype=jnp.float64)
+    factor = 2.0 * jnp.sin(theta / 2) ** 2 - 1j * jnp.sin(theta)
+    deviation = factor * jnp.fft.rfft(tails)[:freqs]
+    low = jnp.log(mass) + jnp.log1p(deviation / mass)
+    return jnp.fft.rfft(folded), low
+
+
+def _powered(spectrum, low, shift, count, width: int):
+    """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
+    frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width``."""
+    re, im = jnp.real(spectrum[:, :width]), jnp.imag(spectrum[:, :width])
+    # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
+    # log (which guards |P| near 1, the frequencies replaced by ``low`` anyway)
+    log_p = jax.lax.complex(0.5 * jnp.log(re * re + im * im), jnp.arctan2(im, re))
+    log_p = log_p.at[:, :low.shape[1]].set(low) + shift[:, None]
+    scale = count[:, None]
+    # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
+    powered = jnp.exp(jax.lax.complex(scale * log_p.real, scale * log_p.imag))
+    return jnp.pad(powered, ((0, 0), (0, spectrum.shape[1] - width)))
+
+
+def _restored_log_mass(summary: PMFSummary, inf_mass):
+    """log of the factor (>= 1) that scales the finite masses up to 1 - inf_mass, when they fall
+    short of it by no more than the round-off of their sum (n u, relative; a larger deficit is
+    left to the +inf atom).
+
+    A PMF's finite masses add up to 1 - inf_mass only up to round-off, and a count-fold power
+    raises their total to the count: one unit of round-off short, at count 1e6, is a deficit of
+    1.1e-10 that the composition would charge to the +inf atom, i.e. to delta at every epsilon.
+    Scaling every mass up instead raises every bin (delta never drops, the safe side) by the same
+    relative amount the round-off left them short.
+    """
+    short = jnp.log1p(-inf_mass) - jnp.log(jnp.maximum(summary.mass, 1e-300))
+    return jnp.clip(short, 0.0, summary.points * UNIT_ROUNDOFF)
+
+
+def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
+                      size: int, tail, pessimistic: bool):
+    """The count-fold self-composition of each row of ``probs`` (rows, n) on a window of ``size``
+    points (one FFT power); ``count`` and ``tail``: scalars or one per row.
+
+    ``exponents``: the rows' :func:`chernoff_exponents` for ``count`` when the caller has them
+    (computed here otherwise).
+    """
+    rows = probs.shape[0]
+    count, tail = (jnp.broadcast_to(jnp.asarray(a, jnp.float64), (rows,)) for a in (count, tail))
+    summary = jax.vmap(pmf_summary)(probs)
+    if exponents is None:
+        stand_in = jnp.where((summary.mass > 0)[:, None], probs,
+                             jnp.zeros_like(probs).at[:, 0].set(1.0))
+        exponents = jax.vmap(chernoff_exponents)(stand_in, offset, step, count, tail)
+    return compose_wrapped_rows(wrap_rows(jnp, probs, size), summary, inf_mass, offset, step,
+                                count, exponents, tail=tail, pessimistic=pessimistic)
+
+
+#: A frequency whose count-th power is below e^_NEGLIGIBLE_LOG (1e-304) moves no bin of the
+#: inverse FFT by more than that: on a CPU the batch's power is taken up to the last one that is
+#: not (elsewhere on every frequency, see :func:`early_exit_on_cpu`).
+_NEGLIGIBLE_LOG = -700.0
+#: The power's widths besides the full one on a CPU (fractions of the rfft's length): the
+#: smallest width that holds every row's last non-negligible frequency is computed (at large
+#: counts the composed PMF is wide and only its lowest frequencies survive the power: about 100
+#: of 40,961 for sigma 1, q 0.01, T 1e4). One short width is as fast there as three (1/64, 1/16,
+#: 1/4, measured) and compiles fewer branches (a fresh process's first call 3.9 s against 4.2 s).
+_POWER_FRACTIONS = (16,)
+
+
+def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, count, exponents,
+                         *, tail, pessimistic: bool):
+    """:func:`self_compose_rows` of PMFs given as their masses wrapped modulo the window's size
+    (:func:`wrap_rows`, rows x size), their :func:`pmf_summary` and :func:`chernoff_exponents`
+    (one per row, as every other argument): nothing here has the PMFs' own length (one compiled
+    shape per (rows, window size), whatever the mechanisms' grids). Returns (probs, inf_mass,
+    offset) per row."""
+    rows, size = wrapped.shape
+    count, tail = (jnp.broadcast_to(jnp.asarray(a, jnp.float64), (rows,)) for a in (count, tail))
+
+    def prepare(w, s, m, o, h, c, e, t):
+        # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
+        live = s.mass > 0
+        folded = jnp.where(live, jnp.roll(w, -s.center), jnp.zeros_like(w).at[0].set(1.0))
+        s = PMFSummary(*(jnp.where(live, value, stand_in) for value, stand_in
+                         in zip(s, (1.0, 0, 0, 0, s.points), strict=True)))
+        lo, hi = summary_window(s, o, h, c, t, e)
+        start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
+        spectrum, low = _spectrum(folded, s.mass)
+        shift = _restored_log_mass(s, m) if pessimistic else jnp.float64(0.0)
+        magnitude = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+        # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
+        kept = magnitude >= jnp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
+        last = jnp.max(jnp.where(kept, jnp.arange(spectrum.shape[0]), 0))
+        return live, s, start, spectrum, low, shift, last
+
+    live, summary, start, spectrum, low, shift, last = jax.vmap(prepare)(
+        wrapped, summary, inf_mass, offset, step, count, exponents, tail)
+    frequencies = size // 2 + 1
+    widths = sorted({max(frequencies // f, low.shape[1]) for f in _POWER_FRACTIONS}
+                    | {frequencies})
+    needed = jnp.max(last) + 1
+    branch = jnp.sum(jnp.asarray(widths[:-1]) < needed)  # the first width >= needed
+    powers = [functools.partial(_powered, width=w) for w in widths]
+    powered = early_exit_on_cpu(  # elsewhere every frequency
+        (spectrum, low, shift, count), cpu=lambda *args: jax.lax.switch(branch, powers, *args),
+        elsewhere=powers[-1])
+
+    def finish(p, live, s, start, m, o, h, c, e):
+        raw = jnp.fft.irfft(p, size)
+        raw = jnp.roll(raw, -((start - c * (o + s.center)) % size))
+        above, below = tail_bounds(s, o, h, c, start, start + size - 1, e)
+        composed_inf = -jnp.expm1(c * jnp.log1p(-m))
+        # bins beyond the sum's support hold no mass: what they read is round-off, or mass
+        # folded in from outside the window (which above + below already charge)
+        first, last = _support(s, o, c)
+        index = start + jnp.arange(size)
+        supported = (index >= first) & (index <= last)
+        out, out_inf = settle(
+            jnp.where(supported, jnp.maximum(raw, 0.0), 0.0), composed_inf,
+            jnp.where(supported, fft_roundoff(raw), 0.0), above + below, pessimistic
+        )
+        return jnp.where(live, out, 0.0), jnp.where(live, out_inf, composed_inf), start
+
+    return jax.vmap(finish)(powered, live, summary, start, inf_mass, offset, step, count,
+                            exponents)
+
+
+def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic: bool):
+    """Keep ``size`` points: the window holding all but ``tail`` mass, centred, top first."""
+    length = probs.shape[0]
+    if size >= length:
+        return jnp.pad(probs, (0, size - length)), inf_mass, offset
+    lo_need, hi_need = _bulk(probs, tail)
+    start = jnp.clip(_window_start(lo_need, hi_need, size, pessimistic), 0, length - size)
+    kept = jax.lax.dynamic_slice(probs, (start,), (size,))
+    below = jnp.sum(jnp.where(jnp.arange(length) < start, probs, 0.0))
+    above = jnp.sum(jnp.where(jnp.arange(length) >= start + size, probs, 0.0))
+    kept = kept.at[0].add(below)
+    if pessimistic:
+        inf_mass = inf_mass + above
+    else:
+        kept = kept.at[-1].add(above)
+    return kept, inf_mass, offset + start
+
+
+def _window_start(lo, hi, size: int, pessimistic: bool):
+    """First index of a ``size``-point window for the bulk [lo, hi]: centred when it fits;
+    otherwise a pessimistic window keeps the top (the cut-off top goes to +inf) and an optimistic
+    one keeps the bottom (the cut-off top moves down into the top bin)."""
+    need = hi - lo + 1
+    keep = hi - size + 1 if pessimistic else lo
+    return jnp.where(need <= size, lo - (size - need) // 2, keep)
+
+
+def _bulk(probs, tail):
+    """First and last index of the window outside which each side holds at most tail/2 mass."""
+    length = probs.shape[0]
+    lo = jnp.argmax(jnp.cumsum(probs) > tail / 2)
+    hi = length - 1 - jnp.argmax(jnp.cumsum(probs[::-1]) > tail / 2)
+    return lo, jnp.maximum(hi, lo)
+
+
+def needed_size(probs, tail) -> jax.Array:
+    """Number of points of the smallest window holding all but ``tail`` mass of a PMF."""
+    lo, hi = _bulk(probs, tail)
+    return hi - lo + 1
+
+
+# -- API ------------------------------------------------------------------------------------------
+def _broadcast(pld: PLD, shape: tuple[int, ...]) -> PLD:
+    """Broadcast a single-direction PLD's arrays to the batch ``shape`` and flatten the batch."""
+    flat = int(np.prod(shape)) if shape else 1
+    return PLD(
+        jnp.broadcast_to(pld.probs, shape + (pld.size,)).reshape(flat, pld.size),
+        jnp.broadcast_to(pld.inf_mass, shape).reshape(flat),
+        jnp.broadcast_to(pld.offset, shape).reshape(flat),
+        jnp.broadcast_to(pld.step, shape).reshape(flat),
+        pld.pessimistic,
+    )
+
+
+def _unflatten(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:
+    return PLD(
+        probs.reshape(shape + probs.shape[-1:]),
+        inf_mass.reshape(shape),
+        offset.reshape(shape),
+        step.reshape(shape),
+        pessimistic,
+    )
+
+
+@kernel_jit(static_argnames=("pessimistic",))
+def _convolve_batch(a: PLD, b: PLD, *, pessimistic: bool):
+    kernel = functools.partial(convolve_kernel, pessimistic=pessimistic)
+    return jax.vmap(kernel)(a.probs, a.inf_mass, a.offset, b.probs, b.inf_mass, b.offset, a.step)
+
+
+@kernel_jit(static_argnames=("size", "pessimistic"))
+def _truncate_batch(probs, inf_mass, offset, tail, *, size: int, pessimistic: bool):
+    kernel = functools.partial(truncate_kernel, size=size, tail=tail, pessimistic=pessimistic)
+    return jax.vmap(kernel)(probs, inf_mass, offset)
+
+
+@kernel_jit(static_argnames=("size", "pessimistic"))
+def _self_compose_batch(pld: PLD, count, tail, *, size: int, pessimistic: bool):
+    return self_compose_rows(pld.probs, pld.inf_mass, pld.offset, pld.step, count, size=size,
+                             tail=tail, pessimistic=pessimistic)
+
+
+_needed_size_batch = kernel_jit(jax.vmap(needed_size, in_axes=(0, None)))
+_tail_window_batch = kernel_jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)))
+
+
+#: What a :class:`CompositionTooWide` tells a caller who chose the grid to change.
+COARSER_GRID = "use a coarser Grid(step=...) for the mechanisms"
+
+
+class CompositionTooWide(ValueError):
+    """A composition that no window holds: more points than grid.MAX_SIZE (a memory guard), or
+    losses float64 cannot place (MAX_INDEX grid steps, a Chernoff window below round-off). A
+    ValueError; a caller with another sound answer (the adapters' Chernoff bound) catches this
+    one alone."""
+
+
+def checked_size(size: int, what: str, argument: str,
+                  remedy: str = COARSER_GRID) -> int:
+    """``size`` if it fits grid.MAX_SIZE, else a :class:`CompositionTooWide` naming the
+    ``argument`` that asked and the ``remedy``."""
+    if size > grid_lib.MAX_SIZE:
+        raise CompositionTooWide(
+            f"{argument}: {what} needs a window of {size} grid points (more than grid.MAX_SIZE = "
+            f"{grid_lib.MAX_SIZE}, a memory guard); {remedy}"
+        )
+    return size
+
+
+def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
+    shape = jnp.broadcast_shapes(a.batch_shape, b.batch_shape)
+    a, b = align([_broadcast(a, shape), _broadcast(b, shape)], "compose")
+    fft = grid_lib.next_pow2(a.size + b.size - 1)
+    if fft > 2 * grid_lib.MAX_SIZE:
+        raise ValueError(
+            f"compose needs an FFT of {fft} points for PLDs of {a.size} and {b.size} points (more "
+            f"than 2 * grid.MAX_SIZE = {2 * grid_lib.MAX_SIZE}, a memory guard); use coarser grids"
+        )
+    probs, inf_mass, offset = _convolve_batch(a, b, pessimistic=a.pessimistic)
+    if size is None and not is_traced(probs):
+        need = int(np.max(np.asarray(_needed_size_batch(probs, tail))))
+        size = min(grid_lib.next_pow2(need), probs.shape[-1])
+    if size is not None:
+        probs, inf_mass, offset = _truncate_batch(
+            probs, inf_mass, offset, tail, size=checked_size(size, "compose", "plds"),
+            pessimistic=a.pessimistic,
+        )
+    return _unflatten(probs, inf_mass, offset, a.step, shape, a.pessimistic)
+
+
+def _both_directions(fn, plds: Sequence[PLD]) -> PLD:
+    forward = fn([p.forward for p in plds])
+    if all(p.reverse is None for p in plds):
+        return forward
+    return PLD.from_directions(forward, fn([p.backward for p in plds]))
+
+
+@float64
+def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
+    """The PLD of running all mechanisms in ``plds`` (independent, non-adaptive composition).
+
+    Pairwise FFT convolutions, each followed by truncation to the window that holds all but
+    ``grid.TAIL_MASS`` of the mass (pessimistically placed, see the module docstring). ``size``
+    fixes the number of grid points of every intermediate result (required under ``jit``, where
+    the automatic choice cannot look at the values), an integer in [1, grid.MAX_SIZE]; an
+    automatic window is refused beyond grid.MAX_SIZE too, and so is a pair of PLDs whose
+    convolution would need an FFT of more than 2 * grid.MAX_SIZE points (memory guards, each a
+    ValueError). Batch axes broadcast; a pessimistic and an optimistic PLD cannot be composed.
+
+    PLDs on different steps are aligned first (:func:`pldjax.core.align.align`), on the PLDs' own safe
+    side: exactly onto the finest step when every step is an integer multiple of it (automatic
+    grids use powers of two) and the refined PLDs fit grid.MAX_SIZE; otherwise onto the coarsest
+    step, a pessimistic PLD by connect-the-dots (an upper bound), an optimistic one by rounding
+    its losses down (a lower bound). Under ``jit`` (traced steps) onto the largest step.
+    """
+    plds = list(plds)
+    if not plds:
+        raise ValueError("plds must contain at least one PLD")
+    if not all(isinstance(p, PLD) for p in plds):
+        raise ValueError("plds must be PLD objects")
+    check_same_kind(plds)
+    if size is not None:
+        size = grid_lib.check_size("size", size, minimum=1, maximum=grid_lib.MAX_SIZE)
+
+    def fold(single: list[PLD]) -> PLD:
+        result = single[0]
+        for other in single[1:]:
+            result = _compose_pair(result, other, size, grid_lib.TAIL_MASS)
+        return result
+
+    return _both_directions(fold, plds)
+
+
+@float64
+def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
+    """The ``count``-fold composition of ``pld`` with itself, in one FFT power.
+
+    The window (``size`` points, automatic by default) is placed by Chernoff bounds on the sum so
+    that at most ``grid.TAIL_MASS`` falls outside it; the cost is O(size log size) whatever the
+    count. Under ``jit`` pass ``size`` explicitly, an integer in [2, grid.MAX_SIZE].
+
+    Huge counts are refused, not rounded: a ValueError above MAX_COUNT (2^63 - 1), when the
+    automatic window would need more than grid.MAX_SIZE points (a memory guard), when a loss of
+    the composition in grid steps (count times the PLD's outermost index with mass) would reach
+    MAX_INDEX = 2^53, beyond which float64 cannot place the window exactly, or when the Chernoff
+    window has lost its precision. A coarser grid (``Grid(step=...)``) helps in the last three
+    cases. (The true composition of so many runs of a non-trivial mechanism has delta(eps) near 1
+    at any modest eps; an explicit, smaller ``size`` gives such a sound bound: mass outside the
+    window is charged to the +inf atom.)
+    """
+    if not isinstance(pld, PLD):
+        raise ValueError("pld must be a PLD")
+    count = check_count("count", count, minimum=0)
+    if count > MAX_COUNT:
+        raise ValueError(f"count must be an integer in [0, {MAX_COUNT}], got {count}")
+    if size is not None:
+        size = grid_lib.check_size("size", size, minimum=2, maximum=grid_lib.MAX_SIZE)
+    if count == 0:
+        return _both_directions(lambda ps: _identity_like(ps[0]), [pld])
+    if count == 1:
+        return pld
+
+    def power(single: list[PLD]) -> PLD:
+        p = single[0]
+        shape = p.batch_shape
+        flat = _broadcast(p, shape)
+        n = size
+        if is_traced(flat):
+            if n is None:
+                raise ValueError("self_compose under jit needs an explicit size=")
+        else:
+            lo, hi, summary = _tail_window_batch(
+                flat.probs, flat.offset, flat.step, float(count), grid_lib.TAIL_MASS
+            )
+            widths = window_widths(summary, flat.offset, count, lo, hi)
+            if n is None:
+                n = checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose", "count")
+        probs, inf_mass, offset = _self_compose_batch(
+            flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n,
+            pessimistic=p.pessimistic,
+        )
+        return _unflatten(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
+
+    return _both_directions(power, [pld])
+
+
+def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count",
+                  remedy: str = COARSER_GRID) -> np.ndarray:
+    """Host-side guards of self-compositions, and the width (grid points) of each row's window.
+
+    ``summary`` (a :class:`PMFSummary`, each field (rows,)) and ``offset`` (rows,) describe
+    single-direction PLDs, ``count`` (scalar or per row) their numbers of compositions, ``lo`` and
+    ``hi`` their Chernoff windows (:func:`tail_window`). ValueError where a window has lost its
+    precision (hi < lo: the Chernoff exponents of a huge count are below float64 round-off) or
+    where an index of the composition (count times the outermost index with mass, or a window's
+    end) reaches MAX_INDEX, beyond which float64 cannot place it exactly. Rows with no finite mass
+    get width 1. Widths are capped at 2^62 (callers compare them with grid.MAX_SIZE). ``name``: the
+    caller's argument for count; ``remedy``: what the error tells the caller to change. Reads
+    scalars per row only (no PMF leaves the device).
+    """
+    first, last, offset = (np.asarray(a, np.float64) for a in (summary.first, summary.last, offset))
+    count = np.broadcast_to(np.asarray(count, np.float64), offset.shape)
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    live = np.asarray(summary.mass) > 0
+    if np.any(live & ~(hi >= lo)):
+        raise CompositionTooWide(f"{name} = {np.max(count[live]):.6g} is too large for this PLD: "
+                                 f"its tail window cannot be placed in float64; {remedy}")
+    support = np.maximum(np.abs(offset + first), np.abs(offset + last))
+    reach = np.where(live, np.maximum(count * support, np.maximum(np.abs(lo), np.abs(hi))), 0.0)
+    if np.any(reach >= MAX_INDEX):
+        raise CompositionTooWide(
+            f"{name} = {np.max(count[live]):.6g} is too large for this grid: the composition's "
+            f"losses reach {np.max(reach):.3g} grid steps (at most 2^53 can be placed exactly in "
+            f"float64); {remedy}"
+        )
+    return np.where(live, np.minimum(hi - lo + 1, 2.0**62), 1.0)
+
+
+def _identity_like(pld: PLD) -> PLD:
+    shape = pld.batch_shape
+    return PLD(
+        jnp.ones(shape + (1,)),
+        jnp.zeros(shape),
+        jnp.zeros(shape, jnp.int64),
+        jnp.asarray(pld.step),
+        pld.pessimistic,
+    )

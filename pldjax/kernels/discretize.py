@@ -1,0 +1,702 @@
+"""Connect-the-dots discretization (Doroshenko et al. 2022, Alg. 1 and Alg. 2).
+
+A mechanism is given by its privacy curve through the log-survival and log-CDF functions of its
+loss under P and Q, evaluated on the grid z_i = (offset + i) * step.
+With x = e^eps the hockey-stick curve delta(x) = P(L > eps) - x Q(L > eps) is convex and decreasing.
+
+* Pessimistic (Alg. 1): the piecewise-linear curve (in x) through the true points
+  (x_i, delta(z_i)), through (0, 1) on the left, and flat at delta(z_{n-1}) after the last point.
+  Chords of a convex curve lie above it, so every hockey-stick value is an upper bound, and the
+  result is the best pessimistic PLD on this grid. The +inf atom is delta at the last grid point.
+* Optimistic (Alg. 2): candidate points on tangent lines (left of x = 1 from the previous point,
+  right of it from the next one), their lower convex hull, then Alg. 1 on the hull's values;
+  the +inf atom is the mechanism's own P(L = +inf) (``LossTails.inf_mass``; 0 if it has none),
+  which is exactly representable, the estimate is built for the rest. Every hockey-stick value
+  is a lower bound.
+
+Masses come from slope differences written without large exponentials:
+``p_j = (e^h d_{j-1} - d_j) / expm1(h)`` with ``d_i = delta_i - delta_{i+1}``, or for a step so
+large that e^h overflows the equal ``d_{j-1} / (1 - e^-h) - d_j / expm1(h)``.
+
+The window (where the grid sits, see :func:`safe_window`) never affects soundness: losses below
+it are moved up into it (pessimistic) and losses above it into the +inf atom (pessimistic) or
+nowhere (optimistic, whose curve is 0 beyond the window). So the window is kept where the
+arithmetic is safe: a step of at most ``grid.MAX_STEP`` and, for the optimistic construction
+(which works in x = e^z), z at most ``OPTIMISTIC_Z_MAX`` and a span of at most ``OPTIMISTIC_SPAN``.
+A mechanism whose loss lies beyond (e.g. the Gaussian with sigma = 1e-5, loss about 5e9) gets a
+pessimistic PLD with its tail in the +inf atom (delta = 1 up there: an upper bound) and an
+optimistic one that is 0 beyond the window (a lower bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pldjax.core import grid as grid_lib
+from pldjax.core.compilation import early_exit_on_cpu, exported_jit
+from pldjax.core.grid import Grid
+from pldjax.core.validation import is_traced
+
+
+def _difference(log_larger, log_smaller):
+    """e^a - e^b from a = ``log_larger`` >= b = ``log_smaller`` (b may be -inf), as
+    e^a (1 - e^{b - a}): no cancellation, and no 0 * inf where e^a underflows; 0 where a is -inf."""
+    none = jnp.isneginf(log_larger)
+    safe = jnp.where(none, 0.0, log_larger)
+    return jnp.where(none, 0.0, jnp.exp(safe) * -jnp.expm1(jnp.minimum(log_smaller - safe, 0.0)))
+
+
+def hockey_stick(log_sf_p, log_sf_q, eps):
+    """delta(eps) = P(L > eps) - e^eps Q(L > eps), in a cancellation-free form."""
+    return _difference(log_sf_p, eps + log_sf_q)
+
+
+def hockey_stick_excess(log_cdf_p, log_cdf_q, eps):
+    """delta(eps) - (1 - e^eps) = e^eps Q(L <= eps) - P(L <= eps) >= 0, accurate for eps < 0."""
+    return _difference(eps + log_cdf_q, log_cdf_p)
+
+
+def _one_side(tails, upper):
+    """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere, from the four ``tails``
+    (log P(L > eps), log Q(L > eps), log P(L <= eps), log Q(L <= eps))."""
+    lsp, lsq, lcp, lcq = tails
+    return jnp.where(upper, lsp, lcp), jnp.where(upper, lsq, lcq)
+
+
+def side_tails(mechanism: LossTails, params, eps, upper):
+    """(log P, log Q) of ``mechanism``'s loss L > eps where ``upper``, of L <= eps elsewhere:
+    its ``side_tails`` where it has them (half the work of all four), else from its ``tails``."""
+    if mechanism.side_tails is not None:
+        return mechanism.side_tails(params, eps, upper)
+    return _one_side(mechanism.tails(params, eps), upper)
+
+
+def curve_values(log_p, log_q, eps):
+    """The hockey-stick curve delta(eps) where eps >= 0 and its excess delta(eps) - (1 - e^eps)
+    where eps < 0 (see :func:`hockey_stick_excess`), from the tails of L > eps and of L <= eps
+    there (:func:`side_tails` with upper = eps >= 0): each where it keeps its digits, one value a
+    point (the other follows from delta - excess = 1 - e^eps, see :func:`masses_from_values`).
+
+    Both are a larger term less a smaller one (:func:`_difference`): P - e^eps Q above, as
+    :func:`hockey_stick`, and e^eps Q - P below, as :func:`hockey_stick_excess`.
+    """
+    upper = eps >= 0
+    return _difference(jnp.where(upper, log_p, eps + log_q), jnp.where(upper, eps + log_q, log_p))
+
+
+def masses_from_values(values, step, z):
+    """:func:`masses_from_curve` (pessimistic) of the curve given by :func:`curve_values` at
+    the grid points z: the curve where z >= 0, the excess where z < 0."""
+    upper = z >= 0
+    # delta - excess = -expm1(z), added as a sum of two non-negative terms: 1 - e^z and e^z - 1
+    # lose the digits of a loss near 0 (a loss of spread 1e-7 lost its masses to round-off); the
+    # curve is 1 where the excess is e^z to a few ulps (all of P's mass at +inf: a curve a
+    # rounding below 1 would leave round-off masses and an atom below 1; rounding up is safe)
+    linear = jnp.expm1(z)
+    full = values >= (linear + 1.0) * (1.0 - 4.0 * jnp.finfo(jnp.float64).eps)
+    curve = jnp.where(upper, values, jnp.where(full, 1.0, values - linear))
+    excess = jnp.where(upper, values + linear, values)
+    return masses_from_curve(curve, step, excess, z)
+
+
+#: Mass surplus of a pessimistic estimate (over 1 - inf_mass, beyond its masses at losses <= 0)
+#: from which its masses are taken for round-off (see :func:`masses_from_curve`). Automatic grids
+#: leave none (their surplus is taken from those masses), fine user steps up to 7e-10 (sigma =
+#: 0.05, q = 0.01 at 2^-12), a step far too fine for the curve's digits 5e-3 or more (sigma = 1 at
+#: 1e-8, 0.49 for sigma = 1e13, q = 0.01 at 2^-46).
+_SURPLUS_TOLERANCE = 1e-6
+
+
+def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: bool = True):
+    """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points)
+    and reaches 1 - ``below`` at x = 0 (``below``: mass dropped to -inf by an optimistic estimate).
+
+    ``curve`` must be non-increasing and convex in x = e^eps; returns (probs, inf_mass). Where
+    ``excess`` (the curve minus 1 - x, see :func:`hockey_stick_excess`) is given, masses at grid
+    points z < 0 are taken from its differences instead: the linear part 1 - x has no second
+    difference, so both give the same masses in exact arithmetic, and the excess keeps the digits
+    that 1 - delta loses when delta is close to 1. Round-off can leave masses below zero (of
+    order u / step each); they are set to zero. The masses telescope to 1 - inf_mass; a surplus
+    left by round-off and clipping would grow T-fold into a mass defect under self-composition, so
+    the total is restored on the safe side: a ``pessimistic`` estimate takes a surplus from its
+    masses at losses <= 0 (delta at eps >= 0 keeps every digit) and spreads a deficit over all
+    masses (raising delta); an optimistic one is rescaled to the total. Scaling every mass down
+    lowered a pessimistic curve below the truth (by 5e-11 for R_{1.95,0.05} on a 2^-10 grid).
+    A surplus larger than the masses at losses <= 0 means the masses are round-off (a step far
+    finer than the curve's digits allow): the pessimistic estimate is then all mass at +inf.
+    """
+    curve = jax.lax.cummin(jnp.clip(curve, 0.0, 1.0))
+    n = curve.shape[0]
+    if n == 1:
+        return 1.0 - curve, curve[0]
+    huge = step > 700.0  # e^h overflows: divide first (1 / expm1(h) -> 0, e^h / expm1(h) -> 1)
+    em1 = jnp.expm1(jnp.minimum(step, 700.0))
+    grow = jnp.exp(jnp.minimum(step, 700.0))
+
+    def masses(values, first):
+        d = values[:-1] - values[1:]
+        interior = jnp.where(huge, d[:-1] / -jnp.expm1(-step) - d[1:] / jnp.expm1(step),
+                             (grow * d[:-1] - d[1:]) / em1)
+        last = jnp.where(huge, d[-1] / -jnp.expm1(-step), grow * d[-1] / em1)
+        return jnp.concatenate([(first - d[0] / jnp.expm1(step))[None], interior, last[None]])
+
+    target = 1.0 - below - curve[-1]
+    probs = jnp.maximum(masses(curve, 1.0 - below - curve[0]), 0.0)
+    if excess is not None:
+        excess = jax.lax.cummax(excess)
+        low = masses(excess, -below - excess[0])
+        low = low.at[-1].add(jnp.exp(jnp.minimum(z[-1], 0.0)))  # only used when z[-1] < 0
+        mixed = jnp.maximum(jnp.where(z < 0, low, probs), 0.0)
+        # the excess keeps digits where the curve is close to 1, but where the window lies far
+        # below the loss (x = e^z underflows) it has lost the masses: then the curve's own
+        # masses, which telescope to the right total, are used. Where both are off by more
+        # than 1e-9 (a loss of spread 1e-4 or less: round-off of order u / step each mass), the
+        # one closer to the total: the curve's masses at z < 0 are then round-off alone
+        mismatch = jnp.abs(jnp.sum(mixed) - target)
+        probs = jnp.where(mismatch <= jnp.maximum(1e-9, jnp.abs(jnp.sum(probs) - target)), mixed,
+                          probs)
+    total = jnp.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
+    ratio = target / jnp.where(total > 0, total, 1.0)
+    if not pessimistic:
+        return probs * ratio, curve[-1]
+    # a deficit is spread proportionally (raising delta everywhere); a surplus is taken
+    # proportionally from the losses <= 0, which delta(eps) at eps >= 0 does not see
+    low = jnp.ones_like(probs, bool) if z is None else z <= 0
+    low_mass = jnp.sum(jnp.where(low, probs, 0.0))
+    surplus = total - target
+    keep = jnp.clip(1.0 - surplus / jnp.where(low_mass > 0, low_mass, 1.0), 0.0, 1.0)
+    probs = jnp.where(low & (surplus > 0), probs * keep, probs)
+    # a surplus beyond the masses at losses <= 0 is round-off, not mass: on a step so fine that
+    # the values' round-off (about u / step a mass, clipped at 0) outweighs the masses, e.g.
+    # Grid(step=1e-9) for the Gaussian of sigma 1, whose masses summed to 1.07. Nothing can be
+    # certified from such values: all of the mass goes to the +inf atom (delta = 1, an upper bound)
+    lost = surplus - low_mass > _SURPLUS_TOLERANCE
+    return (jnp.where(lost, 0.0, probs * jnp.maximum(ratio, 1.0)),
+            jnp.where(lost, 1.0, curve[-1]))
+
+
+#: Rounds of :func:`lower_hull_at`'s parallel peeling before the rows left unsettled go through
+#: the sequential monotone chain. The candidates of Alg. 2 on DP-SGD grids settle in 5-20 rounds;
+#: nearly collinear ones (sampling probability 1e-6) need many more, and each round costs about
+#: a fiftieth of the chain.
+_PEEL_ROUNDS = 24
+
+
+def _monotone_chain(xs, ys, kept):
+    """Which of the ``kept`` points are vertices of their lower convex hull (xs strictly
+    increasing): Andrew's monotone chain, one loop step a point (the others skipped)."""
+    m = xs.shape[0]
+
+    def push(chain, point):
+        # the stack holds the vertices' coordinates, not only their indices: gathering through
+        # the indices at every comparison took twice as long
+        hx, hy, hi, top = chain
+        x, y, i, keep = point
+        top = jax.lax.while_loop(
+            lambda t: keep & (t >= 2) & _on_or_above(hx[t - 2], hy[t - 2], hx[t - 1], hy[t - 1],
+                                                     x, y),
+            lambda t: t - 1, top)
+        slot = jnp.where(keep, top, m)  # out of range: dropped
+        return (hx.at[slot].set(x, mode="drop"), hy.at[slot].set(y, mode="drop"),
+                hi.at[slot].set(i, mode="drop"), top + keep), None
+
+    start = (jnp.zeros_like(xs), jnp.zeros_like(ys), jnp.zeros(m, jnp.int32), jnp.int32(0))
+    (_, _, stack, top), _ = jax.lax.scan(push, start,
+                                         (xs, ys, jnp.arange(m, dtype=jnp.int32), kept))
+    return jnp.zeros(m, bool).at[jnp.where(jnp.arange(m) < top, stack, m)].set(True, mode="drop")
+
+
+def _on_or_above(ax, ay, bx, by, cx, cy):
+    """Whether point b lies on or above the chord from point a to point c (ax < bx < cx)."""
+    return (bx - ax) * (cy - ay) - (by - ay) * (cx - ax) <= 0.0
+
+
+#: values at per-row indices (along the last axis)
+_take = functools.partial(jnp.take_along_axis, axis=-1)
+
+
+def _nearest_kept(kept):
+    """The nearest kept point at or left of each point (-1 if none) and at or right of it (m if
+    none), along the last axis: one cumulative max for both (XLA compiles each as a scan)."""
+    m = kept.shape[-1]
+    idx = jnp.arange(m)
+    scans = jax.lax.cummax(jnp.stack([jnp.where(kept, idx, -1),
+                                      jnp.flip(jnp.where(kept, m - 1 - idx, -1), -1)]),
+                           axis=kept.ndim)
+    return scans[0], m - 1 - jnp.flip(scans[1], -1)
+
+
+def _hull_vertices(xs, ys, peel_rounds: int):
+    """The lower hull's vertices of each row of (xs, ys) (shape rows x m), by peeling.
+
+    Each round drops, in every row at once, each point that lies on or above a chord between two
+    other points still kept: its kept neighbours, or one kept neighbour and an end point. A
+    dropped point is no vertex of the hull of the points kept, so the hull never changes; when a
+    round drops none, the points kept are the vertices. Rows still dropping points after
+    ``peel_rounds`` rounds finish with the monotone chain on the points kept. The loop and that
+    branch look at all rows together, so under ``vmap`` neither runs for rows that settled (a
+    batched ``while_loop`` would carry every row through every step). Off the CPU the loop runs
+    all ``peel_rounds`` rounds (see :func:`~pldjax.core.compilation.early_exit_on_cpu`); the chain,
+    rarely needed and a sequential scan, stays a branch."""
+    rows, m = xs.shape
+
+    def peel(state):
+        kept, _, rounds = state
+        before, after = _nearest_kept(kept)
+        a = jnp.concatenate([jnp.full((rows, 1), -1), before[:, :-1]], axis=1)  # kept, left of i
+        c = jnp.concatenate([after[:, 1:], jnp.full((rows, 1), m)], axis=1)
+        inner = kept & (a >= 0) & (c < m)
+        a, c = jnp.maximum(a, 0), jnp.minimum(c, m - 1)
+        ax, ay, cx, cy = _take(xs, a), _take(ys, a), _take(xs, c), _take(ys, c)
+        drop = inner & (_on_or_above(ax, ay, xs, ys, cx, cy)
+                        | _on_or_above(xs[:, :1], ys[:, :1], xs, ys, cx, cy)
+                        | _on_or_above(ax, ay, xs, ys, xs[:, -1:], ys[:, -1:]))
+        return kept & ~drop, jnp.any(drop, axis=1), rounds + 1
+
+    def until_settled(state):
+        return jax.lax.while_loop(lambda s: jnp.any(s[1]) & (s[2] < peel_rounds), peel, state)
+
+    def every_round(state):  # a round after all rows settled drops nothing: the same points
+        return jax.lax.fori_loop(0, peel_rounds, lambda _, s: peel(s), state)
+
+    kept, dropping, _ = early_exit_on_cpu(
+        [(jnp.ones((rows, m), bool), jnp.ones(rows, bool), 0)], cpu=until_settled,
+        elsewhere=every_round)
+
+    def chain(kept):
+        return jnp.where(dropping[:, None], jax.vmap(_monotone_chain)(xs, ys, kept), kept)
+
+    return jax.lax.cond(jnp.any(dropping), chain, lambda kept: kept, kept)
+
+
+def _interpolate(xs, ys, left, right):
+    """Values at xs of the chords from point ``left`` to point ``right`` (per row), as jnp.interp
+    computes them."""
+    lx, ly = _take(xs, left), _take(ys, left)
+    width = _take(xs, right) - lx
+    return ly + ((xs - lx) / jnp.where(width > 0, width, 1.0)) * (_take(ys, right) - ly)
+
+
+@jax.custom_batching.custom_vmap
+def _hull_rows(xs, ys):
+    """Values at xs of the lower convex hull of each row of (xs, ys) (rows x m)."""
+    kept = _hull_vertices(xs, ys, _PEEL_ROUNDS)
+    left, right = _nearest_kept(kept)
+    right = jnp.minimum(right, xs.shape[-1] - 1)
+    return jnp.where(kept, ys, _interpolate(xs, ys, left, right))
+
+
+@_hull_rows.def_vmap
+def _hull_rows_vmap(axis_size, in_batched, xs, ys):
+    # the batch becomes more rows, so that the rounds and the chain see every row
+    xs, ys = (a if batched else jnp.broadcast_to(a, (axis_size,) + a.shape)
+              for batched, a in zip(in_batched, (xs, ys), strict=True))
+    out = _hull_rows(xs.reshape(-1, xs.shape[-1]), ys.reshape(-1, ys.shape[-1]))
+    return out.reshape(ys.shape), True
+
+
+def lower_hull_at(xs, ys):
+    """Values at ``xs`` of the lower convex hull of the points (xs, ys); xs strictly increasing.
+
+    By peeling rounds over whole arrays (:func:`_hull_vertices`): the sequential monotone chain
+    costs a loop step a point, 88 ms for two curves of 16,385 points on a CPU."""
+    return _hull_rows(xs[None], ys[None])[0]
+
+
+def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):
+    """Alg. 2: values at the grid points of an optimistic (lower) estimate of a convex curve.
+
+    ``values``: the true curve at z (delta, or the excess delta - (1 - x), accurate at z < 0);
+    ``sign * exp(log_slopes)``: x times its derivative in x = e^z there (in logs, so that a
+    tangent followed across a large step neither overflows nor gives 0 * inf);
+    ``at_zero``: its value at x = 0; ``first``, ``last``: the lower bounds used at the first and
+    last points (following the tangent at x_0 to x = 0: the curve's own value at x_0, and that
+    tangent's value at 0 as ``at_zero``). Candidates on tangent lines (left of x = 1 from the
+    previous point, right of it from the next one), then their lower convex hull with the point
+    at x = 0, at the grid points.
+    Adding a linear function (as the excess does) leaves the hull's points unchanged, so both
+    forms describe one optimistic PLD.
+    """
+    n = z.shape[0]
+    log_up = step + jnp.log(-jnp.expm1(-step))  # log(e^h - 1), finite for any step
+    log_down = jnp.log(-jnp.expm1(-step))  # log(1 - e^-h)
+    from_left = jnp.concatenate([first[None], values[:-1] + sign * jnp.exp(log_slopes[:-1] + log_up)])
+    from_right = jnp.concatenate([values[1:] - sign * jnp.exp(log_slopes[1:] + log_down), last[None]])
+    split = jnp.searchsorted(z, 0.0, side="left")  # first grid point with z >= 0 (x >= 1)
+    idx = jnp.arange(n)
+    cand = jnp.where(
+        idx < split, from_left, jnp.where(idx > split, from_right, jnp.minimum(from_left, from_right))
+    )
+    cand = cand.at[-1].set(last)
+    # x measured relative to the window centre: scaling x keeps convexity and avoids overflow
+    xs = jnp.exp(z - z[n // 2])
+    points = jnp.concatenate([jnp.full((1,), at_zero, values.dtype), cand])
+    return lower_hull_at(jnp.concatenate([jnp.zeros((1,)), xs]), points)[1:]
+
+
+def privacy_buckets(log_sf_p, pessimistic: bool, atom=0.0):
+    """Masses of the loss rounded up (pessimistic) or down (optimistic) to the grid points, from
+    log P(L > z_i): the mass in (z_{i-1}, z_i] goes to z_i, or the mass in [z_i, z_{i+1}) to z_i.
+    Returns (probs, inf_mass); at the window's ends the outside mass goes to +inf and z_0
+    (pessimistic), or to z_{n-1} and -inf (optimistic: dropped, never rounded up); ``atom``,
+    P(L = +inf), stays at +inf in the optimistic case too."""
+    sf = jnp.exp(log_sf_p)  # P(L > z_i), non-increasing
+    between = sf[:-1] - sf[1:]  # P(z_i < L <= z_{i+1})
+    if pessimistic:
+        return jnp.concatenate([(1.0 - sf[0])[None], between]), sf[-1]
+    probs = jnp.concatenate([between, jnp.zeros((1,))])
+    atom = jnp.minimum(atom, sf[-1])
+    return probs.at[-1].add(sf[-1] - atom), atom * jnp.ones(())
+
+
+def grid_points(offset, step, n: int):
+    """The losses z_i = (offset + i) * step, i < n (nats)."""
+    return (offset + jnp.arange(n, dtype=jnp.float64)) * step
+
+
+def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "connect_dots",
+               atom=0.0):
+    """Discretize a mechanism given by ``tails(eps) -> (log P(L>eps), log Q(L>eps),
+    log P(L<=eps), log Q(L<=eps))``; ``atom`` is P(L = +inf), the mass P puts where Q has none.
+
+    Returns (probs, inf_mass) on the grid z_i = (offset + i) * step, i < n. The pessimistic
+    construction finds the atom in its last point's delta; the optimistic one keeps it at +inf
+    (it is exactly representable) and builds its estimate for the finite part, whose curve is
+    delta - atom.
+    """
+    z = grid_points(offset, step, n)
+    if pessimistic and rounding == "connect_dots":
+        return masses_from_values(curve_values(*_one_side(tails(z), z >= 0), z), step, z)
+    lsp, lsq, lcp, lcq = tails(z)
+    if rounding == "privacy_buckets":
+        return privacy_buckets(lsp, pessimistic, atom)
+    delta = hockey_stick(lsp, lsq, z)
+    excess = hockey_stick_excess(lcp, lcq, z)
+    # Left of the window the estimate follows the tangent at x_0 = e^{z_0}: it reaches
+    # P(L > z_0) = 1 - lost at x = 0, i.e. P's mass at losses <= z_0 is dropped (moved down to
+    # -inf), where rounding it up to z_0 would overstate delta below z_0.
+    lost = jnp.exp(lcp[0])
+    delta, excess = jax.lax.cummin(delta), jax.lax.cummax(excess)
+    # the finite part: delta - atom tends to 0 beyond the window (no Q mass at +inf: the slopes
+    # and the excess e^eps Q(L <= eps) - P(L <= eps) are those of the finite part already)
+    atom = jnp.clip(jnp.minimum(atom, delta[-1]), 0.0, 1.0 - lost)
+    delta = jnp.maximum(delta - atom, 0.0)
+    excess = excess - atom
+    # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0
+    curve = optimistic_curve(delta, lsq + z, -1.0, z, step, 1.0 - lost - atom, delta[0],
+                             jnp.zeros(()))
+    excess = optimistic_curve(excess, lcq + z, 1.0, z, step, -lost - atom, excess[0],
+                              jnp.expm1(z[-1]))
+    probs, _ = masses_from_curve(
+        jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost - atom), z, below=lost + atom,
+        pessimistic=False,
+    )
+    return probs, atom * jnp.ones((), probs.dtype)
+
+
+# -- mechanisms -----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LossTails:
+    """Pure functions describing one mechanism's privacy loss; ``params`` is a tuple of arrays.
+
+    Instances are static jit arguments (hashed by identity): define them once, at module level.
+    """
+
+    tails: Callable  # (params, eps) -> log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)
+    spread: Callable  # params -> typical scale of the loss (nats), > 0; sets the step
+    center: Callable  # params -> where the window is centred (nats)
+    half_width: Callable  # params -> half-width the window must cover (nats)
+    # chi^2(P || Q) = E_Q[(P/Q)^2] - 1, for Poisson subsampling of the mechanism (None: not offered)
+    chi2: Callable | None = None
+    # params -> P(L = +inf), the mass P puts where Q has none (None: no such atom); kept at +inf
+    # by the optimistic construction
+    inf_mass: Callable | None = None
+    # (params, tail) -> (low, high): a loss range (nats) outside which P holds at most ``tail``
+    # of its mass, for tail in (0, 1); tail 0 gives the default window (center +- half_width).
+    # None: the window is always the default one (see :func:`window`)
+    bulk: Callable | None = None
+    # (params, eps, upper) -> (log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere:
+    # what the pessimistic estimate needs of ``tails`` (see :func:`side_tails`), at half the
+    # cost. None: taken from ``tails``
+    side_tails: Callable | None = None
+
+
+def window(mechanism: LossTails, params, tail):
+    """(centre, half-width) in nats of the window ``mechanism`` is discretized on.
+
+    ``tail`` (>= 0, broadcasting with ``params``) is the mass of P a caller lets the window leave
+    outside (0: the mechanism's default window). Soundness never depends on it: the
+    discretization moves losses below the window up into it and losses above it to the +inf atom
+    (pessimistic) or nowhere (optimistic). Tightness does: a T-fold composition of mechanisms that
+    each moved at most ``tail`` of P's mass is off by at most T tail in delta (the composed losses
+    differ only where some step's loss left the window).
+    """
+    if mechanism.bulk is None:
+        return mechanism.center(params), mechanism.half_width(params)
+    low, high = mechanism.bulk(params, tail)
+    return (low + high) / 2, (high - low) / 2
+
+
+def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
+                      fixed: bool, rounding, then: Callable | None = None, extra: tuple = ()):
+    """A batch of mechanisms (``params``, ``tail`` and ``step``: flat arrays, see :func:`window`)
+    -> (probs, inf_mass, offset, step), each batched; each one's ``step`` (nats; data, so that new
+    values compile nothing) is used when ``fixed``, else each one's automatic step. Vmapped
+    inside jit: a warm call traces nothing.
+
+    ``then``: a function (probs, inf_mass, offset, step, *extra) -> outputs that runs in the
+    program of the masses (a caller's next step: DP-SGD's window placement), whose outputs the
+    call returns instead; a static argument, so it must hash the same across calls (a
+    module-level function, or one cached partial of it).
+
+    The pessimistic connect-the-dots estimate is two compiled calls, queued one after the other
+    without waiting: the curve (the mechanism's tails, nearly all of the work, one value a point)
+    and its masses. Given both in one program, XLA on a CPU recomputed the tails in several of
+    the masses' loops (3.0-3.4 ms against 2.2 ms for 2 x 16,384 points); with the curve computed
+    once (:func:`~pldjax.core.compilation.computed_once`) the one program ran 0.2-0.7 ms faster but
+    compiled in 1.6 s against 0.9 s for the two (DP-SGD's first call: the curve runs 2.9x slower
+    with the masses' compiler options, and the masses compile slower with the curve's)."""
+    options = dict(mechanism=mechanism, size=size, pessimistic=pessimistic, fixed=fixed)
+    then = then or _grid_masses
+    if pessimistic and rounding == "connect_dots":
+        values, offset, h = _curve_kernel(params, tail, step, **options)
+        return _masses_kernel(values, offset, h, extra, then=then)
+    return _estimate_kernel(params, tail, step, extra, rounding=rounding, then=then, **options)
+
+
+def _grid_masses(probs, inf_mass, offset, step):
+    """The mechanism kernels' default ``then``: the masses and their grids."""
+    return probs, inf_mass, offset, step
+
+
+_STATIC = ("mechanism", "size", "pessimistic", "fixed")
+
+
+# XLA's defaults: its tails (erfc, logs) ran 3x slower with FAST_COMPILE
+@exported_jit(static_argnames=_STATIC, cpu_options=None)
+def _curve_kernel(params, tail, step, **options):
+    """(values, offset, step) of a batch: :func:`curve_values` on each one's grid."""
+    def one(single, single_tail, single_step):
+        offset, h = _window_grid(single, single_tail, single_step, **options)
+        z = grid_points(offset, h, options["size"])
+        tails = side_tails(options["mechanism"], single, z, z >= 0)
+        return curve_values(*tails, z), offset, h
+
+    return jax.vmap(one)(params, tail, step)
+
+
+def masses_rows(values, offset, step):
+    """(probs, inf_mass) of a batch of :func:`curve_values` rows, each on its grid (offset, step)
+    (see :func:`masses_from_values`)."""
+    def one(row, single_offset, h):
+        return masses_from_values(row, h, grid_points(single_offset, h, row.shape[0]))
+
+    return jax.vmap(one)(values, offset, step)
+
+
+@exported_jit(static_argnames=("then",))
+def _masses_kernel(values, offset, step, extra, *, then):
+    """``then`` of a batch of :func:`curve_values` rows' masses (:func:`masses_rows`)."""
+    return then(*masses_rows(values, offset, step), offset, step, *extra)
+
+
+@exported_jit(static_argnames=_STATIC + ("rounding", "then"))
+def _estimate_kernel(params, tail, step, extra, *, rounding, then, **options):
+    """``then`` of a batch's masses and grids in one compiled call (see :func:`discretize`)."""
+    mechanism = options["mechanism"]
+
+    def one(single, single_tail, single_step):
+        offset, h = _window_grid(single, single_tail, single_step, **options)
+        atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
+        probs, inf_mass = discretize(functools.partial(mechanism.tails, single), offset, h,
+                                     options["size"], options["pessimistic"], rounding, atom)
+        return probs, inf_mass, offset, h
+
+    return then(*jax.vmap(one)(params, tail, step), *extra)
+
+
+#: The compiled kernels a discretization runs (for pldjax.core.compilation's counts).
+MECHANISM_KERNELS = (_curve_kernel, _masses_kernel, _estimate_kernel)
+
+
+def _window_grid(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
+                 fixed: bool):
+    """(offset, step) of one (unbatched) mechanism's grid of ``size`` points: ``step`` when
+    ``fixed``, else the automatic one."""
+    center, half_width = window(mechanism, params, tail)
+    if not fixed:
+        h = grid_lib.auto_step(mechanism.spread(params), half_width, size)
+        if not pessimistic:
+            h = jnp.minimum(h, grid_lib.optimistic_step_limit(size))
+    else:
+        h = jnp.asarray(step, jnp.float64)
+    return grid_lib.window_offset(center, h, size, pessimistic), h
+
+
+@exported_jit(static_argnames=("mechanism",))
+def _half_widths(params, tail, step, *, mechanism: LossTails):
+    """Each element's half-width in units of ``step``. With no fixed step, in units of twice the
+    fine step, so that a range of parameters shares one size (one compiled kernel); auto_step
+    then picks the finest step that covers the loss."""
+    def one(single, single_tail):
+        h = 2 * grid_lib.fine_step(mechanism.spread(single)) if step is None else step
+        return window(mechanism, single, single_tail)[1] / h
+
+    return jax.vmap(one)(params, tail)
+
+
+def _broadcast_flat(params, tail, xp):
+    """(params, tail) broadcast together and flattened, as float64 arrays of ``xp``; the
+    broadcast shape. A ``tail`` of None is 0 (the default windows)."""
+    tail = 0.0 if tail is None else tail
+    *params, tail = xp.broadcast_arrays(*(xp.asarray(a, xp.float64) for a in (*params, tail)))
+    return tuple(p.reshape(-1) for p in params), tail.reshape(-1), tail.shape
+
+
+def mechanism_half_widths(mechanism: LossTails, params, tail=None,
+                          step=None) -> Callable[[], np.ndarray]:
+    """Each element's window half-width (see :func:`window`) in units of ``step`` (1.0: nats;
+    None: of twice its fine step, see :func:`_half_widths`), for the broadcast concrete
+    ``params`` and ``tail``; flat. Starts their compiled call and returns the function that
+    reads them, so that the caller's host work can run meanwhile."""
+    params, tail, _ = _broadcast_flat(params, tail, np)
+    count = tail.size
+    if count == 0:
+        return lambda: np.zeros(0)
+    # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
+    # for a configuration's one or two directions and few for a sweep
+    repeat_last = np.minimum(np.arange(max(8, grid_lib.next_pow2(count))), count - 1)
+    params, tail = tuple(p[repeat_last] for p in params), tail[repeat_last]
+    widths = _half_widths(params, tail, step, mechanism=mechanism)
+    return lambda: np.asarray(widths)[:count]
+
+
+def mechanism_sizes(mechanism: LossTails, params, grid: Grid | None = None,
+                    tail=None, smallest: int = grid_lib.MECHANISM_SIZE) -> np.ndarray:
+    """The number of grid points each element of the broadcast ``params`` (and ``tail``, see
+    :func:`window`) would get alone (concrete parameters; flat): a power of two from
+    ``smallest`` up that holds its window. A batch is discretized at the largest of its
+    elements' sizes, so batching elements of one size changes no element's grid (used to group
+    sweeps)."""
+    grid = grid or Grid()
+    if grid.size is not None:
+        return np.full(_broadcast_flat(params, tail, np)[1].size, grid.size)
+    return grid_lib.sizes_for_half_widths(mechanism_half_widths(mechanism, params, tail, grid.step)(),
+                                    smallest)
+
+
+def _size(mechanism: LossTails, params, tail, grid: Grid) -> int:
+    if grid.size is not None:
+        return grid.size
+    if is_traced((params, tail)):
+        if grid.step is not None:
+            raise ValueError("a Grid with a fixed step needs an explicit size under jit")
+        return grid_lib.MECHANISM_SIZE
+    return int(np.max(mechanism_sizes(mechanism, params, grid, tail)))
+
+
+def _check_step(step: float, size: int, pessimistic: bool) -> None:
+    """A given step (nats) must be in (0, MAX_STEP] and keep the discretization's exponentials
+    finite (see the module notes); of several, check the smallest and the largest."""
+    if not 0 < step <= grid_lib.MAX_STEP:
+        raise ValueError(f"Grid.step must be in (0, {grid_lib.MAX_STEP}] nats, got {step!r}")
+    limit = grid_lib.optimistic_step_limit(size)
+    if not pessimistic and step > limit:
+        raise ValueError(
+            f"Grid.step must be at most {limit} for an optimistic PLD of {size} points (its window "
+            f"spans at most {grid_lib.OPTIMISTIC_SPAN} nats), got {step!r}"
+        )
+
+
+def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimistic: bool,
+                      tail=None, size: int | None = None, then: Callable | None = None,
+                      extra: tuple = (), steps=None) -> tuple:
+    """(probs, inf_mass, offset, step) of ``mechanism``'s (single-direction) PLD, batched over
+    the broadcast ``params`` and ``tail`` (the mass of P each window may leave outside, see
+    :func:`window`; None: 0, the default windows); ``size``: the grid size when the caller has
+    it from :func:`mechanism_sizes`. Concrete results in host memory stay NumPy arrays (glue
+    code reads them on the host; :func:`pldjax.mechanisms.events.discretize_directions` gives PLDs).
+    ``then`` and ``extra``: the outputs of ``then(probs, inf_mass, offset, step, *extra)``
+    instead, computed on the flat rows in the program of their masses and left where they are
+    (untrimmed; see :func:`_mechanism_kernel`). ``steps``: concrete grid steps (nats)
+    broadcasting with ``params``, each element's own, in place of ``grid.step`` (with ``size``:
+    elements on different steps share one call)."""
+    traced = is_traced((params, tail))
+    xp = jnp if traced else np
+    # on the host: no small compiled kernels for each array operation
+    flat, flat_tail, shape = _broadcast_flat(params, tail, xp)
+    grid = grid or Grid()
+    if steps is not None and grid.step is not None:
+        raise ValueError("pass either steps or a Grid(step=...), not both")
+    size = size or _size(mechanism, flat, flat_tail, grid)
+    fixed = steps is not None or grid.step is not None
+    steps = np.asarray(grid.step or 0.0 if steps is None else steps, np.float64)
+    if fixed and steps.size:
+        for bound in (np.min(steps), np.max(steps)):
+            _check_step(float(bound), size, pessimistic)
+    fixed_steps = xp.broadcast_to(xp.asarray(steps, xp.float64), shape).reshape(-1)
+    out = _mechanism_kernel(
+        flat, flat_tail, fixed_steps, mechanism=mechanism, size=size,
+        pessimistic=bool(pessimistic), fixed=fixed, rounding=grid.rounding, then=then,
+        extra=extra,
+    )
+    if then is not None:
+        return out
+    probs, inf_mass, offset, step = out
+    if not traced:
+        # in host memory, the reshapes and the trim run in NumPy (each eager jnp operation would
+        # be one more small program to compile, or to load from the cache, in every new process)
+        xp = np if on_host(probs) else jnp
+        probs, inf_mass, offset, step = (xp.asarray(a) for a in out)
+    probs, offset = probs.reshape(shape + (size,)), offset.reshape(shape)
+    if not (traced or grid.size is not None):
+        probs, offset = _trim(probs, offset)
+    return probs, inf_mass.reshape(shape), offset, step.reshape(shape)
+
+
+def on_host(array) -> bool:
+    """True for a concrete array in host memory (NumPy, or a JAX array on one CPU device): glue
+    on it can run in NumPy, without copies and without compiling a program per operation."""
+    if is_traced(array):
+        return False
+    if isinstance(array, jax.Array):
+        devices = array.devices()
+        return len(devices) == 1 and next(iter(devices)).platform == "cpu"
+    return True
+
+
+def to_device(array):
+    """A JAX array of ``array`` (NumPy: ``jax.device_put``, which unlike ``jnp.asarray`` compiles
+    no program; a JAX array or tracer unchanged)."""
+    return jax.device_put(array) if isinstance(array, np.ndarray | np.generic) else array
+
+
+def _occupied_range(probs) -> tuple[int, int]:
+    """(first, last) index of the columns holding mass in any row; (0, 0) when none does."""
+    occupied = np.flatnonzero(np.asarray((probs != 0).any(axis=0)))
+    return (int(occupied[0]), int(occupied[-1])) if occupied.size else (0, 0)
+
+
+#: Smallest window :func:`_trim` leaves.
+_TRIM_MIN = 16
+
+
+def _trim(probs, offset):
+    """Drop the zero-mass bins at both ends of an automatic window when at least three quarters of
+    it is empty (the PLD is unchanged; a mechanism whose loss lies beyond what the window can hold,
+    e.g. Laplace at scale 1e-20, has all of its mass in the +inf atom, and later kernels would
+    otherwise carry 2^20 empty points)."""
+    size = probs.shape[-1]
+    first, last = _occupied_range(probs.reshape(-1, size))
+    used = max(last + 1 - first, 1)
+    new_size = max(grid_lib.next_pow2(used), _TRIM_MIN)
+    if 4 * new_size > size:
+        return probs, offset
+    first = min(first, size - new_size)
+    return probs[..., first:first + new_size], offset + first

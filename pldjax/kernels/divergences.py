@@ -1,0 +1,188 @@
+"""What a PLD says about its pair of distributions: tradeoff curves (f-DP), Rényi
+divergences and the moment generating function of the loss, and conversions between privacy
+profiles and tradeoff curves.
+
+For one direction PLD(P || Q) with masses p_i at losses z_i, the same outcomes have Q-masses
+q_i = p_i e^{-z_i}; the atom at +inf is P-only mass and 1 - sum q_i is Q-only mass (loss -inf).
+
+* Tradeoff curve (Neyman-Pearson): the most powerful test rejects P on the lowest losses first, so
+  beta(alpha) is the piecewise-linear curve through (sum_{i<k} p_i, sum_{i>=k} q_i). A pessimistic
+  PLD dominates the true pair, so its curve is a lower bound on the true beta.
+* Rényi divergence of order a (Chourasia et al. 2024, eqs. (19)-(21)):
+  D_a = log E_P[e^{(a-1) L}] / (a - 1), infinite for a >= 1 when there is an atom at +inf. Rényi
+  divergences obey data processing, so a pessimistic PLD gives an upper bound.
+
+Two-direction PLDs report the worse direction: the smaller beta, the larger divergence.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import logsumexp
+
+from pldjax.core.compilation import kernel_jit
+from pldjax.core.pld import PLD
+from pldjax.core.precision import float64, host_result
+from pldjax.core.validation import check_range
+from pldjax.kernels.hockey_stick import per_direction
+
+
+def _log_masses(probs, offset, step):
+    z = (offset + jnp.arange(probs.shape[-1], dtype=jnp.float64)) * step
+    positive = probs > 0
+    log_p = jnp.where(positive, jnp.log(jnp.where(positive, probs, 1.0)), -jnp.inf)
+    return z, log_p
+
+
+def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic: bool = True):
+    """beta(alpha) of one direction: the type II error of the best test at type I error alpha.
+
+    An optimistic PLD bounds delta(eps) from below only from its window's bottom z0 up; below it
+    the truth's delta is still at least 1 - e^eps, whose dual line keeps beta(alpha) at or above
+    1 - alpha e^{-z0} (so beta(0) = 1, as for every mechanism whose two distributions share
+    their support).
+    """
+    z, log_p = _log_masses(probs, offset, step)
+    q = jnp.exp(jnp.minimum(log_p - z, 0.0))
+    type_one = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(probs)])
+    type_two = jnp.concatenate([jnp.cumsum(q[::-1])[::-1], jnp.zeros((1,))])
+    beta = jnp.interp(alphas, type_one, type_two, right=0.0)
+    if not pessimistic:
+        below = jnp.where(alphas > 0, 1.0 - alphas * jnp.exp(-z[0]), 1.0)
+        beta = jnp.maximum(beta, below)
+    return jnp.clip(beta, 0.0, 1.0 - alphas)
+
+
+def _log_below_window(probs, inf_mass, z, log_p, orders):
+    """log of P^a Q^(1-a) summed over an optimistic PLD's cell below its window, for each order a.
+
+    An optimistic PLD drops the P-mass below its window's bottom z0 (its total is 1 - lost) and
+    its grid holds only the Q-mass sum p_i e^{-z_i}, 1 - missing: the rest of Q lies below z0 too.
+    One cell holding P-mass lost and Q-mass missing (at loss log(lost / missing) <= z0, since
+    P(L <= z0) <= e^{z0} Q(L <= z0)) completes the masses to a pair of distributions whose curve
+    is max(delta_opt(eps), 1 - e^eps), still below the truth's, so its Rényi divergences stay
+    lower bounds at every order (without it D_a for a < 1 counted Q's missing mass as Q-only and
+    exceeded the truth: 0.0026 for gdp(10) at order 1e-300, truth 5e-299). The masses are
+    differences of sums (round-off n u each): taken high where a larger value lowers D_a (both
+    below order 1, ``missing`` above it) and ``lost`` low above order 1.
+    """
+    roundoff = probs.shape[-1] * 2.0**-53
+    lost = 1.0 - jnp.sum(probs) - inf_mass
+    missing = 1.0 - jnp.sum(jnp.exp(log_p - z)) + roundoff
+    # a cell above z0 (beyond round-off) would not keep the curve below the truth's: NaN, which
+    # renyi_kernel turns into the trivial lower bound 0
+    above = lost > (missing + roundoff) * jnp.exp(z[0]) + roundoff
+    lost = jnp.where(orders < 1.0, lost + roundoff, lost - roundoff)
+    # no cell unless both masses are positive (then no 0 * log 0 either)
+    live = (lost > 0) & (missing > 0)
+    log_lost = jnp.log(jnp.where(live, lost, 1.0))
+    log_missing = jnp.log(jnp.where(missing > 0, missing, 1.0))
+    cell = jnp.where(live, orders * log_lost + (1.0 - orders) * log_missing, -jnp.inf)
+    return jnp.where(above, jnp.nan, cell)
+
+
+def log_mgf_kernel(probs, inf_mass, offset, step, ts, pessimistic: bool = True):
+    """log E_P[e^{t L}] of one direction for each t (Chourasia et al. 2024, eq. (19)): the atom at
+    +inf makes it infinite for t > 0 and contributes nothing for t < 0. An optimistic PLD adds
+    the cell below its window (see :func:`_log_below_window`)."""
+    z, log_p = _log_masses(probs, offset, step)
+    finite = logsumexp(log_p[None, :] + ts[:, None] * z[None, :], axis=1)
+    if not pessimistic:  # (a cell that cannot be placed is left out, as before)
+        cell = _log_below_window(probs, inf_mass, z, log_p, ts + 1.0)
+        finite = jnp.logaddexp(finite, jnp.where(jnp.isnan(cell), -jnp.inf, cell))
+    with_atom = jnp.logaddexp(finite, jnp.where(ts == 0, jnp.log(inf_mass), -jnp.inf))
+    return jnp.where((ts > 0) & (inf_mass > 0), jnp.inf, with_atom)
+
+
+def renyi_kernel(probs, inf_mass, offset, step, orders, pessimistic: bool = True):
+    """Rényi divergence D_a(P || Q) of one direction for each order a > 0 (a = 1: KL); an upper
+    bound if ``pessimistic``, else a lower bound (with the cell below the window, see
+    :func:`_log_below_window`)."""
+    z, log_p = _log_masses(probs, offset, step)
+    a = orders[:, None]
+    safe = jnp.where(a == 1.0, 2.0, a)
+    terms = logsumexp(log_p[None, :] + (safe - 1.0) * z[None, :], axis=1)
+    kl = jnp.sum(probs * z)
+    if not pessimistic:
+        terms = jnp.logaddexp(terms, _log_below_window(probs, inf_mass, z, log_p, safe[:, 0]))
+        # the cell adds lost log(lost / missing) >= -missing / e to the KL divergence (at order
+        # 0 the cell's term is its Q-mass; lost's round-off leaves the sign open)
+        kl = kl - jnp.exp(_log_below_window(probs, inf_mass, z, log_p, jnp.zeros(()))) / jnp.e
+    general = terms / (safe[:, 0] - 1.0)
+    value = jnp.where(orders == 1.0, kl, general)
+    # D_a >= 0 for distributions: a value below 0 is round-off (clamped), -inf or NaN a failed
+    # evaluation (e.g. overflow at huge orders), reported as inf (an upper bound) or 0 (a lower
+    # bound)
+    failed = jnp.inf if pessimistic else 0.0
+    value = jnp.where(jnp.isnan(value) | jnp.isneginf(value), failed, jnp.maximum(value, 0.0))
+    return jnp.where((orders >= 1.0) & (inf_mass > 0), jnp.inf, value)
+
+
+@float64
+def tradeoff_from_profile(epsilons, deltas, alphas) -> jax.Array:
+    """A lower bound on the tradeoff curve from privacy-profile points (Prop. 9's duality).
+
+    Each point (eps_j, delta_j) with delta(eps_j) <= delta_j forces beta(alpha) >=
+    e^{-eps_j} (1 - delta_j - alpha); the largest such bound (and 0) is returned at ``alphas``.
+    Exact at the kinks when the points are a grid PLD's curve at its grid points.
+    """
+    check_range("epsilons", epsilons)
+    check_range("alphas", alphas, 0.0, 1.0)
+    check_range("deltas", deltas, 0.0, 1.0)
+    eps = jnp.asarray(epsilons, jnp.float64).reshape(-1)
+    d = jnp.asarray(deltas, jnp.float64).reshape(-1)
+    a = jnp.asarray(alphas, jnp.float64)
+    bounds = jnp.exp(-eps) * (1.0 - d - a[..., None])
+    return host_result(jnp.maximum(jnp.max(bounds, axis=-1), 0.0))
+
+
+@float64
+def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
+    """An upper bound on the privacy profile from tradeoff points (Prop. 9's duality).
+
+    delta(eps) = sup over tests of 1 - alpha - e^eps beta(alpha). If the piecewise-linear curve
+    through the points (alpha_i, beta_i) lies below the true tradeoff curve everywhere (e.g. a
+    pessimistic PLD's curve at its kinks), the supremum over it is attained at the points and
+    max_i (1 - alpha_i - e^eps beta_i) is an upper bound on delta(eps). Points taken *on* a
+    curved tradeoff function give a lower bound instead (their chords lie above it).
+    """
+    check_range("alphas", alphas, 0.0, 1.0)
+    check_range("betas", betas, 0.0, 1.0)
+    check_range("epsilons", epsilons)
+    a = jnp.asarray(alphas, jnp.float64).reshape(-1)
+    b = jnp.asarray(betas, jnp.float64).reshape(-1)
+    e = jnp.asarray(epsilons, jnp.float64)
+    lines = 1.0 - a - jnp.exp(e[..., None]) * b
+    return host_result(jnp.maximum(jnp.max(lines, axis=-1), 0.0))
+
+
+_tradeoff_jit = kernel_jit(tradeoff_kernel, static_argnames=("pessimistic",))
+_renyi_jit = kernel_jit(renyi_kernel, static_argnames=("pessimistic",))
+_log_mgf_jit = kernel_jit(log_mgf_kernel, static_argnames=("pessimistic",))
+
+
+@float64
+def tradeoff(pld: PLD, alpha) -> jax.Array:
+    """The f-DP tradeoff curve beta(alpha), alpha in [0, 1] (see :meth:`PLD.tradeoff`)."""
+    check_range("alpha", alpha, 0.0, 1.0)
+    kernel = functools.partial(_tradeoff_jit, pessimistic=pld.pessimistic)
+    return per_direction(pld, alpha, kernel, jnp.minimum)
+
+
+@float64
+def renyi(pld: PLD, order) -> jax.Array:
+    """Rényi divergence of the given order(s) > 0 (see :meth:`PLD.renyi`)."""
+    check_range("order", order, 0.0, low_open=True)
+    kernel = functools.partial(_renyi_jit, pessimistic=pld.pessimistic)
+    return per_direction(pld, order, kernel, jnp.maximum)
+
+
+@float64
+def log_mgf(pld: PLD, t) -> jax.Array:
+    """log E_P[e^{t L}] (see :meth:`PLD.log_mgf`); the larger of two directions."""
+    check_range("t", t, allow_inf=False)
+    kernel = functools.partial(_log_mgf_jit, pessimistic=pld.pessimistic)
+    return per_direction(pld, t, kernel, jnp.maximum)

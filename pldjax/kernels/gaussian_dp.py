@@ -1,0 +1,846 @@
+"""Gaussian differential privacy: the smallest mu with L below G_mu, and the GDP residue.
+
+G_mu is the PLD of the Gaussian mechanism with sensitivity / sigma = mu; its loss under P is
+N(mu^2/2, mu^2) and its curve is delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu).
+
+* :func:`gdp_mu`: the smallest mu with L dominated by G_mu (the naive GDP filter's cost).
+* :func:`gdp_residue` (Regehr et al. 2026, Thm 5): the largest mu' in [0, mu] with
+  G_mu' (+) L dominated by G_mu, by a bounded Newton search inside jit. The composed curve is
+  exact at the query's grid points: for a grid PLD L with masses p_i at z_i,
+  delta_{G_mu' (+) L}(eps) = sum_i p_i delta_mu'(eps - z_i) + p_inf, a discrete convolution of p
+  with delta_mu' sampled on the same grid (one FFT per test, exponentially tilted so that its
+  round-off, which is charged, shrinks into the far tail: :func:`_tilt`). Between the points both curves are
+  convex in x = e^eps: the composed one lies below its chords and G_mu above its tangents, which
+  is what :func:`_verdict` compares. The naive update sqrt(mu^2 - nu^2) (nu = gdp_mu(L)) is valid
+  by construction, so the search starts from it and the residue is never below it.
+
+Both searches test a candidate (a yes/no certificate) and steer by a score, the log of the
+largest ratio of the curve to its bound (of what each exceeds the slack by): the test is
+monotone, so a search with a bracket needs a few tests where bisection took 32-64, and only
+values that passed the test are returned. gdp_mu runs a secant (:func:`_search`) on a few of the
+curve's intervals and tests the answer on all of them (two such tests where the secant took
+11-25); the residue takes Newton steps (:func:`_newton_search`) with the score's exact slope at
+its worst check (3-7 tests).
+
+Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps >= 0
+in every direction, which for the symmetric G_mu is the full order (see :func:`_verdict`
+and :mod:`pldjax.kernels.divergences`); a filter charges that slack to its delta budget. G_mu's curve is
+computed with erfc and the Mills ratio (:func:`_gdp_parts`, relative error bounded by
+:func:`_gdp_error`, checked against mpmath) and the bound is widened by that error on each side,
+then lowered by 4 ulps (_SUM_MARGIN) for the rounding of the sums on either side.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import ndtri
+
+from pldjax.core.align import regrid_kernel, regrid_size
+from pldjax.core.compilation import computed_once, kernel_jit
+from pldjax.core.grid import MAX_SIZE, check_size, next_pow2
+from pldjax.core.pld import PLD, batched
+from pldjax.core.precision import float64, host_result, root_of_difference_down
+from pldjax.core.validation import check_count, check_range, is_traced
+from pldjax.kernels.compose import fft_roundoff
+from pldjax.kernels.dominance import ROUNDOFF
+from pldjax.kernels.hockey_stick import grid_deltas
+
+#: Default number of search steps of the residue (tests after its first): the search stops
+#: earlier once its bracket is narrower than _RESIDUE_RTOL mu'^2 + _RESIDUE_ATOL mu^2.
+RESIDUE_STEPS = 16
+#: Width of the bracket in s = mu'^2 at which the residue search stops: relative to the s reached,
+#: plus a floor of mu^2 that keeps small residues (a nearly spent budget) resolved.
+_RESIDUE_RTOL = 1e-5
+_RESIDUE_ATOL = 1e-7
+#: Search steps and relative tolerance of gdp_mu (and of the naive update inside the residue).
+_MU_STEPS = 40
+_MU_RTOL = 1e-15
+#: gdp_mu's working set: intervals of the curve spread over it to begin with, added per round,
+#: and most rounds.
+_MU_SPREAD = 64
+_MU_CANDIDATES = 16
+_MU_ROUNDS = 6
+#: The residue's check window covers [0, mu^2/2 + _TAIL_SIGMAS * mu] on the query's grid, where
+#: G_mu's curve falls below Phi(-8.5) < 1e-17, a thousandth of ROUNDOFF; beyond it the composed
+#: curve (non-increasing) is compared by its last value with the slack plus ROUNDOFF (the flat
+#: check), which is what the bound there is to within that thousandth. (11 sigmas, 2e-28, gave
+#: the same residues to 1.2e-6 on 33% longer windows.)
+_TAIL_SIGMAS = 8.5
+#: Smallest mu gdp_mu tests: queries below it (the identity, to the grid's resolution) get it.
+_TINY_MU = 1e-300
+#: The budget's bounds (G_mu's curve plus the slack plus ROUNDOFF) are lowered by this factor, 4
+#: ulps: a curve and its bound are both sums rounded to nearest (an atom of 0.5 added to a curve
+#: of 1e-14 keeps it to an ulp of 0.5), so either may be half an ulp of its size off the exact
+#: value; with a large slack that was more than the certificate's own ROUNDOFF can absorb.
+_SUM_MARGIN = 1.0 - 2.0**-50
+#: Largest residue check window (grid points); coarser query grids are used beyond it.
+MAX_RESIDUE_SIZE = 2**15
+#: Largest budget mu of a residue (mu^2 must stay finite in float64; G_mu is fully revealing to
+#: double precision far below it).
+MAX_MU = 1e100
+#: From here on e^x Phi(-t) is phi(mu/2 - x/mu) times the Mills ratio's asymptotic series (erfc
+#: would underflow soon after; before it, exp(x) erfc(t / sqrt 2) loses about t^2 ulps, within
+#: _gdp_error); the series' error there is below 1e-18 relative.
+_MILLS_FROM = 36.0
+_SQRT_HALF = 0.7071067811865476
+_LOG_SQRT_2PI = 0.9189385332046728
+
+
+def _mills(t):
+    """Phi(-t) / phi(t) for t >= _MILLS_FROM: (1/t) sum_k (-1)^k (2k-1)!! / t^(2k), k < 8."""
+    u = 1.0 / (t * t)
+    series = 0.0
+    for k in range(7, -1, -1):
+        series = float((-1) ** k * np.prod(np.arange(1, 2 * k, 2))) + u * series
+    return series / t
+
+
+def _phi(a):
+    """The standard normal density."""
+    return jnp.exp(-0.5 * a * a - _LOG_SQRT_2PI)
+
+
+def _gdp_parts(mu, x):
+    """(delta_mu(x), e^x Phi(-mu/2 - x/mu)) for every real x (the second is -x d delta / dx), each
+    within :func:`_gdp_error` of the exact value (relative); mu = 0 gives the identity's (1 - e^x)_+.
+
+    With a = mu/2 - x/mu and t = mu/2 + x/mu: delta = Phi(a) - e^x Phi(-t). Phi(a) comes from one
+    erfc; e^x Phi(-t) from exp(x) erfc(t / sqrt 2) while t < _MILLS_FROM, else as phi(a) M(t)
+    (e^x phi(t) = phi(a)) with the Mills ratio M: no log_ndtr, no overflow, no underflow of a
+    term that matters. Two erfc and two exp per point (log_ndtr costs about four times that)."""
+    safe = jnp.maximum(mu, 1e-300)
+    a = safe / 2 - x / safe
+    t = safe / 2 + x / safe
+    p1 = 0.5 * jax.lax.erfc(-a * _SQRT_HALF)
+    direct = 0.5 * jnp.exp(jnp.minimum(x, 700.0)) * jax.lax.erfc(jnp.minimum(t, _MILLS_FROM) * _SQRT_HALF)
+    mills = _phi(a) * _mills(jnp.maximum(t, _MILLS_FROM))
+    p2 = jnp.where(t < _MILLS_FROM, direct, mills)
+    return jnp.maximum(p1 - p2, 0.0), p2
+
+
+def _gdp_error(mu):
+    """Relative error bound of :func:`_gdp_parts`'s delta at ``mu``: 2^-32 (1 + 1/mu), at most 1
+    (the curve is a difference of two nearby terms when mu is small; checked against mpmath in
+    tests/test_gaussian_dp.py, whose worst case is 6.4e-12 (1 + 1/mu)). The computed G_mu curve
+    is raised by it where it bounds a query from above and lowered where it is the budget."""
+    return jnp.minimum(2.0**-32 * (1.0 + 1.0 / jnp.maximum(mu, 1e-300)), 1.0)
+
+
+def _gdp_delta(mu, eps):
+    """delta_mu(eps) for every real eps (within :func:`_gdp_error`); mu = 0 gives (1 - e^eps)_+."""
+    return _gdp_parts(mu, eps)[0]
+
+
+def _with_lead(z, d):
+    """The points and curve values with eps = 0 added in front when the points start above it
+    (the curve is linear in x = e^eps below its first point)."""
+    lead = jnp.minimum(z[0], 0.0)
+    return (jnp.concatenate([lead[None], z]),
+            jnp.concatenate([(1.0 - (1.0 - d[0]) * jnp.exp(lead - z[0]))[None], d]))
+
+
+def _flat_bound(delta_slack):
+    """What a curve's last value (its flat tail beyond the points) is compared with: G_mu is 0
+    there, so the slack plus ROUNDOFF, lowered by _SUM_MARGIN like every bound."""
+    return (delta_slack + ROUNDOFF) * _SUM_MARGIN
+
+
+def _widths(z):
+    """(e^h - 1, e^-h) of each interval's width h = z_{i+1} - z_i: what :func:`_budget_bounds`
+    needs of the points besides their values, the same for every mu (a scalar pair for points a
+    constant step apart)."""
+    width = z[1:] - z[:-1]
+    return jnp.expm1(width), jnp.exp(-width)
+
+
+def _budget_bounds(z, mu, delta_slack, widths):
+    """What a curve at the increasing points ``z`` is compared with under the budget G_mu plus
+    the slack: (point bounds, chord positions t, chord bounds), all lower bounds on
+    delta_mu + delta_slack + ROUNDOFF at the points and on the tangent envelope between them;
+    ``widths`` = :func:`_widths` of the points.
+
+    Between two points a curve convex in x = e^eps is below its chord and G_mu's convex curve
+    above both tangents at the ends; chord minus the larger tangent is concave, so comparing at
+    the ends and at the tangents' crossing (position t in [0, 1]) suffices."""
+    g, tail = _gdp_parts(mu, z)
+    g = (g * (1.0 - _gdp_error(mu)) + delta_slack + ROUNDOFF) * _SUM_MARGIN
+    slope = -tail  # x times d delta / dx at the points
+    # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
+    g, slope = computed_once((g, slope))
+    # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
+    # g_{i+1} + s_{i+1} e^-h grow (t - 1), h = z_{i+1} - z_i
+    grow, back = widths
+    g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
+    denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
+    numerator = g1 - g0 - s1 * back * grow
+    t = jnp.clip(numerator / jnp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
+    t = jnp.where(denominator < 0, t, 0.0)
+    envelope = jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
+    return g, t, envelope
+
+
+def _ratio(value, bound, floor, used):
+    """(value - floor) / (bound - floor) where ``used`` (0 elsewhere), the denominator at least
+    2^-40 floor: differences from the floor below that are its round-off (a curve an ulp above a
+    bound an ulp above the floor read 1, "at the boundary", whatever mu)."""
+    return jnp.where(used, (value - floor) / jnp.maximum(bound - floor, 2.0**-40 * floor), 0.0)
+
+
+def _checks(z, d, bounds, delta_slack):
+    """The curve ``d`` at the increasing points ``z`` (convex in x = e^eps) against the budget
+    whose :func:`_budget_bounds` are given, wherever eps >= 0: (chord ok, point ok, chord ratio,
+    point ratio), each chord's between its two points and each point's. A ratio compares what
+    exceeds the bound's constant part c = delta_slack + ROUNDOFF: (curve - c) / (bound - c), 1 at
+    the boundary like curve / bound, but not held near 1 by a large slack whatever mu (a curve at
+    c passes for every mu); it only steers searches, ok decides."""
+    g, t, envelope = bounds
+    floor = delta_slack + ROUNDOFF
+    chord = d[:-1] + (d[1:] - d[:-1]) * t
+    return ((chord <= envelope) | (z[1:] <= 0.0), (d <= g) | (z < 0.0),
+            _ratio(chord, envelope, floor, z[1:] > 0.0), _ratio(d, g, floor, z >= 0.0))
+
+
+def _score(worst):
+    """A search's score from the largest ratio of :func:`_checks`: its log, kept finite."""
+    return jnp.log(jnp.clip(worst, 1e-300, 1e300))
+
+
+def _comparisons(z, d, bounds, delta_slack):
+    """:func:`_checks` per interval [z_i, z_{i+1}]: (ok, ratio) of its chord and its two ends."""
+    chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
+    return (chord_ok & point_ok[:-1] & point_ok[1:],
+            jnp.maximum(chord_ratio, jnp.maximum(point_ratio[:-1], point_ratio[1:])))
+
+
+def _verdict(z, d, bounds, delta_slack):
+    """(ok, score, at, along): ok if the curve ``d`` at the points ``z`` (convex in x = e^eps, flat
+    beyond the last point) is below the budget whose :func:`_budget_bounds` are given, at every
+    eps >= 0; score = log of the largest ratio of :func:`_checks` (> 0 roughly where not ok; it only
+    steers the search, ok decides), found at the point ``at`` or on the chord from it, ``along``
+    (position t in [0, 1]) of the way to the next (0 for a point).
+
+    Why eps >= 0 is enough: G_mu is symmetric, so a pair is below it iff both directions' curves
+    are below it at eps >= 0 (the curve at -eps is fixed by the other direction's at eps), and
+    every direction is checked (a one-direction PLD stands for a symmetric pair). Below eps = 0 a
+    pessimistic grid curve carries the Q-only mass its rounding creates (about 1e-4 after
+    coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
+    Right of the points the curve is at most its last value while G_mu tends to 0.
+    """
+    # reduced apart, not per interval (:func:`_comparisons`): the residue's tests ran 10% faster
+    chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
+    flat = d[-1] <= _flat_bound(delta_slack)  # whatever mu: no ratio of its own
+    ok = jnp.all(chord_ok) & jnp.all(point_ok) & flat
+    top_chord, top_point = jnp.max(chord_ratio), jnp.max(point_ratio)
+    worst = jnp.maximum(jnp.maximum(top_chord, top_point), jnp.where(flat, 0.0, 1e300))
+    chord = top_chord > top_point
+    at = jnp.where(chord, _first_index(chord_ratio, top_chord), _first_index(point_ratio, top_point))
+    return ok, _score(worst), at, jnp.where(chord, bounds[1][at], 0.0)
+
+
+def _first_index(values, target):
+    """Index of the first of ``values`` equal to ``target`` (an argmax from a max; jnp.argmax of
+    float64 under vmap fails to trace with x64 off)."""
+    n = values.shape[0]
+    return jnp.min(jnp.where(values == target, jnp.arange(n, dtype=jnp.int32), n - 1))
+
+
+def _grid_curve(probs, inf_mass, offset, step):
+    """(points, curve) of a grid PLD, the curve of its finite masses raised by :func:`_curve_error`
+    (an upper bound on the exact curve of the grid PLD; the atom at +inf is exact, so a slack of
+    exactly the atom covers the curve's flat tail) and led by eps = 0 if the grid starts above it."""
+    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
+    return _with_lead(z, grid_deltas(probs, inf_mass, step, 1.0 + _curve_error(probs.shape[0])))
+
+
+def _curve_error(n: int) -> float:
+    """Relative round-off bound of :func:`pldjax.kernels.hockey_stick.grid_deltas` on ``n`` points: the tail
+    sum S (a sum of n non-negative terms), the blocked recurrence D (one 128-term block product
+    and n / 128 carries) and the atom, each a few ulps per operation on its longest path; a
+    generous 4 n + 512 ulps. Relative, so a zero tail stays zero."""
+    return float((4 * n + 512) * np.finfo(np.float64).eps)
+
+
+def _search(evaluate, good, bad, points, steps: int, tol, score_tol):
+    """Safeguarded secant search on a bracket [good, bad] (either order) of a monotone test:
+    ``evaluate(v)`` -> (ok, score, value); ok moves the good end, otherwise the bad end. Only
+    values that passed ``evaluate`` (or the initial good end, which the caller certifies) are
+    ever returned, so the search is as sound as one test. The score (about 0 at the boundary,
+    < 0 on the good side) only places the next point: the secant through the last two points
+    tested (``points`` = ((v0, score0), (v1, score1)) to start), kept at least ``tol`` / 2 inside
+    the bracket, so that once the good end is within ``tol`` / 2 of the boundary the next point
+    closes the bracket; the midpoint where the secant is undefined or outside, or the bracket
+    has not halved in five tests (so it shrinks at least geometrically). ``tol`` is a function
+    of the good end. Stops when the bracket is at most ``tol`` wide or the good end scored above
+    -``score_tol`` (a while loop, at most ``steps`` tests). ``good`` = (v, value, score).
+    Returns the good end's value (the third output of ``evaluate``, or the initial one), the bad
+    end (where the test failed, or the initial one) and the good end's score."""
+    (x0, f0), (x1, f1) = points
+
+    def body(carry):
+        k, gv, gval, gf, bv, x0, f0, x1, f1, ref, stall = carry
+        lo, hi = jnp.minimum(gv, bv), jnp.maximum(gv, bv)
+        width = hi - lo
+        secant = x1 - f1 * (x1 - x0) / jnp.where(f1 != f0, f1 - f0, 1.0)
+        nudge = jnp.minimum(tol(gv) / 2, width / 2)
+        usable = (f1 != f0) & (secant > lo) & (secant < hi) & (stall < 5)
+        # the midpoint: geometric across a wide bracket of positive values
+        middle = jnp.where((lo > 0) & (hi > 4 * lo), jnp.sqrt(lo) * jnp.sqrt(hi), lo + width / 2)
+        x = jnp.where(usable, jnp.clip(secant, lo + nudge, hi - nudge), middle)
+        ok, f, value = evaluate(x)
+        gv, gval, gf = jnp.where(ok, x, gv), jnp.where(ok, value, gval), jnp.where(ok, f, gf)
+        bv = jnp.where(ok, bv, x)
+        new_width = jnp.abs(gv - bv)
+        halved = new_width <= ref / 2
+        return (k + 1, gv, gval, gf, bv, x1, f1, x, f, jnp.where(halved, new_width, ref),
+                jnp.where(halved, 0, stall + 1).astype(jnp.int32))
+
+    def cond(carry):
+        k, gv, _, gf, bv = carry[:5]
+        return (k < steps) & (jnp.abs(gv - bv) > tol(gv)) & (gf < -score_tol)
+
+    start = (jnp.zeros((), jnp.int32), *good, bad, x0, f0, x1, f1, jnp.abs(good[0] - bad),
+             jnp.zeros((), jnp.int32))
+    end = jax.lax.while_loop(cond, body, start)
+    return end[2], end[4], end[3]
+
+
+def _newton_search(evaluate, good, bad, first, steps: int, tol):
+    """Largest value passing a monotone test on the bracket (good, bad), good < bad, by Newton
+    steps on the test's score; ``evaluate(x)`` -> (ok, score, slope, value): ok moves the good end
+    up, otherwise the bad end down; the score is about 0 at the boundary (< 0 on the good side) and
+    ``slope`` its derivative in x at the check that set it. ``good`` = (x, value) is certified by
+    the caller and never tested; only values that passed the test (or it) are returned, so the
+    search is as sound as one test. ``tol`` is a function of the good end.
+
+    The first test is at ``first``; then each aims at the root r of an end's score: the bad end's
+    where it has one (past the boundary the binding comparison sets the score, while a good end's
+    may be a flatter comparison's whose root lies far beyond), by the secant through the last two
+    failures or with one, by its slope (Newton); else the good end's by its slope. It goes
+    a quarter of tol below r (a likely pass that leaves the good end near the boundary); where an
+    end is within 0.65 tol of r, a quarter of tol past r but at most 0.9 tol from that end, so that
+    the bracket closes in one test. Where r is outside the bracket, where neither end has a slope,
+    or where the bracket has not halved in four tests: the midpoint (geometric across a wide
+    bracket of positive values). Stops when the bracket is at most tol wide or after ``steps``
+    tests after the first; returns the good end's value."""
+    nan = jnp.asarray(jnp.nan, jnp.float64)
+
+    def root(end, score, slope):
+        return jnp.where(jnp.isfinite(score) & (slope > 0), end - score / slope, nan)
+
+    def body(carry):
+        k, g, value, fg, dg, b, fb, db, b0, fb0, ref, stall = carry
+        width, t = b - g, tol(g)
+        # from the bad end: the secant through the last two failures where there are two (it
+        # follows the binding comparison's curvature), else the slope
+        secant = (fb - fb0) / (b - b0)
+        from_bad = root(b, fb, jnp.where(jnp.isfinite(secant) & (secant > 0), secant, db))
+        from_good = root(g, fg, dg)
+        r = jnp.where((from_bad > g) & (from_bad < b), from_bad,
+                      jnp.where((from_good > g) & (from_good < b), from_good, nan))
+        x = jnp.where(r - g < 0.65 * t, jnp.minimum(r + t / 4, g + 0.9 * t),
+                      jnp.where(b - r < 0.65 * t, jnp.maximum(r - t / 4, b - 0.9 * t), r - t / 4))
+        middle = jnp.where((g > 0) & (b > 4 * g), jnp.sqrt(g) * jnp.sqrt(b), g + width / 2)
+        x = jnp.where(jnp.isfinite(r) & (stall < 4), x, middle)
+        nudge = jnp.minimum(t, width) / 4
+        x = jnp.where(k == 0, first, jnp.clip(x, g + nudge, b - nudge))
+        ok, f, d, v = evaluate(x)
+        g, value, fg, dg = (jnp.where(ok, new, old) for new, old in ((x, g), (v, value), (f, fg),
+                                                                        (d, dg)))
+        b0, fb0 = jnp.where(ok, b0, b), jnp.where(ok, fb0, fb)
+        b, fb, db = (jnp.where(ok, old, new) for new, old in ((x, b), (f, fb), (d, db)))
+        halved = b - g <= ref / 2
+        return (k + 1, g, value, fg, dg, b, fb, db, b0, fb0, jnp.where(halved, b - g, ref),
+                jnp.where(halved, 0, stall + 1).astype(jnp.int32))
+
+    def cond(carry):
+        k, g = carry[:2]
+        b = carry[5]
+        return (k <= steps) & (b - g > tol(g))
+
+    g, value = good
+    bad = jnp.asarray(bad, jnp.float64)
+    start = (jnp.zeros((), jnp.int32), g, value, nan, nan, bad, nan, nan, bad, nan, bad - g,
+             jnp.zeros((), jnp.int32))
+    return jax.lax.while_loop(cond, body, start)[2]
+
+
+def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_RTOL):
+    """Smallest mu in (0, mu_max] (to relative resolution ``rtol``, rounded up: the value returned
+    passed the test) with L below G_mu plus the slack; inf if not even mu_max is enough.
+
+    Few of the curve's intervals bind, so the search runs on a working set of them (at most a
+    few hundred points a test, not the grid's thousands): _MU_SPREAD intervals spread over the
+    grid and the _MU_CANDIDATES around eps = 0 to begin with. Each round's secant search on the
+    set gives a candidate, which is tested on the whole curve: a pass ends the search (a smaller
+    value fails the set, a subset of the curve's comparisons, so the candidate is the smallest
+    to ``rtol``); a failure adds its worst interval and its _MU_CANDIDATES - 1 neighbours to the
+    set. One or two rounds are typical (a subsampled Gaussian's remove direction binds at
+    eps = 0: one; its add direction, G_nu, randomized response: two). The last of _MU_ROUNDS
+    rounds tests mu_max, and bisection on the whole curve finishes what the rounds (or a search
+    on a flat score) left open."""
+    mu_max = jnp.asarray(mu_max, jnp.float64)
+    z, d = _grid_curve(probs, inf_mass, offset, step)
+    # right of the points the curve stays at its last value, which no mu covers beyond the slack
+    flat_ok = d[-1] <= _flat_bound(delta_slack)
+    # a start below: G_mu(0) must reach the curve at the first point >= 0 (less the slack)
+    reach = jnp.max(jnp.where(z >= 0, d, 0.0)) - delta_slack - ROUNDOFF
+    start = 2.0 * ndtri(jnp.clip((1.0 + reach) / 2, 0.5, 1.0 - 1e-16))
+    # never above that lower bound (a floor of mu_max * 1e-30 passed, and was returned, for
+    # gaussian(1) at mu_max = 1e31: 10); positive, for the search's geometric midpoints
+    floor = jnp.clip(start * (1 - 1e-9), _TINY_MU, mu_max)
+
+    widths = _widths(z)
+
+    def whole(mu):
+        return _comparisons(z, d, _budget_bounds(z, mu, delta_slack, widths), delta_slack)
+
+    def on_set(intervals):
+        # the intervals' ends one after the other: every other interval of these points is one
+        # of the set's, those between (from one's end back to the next one's start) are ignored
+        ends = jnp.stack([intervals, intervals + 1], axis=-1).reshape(-1)
+        z_set, d_set = z[ends], d[ends]
+        widths_set = _widths(z_set)
+
+        def evaluate(mu):
+            ok, ratio = _comparisons(z_set, d_set,
+                                     _budget_bounds(z_set, mu, delta_slack, widths_set),
+                                     delta_slack)
+            return jnp.all(ok[::2]), _score(jnp.max(ratio[::2])), mu
+
+        return evaluate
+
+    def round_(carry):
+        k, intervals, low, answer, _ = carry
+        evaluate = on_set(intervals)
+        ok_max, f_max, _ = evaluate(mu_max)
+        ok_low, f_low, _ = evaluate(low)
+        # low passing the set (the floor may): an empty bracket, nothing to search
+        top = jnp.where(ok_low, low, mu_max)
+        found, below, f_found = _search(evaluate, (top, top, jnp.where(ok_low, f_low, f_max)),
+                                        low, ((mu_max, f_max), (low, f_low)), _MU_STEPS,
+                                        lambda good: rtol * good, rtol)
+        # the search ended where it should: its bracket closed, or at the boundary's score
+        closed = (found - below <= rtol * found) | (f_found >= -rtol)
+        last = k + 1 >= _MU_ROUNDS
+        candidate = jnp.where(last, mu_max, found)
+        ok, ratio = whole(candidate)
+        passed = jnp.all(ok)
+        # the worst interval, failed ones first (a failed comparison's ratio is below 1 where its
+        # bound is within round-off of the slack), and its neighbours (XLA's top_k on a CPU costs
+        # 50 whole tests; argmax of float64 with x64 off fails to trace under vmap)
+        key = jnp.where(ok, jnp.minimum(ratio, 1.0), 2.0 + jnp.maximum(ratio, -1.0))
+        worst = _first_index(key, jnp.max(key))
+        worst = jnp.clip(worst + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2, 0, n - 1)
+        intervals = jax.lax.dynamic_update_slice(intervals, worst.astype(intervals.dtype),
+                                                 (_MU_SPREAD + (k + 1) * _MU_CANDIDATES,))
+        # failing on the working set, mu_max fails the curve: nothing fits; a value that fails
+        # the set (the search's bad end) fails the curve, and bounds what is left open
+        return (k + 1, intervals,
+                jnp.where(passed & closed & ~last, candidate, jnp.where(passed, below, candidate)),
+                jnp.where(passed, candidate, answer), passed | ~ok_max | last)
+
+    n = z.shape[0] - 1
+    spread = jnp.linspace(0, n - 1, _MU_SPREAD).astype(jnp.int32)
+    # and the intervals around eps = 0, where a direction of small loss binds (the remove
+    # direction of a subsampled Gaussian): its first round then passes
+    zero = _first_index(z >= 0, True) - 1 + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2
+    intervals = jnp.concatenate([spread, jnp.clip(zero, 0, n - 1).astype(jnp.int32),
+                                 jnp.zeros(_MU_CANDIDATES * _MU_ROUNDS, jnp.int32)])
+    start_carry = (jnp.zeros((), jnp.int32), intervals, floor, jnp.asarray(jnp.inf, jnp.float64),
+                   ~flat_ok)
+    _, _, low, answer, _ = jax.lax.while_loop(lambda carry: ~carry[4], round_, start_carry)
+
+    def halve(bracket):
+        bad, good = bracket
+        middle = jnp.where((bad > 0) & (good > 4 * bad), jnp.sqrt(bad) * jnp.sqrt(good),
+                           bad + (good - bad) / 2)
+        ok = jnp.all(whole(middle)[0])
+        return jnp.where(ok, bad, middle), jnp.where(ok, middle, good)
+
+    # where the rounds ran out (mu_max passed) or the last search did (a flat score): bisection
+    # on the whole curve from the last failure; elsewhere the bracket is closed (or inf) and the
+    # loop idle
+    return jax.lax.while_loop(lambda bracket: bracket[1] - bracket[0] > rtol * bracket[1], halve,
+                              (low, answer))[1]
+
+
+_gdp_mu_jit = kernel_jit(gdp_mu_kernel, cpu_options=None)
+
+
+@float64
+def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
+    """Smallest mu such that the PLD is dominated by G_mu (mu-GDP), up to ``delta_slack``.
+
+    An upper bound on the true value for a pessimistic PLD: the comparison is with G_mu's exact
+    curve, sound between grid points (tangent lines); it certifies
+    delta_L <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps. Both directions of a
+    two-direction PLD must be dominated. inf when no mu <= ``mu_max`` works (e.g. an atom at +inf
+    above the slack). Batched over the PLD's batch axes.
+    """
+    if not pld.pessimistic:
+        raise ValueError("gdp_mu needs a pessimistic PLD (an upper bound) for a sound answer")
+    check_range("delta_slack", delta_slack, 0.0, 1.0)
+    check_range("mu_max", mu_max, 0.0, low_open=True)
+    result = None
+    for direction in pld.directions():
+        fn = batched(lambda p, m, o, h: _gdp_mu_jit(p, m, o, h, delta_slack, mu_max),
+                     len(direction.batch_shape))
+        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
+        result = out if result is None else jnp.maximum(result, out)
+    return host_result(result)
+
+
+# -- residue --------------------------------------------------------------------------------------
+def _size_class(n):
+    """The smallest m 2^k >= n (and >= 16) with m in {8, 9, 10, 12, 15}: five sizes an octave, all
+    5-smooth, so that static shapes stay few while a window or an FFT is at most 25% (12.5% on
+    average) longer than it needs to be. Elementwise on an array of counts; an int for an int."""
+    count = np.maximum(np.asarray(n, np.int64), 16)
+    # count / 8 < 2 octave (frexp's exponent is the bit length; int64 before the shift)
+    octave = np.left_shift(np.int64(1), np.frexp(count)[1].astype(np.int64) - 4)
+    candidates = np.multiply.outer(np.array([8, 9, 10, 12, 15, 16, 18, 20, 24, 30]), octave)
+    sizes = np.min(np.where(candidates >= count, candidates, np.iinfo(np.int64).max), axis=0)
+    return int(sizes) if np.ndim(n) == 0 else sizes
+
+
+def _window_plans(mu_max, step, n: int):
+    """(factor, size) for queries of ``n`` points with budgets up to ``mu_max`` on grids of
+    ``step`` (arrays of one entry per query): the query grid is coarsened ``factor``-fold (a power
+    of two, a float: it may exceed int64 for huge mu) until its check window needs at most
+    MAX_RESIDUE_SIZE points to cover [0, w], w = mu^2/2 + _TAIL_SIGMAS mu; the window then fills
+    its test's transform (:func:`_fft_length`), so that no lag of it is evaluated in vain."""
+    mu_max = np.asarray(mu_max, np.float64)
+    reach = mu_max**2 / 2 + _TAIL_SIGMAS * mu_max
+    factor = np.ones_like(reach * np.asarray(step, np.float64))
+    while True:
+        points = np.ceil(reach / (step * factor)) + 2
+        over = points > MAX_RESIDUE_SIZE
+        if not np.any(over):
+            break
+        factor = np.where(over, 2 * factor, factor)
+    coarse = np.zeros(factor.shape, np.int64)
+    for each in np.unique(factor):
+        coarse[factor == each] = _coarse_points(n, int(each))
+    return factor, _size_class(coarse - 1 + points.astype(np.int64)) - coarse + 1
+
+
+def _coarse_points(n: int, factor: int) -> int:
+    """Points of an ``n``-point query grid coarsened ``factor``-fold for the residue search."""
+    return n if factor == 1 else regrid_size(n, 1 / factor)
+
+
+def _fft_length(n: int, size: int) -> int:
+    """FFT length of a residue test on ``n`` query points and ``size`` check points: outputs
+    n-1 .. n-2+size of a cyclic convolution of that length are exact."""
+    return _size_class(n - 1 + size)
+
+
+def query_mu(probs, inf_mass, offset, step, delta_slack, mu_max):
+    """gdp_mu of one query whose arrays carry a leading direction axis (the largest of its
+    directions'), inf above ``mu_max``."""
+    return jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None, None))(
+        probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu_max, 1e-300), _MU_RTOL))
+
+
+def _tilt(mu, reach_lags, reach_points):
+    """Exponential tilt lambda of a residue test's convolution: it composes p_i e^(lambda z_i) with
+    G(x) e^(lambda x), whose convolution at eps is e^(lambda eps) times the curve. The FFT's
+    round-off is about the same in every output bin (a few 1e-16 of the largest), so untilted it
+    shrinks by e^(-lambda eps): the far tail, where a subsampled Gaussian's residue binds at
+    curves of 1e-12 and less, is computed to far below its margin instead of to 1e-15.
+
+    lambda = -(log delta_mu)'(0) = Phi(-mu/2) / delta_mu(0) keeps e^(lambda eps) delta_mu(eps) at
+    most delta_mu(0) (log-concave), so a curve near the budget's is no larger tilted than at
+    eps = 0 and the round-off there is as before; at most 300 over the largest |lag| and |z|, so
+    no factor overflows and nothing that matters underflows."""
+    g, tail = _gdp_parts(mu, jnp.zeros(()))
+    slope = tail / jnp.maximum(g, 1e-300)
+    return jnp.minimum(slope, 300.0 / jnp.maximum(jnp.maximum(reach_lags, reach_points), 1e-300))
+
+
+def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int,
+                   factor: int = 1, nu=None):
+    """(mu', accepted) for one query and one budget mu; ``probs`` etc. carry a leading direction
+    axis (1 or 2 directions, all of which must fit). The query fits when nu = gdp_mu(query) <= mu
+    (certified on the query's own grid, rounded up: :func:`query_mu`, or ``nu`` when the caller
+    has it), and mu' >= the naive update sqrt(mu^2 - nu^2) (the theorem's: it is not tested).
+    From there a bracketed Newton search (:func:`_newton_search` in s = mu'^2, at most ``steps``
+    tests after the first, stopping when the bracket is narrower than 1e-5 s + 1e-7 mu^2) looks
+    for larger values with G_mu' (+) L below G_mu plus the slack, on the query's grid coarsened
+    ``factor``-fold (pessimistically, by connect-the-dots: :func:`pldjax.core.align.regrid_kernel`) so
+    that the check window of ``size`` points reaches the tail of G_mu (0 if rejected). Every test
+    is one FFT convolution and one sum over the query's points (the score's slope); G_mu's side
+    of the comparison is computed once."""
+    mu = jnp.asarray(mu, jnp.float64)
+    if nu is None:
+        nu = query_mu(probs, inf_mass, offset, step, delta_slack, mu)
+    accepted = nu <= mu
+    naive = jnp.where(accepted, root_of_difference_down(mu, nu), 0.0)
+    if factor > 1:
+        coarse = functools.partial(regrid_kernel, size=_coarse_points(probs.shape[-1], factor),
+                                   pessimistic=True)
+        step_coarse = step * float(factor)  # a float: the factor may exceed int64 for huge mu
+        probs, offset = jax.vmap(coarse)(probs, offset, step, step_coarse)
+        step = step_coarse
+    n = probs.shape[-1]
+    nfft = _fft_length(n, size)
+    checks = jnp.arange(size)[None, :] * step[:, None]  # eps_j = j h, per direction (from 0)
+    # lags k = j - i for check j and grid point i: eps_j - z_i = (k - offset) h; all nfft of them,
+    # the tilt 0 past the n - 1 + size used (the transform's zero padding: G_mu' fused into a pad
+    # ran about 2x slower a point on XLA's CPU backend)
+    lags = (jnp.arange(-(n - 1), nfft - (n - 1))[None, :] - offset[:, None]) * step[:, None]
+    used = jnp.arange(nfft) < n - 1 + size
+    points = (offset[:, None] + jnp.arange(n)[None, :]) * step[:, None]
+    tilt = _tilt(mu, jnp.max(jnp.where(used, jnp.abs(lags), 0.0)), jnp.max(jnp.abs(points)))
+    spectra = jnp.fft.rfft(probs * jnp.exp(tilt * points), nfft)
+    lag_tilt, untilt = jnp.where(used, jnp.exp(tilt * lags), 0.0), jnp.exp(-tilt * checks)
+    # the checks are a step apart: two scalars per direction for their widths
+    bounds = jax.vmap(_budget_bounds, in_axes=(0, None, None, 0))(
+        checks, mu, delta_slack, (jnp.expm1(step), jnp.exp(-step)))
+    verdict = jax.vmap(_verdict, in_axes=(0, 0, 0, None))
+    floor = delta_slack + ROUNDOFF
+
+    def slope(mu_residue, curve, at, along, probs, lags):
+        # d/ds of log(curve - floor) (s = mu'^2) at the worst check, a point or along a chord
+        # (the derivative taken at its nearer end): d delta_mu / d mu = phi(mu/2 - x/mu), summed
+        # over the query's points at their lags eps - z_i
+        near = jnp.minimum(at + (along > 0.5), size - 1)
+        x = jax.lax.dynamic_slice(lags, (near,), (n,))[::-1]
+        safe = jnp.maximum(mu_residue, 1e-300)
+        change = jnp.sum(probs * _phi(safe / 2 - x / safe)) / (2 * safe)
+        value = curve[at] + (curve[jnp.minimum(at + 1, size - 1)] - curve[at]) * along
+        excess = value - floor
+        return jnp.where(excess > 0, change / jnp.where(excess > 0, excess, 1.0), jnp.nan)
+
+    def evaluate(s):
+        mu_residue = jnp.sqrt(s)
+        raw = jnp.fft.irfft(spectra * jnp.fft.rfft(_gdp_delta(mu_residue, lags) * lag_tilt), nfft)
+        # raised by the FFT's round-off (as a composition's bins are), untilted, and by the lag
+        # curve's relative error (which also covers the tilt's few ulps): an upper bound on the
+        # exact composed curve
+        curves = ((raw[:, n - 1:n - 1 + size] + jax.vmap(fft_roundoff)(raw)[:, None]) * untilt
+                  * (1.0 + _gdp_error(mu_residue)) + inf_mass[:, None])
+        ok, score, at, along = verdict(checks, curves, bounds, delta_slack)
+        slopes = jax.vmap(slope, in_axes=(None, 0, 0, 0, 0, 0))(mu_residue, curves, at, along,
+                                                               probs, lags)
+        top = jnp.max(score)
+        return jnp.all(ok), top, jnp.max(jnp.where(score == top, slopes, -jnp.inf)), mu_residue
+
+    s_naive, s_top = naive * naive, mu * mu
+    # the naive update is the theorem's (certified with nu), not tested; the first test 30% of the
+    # way up (the gains over it are typically 30-95% of the way up); nothing to search where the
+    # query does not fit
+    low = _newton_search(evaluate, (s_naive, naive), jnp.where(accepted, s_top, s_naive),
+                         s_naive + 0.3 * (s_top - s_naive), steps,
+                         lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top)
+    return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
+
+
+def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
+    """(factor, size): how many-fold the query's grid is coarsened for the residue search so that
+    its check window fits, and the static window size, for budgets up to ``mu_max`` (its largest)
+    and the PLD's finest step; host-side, before jit."""
+    if size is not None:
+        return 1, check_size("size", size, minimum=16, maximum=MAX_SIZE)
+    factor, size = _window_plans(np.max(mu_max), np.min(np.asarray(pld.step, np.float64)),
+                                 pld.size)
+    return int(factor), int(size)
+
+
+def _pad_rows(array, padding: int):
+    """``array`` with ``padding`` copies of its last row appended along its leading axis."""
+    return jnp.pad(array, [(0, padding)] + [(0, 0)] * (array.ndim - 1), mode="edge")
+
+
+def _map_chunks(fn, xs, count, fill, *, batch_size: int):
+    """``jax.lax.map(fn, xs, batch_size=batch_size)`` run on the first ``count`` rows only (a
+    traced count, so that calls padded to one shape share a program): the chunks past it are not
+    run, and their rows are ``fill`` (a pytree like ``fn``'s output, of scalars)."""
+    tree_map = jax.tree_util.tree_map
+    rows = jax.tree_util.tree_leaves(xs)[0].shape[0]
+    total = -(-rows // batch_size) * batch_size
+    xs = tree_map(lambda a: _pad_rows(a, total - rows), xs)
+    chunk_fn = jax.vmap(fn)
+    shapes = jax.eval_shape(chunk_fn, tree_map(lambda a: a[:batch_size], xs))
+    out = tree_map(lambda shape, value: jnp.full((total,) + shape.shape[1:], value, shape.dtype),
+                   shapes, fill)
+
+    def body(i, out):
+        part = tree_map(lambda a: jax.lax.dynamic_slice_in_dim(a, i * batch_size, batch_size), xs)
+        return tree_map(lambda o, got: jax.lax.dynamic_update_slice_in_dim(o, got, i * batch_size, 0),
+                        out, chunk_fn(part))
+
+    out = jax.lax.fori_loop(0, (count + batch_size - 1) // batch_size, body, out)
+    return tree_map(lambda o: o[:rows], out)
+
+
+def _queries_nu(queries, slack, mu_max, count, *, batch_size: int):
+    """nu = gdp_mu (the naive update's) of the first ``count`` queries (a leading axis of
+    ``queries``) with their ``slack``, searched up to their ``mu_max``, ``batch_size`` queries at
+    a time; inf for the others, which are not searched."""
+    return _map_chunks(lambda args: query_mu(*args), (*queries, slack, mu_max), count, jnp.inf,
+                       batch_size=batch_size)
+
+
+def _residue_pairs(queries, slack, nu, which, mu, count, *, size: int, steps: int,
+                   batch_size: int, factor: int):
+    """(residue, accepted) of residue_kernel for the first ``count`` budgets ``mu`` (flat) and
+    queries ``queries[which]`` with their ``slack[which]`` and ``nu[which]``, ``batch_size``
+    pairs at a time; (0, False) for the other pairs, which are not searched."""
+
+    def one(args):
+        w, u = args
+        p, m, o, h = (a[w] for a in queries)
+        return residue_kernel(p, m, o, h, u, slack[w], size=size, steps=steps, factor=factor,
+                              nu=nu[w])
+
+    return _map_chunks(one, (which, mu), count, (0.0, False), batch_size=batch_size)
+
+
+# XLA's defaults: G_mu's erfc and exp ran 5-11% slower with FAST_COMPILE (so did gdp_mu's)
+_queries_nu_jit = kernel_jit(_queries_nu, cpu_options=None, static_argnames=("batch_size",))
+_residue_pairs_jit = kernel_jit(_residue_pairs, cpu_options=None,
+                                static_argnames=("size", "steps", "batch_size", "factor"))
+
+
+def _padded_count(count: int, batch_size: int) -> int:
+    """What ``count`` queries or pairs are padded to: whole chunks of ``batch_size``, a power of
+    two of them up to 16 chunks and a :func:`_size_class` beyond (at most 25% more memory), so
+    that calls whose counts vary compile a few shapes, not one each (a new count recompiled
+    every kernel of its call: 11-14 s for 60, 63 and 64 subsampled-Gaussian queries on a 2-core
+    CPU). The chunks past ``count`` are not run (:func:`_map_chunks`)."""
+    chunks = -(-count // batch_size)
+    return batch_size * (next_pow2(chunks) if chunks <= 16 else _size_class(chunks))
+
+
+#: Pairs :func:`gdp_residue` searches together by default on a CPU. A vmapped search runs until
+#: its slowest pair is done, for every pair of the chunk, and on a CPU a chunk gains little from
+#: being wide: 256 subsampled-Gaussian pairs took 2.49 s in chunks of 8 against 4.15 s in one of
+#: 256 (2 cores; randomized response 0.60 against 0.71 s). Since gdp_mu's working set, chunks
+#: of 4 (2-core AMD EPYC, 64 pairs, milliseconds a pair for chunks of 1/2/4/8/16):
+#: subsampled Gaussian 5.09/4.53/4.58/5.42/6.43, randomized response 2.35/1.92/1.68/1.67/1.84.
+RESIDUE_BATCH_CPU = 4
+#: Elsewhere a chunk holds as many pairs as fill RESIDUE_POINTS transform points (directions x
+#: FFT length a pair; each test keeps a few complex arrays of that size), a power of two up to
+#: RESIDUE_BATCH: on an H100, 10^4 randomized-response pairs (15,360 points each) took 0.123 s in
+#: chunks of 256 and 0.092 s in chunks of 2,048; subsampled-Gaussian ones (two directions of
+#: 16,384) 0.849 and 0.822 s.
+RESIDUE_POINTS = 2**25
+RESIDUE_BATCH = 2048
+
+
+def residue_batch_size(points: int = 0) -> int:
+    """The default ``batch_size`` of :func:`gdp_residue` on the default backend, for pairs of
+    ``points`` transform points each (0: unknown, the most pairs)."""
+    if jax.default_backend() == "cpu":
+        return RESIDUE_BATCH_CPU
+    pairs = min(RESIDUE_BATCH, max(1, RESIDUE_POINTS // max(int(points), 1)))
+    return 1 << (pairs.bit_length() - 1)
+
+
+@float64
+def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
+                size: int | None = None, batch_size: int | None = None):
+    """The largest mu' in [0, mu] with G_mu' (+) L dominated by G_mu (Regehr et al. 2026, Thm 5).
+
+    A sound lower bound (pessimistic): G_mu' (+) query is certified below G_mu plus
+    ``delta_slack`` + ROUNDOFF at every eps (charge that to a delta budget; ``delta_slack`` must
+    cover the query's atom at +inf). Never below the naive GDP update sqrt(mu^2 - nu^2). Never
+    NaN: ``-inf`` where the query does not fit (it is not certified below G_mu, so no residue
+    exists; ``-inf`` orders below every valid residue and fails ``>= 0``, like a filter's
+    accepted=False). ``mu`` and the query's batch axes broadcast: each distinct query's nu, of
+    the naive update, is searched once for all its budgets, and the pairs whose queries need the
+    same check window are one compiled call, ``batch_size`` pairs at a time (default
+    :func:`residue_batch_size`: 4 on a CPU; elsewhere up to 2,048, fewer for long transforms;
+    never more than the next power of two of the pairs searched together; the result does not
+    depend on it, nor on the pairs of other queries). ``steps``: most search steps after the
+    first test (it stops earlier, at a bracket of 1e-5 mu'^2 + 1e-7 mu^2; typically 2-3 are
+    used for pure-DP queries, 3-6 for subsampled-Gaussian ones); ``size``:
+    check window points (automatic on the host: each query's own, from its finest step and its
+    largest budget, so a call whose queries span many grid steps compiles one kernel per window,
+    about a second each on a CPU, kept by the persistent compilation cache; the numbers of
+    queries and pairs are padded to a few sizes, so that later calls with other numbers reuse
+    them; under jit the window must be given, and the query's step is then used as is).
+    """
+    if not query.pessimistic:
+        raise ValueError("gdp_residue needs a pessimistic query PLD (an upper bound)")
+    check_range("mu", mu, 0.0, MAX_MU)
+    check_range("delta_slack", delta_slack, 0.0, 1.0)
+    steps = check_count("steps", steps, minimum=1)
+    if batch_size is not None:
+        batch_size = check_count("batch_size", batch_size, minimum=1)
+    traced = is_traced((mu, query, delta_slack))
+    if traced and size is None:
+        raise ValueError("gdp_residue under jit needs size=")
+    if size is not None:
+        _, size = residue_plan(mu, query, size)  # checks the window given
+    mu = jnp.asarray(mu, jnp.float64)
+    # the distinct (query, slack) pairs, each searched for its nu once: a query broadcast
+    # against many budgets (a residue table) does not repeat it
+    queries_shape = jnp.broadcast_shapes(query.batch_shape, jnp.shape(delta_slack))
+    shape = jnp.broadcast_shapes(mu.shape, queries_shape)
+    stacked = query.stack_directions()
+    nb = len(query.batch_shape)
+    directions, n = stacked[0].shape[nb:]
+    queries = tuple(jnp.broadcast_to(a, queries_shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:])
+                    for a in stacked)
+    slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), queries_shape).reshape(-1)
+    count = int(np.prod(queries_shape, dtype=np.int64))
+    which = np.broadcast_to(np.arange(count).reshape(queries_shape), shape).reshape(-1)
+    mus = jnp.broadcast_to(mu, shape).reshape(-1)
+
+    def chunk(factor, window, rows):
+        # never wider than the rows (a vmapped chunk computes its padding too)
+        return min(next_pow2(rows), batch_size or residue_batch_size(
+            directions * _fft_length(_coarse_points(n, factor), window)))
+
+    if traced:  # one window, the query's own steps
+        mu_max = jax.ops.segment_max(mus, which, num_segments=count)
+        nu = _queries_nu(queries, slack, mu_max, count, batch_size=chunk(1, size, count))
+        residue, accepted = _residue_pairs(queries, slack, nu, which, mus, which.shape[0],
+                                           size=size, steps=steps,
+                                           batch_size=chunk(1, size, which.shape[0]), factor=1)
+        return jnp.where(accepted, residue, -jnp.inf).reshape(shape)
+    mus = np.asarray(mus)
+    mu_max = np.zeros(count)  # 0 for a query without pairs (only where there are none at all)
+    np.maximum.at(mu_max, which, mus)
+    if size is None:
+        # each query its own window, from its finest step and its largest budget: pairs are
+        # searched in groups of one window (a batch mixing steps of 2^-10 and 2^-8 otherwise
+        # checks the coarse ones over four times the reach they need)
+        factors, windows = _window_plans(
+            mu_max, np.min(np.asarray(queries[3]).reshape(count, -1), axis=1), n)
+    else:
+        factors, windows = np.ones(count), np.full(count, size)
+    # padded (with copies of the last query, and of a group's last pair) to _padded_count, every
+    # group to its call's number of pairs (the pairs past a group's are not searched)
+    queries_batch = chunk(1, 0, count)
+    padding = _padded_count(count, queries_batch) - count
+    if padding:
+        queries, slack = tuple(_pad_rows(a, padding) for a in queries), _pad_rows(slack, padding)
+    nu = _queries_nu_jit(queries, slack, np.pad(mu_max, (0, padding)), np.int32(count),
+                         batch_size=queries_batch)
+    keys = np.stack([factors, windows], axis=1)[which]
+    nus = np.asarray(nu)
+    searched = []  # read back once all groups are queued, so that an accelerator runs ahead
+    for factor, window in np.unique(keys, axis=0):
+        factor, window = int(factor), int(window)
+        pairs = np.nonzero((keys[:, 0] == factor) & (keys[:, 1] == window))[0]
+        # alike pairs side by side (a chunk searches as long as its slowest pair): by the share
+        # of the budget the query's nu takes; the bench's gauss chunks ran 335 tests, not 351
+        pairs = pairs[np.argsort(nus[which[pairs]] / np.maximum(mus[pairs], 1e-300), kind="stable")]
+        batch = chunk(factor, window, pairs.shape[0])
+        padding = _padded_count(which.shape[0], batch) - pairs.shape[0]
+        searched.append((pairs, _residue_pairs_jit(
+            queries, slack, nu, np.pad(which[pairs], (0, padding), mode="edge"),
+            np.pad(mus[pairs], (0, padding), mode="edge"), np.int32(pairs.shape[0]), size=window,
+            steps=steps, batch_size=batch, factor=factor)))
+    residue = np.full(which.shape[0], -np.inf)
+    for pairs, (found, fits) in searched:
+        residue[pairs] = np.where(np.asarray(fits)[:pairs.shape[0]],
+                                  np.asarray(found)[:pairs.shape[0]], -np.inf)
+    return residue.reshape(shape)

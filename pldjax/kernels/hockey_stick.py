@@ -1,0 +1,210 @@
+"""Hockey-stick evaluation on a grid PLD: delta(epsilon) at many epsilons, and its inverse.
+
+For a PLD with masses p_i at z_i = (offset + i) h and an atom m at +inf,
+
+    delta(eps) = m + sum_{z_i > eps} p_i (1 - exp(eps - z_i)).
+
+All quantities are built from tail sums with non-negative terms only (no cancellation):
+``S_k = sum_{i>=k} p_i``, ``R_k = sum_{i>=k} p_i e^{-(i-k)h}`` and
+``D_k = sum_{i>k} p_i (1 - e^{-(i-k)h})`` (delta at z_k without the atom), the last two by linear
+recurrences (see :func:`_reverse_recurrence`). Between grid points, with t = z_j - eps in [0, h),
+``delta(eps) = m + e^{-t} D_j + (1 - e^{-t}) S_j``: exact on the discrete PLD, O(n + len(eps)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from pldjax.core.compilation import computed_once, kernel_jit
+from pldjax.core.pld import PLD, batched
+from pldjax.core.precision import float64, host_result
+from pldjax.core.validation import check_range
+
+_BLOCK = 128
+#: Up to this many targets, epsilon_kernel works from sums at the blocks' starts and the
+#: crossing's block (:func:`_crossing_sums`) instead of S, R and D at every point.
+_DIRECT_TARGETS = 4
+
+
+def _powers(decay, size: int, dtype):
+    """The size x size matrix of decay^(i-k) at row k, column i >= k (0 below the diagonal):
+    ``size`` powers, each placed along its diagonal (a power per entry would be 16,384 for a
+    block of 128, in every evaluation of every row)."""
+    lag = jnp.arange(size)[None, :] - jnp.arange(size)[:, None]  # i - k
+    column = computed_once(decay ** jnp.arange(size).astype(dtype))
+    return jnp.where(lag >= 0, column[jnp.maximum(lag, 0)], 0.0)
+
+
+def _reverse_recurrence(decay, terms, block: int = _BLOCK):
+    """x_k = terms_k + decay * x_{k+1} (x_n = 0) for all k, i.e. sum_{i>=k} decay^(i-k) terms_i.
+
+    Blocked, with no sequential loop (on a GPU each step of one is a kernel launch): inside
+    blocks of ``block`` points a product with the triangular matrix of powers of ``decay``
+    (:func:`_powers`), then the same recurrence over the blocks' first points, with decay^block
+    and blocks of about the square root of their number, for what later blocks contribute; at
+    most ``block`` points: one triangular product. All terms are non-negative for the sums used
+    here, so no digits cancel; it compiles much faster than an associative scan.
+    """
+    n = terms.shape[0]
+    if n <= block:
+        return _powers(decay, n, terms.dtype) @ terms
+    blocks = -(-n // block)
+    padded = jnp.pad(terms, (0, blocks * block - n)).reshape(blocks, block)
+    inner = padded @ _powers(decay, block, terms.dtype).T  # sum_{i >= k in its block}
+    starts = _block_starts(decay**block, inner[:, 0])
+    after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])
+    to_end = decay ** (block - jnp.arange(block)).astype(terms.dtype)  # decay^(block end - k)
+    return (inner + after[:, None] * to_end[None, :]).reshape(-1)[:n]
+
+
+def _block_starts(decay, heads):
+    """The reverse recurrence x_b = heads_b + decay x_{b+1} over the first points of blocks
+    (``decay``: the per-point decay to the power of their length), in blocks of about the square
+    root of their number (a power of two, at most _BLOCK): a few small products however many."""
+    block = min(_BLOCK, 1 << max(0, math.ceil(math.log2(heads.shape[0]) / 2)))
+    return _reverse_recurrence(decay, heads, block)
+
+
+def _block_level_sums(probs, step):
+    """S, R and D (see :func:`tail_sums`) at the first point of every block of _BLOCK points, from
+    one pass over the masses: each block's mass, sum of p_i e^{-lh} and of p_i (1 - e^{-lh})
+    (l: the index inside the block), then recurrences over the blocks only, with non-negative
+    terms (no cancellation). Returns them (each of length blocks + 1, a trailing 0) and the
+    masses in rows of _BLOCK."""
+    blocks = -(-probs.shape[0] // _BLOCK)
+    padded = jnp.pad(probs, (0, blocks * _BLOCK - probs.shape[0])).reshape(blocks, _BLOCK)
+    lag = jnp.arange(_BLOCK, dtype=probs.dtype) * step
+    mass, decayed, grown = (padded @ jnp.stack([jnp.ones_like(lag), jnp.exp(-lag), -jnp.expm1(-lag)],
+                                               axis=1)).T
+    zero = jnp.zeros((1,), probs.dtype)
+    s = jnp.concatenate([jax.lax.cumsum(mass, reverse=True), zero])
+    r = jnp.concatenate([_block_starts(jnp.exp(-_BLOCK * step), decayed), zero])
+    # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
+    # (1 - e^{-(i - (b+1)B)h}) + e^{-(i - (b+1)B)h} (1 - e^{-Bh})
+    d = jnp.concatenate([jax.lax.cumsum(grown - jnp.expm1(-_BLOCK * step) * r[1:], reverse=True),
+                         zero])
+    return s, r, d, padded
+
+
+def _crossing_sums(probs, inf_mass, step, deltas):
+    """For each target in ``deltas``: j, the number of grid points whose delta (inf_mass + D_k,
+    non-increasing in k) is above it, at most n - 1, and S_j and R_j (see :func:`tail_sums`). One
+    pass over the masses (:func:`_block_level_sums`), then inside the block where delta crosses
+    the target only: O(n + len(deltas) _BLOCK^2)."""
+    n = probs.shape[-1]
+    s, r, d, padded = _block_level_sums(probs, step)
+    blocks = padded.shape[0]
+    # block b holds the crossing, where b + 1 block starts lie above the target
+    block = jnp.clip(jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left") - 1, 0,
+                     blocks - 1)
+    inside = padded[block]  # (targets, _BLOCK)
+    s_next, r_next, d_next = s[block + 1], r[block + 1], d[block + 1]
+    local = jnp.arange(_BLOCK)
+    # 1 - e^{-(i - k) h} for i > k: _BLOCK values placed along their diagonals
+    lag = local[None, :] - local[:, None]  # i - k
+    grown = computed_once(-jnp.expm1(-local.astype(probs.dtype) * step))
+    grown = jnp.where(lag > 0, grown[jnp.maximum(lag, 0)], 0.0)
+    to_end = (_BLOCK - local).astype(probs.dtype) * step
+    d_inside = (inside @ grown.T + d_next[:, None]
+                - jnp.expm1(-to_end)[None, :] * r_next[:, None])
+    index = block[:, None] * _BLOCK + local[None, :]
+    above = (inf_mass + d_inside > deltas[:, None]) & (index < n)
+    j = jnp.minimum(block * _BLOCK + jnp.sum(above, axis=1), n - 1)
+    first = j - block * _BLOCK  # in [0, _BLOCK]: the block's points from it on are in S_j, R_j
+    later = local[None, :] >= first[:, None]
+    shift = (local[None, :] - first[:, None]).astype(probs.dtype) * step
+    s_j = s_next + jnp.sum(jnp.where(later, inside, 0.0), axis=1)
+    r_j = (jnp.exp(-(_BLOCK - first).astype(probs.dtype) * step) * r_next
+           + jnp.sum(jnp.where(later, inside * jnp.exp(-jnp.maximum(shift, 0.0)), 0.0), axis=1))
+    return j, s_j, r_j
+
+
+def tail_sums(probs, step):
+    """(S, R, D), each of length n + 1 with a trailing 0, as defined in the module docstring
+    (under jit, the ones a caller leaves unused are not computed)."""
+    zero = jnp.zeros((1,), probs.dtype)
+    s = jnp.concatenate([jax.lax.cumsum(probs, reverse=True), zero])
+    r = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), probs), zero])
+    # D_k = e^{-h} D_{k+1} + (1 - e^{-h}) S_{k+1}
+    d = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), -jnp.expm1(-step) * s[1:]), zero])
+    return s, r, d
+
+
+def grid_deltas(probs, inf_mass, step, finite_scale=1.0):
+    """delta at every grid point z_k, shape (n,): non-increasing in k, at most 1. The finite
+    masses' part is multiplied by ``finite_scale`` (a caller's round-off allowance; the atom at
+    +inf is exact)."""
+    _, _, d = tail_sums(probs, step)
+    return jnp.minimum(inf_mass + d[:-1] * finite_scale, 1.0)
+
+
+def delta_kernel(probs, inf_mass, offset, step, epsilons):
+    """delta(eps) for an array of eps on one single-direction PLD."""
+    n = probs.shape[-1]
+    s, _, d = tail_sums(probs, step)
+    u = jnp.clip(epsilons / step - offset, -1.0, n + 1.0)
+    j = jnp.clip(jnp.ceil(u), 0, n).astype(jnp.int32)
+    t = jnp.maximum((offset + j) * step - epsilons, 0.0)
+    finite = jnp.exp(-t) * d[j] - jnp.expm1(-t) * s[j]
+    finite = jnp.where(j >= n, 0.0, finite)
+    # in [0, 1] as every delta is: round-off in the masses (which sum to 1 only up to it) can
+    # push the sum an ulp or two above 1, and 1 bounds every true delta from above
+    return jnp.clip(inf_mass + finite, 0.0, 1.0)
+
+
+def epsilon_kernel(probs, inf_mass, offset, step, deltas):
+    """Smallest eps >= 0 with delta(eps) <= target, exact on the discrete PLD; inf if impossible."""
+    n = probs.shape[-1]
+    if deltas.shape[0] <= _DIRECT_TARGETS:
+        # a few targets: S, R and D at the blocks' starts, then each one's crossing block alone
+        # (no pass over the whole grid per point)
+        j, s_j, r_j = _crossing_sums(probs, inf_mass, step, deltas)
+    else:
+        s, r, d = tail_sums(probs, step)
+        j = jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left")  # grid deltas > target
+        j = jnp.minimum(j, n - 1)
+        s_j, r_j = s[j], r[j]
+    z_j = (offset + j) * step
+    # on (z_{j-1}, z_j]: delta(z_j - t) = m + S_j - e^{-t} R_j, increasing in t >= 0
+    room = inf_mass + s_j - deltas
+    t = jnp.log(r_j) - jnp.log(room)
+    eps = jnp.where(room <= 0, -jnp.inf, z_j - jnp.maximum(t, 0.0))
+    eps = jnp.maximum(eps, 0.0)
+    # every mechanism is (0, 1)-DP: delta >= 1 needs no epsilon, whatever round-off left in
+    # masses summing to 1 + ulp (this also keeps epsilon(delta) non-increasing up to delta = 1)
+    return jnp.where(deltas >= 1.0, 0.0, jnp.where(inf_mass > deltas, jnp.inf, eps))
+
+
+_delta_jit = kernel_jit(delta_kernel)
+_epsilon_jit = kernel_jit(epsilon_kernel)
+
+
+def per_direction(pld: PLD, values, kernel, combine=jnp.maximum) -> jax.Array:
+    """``kernel(probs, inf_mass, offset, step, flat_values)`` over the PLD's batch axes for each
+    direction, combined across directions (the worse one by default); shape batch + values."""
+    values = jnp.asarray(values, jnp.float64)
+    flat = values.reshape(-1)
+    result = None
+    for direction in pld.directions():
+        nb = len(direction.batch_shape)
+        fn = batched(lambda p, m, o, h: kernel(p, m, o, h, flat), nb)
+        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
+        result = out if result is None else combine(result, out)
+    return host_result(result.reshape(pld.batch_shape + values.shape))
+
+
+@float64
+def delta(pld: PLD, epsilon) -> jax.Array:
+    """delta(epsilon) of ``pld`` (see :meth:`PLD.delta`)."""
+    check_range("epsilon", epsilon, 0.0, allow_inf=True)
+    return per_direction(pld, epsilon, _delta_jit)
+
+
+@float64
+def epsilon(pld: PLD, delta) -> jax.Array:
+    """epsilon(delta) of ``pld`` (see :meth:`PLD.epsilon`)."""
+    check_range("delta", delta, 0.0, 1.0)
+    return per_direction(pld, delta, _epsilon_jit)

@@ -1,0 +1,170 @@
+"""Mechanisms and their PLDs: noise x sampling x neighbouring -> a PLD, by connect-the-dots.
+
+The entry point is :func:`privacy_loss`: a noise record (:mod:`pldjax.mechanisms.noise`), a
+sampling scheme (:mod:`pldjax.mechanisms.sampling`, or None) and a neighbouring relation
+(:class:`~pldjax.mechanisms.neighboring.Neighboring`, or its string) give the loss tails that
+:func:`~pldjax.kernels.discretize.discretize_arrays` turns into a
+:class:`~pldjax.core.pld.PLD`, batched over parameter arrays in one jitted, vmapped call (the
+parameters are data, so new values never trigger recompilation). :class:`Event` is the same
+description as one object, for code that passes it on (accounting, calibration). The named
+constructors are in :mod:`pldjax.mechanisms.named`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pldjax.core.grid import Grid
+from pldjax.core.pld import PLD
+from pldjax.core.precision import float64
+from pldjax.core.validation import is_traced
+from pldjax.kernels.discretize import discretize_arrays, on_host, to_device
+from pldjax.mechanisms.neighboring import Neighboring
+from pldjax.mechanisms.noise import (
+    Noise,
+)
+from pldjax.mechanisms.sampling import Directions, Sampling
+from pldjax.mechanisms.subsampling import ADD, REMOVE
+
+
+def _directions(
+    noise: Noise,
+    sampling: Sampling | None = None,
+    neighboring: Neighboring | str = Neighboring.ADD_REMOVE,
+    pessimistic: bool = True,
+) -> Directions:
+    """The mechanism a description stands for, before discretization (arguments as for
+    :func:`privacy_loss`)."""
+    neighboring = Neighboring.parse(neighboring)
+    if sampling is None:
+        mechanism, params = noise.pair(neighboring, pessimistic)
+        return Directions(mechanism, params, False)
+    return sampling.directions(noise, neighboring, pessimistic)
+
+
+@float64
+def privacy_loss(
+    noise: Noise,
+    sampling: Sampling | None = None,
+    neighboring: Neighboring | str = Neighboring.ADD_REMOVE,
+    *,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The PLD of ``noise`` under ``sampling`` and ``neighboring``; pessimistic (an upper bound,
+    connect-the-dots) by default, optimistic (a lower bound) with ``pessimistic=False``.
+
+    Args:
+      noise: a record of :mod:`pldjax.mechanisms.noise`, e.g. ``pj.noise.Gaussian(sigma, sensitivity=1.0)``
+        (array parameters give a batch of PLDs; they broadcast with the sampling's).
+      sampling: a record of :mod:`pldjax.mechanisms.sampling` (``pj.sampling.Poisson(q)``,
+        ``FixedBatch(q)``, ``Mixture(scales, probs)``, ``TruncatedPoisson(q, n, b)``), or None
+        (default) for none.
+      neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out), or a
+        :class:`Neighboring`.
+      pessimistic: True for the connect-the-dots upper estimate (default), False for the
+        optimistic lower estimate.
+      grid: optional :class:`Grid`; automatic by default (for integer-valued noise without
+        sampling, a grid on which the PLD is exact).
+
+    Schemes with two directions (Poisson and mixture sampling under add/remove, sampling without
+    replacement) give a PLD with both (remove: the mixture against the base; add: the base
+    against the mixture); every reported value is the worse of the two.
+    """
+    if sampling is not None:  # a scheme that builds its PLD itself (a mixture of PLDs)
+        built = sampling.pld(noise, Neighboring.parse(neighboring), pessimistic, grid)
+        if built is not None:
+            return built
+    directions = _directions(noise, sampling, neighboring, pessimistic)
+    if sampling is None and grid is None:
+        grid = noise.lattice(directions.params, pessimistic)
+    return discretize_directions(directions, grid, pessimistic)
+
+
+def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: bool, tail=None,
+                     size: int | None = None, then: Callable | None = None,
+                     extra: tuple = (), steps=None) -> tuple:
+    """(probs, inf_mass, offset, step) of each direction of a mechanism before discretization
+    (:meth:`Event.directions`) on ``grid`` (None: automatic), stacked on a leading axis (remove
+    then add, or the one direction), then the broadcast parameters' axes; both directions in one
+    vmapped call (one compiled kernel: the direction is a parameter). ``tail``, ``size``,
+    ``then``, ``extra`` and ``steps`` (each configuration's grid step, both directions on it):
+    see :func:`pldjax.kernels.discretize.discretize_arrays` (``then`` gets the
+    flat rows with the directions innermost: each configuration's remove, then its add). For
+    code that discretizes a batch of events itself (:mod:`pldjax.accounting.engine`); concrete results in
+    host memory stay NumPy arrays."""
+    mechanism, params, both = directions
+    # concrete parameters, and results in host memory, are handled in NumPy: no small compiled
+    # programs for the staging and the slices
+    xp = jnp if is_traced((params, tail)) else np
+    if both:
+        params = tuple(xp.asarray(p)[..., None] for p in params) + (xp.asarray([REMOVE, ADD]),)
+        tail = None if tail is None else xp.asarray(tail)[..., None]
+        steps = None if steps is None else np.asarray(steps)[..., None]
+    out = discretize_arrays(mechanism, params, grid, pessimistic, tail, size, then, extra, steps)
+    if then is not None:
+        return out
+    probs, *rest = out
+    xp = np if on_host(probs) else jnp
+    if not both:
+        return (xp.asarray(probs)[None], *(xp.asarray(a)[None] for a in rest))
+    return (xp.moveaxis(xp.asarray(probs), -2, 0), *(xp.moveaxis(xp.asarray(a), -1, 0) for a in rest))
+
+
+def discretize_directions(directions: Directions, grid: Grid | None, pessimistic: bool) -> PLD:
+    """The PLD of a mechanism before discretization (:meth:`Event.directions`) on ``grid``
+    (None: automatic), keeping both directions when it has two (see :func:`direction_arrays`)."""
+    rows = direction_arrays(directions, grid, pessimistic)
+    remove, *add = (PLD(*(to_device(a[i]) for a in rows), bool(pessimistic))
+                    for i in range(rows[0].shape[0]))
+    if not add:
+        return remove
+    return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """A mechanism's description: ``noise`` (:mod:`pldjax.mechanisms.noise`), ``sampling``
+    (:mod:`pldjax.mechanisms.sampling`, or None) and ``neighboring`` (a string is parsed when built).
+
+    A pytree: its leaves are the parameters (arrays allowed: a batch), its structure (the classes,
+    the number of mixture components, the neighbouring relation) is static and hashable, so an
+    event passes through ``jit`` and ``vmap`` and one compiled kernel serves every parameter
+    value. With Python numbers as parameters the event itself is hashable. ``jax.vmap`` maps it
+    with every leaf batched (or build the event inside the mapped function); an ``in_axes`` given
+    as an event would be a record of axis numbers, which its checks refuse.
+    """
+
+    noise: Noise
+    sampling: Sampling | None = None
+    neighboring: Neighboring = Neighboring.ADD_REMOVE
+
+    def __post_init__(self):
+        if not isinstance(self.noise, Noise):
+            raise ValueError(f"noise must be a pj.noise record, got {self.noise!r}")
+        if self.sampling is not None and not isinstance(self.sampling, Sampling):
+            raise ValueError(f"sampling must be a pj.sampling record or None, got "
+                             f"{self.sampling!r}")
+        object.__setattr__(self, "neighboring", Neighboring.parse(self.neighboring))
+
+    def directions(self, pessimistic: bool = True) -> Directions:
+        """Its mechanism before discretization: the :class:`~pldjax.kernels.discretize.LossTails`, its
+        parameters (float64 arrays that broadcast) and whether it has two directions (then the
+        mechanism takes one more parameter, the direction); for code that discretizes many
+        events itself (batched accounting)."""
+        return _directions(self.noise, self.sampling, self.neighboring, pessimistic)
+
+    def pld(self, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
+        """Its PLD (:func:`privacy_loss`)."""
+        return privacy_loss(self.noise, self.sampling, self.neighboring, pessimistic=pessimistic,
+                            grid=grid)
+
+
+jax.tree_util.register_dataclass(Event, data_fields=["noise", "sampling"], meta_fields=["neighboring"])
+
+__all__ = ["Event", "direction_arrays", "discretize_directions", "privacy_loss"]

@@ -1,0 +1,293 @@
+"""Named constructors of PLDs: thin wrappers of
+:func:`~pldjax.mechanisms.events.privacy_loss` (:func:`gaussian`, :func:`laplace`, ...), and
+PLDs built from other descriptions (:func:`from_privacy_curve`, :func:`approx_dp_composition`,
+:func:`identity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pldjax.core import grid as grid_lib
+from pldjax.core.grid import Grid
+from pldjax.core.pld import PLD
+from pldjax.core.precision import float64
+from pldjax.core.special import binomial_pmf
+from pldjax.core.validation import check_count, check_range
+from pldjax.kernels.discretize import masses_from_curve
+from pldjax.mechanisms import sampling as sampling_lib
+from pldjax.mechanisms.events import privacy_loss
+from pldjax.mechanisms.neighboring import Neighboring
+from pldjax.mechanisms.noise import (
+    GDP,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Gaussian,
+    Laplace,
+    RandomizedResponse,
+)
+from pldjax.mechanisms.sampling import Sampling
+
+#: The arguments the named noise constructors share (see :func:`pldjax.mechanisms.sampling.from_args` and
+#: :func:`privacy_loss`).
+_SHARED_ARGS = """
+      sampling_prob, sampling: q in [0, 1] with "poisson" (default) or "fixed_batch" (see
+        :func:`pldjax.mechanisms.sampling.from_args`), or a :mod:`pldjax.mechanisms.sampling` record
+        as ``sampling``; no sampling by default.
+      neighboring, pessimistic, grid: see :func:`privacy_loss`.
+"""
+
+
+def _wrapper_doc(fn):
+    fn.__doc__ += _SHARED_ARGS
+    return fn
+
+
+@_wrapper_doc
+@float64
+def gaussian(
+    sigma,
+    *,
+    sensitivity=1.0,
+    sampling_prob=None,
+    neighboring: Neighboring | str = Neighboring.ADD_REMOVE,
+    sampling: Sampling | str = "poisson",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The Gaussian mechanism N(f(x), sigma^2), optionally subsampled (:class:`pldjax.mechanisms.noise.
+    Gaussian`). Without subsampling and with add/remove neighbours it is G_{sensitivity/sigma}.
+
+    Args:
+      sigma: noise standard deviation, > 0 (scalar or array: a batch of PLDs; all array arguments
+        broadcast).
+      sensitivity: L2 sensitivity (the largest norm of one record's contribution), > 0."""
+    return privacy_loss(Gaussian(sigma, sensitivity), sampling_lib.from_args(sampling_prob, sampling),
+                        neighboring, pessimistic=pessimistic, grid=grid)
+
+
+@float64
+def gdp(mu, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
+    """G_mu = PLD(N(0, 1) || N(mu, 1)), the mu-GDP curve; ``mu`` >= 0 (mu = 0 is the identity)."""
+    return privacy_loss(GDP(mu), pessimistic=pessimistic, grid=grid)
+
+
+@_wrapper_doc
+@float64
+def laplace(
+    scale,
+    *,
+    sensitivity=1.0,
+    sampling_prob=None,
+    neighboring: Neighboring | str = Neighboring.ADD_REMOVE,
+    sampling: Sampling | str = "poisson",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The Laplace mechanism with noise scale ``scale`` > 0 and L1 sensitivity ``sensitivity`` > 0
+    (:class:`pldjax.mechanisms.noise.Laplace`). Without subsampling its loss lies in [-s/b, s/b]
+    (s = sensitivity, b = scale) and delta(eps) = 1 - exp((eps - s/b)/2).
+
+    Args:
+      scale: noise scale b, > 0 (scalar or array).
+      sensitivity: L1 sensitivity, > 0."""
+    return privacy_loss(Laplace(scale, sensitivity), sampling_lib.from_args(sampling_prob, sampling),
+                        neighboring, pessimistic=pessimistic, grid=grid)
+
+
+@_wrapper_doc
+@float64
+def discrete_laplace(
+    scale,
+    *,
+    sensitivity=1,
+    sampling_prob=None,
+    neighboring: Neighboring | str = Neighboring.ADD_REMOVE,
+    sampling: Sampling | str = "poisson",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The discrete Laplace mechanism: integer noise K with P(K = k) proportional to e^{-|k|/scale}
+    (:class:`pldjax.mechanisms.noise.DiscreteLaplace`). Its loss takes the values t(D - 2k) clipped to
+    [-tD, tD] (t = 1/scale, D = sensitivity): on a grid whose step divides t the PLD is exact.
+    Pessimistic (an upper bound) by default.
+
+    Args:
+      scale: > 0, in units of the query's integer output (scalar or array); the loss is in nats.
+      sensitivity: whole number >= 1 (L1 sensitivity of an integer-valued query)."""
+    return privacy_loss(DiscreteLaplace(scale, sensitivity),
+                        sampling_lib.from_args(sampling_prob, sampling), neighboring,
+                        pessimistic=pessimistic, grid=grid)
+
+
+@_wrapper_doc
+@float64
+def discrete_gaussian(
+    sigma,
+    *,
+    sensitivity=1,
+    sampling_prob=None,
+    neighboring: Neighboring | str = Neighboring.ADD_REMOVE,
+    sampling: Sampling | str = "poisson",
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """The discrete Gaussian mechanism: integer noise with P(K = k) proportional to
+    e^{-k^2 / (2 sigma^2)} (:class:`pldjax.mechanisms.noise.DiscreteGaussian`). Pessimistic by default.
+
+    The distribution is summed over the integers within 40 sigma of the centre, beyond which its
+    mass is below float64's smallest number. ``sigma`` must be concrete (the support's length is
+    a static shape).
+
+    Args:
+      sigma: >= 1e-150 (below it the loss overflows float64), in units of the query's integer
+        output (scalar or array; the noise's standard deviation is close to sigma for sigma >= 1,
+        below it for small sigma).
+      sensitivity: whole number >= 1 (L1 = L2 sensitivity of an integer-valued query)."""
+    return privacy_loss(DiscreteGaussian(sigma, sensitivity),
+                        sampling_lib.from_args(sampling_prob, sampling), neighboring,
+                        pessimistic=pessimistic, grid=grid)
+
+
+@float64
+def randomized_response(
+    epsilon,
+    delta=0.0,
+    *,
+    pessimistic: bool = True,
+    grid: Grid | None = None,
+) -> PLD:
+    """R_{epsilon,delta} (:class:`pldjax.mechanisms.noise.RandomizedResponse`): the PLD of an
+    (epsilon, delta)-DP guarantee.
+
+    Losses +epsilon and -epsilon with masses (1-delta) e^eps/(1+e^eps) and (1-delta)/(1+e^eps), and
+    an atom delta at +inf. Exact when epsilon is a multiple of the grid step (e.g. dyadic epsilon on
+    the automatic grid); otherwise connect-the-dots gives the pessimistic (or optimistic) estimate.
+    """
+    return privacy_loss(RandomizedResponse(epsilon, delta), pessimistic=pessimistic, grid=grid)
+
+
+def _curve_to_pld(delta_fn, step: float, offset: int, size: int, name: str) -> PLD:
+    z = (offset + np.arange(size)) * step
+    curve = np.asarray(delta_fn(z), np.float64)
+    if curve.shape != z.shape:
+        raise ValueError(f"{name} must map an array of epsilons to an array of the same shape")
+    if np.any(~np.isfinite(curve)) or np.any(curve < 0) or np.any(curve > 1):
+        raise ValueError(f"{name} must return values in [0, 1]")
+    x = np.exp(z - z[size // 2])
+    tol = 1e-9
+    if np.any(np.diff(curve) > tol) or np.any(curve < -np.expm1(z) - tol):
+        raise ValueError(
+            f"{name} is not a privacy curve: it must be non-increasing with delta(eps) >= 1 - e^eps"
+        )
+    slopes = np.diff(curve) / np.diff(x)
+    # a concave kink within the values' own round-off (16 ulps, over the spacing in x) is none:
+    # near eps = -10 at step 1e-3 the exact Gaussian curve's slopes carry errors of 1e-8
+    noise = (16 * np.finfo(np.float64).eps * np.maximum(np.abs(curve[:-1]), np.abs(curve[1:]))
+             / np.diff(x))
+    kinks = np.diff(slopes) + tol * np.maximum(1.0, np.abs(slopes[1:])) + noise[:-1] + noise[1:]
+    if size > 2 and np.any(kinks < 0):
+        raise ValueError(f"{name} is not a privacy curve: it must be convex in e^eps")
+    excess = curve + np.expm1(z)
+    probs, inf_mass = masses_from_curve(jnp.asarray(curve), step, jnp.asarray(excess), jnp.asarray(z))
+    return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step, jnp.float64), True)
+
+
+@float64
+def from_privacy_curve(
+    delta: Callable,
+    *,
+    epsilon_min: float,
+    epsilon_max: float,
+    step: float,
+    reverse: Callable | None = None,
+) -> PLD:
+    """The pessimistic PLD of any mechanism, from its hockey-stick curve(s) (connect-the-dots Alg. 1).
+
+    Args:
+      delta: vectorized function eps (NumPy array, nats) -> delta(eps) of PLD(P || Q): the exact
+        privacy curve, or an upper bound on it that is itself a privacy curve (non-increasing,
+        convex in e^eps, delta(eps) >= 1 - e^eps). The result's curve interpolates it at the grid
+        points and lies above it in between: an upper bound, and the tightest on this grid.
+      epsilon_min, epsilon_max: the loss window (nats); losses below it are moved up into its
+        lowest point, and delta(epsilon_max) becomes the atom at +inf.
+      step: grid spacing (nats); a power of two composes with the automatic grids.
+      reverse: the curve of PLD(Q || P) when the mechanism is not symmetric (e.g. add/remove
+        adjacency); the result then has both directions.
+    """
+    check_range("step", step, 0.0, grid_lib.MAX_STEP, low_open=True)
+    check_range("epsilon_min", epsilon_min)
+    check_range("epsilon_max", epsilon_max, float(epsilon_min), low_open=True)
+    offset = int(np.floor(epsilon_min / step))
+    size = int(np.ceil(epsilon_max / step)) - offset + 1
+    if size > grid_lib.MAX_MECHANISM_SIZE:
+        raise ValueError(
+            f"the window [{epsilon_min}, {epsilon_max}] at step {step} needs {size} points "
+            f"(more than {grid_lib.MAX_MECHANISM_SIZE}); use a larger step"
+        )
+    forward = _curve_to_pld(delta, step, offset, size, "delta")
+    return PLD.from_directions(forward, None if reverse is None else _curve_to_pld(
+        reverse, step, offset, size, "reverse"))
+
+
+@float64
+def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
+                          grid: Grid | None = None) -> PLD:
+    """The exact PLD of ``count`` compositions of an (epsilon, delta)-DP guarantee (R_{eps,delta}).
+
+    Chourasia, Javaid and Sikdar, "Laplace transform interpretation of differential privacy",
+    Cor. 4.7, in closed form: losses (count - 2j) epsilon with masses
+    (1-delta)^count C(count, j) p^(count-j) (1-p)^j, p = e^eps / (1 + e^eps), and an atom
+    1 - (1-delta)^count at +inf; built directly on the lattice of step epsilon (O(count), no FFT, no
+    discretization error). Tight: no composition of (epsilon, delta)-DP mechanisms is worse.
+    ``grid``: put it on ``grid.step`` instead (exact when the step divides epsilon, otherwise
+    each loss is rounded up: pessimistic); ``epsilon = 0`` (R_{0,delta}) needs no grid.
+    ``epsilon`` and ``delta`` are scalars (build a batch by stacking). Memory guard: the lattice has
+    2 count + 1 points (2 count epsilon / step + 1 on ``grid``), at most grid.MAX_SIZE, so
+    ``count`` <= (grid.MAX_SIZE - 1) // 2; larger is a ValueError.
+    """
+    for name, value in (("epsilon", epsilon), ("delta", delta)):
+        if np.ndim(value) != 0:
+            raise ValueError(f"{name} must be a scalar, got shape {np.shape(value)}")
+    check_range("epsilon", epsilon, 0.0)
+    check_range("delta", delta, 0.0, 1.0)
+    count = check_count("count", count, minimum=1)
+    max_count = (grid_lib.MAX_SIZE - 1) // 2
+    if count > max_count:
+        raise ValueError(f"count must be an integer in [1, {max_count}] (a memory guard: the "
+                         f"lattice has 2 count + 1 points), got {count}")
+    step = 1.0 if grid is None or grid.step is None else float(grid.step)
+    if grid is not None and 2 * count * float(epsilon) / step + 1 > grid_lib.MAX_SIZE:
+        raise ValueError(f"grid.step = {step} is too fine for count = {count} and epsilon = "
+                         f"{float(epsilon)}: the lattice would need more than grid.MAX_SIZE = "
+                         f"{grid_lib.MAX_SIZE} points (a memory guard); use a step of at least "
+                         f"{2 * count * float(epsilon) / (grid_lib.MAX_SIZE - 1):.3g}")
+    eps = jnp.asarray(epsilon, jnp.float64)
+    log_keep = count * jnp.log1p(-jnp.asarray(delta, jnp.float64))
+    # j of the count steps at loss -eps (probability 1 / (1 + e^eps) each): losses
+    # (count - 2 j) eps, ascending in the index i = count - j
+    masses = jnp.exp(log_keep) * binomial_pmf(jnp.arange(count + 1.0), count,
+                                              jax.nn.sigmoid(-eps), jax.nn.sigmoid(eps))[::-1]
+    inf_mass = -jnp.expm1(log_keep)
+    if grid is None and epsilon > 0:
+        probs = jnp.zeros(2 * count + 1).at[::2].set(masses)
+        return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), eps, True)
+    losses = (2 * np.arange(count + 1) - count) * float(epsilon)
+    index = np.ceil(losses / step - 1e-12).astype(np.int64)
+    probs = jnp.zeros(int(index[-1] - index[0]) + 1).at[index - index[0]].add(masses)
+    return PLD(probs, inf_mass, jnp.asarray(index[0], jnp.int64), jnp.asarray(step), True)
+
+
+@float64
+def identity(*, pessimistic: bool = True) -> PLD:
+    """The PLD of a mechanism that reveals nothing: all mass at loss 0 (neutral for composition)."""
+    one = jnp.ones((1,), jnp.float64)
+    return PLD(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
+
+
+__all__ = ["approx_dp_composition", "discrete_gaussian", "discrete_laplace", "from_privacy_curve",
+           "gaussian", "gdp", "identity", "laplace", "randomized_response"]

@@ -1,0 +1,295 @@
+"""Sampling schemes: how a record comes to take part in a step; one unit per scheme.
+
+A scheme is a small typed record of its parameters (checked when built; a pytree whose leaves are
+the parameters, like the noise records of :mod:`pldjax.mechanisms.noise`) with one method,
+:meth:`Sampling.directions`: the map from a noise and a neighbouring relation to the mechanism of
+the subsampled pair, one direction (symmetric) or both (remove and add, reported as the worse).
+Its kernels, mechanisms whose loss tails are exact, live in :mod:`pldjax.mechanisms.subsampling`.
+
+* :class:`Poisson` (each record independently with probability q; add/remove: both directions;
+  replace-one: the Gaussian);
+* :class:`FixedBatch` (sampling without replacement, a batch of b out of n, q = b / n; under
+  replace-one only: Balle, Barthe and Gaboardi, "Privacy amplification by subsampling: tight
+  analyses via couplings and divergences", 2018; the pair is attained by a sum query whose other
+  records all sit at -C while one moves from -C to +C, so it is tight);
+* :class:`Mixture` (a record's contribution is a random multiple of the sensitivity: several
+  contributions per user, dp-accounting's mixture of Gaussians);
+* :class:`TruncatedPoisson` (Poisson sampling cut down to a largest batch; a mixture of PLDs,
+  built by its :meth:`Sampling.pld`, kernel in :mod:`pldjax.mechanisms.truncated_poisson`).
+
+``sampling=None`` (no sampling: every record every time) is handled by the entry point,
+:func:`pldjax.mechanisms.events.privacy_loss`. The wrappers (``pj.gaussian(..., sampling_prob=q,
+sampling="poisson")``) name a scheme by string: :func:`from_args`.
+
+To add a scheme: a record class (decorated with :func:`pldjax.mechanisms.noise.record`) subclassing
+:class:`Sampling`, whose ``mechanism`` returns :class:`Directions` (its kernel: a
+:class:`~pldjax.kernels.discretize.LossTails`, with a last parameter, the direction, when it has two),
+in a module of its own if it brings a kernel; export it here. A scheme whose PLD is not one
+mechanism (a mixture of PLDs) builds it in :meth:`Sampling.pld` instead.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from pldjax.core.special import binomial_pmf
+from pldjax.core.validation import check_count, is_traced
+from pldjax.kernels.discretize import LossTails
+from pldjax.mechanisms import subsampling
+from pldjax.mechanisms.neighboring import Neighboring
+from pldjax.mechanisms.noise import Noise, check_parameter, record, resolvable
+
+
+class Directions(NamedTuple):
+    """What a scheme makes of a noise: ``mechanism`` with ``params`` (float64 arrays that
+    broadcast); when ``both``, the mechanism takes one more parameter, the direction
+    (:data:`pldjax.mechanisms.subsampling.REMOVE` or :data:`~pldjax.mechanisms.subsampling.ADD`), and
+    the PLD keeps the two directions."""
+
+    mechanism: LossTails
+    params: tuple
+    both: bool
+
+
+class Sampling(abc.ABC):
+    """Base of the sampling schemes (see the module docstring)."""
+
+    @abc.abstractmethod
+    def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        """The subsampled mechanism of ``noise`` under ``neighboring``; parameters below float64's
+        resolution are rounded on the safe side (:func:`pldjax.mechanisms.noise.resolvable`)."""
+
+    def pld(self, noise: Noise, neighboring: Neighboring, pessimistic: bool, grid) -> Any:
+        """For a scheme whose PLD is not one discretized mechanism (a mixture of PLDs, or the
+        tighter of several analyses): that PLD, built here; None (the default) lets
+        :func:`pldjax.mechanisms.events.privacy_loss` discretize :meth:`directions`."""
+        return None
+
+
+def _poisson_pair(noise: Noise, base: LossTails, params: tuple, q) -> Directions:
+    if base.chi2 is None:
+        raise ValueError(f"{type(noise).__name__} has no subsampled form: subsampling needs a noise "
+                         "added to a query (Gaussian, Laplace, DiscreteLaplace, DiscreteGaussian)")
+    return Directions(subsampling.poisson(base), params + (q,), True)
+
+
+@record
+class Poisson(Sampling):
+    """Poisson sampling: each record takes part independently with probability ``sampling_prob``
+    in [0, 1] (scalar or array).
+
+    Add/remove and zero-out: both directions (remove: the mixture (1 - q) B + q A against B; add:
+    B against the mixture). Replace-one: the pair (1 - q) N(0, 1) + q N(-mu, 1), (1 - q) N(0, 1) + q N(mu, 1)
+    (one direction, symmetric), for the Gaussian only."""
+
+    sampling_prob: Any
+
+    def __post_init__(self):
+        check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)
+
+    def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        base, params = noise.pair(neighboring, pessimistic)
+        q = resolvable(self.sampling_prob, pessimistic)
+        if neighboring != Neighboring.REPLACE_ONE:
+            return _poisson_pair(noise, base, params, q)
+        kernel = subsampling.REPLACE_ONE.get(base)
+        if kernel is None:
+            raise ValueError(
+                f"{type(noise).__name__}: Poisson subsampling with neighboring='replace_one' is "
+                "available for the Gaussian only; use sampling='fixed_batch' or "
+                "neighboring='add_remove'"
+            )
+        undoubled = params[:-1] + (params[-1] / 2,)  # the replace-one kernel takes one shift
+        return Directions(kernel, undoubled + (q,), False)
+
+
+@record
+class FixedBatch(Sampling):
+    """Sampling without replacement: a batch of b records out of n, ``sampling_prob`` = b / n in
+    [0, 1]. Under replace-one adjacency only (with add/remove neighbours the dataset size, hence
+    the batch, changes): the pair (q A + (1 - q) B, B) and its swap, with (A, B) the noise's
+    replace-one pair."""
+
+    sampling_prob: Any
+
+    def __post_init__(self):
+        check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)
+
+    def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        if neighboring != Neighboring.REPLACE_ONE:
+            raise ValueError(
+                "sampling='fixed_batch' (without replacement) has a PLD under "
+                "neighboring='replace_one' only: with add/remove neighbours the dataset size, "
+                f"hence the batch, changes (and {neighboring.value!r} is not offered: the other "
+                "records in the batch shift the pair)"
+            )
+        base, params = noise.pair(Neighboring.REPLACE_ONE, pessimistic)
+        return _poisson_pair(noise, base, params, resolvable(self.sampling_prob, pessimistic))
+
+
+#: Mixture probabilities must add up to 1 within this (they are then divided by their sum).
+PROBS_TOLERANCE = 1e-9
+#: Most components of a Mixture with probability > 0 (a guard on compilation: each is an input of
+#: the discretization's programs: a first epsilon took 5 s with 1,000, 166 s with 10^4).
+MAX_COMPONENTS = 1024
+
+
+@record
+class Mixture(Sampling):
+    """A record's contribution is ``scales[k]`` times the noise's sensitivity with probability
+    ``probs[k]`` (dp-accounting's mixture of Gaussians, ``MixtureGaussianDpEvent``): several
+    contributions per user, each sampled, as in user-level DP-SGD. ``scales`` >= 0 and finite,
+    ``probs`` in [0, 1] adding up to 1 (within 1e-9; they are divided by their sum); the last
+    axis of both holds the components, leading axes are a batch. ``Mixture([0, 1], [1 - q, q])``
+    is Poisson sampling. Components of probability 0 are left out; at most MAX_COMPONENTS others
+    (a ValueError beyond).
+
+    Add/remove (or zero-out: the same pair) adjacency, both directions (remove:
+    sum_k p_k F(. - a_k) against F; add: the swap), for a noise that is a log-concave location
+    family (``noise.location``: Gaussian, GDP); its loss threshold is found by bisection, so the
+    PLD is exact up to round-off.
+    Choquette-Choo, Ganesh, Steinke and Thakurta ("Privacy amplification for matrix mechanisms",
+    2023, Cor. 4.7) show the vector-valued mechanism is dominated by this scalar one with each
+    contribution replaced by its norm."""
+
+    scales: Any
+    probs: Any
+
+    def __post_init__(self):
+        if any(type(v) is object for v in (self.scales, self.probs)):
+            return  # a pytree placeholder (see pldjax.mechanisms.noise)
+        check_parameter("scales", self.scales, 0.0)
+        check_parameter("probs", self.probs, 0.0, high=1.0)
+        if np.ndim(self.scales) == 0 or np.shape(self.scales)[-1:] != np.shape(self.probs)[-1:]:
+            raise ValueError(f"scales and probs must have one component per entry of their last "
+                             f"axis, got shapes {np.shape(self.scales)} and {np.shape(self.probs)}")
+        if not is_traced(self.probs):
+            total = np.sum(np.asarray(self.probs, np.float64), axis=-1)
+            if np.any(np.abs(total - 1.0) > PROBS_TOLERANCE):
+                raise ValueError(f"probs must add up to 1 (within {PROBS_TOLERANCE}), got sums "
+                                 f"{np.ravel(total)[:3]}")
+
+    @classmethod
+    def binomial(cls, sampling_prob: float, count: int) -> Mixture:
+        """A user with ``count`` records, each Poisson-sampled with probability ``sampling_prob``
+        and each of norm at most the sensitivity: the user's contribution is K sensitivities with
+        K ~ Binomial(count, q) (user-level accounting; ``count`` = 1 is Poisson sampling)."""
+        count = check_count("count", count, minimum=1)
+        check_parameter("sampling_prob", sampling_prob, 0.0, high=1.0)
+        q = float(sampling_prob)
+        k = np.arange(count + 1, dtype=np.float64)
+        probs = binomial_pmf(k, count, q, 1.0 - q, xp=np)
+        return cls(k, probs / math.fsum(probs))
+
+    def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        if neighboring == Neighboring.REPLACE_ONE:
+            raise ValueError("Mixture sampling is offered under neighboring='add_remove' or "
+                             "'replace_special' (zero-out, the same pair) only")
+        if noise.location is None:
+            raise ValueError(f"Mixture sampling needs a noise that is a location family (Gaussian, "
+                             f"GDP), got {type(noise).__name__}")
+        # the shift is rounded up below float64's resolution: for the Gaussian the mixture of a
+        # smaller shift is a post-processing of the larger (x -> c x + N(0, 1 - c^2))
+        _, (shift,) = noise.pair(Neighboring.ADD_REMOVE, pessimistic)
+        scales, probs = self._present_components()
+        scales = jnp.asarray(scales, jnp.float64)
+        probs = jnp.asarray(probs, jnp.float64)
+        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+        # so is the probability q of a shift > 0, as for Poisson sampling: the mixture with a
+        # smaller q is a post-processing of the larger (replace the output by a fresh draw of
+        # the noise with probability 1 - q/q')
+        moves = scales > 0
+        q = jnp.sum(jnp.where(moves, probs, 0.0), axis=-1, keepdims=True)
+        rounded = resolvable(q, pessimistic)
+        still = jnp.where(q < 1, (1 - rounded) / jnp.where(q < 1, 1 - q, 1.0), 1.0)
+        probs = probs * jnp.where(moves, rounded / jnp.where(q > 0, q, 1.0), still)
+        count = scales.shape[-1]
+        params = (shift, *(scales[..., k] for k in range(count)), *(probs[..., k] for k in range(count)))
+        return Directions(subsampling.mixture(noise.location), params, True)
+
+    def _present_components(self) -> tuple:
+        """(scales, probs) without the components whose probability is 0 everywhere in the
+        batch (they contribute nothing: Mixture.binomial's far tail underflows to 0; traced
+        parameters keep every component); ValueError beyond MAX_COMPONENTS."""
+        scales, probs = self.scales, self.probs
+        if not is_traced((scales, probs)):
+            scales, probs = np.asarray(scales, np.float64), np.asarray(probs, np.float64)
+            scales, probs = np.broadcast_arrays(scales, probs)
+            present = np.any(probs.reshape(-1, probs.shape[-1]) > 0, axis=0)
+            scales, probs = scales[..., present], probs[..., present]
+        count = np.shape(probs)[-1]
+        if count > MAX_COMPONENTS:
+            raise ValueError(f"Mixture has {count} components with probability > 0 (scales and "
+                             f"probs), more than MAX_COMPONENTS = {MAX_COMPONENTS} (a guard on "
+                             f"compilation); for Mixture.binomial, a smaller count")
+        return scales, probs
+
+
+@record
+class TruncatedPoisson(Sampling):
+    """Truncated Poisson sampling (jax-privacy's default batch selection, dp-accounting's
+    ``TruncatedSubsampledGaussianDpEvent``): each of the ``dataset_size`` records (an integer
+    >= 1) is drawn with probability ``sampling_prob`` in [0, 1], and when more than
+    ``truncated_batch_size`` (an integer >= 0) are drawn a uniformly random batch of that many is
+    kept. For :class:`pldjax.mechanisms.noise.Gaussian` noise, under zero-out (``"replace_special"``, the
+    relation jax-privacy uses), replace-one and add/remove (``dataset_size`` counts the dataset
+    holding the differing record). Parameters are scalars, concrete (not traced).
+
+    Its PLD is a mixture of Poisson-subsampled PLDs, and the pessimistic one the tighter of two
+    analyses (their curves' pointwise minimum, made convex), so it is built by :meth:`pld`, not
+    as one mechanism; see :mod:`pldjax.mechanisms.truncated_poisson`. The optimistic PLD is the pair with
+    every other record at zero (Poisson sampling at the record's inclusion probability)."""
+
+    sampling_prob: Any
+    dataset_size: Any
+    truncated_batch_size: Any
+
+    def __post_init__(self):
+        check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)
+        for name in ("dataset_size", "truncated_batch_size"):
+            value = getattr(self, name)
+            if type(value) is not object and not is_traced(value):
+                check_count(name, value, minimum=1 if name == "dataset_size" else 0)
+
+    def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        raise ValueError("TruncatedPoisson's PLD is a mixture of PLDs (the tighter of two "
+                         "analyses), not one mechanism: build it with pj.privacy_loss or Event.pld")
+
+    def pld(self, noise: Noise, neighboring: Neighboring, pessimistic: bool, grid) -> Any:
+        from pldjax.mechanisms.truncated_poisson import truncated_poisson_pld
+
+        return truncated_poisson_pld(noise, self.sampling_prob, self.dataset_size,
+                                     self.truncated_batch_size, neighboring,
+                                     pessimistic=pessimistic, grid=grid)
+
+
+#: The schemes a string names at the API edge (``sampling="poisson"``), with a sampling_prob.
+NAMED = {"poisson": Poisson, "fixed_batch": FixedBatch}
+
+
+def from_args(sampling_prob=None, sampling: Sampling | str = "poisson") -> Sampling | None:
+    """The scheme the named wrappers' arguments describe: ``sampling_prob`` q in [0, 1] (the
+    probability that a record takes part, or the batch fraction b / n for ``"fixed_batch"``; None:
+    no sampling) with ``sampling`` "poisson" (default) or "fixed_batch" (sampling without
+    replacement; replace-one adjacency only). ``sampling`` may also be a :class:`Sampling`
+    record, with ``sampling_prob`` None."""
+    if isinstance(sampling, Sampling):
+        if sampling_prob is not None:
+            raise ValueError("pass sampling_prob inside the sampling record, not beside it")
+        return sampling
+    if not isinstance(sampling, str) or sampling not in NAMED:
+        raise ValueError(f"sampling must be one of {tuple(NAMED)} or a pj.sampling record, "
+                         f"got {sampling!r}")
+    if sampling_prob is None:
+        if sampling != "poisson":
+            raise ValueError(f"sampling={sampling!r} needs a sampling_prob (batch size / dataset size)")
+        return None
+    return NAMED[sampling](sampling_prob)
+
+
+__all__ = ["Directions", "FixedBatch", "Mixture", "Poisson", "Sampling", "TruncatedPoisson", "from_args"]

@@ -1,0 +1,387 @@
+"""Privacy amplification by subsampling: the kernels, as mechanisms whose loss tails are exact.
+
+The sampling schemes a user names (:mod:`pldjax.mechanisms.sampling`) map a noise onto these.
+
+Poisson subsampling with add/remove adjacency (Chourasia, Javaid and Sikdar, "Laplace transform
+interpretation of differential privacy", Thm 5.1). Let A, B be the base mechanism's output
+distributions on neighbouring inputs with loss l = log(A/B), and q the sampling probability. The
+two directions of the subsampled mechanism are
+
+* remove: P = (1 - q) B + q A against Q = B; the loss L = log(1 - q + q e^l) increases with l;
+* add:    P = B against Q = (1 - q) B + q A; the loss L = -log(1 - q + q e^l) decreases with l.
+
+Each is a monotone function of the base loss, so its tails are mixtures of the base's tails at one
+threshold, and the hockey-stick curve the discretization sees is exact. Ties (atoms of l sitting
+exactly on a threshold) do not matter: delta(eps) is continuous and an atom at L = eps contributes
+P(L = eps) - e^eps Q(L = eps) = 0 to it.
+
+Replace-one adjacency for the Gaussian (one record's contribution g replaced by g', both of norm at
+most the sensitivity C, so the worst pair is g = -C, g' = +C, as in dp-accounting): P = (1 - q) N(0, 1)
++ q N(-mu, 1) against Q = (1 - q) N(0, 1) + q N(mu, 1) in units of sigma, mu = C / sigma. The loss
+decreases in the output x and the pair is symmetric under x -> -x, so one direction describes it.
+
+Sampling without replacement (a fixed batch of b records out of n, q = b / n) has a sound PLD under
+replace-one adjacency: the pair (q A + (1 - q) B, B) and its swap, with (A, B) the base mechanism's
+replace-one pair (for the Gaussian, shift 2 C). Under add/remove adjacency the dataset size changes,
+so "a fixed batch size" is not one mechanism and no PLD is offered.
+
+The mixture of shifts (dp-accounting's mixture of Gaussians; several contributions per record):
+the record's contribution is a_k scales of the noise with probability p_k (a_k >= 0, sum p_k = 1,
+a_k = 0 for "not sampled"). Remove: P = sum_k p_k F(. - a_k) against Q = F; add: the swap. For a
+log-concave density f the loss l(x) = log sum_k p_k f(x - a_k) / f(x) does not decrease in the
+output x, so L > eps is the event x > x*(eps), and x* is found by bisection over the float64
+numbers (64 halvings of their ordered bit patterns reach adjacent floats, whatever the range);
+the tails are mixtures of the noise's tails at x* and the hockey-stick curve is exact up to
+round-off.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import logsumexp
+
+from pldjax.core.special import log1p_parts, log_ndtr_pair
+from pldjax.kernels.discretize import LossTails, side_tails, window
+from pldjax.mechanisms.noise import GAUSSIAN, MAX_SHIFT, Location
+
+
+def _log_mix(log_weight_b, log_b, log_q, log_a):
+    """log((1 - q) b + q a) given log(1 - q), log b, log q, log a."""
+    return jnp.logaddexp(log_weight_b + log_b, log_q + log_a)
+
+
+def _threshold(x, q, log_q):
+    """log((e^x - 1 + q) / q) where e^x > 1 - q, else -inf: the base loss at which the subsampled
+    loss crosses (for the remove direction x = eps, for add x = -eps). For x > 0 it is written as
+    x + log1p((q - 1) e^-x) - log q, which does not overflow for x beyond 709; for x <= 0 and
+    q >= 1/2 as x + log1p(-(1 - q) e^-x) - log q, which keeps a large -x (exact at q = 1)."""
+    m = jnp.expm1(-jnp.abs(x))  # e^x - 1 for x <= 0, e^-x - 1 for x > 0
+    above = x > 0
+    u, r = log1p_parts((q - 1.0) * (1.0 + m))  # (q - 1) e^-x for x > 0
+    argument = jnp.where(above, u, m + q)  # m + q = e^x - 1 + q for x <= 0
+    positive = argument > 0
+    logged = jnp.log(jnp.where(positive, argument, 1.0))
+    below = jnp.where(positive, logged - log_q, -jnp.inf)
+    # from q = 1/2 (1 - q exact) x <= 0 is taken as x + log(1 - (1 - q) e^-x): expm1(x) + q
+    # rounded to 0 below x = -37 at q = 1 (and e^x underflows below -745), which put the add
+    # direction's losses above 37 nats at -inf; for small q, m + q keeps the digits of x near 0
+    scaled = jnp.where(q < 1.0, (1.0 - q) * jnp.exp(jnp.minimum(-x, 709.0)), 0.0)
+    inside = scaled < 1.0
+    near_one = jnp.where(inside, x + jnp.log1p(-jnp.where(inside, scaled, 0.0)) - log_q, -jnp.inf)
+    below = jnp.where(q >= 0.5, near_one, below)
+    return jnp.where(above, x + logged * r - log_q, below)
+
+
+def _log1p_q_expm1(q, loss):
+    """log(1 - q + q e^loss) without overflow (used for window placement only)."""
+    return jnp.logaddexp(jnp.log1p(-q), jnp.log(q) + loss)
+
+
+def _subsampled_spread(base: LossTails, params):
+    """Heuristic scale of the subsampled loss: q sqrt(chi^2) while q is small, never more than
+    the base's own spread, nor than sqrt(q) times the base's loss scale (a rare, large loss)."""
+    *base_params, q = params
+    base_params = tuple(base_params)
+    base_spread = base.spread(base_params)
+    small_q = q * jnp.sqrt(base.chi2(base_params))
+    rare = jnp.sqrt(q) * (jnp.abs(base.center(base_params)) + base_spread)
+    spread = jnp.minimum(jnp.minimum(small_q, rare), base_spread)
+    return jnp.where(spread > 0, spread, 1.0)
+
+
+#: Base losses beyond this many nats are left out of the subsampled window (so that it stays
+#: near the bulk at log(1 - q) for tiny noise): their mass goes to the +inf atom (pessimistic)
+#: or to the window's top (optimistic), both sound.
+BASE_REACH_MAX = 1e4
+
+
+def _base_range(base: LossTails, params, tail):
+    """(q, low, high): the base loss's range under both of its distributions, at most
+    BASE_REACH_MAX. The base window covers the loss under A (its window for ``tail``, see
+    :func:`pldjax.kernels.discretize.window`); under B a symmetric base's loss is its mirror image, and
+    the subsampled mechanism sees both (the add direction's P is B). So A and B each hold at most
+    ``tail`` outside, and so does either direction's P, a mixture of them."""
+    *base_params, q = params
+    base_params = tuple(base_params)
+    center, half = window(base, base_params, tail)
+    reach = jnp.minimum(jnp.maximum(jnp.abs(center - half), jnp.abs(center + half)), BASE_REACH_MAX)
+    return q, -reach, reach
+
+
+def _loss_range(base: LossTails, params, tail=0.0):
+    """(low, high) of the subsampled loss: L = log(1 - q + q e^l) is monotone in the base loss;
+    P's mass outside is at most ``tail`` (0: the default window)."""
+    *rest, adding = params
+    q, low, high = _base_range(base, tuple(rest), tail)
+    remove = (_log1p_q_expm1(q, low), _log1p_q_expm1(q, high))
+    add = (-_log1p_q_expm1(q, high), -_log1p_q_expm1(q, low))
+    return tuple(jnp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
+
+
+def _tails(base: LossTails, params, eps):
+    """Tails of the remove or add direction (see the module docstring), from one evaluation of
+    the base's tails per point: remove needs them at the threshold of eps, add at that of -eps."""
+    *base_params, q, adding = params
+    add = adding > 0
+    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
+    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(jnp.where(add, -eps, eps), q, log_q))
+    mixed_sf, mixed_cdf = _log_mix(log_1mq, sq, log_q, sp), _log_mix(log_1mq, cq, log_q, cp)
+    remove = (mixed_sf, sq, mixed_cdf, cq)
+    # add: L > eps  <=>  l < threshold, so the "above" tails of L are the "at most" tails of l
+    added = (cq, mixed_cdf, sq, mixed_sf)
+    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
+
+
+def _side_tails(base: LossTails, params, eps, upper):
+    """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
+    :func:`pldjax.kernels.discretize.side_tails`): one side of the base's tails and one mixture a point.
+    For add, L > eps is the base loss below its threshold, so the base's other side is read."""
+    *base_params, q, adding = params
+    add = adding > 0
+    log_q = jnp.log(q)
+    base_p, base_q = side_tails(base, tuple(base_params),
+                                _threshold(jnp.where(add, -eps, eps), q, log_q), upper != add)
+    mixed = _log_mix(jnp.log1p(-q), base_q, log_q, base_p)
+    return jnp.where(add, base_q, mixed), jnp.where(add, mixed, base_q)
+
+
+def _center(base: LossTails, params):
+    low, high = _loss_range(base, params)
+    return (low + high) / 2
+
+
+def _half_width(base: LossTails, params):
+    low, high = _loss_range(base, params)
+    return (high - low) / 2
+
+
+#: The direction parameter of :func:`poisson`: remove (the mixture against the base) and add.
+REMOVE, ADD = 0.0, 1.0
+
+
+@functools.cache
+def poisson(base: LossTails) -> LossTails:
+    """The Poisson-subsampled ``base``; params: base params + (q, direction), direction REMOVE or
+    ADD (data, so that both directions share one compiled kernel and one vmapped call).
+
+    Cached, so that the same mechanism object (a static jit argument) is returned every time.
+    """
+    return LossTails(
+        tails=functools.partial(_tails, base),
+        side_tails=functools.partial(_side_tails, base),
+        spread=lambda params: _subsampled_spread(base, tuple(params[:-1])),
+        center=functools.partial(_center, base),
+        half_width=functools.partial(_half_width, base),
+        bulk=functools.partial(_loss_range, base),
+    )
+
+
+# -- replace-one Gaussian -------------------------------------------------------------------------
+def _replace_one_threshold(mu, q, eps):
+    """The output x at which the replace-one loss equals eps (the loss decreases in x).
+
+    With v = e^(-mu x) and c = e^(-mu^2/2): e^L = (1 - q + q c v) / (1 - q + q c / v), so
+    q c v^2 + (1 - q)(1 - e^eps) v - q c e^eps = 0; its positive root, written without
+    cancellation for either sign of D = (1 - q) expm1(eps), wholly in logs (c underflows for
+    mu beyond about 38, and expm1(eps) overflows beyond 709).
+    """
+    log_2qc = jnp.log(2 * q) - mu**2 / 2
+    log_w = log_2qc + eps / 2  # w = 2 q c e^(eps/2): 4 q^2 c^2 e^eps = w^2
+    # log |D|, -inf at eps = 0
+    log_abs_expm1 = jnp.where(eps > 0, eps + jnp.log(-jnp.expm1(-jnp.abs(eps))),
+                              jnp.log(-jnp.expm1(-jnp.abs(eps))))
+    log_d = jnp.log1p(-q) + log_abs_expm1
+    log_root = jnp.logaddexp(2 * log_d, 2 * log_w) / 2  # log hypot(D, w)
+    log_sum = jnp.logaddexp(log_d, log_root)  # log(root + |D|)
+    log_v = jnp.where(eps >= 0, log_sum - log_2qc, 2 * log_w - log_2qc - log_sum)
+    return -log_v / mu
+
+
+def _replace_one_tails(params, eps):
+    mu, q = params
+    active = (q > 0) & (mu > 0)
+    # mu^2 must stay finite; beyond mu = 1e150 the curve no longer changes in float64 (the losses
+    # away from 0 exceed 1e299 nats, far beyond any window)
+    mu, q = jnp.where(active, jnp.minimum(mu, 1e150), 1.0), jnp.where(active, q, 0.5)
+    x = _replace_one_threshold(mu, q, eps)
+    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
+    # P = (1-q) N(0,1) + q N(-mu,1), Q = (1-q) N(0,1) + q N(mu,1); L > eps <=> output < x
+    # each log Phi(y) and log Phi(-y) from one erfc (log_ndtr_pair)
+    at_x, at_minus_x = log_ndtr_pair(x)
+    shifted_up, shifted_up_c = log_ndtr_pair(x + mu)
+    shifted_down, shifted_down_c = log_ndtr_pair(x - mu)
+    tails = (
+        _log_mix(log_1mq, at_x, log_q, shifted_up),
+        _log_mix(log_1mq, at_x, log_q, shifted_down),
+        _log_mix(log_1mq, at_minus_x, log_q, shifted_up_c),
+        _log_mix(log_1mq, at_minus_x, log_q, shifted_down_c),
+    )
+    # q = 0 or mu = 0: P = Q, the loss is 0 with certainty
+    sf = jnp.where(eps < 0, 0.0, -jnp.inf)
+    cdf = jnp.where(eps < 0, -jnp.inf, 0.0)
+    return tuple(jnp.where(active, t, i) for t, i in zip(tails, (sf, sf, cdf, cdf), strict=True))
+
+
+def _replace_one_half_width(params):
+    mu, q = params
+    # the loss at output -(mu + 10): about log(1 - q + q e^(mu^2/2 + 10 mu)) plus the other term
+    reach = 1.01 * _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) + 2 * q * mu + 1e-300
+    return jnp.minimum(reach, BASE_REACH_MAX)
+
+
+def _replace_one_spread(params):
+    mu, q = params
+    # sd of the loss: about 2 q sqrt(sinh(mu^2)) for small q, 2 mu at q = 1
+    spread = jnp.minimum(2 * q * jnp.sqrt(jnp.sinh(mu**2)), 2 * mu)
+    return jnp.where(spread > 0, spread, 1.0)
+
+
+GAUSSIAN_REPLACE_ONE = LossTails(
+    tails=_replace_one_tails,
+    spread=_replace_one_spread,
+    center=lambda p: jnp.zeros_like(p[0]),
+    half_width=_replace_one_half_width,
+)
+
+
+#: Poisson subsampling under replace-one, by base mechanism (Gaussian only: its loss threshold has
+#: a closed form, see above).
+REPLACE_ONE = {GAUSSIAN: GAUSSIAN_REPLACE_ONE}
+
+
+# -- mixture of shifts ------------------------------------------------------------------------------
+_SIGN = np.int64(-(2**63))
+_MAGNITUDE = np.int64(2**63 - 1)
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def _ordered(x):
+    """float64 -> int64 in the same order (-0.0 and +0.0 both 0)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int64)
+    return jnp.where(bits >= 0, bits, -(bits & _MAGNITUDE))
+
+
+def _unordered(key):
+    """The inverse of :func:`_ordered`."""
+    bits = jnp.where(key >= 0, key, (-key) | _SIGN)
+    return jax.lax.bitcast_convert_type(bits, jnp.float64)
+
+
+def _components(values, x):
+    """``values`` (one per component, on the first axis) shaped to broadcast against ``x``."""
+    return values.reshape(values.shape + (1,) * jnp.ndim(x))
+
+
+def _mixture_loss(location: Location, x, shifts, log_probs):
+    """l(x) = log sum_k p_k f(x - a_k) / f(x); components with p_k = 0 left out (no -inf + inf)."""
+    a, lp = _components(shifts, x), _components(log_probs, x)
+    return logsumexp(jnp.where(jnp.isneginf(lp), -jnp.inf, lp + location.log_ratio(x, a)), axis=0)
+
+
+def _mixture_threshold(location: Location, shifts, log_probs, eps):
+    """The largest float x with l(x) <= eps (l non-decreasing): L > eps is the event X > x up to
+    the one float between x and its successor. -FLOAT_MAX when l > eps everywhere, FLOAT_MAX
+    when l <= eps everywhere (their tails are 1 and 0 to float64's resolution)."""
+    lo = jnp.broadcast_to(_ordered(jnp.asarray(-_FLOAT_MAX)), eps.shape)
+    hi = jnp.broadcast_to(_ordered(jnp.asarray(_FLOAT_MAX)), eps.shape)
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
+        above = _mixture_loss(location, _unordered(mid), shifts, log_probs) > eps
+        return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, 64, halve, (lo, hi))
+    return _unordered(lo)
+
+
+def _mixture_parts(params):
+    """(shifts a_k, log p_k, direction) from params (shift, w_1..w_K, p_1..p_K, direction), the
+    components stacked on a leading axis (the programs' size does not grow with K)."""
+    shift, *rest, direction = params
+    count = len(rest) // 2
+    weights, probs = jnp.stack(rest[:count]), jnp.stack(rest[count:])
+    # at most MAX_SHIFT (see pldjax.mechanisms.noise: a (x - a/2) stays finite); a zero scale is no shift
+    shifts = jnp.where(weights > 0, jnp.minimum(weights * shift, MAX_SHIFT), 0.0)
+    return shifts, jnp.log(probs), direction
+
+
+def _mixture_tails(location: Location, params, eps):
+    shifts, log_probs, direction = _mixture_parts(params)
+    add = direction > 0
+    x = _mixture_threshold(location, shifts, log_probs, jnp.where(add, -eps, eps))
+
+    def mixed(tail):
+        return logsumexp(_components(log_probs, x) + tail(x - _components(shifts, x)), axis=0)
+
+    sf, cdf = location.log_sf(x), location.log_cdf(x)
+    mixed_sf, mixed_cdf = mixed(location.log_sf), mixed(location.log_cdf)
+    remove = (mixed_sf, sf, mixed_cdf, cdf)  # L > eps  <=>  X > x
+    added = (cdf, mixed_cdf, sf, mixed_sf)  # L = -l(X) > eps  <=>  l(X) < -eps  <=>  X <= x
+    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
+
+
+#: The window covers outputs within this many scales of the components (their mass beyond is
+#: below 1e-23 for the Gaussian; it goes to the +inf atom, or nowhere for an optimistic PLD).
+_REACH = 10.0
+
+
+def _mixture_range(location: Location, params):
+    """(low, high) of the loss over outputs in [-REACH, max a_k + REACH], capped at
+    BASE_REACH_MAX, for the direction in params."""
+    shifts, log_probs, direction = _mixture_parts(params)
+    top = jnp.max(shifts, axis=0)
+    low = _mixture_loss(location, jnp.asarray(-_REACH), shifts, log_probs)
+    high = _mixture_loss(location, top + _REACH, shifts, log_probs)
+    low, high = (jnp.clip(v, -BASE_REACH_MAX, BASE_REACH_MAX) for v in (low, high))
+    add = direction > 0
+    return jnp.where(add, -high, low), jnp.where(add, -low, high)
+
+
+def _mixture_spread(location: Location, params):
+    """Heuristic scale of the loss, as for Poisson subsampling: sqrt(chi^2) of the mixture while
+    it is close to F, never more than the largest component's own loss scale a_max, nor than
+    sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0)."""
+    shifts, log_probs, _ = _mixture_parts(params)
+    probs = jnp.exp(log_probs)
+
+    def add_row(j, total):
+        # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
+        pair = probs[j] * probs
+        return total + jnp.sum(jnp.where(pair > 0, pair * location.cross(shifts[j], shifts), 0.0),
+                               axis=0)
+
+    # row by row: K values in memory at a time, not K^2
+    chi2 = jax.lax.fori_loop(0, shifts.shape[0], add_row, jnp.zeros(shifts.shape[1:]))
+    top = jnp.max(shifts, axis=0)
+    moving = jnp.sum(jnp.where(shifts > 0, probs, 0.0), axis=0)
+    rare = jnp.sqrt(moving) * (top**2 / 2 + top)
+    spread = jnp.minimum(jnp.minimum(jnp.sqrt(jnp.maximum(chi2, 0.0)), rare), top)
+    return jnp.where(spread > 0, spread, 1.0)
+
+
+@functools.cache
+def mixture(location: Location) -> LossTails:
+    """The mixture of shifts of a location family, both directions; params:
+    (shift, w_1..w_K, p_1..p_K, direction) with shifts a_k = w_k * shift (in the noise's scales),
+    probabilities p_k (summing to 1) and direction REMOVE or ADD; any number K >= 1 of components.
+    Cached: one object (a static jit argument) per family."""
+
+    def center(params):
+        low, high = _mixture_range(location, params)
+        return (low + high) / 2
+
+    def half_width(params):
+        low, high = _mixture_range(location, params)
+        return (high - low) / 2
+
+    return LossTails(
+        tails=functools.partial(_mixture_tails, location),
+        spread=functools.partial(_mixture_spread, location),
+        center=center,
+        half_width=half_width,
+    )

@@ -1,0 +1,191 @@
+"""The accountant (pj.accountant): exact composition of changing steps, jit, checkpoints, x64."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pldjax as pj
+
+DELTA = 1e-5
+
+# -- accountant -----------------------------------------------------------------------------------
+def test_accountant_composes_changing_steps_exactly():
+    state = pj.accountant.init()
+    assert pj.accountant.epsilon(state, DELTA) == 0.0
+    for _ in range(3):
+        state = pj.accountant.step(state, noise_multiplier=1.1, sampling_prob=0.01)
+    state = pj.accountant.step(state, noise_multiplier=0.9, sampling_prob=0.02, steps=200)
+    state = pj.accountant.step(state, noise_multiplier=1.1, sampling_prob=0.01, steps=97)
+    assert pj.accountant.segments(state) == [(1.1, 0.01, 3), (0.9, 0.02, 200), (1.1, 0.01, 97)]
+    expected = float(pj.compose_schedule([(1.1, 0.01, 3), (0.9, 0.02, 200),
+                                          (1.1, 0.01, 97)]).epsilon(DELTA))
+    assert pj.accountant.epsilon(state, DELTA) == pytest.approx(expected, rel=1e-12)
+    # one segment is the plain DP-SGD accounting (whose window leaves delta / 2^20 outside, not
+    # 1e-18, charged to delta: about a millionth higher at most)
+    one = pj.accountant.step(pj.accountant.init(), 1.0, 0.01, steps=500)
+    assert pj.accountant.epsilon(one, DELTA) == pytest.approx(
+        float(pj.dpsgd_epsilon(1.0, 0.01, 500, DELTA)), rel=1e-6)
+
+
+def test_accountant_step_is_jittable_and_overflow_refuses_to_report():
+    step = jax.jit(pj.accountant.step)
+    state = pj.accountant.init(capacity=2)
+    for sigma in (1.0, 1.0, 2.0):
+        state = step(state, sigma, 0.01, 1)
+    assert pj.accountant.segments(state) == [(1.0, 0.01, 2), (2.0, 0.01, 1)]
+    full = state
+    state = step(state, 3.0, 0.01, 1)  # a third segment does not fit
+    with pytest.raises(ValueError, match="capacity"):
+        pj.accountant.epsilon(state, DELTA)
+    # on the host it raises at once, and the state passed in keeps its readable record
+    with pytest.raises(ValueError, match="cannot be recorded .* capacity \\(2"):
+        pj.accountant.step(full, 3.0, 0.01, 1)
+    assert pj.accountant.epsilon(full, DELTA) == pytest.approx(
+        pj.compose_schedule([(1.0, 0.01, 2), (2.0, 0.01, 1)]).epsilon(DELTA), rel=1e-6)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        pj.accountant.step(pj.accountant.init(), -1.0, 0.01)
+    # under jit bad values cannot raise: nothing is recorded and every reading raises
+    for bad in ((-1.0, 0.01, 1), (np.nan, 0.01, 1), (1.0, 1.5, 1), (1.0, np.nan, 1), (1.0, 0.01, -3)):
+        marked = step(pj.accountant.step(pj.accountant.init(), 1.0, 0.01, 5), *bad)
+        with pytest.raises(ValueError, match="invalid noise_multiplier"):
+            pj.accountant.epsilon(marked, DELTA)
+    with pytest.raises(ValueError, match="sampling_prob"):
+        pj.accountant.step(pj.accountant.init(), 1.0, 1.5)
+
+
+def test_accountant_step_counts_never_wrap_around():
+    """Two steps=2^63-1 and 12 more wrapped int64 around to a run of 10 steps (epsilon 0.38 for
+    about 2^64 steps); two of 2^62 to none (epsilon 0). A count beyond int64 now marks the state
+    (every reading raises), eagerly and under jit; a steps argument above 2^62 is refused."""
+    A = pj.accountant
+    with pytest.raises(ValueError, match="steps"):
+        A.step(A.init(), 1.0, 0.01, steps=2**63)
+    with pytest.raises(ValueError, match="steps"):
+        A.step(A.init(), 1.0, 0.01, steps=1e30)
+    for step in (A.step, jax.jit(A.step)):
+        state = step(step(A.init(), 1.0, 0.01, 2**62), 1.0, 0.01, 2**62 - 1)
+        assert A.segments(state) == [(1.0, 0.01, 2**63 - 1)]
+        if step is A.step:  # on the host the step raises, and the state passed in stays usable
+            with pytest.raises(ValueError, match="2\\^63 - 1 steps"):
+                step(state, 1.0, 0.01, 1)
+            assert A.segments(state) == [(1.0, 0.01, 2**63 - 1)]
+            continue
+        state = step(state, 1.0, 0.01, 1)  # 2^63 steps: not representable
+        with pytest.raises(ValueError, match="2\\^63 - 1 steps"):
+            A.epsilon(state, DELTA)
+    # a float count beyond the largest under jit is invalid, not saturated
+    state = jax.jit(A.step)(A.init(), 1.0, 0.01, 1e30)
+    with pytest.raises(ValueError, match="not fully recorded"):
+        A.epsilon(state, DELTA)
+    # an int32 count (a caller's jit with x64 off) is compared with the limit in float64
+    state = jax.jit(A.step)(A.init(), 1.0, 0.01, np.int32(7))
+    assert A.segments(state) == [(1.0, 0.01, 7)]
+
+
+def test_accountant_checkpoint_midway_ends_with_the_same_epsilon(tmp_path):
+    state = pj.accountant.init()
+    for sigma in (1.0, 1.2, 0.8):
+        state = pj.accountant.step(state, sigma, 0.01, steps=100)
+    pj.accountant.save(tmp_path / "acct.npz", state)
+    restored = pj.accountant.load(tmp_path / "acct.npz")
+    for s in (state, restored):
+        s = pj.accountant.step(s, 1.5, 0.02, steps=50)
+        if s is not restored:
+            whole = pj.accountant.epsilon(s, DELTA)
+    resumed = pj.accountant.epsilon(pj.accountant.step(restored, 1.5, 0.02, steps=50), DELTA)
+    assert resumed == whole
+
+
+# -- calibration ----------------------------------------------------------------------------------
+
+
+def test_accountant_with_x64_off_is_exact_or_pessimistic(x64_off, tmp_path):
+    eager = pj.accountant.step(pj.accountant.init(), 1.1, 0.01, 100)
+    pj.accountant.save(tmp_path / "a.npz", eager)
+    restored = pj.accountant.load(tmp_path / "a.npz")
+    assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
+    assert pj.accountant.epsilon(restored, DELTA) == pj.accountant.epsilon(eager, DELTA)
+    # Python floats rounded to float32 by the caller's jit: recorded on the pessimistic side
+    jitted = jax.jit(pj.accountant.step)(pj.accountant.init(), 1.1, 0.01, 100)
+    [(sigma, q, steps)] = pj.accountant.segments(jitted)
+    assert steps == 100
+    assert sigma <= float(np.float32(1.1)) and sigma <= 1.1 and sigma == pytest.approx(1.1, 1e-7)
+    assert q >= float(np.float32(0.01)) and q >= 0.01 and q == pytest.approx(0.01, 1e-7)
+    assert pj.accountant.epsilon(jitted, DELTA) >= pj.accountant.epsilon(eager, DELTA)
+    one = jax.jit(pj.accountant.step)(pj.accountant.init(), 2.0, 1.0)
+    assert pj.accountant.segments(one)[0][1] == 1.0  # q = 1 stays a probability
+
+
+def test_accountant_state_is_the_same_with_x64_on_and_off(x64_off):
+    off = pj.accountant.step(pj.accountant.init(), 0.7, 0.3, 5)
+    jax.config.update("jax_enable_x64", True)
+    on = pj.accountant.step(pj.accountant.init(), 0.7, 0.3, 5)
+    jax.config.update("jax_enable_x64", False)
+    for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+# -- events other than DP-SGD steps -----------------------------------------------------------------
+LAPLACE = pj.Event(pj.noise.Laplace(2.0), pj.sampling.Poisson(0.05))
+
+
+def test_event_accountant_records_events_and_reads_their_composition(tmp_path):
+    state = pj.accountant.init(capacity=4, event=LAPLACE)
+    step = jax.jit(pj.accountant.step)
+    state = step(state, LAPLACE, steps=20)
+    other = pj.Event(pj.noise.Laplace(3.0), pj.sampling.Poisson(0.1))
+    state = pj.accountant.step(state, other, steps=10)
+    run = pj.accountant.events(state)
+    assert run == [(LAPLACE, 20), (other, 10)]
+    expected = pj.compose([LAPLACE.pld().self_compose(20), other.pld().self_compose(10)])
+    assert pj.accountant.epsilon(state, DELTA) == pytest.approx(float(expected.epsilon(DELTA)),
+                                                                rel=1e-12)
+    with pytest.raises(ValueError, match="events"):
+        pj.accountant.segments(state)
+    with pytest.raises(ValueError, match="structure"):
+        pj.accountant.step(state, 1.0, 0.01)
+    for path in (tmp_path / "e.npz", tmp_path / "e.json"):
+        pj.accountant.save(path, state)
+        restored = pj.accountant.load(path, capacity=4, event=LAPLACE)
+        assert pj.accountant.events(restored) == run
+        with pytest.raises(ValueError):
+            pj.accountant.load(path, capacity=4)  # a DP-SGD accountant: another layout
+
+
+def test_event_accountant_rounds_float32_parameters_to_the_safe_side(x64_off):
+    state = jax.jit(pj.accountant.step)(pj.accountant.init(event=LAPLACE), LAPLACE, steps=3)
+    [(event, steps)] = pj.accountant.events(state)
+    assert steps == 3
+    assert event.noise.scale <= 2.0 and event.noise.sensitivity >= 1.0
+    assert event.sampling.sampling_prob >= 0.05 and event.sampling.sampling_prob == pytest.approx(
+        0.05, rel=1e-7)
+    # a mixture's parameters have no safe side: a float32 one is not recorded, readings raise
+    mixture = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Mixture(np.array([0.0, 1.0]),
+                                                                  np.array([0.9, 0.1])))
+    marked = jax.jit(pj.accountant.step)(pj.accountant.init(event=mixture), mixture)
+    with pytest.raises(ValueError, match="float32"):
+        pj.accountant.epsilon(marked, DELTA)
+
+
+def test_files_of_the_dpsgd_accountant_before_events_still_load(tmp_path):
+    from pldjax.accounting import accountant
+    from pldjax.core import serialization as io
+    from pldjax.core.precision import pack
+    old = pack(accountant._Legacy(jnp.array([1.1, 1.0]), jnp.array([0.01, 0.0]),
+                                  jnp.array([100, 0]), jnp.array(1), jnp.array(False)))
+    io.save(tmp_path / "old.json", old, kind="accountant", params={"capacity": 2})
+    restored = pj.accountant.load(tmp_path / "old.json", capacity=2)
+    assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
+
+
+def test_event_accountant_state_is_the_same_with_x64_on_and_off(x64_off, tmp_path):
+    off = pj.accountant.step(pj.accountant.init(capacity=2, event=LAPLACE), LAPLACE, steps=4)
+    pj.accountant.save(tmp_path / "off.npz", off)
+    jax.config.update("jax_enable_x64", True)
+    on = pj.accountant.step(pj.accountant.init(capacity=2, event=LAPLACE), LAPLACE, steps=4)
+    restored = pj.accountant.load(tmp_path / "off.npz", capacity=2, event=LAPLACE)
+    jax.config.update("jax_enable_x64", False)
+    for state in (off, restored):
+        for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(state), strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))

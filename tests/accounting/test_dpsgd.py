@@ -1,0 +1,664 @@
+"""DP-SGD accounting: batched configurations, schedules, sharding, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import pldjax as pj
+
+SIGMAS = np.array([[0.8], [1.5]])
+QS = np.array([0.02, 1.0])
+
+
+def test_arrays_broadcast_and_match_one_at_a_time():
+    got = pj.dpsgd_epsilon(SIGMAS, QS, 50, 1e-5)
+    assert got.shape == (2, 2)
+    for i, sigma in enumerate(SIGMAS[:, 0]):
+        for j, q in enumerate(QS):
+            # a batch groups configurations by the grid each gets alone: the same values
+            assert got[i, j] == pytest.approx(pj.dpsgd_epsilon(sigma, q, 50, 1e-5), rel=1e-9)
+            # the public path's window leaves 1e-18 outside, dpsgd's delta / 2^20 (charged to
+            # delta, so epsilon rises by about a millionth)
+            one = pj.gaussian(sigma, sampling_prob=q).self_compose(50).epsilon(1e-5)
+            assert got[i, j] == pytest.approx(one, rel=1e-6)
+    lower = pj.dpsgd_epsilon(SIGMAS, QS, 50, 1e-5, pessimistic=False)
+    assert np.all(lower <= got) and np.all(got - lower <= 2e-3 * got)
+
+
+def test_delta_and_epsilon_are_inverse():
+    eps = pj.dpsgd_epsilon(1.2, 0.05, [10, 200], 1e-6)
+    back = pj.dpsgd_delta(1.2, 0.05, [10, 200], eps)
+    np.testing.assert_allclose(back, 1e-6, rtol=1e-6)
+    # both are upper bounds; their windows (and so their round-off bounds, about 1e-15 here)
+    # differ, the delta path's charging less tail
+    assert np.all(back <= 1e-6 + 1e-14)
+
+
+def test_nothing_spent_without_steps_or_sampling():
+    assert pj.dpsgd_epsilon(1.0, 0.01, 0, 1e-5) == 0.0
+    assert pj.dpsgd_epsilon(1.0, 0.0, 100, 1e-5) == 0.0
+    assert pj.dpsgd_delta(1.0, 0.01, 0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("args,match", [
+    ((0.0, 0.01, 10, 1e-5), "noise_multiplier"),
+    ((1.0, 1.5, 10, 1e-5), "sampling_prob"),
+    ((1.0, 0.01, 2.5, 1e-5), "steps"),
+    ((1.0, 0.01, -1, 1e-5), "steps"),
+    ((1.0, 0.01, 10, 2.0), "delta"),
+    ((1.0, float("nan"), 10, 1e-5), "sampling_prob"),
+])
+def test_bad_input_names_the_argument(args, match):
+    with pytest.raises(ValueError, match=match):
+        pj.dpsgd_epsilon(*args)
+
+
+def test_schedule_composes_segments_exactly():
+    whole = pj.dpsgd_epsilon(1.0, 0.02, 300, 1e-5)
+    split = pj.compose_schedule([(1.0, 0.02, 100), (1.0, 0.02, 200)]).epsilon(1e-5)
+    assert split == pytest.approx(whole, rel=1e-6)
+    mixed = pj.compose_schedule([(1.0, 0.02, 100), (0.7, 0.05, 20), (2.0, 0.5, 0)])
+    assert not mixed.symmetric
+    assert mixed.epsilon(1e-5) > pj.dpsgd_epsilon(1.0, 0.02, 100, 1e-5)
+    assert mixed.epsilon(1e-5) > pj.dpsgd_epsilon(0.7, 0.05, 20, 1e-5)
+    assert pj.compose_schedule([(1.0, 0.5, 0)]).epsilon(1e-5) == 0.0
+    with pytest.raises(ValueError, match="segments\\[1\\]"):
+        pj.compose_schedule([(1.0, 0.02, 100), (1.0, 0.02)])
+    with pytest.raises(ValueError, match="sampling_prob"):
+        pj.compose_schedule([(1.0, -0.1, 100)])
+
+
+# five configurations on four devices (one chunk padded); alike, so that they share few kernels
+_SWEEP = [[1.0, 1.1, 0.9, 1.0, 1.2], [0.02, 0.02, 0.025, 0.03, 0.02], [100, 50, 300, 200, 10]]
+
+
+def test_sharded_sweep_agrees_with_unsharded():
+    """Four CPU devices (XLA_FLAGS), configuration axis sharded over a device mesh; on the
+    automatic grid and at rtol (each configuration on its own grid step)."""
+    code = textwrap.dedent(f"""
+        import json, jax, pldjax as pj
+        assert len(jax.devices()) == 4, jax.devices()
+        print(json.dumps([pj.dpsgd_epsilon(*{_SWEEP!r}, 1e-5, rtol=rtol).tolist()
+                          for rtol in (None, 1e-2)]))
+    """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    sharded = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+    # same grids and kernels; only the FFT batch per device differs (round-off level)
+    for got, rtol in zip(sharded, (None, 1e-2), strict=True):
+        np.testing.assert_allclose(got, pj.dpsgd_epsilon(*_SWEEP, 1e-5, rtol=rtol), rtol=1e-7)
+
+
+def test_first_call_compiles_only_the_kernels():
+    """A new process's first dpsgd_epsilon compiles (or loads from the persistent cache) its three
+    kernels (the curve, its masses with their windows placed, the composition), the sizing one
+    and the one-op probe of their XLA options, and nothing else: host glue in NumPy, no small
+    program per eager jnp operation (each costs tens of ms to compile, and a cache look-up, in
+    every new process)."""
+    code = textwrap.dedent("""
+        import logging, jax, pldjax as pj
+        names = []
+        class Names(logging.Handler):
+            def emit(self, record):
+                message = record.getMessage()
+                if message.startswith("Compiling "):
+                    names.append(message.split()[1])
+        logging.getLogger("jax").addHandler(Names())
+        jax.config.update("jax_log_compiles", True)
+        pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+        print(" ".join(names))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    names = out.stdout.split()
+    assert sorted(names) == sorted(["jit(_half_widths)", "jit(_curve_kernel)", "jit(_masses_kernel)",
+                                    "jit(_compose_and_evaluate)", "jit(option_probe)"]), names
+
+
+def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
+    """The composition kernel compiles once per (rows, window size): each PMF is wrapped to its
+    window on the host first, so mechanisms on grids of different lengths share its shapes (a
+    sweep met 336 shapes before, one per mechanism size too)."""
+    from pldjax.accounting import engine as dpsgd
+
+    wraps, shapes = [], []
+    wrap, kernel = dpsgd.wrap_rows, dpsgd._compose_and_evaluate
+
+    def spy_wrap(xp, probs, size):
+        wraps.append((probs.shape[1], size))
+        return wrap(xp, probs, size)
+
+    def spy_kernel(wrapped, *args, **kwargs):
+        shapes.append(wrapped.shape)
+        return kernel(wrapped, *args, **kwargs)
+
+    monkeypatch.setattr(dpsgd, "wrap_rows", spy_wrap)
+    monkeypatch.setattr(dpsgd, "_compose_and_evaluate", spy_kernel)
+    before = kernel._cache_size()
+    # sigma 0.6 and 2.0 at q = 0.01, T = 1000: mechanism grids of 16,384 and 4,096 points, both
+    # composed on windows of 20,480
+    got = pj.dpsgd_epsilon([0.6, 2.0], 0.01, 1000, 1e-5)
+    assert len(set(shapes)) < len(set(wraps))
+    assert kernel._cache_size() - before <= len(set(shapes))
+    np.testing.assert_allclose(got, [pj.dpsgd_epsilon(s, 0.01, 1000, 1e-5) for s in (0.6, 2.0)],
+                               rtol=1e-9)
+
+
+@pytest.mark.parametrize("target", ["epsilon", pytest.param("delta", marks=pytest.mark.slow)])
+def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
+    """On an accelerator a chunk stays on the device and each composition call's rows are
+    gathered and wrapped there (dpsgd._gather_rows), always a full call of rows (or, for a call
+    of few configurations, the power of two of their rows) on a window of a power of two (one
+    compiled composition per octave); forced here on a CPU, it must give the values of the host
+    path, for a repeated configuration and rows of several window sizes (the delta target,
+    which gathers the same way, with the slow tests: each target compiles its own kernels,
+    about 25 s from an empty cache)."""
+    from pldjax.accounting import engine as dpsgd
+
+    # sigma 1e-6: windows of 2 and 64 points (a full call of 2-point rows once asked for 567 GB)
+    sigma, q, steps = [1.0, 1.0, 1.0, 1e-6], [0.02, 0.02, 0.02, 0.01], [1000, 10, 1000, 1000]
+    account, at = ((pj.dpsgd_epsilon, 1e-5) if target == "epsilon" else (pj.dpsgd_delta, 1.0))
+    want = account(sigma, q, steps, at)
+    calls = []
+    gather = dpsgd._gather_rows
+
+    def spy(probs, index, scalars, *, size):
+        calls.append((len(index), size))
+        return gather(probs, index, scalars, size=size)
+
+    monkeypatch.setattr(dpsgd, "_keeps_chunks_on_device", lambda: True)
+    monkeypatch.setattr(dpsgd, "_gather_rows", spy)
+    got = account(sigma, q, steps, at)
+    assert len({size for _, size in calls}) > 2
+    # 4 configurations, 8 rows
+    assert all(rows == min(dpsgd._rows_per_call(size, 1), 8) for rows, size in calls)
+    # there windows are rounded up to powers of two: a wider window leaves less of the tail
+    # (charged to delta) outside, which moves epsilon by about 1e-8 and a tiny delta by round-off
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-14)
+
+
+def _host_round_trips_on_a_gpu(kernel, args, kwargs) -> list[str]:
+    """The conditionals, and the loops without a trip count XLA knows, of ``kernel``'s program
+    lowered for CUDA and optimized by this machine's XLA (its loop analysis is the one a GPU's
+    compiler runs): each would make a GPU wait for the host (see compilation.early_exit_on_cpu)."""
+    import re
+
+    from jax.extend import backend
+
+    client = backend.get_backend("cpu")
+    compile_ = getattr(client, "compile_and_load", None)
+    if compile_ is None:
+        pytest.skip("this jaxlib's client has no compile_and_load")
+    text = kernel._jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",)).as_text()
+    hlo = compile_(text, client.devices()[:1]).hlo_modules()[0].to_string()
+    return [line.strip()[:100] for line in hlo.splitlines()
+            if re.search(r" conditional\(", line)
+            or (re.search(r" while\(", line) and "known_trip_count" not in line)]
+
+
+@pytest.mark.parametrize("rtol", [None, 5e-2])
+def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
+    """Every program a DP-SGD epsilon runs on an accelerator (the windows' sizes, the curve,
+    the masses and window placement, the gather, the composition), lowered for CUDA: no
+    conditional and no loop of unknown length, so the host queues a sweep's chunks while the
+    device works (on the CPU the same kernels keep their early exits, as this check shows)."""
+    from pldjax.accounting import engine as dpsgd
+    from pldjax.core import compilation
+
+    monkeypatch.setattr(dpsgd, "_keeps_chunks_on_device", lambda: True)
+    calls, compositions = {}, []
+    run = compilation.ExportedKernel.__call__
+
+    def spy(self, *args, **kwargs):
+        calls.setdefault(self.__name__, (self, args, kwargs))
+        if self.__name__ == "_compose_and_evaluate":
+            compositions.append((self, args, kwargs))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(compilation.ExportedKernel, "__call__", spy)
+    pj.dpsgd_epsilon([1.0, 2.0], [0.01, 0.1], [1000, 30], 1e-5, rtol=rtol)
+    monkeypatch.undo()
+    assert {"_curve_kernel", "_masses_kernel", "_gather_rows", "_compose_and_evaluate"} <= set(calls)
+    for name, call in calls.items():
+        assert _host_round_trips_on_a_gpu(*call) == [], name
+    # the check sees them where they are: the composition's power width on the CPU (a window
+    # too small for the short width has none)
+    assert any(" conditional(" in kernel._jitted.trace(*args, **kwargs).lower().compile().as_text()
+               for kernel, args, kwargs in compositions)
+
+
+def test_cli_dpsgd_and_sweep(tmp_path, capsys):
+    from pldjax.cli import main
+
+    assert main(["epsilon", "--noise-multiplier", "1.0", "--sampling-prob", "0.05", "--steps", "30",
+                 "--delta", "1e-5"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("epsilon = ") and "optimistic" in line
+    assert float(line.split()[2]) == pytest.approx(pj.dpsgd_epsilon(1.0, 0.05, 30, 1e-5), rel=1e-5)
+    configs = tmp_path / "configs.csv"
+    configs.write_text("noise_multiplier,sampling_prob,steps,delta\n1.0,0.05,30,1e-5\n2.0,0.1,5,1e-6\n")
+    out = tmp_path / "out.csv"
+    assert main(["sweep", str(configs), "--output", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "noise_multiplier,sampling_prob,steps,delta,epsilon,epsilon_optimistic"
+    second = lines[2].split(",")
+    assert float(second[4]) == pytest.approx(pj.dpsgd_epsilon(2.0, 0.1, 5, 1e-6), rel=1e-6)
+    assert float(second[5]) <= float(second[4])
+    configs.write_text("noise_multiplier,steps,delta\n1.0,30,1e-5\n")
+    assert main(["sweep", str(configs)]) == 2
+    assert "sampling_prob" in capsys.readouterr().err
+
+
+def _one_step_exact_epsilon(sigma, q, delta):
+    """epsilon(delta) of one Poisson-subsampled Gaussian step (both directions), by bisection on the
+    closed-form curve (laplace-transform-dp.txt Thm 5.1 with mpmath Gaussian tails)."""
+    from reference import gaussian_delta, subsampled_add_delta, subsampled_remove_delta
+
+    base = lambda e: gaussian_delta(1 / sigma, e)  # noqa: E731
+    curve = lambda e: max(subsampled_remove_delta(base, q, e), subsampled_add_delta(base, q, e))  # noqa: E731
+    lo, hi = 0.0, 1e4
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if curve(mid) > delta else (lo, mid)
+    return lo, hi
+
+
+def test_small_noise_brackets_exact_one_step():
+    """sigma = 0.05, q = 0.5: the optimistic value was 284.73 above the exact 280.547."""
+    lo, hi = _one_step_exact_epsilon(0.05, 0.5, 1e-5)
+    assert pj.dpsgd_epsilon(0.05, 0.5, 1, 1e-5) >= lo
+    assert pj.dpsgd_epsilon(0.05, 0.5, 1, 1e-5, pessimistic=False) <= hi
+
+
+@pytest.mark.parametrize("q", [0.1, 0.5, 0.9])
+def test_tiny_noise_is_finite_and_sound(q):
+    """sigma <= 0.03 gave NaN: the add direction's window missed its loss."""
+    lo, hi = _one_step_exact_epsilon(0.02, q, 1e-5)
+    upper = pj.dpsgd_epsilon(0.02, q, 1, 1e-5)
+    lower = pj.dpsgd_epsilon(0.02, q, 1, 1e-5, pessimistic=False)
+    assert np.isfinite(upper) and upper >= lo
+    assert not np.isnan(lower) and 0 <= lower <= hi
+
+
+@pytest.mark.slow
+def test_optimistic_at_a_tiny_sampling_probability_finishes_and_is_below_the_upper_bound():
+    """q = 1e-6 over 1e9 steps: four optimistic curves of 2^20 + 1 nearly collinear candidates,
+    whose hull the peeling does not settle, so the monotone chain finishes it. A version that
+    ran the chain inside vmap took quadratic time here (not done in 300 s); about 10 s now."""
+    lower = pj.dpsgd_epsilon(0.6, 1e-6, 10**9, 1e-5, pessimistic=False)
+    upper = pj.dpsgd_epsilon(0.6, 1e-6, 10**9, 1e-5)
+    assert 0 <= lower <= upper
+
+
+def test_alone_and_in_a_batch_at_small_noise():
+    """NaN alone and finite in a batch: both finite and sound now (a batch shares one
+    grid size, so the two can differ within the discretization error)."""
+    lo, _ = _one_step_exact_epsilon(0.02, 0.01, 1e-5)
+    alone = pj.dpsgd_epsilon(0.02, 0.01, 1, 1e-5)
+    batch = pj.dpsgd_epsilon(np.array([0.02, 1.0]), 0.01, 1, 1e-5)
+    assert lo <= alone == pytest.approx(batch[0], rel=1e-4) and batch[0] >= lo
+
+
+def test_delta_one_costs_nothing_and_delta_at_most_one():
+    assert pj.dpsgd_epsilon(0.5, 0.05, 1000, 1.0) == 0.0
+    assert pj.dpsgd_delta(1.1, 0.05, 100788, 0.0) <= 1.0
+
+
+def _gaussian_epsilon(mu, delta):
+    """Exact epsilon of mu-GDP at delta (closed form of the Gaussian's privacy curve)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def curve(eps):  # e^eps times a tiny cdf in logs (mu = 20 reads at eps near 285)
+        return (norm.cdf(-eps / mu + mu / 2) - np.exp(eps + norm.logcdf(-eps / mu - mu / 2))
+                - delta)
+
+    return brentq(curve, 0.0, mu * mu / 2 + 10 * mu, xtol=1e-14, rtol=1e-15)
+
+
+@pytest.mark.parametrize("rtol", [1e-2, 1e-3])
+def test_rtol_is_sound_and_about_as_accurate_as_asked_closed_form(rtol):
+    # q = 1: T steps of the Gaussian mechanism are G_{sqrt(T) / sigma} exactly
+    sigma, steps, delta = 2.0, 100, 1e-5
+    truth = _gaussian_epsilon(np.sqrt(steps) / sigma, delta)
+    upper = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, rtol=rtol)
+    lower = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, rtol=rtol, pessimistic=False)
+    assert lower <= truth <= upper <= truth * (1 + 3 * rtol)
+    back = pj.dpsgd_delta(sigma, 1.0, steps, truth, rtol=rtol)
+    assert delta <= back <= 1.0
+
+
+@pytest.mark.parametrize("sigma,q,count", [
+    (1.0, 0.01, 1000), pytest.param(0.8, 0.05, 100, marks=pytest.mark.slow)])
+def test_rtol_coarse_is_sound_against_dp_accounting(sigma, q, count):
+    from dp_accounting.pld import privacy_loss_distribution as pldlib
+
+    lower_ref = pldlib.from_gaussian_mechanism(
+        sigma, sampling_prob=q, value_discretization_interval=1e-4, pessimistic_estimate=False
+    ).self_compose(count).get_epsilon_for_delta(1e-5)
+    upper_ref = pldlib.from_gaussian_mechanism(
+        sigma, sampling_prob=q, value_discretization_interval=1e-4
+    ).self_compose(count).get_epsilon_for_delta(1e-5)
+    coarse = pj.dpsgd_epsilon(sigma, q, count, 1e-5, rtol=1e-2)
+    assert lower_ref <= coarse <= upper_ref * (1 + 3e-2)
+    both = pj.dpsgd_epsilon([sigma, sigma], q, count, 1e-5, rtol=1e-2)
+    np.testing.assert_allclose(both, coarse, rtol=1e-12)  # batched: the same grid as alone
+
+
+@pytest.mark.parametrize("sigma,q,count", [(1.147, 0.00104, 139), (2.659, 0.00101, 157)])
+def test_rtol_is_about_as_accurate_as_asked_at_small_epsilon(sigma, q, count):
+    """Few steps at a small sampling probability: epsilon is tiny (0.05, 0.013) and Renyi DP
+    overestimates it 10-17x; a step sized from that estimate was 4x rtol off (bench/dpsgd.py's
+    sweep: 85 of 1,024 configurations beyond rtol). Against dp-accounting at 1e-5."""
+    from dp_accounting.pld import privacy_loss_distribution as pldlib
+
+    upper_ref = pldlib.from_gaussian_mechanism(
+        sigma, sampling_prob=q, value_discretization_interval=1e-5
+    ).self_compose(count).get_epsilon_for_delta(1e-5)
+    got = pj.dpsgd_epsilon(sigma, q, count, 1e-5, rtol=1e-2)
+    lower = pj.dpsgd_epsilon(sigma, q, count, 1e-5, rtol=1e-2, pessimistic=False)
+    assert lower <= upper_ref * (1 + 1e-9)
+    assert upper_ref * (1 - 1e-3) <= got <= upper_ref * (1 + 1e-2)
+
+
+def test_renyi_estimate_behind_rtol_matches_dp_accounting():
+    """rtol sizes its steps from an epsilon estimate by Renyi DP (never reported): at each of its
+    orders the Renyi divergence is dp-accounting's, and the conversion the standard one; the
+    extremes (q = 1, q = 0, sigma 1e-6 and 1e17) give numbers, never NaN."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from pldjax.accounting.planner import _RDP_ORDERS, rdp_epsilon
+
+    cases = [(1.0, 0.01, 10_000, 1e-5), (2.659, 0.00101, 157, 1e-5), (0.6, 0.05, 100_000, 1e-9),
+             (5.0, 1.0, 10, 1e-3), (1.147, 0.3, 1, 0.5)]
+    sigma, q, steps, delta = (np.array(column) for column in zip(*cases, strict=True))
+    got = rdp_epsilon(sigma, q, steps, delta)
+    for (s, p, t, d), value in zip(cases, got, strict=True):
+        divergence = rdp._compute_rdp_poisson_subsampled_gaussian(p, s, _RDP_ORDERS)
+        expected = np.min(t * divergence + np.log(1 / d) / (_RDP_ORDERS - 1))
+        np.testing.assert_allclose(value, expected, rtol=1e-10)
+    extremes = rdp_epsilon(np.array([1.0, 1.0, 1e-6, 1e17]), np.array([1.0, 0.0, 0.01, 0.01]),
+                            np.full(4, 1e9), np.full(4, 1e-5))
+    assert not np.any(np.isnan(extremes)) and np.all(extremes >= 0)
+
+
+def test_rtol_configurations_of_one_size_share_a_chunk_across_grid_steps(monkeypatch):
+    """rtol gives each configuration its own grid step; those of one mechanism grid size share
+    a chunk whatever their steps (one discretization, each row on its own step; a chunk of one
+    step each was many small chunks, on a GPU each a few ms of launches), and each gets its
+    single call's value."""
+    from pldjax.accounting import engine as dpsgd
+
+    chunks = []
+    run = dpsgd._account_chunk
+
+    def spy(*args, **kwargs):
+        chunks.append(np.unique(kwargs["grid_steps"]))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(dpsgd, "_account_chunk", spy)
+    sigma, q = np.array([0.8, 1.0, 1.0, 2.0, 1.5]), np.array([0.01, 0.01, 0.02, 0.05, 0.003])
+    steps = np.array([100, 1000, 10000, 300, 3000])
+    got = pj.dpsgd_epsilon(sigma, q, steps, 1e-5, rtol=1e-2)
+    monkeypatch.undo()
+    assert len(chunks) == 2 and max(len(grid_steps) for grid_steps in chunks) == 3
+    singles = [pj.dpsgd_epsilon(*config, 1e-5, rtol=1e-2)
+               for config in zip(sigma, q, steps, strict=True)]
+    np.testing.assert_allclose(got, singles, rtol=1e-12)
+
+
+def test_rtol_sets_the_step_and_schedules_take_it():
+    coarse, fine = (pj.compose_schedule([(1.0, 0.02, 300)], rtol=r) for r in (1e-1, 1e-3))
+    assert float(coarse.step) >= 8 * float(fine.step)
+    assert coarse.epsilon(1e-5) >= fine.epsilon(1e-5) * (1 - 1e-3)  # both upper bounds
+
+
+@pytest.mark.parametrize("rtol", [0.0, -1e-3, 1.5, float("nan"), [1e-2, 1e-3]])
+def test_bad_rtol_is_refused(rtol):
+    with pytest.raises(ValueError, match="rtol"):
+        pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=rtol)
+
+
+def _max_statistic_epsilon(sigma, q, steps, delta):
+    """A lower bound on the true epsilon of ``steps`` Poisson-subsampled Gaussian steps (remove
+    direction), from the events S = {some step's output exceeds c}: delta >= P(S) - e^eps Q(S)
+    at the true epsilon, so eps >= log((P(S) - delta) / Q(S)) for every c (closed form, SciPy)."""
+    from scipy.stats import norm
+
+    c = np.linspace(0.0, 10.0 * sigma + 1.0, 4001)
+    base = norm.sf(c / sigma)
+    mixed = (1 - q) * base + q * norm.sf((c - 1) / sigma)
+    q_s = -np.expm1(steps * np.log1p(-base))
+    p_s = -np.expm1(steps * np.log1p(-mixed))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bounds = np.log((p_s - delta) / q_s)
+    return np.max(bounds[np.isfinite(bounds)])
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(0.5, 1e-6, 10**7), (0.5, 1e-8, 10**9)])
+def test_rtol_answers_where_the_default_grid_does(sigma, q, steps):
+    """A tiny sampling probability over many steps: one step's loss spread (q sqrt(e^(1/sigma^2)
+    - 1), 7e-6 and 7e-8 nats) asked for steps on which the mechanism's window (2.4 nats wide)
+    could not fit the largest mechanism grid; it was placed around its centre, far from the mass
+    near 0, and the composition was refused even at rtol = 1, where the default grid answers.
+    rtol's step is now never finer than the one on which the window fits."""
+    lower = _max_statistic_epsilon(sigma, q, steps, 1e-5)
+    default = pj.dpsgd_epsilon(sigma, q, steps, 1e-5)
+    default_schedule = pj.compose_schedule([(sigma, q, steps)]).epsilon(1e-5)
+    assert lower > 0.03 if q == 1e-6 else lower > 0.0
+    for rtol in (1e-2, 1.0):
+        got = pj.dpsgd_epsilon(sigma, q, steps, 1e-5, rtol=rtol)
+        assert lower <= got <= default * (1 + 1e-9)
+        schedule = pj.compose_schedule([(sigma, q, steps)], rtol=rtol).epsilon(1e-5)
+        assert lower <= schedule <= default_schedule * (1 + 1e-9)
+
+
+def test_rtol_too_fine_for_the_composition_names_rtol():
+    """rtol = 1e-8 asks the Gaussian's 10^6 steps for a composition window of 2^27 points (more
+    than grid.MAX_SIZE): the refusal says to raise rtol (a fixed Grid cannot be passed with it).
+    A step too fine for the mechanism's own window is raised to the finest that fits instead
+    (test_rtol_answers_where_the_default_grid_does): 100 subsampled steps answer at rtol = 1e-8."""
+    with pytest.raises(ValueError, match="use a larger rtol"):
+        pj.dpsgd_epsilon(2.0, 1.0, 10**6, 1e-5, rtol=1e-8)
+    with pytest.raises(ValueError, match=r"rtol=1e-08 .* segments\[0\]"):
+        pj.compose_schedule([(2.0, 1.0, 10**6)], rtol=1e-8)
+    assert pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5, rtol=1e-8) == pytest.approx(
+        pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5), rel=1e-4)
+
+
+@pytest.mark.parametrize("sigma,q", [(1e13, 0.01), (1e12, 1.0), (1e17, 1.0)])
+def test_rtol_for_a_loss_narrower_than_min_spread(sigma, q):
+    """sigma = 1e13: rtol asked for steps of 2^-46 nats, on which the curve's round-off outweighed
+    its masses and the call reported inf; its steps stopped at 2^-43, where the Gaussian without
+    sampling (q = 1) still reported inf (delta(0) = 1); they now stop at MIN_SPREAD, 2^-40. The
+    truth is 0 (delta(0) = 2 Phi(mu / 2) - 1 <= 1.3e-11 here), as the default grid says."""
+    from scipy.stats import norm
+
+    # below: the Gaussian's delta(0) without sampling (a subsampled one's is smaller)
+    below = 2 * norm.cdf(np.sqrt(1000) / sigma / 2) - 1 if q == 1 else 0.0
+    for rtol in (1e-3, 0.1):
+        assert pj.dpsgd_epsilon(sigma, q, 1000, 1e-5, rtol=rtol) == 0.0
+        assert below <= pj.dpsgd_delta(sigma, q, 1000, 0.0, rtol=rtol) <= 1e-7
+    assert pj.dpsgd_epsilon(sigma, q, 1000, 1e-5) == 0.0
+
+
+def test_rtol_optimistic_answers_where_its_window_would_span_too_far():
+    """The optimistic estimate's window spans at most grid.OPTIMISTIC_SPAN nats: rtol's step is
+    kept within what that allows (these were refused with an error about a Grid.step nobody
+    passed). The Gaussian of sigma = 0.05 once is G_20: the closed form lies between the two."""
+    truth = _gaussian_epsilon(20.0, 1e-5)
+    lower = pj.dpsgd_epsilon(0.05, 1.0, 1, 1e-5, rtol=1e-2, pessimistic=False)
+    upper = pj.dpsgd_epsilon(0.05, 1.0, 1, 1e-5, rtol=1e-2)
+    assert 0.0 < lower <= truth <= upper
+    lower, upper = (pj.dpsgd_epsilon(1e-6, 0.01, 100, 1e-5, rtol=1e-2, pessimistic=pessimistic)
+                    for pessimistic in (False, True))
+    assert 0.0 <= lower <= upper and not np.isnan(lower)
+
+
+def test_rtol_and_a_fixed_step_are_exclusive():
+    with pytest.raises(ValueError, match="rtol"):
+        pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, rtol=1e-2, grid=pj.Grid(step=2.0**-10))
+    with pytest.raises(ValueError, match="rtol"):
+        pj.compose_schedule([(1.0, 0.01, 10)], rtol=1e-2, grid=pj.Grid(step=2.0**-10))
+
+
+@pytest.mark.parametrize("delta", [1e-2, pytest.param(1e-10, marks=pytest.mark.slow)])
+def test_window_tail_follows_delta_and_stays_sound_closed_form(delta):
+    # dpsgd_epsilon's windows leave delta / 2^20 outside (charged to delta): still bounds on
+    # both sides of the exact value (q = 1: G_{sqrt(T) / sigma}), at the default accuracy
+    sigma, steps = 3.0, 300
+    truth = _gaussian_epsilon(np.sqrt(steps) / sigma, delta)
+    upper = pj.dpsgd_epsilon(sigma, 1.0, steps, delta)
+    lower = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, pessimistic=False)
+    assert lower <= truth <= upper <= truth * (1 + 1e-4)
+
+
+def test_repeated_configurations_match_single_calls():
+    # a configuration given twice is composed once; every row gets its single call's value
+    sigmas, steps = [1.0, 2.0, 1.0, 1.0, 2.0], [300, 300, 300, 1000, 300]
+    got = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    singles = [pj.dpsgd_epsilon(s, 0.01, t, 1e-5) for s, t in zip(sigmas, steps, strict=True)]
+    np.testing.assert_allclose(got, singles, rtol=1e-9)
+
+
+def test_fft_sizes_waste_at_most_a_quarter():
+    from pldjax.core.grid import fft_size
+
+    n = np.arange(1, 5000)
+    sizes = np.array([fft_size(int(k)) for k in n])
+    assert np.all(sizes >= n) and np.all(sizes[8:] <= 1.25 * n[8:] + 1)
+    odd = sizes // (sizes & -sizes)  # the odd factor: 1, 3, 5 or 7 (fast FFT sizes)
+    assert set(np.unique(odd)) <= {1, 3, 5, 7} and np.all(sizes[8:] % 2 == 0)
+
+
+def test_small_composition_windows_are_powers_of_two():
+    """Few compiled shapes where padding is cheap: powers of two up to SMALL_WINDOW points, the
+    FFT sizes of grid.fft_size above."""
+    from pldjax.accounting.engine import SMALL_WINDOW, composition_size
+    from pldjax.core.grid import fft_size
+
+    widths = np.arange(1, 4 * SMALL_WINDOW)
+    sizes = np.array([composition_size(int(w)) for w in widths])
+    small = widths <= SMALL_WINDOW
+    assert np.all(sizes >= widths) and np.all(sizes[small] & (sizes[small] - 1) == 0)
+    assert len(np.unique(sizes[small])) == int(np.log2(SMALL_WINDOW)) + 1
+    np.testing.assert_array_equal(sizes[~small], [fft_size(int(w)) for w in widths[~small]])
+
+
+# -- any event ------------------------------------------------------------------------------------
+def test_dpsgd_is_the_accounting_of_its_event():
+    event = pj.dpsgd_event(0.8, 0.02, "replace_one")
+    assert pj.event_epsilon(event, 50, 1e-5) == pj.dpsgd_epsilon(0.8, 0.02, 50, 1e-5,
+                                                                 neighboring="replace_one")
+
+
+def test_event_matches_laplace_closed_form():
+    # one Laplace release: epsilon(delta) = 1/b + 2 log(1 - delta), the loss bounded by 1/b
+    scales = np.array([0.5, 2.0])
+    got = pj.event_epsilon(pj.Event(pj.noise.Laplace(scales)), 1, 1e-5)
+    exact = 1 / scales + 2 * np.log1p(-1e-5)
+    assert np.all(got >= exact) and np.all(got <= exact + 1e-3)
+
+
+@pytest.mark.slow
+def test_subsampled_event_batch_matches_its_plds():
+    # both directions: a batch gives each configuration's own PLD's values
+    scales = np.array([0.5, 2.0])
+    event = pj.Event(pj.noise.Laplace(scales), pj.sampling.Poisson(0.05))
+    eps = pj.event_epsilon(event, 30, 1e-5)
+    delta = pj.event_delta(event, 30, eps)
+    for i, b in enumerate(scales):
+        one = pj.Event(pj.noise.Laplace(b), pj.sampling.Poisson(0.05)).pld().self_compose(30)
+        # rel 1e-6: the event path's windows leave delta / 2^20 outside (charged to delta)
+        assert eps[i] == pytest.approx(float(one.epsilon(1e-5)), rel=1e-6)
+    assert np.all(delta <= 1e-5 * (1 + 1e-6))
+
+
+def test_integer_noise_batch_gets_each_ones_exact_lattice():
+    scales = np.array([2.0, 3.0])
+    got = pj.event_delta(pj.Event(pj.noise.DiscreteLaplace(scales)), 10, 1.0)
+    for i, b in enumerate(scales):
+        one = pj.Event(pj.noise.DiscreteLaplace(b)).pld().self_compose(10)
+        # to round-off: the event path's windows are dpsgd.composition_size points,
+        # self_compose's powers of two
+        assert got[i] == pytest.approx(float(one.delta(1.0)), rel=1e-12)
+
+
+def test_event_edges_refused_clearly():
+    laplace = pj.Event(pj.noise.Laplace(1.0), pj.sampling.Poisson(0.1))
+    with pytest.raises(ValueError, match="rtol needs"):
+        pj.event_epsilon(laplace, 10, 1e-5, rtol=1e-2)
+    with pytest.raises(ValueError, match="rtol needs every segment"):
+        pj.compose_schedule([(1.0, 0.1, 10), (laplace, 10)], rtol=1e-2)
+    with pytest.raises(ValueError, match="event must be a pldjax.Event"):
+        pj.event_epsilon((1.0, 0.1), 10, 1e-5)
+    with pytest.raises(ValueError, match="cannot run under jit"):
+        jax.jit(lambda s: pj.event_epsilon(pj.Event(pj.noise.Laplace(s)), 1, 1e-5))(1.0)
+    with pytest.raises(ValueError, match="scalars"):
+        pj.compose_schedule([(pj.Event(pj.noise.Laplace(np.array([1.0, 2.0]))), 3)])
+    with pytest.raises(ValueError, match="steps"):
+        pj.event_epsilon(laplace, -1, 1e-5)
+    # nothing sampled, nothing spent
+    assert pj.event_epsilon(pj.Event(pj.noise.Laplace(1.0), pj.sampling.Poisson(0.0)), 5, 0.0) == 0
+
+
+def test_schedule_takes_event_segments():
+    laplace = pj.Event(pj.noise.Laplace(2.0))
+    mixed = pj.compose_schedule([(laplace, 3), (1.0, 0.5, 2)])
+    parts = pj.compose([laplace.pld().self_compose(3), pj.gaussian(1.0, sampling_prob=0.5)
+                        .self_compose(2)])
+    assert float(mixed.epsilon(1e-5)) == float(parts.epsilon(1e-5))
+
+
+def test_event_accounting_ignores_the_callers_x64(x64_off):
+    event = pj.Event(pj.noise.Laplace(np.array([0.5, 2.0])))
+    off = pj.event_epsilon(event, 1, 1e-5)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        on = pj.event_epsilon(event, 1, 1e-5)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert np.array_equal(off, on) and off.dtype == np.float64
+
+
+def test_rows_of_different_chunks_share_a_composition_call(monkeypatch):
+    """Rows wait for others of their window size across chunks (a call of fewer rows than
+    cores costs a CPU as much as a full one): with one configuration a chunk, a call is padded
+    with repeats only at the end, at most once per window size (it was once per chunk)."""
+    from pldjax.accounting import engine as dpsgd
+
+    rows, sizes, kernel = [], set(), dpsgd._compose_and_evaluate
+
+    def spy(wrapped, *args, **kwargs):
+        rows.append(wrapped.shape[0])
+        sizes.add(wrapped.shape[1])
+        return kernel(wrapped, *args, **kwargs)
+
+    monkeypatch.setattr(dpsgd, "_compose_and_evaluate", spy)
+    monkeypatch.setattr(dpsgd, "CHUNK", 1)
+    monkeypatch.setattr(dpsgd, "_rows_per_call", lambda size, devices: 2)
+    # q = 0.3: the two directions need windows of different sizes (10,240 and 14,336 points)
+    sigmas = np.array([1.0, 1.001, 1.002, 1.003, 1.004])
+    got = pj.dpsgd_epsilon(sigmas, 0.3, 100, 1e-5)
+    assert len(sizes) == 2
+    assert sum(rows) - 2 * sigmas.size <= len(sizes)
+    np.testing.assert_allclose(got, [pj.dpsgd_epsilon(s, 0.3, 100, 1e-5) for s in sigmas],
+                               rtol=1e-12)
+
+
+def test_progress_counts_every_configuration_once(capsys):
+    """``progress=True``: a bar on stderr after each chunk, ending at all configurations (here
+    three mechanism grids, so three chunks; zero steps count as nothing to do)."""
+    pj.dpsgd_epsilon([0.6, 2.0, 8.0, 1.0], 0.01, [1000, 100, 10, 0], 1e-5, progress=True)
+    reports = capsys.readouterr().err.split("\r")[1:]
+    assert reports[-1].endswith("] 3/3 configurations\n")
+    assert [int(r.split("] ")[1].split("/")[0]) for r in reports] == sorted(
+        int(r.split("] ")[1].split("/")[0]) for r in reports)

@@ -1,0 +1,242 @@
+"""What a fresh process pays before its first answer: the import's cost, and the
+exported kernels kept beside the compilation cache. The cache policy itself is tested in
+test_api.py, the compiled-program count in test_dpsgd.py."""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pldjax as pj
+from pldjax.accounting import engine
+from pldjax.core import compilation
+
+
+def test_import_leaves_scipy_out():
+    """``import pldjax`` loads no SciPy (0.1-0.4 s of every fresh process): the few host-side
+    users (Mixture.binomial, gdp_tail_epsilon, the optional adapters) import it where they need it."""
+    code = "import sys, pldjax; print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux only")
+def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
+    # every compiled CPU kernel holds memory mappings; a 1,024-configuration sweep reached Linux's
+    # limit and died of a segfault inside XLA. Past the threshold JAX's caches are dropped: the
+    # mappings go back down, and a sweep that drops them after every chunk gets the same values
+    square = jax.jit(lambda x: x * x)
+    square(jnp.ones(3))
+
+    def mappings():
+        return Path("/proc/self/maps").read_bytes().count(b"\n")
+
+    assert not compilation.release_compiled_kernels(limit=10**9)
+    assert square._cache_size() == 1
+    before = mappings()
+    for size in range(8):  # compiled kernels add mappings ...
+        jax.jit(lambda x: jnp.fft.rfft(x) * 2)(jnp.ones(size + 8)).block_until_ready()
+    assert mappings() > before
+    during = mappings()
+    assert compilation.release_compiled_kernels(limit=0)
+    assert square._cache_size() == 0 and mappings() < during  # ... which dropping gives back
+    sigmas, steps = np.linspace(0.6, 3.0, 4), np.geomspace(100, 3000, 4).round()
+    whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    monkeypatch.setattr(compilation, "MAPPING_FRACTION", 0.0)  # drop after every chunk
+    monkeypatch.setattr(engine._MAPPINGS, "first", 0)
+    monkeypatch.setattr(engine._MAPPINGS, "every", 0)
+    drops, release = [], compilation.release_compiled_kernels
+    monkeypatch.setattr(compilation, "release_compiled_kernels",
+                        lambda: drops.append(release()) or drops[-1])
+    np.testing.assert_array_equal(pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5), whole)
+    assert sum(drops) >= 2  # chunks of several mechanism sizes, each after a drop
+
+
+def test_mapping_guard_reads_the_mappings_only_every_so_many_new_kernels(monkeypatch):
+    """A read of /proc/self/maps costs milliseconds once a process holds many kernels: the guard
+    looks at `first` compiled shapes, then after every `every` more, and again from `first` once
+    the caches were dropped (by it or by anyone)."""
+    from pldjax.core import compilation
+
+    class Kernel:
+        shapes = 0
+
+        def _cache_size(self):
+            return self.shapes
+
+    kernel, reads, answer = Kernel(), [], [False]
+
+    def release():
+        reads.append(kernel.shapes)
+        if answer[0]:
+            kernel.shapes = 0
+        return answer[0]
+
+    monkeypatch.setattr(compilation, "release_compiled_kernels", release)
+    guard = compilation.MappingGuard([kernel], first=4, every=3)
+    for shapes in range(12):
+        kernel.shapes = shapes
+        guard.check()
+    assert reads == [4, 7, 10]
+    answer[0] = True
+    kernel.shapes = 13
+    assert guard.check() and kernel.shapes == 0
+    for shapes in (1, 3):
+        kernel.shapes = shapes
+        assert not guard.check()
+    kernel.shapes = 4
+    assert guard.check()
+    assert reads == [4, 7, 10, 13, 4]
+
+
+def _accounting_values():
+    # the pessimistic path's kernels (curve, masses with windows) on a batch at rtol's step, the
+    # optimistic path's (masses, windows) with the other target and relation
+    return [pj.dpsgd_epsilon(np.array([0.8, 2.0]), 0.02, 500, 1e-6, rtol=1e-2),
+            pj.dpsgd_delta(1.0, 0.05, 200, 2.0, neighboring="replace_one", pessimistic=False)]
+
+
+def _exported_kernels():
+    from pldjax.accounting import engine as dpsgd
+    from pldjax.kernels import discretize
+
+    return (*discretize.MECHANISM_KERNELS, discretize._half_widths, dpsgd._compose_and_evaluate)
+
+
+@pytest.fixture
+def exported_to(tmp_path, monkeypatch):
+    """Exported kernels on, kept in tmp_path, with nothing remembered in memory."""
+    from pldjax.core import compilation
+
+    for kernel in _exported_kernels():
+        monkeypatch.setattr(kernel, "_calls", {})
+    monkeypatch.setattr(compilation, "_exported_dir", tmp_path)
+    return tmp_path
+
+
+def test_exported_kernels_give_the_values_of_jit(exported_to):
+    """The kernels' programs exported to disk (jax.export) and read back give the values of the
+    jitted kernels, bit for bit; an unreadable entry is exported again."""
+    from pldjax.core import compilation
+
+    written = _accounting_values()
+    files = sorted(exported_to.glob("*.jaxexport"))
+    assert len(files) >= 5
+    for kernel in _exported_kernels():
+        kernel._calls.clear()  # read back from disk
+    files[0].write_bytes(b"not a program")
+    read = _accounting_values()
+    compilation._exported_dir = None  # the jitted kernels themselves (the fixture restores it)
+    plain = _accounting_values()
+    for a, b, c in zip(written, read, plain, strict=True):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, c)
+    assert files[0].read_bytes() != b"not a program"
+
+
+def test_exported_kernel_falls_back_to_jit_where_it_cannot_export(exported_to):
+    """Inside a trace, or with a static argument that has no description stable across
+    processes (an object's repr holds its address), the kernel runs as a plain jitted function."""
+    from pldjax.core.compilation import exported_jit
+
+    @exported_jit(static_argnames=("scale",))
+    def scaled(x, *, scale):
+        return x * (scale() if callable(scale) else scale)
+
+    assert float(scaled(jnp.ones(()), scale=2.0)) == 2.0
+    assert len(list(exported_to.glob("scaled-*"))) == 1
+    assert float(jax.jit(lambda x: scaled(x, scale=3.0))(jnp.ones(()))) == 3.0
+    holder = type("Holder", (), {"__call__": lambda self: 4.0})()
+    assert float(scaled(jnp.ones(()), scale=holder)) == 4.0
+    assert len(list(exported_to.glob("scaled-*"))) == 1
+
+
+def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to):
+    """A kernel called without jax_enable_x64 (float32 programs for float64 NumPy inputs) and
+    then with it gets two programs: the float32 one, read back from disk, failed the float64
+    call with a dtype mismatch in every later process."""
+    from pldjax.core.compilation import exported_jit
+
+    @exported_jit()
+    def doubled(x):
+        return 2 * x
+
+    argument = np.ones(3, np.float64)
+    with jax.enable_x64(False):
+        assert doubled(argument).dtype == jnp.float32
+    doubled._calls.clear()  # a later process: read back from disk
+    with jax.enable_x64(True):
+        assert doubled(argument).dtype == jnp.float64
+    assert len(list(exported_to.glob("doubled-*"))) == 2
+
+
+def test_a_new_process_reads_the_exported_kernels(tmp_path):
+    """Two fresh processes with pldjax's cache in one directory: the second finds every kernel
+    program the first exported (no entry is written again) and gives the same epsilon."""
+    code = textwrap.dedent("""
+        import pldjax as pj
+        print(repr(pj.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env["PLDJAX_COMPILATION_CACHE"] = str(tmp_path / "xla")
+    run = functools.partial(subprocess.run, [sys.executable, "-c", code], capture_output=True,
+                            text=True, timeout=600, env=env)
+    first = run()
+    assert first.returncode == 0, first.stderr
+    entries = {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*.jaxexport")}
+    assert len(entries) == 4  # the three kernels of one configuration and the sizing one
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*")} == entries
+
+
+def test_kernels_compile_with_their_cpu_options_only_where_xla_knows_them():
+    """A kernel given ``cpu_options`` compiles with them on a CPU; with an option this XLA does
+    not know (a later jaxlib may drop one) it compiles as a plain jitted kernel, same values."""
+    from pldjax.core import compilation
+
+    def curve(x):
+        return jnp.exp(-x) * jnp.log1p(x)
+
+    fast = compilation.exported_jit(cpu_options=compilation.FAST_COMPILE)(curve)
+    unknown = compilation.exported_jit(cpu_options={"xla_no_such_option": True})(curve)
+    assert jax.default_backend() == "cpu"
+    assert fast.kernel is fast._tuned
+    assert unknown.kernel is unknown._jitted
+    x = jnp.linspace(0.0, 5.0, 101)
+    np.testing.assert_allclose(fast(x), unknown(x), rtol=1e-15)
+    np.testing.assert_allclose(fast(x), np.exp(-np.asarray(x)) * np.log1p(np.asarray(x)),
+                               rtol=1e-14)
+
+
+def test_values_computed_once_are_unchanged_and_not_recomputed_per_use():
+    """computed_once leaves its values in place (batched, and a tuple of more values than it
+    sorts, too), and the 128 x 128 matrix of 128 powers (pldjax.kernels.hockey_stick._powers, on every grid
+    evaluation's path) computes each power once: XLA's CPU fusion put the pow into the gather
+    that places the powers, 16,384 of them."""
+    from pldjax.core.compilation import computed_once
+    from pldjax.kernels.hockey_stick import _powers
+
+    values = jnp.asarray([[3.0, -1.0, jnp.nan, 2.0], [0.5, 0.5, -jnp.inf, 7.0]])
+    np.testing.assert_array_equal(jax.jit(computed_once)(values), values)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(computed_once))(values), values)
+    many = jnp.tile(values, (1, 100)), -jnp.tile(values, (1, 100))  # a tuple, past the sort's 256
+    for got, want in zip(jax.jit(jax.vmap(computed_once))(many), many, strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(_powers(0.5, 128, jnp.float64)[3, 5:8], [0.25, 0.125, 0.0625],
+                               rtol=1e-15)
+    # as the blocked recurrence uses it: a product, for a batch of decays
+    products = jax.jit(jax.vmap(lambda decay, rows: rows @ _powers(decay, 128, jnp.float64).T))
+    if jax.default_backend() == "cpu":
+        program = products.lower(jnp.full(4, 0.5), jnp.ones((4, 8, 128))).compile().as_text()
+        fused = [part for part in program.split("\n\n") if part.startswith("%fused")]
+        assert not [part for part in fused if " power(" in part and " gather(" in part]

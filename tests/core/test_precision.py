@@ -1,0 +1,34 @@
+"""pldjax.core.precision: exact 64-bit packing and directed roundings used by filters and states."""
+
+import jax
+import jax.numpy as jnp
+import mpmath as mp
+import numpy as np
+
+from pldjax.core.precision import pack, root_of_difference_down, unpack
+
+
+def test_pack_round_trips_float64_and_int64_bit_for_bit_with_x64_off(x64_off):
+    with jax.enable_x64(True):
+        values = (jnp.asarray([0.1, -0.0, np.inf, np.nan, 5e-324, 1.7976931348623157e308]),
+                  jnp.asarray([2**62 + 1, -1], jnp.int64), jnp.asarray(True))
+        packed = pack(values)
+    assert packed[0].dtype == packed[1].dtype == np.uint32 and packed[0].shape == (6, 2)
+    back = jax.jit(lambda x: x)(packed)  # a caller's jit with x64 off leaves uint32 alone
+    with jax.enable_x64(True):
+        out = unpack(back, values)
+        np.testing.assert_array_equal(np.asarray(out[0]).view(np.uint64),
+                                      np.asarray(values[0]).view(np.uint64))
+        assert np.asarray(out[1]).tolist() == [2**62 + 1, -1] and bool(out[2])
+
+
+def test_root_of_difference_is_rounded_down_by_mpmath():
+    mp.mp.dps = 50
+    rng = np.random.default_rng(0)
+    mu = np.exp(rng.uniform(np.log(1e-3), np.log(1e6), 2000))
+    nu = mu * rng.uniform(0, 1, 2000) ** rng.choice([1, 8, 64], 2000)
+    with jax.enable_x64(True):
+        got = np.asarray(root_of_difference_down(jnp.asarray(mu), jnp.asarray(nu)))
+    for g, m, n in zip(got, mu, nu, strict=True):
+        exact = mp.sqrt(mp.mpf(float(m)) ** 2 - mp.mpf(float(n)) ** 2)
+        assert mp.mpf(float(g)) <= exact and g >= float(exact) * (1 - 1e-15)

@@ -1,0 +1,504 @@
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference import gaussian_delta, gaussian_epsilon, rr_kfold_delta, rr_mixed_delta
+
+import pldjax as pj
+
+DELTAS = [1e-3, 1e-5, 1e-8, 1e-12]
+
+
+@pytest.mark.parametrize("sigma,count", [(1.0, 1), (1.0, 100), (2.0, 1000), (0.7, 10), (4.0, 3000)])
+def test_gaussian_composition_matches_gdp_closed_form(sigma, count):
+    mu = math.sqrt(count) / sigma
+    upper = pj.gaussian(sigma).self_compose(count)
+    lower = pj.gaussian(sigma, pessimistic=False).self_compose(count)
+    eps_up, eps_lo = upper.epsilon(DELTAS), lower.epsilon(DELTAS)
+    for i, d in enumerate(DELTAS):
+        exact = gaussian_epsilon(mu, d)
+        assert eps_up[i] >= exact * (1 - 1e-9)
+        assert eps_lo[i] <= exact * (1 + 1e-9)
+        # within 0.1% of exact; at 1e-12 the FFT round-off allowance costs up to 1%
+        tolerance = 0.001 if d >= 1e-8 else 0.01
+        assert eps_up[i] <= exact * (1 + tolerance) + 1e-9
+        assert eps_up[i] - eps_lo[i] <= (tolerance + 0.004) * exact + 1e-9
+    eps = np.array([0.0, 0.5, 1.0]) * mu * mu + np.array([0.0, 1.0, 2.0]) * mu
+    for e, up, lo in zip(eps, upper.delta(eps), lower.delta(eps), strict=True):
+        exact = gaussian_delta(mu, e)
+        assert lo <= exact * (1 + 1e-9) + 1e-15 <= up * (1 + 2e-9) + 2e-15
+
+
+def test_spectrum_with_a_zero_composes_without_nan():
+    # the q = 1 "subsampled" Gaussian's window has an exact zero in its spectrum: its log is -inf,
+    # and -inf times the count must stay -inf (it was NaN, and every reading with it)
+    composed = pj.gaussian(1.0, sampling_prob=1.0).self_compose(2)
+    exact = gaussian_epsilon(math.sqrt(2.0), 1e-5)  # mu of two sigma = 1 releases
+    assert exact <= composed.epsilon(1e-5) <= exact * (1 + 1e-4)
+    assert pj.compose_schedule([(1.0, 1.0, 2)]).epsilon(1e-5) >= exact
+
+
+def test_randomized_response_kfold_matches_corollary_4_7():
+    eps, delta, k = 0.5, 1e-6, 20
+    upper = pj.randomized_response(eps, delta).self_compose(k)
+    ts = np.array([0.0, 1.0, 2.5, 4.0, 6.0])
+    got = upper.delta(ts)
+    want = np.array([rr_kfold_delta(eps, delta, k, t) for t in ts])
+    # dyadic epsilon sits on the grid: the discrete PLD is exact up to round-off
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+    assert np.all(got >= want - 1e-15)
+
+
+def test_randomized_response_mixed_matches_theorem_4_6():
+    pairs = [(1.0, 1e-5), (0.5, 0.0), (0.25, 1e-6), (0.3, 1e-7)]  # 0.3 is not on the grid
+    upper = pj.compose([pj.randomized_response(e, d) for e, d in pairs])
+    lower = pj.compose([pj.randomized_response(e, d, pessimistic=False) for e, d in pairs])
+    ts = np.array([0.0, 0.5, 1.0, 1.5, 2.0])
+    want = np.array([rr_mixed_delta(pairs, t) for t in ts])
+    got_up, got_lo = upper.delta(ts), lower.delta(ts)
+    assert np.all(got_up >= want - 1e-15)
+    assert np.all(got_lo <= want + 1e-15)
+    np.testing.assert_allclose(got_up, want, rtol=5e-3, atol=1e-9)
+
+
+def test_compose_sequence_of_gaussians_is_gaussian():
+    sigmas = [1.0, 2.0, 0.5]
+    mu = math.sqrt(sum(1 / s**2 for s in sigmas))
+    upper = pj.compose([pj.gaussian(s) for s in sigmas])
+    for d in [1e-4, 1e-9]:
+        exact = gaussian_epsilon(mu, d)
+        got = float(upper.epsilon(d))
+        assert exact <= got <= exact * 1.001
+
+
+def test_self_compose_equals_repeated_compose():
+    p = pj.laplace(2.0)
+    once = p.self_compose(4)
+    fold = pj.compose([p, p, p, p])
+    eps = np.array([0.0, 0.5, 1.0, 1.5])
+    np.testing.assert_allclose(once.delta(eps), fold.delta(eps), rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_mass_is_conserved_through_composition(pessimistic):
+    p = pj.laplace(0.5, pessimistic=pessimistic)
+    for q in [p.self_compose(50), p.compose(pj.gaussian(1.0, pessimistic=pessimistic)),
+              pj.compose([p, p], size=512)]:
+        assert float(q.total_mass()) == pytest.approx(1.0, abs=1e-13)
+        assert np.all(np.asarray(q.probs) >= 0)
+
+
+def test_truncation_is_pessimistic():
+    p = pj.gaussian(1.0).compose(pj.gaussian(1.0))
+    small = pj.compose([pj.gaussian(1.0), pj.gaussian(1.0)], size=256)
+    assert small.size == 256
+    eps = np.linspace(0, 6, 13)
+    assert np.all(small.delta(eps) >= p.delta(eps) - 1e-15)
+    small_lo = pj.compose([pj.gaussian(1.0, pessimistic=False)] * 2, size=256)
+    assert np.all(small_lo.delta(eps) <= p.delta(eps) + 1e-15)
+
+
+def test_identity_is_neutral():
+    p = pj.gaussian(1.5)
+    eps = np.array([0.0, 1.0, 2.0])
+    np.testing.assert_allclose(p.compose(pj.identity()).delta(eps), p.delta(eps), rtol=1e-9)
+    np.testing.assert_allclose(p.self_compose(0).delta(eps), pj.identity().delta(eps))
+
+
+def test_different_power_of_two_steps_compose_exactly():
+    a = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-6))
+    b = pj.gaussian(1.0, grid=pj.Grid(step=2.0**-8))
+    c = a.compose(b)
+    assert float(c.step) == 2.0**-8
+    exact = gaussian_epsilon(math.sqrt(2), 1e-6)
+    assert exact <= float(c.epsilon(1e-6)) <= exact * 1.001
+
+
+def test_pessimistic_and_optimistic_cannot_mix():
+    with pytest.raises(ValueError, match="pessimistic"):
+        pj.gaussian(1.0).compose(pj.gaussian(1.0, pessimistic=False))
+
+
+def test_batched_self_composition():
+    sigmas = np.array([0.8, 1.0, 2.0])
+    eps = pj.gaussian(sigmas).self_compose(100).epsilon(1e-5)
+    assert eps.shape == (3,)
+    for s, e in zip(sigmas, eps, strict=True):
+        exact = gaussian_epsilon(10 / s, 1e-5)
+        assert exact <= e <= exact * 1.001
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma,count", [(1.0, 10_000), (0.5, 1000), (5.0, 100_000)])
+def test_gaussian_large_counts(sigma, count):
+    mu = math.sqrt(count) / sigma
+    upper = pj.gaussian(sigma).self_compose(count)
+    lower = pj.gaussian(sigma, pessimistic=False).self_compose(count)
+    for d in [1e-5, 1e-10, 1e-12]:
+        exact = gaussian_epsilon(mu, d)
+        assert float(lower.epsilon(d)) <= exact <= float(upper.epsilon(d))
+    exact = gaussian_epsilon(mu, 1e-5)
+    assert float(upper.epsilon(1e-5)) <= exact * 1.001
+
+
+# -- guards: every size a caller can pass is capped, huge counts refused, never NaN ---------------
+def test_grid_size_is_capped():
+    from pldjax.core import grid
+
+    assert pj.Grid(size=grid.MAX_MECHANISM_SIZE).size == grid.MAX_MECHANISM_SIZE
+    for size in (grid.MAX_MECHANISM_SIZE + 1, 2**28, 10**18):
+        with pytest.raises(ValueError, match=r"Grid.size must be an integer in \[2, 1048576\]"):
+            pj.Grid(size=size)
+
+
+def test_explicit_window_sizes_are_capped():
+    from pldjax.core import grid
+
+    g = pj.gaussian(1.0)
+    with pytest.raises(ValueError, match=r"size must be an integer in \[2, 33554432\]"):
+        g.self_compose(10, size=2**26)
+    with pytest.raises(ValueError, match=r"size must be an integer in \[1, 33554432\]"):
+        pj.compose([g, g], size=grid.MAX_SIZE + 1)
+
+
+def test_convolution_and_automatic_windows_are_capped(monkeypatch):
+    from pldjax.core import grid
+
+    g = pj.gaussian(1.0)  # 2048 points
+    monkeypatch.setattr(grid, "MAX_SIZE", 1024)
+    with pytest.raises(ValueError, match="FFT of 4096 points.*2 \\* grid.MAX_SIZE = 2048"):
+        pj.compose([g, g])
+    with pytest.raises(ValueError, match="MAX_SIZE = 1024"):
+        g.self_compose(10**4)
+
+
+def test_approx_dp_composition_guards():
+    from pldjax.core import grid
+
+    limit = (grid.MAX_SIZE - 1) // 2
+    for count in (limit + 1, 10**9, 10**18):
+        with pytest.raises(ValueError, match=rf"count must be an integer in \[1, {limit}\]"):
+            pj.approx_dp_composition(0.1, 0.0, count)
+    with pytest.raises(ValueError, match="grid.step"):
+        pj.approx_dp_composition(1.0, 0.0, 10, grid=pj.Grid(step=1e-9))
+    with pytest.raises(ValueError, match="grid.step"):
+        pj.approx_dp_composition(1e300, 0.0, 10, grid=pj.Grid(step=1.0))
+    with pytest.raises(ValueError, match="epsilon must be a scalar"):
+        pj.approx_dp_composition(np.array([0.1, 0.2]), 0.0, 10)
+    with pytest.raises(ValueError, match="delta must be a scalar"):
+        pj.approx_dp_composition(0.1, [1e-5], 10)
+
+
+@pytest.mark.parametrize(("epsilon", "delta", "count", "t"), [(1e-4, 1e-9, 5000, 0.0),
+                                                           (0.5, 1e-6, 40, 1.0), (2.0, 0.0, 300, 30.0)])
+def test_approx_dp_composition_is_exact(epsilon, delta, count, t):
+    """The closed form to a few ulps (Cor. 4.7 in mpmath): its binomial masses came from
+    log-gamma, 8e-12 off at count 5000, and delta(0) was 4.6e-12 below the truth."""
+    from reference import rr_kfold_delta
+
+    exact = rr_kfold_delta(epsilon, delta, count, t)
+    assert float(pj.approx_dp_composition(epsilon, delta, count).delta(t)) == pytest.approx(
+        exact, rel=1e-14, abs=0)
+
+
+@pytest.mark.parametrize("count", [10**12, 10**13, 10**15, 10**18, 2**63, 10**30, 10**400])
+def test_huge_counts_are_refused_consistently(count):
+    g = pj.gaussian(1.0)
+    with pytest.raises(ValueError, match="MAX_SIZE|too large|count must be an integer in"):
+        g.self_compose(count)
+    if count > 10**12:  # an explicit window cannot rescue indices beyond float64's integers
+        with pytest.raises(ValueError, match="too large|count must be an integer in"):
+            g.self_compose(count, size=1024)
+
+
+def test_huge_count_in_a_small_explicit_window_is_a_sound_bound():
+    # 10**12 runs of G_1 are G_(10**6): delta(eps) = 1 to double precision for eps << mu^2 / 2
+    p = pj.gaussian(1.0).self_compose(10**12, size=1024)
+    delta = p.delta([0.0, 10.0, 1e6])
+    assert np.all(delta >= 1.0 - 1e-12) and np.all(delta <= 1.0)
+
+
+def test_window_widths_refuse_lost_precision_and_huge_indices():
+    """Each refusal is a CompositionTooWide (a ValueError the adapters catch alone, answering
+    with the Chernoff bound), with the caller's remedy."""
+    from pldjax.kernels.compose import MAX_INDEX, CompositionTooWide, pmf_summary, window_widths
+
+    summary = jax.vmap(pmf_summary)(jnp.array([[0.5, 0.5]]))
+    offset = np.array([-1])
+    assert window_widths(summary, offset, 10, np.array([-10.0]), np.array([0.0])).tolist() == [11.0]
+    with pytest.raises(CompositionTooWide, match="cannot be placed.*coarser Grid"):
+        window_widths(summary, offset, 10, np.array([0.0]), np.array([-1.0]))
+    with pytest.raises(CompositionTooWide, match="steps = .* too large for this grid.*raise it"):
+        window_widths(summary, offset, MAX_INDEX, np.array([-1.0]), np.array([0.0]), "steps",
+                      "raise it")
+    # the support alone (offset + last index with mass, times the count) reaches MAX_INDEX
+    with pytest.raises(CompositionTooWide, match="too large for this grid"):
+        window_widths(summary, np.array([1]), MAX_INDEX // 2 + 1, np.array([0.0]), np.array([1.0]))
+    # no finite mass: nothing to place
+    empty = jax.vmap(pmf_summary)(jnp.zeros((1, 2)))
+    assert window_widths(empty, offset, 10**30, np.array([np.inf]),
+                         np.array([-np.inf])).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("count", [2, 5, 10**18])
+def test_all_mass_at_infinity_composes_to_itself(count):
+    p = pj.approx_dp_composition(0.0, 1.0).self_compose(count)
+    assert float(p.delta(3.0)) == 1.0
+    assert float(p.epsilon(0.5)) == np.inf
+    assert float(pj.identity().self_compose(count).delta(0.0)) == 0.0
+
+
+def test_dpsgd_huge_steps_refused():
+    with pytest.raises(ValueError, match="steps"):
+        pj.dpsgd_epsilon(1.0, 0.01, 10**18, 1e-5)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1.0])
+def test_no_finite_mass_self_composes_without_nan(epsilon):
+    # found by the property tests: randomized_response(eps, delta=1) has all its mass at +inf
+    p = pj.randomized_response(epsilon, 1.0).self_compose(2)
+    assert float(p.delta(0.0)) == 1.0
+
+
+def test_huge_count_guards_with_caller_x64_off(x64_off):
+    g = pj.gaussian(1.0)
+    with pytest.raises(ValueError, match="too large"):
+        g.self_compose(10**18)
+    assert float(pj.approx_dp_composition(0.0, 1.0).self_compose(10**18).delta(3.0)) == 1.0
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_self_compose_with_all_mass_at_infinity(pessimistic):
+    """R_{eps,1} has no finite mass: its composition is fully revealing, never NaN."""
+    composed = pj.randomized_response(1.0, 1.0, pessimistic=pessimistic).self_compose(2)
+    assert np.all(composed.delta(np.array([0.0, 1.0])) >= (1.0 if pessimistic else 1 - 1e-12))
+    assert not np.isnan(composed.epsilon(0.5))
+
+
+@pytest.mark.parametrize("count", [1, 10])
+def test_pure_dp_composes_to_its_exact_epsilon_at_delta_zero(count):
+    # the count-fold sum has no mass beyond count times the mechanism's largest loss, so round-off
+    # must not spread mass there: Laplace(1), sensitivity 1, is count-DP exactly (closed form)
+    event = pj.Event(pj.noise.Laplace(1.0))
+    assert count <= pj.event_epsilon(event, count, 0.0) <= count * (1 + 1e-12)
+    composed = pj.laplace(1.0).self_compose(count)
+    assert count <= float(composed.epsilon(0.0)) <= count * (1 + 1e-12)
+    for pessimistic in (True, False):  # and no delta (not even round-off) beyond it
+        pld = pj.laplace(1.0, pessimistic=pessimistic).self_compose(count)
+        assert float(pld.delta(count * (1 + 1e-9))) == 0.0
+
+
+def _sum_of_uniforms_pmf(count: int, size: int) -> np.ndarray:
+    """P(S = s), s = -size/2 .. size/2 - 1, for S the sum of ``count`` iid uniforms on {-3..3}:
+    the exact spectrum (sin(3.5 t) / (7 sin(t / 2)))^count, one inverse FFT (size far above S's
+    spread, so the wrap-around is negligible)."""
+    theta = 2 * np.pi * np.arange(size // 2 + 1) / size
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(theta == 0, 1.0, np.sin(3.5 * theta) / (7 * np.sin(theta / 2)))
+    power = np.sign(ratio) ** count * np.exp(count * np.log(np.abs(ratio)))
+    return np.fft.fftshift(np.fft.irfft(power, size))
+
+
+def test_round_off_in_the_total_mass_is_not_charged_count_fold():
+    # seven masses 1/7 sum to 1 - 2.2e-16 in float64; a 2^20-fold power made that a 2.3e-10
+    # deficit, charged to the +inf atom (dpsgd_epsilon(2, 1e-6, 1e6, 1e-10) was inf)
+    count, step, size = 2**20, 2.0**-11, 2**18
+    pld = pj.PLD(jnp.full(7, 1 / 7), jnp.float64(0.0), jnp.int64(-3), jnp.float64(step), True)
+    assert float(jnp.sum(pld.probs)) < 1.0
+    composed = pld.self_compose(count)
+    losses = (np.arange(size) - size // 2) * step
+    exact = _sum_of_uniforms_pmf(count, size)
+    for eps in (0.0, 1.0, 2.0, 3.0, 4.0):
+        want = np.sum(np.maximum(-np.expm1(eps - losses), 0.0) * exact)
+        assert want - 1e-12 <= float(composed.delta(eps)) <= want + 2e-11
+    assert float(composed.inf_mass) <= 1e-15
+    assert np.isfinite(pj.dpsgd_epsilon(2.0, 1e-6, 10**6, 1e-10))
+
+
+@pytest.mark.parametrize("case", ["wide", "lattice", "few"])
+def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monkeypatch):
+    """The power is taken only up to the batch's last frequency whose power is above e^-700
+    (1e-304); the rest would change no bin by more than that. Against the power over every
+    frequency (no shorter widths to choose from): equal to 1e-300 in every bin, on a composition
+    wide enough that a short width is taken (and a shorter one would drop frequencies that
+    matter), on a PMF on every other grid point (its spectrum
+    is periodic: the full width is needed) and at a small count."""
+    import importlib
+
+    import jax
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
+
+    rng = np.random.default_rng(7)
+    probs = rng.random((2, 64))
+    if case == "lattice":
+        probs[:, 1::2] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    count = {"wide": 700.0, "lattice": 4000.0, "few": 3.0}[case]
+    size = {"wide": 2**16, "lattice": 8192, "few": 256}[case]
+    args = (jnp.asarray(probs), jnp.zeros(2), jnp.array([-20, -31]), jnp.full(2, 0.01),
+            jnp.full(2, count))
+
+    def composed():
+        with jax.enable_x64(True):
+            return compose_module.self_compose_rows(*args, size=size, tail=1e-18,
+                                                    pessimistic=True)
+
+    spectrum = np.fft.rfft(probs, size)
+    kept = np.abs(spectrum) ** count >= np.exp(-700.0)
+    last = np.max(np.nonzero(kept.any(axis=0)))
+    # wide: within a short width (1/16 of 32,769 frequencies), above the 256 always computed
+    assert (case == "wide") == (256 < last < size // 2 // 16)
+    prefix = composed()
+    monkeypatch.setattr(compose_module, "_POWER_FRACTIONS", ())
+    full = composed()
+    for a, b in zip(prefix, full, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-300)
+
+
+@pytest.mark.parametrize("n", [9_000, 2**14 + 5])
+def test_coarse_copy_has_each_blocks_mass_mean_and_variance(n):
+    """The Newton search's coarse copy of a PMF: each block of consecutive points as its mass,
+    mean and variance (NumPy, two passes), the last block padded with empty points, and an
+    empty block at its first point with variance 0."""
+    import importlib
+
+    import jax
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")
+    rng = np.random.default_rng(n)
+    probs = rng.random(n) ** 4
+    probs[100:400] = 0.0  # whole empty blocks
+    probs /= probs.sum()
+    offset, step = -1234, 3e-3
+    z = (offset + np.arange(n)) * step
+    with jax.enable_x64(True):
+        mass, center, variance = (np.asarray(a) for a in compose_module._coarse(
+            jnp.asarray(probs), jnp.asarray(z), step))
+    block = n // compose_module._CHERNOFF_COARSE_POINTS
+    assert block >= 4 and mass.shape == (-(-n // block),)
+    for i in range(mass.shape[0]):
+        p, zz = probs[i * block:(i + 1) * block], z[i * block:(i + 1) * block]
+        assert mass[i] == pytest.approx(p.sum(), rel=1e-14, abs=0)
+        if p.sum() == 0:
+            assert (center[i], variance[i]) == (zz[0], 0.0)
+            continue
+        mean = (p * zz).sum() / p.sum()
+        assert center[i] == pytest.approx(mean, rel=1e-13, abs=1e-13 * step)
+        assert variance[i] == pytest.approx((p * (zz - mean) ** 2).sum() / p.sum(), rel=1e-9,
+                                            abs=1e-13 * step**2)
+    assert np.any(mass == 0)  # the empty blocks were checked
+
+
+@pytest.mark.parametrize("count", [3.0, 1000.0, 10**6])
+def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
+    """The Newton search for the tangency t runs on a coarse copy of the PMF (blocks taken as
+    normals of their mass, mean and variance: no bound), and K is then evaluated on the PMF itself
+    at the t found. Every returned exponent must be the PMF's own count log E[e^{+-tZ}] (checked
+    in NumPy, log-sum-exp in float64), and the window edges within a little of the best Chernoff
+    edges (a fine scan over t, SciPy) on a 40,000-point PMF with a heavy upper tail."""
+    import importlib
+
+    import jax
+    from scipy.optimize import minimize_scalar
+    from scipy.special import logsumexp
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
+    n, offset, step, tail = 40_000, -4_000, 1e-4, 1e-12
+    z = (offset + np.arange(n)) * step
+    log_p = np.logaddexp(-0.5 * ((z - 0.01) / 0.02) ** 2, np.log(1e-3) - (z - 0.01) / 0.1)
+    probs = np.exp(log_p - logsumexp(log_p))
+    with jax.enable_x64(True):
+        t_up, up, t_down, down = (np.asarray(a) for a in compose_module.chernoff_exponents(
+            jnp.asarray(probs), offset, step, count, tail))
+        summary = compose_module.pmf_summary(jnp.asarray(probs))
+        lo, hi = (float(e) * step for e in compose_module.summary_window(
+            summary, offset, step, count, tail, (t_up, up, t_down, down)))
+    used = t_up > 0
+    assert used.any() and (t_down > 0).any()
+    for ts, ks, side in ((t_up, up, 1.0), (t_down, down, -1.0)):
+        for t, k in zip(ts[ts > 0], ks[ts > 0], strict=True):
+            exact = count * logsumexp(np.log(probs) + side * t * z)
+            assert k == pytest.approx(exact, rel=1e-12, abs=1e-12)
+
+    def edge(side):  # the best Chernoff edge of the count-fold sum on this side
+        def bound(log_t):
+            t = np.exp(log_t)
+            return (count * logsumexp(np.log(probs) + side * t * z) - np.log(tail / 2)) / t
+        return side * minimize_scalar(bound, bounds=(-15, 8), method="bounded",
+                                      options={"xatol": 1e-10}).fun
+
+    # never beyond the sum's support
+    best_hi = min(edge(1.0), count * (offset + n - 1) * step)
+    best_lo = max(edge(-1.0), count * offset * step)
+    width = best_hi - best_lo
+    assert best_hi - 1e-9 * width <= hi + step <= best_hi + 1e-3 * width + 2 * step
+    assert best_lo - 1e-3 * width - 2 * step <= lo - step <= best_lo + 1e-9 * width
+
+
+def _as_off_the_cpu(args, *, cpu, elsewhere):
+    """compilation.early_exit_on_cpu as a GPU runs it: what compose's kernels compute there."""
+    return elsewhere(*args)
+
+
+@pytest.mark.parametrize("count", [3.0, 700.0, 10**6])
+def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
+    """Off the CPU, the Chernoff search runs all its iterates (those after it converged keep
+    its carry) and the power takes every frequency, so that a GPU never waits for a predicate.
+    The same t bit for bit as the CPU's early exits, and the same composition to the FFT's
+    round-off (the branch is compiled apart from the rest; the count 700 composition takes the
+    CPU's short power width)."""
+    import importlib
+
+    import jax
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")
+    rng = np.random.default_rng(11)
+    probs = rng.random((2, 64)) ** 3
+    probs /= probs.sum(axis=1, keepdims=True)
+    args = (jnp.asarray(probs), jnp.zeros(2), jnp.array([-20, -31]), jnp.full(2, 0.01),
+            jnp.full(2, count))
+
+    def run():
+        with jax.enable_x64(True):
+            exponents = jax.vmap(compose_module.chernoff_exponents, (0, 0, 0, 0, None))(
+                args[0], args[2], args[3], args[4], 1e-18)
+            composed = compose_module.self_compose_rows(*args, size=2**16, tail=1e-18,
+                                                        pessimistic=True)
+        return [np.asarray(a) for a in (*exponents, *composed)]
+
+    on_cpu = run()
+    monkeypatch.setattr(compose_module, "early_exit_on_cpu", _as_off_the_cpu)
+    elsewhere = run()
+    for a, b in zip(on_cpu[:4], elsewhere[:4], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(on_cpu[4:], elsewhere[4:], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("sigma,count", [(1.0, 100), (4.0, 3000)])
+def test_gpu_composition_of_gaussians_bounds_the_gdp_closed_form(sigma, count, monkeypatch):
+    """The composition as a GPU computes it (every Chernoff iterate, every frequency's power),
+    run here on the Gaussian PLD: delta(eps) at or above the closed form of G_mu, mu =
+    sqrt(count) / sigma, and within 0.1% of it or the FFT's round-off (1e-14), as the CPU's."""
+    import importlib
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")
+    one = pj.gaussian(sigma)
+    on_cpu = one.self_compose(count)
+    size = on_cpu.probs.shape[0]
+    monkeypatch.setattr(compose_module, "early_exit_on_cpu", _as_off_the_cpu)
+    with jax.enable_x64(True):
+        probs, inf_mass, offset = compose_module.self_compose_rows(
+            one.probs[None], one.inf_mass[None], jnp.asarray(one.offset)[None],
+            jnp.asarray(one.step)[None], jnp.full(1, float(count)), size=size, tail=1e-18,
+            pessimistic=True)
+    composed = pj.PLD(probs[0], inf_mass[0], offset[0], one.step, True)
+    mu = math.sqrt(count) / sigma
+    for eps in (0.0, 0.5 * mu * mu + mu, mu * mu + 2 * mu):
+        exact = gaussian_delta(mu, eps)
+        got = float(composed.delta(eps))
+        assert exact * (1 - 2e-9) - 2e-15 <= got <= exact * (1 + 1e-3) + 1e-14
+        assert got == pytest.approx(float(on_cpu.delta(eps)), rel=1e-9, abs=1e-14)

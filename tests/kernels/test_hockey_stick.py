@@ -1,0 +1,109 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import brute_force_delta
+
+import pldjax as pj
+
+
+def _random_pld(seed: int, n: int, inf_mass: float) -> pj.PLD:
+    rng = np.random.default_rng(seed)
+    probs = rng.exponential(size=n) * (rng.random(n) < 0.6)
+    probs[rng.integers(n)] += 0.1  # never all zero
+    probs = probs / probs.sum() * (1 - inf_mass)
+    offset = int(rng.integers(-n, n // 2))
+    step = float(rng.choice([0.01, 0.1, 0.37]))
+    return pj.PLD(jnp.asarray(probs), jnp.asarray(inf_mass), jnp.asarray(offset), jnp.asarray(step))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 40),
+    inf_mass=st.sampled_from([0.0, 1e-9, 0.01]),
+    eps=st.floats(0.0, 5.0),
+)
+def test_delta_matches_brute_force(seed, n, inf_mass, eps):
+    pld = _random_pld(seed, n, inf_mass)
+    want = brute_force_delta(np.asarray(pld.losses), np.asarray(pld.probs), inf_mass, eps)
+    assert float(pld.delta(eps)) == pytest.approx(want, rel=1e-10, abs=1e-15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 40),
+    target=st.floats(1e-12, 0.5),
+)
+def test_epsilon_inverts_delta(seed, n, target):
+    pld = _random_pld(seed, n, 0.0)
+    eps = float(pld.epsilon(target))
+    assert float(pld.delta(eps)) <= target * (1 + 1e-9) + 1e-15
+    if eps > 1e-9:  # smallest such epsilon: a little less violates the target
+        assert float(pld.delta(eps * (1 - 1e-6) - 1e-9)) > target * (1 - 1e-9)
+
+
+def test_epsilon_is_infinite_when_the_atom_exceeds_delta():
+    p = pj.randomized_response(1.0, 1e-3)
+    assert np.isinf(p.epsilon(1e-4))
+    assert np.isfinite(p.epsilon(2e-3))
+
+
+def test_many_epsilons_in_one_call_and_shapes():
+    p = pj.gaussian(np.array([1.0, 2.0]))
+    eps = np.linspace(0, 5, 12).reshape(3, 4)
+    out = p.delta(eps)
+    assert out.shape == (2, 3, 4)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float64
+    assert np.all(np.diff(out.reshape(2, -1), axis=1) <= 0)
+    assert p.epsilon([1e-3, 1e-6]).shape == (2, 2)
+
+
+def test_two_directions_report_the_worse():
+    fwd = pj.gaussian(1.0)
+    rev = pj.gaussian(0.5)
+    both = pj.PLD(fwd.probs, fwd.inf_mass, fwd.offset, fwd.step, True, rev)
+    eps = np.array([0.5, 1.0, 2.0])
+    np.testing.assert_allclose(both.delta(eps), np.maximum(fwd.delta(eps), rev.delta(eps)))
+    assert float(both.epsilon(1e-5)) == pytest.approx(max(fwd.epsilon(1e-5), rev.epsilon(1e-5)))
+
+
+def test_delta_capped_at_one_and_epsilon_zero_at_delta_one():
+    """Masses summing to 1 + ulp must not give delta > 1; any PLD is (0, 1)-DP."""
+    pld = pj.PLD(jnp.array([0.5, 0.5 + 4e-16]), jnp.array(0.0), jnp.array(-3, jnp.int64),
+                 jnp.array(1.0))
+    d = pld.delta(np.array([0.0, 0.5, 10.0]))
+    assert np.all(d <= 1.0) and np.all(d >= 0.0)
+    eps = pld.epsilon(np.array([0.5, 1 - 1e-16, 1.0]))
+    assert eps[-1] == 0.0 and np.all(np.diff(eps) <= 0)
+
+
+@pytest.mark.parametrize("n", [127, 128, 129, 1000, 4099])
+@pytest.mark.parametrize("target", [1e-10, 1e-4, 0.05, 0.4])
+def test_epsilon_over_many_blocks_inverts_the_brute_force_delta(n, target):
+    # epsilon of one target locates its crossing block by block (profile._crossings)
+    pld = _random_pld(n, n, 1e-12)
+    losses, probs = np.asarray(pld.losses), np.asarray(pld.probs)
+    eps = float(pld.epsilon(target))
+    assert brute_force_delta(losses, probs, 1e-12, eps) <= target * (1 + 1e-9) + 1e-15
+    if eps > 1e-9:
+        assert brute_force_delta(losses, probs, 1e-12, eps * (1 - 1e-6) - 1e-9) > target * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 128, 16_385, 40_000, 2**21 + 7])
+@pytest.mark.parametrize("step", [1e-4, 0.01, 3.0])
+def test_reverse_recurrence_matches_a_sequential_filter(n, step):
+    # blocks of 128 points, then blocks of blocks (profile._block_starts) down to one: from 16,385
+    # points on, two levels and more; the reference runs x_k = t_k + e^-h x_{k+1} point by point
+    # (scipy's IIR filter)
+    from scipy.signal import lfilter
+
+    from pldjax.kernels import hockey_stick as profile
+
+    terms = np.random.default_rng(n).exponential(size=n)
+    want = lfilter([1.0], [1.0, -np.exp(-step)], terms[::-1])[::-1]
+    got = np.asarray(jax.jit(profile._reverse_recurrence)(jnp.exp(-step), jnp.asarray(terms)))
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -1,0 +1,144 @@
+"""Noise records (pldjax.mechanisms.noise) and the entry point that builds their PLDs (pj.privacy_loss)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference import gaussian_delta
+
+import pldjax as pj
+from pldjax.mechanisms.neighboring import Neighboring
+
+
+def _same(a: pj.PLD, b: pj.PLD) -> None:
+    assert len(a.directions()) == len(b.directions())
+    for x, y in zip(a.directions(), b.directions(), strict=True):
+        for name in ("probs", "inf_mass", "offset", "step"):
+            np.testing.assert_array_equal(np.asarray(getattr(x, name)), np.asarray(getattr(y, name)))
+
+
+@pytest.mark.parametrize("parts,named", [
+    ((pj.noise.Gaussian(0.7, sensitivity=2.0),), lambda: pj.gaussian(0.7, sensitivity=2.0)),
+    ((pj.noise.GDP(0.5),), lambda: pj.gdp(0.5)),
+    ((pj.noise.Laplace(1.3), pj.sampling.Poisson(0.05)), lambda: pj.laplace(1.3, sampling_prob=0.05)),
+    ((pj.noise.Gaussian(1.0), pj.sampling.Poisson(0.01), "replace_one"),
+     lambda: pj.gaussian(1.0, sampling_prob=0.01, neighboring="replace_one")),
+    ((pj.noise.Laplace(1.0), pj.sampling.FixedBatch(0.05), Neighboring.REPLACE_ONE),
+     lambda: pj.laplace(1.0, sampling_prob=0.05, neighboring="replace_one", sampling="fixed_batch")),
+    ((pj.noise.DiscreteLaplace(2.0, sensitivity=3),), lambda: pj.discrete_laplace(2.0, sensitivity=3)),
+    ((pj.noise.DiscreteGaussian(1.5), None, "replace_one"),
+     lambda: pj.discrete_gaussian(1.5, neighboring="replace_one")),
+    ((pj.noise.RandomizedResponse(1.0, 1e-6),), lambda: pj.randomized_response(1.0, 1e-6)),
+])
+def test_entry_point_is_what_the_named_constructors_build(parts, named):
+    _same(pj.privacy_loss(*parts), named())
+    _same(pj.Event(*parts).pld(), named())
+
+
+def test_a_sampling_record_is_accepted_by_the_named_constructors():
+    _same(pj.gaussian(1.0, sampling=pj.sampling.Poisson(0.01)), pj.gaussian(1.0, sampling_prob=0.01))
+
+
+def test_gdp_is_the_gaussian_with_unit_sensitivity():
+    _same(pj.privacy_loss(pj.noise.GDP(0.5)), pj.privacy_loss(pj.noise.Gaussian(2.0)))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: pj.noise.Gaussian(0.0), "sigma"),
+    (lambda: pj.noise.Gaussian(1.0, sensitivity=float("nan")), "sensitivity"),
+    (lambda: pj.noise.GDP(-1.0), "mu"),
+    (lambda: pj.noise.Laplace(np.array([1.0, -1.0])), "scale"),
+    (lambda: pj.noise.DiscreteLaplace(1.0, sensitivity=0.5), "sensitivity"),
+    (lambda: pj.noise.DiscreteGaussian(1e-200), "sigma"),
+    (lambda: pj.noise.RandomizedResponse(1.0, 2.0), "delta"),
+    (lambda: pj.privacy_loss(pj.noise.RandomizedResponse(1.0), neighboring="replace_one"), "add_remove"),
+    (lambda: pj.privacy_loss(pj.noise.Gaussian(1.0), neighboring="swap"), "neighboring"),
+    (lambda: pj.Event("gaussian"), "noise"),
+    (lambda: pj.Event(pj.noise.Gaussian(1.0), 0.1), "sampling"),
+    (lambda: pj.Event(pj.noise.Gaussian(1.0), neighboring="both"), "neighboring"),
+])
+def test_records_are_checked_when_built(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_event_is_a_pytree_with_static_structure():
+    a = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Poisson(0.01), "replace_one")
+    b = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.Poisson(0.02), Neighboring.REPLACE_ONE)
+    assert a.neighboring is Neighboring.REPLACE_ONE
+    assert jax.tree.leaves(a) == [1.0, 1.0, 0.01]  # sigma, sensitivity, sampling_prob
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    assert hash(jax.tree.structure(a)) == hash(jax.tree.structure(b))
+    assert hash(a) == hash(pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Poisson(0.01), "replace_one"))
+    mixture = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Mixture([0.0, 1.0], [0.5, 0.5]))
+    assert jax.tree.structure(mixture) != jax.tree.structure(a)
+
+
+def _delta_on_a_fixed_grid(event):
+    return event.pld(grid=pj.Grid(step=2.0**-8, size=2048)).delta(0.5)
+
+
+def test_event_under_jit():
+    """Parameters are data: one compiled kernel for every value."""
+    event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Poisson(0.05))
+    eager = float(_delta_on_a_fixed_grid(event))
+    assert float(jax.jit(_delta_on_a_fixed_grid)(event)) == pytest.approx(eager, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_event_under_vmap():
+    delta = _delta_on_a_fixed_grid
+    eager = float(delta(pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Poisson(0.05))))
+    ones = jnp.ones(2)
+    batch = pj.Event(pj.noise.Gaussian(jnp.array([1.0, 2.0]), ones), pj.sampling.Poisson(0.05 * ones))
+    both = jax.vmap(delta)(batch)  # every leaf batched (an in_axes record would fail its checks)
+    assert float(both[0]) == pytest.approx(eager, rel=1e-12) and float(both[1]) < eager
+
+
+def test_records_built_with_x64_off_lose_nothing(x64_off):
+    event = pj.Event(pj.noise.Gaussian(0.7), pj.sampling.Poisson(0.01))
+    jax.config.update("jax_enable_x64", True)
+    want = float(pj.gaussian(0.7, sampling_prob=0.01).delta(0.3))
+    jax.config.update("jax_enable_x64", False)
+    assert float(event.pld().delta(0.3)) == want
+
+
+def test_replace_one_doubles_the_shift():
+    pld = pj.privacy_loss(pj.noise.Laplace(2.0, sensitivity=0.5), neighboring="replace_one")
+    _same(pld, pj.laplace(2.0))  # shift 2 * 0.5 / 2: one scale in two
+    eps = np.array([0.0, 0.5, 1.0])
+    got = pj.privacy_loss(pj.noise.GDP(0.5), neighboring="replace_one").delta(eps)
+    assert np.all(got >= [gaussian_delta(1.0, e) - 1e-15 for e in eps])
+
+
+def test_event_directions_give_the_mechanism_before_discretization():
+    from pldjax.mechanisms import subsampling
+    from pldjax.mechanisms.noise import GAUSSIAN
+
+    mechanism, params, both = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.Poisson(0.1)).directions()
+    assert mechanism is subsampling.poisson(GAUSSIAN) and both
+    np.testing.assert_array_equal(params, [0.5, 0.1])
+    mechanism, params, both = pj.Event(pj.noise.Gaussian(2.0), None, "replace_one").directions()
+    assert mechanism is GAUSSIAN and not both and float(params[0]) == 1.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: pj.gaussian(1e-300, sensitivity=1e10, sampling_prob=0.5, pessimistic=p),
+    lambda p: pj.discrete_laplace(1e-310, sampling_prob=0.5, pessimistic=p),
+    lambda p: pj.privacy_loss(pj.noise.Gaussian(1e-300, sensitivity=1e10),
+                              pj.sampling.Mixture([0.0, 1.0], [0.5, 0.5]), pessimistic=p),
+    *(pytest.param(make, marks=pytest.mark.slow) for make in (
+        lambda p: pj.laplace(1e-300, sensitivity=1e10, sampling_prob=0.5, pessimistic=p),
+        lambda p: pj.gaussian(1e-300, sensitivity=1e10, sampling_prob=0.5, neighboring="replace_one",
+                              sampling="fixed_batch", pessimistic=p),
+        lambda p: pj.privacy_loss(pj.noise.GDP(1e300), pj.sampling.Poisson(0.5), pessimistic=p),
+    )),
+])
+def test_a_shift_beyond_float64_is_sound(make):
+    """sensitivity / scale overflowing to inf (or 1/scale for a subnormal scale) gave NaN through
+    inf - inf in the subsampled windows; the shift is lowered to MAX_SHIFT, where the PLD no longer
+    changes. Truth: the sampled record is identified, delta(eps) = 1/2 (remove direction)."""
+    eps = np.array([0.0, 1.0, 1e3])
+    upper, lower = np.asarray(make(True).delta(eps)), np.asarray(make(False).delta(eps))
+    assert np.all(np.isfinite(upper)) and np.all(np.isfinite(lower))
+    assert np.all(upper >= 0.5) and np.all(upper <= 1.0) and np.all((lower >= 0) & (lower <= 0.5))

@@ -1,0 +1,291 @@
+"""Sampling schemes (pldjax.mechanisms.sampling): the records, their map onto the kernels, and references
+(mpmath, an exact enumeration of small datasets, dp-accounting's PLD and RDP accountants)."""
+
+import itertools
+import logging
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+import pldjax as pj
+
+# -- mixture of shifts (several contributions per user) -----------------------------------------------
+#: sigma, scales, probs: up to two contributions of norm <= 1 per user (dp-accounting's example)
+MIX = (0.8, (0.0, 1.0, 2.0), (0.81, 0.18, 0.01))
+
+
+def _mixture_delta(sigma, scales, probs, eps, add):
+    """delta(eps) of sum_k p_k N(a_k, 1) against N(0, 1) (remove) or the swap (add), a_k =
+    scale_k / sigma, in mpmath: the loss log sum_k p_k e^{a_k (x - a_k / 2)} increases in x, so
+    the optimal set is a half-line whose end is found by bisection at 50 digits."""
+    with mp.workdps(50):
+        a = [mp.mpf(s) / sigma for s in scales]
+        p = [mp.mpf(v) for v in probs]
+        eps = mp.mpf(eps)
+        loss = lambda x: mp.log(sum(pk * mp.e ** (ak * (x - ak / 2)) for ak, pk in zip(a, p, strict=True)))  # noqa: E731
+        target = -eps if add else eps
+        lo, hi = mp.mpf(-100), mp.mpf(100) + max(a)
+        for _ in range(250):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if loss(mid) > target else (mid, hi)
+        if add:  # P = N(0, 1), L > eps  <=>  x < hi
+            value = mp.ncdf(hi) - mp.e**eps * sum(pk * mp.ncdf(hi - ak) for ak, pk in zip(a, p, strict=True))
+        else:
+            value = sum(pk * mp.ncdf(ak - hi) for ak, pk in zip(a, p, strict=True)) - mp.e**eps * mp.ncdf(-hi)
+        return float(value)
+
+
+def _mixture(pessimistic=True, sigma=MIX[0], scales=MIX[1], probs=MIX[2]):
+    return pj.privacy_loss(pj.noise.Gaussian(sigma), pj.sampling.Mixture(scales, probs),
+                           pessimistic=pessimistic)
+
+
+def test_mixture_single_step_against_mpmath():
+    """Both directions, pessimistic above and optimistic below the mpmath values, and tight."""
+    up, lo = _mixture(), _mixture(False)
+    assert not up.symmetric
+    # the add direction's loss ends at -log p_0 = 0.21: points away from the chord over its end
+    # (the curve falls steeply towards it: 5e-3 there)
+    cases = [(np.array([0.0, 0.05, 0.2, 0.5, 1.0, 2.0, 4.0]), 2e-3), (np.array([0.0, 0.05, 0.1]), 5e-3)]
+    for i, (eps, rel) in enumerate(cases):
+        want = np.array([_mixture_delta(*MIX, e, add=i == 1) for e in eps])
+        upper, lower = np.asarray(up.directions()[i].delta(eps)), np.asarray(lo.directions()[i].delta(eps))
+        assert np.all(upper >= want * (1 - 1e-9) - 1e-15)
+        assert np.all(lower <= want * (1 + 1e-9) + 1e-15)
+        assert np.all(upper <= want * (1 + rel))
+        assert np.all(lower >= want * (1 - 5 * rel))
+    for pld in (up, lo):
+        for direction in pld.directions():
+            assert float(direction.total_mass()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_mixture_of_many_components_against_mpmath():
+    """A user with 200 records (Mixture.binomial, 201 components). Each component was its own
+    traced term, and 101 of them crashed the compiler (signal 11 after a minute, 5 GB); they are
+    stacked now. Components of probability 0 (the binomial's far tail underflows) are left out,
+    and beyond MAX_COMPONENTS present ones a ValueError says so."""
+    sigma = 2.0
+    mixture = pj.sampling.Mixture.binomial(0.05, 200)
+    up = pj.privacy_loss(pj.noise.Gaussian(sigma), mixture)
+    present = mixture.probs > 0
+    eps = np.array([0.5, 2.0, 5.0])
+    want = np.array([_mixture_delta(sigma, mixture.scales[present], mixture.probs[present], e,
+                                    add=False) for e in eps])
+    upper = np.asarray(up.directions()[0].delta(eps))
+    lower = np.asarray(pj.privacy_loss(pj.noise.Gaussian(sigma), mixture, pessimistic=False)
+                       .directions()[0].delta(eps))
+    # the loss spans thousands of nats (shifts up to 100): the automatic step is 2 nats
+    assert np.all(lower <= want * (1 + 1e-9)) and np.all(lower >= want * (1 - 1e-3))
+    assert np.all(upper >= want * (1 - 1e-9)) and np.all(upper <= want * (1 + 3e-2))
+    with pytest.raises(ValueError, match="MAX_COMPONENTS"):
+        pj.privacy_loss(pj.noise.Gaussian(sigma), pj.sampling.Mixture.binomial(0.5, 10**4))
+
+
+def test_mixture_of_nothing_and_one_contribution_is_poisson_sampling():
+    q = 0.05
+    mixed = _mixture(scales=[0.0, 1.0], probs=[1 - q, q])
+    poisson = pj.gaussian(MIX[0], sampling_prob=q)
+    eps = np.array([0.0, 0.1, 0.5, 1.0])
+    for a, b in zip(mixed.directions(), poisson.directions(), strict=True):
+        assert float(a.step) == float(b.step) and a.size == b.size
+        np.testing.assert_allclose(np.asarray(a.delta(eps)), np.asarray(b.delta(eps)), rtol=1e-9, atol=1e-16)
+
+
+def test_mixture_binomial_user_level():
+    m = pj.sampling.Mixture.binomial(0.1, 3)
+    np.testing.assert_array_equal(m.scales, [0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_allclose(m.probs, [0.729, 0.243, 0.027, 0.001], rtol=1e-12)
+    one = pj.sampling.Mixture.binomial(0.1, 1)
+    np.testing.assert_allclose(one.probs, [0.9, 0.1], rtol=1e-15)
+    np.testing.assert_allclose(pj.sampling.Mixture.binomial(0.0, 2).probs, [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(pj.sampling.Mixture.binomial(1.0, 2).probs, [0.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="count"):
+        pj.sampling.Mixture.binomial(0.1, 0)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: pj.sampling.Mixture([0.0, 1.0], [0.5, 0.6]), "add up to 1"),
+    (lambda: pj.sampling.Mixture([0.0, -1.0], [0.5, 0.5]), "scales"),
+    (lambda: pj.sampling.Mixture([0.0, float("inf")], [0.5, 0.5]), "scales"),
+    (lambda: pj.sampling.Mixture([0.0, 1.0], [1.5, -0.5]), "probs"),
+    (lambda: pj.sampling.Mixture([0.0, 1.0, 2.0], [0.5, 0.5]), "scales and probs"),
+    (lambda: pj.sampling.Mixture(1.0, 1.0), "scales and probs"),
+    (lambda: pj.privacy_loss(pj.noise.Gaussian(1.0), pj.sampling.Mixture([0, 1], [0.5, 0.5]),
+                             "replace_one"), "add_remove"),
+    (lambda: pj.privacy_loss(pj.noise.Laplace(1.0), pj.sampling.Mixture([0, 1], [0.5, 0.5])),
+     "location family"),
+    (lambda: pj.sampling.Poisson(1.5), "sampling_prob"),
+    (lambda: pj.sampling.FixedBatch(-0.1), "sampling_prob"),
+    (lambda: pj.privacy_loss(pj.noise.RandomizedResponse(1.0), pj.sampling.Poisson(0.1)),
+     "no subsampled form"),
+    (lambda: pj.gaussian(1.0, sampling="bernoulli", sampling_prob=0.1), "sampling"),
+    (lambda: pj.gaussian(1.0, sampling=pj.sampling.Poisson(0.1), sampling_prob=0.1), "sampling_prob"),
+])
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("sigma", [1e-5, 1e17])
+def test_mixture_extreme_noise_is_sound(sigma):
+    """Tiny noise (shifts of 1e5 scales: the far components' mass sits in the +inf atom) and huge
+    noise (shifts below float64's resolution: rounded up, or to the identity when optimistic)."""
+    eps = np.array([0.0, 1.0, 10.0])
+    up, lo = _mixture(sigma=sigma), _mixture(False, sigma=sigma)
+    for i in range(2):
+        upper, lower = np.asarray(up.directions()[i].delta(eps)), np.asarray(lo.directions()[i].delta(eps))
+        exact = np.array([_mixture_delta(sigma, MIX[1], MIX[2], e, add=i == 1) for e in eps])
+        assert np.all(np.isfinite(upper)) and np.all(np.isfinite(lower))
+        assert np.all(upper >= exact * (1 - 1e-9) - 1e-15) and np.all(lower <= exact * (1 + 1e-9) + 1e-15)
+
+
+@pytest.mark.slow
+def test_mixture_against_dp_accounting():
+    """Composed, between dp-accounting's optimistic and pessimistic PLDs (1e-4) + 0.1%."""
+    from dp_accounting.pld import privacy_loss_distribution as pldlib
+
+    sigma, scales, probs = 2.0, (0.0, 1.0, 2.0), (0.9, 0.09, 0.01)
+    logging.disable(logging.WARNING)  # its optimistic estimate warns that it uses privacy buckets
+    try:
+        theirs = {pe: pldlib.from_mixture_gaussian_mechanism(sigma, scales, probs, pessimistic_estimate=pe,
+                                                             value_discretization_interval=1e-4)
+                  for pe in (True, False)}
+        for count in (1, 100):
+            up, lo = (theirs[pe].self_compose(count).get_epsilon_for_delta(1e-5) for pe in (True, False))
+            ours = _mixture(sigma=sigma, scales=scales, probs=probs).self_compose(count).epsilon(1e-5)
+            ours_lower = _mixture(False, sigma, scales, probs).self_compose(count).epsilon(1e-5)
+            assert lo <= ours <= up * 1.001
+            assert ours_lower <= up
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+# -- sampling without replacement under replace-one ----------------------------------------------------
+def _laplace_mixture_delta(p_locs, q_locs, eps):
+    """delta(eps) = int (P - e^eps Q)_+ for uniform mixtures of Laplace(loc, 1) densities, exactly
+    (mpmath): between consecutive locations P - e^eps Q = A e^x + B e^-x has at most one root."""
+    with mp.workdps(40):
+        w = mp.e ** mp.mpf(eps)
+        terms = [(mp.mpf(loc), mp.mpf(1) / len(p_locs)) for loc in p_locs]
+        terms += [(mp.mpf(loc), -w / len(q_locs)) for loc in q_locs]
+        cuts = sorted({loc for loc, _ in terms})
+        edges = [-mp.inf, *cuts, mp.inf]
+        total = mp.mpf(0)
+        for left, right in itertools.pairwise(edges):
+            # density e^{-|x - loc|} / 2: on (left, right) a loc <= left contributes e^loc e^-x / 2
+            a = sum(c * mp.e ** (-loc) / 2 for loc, c in terms if loc >= right)
+            b = sum(c * mp.e**loc / 2 for loc, c in terms if loc <= left)
+            points = [left, right]
+            if a * b < 0:
+                root = mp.log(-b / a) / 2
+                if left < root < right:
+                    points = [left, root, right]
+
+            def primitive(x, a=a, b=b):  # of A e^x + B e^-x
+                return (a * mp.e**x if a else 0) - (b * mp.e ** (-x) if b else 0)
+
+            for u, v in itertools.pairwise(points):
+                if mp.isfinite(u) and mp.isfinite(v):
+                    middle = (u + v) / 2
+                else:
+                    middle = v - 1 if mp.isfinite(v) else u + 1
+                if a * mp.e**middle + b * mp.e ** (-middle) > 0:
+                    total += primitive(v) - primitive(u)
+        return float(total)
+
+
+def _batch_sums(values, size):
+    return [sum(batch) for batch in itertools.combinations(values, size)]
+
+
+def test_fixed_batch_laplace_against_exact_enumeration():
+    """A sum query over n = 3 records in [-1, 1] (L1 sensitivity 1), batches of 1 drawn without
+    replacement, Laplace noise of scale 1: every pair of datasets differing in one record
+    (values in {-1, 0, 1}) has delta at most ours, and the worst pair attains it (tight)."""
+    n, size = 3, 1
+    eps = np.array([0.0, 0.1, 0.3, 0.6])
+    worst = np.zeros_like(eps)
+    for rest in itertools.product((-1, 0, 1), repeat=n - 1):
+        for first, replaced in itertools.permutations((-1, 0, 1), 2):
+            p_locs = _batch_sums((first, *rest), size)
+            q_locs = _batch_sums((replaced, *rest), size)
+            worst = np.maximum(worst, [_laplace_mixture_delta(p_locs, q_locs, e) for e in eps])
+    kw = dict(sampling_prob=size / n, neighboring="replace_one", sampling="fixed_batch")
+    upper = np.asarray(pj.laplace(1.0, **kw).delta(eps))
+    lower = np.asarray(pj.laplace(1.0, pessimistic=False, **kw).delta(eps))
+    assert np.all(upper >= worst * (1 - 1e-9) - 1e-15)
+    assert np.all(upper <= worst * (1 + 1e-3) + 1e-12)
+    assert np.all(lower <= worst * (1 + 1e-9) + 1e-15)
+
+
+def _wbk_epsilon(eps_of_order, pure_eps, q, count, delta, orders=range(2, 65)):
+    """Wang, Balle and Kasiviswanathan, "Subsampled Renyi differential privacy and analytical
+    moments accountant" (2019), Thm 9: RDP of sampling without replacement from the base's RDP
+    eps(j) and pure-DP eps(inf), composed ``count`` times and converted with eps + log(1/delta) /
+    (alpha - 1) (mpmath)."""
+    q, best = mp.mpf(q), mp.inf
+    with mp.workdps(40):
+        tail = mp.e ** mp.mpf(pure_eps) - 1
+        for alpha in orders:
+            e2 = eps_of_order(2)
+            total = 1 + q**2 * mp.binomial(alpha, 2) * min(4 * (mp.e**e2 - 1), mp.e**e2 * min(2, tail**2))
+            for j in range(3, alpha + 1):
+                total += q**j * mp.binomial(alpha, j) * mp.e ** ((j - 1) * eps_of_order(j)) * min(2, tail**j)
+            rdp = mp.log(total) / (alpha - 1)
+            best = min(best, count * rdp + mp.log(1 / mp.mpf(delta)) / (alpha - 1))
+    return float(best)
+
+
+def test_fixed_batch_laplace_below_the_renyi_bound():
+    """Composed: at or below the RDP bound for sampling without replacement (the only one peers
+    offer; dp-accounting's RDP accountant has it for the Gaussian alone)."""
+    scale, q, count, delta = 2.0, 0.05, 200, 1e-6
+    shift = mp.mpf(2) / scale  # replace-one: the contribution moves from -1 to +1
+
+    def laplace_rdp(alpha):  # Mironov, "Renyi differential privacy" (2017), Prop. 6
+        a = mp.mpf(alpha)
+        return mp.log(a / (2 * a - 1) * mp.e ** ((a - 1) * shift)
+                      + (a - 1) / (2 * a - 1) * mp.e ** (-a * shift)) / (a - 1)
+
+    ours = pj.laplace(scale, sampling_prob=q, neighboring="replace_one", sampling="fixed_batch")
+    ours = float(ours.self_compose(count).epsilon(delta))
+    assert 0 < ours <= _wbk_epsilon(laplace_rdp, shift, q, count, delta)
+
+
+def test_fixed_batch_gaussian_below_dp_accounting_renyi():
+    from dp_accounting import dp_event
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    sigma, n, size, count, delta = 1.0, 1000, 20, 500, 1e-6
+    accountant = rdp.RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    event = dp_event.SampledWithoutReplacementDpEvent(n, size, dp_event.GaussianDpEvent(sigma))
+    theirs = accountant.compose(event, count).get_epsilon(delta)
+    # their sensitivity bounds |f(D) - f(D')| = 1: a contribution of norm 1/2 moving to its negative
+    ours = pj.gaussian(sigma, sensitivity=0.5, sampling_prob=size / n, neighboring="replace_one",
+                       sampling="fixed_batch")
+    assert 0 < float(ours.self_compose(count).epsilon(delta)) <= theirs
+
+
+def test_mixture_component_of_probability_zero_changes_nothing():
+    """An absent component whose moment overflows (shift 40 scales) used to turn the grid's spread
+    heuristic into 0 * inf; it is left out."""
+    eps = np.array([0.0, 0.5, 2.0])
+    mixed = pj.privacy_loss(pj.noise.Gaussian(0.05), pj.sampling.Mixture([0.0, 1.0, 2.0], [0.99, 0.01, 0.0]))
+    np.testing.assert_allclose(mixed.delta(eps), pj.gaussian(0.05, sampling_prob=0.01).delta(eps), rtol=1e-9)
+
+
+@pytest.mark.slow  # the pessimistic PLD needs the largest grid (2^20 points), as for Poisson
+def test_mixture_tiny_probability_of_a_contribution_is_sound():
+    """q = 1e-20 of a shift: below float64's resolution of the loss (log(1 - q + ...) rounds to
+    0), so q is rounded up to noise.MIN_PARAMETER (pessimistic) or to 0 (optimistic), as for
+    Poisson sampling."""
+    q, eps = 1e-20, np.array([0.0, 0.1, 1.0])
+    scales, probs = [0.0, 1.0, 2.0], [1 - q, 0.9 * q, 0.1 * q]
+    up, lo = _mixture(sigma=1.0, scales=scales, probs=probs), _mixture(False, 1.0, scales, probs)
+    for i in range(2):
+        exact = np.array([_mixture_delta(1.0, scales, probs, e, add=i == 1) for e in eps])
+        upper, lower = np.asarray(up.directions()[i].delta(eps)), np.asarray(lo.directions()[i].delta(eps))
+        assert np.all(upper >= exact) and np.all(upper <= 1e-8)
+        assert np.all(lower == 0.0)
