@@ -1,180 +1,128 @@
-"""Composed Gaussian mechanisms: pldjax against dp-accounting and prv-accountant, side by side.
+"""Composed Gaussian mechanisms: pldjax against dp-accounting and prv-accountant, with the exact value.
 
-For each (sigma, T) it reports epsilon at delta = 1e-5 from every method with its pessimistic /
-optimistic (or lower / upper) values, the exact value (G_mu closed form, mu = sqrt(T)/sigma, by
-bisection in mpmath), the first-call and warm times, and the peak resident memory of a fresh
-process doing that one computation. Prints a table and writes JSON to bench/results/.
-
-    python bench/composed_gaussians.py            # the full grid (minutes)
-    python bench/composed_gaussians.py --quick    # a smaller grid
-
-Needs: pip install '.[bench]' mpmath. Not part of CI.
+For each (sigma, T): epsilon at delta = 1e-5 of the T-fold composition of the Gaussian mechanism
+of noise sigma (sensitivity 1) from pldjax (pessimistic and optimistic), dp-accounting's PLD at
+value discretization 1e-3 and 1e-4 (pessimistic connect-the-dots and optimistic) and
+prv-accountant (upper and lower bound, eps_error 0.01), next to the exact value (the composition
+is G_mu with mu = sqrt(T) / sigma; its epsilon by bisection in mpmath at 40 digits). Each
+measurement runs in a fresh process: the first call (compilation included), a second (warm) call,
+and the process's peak resident memory. dp-accounting is skipped where its grid would exceed
+3e7 points (about (mu^2 / 2 + 20 mu) / interval).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import multiprocessing as mp
-import os
-import platform
-import resource
-import time
-from datetime import datetime, timezone
+from bench import harness
 
+QUICK = "sigma 1, T = 1 and 100"
 DELTA = 1e-5
-# dp-accounting is skipped where its grid would exceed this many points (about 20 mu / interval)
 DP_ACCOUNTING_MAX_POINTS = 3e7
 
 
-def _exact(mu: float) -> float:
+def add_arguments(parser) -> None:
+    parser.add_argument("--sigmas", default="0.5,1,2,5", help="noise multipliers")
+    parser.add_argument("--counts", default="1,100,1000,10000,100000", help="numbers of compositions T")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per fresh process")
+
+
+def exact_epsilon(mu: float) -> float:
+    """epsilon(delta) of G_mu, from delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
     import mpmath
 
     mpmath.mp.dps = 40
     mu = mpmath.mpf(mu)
-    f = lambda e: mpmath.ncdf(mu / 2 - e / mu) - mpmath.e**e * mpmath.ncdf(-mu / 2 - e / mu) - DELTA
+
+    def excess(e):
+        return mpmath.ncdf(mu / 2 - e / mu) - mpmath.e**e * mpmath.ncdf(-mu / 2 - e / mu) - DELTA
+
     lo, hi = mpmath.mpf(0), mu * mu / 2 + 30 * mu + 10
     for _ in range(200):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
     return float(hi)
 
 
-def _run_pldjax(sigma, count):
+# -- the calls (fresh processes build them by name): each returns (upper, lower) -------------------
+def pldjax_call(sigma, count):
     import pldjax as pj
 
-    def once():
+    def call():
         up = float(pj.gaussian(sigma).self_compose(count).epsilon(DELTA))
         lo = float(pj.gaussian(sigma, pessimistic=False).self_compose(count).epsilon(DELTA))
         return up, lo
 
-    return once
+    return call
 
 
-def _run_dp_accounting(interval):
-    def make(sigma, count):
-        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+def dp_accounting_call(sigma, count, interval):
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-        def once():
-            out = []
-            for pessimistic in (True, False):
-                p = pld_lib.from_gaussian_mechanism(
-                    standard_deviation=sigma,
-                    value_discretization_interval=interval,
-                    pessimistic_estimate=pessimistic,
-                )
-                out.append(p.self_compose(count).get_epsilon_for_delta(DELTA))
-            return tuple(out)
+    def call():
+        out = []
+        for pessimistic in (True, False):
+            pld = pld_lib.from_gaussian_mechanism(standard_deviation=sigma,
+                                                  value_discretization_interval=interval,
+                                                  pessimistic_estimate=pessimistic)
+            out.append(pld.self_compose(count).get_epsilon_for_delta(DELTA))
+        return tuple(out)
 
-        return once
-
-    return make
+    return call
 
 
-def _run_prv(sigma, count):
+def prv_call(sigma, count):
     from prv_accountant import PRVAccountant
     from prv_accountant.privacy_random_variables import GaussianMechanism
 
-    def once():
-        acc = PRVAccountant(
-            prvs=[GaussianMechanism(noise_multiplier=sigma)],
-            max_self_compositions=[count],
-            eps_error=0.01,
-            delta_error=DELTA / 1000,
-        )
+    def call():
+        acc = PRVAccountant(prvs=[GaussianMechanism(noise_multiplier=sigma)], max_self_compositions=[count],
+                            eps_error=0.01, delta_error=DELTA / 1000)
         low, _, up = acc.compute_epsilon(delta=DELTA, num_self_compositions=[count])
         return float(up), float(low)
 
-    return once
+    return call
 
 
+# label -> (library, setting, import timed apart, factory, its extra kwargs)
 METHODS = {
-    "pldjax": _run_pldjax,
-    "dp_accounting(1e-3)": _run_dp_accounting(1e-3),
-    "dp_accounting(1e-4)": _run_dp_accounting(1e-4),
-    "prv_accountant": _run_prv,
+    "pldjax": ("pldjax", "default grid", "import pldjax", "pldjax_call", {}),
+    "dpa 1e-3": ("dp-accounting", "PLD 1e-3", "from dp_accounting.pld import privacy_loss_distribution",
+                 "dp_accounting_call", {"interval": 1e-3}),
+    "dpa 1e-4": ("dp-accounting", "PLD 1e-4", "from dp_accounting.pld import privacy_loss_distribution",
+                 "dp_accounting_call", {"interval": 1e-4}),
+    "prv": ("prv-accountant", "eps_error 0.01", "import prv_accountant", "prv_call", {}),
 }
 
 
-def _measure(method, sigma, count, queue):
-    try:
-        once = METHODS[method](sigma, count)
-        t0 = time.perf_counter()
-        upper, lower = once()
-        first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        once()
-        warm = time.perf_counter() - t0
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        queue.put(dict(upper=upper, lower=lower, first_s=first, warm_s=warm, peak_mb=peak_mb))
-    except Exception as err:  # a peer library failing is a result, not a crash
-        queue.put(dict(error=f"{type(err).__name__}: {err}"))
-
-
-def measure(method, sigma, count, timeout):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(method, sigma, count, queue))
-    proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        return dict(error=f"timeout after {timeout}s")
-    return queue.get() if not queue.empty() else dict(error="no result")
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller grid")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per measurement")
-    args = parser.parse_args()
-    sigmas = [0.5, 1.0, 5.0] if args.quick else [0.5, 1.0, 2.0, 5.0]
-    counts = [1, 100, 10_000] if args.quick else [1, 100, 1000, 10_000, 100_000]
-    rows = []
-    header = (
-        f"{'sigma':>5} {'T':>7} {'method':<20} {'eps_upper':>11} {'eps_lower':>11} "
-        f"{'upper/exact-1':>13} {'first s':>8} {'warm s':>8} {'peak MB':>8}"
-    )
-    print(header)
+def run(args, report) -> None:
+    sigmas = [1.0] if args.quick else [float(s) for s in args.sigmas.split(",")]
+    counts = [1, 100] if args.quick else [int(float(c)) for c in args.counts.split(",")]
+    rows = report.table(["sigma", "T", "library", "setting", "eps upper", "eps lower", "exact",
+                         "upper / exact - 1", "lower / exact - 1", "first s", "warm s", "peak MB"])
     for sigma in sigmas:
         for count in counts:
             mu = count**0.5 / sigma
-            exact = _exact(mu)
-            for method in METHODS:
-                if method.startswith("dp_accounting"):
-                    interval = 1e-3 if "1e-3" in method else 1e-4
-                    if (mu * mu / 2 + 20 * mu) / interval > DP_ACCOUNTING_MAX_POINTS:
-                        rows.append(dict(sigma=sigma, count=count, method=method, exact=exact,
-                                         error="skipped: grid too large"))
-                        print(f"{sigma:5.1f} {count:7d} {method:<20} skipped (grid too large)")
-                        continue
-                res = measure(method, sigma, count, args.timeout)
-                rows.append(dict(sigma=sigma, count=count, method=method, exact=exact, **res))
-                if "error" in res:
-                    print(f"{sigma:5.1f} {count:7d} {method:<20} {res['error']}")
+            exact = exact_epsilon(mu)
+            for library, setting, imports, factory, kwargs in METHODS.values():
+                head = [f"{sigma:g}", f"{count:,}", library, setting]
+                interval = kwargs.get("interval")
+                if interval and (mu * mu / 2 + 20 * mu) / interval > DP_ACCOUNTING_MAX_POINTS:
+                    rows.append(head + ["skipped: grid too large"] + [None] * 7)
                     continue
-                print(
-                    f"{sigma:5.1f} {count:7d} {method:<20} {res['upper']:11.5f} {res['lower']:11.5f} "
-                    f"{res['upper'] / exact - 1:13.2e} {res['first_s']:8.3f} {res['warm_s']:8.3f} "
-                    f"{res['peak_mb']:8.0f}"
-                )
-    machine = dict(
-        platform=platform.platform(),
-        processor=platform.processor() or platform.machine(),
-        cpus=os.cpu_count(),
-        python=platform.python_version(),
-    )
-    import jax
-
-    machine["jax_backend"] = jax.default_backend()
-    machine["jax"] = jax.__version__
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    name = f"composed_gaussians_{machine['jax_backend']}_{stamp}.json"
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
-    with open(path, "w") as fh:
-        json.dump(dict(delta=DELTA, machine=machine, rows=rows), fh, indent=1)
-    print(f"saved {path}")
-
-
-if __name__ == "__main__":
-    main()
+                harness.log(f"composed_gaussians: sigma={sigma:g} T={count} {library} {setting}")
+                res = harness.fresh_process("bench.composed_gaussians", factory,
+                                            dict(sigma=sigma, count=count, **kwargs), imports=imports,
+                                            calls=2, timeout=args.timeout)
+                if "error" in res:
+                    rows.append(head + [res["error"]] + [None] * 7)
+                    continue
+                upper, lower = res["value"]
+                rows.append(head + [harness.fmt(upper, ".5f"), harness.fmt(lower, ".5f"), f"{exact:.5f}",
+                                    harness.fmt(None if upper is None else upper / exact - 1, "+.2e"),
+                                    harness.fmt(None if lower is None else lower / exact - 1, "+.2e"),
+                                    f"{res['wall_s'][0]:.3f}", f"{res['wall_s'][1]:.3f}",
+                                    f"{res['peak_mb']:.0f}"])
+                report.flush()
+    report.text(f"delta = {DELTA:g}. first s: the first call in a fresh process "
+                f"({harness.compilation_note()}); warm s: a second call there; peak MB: that process's "
+                "peak RSS. A sound upper bound has "
+                "upper / exact - 1 >= 0, a sound lower bound lower / exact - 1 <= 0.")

@@ -1,43 +1,52 @@
-"""Tightness of dpsgd_epsilon's default grid on a spread of configurations (issue 17): the
-optimistic and pessimistic values against dp-accounting's PLDAccountant at value discretization
-interval 1e-4, and whether the pessimistic value is within the goal (at most 1e-4 relative above
-dp-accounting's). Public API only (``PYTHONPATH=<checkout>`` runs it in another checkout).
+"""Tightness of dpsgd_epsilon's default grid against dp-accounting on a spread of configurations.
 
-    PYTHONPATH=. python bench/tightness.py
+For each DP-SGD configuration (sigma 0.5-3, q 1e-3-0.05, T 1e2-1e5, a few deltas; add/remove
+adjacency): pldjax's optimistic and pessimistic epsilon (``pj.dpsgd_epsilon``, default grid) and
+dp-accounting's PLD at value discretization 1e-4 (pessimistic, connect-the-dots), whether
+pldjax's pessimistic value is within the goal (at most 1e-4 relative above dp-accounting's), and
+the seconds of each call in this process (pldjax: a second, warm call; dp-accounting: its one
+call).
 """
 
 from __future__ import annotations
 
-import time
+from bench import harness
 
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
+QUICK = "the first two configurations"
 
-import pldjax as pj
-
-#: (sigma, q, T, delta): sigma 0.5-3, q 1e-3-0.05, T 1e2-1e5 (bench/dpsgd.py's ranges) and a few
-#: deltas.
+#: (sigma, q, T, delta): the sweep's ranges (sigma 0.5-3, q 1e-3-0.05, T 1e2-1e5) and a few deltas.
 CONFIGS = [(1, 0.01, 1e4, 1e-5), (0.5, 0.05, 100, 1e-5), (3, 1e-3, 1e5, 1e-10), (2, 0.02, 1000, 1e-6),
            (0.7, 0.004, 3e4, 1e-5), (0.5, 1e-3, 1e5, 1e-5), (3, 0.05, 100, 1e-5),
            (1, 0.05, 1e5, 1e-5), (0.5, 0.05, 1e5, 1e-5), (3, 0.001, 100, 1e-5),
            (1.5, 0.01, 1e3, 1e-7)]
+GOAL = 1e-4
 
 
-def main() -> None:
-    for sigma, q, steps, delta in CONFIGS:
+def add_arguments(parser) -> None:
+    parser.add_argument("--goal", type=float, default=GOAL,
+                        help="the largest relative excess of pldjax's pessimistic value allowed")
+
+
+def run(args, report) -> None:
+    import pldjax as pj
+
+    configs = CONFIGS[:2] if args.quick else CONFIGS
+    rows = report.table(["sigma", "q", "T", "delta", "pldjax optimistic", "pldjax pessimistic",
+                         "dp-accounting 1e-4", "pessimistic / dp-accounting - 1", "within goal",
+                         "pldjax s (warm)", "dp-accounting s"])
+    for sigma, q, steps, delta in configs:
         steps = int(steps)
-        upper = pj.dpsgd_epsilon(sigma, q, steps, delta)
-        lower = pj.dpsgd_epsilon(sigma, q, steps, delta, pessimistic=False)
-        start = time.process_time()
-        accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-        accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
-        reference = accountant.get_epsilon(delta)
-        cpu_ms = 1e3 * (time.process_time() - start)
-        verdict = "ok" if upper <= reference * (1 + 1e-4) else "ABOVE 1e-4"
-        print(f"sigma={sigma} q={q} T={steps} delta={delta}: optimistic {lower:.7f} <= pessimistic "
-              f"{upper:.7f}; dp-accounting(1e-4) {reference:.7f} ({cpu_ms:.0f} CPU ms); "
-              f"pessimistic/dpa - 1 = {upper / reference - 1:+.2e} ({verdict})", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+        harness.log(f"tightness: sigma={sigma} q={q} T={steps} delta={delta}")
+        upper = float(pj.dpsgd_epsilon(sigma, q, steps, delta))
+        lower = float(pj.dpsgd_epsilon(sigma, q, steps, delta, pessimistic=False))
+        seconds = harness.timed(lambda s=sigma, q=q, t=steps, d=delta: pj.dpsgd_epsilon(s, q, t, d))[0]
+        peer_s, reference = harness.timed(
+            lambda s=sigma, q=q, t=steps, d=delta: harness.dp_accounting_dpsgd_epsilon(s, q, t, d, 1e-4))
+        excess = upper / reference - 1
+        rows.append([f"{sigma:g}", f"{q:g}", f"{steps:,}", f"{delta:g}", f"{lower:.7f}", f"{upper:.7f}",
+                     f"{reference:.7f}", f"{excess:+.2e}", "yes" if excess <= args.goal else "NO",
+                     f"{seconds:.3f}", f"{peer_s:.2f}"])
+        report.flush()
+    report.text(f"within goal: pldjax's pessimistic epsilon at most {args.goal:g} relative above "
+                "dp-accounting's (1e-4); the optimistic value is a lower bound, the pessimistic an upper "
+                "bound, so the true epsilon lies between them.")

@@ -1,4 +1,4 @@
-"""Where the time of one warm ``pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)`` goes (issue 17).
+"""Where the time of one warm ``pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)`` goes, stage by stage.
 
 Times the call, then each of its stages on the same inputs (both adjacency directions, as the call
 computes them), each stage as its own jitted function, and the "FFT floor": a bare jitted rfft,
@@ -7,46 +7,37 @@ stage once in turn (so that load from other processes spreads over all of them);
 the median over rounds, in milliseconds, and each stage over the FFT floor. Stages are measured
 alone, so the parts of the fused composition call need not add up to it exactly (XLA fuses them);
 "host and dispatch" is the total minus the two timed calls (discretization with window placement,
-composition and evaluation).
+composition and evaluation). The stages are pldjax internals (bench/internals.py).
 
-    python bench/profile_dpsgd.py              # 15 rounds
-    python bench/profile_dpsgd.py --rounds 31 --json out.json
-    python bench/profile_dpsgd.py --fresh 3    # fresh processes: pldjax with an empty and a filled
-                                               # compilation cache, dp-accounting (1e-4)
-    python bench/profile_dpsgd.py --total      # only the call, the FFT floor, the optimistic and
-                                               # the rtol=1e-2 and 5e-2 calls, alternated
-    python bench/profile_dpsgd.py --total --peer 5   # and dp-accounting (1e-4) 5 times after
-    python bench/profile_dpsgd.py --total --sync     # with jax_cpu_enable_async_dispatch off
-    python bench/profile_dpsgd.py --consecutive --rounds 3   # default, rtol=1e-2 and 5e-2 calls,
-                                                             # 50 in a row each (a search's pattern)
+    python -m bench.tools.profile_dpsgd              # 15 rounds
+    python -m bench.tools.profile_dpsgd --rounds 31 --json out.json
+    python -m bench.tools.profile_dpsgd --total      # only the call, the FFT floor, the optimistic
+                                                     # and the rtol=1e-2 and 5e-2 calls, alternated
+    python -m bench.tools.profile_dpsgd --total --peer 5   # and dp-accounting (1e-4) 5 times after
+    python -m bench.tools.profile_dpsgd --total --sync     # with jax_cpu_enable_async_dispatch off
+    python -m bench.tools.profile_dpsgd --consecutive --rounds 3   # default, rtol=1e-2 and 5e-2
+                                                     # calls, 50 in a row each (a search's pattern)
 
-``--total`` is for before/after comparisons: run it back to back in two checkouts
-(``PYTHONPATH=<checkout>``), a few times each, and compare the "x floor" ratios. Its floor is the
-window of ``pj.gaussian(...).self_compose(T)`` (131,072 points), wider than dpsgd_epsilon's own
-(the table's floor, 81,920 points). ``--peer K`` then times dp-accounting's ``PLDAccountant``
-(value_discretization_interval 1e-4) K times on the same event, in the same process.
+``--total`` uses the public API only, for before/after comparisons: run it back to back in two
+checkouts, a few times each, and compare the "x floor" ratios. Its floor is the window of
+``pj.gaussian(...).self_compose(T)`` (131,072 points), wider than dpsgd_epsilon's own (the
+table's floor, 81,920 points). ``--peer K`` then times dp-accounting's PLD (value discretization
+1e-4) K times on the same event, in the same process.
 
 ``--sync`` turns JAX's asynchronous dispatch on a CPU off before the first computation: each
-call of a small kernel then runs on the calling thread instead of waking one of XLA's workers
-(about 40 us a call on the 2-core machine of bench/README.md, Session 21), which a call of four
-kernels pays four times. It is a process-wide setting, fixed when JAX starts its CPU backend, so
-pldjax leaves it to its users.
+call of a small kernel then runs on the calling thread instead of waking one of XLA's workers,
+which a call of four kernels pays four times. It is a process-wide setting, fixed when JAX starts
+its CPU backend, so pldjax leaves it to its users.
 
-``--fresh N`` times N fresh ``python -c`` processes each: pldjax with an empty cache directory,
-then with the cache it filled, and dp-accounting's ``PLDAccountant`` (value_discretization_interval
-1e-4) on the same event; medians of the import, the call, the process's wall clock (start and exit
-included: the issue's goal) and its CPU seconds. Run it from the checkout to measure
-(``python -c`` imports the current directory's pldjax).
+Fresh-process times (import, first call with and without the compilation cache) are part 1 of
+``python -m bench dpsgd``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
-import os
-import platform
 import time
 
 import jax
@@ -54,12 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import pldjax as pj
-from pldjax import grid as grid_lib
+from bench import harness, internals
 
-compose_lib = importlib.import_module("pldjax.compose")
-dpsgd_lib = importlib.import_module("pldjax.dpsgd")
-mechanisms_lib = importlib.import_module("pldjax.mechanisms")
-profile_lib = importlib.import_module("pldjax.profile")
+compose_lib = internals.compose
+dpsgd_lib = internals.dpsgd
+grid_lib = internals.grid
+mechanisms_lib = internals.mechanisms
+profile_lib = internals.profile
 
 SIGMA, Q, STEPS, DELTA = 1.0, 0.01, 10_000, 1e-5
 DISCRETIZE = "discretize both directions + window placement"
@@ -146,68 +138,6 @@ def stages(rtol=None):
     ]
 
 
-PLDJAX_FRESH = (
-    "import time; t = time.perf_counter(); import pldjax as pj; i = time.perf_counter(); "
-    f"e = pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}); "
-    "print(i - t, time.perf_counter() - i, e)"
-)
-DPA_FRESH = (
-    "import time; t = time.perf_counter(); "
-    "from dp_accounting import dp_event; from dp_accounting.pld import pld_privacy_accountant; "
-    "i = time.perf_counter(); "
-    "a = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4); "
-    f"a.compose(dp_event.PoissonSampledDpEvent({Q}, dp_event.GaussianDpEvent({SIGMA})), {STEPS}); "
-    f"e = a.get_epsilon({DELTA}); print(i - t, time.perf_counter() - i, e)"
-)
-
-
-def fresh(runs: int) -> None:
-    """Seconds of fresh processes, medians of ``runs`` each (the three kinds alternate, so that
-    load from other processes spreads over all): import and call timed inside the process, the
-    whole process's wall clock (interpreter start and exit included, what a user waits) and its
-    CPU seconds (user + system: less noisy under load)."""
-    import resource
-    import subprocess
-    import sys
-    import tempfile
-
-    def run(code, env):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=True)
-        wall = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-        imported, call, value = out.stdout.split()
-        return float(imported), float(call), wall, cpu, float(value)
-
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    rows = {"pldjax, empty cache": [], "pldjax, cache filled": [], "dp-accounting (1e-4)": []}
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory() as cache:
-            env["PLDJAX_COMPILATION_CACHE"] = cache
-            rows["pldjax, empty cache"].append(run(PLDJAX_FRESH, env))
-            rows["pldjax, cache filled"].append(run(PLDJAX_FRESH, env))
-        rows["dp-accounting (1e-4)"].append(run(DPA_FRESH, env))
-    print(f"{pj.__file__}, load {os.getloadavg()[0]:.1f}; seconds, median of {runs}:")
-    print(f"{'':<24} {'import':>7} {'call':>6} {'wall':>6} {'CPU':>6}  (walls)")
-    for name, got in rows.items():
-        imported, call, wall, cpu = np.median(np.array(got)[:, :4], axis=0)
-        print(f"{name:<24} {imported:7.2f} {call:6.2f} {wall:6.2f} {cpu:6.2f}  "
-              f"({', '.join(f'{row[2]:.2f}' for row in got)}; epsilon {got[0][4]:.6f})")
-
-
-def dp_accounting_epsilon() -> float:
-    """dp-accounting's PLD accountant (value_discretization_interval 1e-4) on the same event."""
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
-
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-    accountant.compose(dp_event.PoissonSampledDpEvent(Q, dp_event.GaussianDpEvent(SIGMA)), STEPS)
-    return accountant.get_epsilon(DELTA)
-
-
 def total(rounds: int, peer: int = 0) -> None:
     """The warm call and the FFT floor alternated in one process: medians and their ratio."""
     with jax.enable_x64(True):  # public API only, so that it runs in older checkouts too
@@ -246,7 +176,7 @@ def total(rounds: int, peer: int = 0) -> None:
     print(f"{pj.__file__}: call {call_ms:.1f} ms, FFT floor ({size} points x 2) {floor_ms:.2f} ms, "
           f"{call_ms / floor_ms:.1f} x floor; CPU time: call {call_cpu:.1f} ms, floor "
           f"{floor_cpu:.2f} ms, {call_cpu / floor_cpu:.1f} x; median of {rounds}; "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"load {harness.load_average():.1f}")
     print(f"  pessimistic=False: {optimistic_ms:.1f} ms ({optimistic_ms / call_ms:.1f}x the default; "
           f"CPU time {optimistic_cpu:.1f} ms), epsilon {optimistic():.6f}")
     for rtol, ms, cpu_ms, coarse_call in zip(COARSE_RTOLS, coarse_ms, coarse_cpu, coarse,
@@ -258,10 +188,10 @@ def total(rounds: int, peer: int = 0) -> None:
         peer_s = []
         for _ in range(peer):
             start = time.perf_counter()
-            peer_epsilon = dp_accounting_epsilon()
+            peer_epsilon = harness.dp_accounting_dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, 1e-4)
             peer_s.append(time.perf_counter() - start)
         peer_ms = 1e3 * float(np.median(peer_s))
-        print(f"  dp-accounting PLDAccountant(1e-4): {peer_ms:.0f} ms (median of {peer}; "
+        print(f"  dp-accounting PLD (1e-4): {peer_ms:.0f} ms (median of {peer}; "
               f"{', '.join(f'{1e3 * t:.0f}' for t in peer_s)}), epsilon {peer_epsilon:.6f}: "
               f"the default call is {peer_ms / call_ms:.1f}x faster")
 
@@ -296,8 +226,6 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true",
                         help="time stages by this process's CPU time (less noisy on a loaded "
                              "machine) instead of wall clock")
-    parser.add_argument("--fresh", type=int, default=0,
-                        help="instead: time N fresh processes each (see the module docstring)")
     parser.add_argument("--rtol", type=float, default=None,
                         help="the stages of a call with this rtol (default: none, the automatic grid)")
     parser.add_argument("--peer", type=int, default=0,
@@ -316,9 +244,6 @@ def main() -> None:
         return
     if args.consecutive:
         consecutive(args.rounds)
-        return
-    if args.fresh:
-        fresh(args.fresh)
         return
     with jax.enable_x64(True):
         size, named = stages(args.rtol)
@@ -343,9 +268,8 @@ def main() -> None:
         print(f"{name:<52} {value:8.2f} {value / floor:12.1f}")
     host = median["total: pj.dpsgd_epsilon"] - device
     print(f"{'host and dispatch (total - the two calls)':<52} {host:8.2f} {host / floor:12.1f}")
-    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} "
-               f"{jax.default_backend()}, load average {os.getloadavg()[0]:.1f}")
-    print("machine:", machine)
+    machine = harness.machine()
+    print("\n".join(harness.machine_lines(machine)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"median_ms": median, "size": size, "machine": machine}, f, indent=1)

@@ -1,23 +1,20 @@
-"""Where a warm sweep's time goes: bench/dpsgd.py's seeded configurations in one
-``pj.dpsgd_epsilon`` call, with each stage's device calls timed (block_until_ready after each, so
-the stages do not overlap: the total is a little above an untimed call's).
+"""Where a warm sweep's time goes: the DP-SGD sweep's seeded configurations in one call.
 
-Stages: discretize (``mechanisms.direction_arrays``, with each row's window placement in the same
-call),
-wrap (``compose.wrap_rows`` on the host; on an accelerator ``dpsgd._gather_rows``, on the device;
-also the points composed), compose (``dpsgd._compose_and_evaluate``); "other" is the rest of the
-call (host glue).
+``pj.dpsgd_epsilon`` on ``python -m bench dpsgd``'s sweep distribution, with each stage's device
+calls timed (block_until_ready after each, so the stages do not overlap: the total is a little
+above an untimed call's). Stages: discretize (``direction_arrays``, with each row's window
+placement in the same call), wrap (``wrap_rows`` on the host; on an accelerator ``_gather_rows``,
+on the device; also the points composed), compose (``_compose_and_evaluate``); "other" is the rest
+of the call (host glue). The stages are pldjax internals (bench/internals.py).
 
-    python bench/profile_sweep.py --configs 1024 --calls 2 [--save eps.npy] [--progress]
-    python bench/profile_sweep.py --configs 1024 --calls 2 --profile 25   # and the last call's
-                                                # 25 costliest functions (cProfile, cumulative)
-    python bench/profile_sweep.py --configs 1024 --calls 2 --untimed 3    # then 3 calls without
-                                                # the stage timers (the host queues ahead)
-    python bench/profile_sweep.py --configs 10000 --calls 0 --untimed 3 --trace 12
-                                                # and a traced call: device busy time, idle gaps
-                                                # and the 12 costliest programs and kernels
-
-Needs: pip install '.[bench]'. Not part of CI; prints one line per call.
+    python -m bench.tools.profile_sweep --configs 1024 --calls 2 [--save eps.npy] [--progress]
+    python -m bench.tools.profile_sweep --configs 1024 --calls 2 --profile 25
+                      # and the last call's 25 costliest functions (cProfile, cumulative)
+    python -m bench.tools.profile_sweep --configs 1024 --calls 2 --untimed 3
+                      # then 3 calls without the stage timers (the host queues ahead)
+    python -m bench.tools.profile_sweep --configs 10000 --calls 0 --untimed 3 --trace 12
+                      # and a traced call: device busy time, idle gaps and the 12 costliest
+                      # programs and kernels (an accelerator's, chiefly)
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ import cProfile
 import glob
 import os
 import pstats
-import sys
 import tempfile
 import time
 import warnings
@@ -36,15 +32,12 @@ import warnings
 import jax
 import numpy as np
 
-# after PYTHONPATH: another checkout's pldjax there is the one measured (gpu.sh's BASELINE)
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pldjax as pj
+from bench import harness, internals
+from bench.dpsgd import DELTA
 
-from dpsgd import DELTA, sweep_configs  # noqa: E402
-
-import pldjax as pj  # noqa: E402
-from pldjax import dpsgd  # noqa: E402
-from pldjax.discretize import MECHANISM_KERNELS  # noqa: E402
+dpsgd = internals.dpsgd
+MECHANISM_KERNELS = internals.discretize.MECHANISM_KERNELS
 
 
 def main() -> None:
@@ -93,7 +86,7 @@ def main() -> None:
         return gather(probs, index, scalars, size=size)
 
     dpsgd._gather_rows = counted_gather
-    sigmas, qs, steps = sweep_configs(args.configs)
+    sigmas, qs, steps = harness.sweep_configs(args.configs)
     print(f"pldjax from {os.path.dirname(os.path.abspath(pj.__file__))}", flush=True)
     profiler = cProfile.Profile()
     for call in range(args.calls):

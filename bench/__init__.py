@@ -1,0 +1,1 @@
+"""pldjax's benchmark suite: ``python -m bench --list``; see bench/README.md."""
