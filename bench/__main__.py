@@ -68,6 +68,11 @@ def run(name: str, argv: list[str]) -> str:
     # unless a smoke run; read when pldjax is imported
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     os.environ["PLDJAX_COMPILATION_CACHE"] = harness.DEFAULT_CACHE or "0"
+    # on an accelerator, this process allocates memory as it needs it, leaving the rest to its
+    # fresh processes (which allocate as a user's process does)
+    if "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        harness.PARENT_ONLY.add("XLA_PYTHON_CLIENT_PREALLOCATE")
     command = " ".join(["python -m bench", name, *map(shlex.quote, argv)])
     report = harness.Report(name, f"{_title(module)} {_summary(module)}", command, path)
     harness.log(f"{name}: describing the machine")

@@ -35,6 +35,10 @@ _START = time.perf_counter()
 #: its compilation); a --quick run sets a directory kept between smoke runs.
 DEFAULT_CACHE: str | None = None
 
+#: Environment variables the suite sets for its own process only (fresh processes do not inherit
+#: them, so that they measure what a user's process does).
+PARENT_ONLY: set[str] = set()
+
 
 def log(text: str) -> None:
     """A progress line on stderr, with the seconds since the suite started."""
@@ -165,7 +169,7 @@ def worker_env(cache: str | None = None, extra_path: str | None = None) -> dict:
     persistent compilation cache in the directory ``cache`` or, if None, :data:`DEFAULT_CACHE`
     (off unless a --quick run), so that a first call includes its compilation unless a filled
     cache is what is measured."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR" and k not in PARENT_ONLY}
     cache = cache or DEFAULT_CACHE
     env["PLDJAX_COMPILATION_CACHE"] = str(cache) if cache else "0"
     paths = [str(ROOT), *([extra_path] if extra_path else []), *filter(None, [env.get("PYTHONPATH")])]
