@@ -210,10 +210,10 @@ def fresh_process(module: str, factory: str, kwargs: dict | None = None, *, impo
 def _worker() -> None:
     spec = json.loads(sys.stdin.read())
     rss_start = peak_rss_mb()
-    start = time.perf_counter()
-    exec(spec["imports"], {})
-    import_s = time.perf_counter() - start
     try:
+        start = time.perf_counter()
+        exec(spec["imports"], {})
+        import_s = time.perf_counter() - start
         call = getattr(importlib.import_module(spec["module"]), spec["factory"])(**spec["kwargs"])
         rss_before = peak_rss_mb()
         walls, cpus, values, call_mb = [], [], [], None
