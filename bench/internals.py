@@ -19,9 +19,10 @@ import importlib
 #:   (the check window pj.gdp_residue picks: bench/gdp_residue.py)
 #: * precision: ``pack`` (the filter state's bit pairs: bench/gdp_residue.py)
 #: * adversary: ``_family``, ``_window`` (the natural filter's recursion window: bench/natural_filter.py)
-#: * dpsgd: ``dpsgd_event``, ``mechanism_tail``, ``composition_tail``, ``_accuracy_steps``,
-#:   ``_placement``, ``_placement_rows``, ``_compose_and_evaluate``, ``direction_arrays``,
+#: * engine: ``_placement``, ``_placement_rows``, ``_compose_and_evaluate``, ``direction_arrays``,
 #:   ``wrap_rows``, ``_gather_rows`` (bench/tools/profile_dpsgd.py, bench/tools/profile_sweep.py)
+#: * planner: ``mechanism_tail``, ``composition_tail``, ``accuracy_steps``
+#:   (bench/tools/profile_dpsgd.py)
 #: * mechanisms: ``direction_arrays`` (bench/tools/profile_dpsgd.py)
 #: * compose: ``PMFSummary``, ``window_widths``, ``wrap_rows``, ``chernoff_exponents``,
 #:   ``_spectrum``, ``_powered``, ``settle``, ``fft_roundoff`` (bench/tools/profile_dpsgd.py)
@@ -29,16 +30,17 @@ import importlib
 #: * grid: ``fft_size`` (bench/tools/profile_dpsgd.py)
 #: * discretize: ``MECHANISM_KERNELS`` (bench/tools/profile_sweep.py)
 PATHS = {
-    "calibrate": "pldjax.calibrate",
-    "gaussian_dp": "pldjax.gaussian_dp",
-    "precision": "pldjax.precision",
-    "adversary": "pldjax.adversary",
-    "dpsgd": "pldjax.dpsgd",
-    "mechanisms": "pldjax.mechanisms",
-    "compose": "pldjax.compose",
-    "profile": "pldjax.profile",
-    "grid": "pldjax.grid",
-    "discretize": "pldjax.discretize",
+    "calibrate": "pldjax.accounting.calibration",
+    "gaussian_dp": "pldjax.kernels.gaussian_dp",
+    "precision": "pldjax.core.precision",
+    "adversary": "pldjax.adaptive.natural_cost",
+    "engine": "pldjax.accounting.engine",
+    "planner": "pldjax.accounting.planner",
+    "mechanisms": "pldjax.mechanisms.events",
+    "compose": "pldjax.kernels.compose",
+    "profile": "pldjax.kernels.hockey_stick",
+    "grid": "pldjax.core.grid",
+    "discretize": "pldjax.kernels.discretize",
 }
 
 

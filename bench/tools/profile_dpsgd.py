@@ -48,7 +48,8 @@ import pldjax as pj
 from bench import harness, internals
 
 compose_lib = internals.compose
-dpsgd_lib = internals.dpsgd
+engine_lib = internals.engine
+planner_lib = internals.planner
 grid_lib = internals.grid
 mechanisms_lib = internals.mechanisms
 profile_lib = internals.profile
@@ -62,13 +63,13 @@ COARSE_RTOLS = (1e-2, 5e-2)
 def stages(rtol=None):
     """(name, thunk) pairs; every thunk returns device arrays (blocked on by the timer).
     ``rtol``: the stages of ``pj.dpsgd_epsilon(..., rtol=rtol)`` (its grid step)."""
-    directions = dpsgd_lib.dpsgd_event(SIGMA, Q).directions(True)
+    directions = pj.dpsgd_event(SIGMA, Q).directions(True)
     # the windows dpsgd_epsilon asks for (each step may leave delta 2^-20 / T outside)
     steps, delta = np.array([STEPS], np.float64), np.array([DELTA])
-    mechanism_tail = float(dpsgd_lib.mechanism_tail(steps, delta, "epsilon")[0])
+    mechanism_tail = float(planner_lib.mechanism_tail(steps, delta, "epsilon")[0])
     grid = None
     if rtol is not None:
-        step = dpsgd_lib._accuracy_steps(np.array([SIGMA]), np.array([Q]), steps, delta, "delta",
+        step = planner_lib.accuracy_steps(np.array([SIGMA]), np.array([Q]), steps, delta, "delta",
                                          "add_remove", rtol)[0]
         grid = pj.Grid(step=float(step))
 
@@ -77,15 +78,15 @@ def stages(rtol=None):
 
     def discretize():
         return mechanisms_lib.direction_arrays(directions, grid, True, mechanism_tail,
-                                               then=dpsgd_lib._placement(2, "epsilon"),
+                                               then=engine_lib._placement(2, "epsilon"),
                                                extra=(count, target))
 
     probs, inf_mass, offset, step, lo, hi, chernoff, summary = jax.tree_util.tree_map(
         jnp.asarray, discretize())
     summary = compose_lib.PMFSummary(*summary)
     count, target = jnp.asarray(count), jnp.asarray(target)
-    tail = float(dpsgd_lib.composition_tail(target, "epsilon")[0])
-    windows = jax.jit(functools.partial(dpsgd_lib._placement_rows, evaluate="epsilon"))
+    tail = float(planner_lib.composition_tail(target, "epsilon")[0])
+    windows = jax.jit(functools.partial(engine_lib._placement_rows, evaluate="epsilon"))
     widths = compose_lib.window_widths(summary, offset, count, lo, hi, "steps")
     size = grid_lib.fft_size(int(np.max(widths)))
 
@@ -116,7 +117,7 @@ def stages(rtol=None):
     composed = settle(raw, inf_mass)[0]
 
     def fused():
-        return dpsgd_lib._compose_and_evaluate(
+        return engine_lib._compose_and_evaluate(
             wrapped, summary, inf_mass, offset, step, count, target, chernoff,
             pessimistic=True, evaluate="epsilon")
 

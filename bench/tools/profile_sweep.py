@@ -36,7 +36,7 @@ import pldjax as pj
 from bench import harness, internals
 from bench.dpsgd import DELTA
 
-dpsgd = internals.dpsgd
+dpsgd = internals.engine
 MECHANISM_KERNELS = internals.discretize.MECHANISM_KERNELS
 
 
