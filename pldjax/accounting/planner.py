@@ -136,7 +136,7 @@ def accuracy_step(rtol, steps, epsilon, spread, z):
     deviation is ``spread``, at ``z`` standard deviations of the composed loss above its mean.
 
     Connect-the-dots adds up to h^2 / 4 of variance per composition (a two-point split across
-    one step; measured errors are about half of this rule's: see bench/README.md). For a
+    one step; measured errors are about half of this rule's, `python -m bench tightness`). For a
     Gaussian-like composed loss of variance v = T spread^2 (mean v / 2), epsilon = v / 2 +
     z sqrt(v) moves by (1/2 + z / (2 sqrt v)) T h^2 / 4. So h is the largest power of two with
     that at most rtol epsilon, kept at most ``spread`` (the rule needs several points across one
