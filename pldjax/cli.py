@@ -71,15 +71,14 @@ def _add_mechanism_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sampling-prob",
         type=float,
-        default=1.0,
         help="sampling probability q in [0, 1] of each record per step (batch size / dataset "
-        "size for fixed_batch; default 1)",
+        "size for fixed_batch); required unless --sampling none",
     )
     parser.add_argument(
         "--steps",
         type=int,
-        default=1,
-        help="number of times the mechanism runs (composition count, >= 0; default 1)",
+        required=True,
+        help="number of times the mechanism runs (training steps: composition count, >= 0)",
     )
     _add_neighboring(parser)
 
@@ -87,7 +86,8 @@ def _add_mechanism_options(parser: argparse.ArgumentParser) -> None:
 def _add_neighboring(parser: argparse.ArgumentParser) -> None:
     """The options naming the mechanism's parts (besides its numbers)."""
     parser.add_argument(
-        "--neighboring", choices=_NEIGHBORING, default="add_remove", help="adjacency relation"
+        "--neighboring", choices=_NEIGHBORING, default="add_remove",
+        help="adjacency relation (default add_remove)"
     )
     parser.add_argument("--noise", choices=tuple(_NOISES), default="gaussian",
                         help="noise distribution (default gaussian)")
@@ -172,6 +172,11 @@ def _evaluate(args, evaluate: str, noise_multiplier, sampling_prob, steps, targe
 
 def _single(args) -> str:
     target = args.delta if args.command == "epsilon" else args.epsilon
+    if args.sampling_prob is None:
+        if args.sampling != "none":
+            raise ValueError(f"--sampling-prob is required with --sampling {args.sampling} (or "
+                             "pass --sampling none)")
+        args.sampling_prob = 1.0
     bounds = [
         _evaluate(args, args.command, args.noise_multiplier, args.sampling_prob, args.steps,
                   target, pessimistic=pessimistic)

@@ -11,26 +11,30 @@ from pldjax.cli import main
 
 HEADER = "noise_multiplier,sampling_prob,steps,delta\n"
 
+#: The DP-SGD options every epsilon or delta command needs, at values that change nothing.
+ONE_STEP = ["--steps", "1", "--sampling-prob", "1"]
+
 
 @pytest.mark.parametrize(("args", "name"), [
-    (["epsilon", "--noise-multiplier", "nan", "--delta", "1e-5"], "noise_multiplier"),
-    (["epsilon", "--noise-multiplier", "inf", "--delta", "1e-5"], "noise_multiplier"),
-    (["epsilon", "--noise-multiplier", "-1", "--delta", "1e-5"], "noise_multiplier"),
-    (["epsilon", "--noise-multiplier", "0", "--delta", "1e-5"], "noise_multiplier"),
-    (["epsilon", "--noise-multiplier", "1", "--delta", "nan"], "delta"),
-    (["epsilon", "--noise-multiplier", "1", "--delta", "inf"], "delta"),
-    (["epsilon", "--noise-multiplier", "1", "--delta", "-0.5"], "delta"),
-    (["epsilon", "--noise-multiplier", "1", "--delta", "1.5"], "delta"),
-    (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "nan", "--delta", "1e-5"],
+    (["epsilon", "--noise-multiplier", "nan", *ONE_STEP, "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "inf", *ONE_STEP, "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "-1", *ONE_STEP, "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "0", *ONE_STEP, "--delta", "1e-5"], "noise_multiplier"),
+    (["epsilon", "--noise-multiplier", "1", *ONE_STEP, "--delta", "nan"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", *ONE_STEP, "--delta", "inf"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", *ONE_STEP, "--delta", "-0.5"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", *ONE_STEP, "--delta", "1.5"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", "--steps", "1", "--sampling-prob", "nan", "--delta", "1e-5"],
      "sampling_prob"),
-    (["epsilon", "--noise-multiplier", "1", "--sampling-prob=-inf", "--delta", "1e-5"],
+    (["epsilon", "--noise-multiplier", "1", "--steps", "1", "--sampling-prob=-inf", "--delta", "1e-5"],
      "sampling_prob"),
-    (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "2", "--delta", "1e-5"],
+    (["epsilon", "--noise-multiplier", "1", "--steps", "1", "--sampling-prob", "2", "--delta", "1e-5"],
      "sampling_prob"),
-    (["epsilon", "--noise-multiplier", "1", "--steps", "-5", "--delta", "1e-5"], "steps"),
-    (["delta", "--noise-multiplier", "1", "--epsilon", "nan"], "epsilon"),
-    (["delta", "--noise-multiplier", "1", "--epsilon=-inf"], "epsilon"),
-    (["delta", "--noise-multiplier", "1", "--epsilon", "-1"], "epsilon"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "1", "--steps", "-5", "--delta", "1e-5"],
+     "steps"),
+    (["delta", "--noise-multiplier", "1", *ONE_STEP, "--epsilon", "nan"], "epsilon"),
+    (["delta", "--noise-multiplier", "1", *ONE_STEP, "--epsilon=-inf"], "epsilon"),
+    (["delta", "--noise-multiplier", "1", *ONE_STEP, "--epsilon", "-1"], "epsilon"),
 ])
 def test_bad_arguments_exit_2_naming_them(capsys, args, name):
     assert main(args) == 2
@@ -40,9 +44,9 @@ def test_bad_arguments_exit_2_naming_them(capsys, args, name):
 
 
 @pytest.mark.parametrize("args", [
-    ["epsilon", "--noise-multiplier", "1", "--steps", "nan", "--delta", "1e-5"],
-    ["epsilon", "--noise-multiplier", "1", "--steps", "1e3", "--delta", "1e-5"],
-    ["epsilon", "--noise-multiplier", "1"],
+    ["epsilon", "--noise-multiplier", "1", "--sampling-prob", "1", "--steps", "nan", "--delta", "1e-5"],
+    ["epsilon", "--noise-multiplier", "1", "--sampling-prob", "1", "--steps", "1e3", "--delta", "1e-5"],
+    ["epsilon", "--noise-multiplier", "1", *ONE_STEP],
 ])
 def test_unparsable_arguments_exit_2(capsys, args):
     with pytest.raises(SystemExit) as exit_info:
@@ -53,7 +57,8 @@ def test_unparsable_arguments_exit_2(capsys, args):
 
 def test_nan_result_is_never_printed(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(pj, "dpsgd_epsilon", lambda *a, **k: np.full(np.shape(a[0]), np.nan))
-    assert main(["epsilon", "--noise-multiplier", "1", "--delta", "1e-5"]) == 1
+    assert main(["epsilon", "--noise-multiplier", "1", "--sampling-prob", "1", "--steps", "1",
+                 "--delta", "1e-5"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and "NaN" in captured.err
     configs = tmp_path / "configs.csv"
@@ -154,7 +159,9 @@ def test_six_digits_bound_their_value(value):
     (["--sensitivity", "0"], "sensitivity"),
 ])
 def test_parts_that_do_not_fit_exit_2(capsys, args, message):
-    assert main(["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", *args]) == 2
+    defaults = [] if "--sampling-prob" in args else ["--sampling-prob", "1"]
+    assert main(["epsilon", "--noise-multiplier", "1", "--steps", "1", "--delta", "1e-5",
+                 *defaults, *args]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and message in captured.err
 
@@ -167,3 +174,22 @@ def test_python_dash_m_runs_the_command_line():
     done = subprocess.run([sys.executable, "-m", "pldjax", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "epsilon" in done.stdout
+
+
+def test_steps_and_sampling_prob_have_no_silent_default(capsys):
+    """A DP-SGD run has a number of steps and a sampling probability: neither defaults to 1."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["epsilon", "--noise-multiplier", "1", "--sampling-prob", "0.01", "--delta", "1e-5"])
+    assert exit_info.value.code == 2 and "--steps" in capsys.readouterr().err
+    assert main(["epsilon", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"]) == 2
+    assert "--sampling-prob is required" in capsys.readouterr().err
+    assert main(["epsilon", "--noise-multiplier", "1", "--steps", "10", "--sampling", "none",
+                 "--delta", "1e-5"]) == 0
+
+
+def test_help_shows_the_defaults():
+    from pldjax.cli import _build_parser
+
+    epsilon = _build_parser()._subparsers._group_actions[0].choices["epsilon"]
+    text = epsilon.format_help()
+    assert "default add_remove" in text and "default gaussian" in text
