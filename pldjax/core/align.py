@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import kernel_jit
-from pldjax.core.pld import PLD
+from pldjax.core.compilation import glue_module, kernel_jit
+from pldjax.core.pld import PLD, broadcast_rows, from_rows
 from pldjax.core.validation import is_traced
 
 #: Relative tolerance under which two steps are one step, and a ratio of steps an integer.
@@ -90,14 +90,13 @@ def regrid(pld: PLD, target, size: int) -> PLD:
     """A single-direction PLD with one batch axis (or none) on the step ``target`` (same batch
     shape), on ``size`` points (see :func:`regrid_kernel`)."""
     shape = pld.batch_shape
-    flat = int(np.prod(shape)) if shape else 1
-    target = jnp.broadcast_to(jnp.asarray(target, jnp.float64), shape)
-    probs, offset = _regrid_batch(pld.probs.reshape(flat, pld.size),
-                        jnp.broadcast_to(pld.offset, shape).reshape(flat),
-                        jnp.broadcast_to(pld.step, shape).reshape(flat), target.reshape(flat),
-                        size=size, pessimistic=pld.pessimistic)
-    return PLD(probs.reshape(shape + (size,)), pld.inf_mass, offset.reshape(shape), target,
-               pld.pessimistic)
+    rows = broadcast_rows(pld, shape)
+    xp = glue_module((rows.probs, target))
+    target = xp.broadcast_to(xp.asarray(target, xp.float64), shape).reshape(rows.step.shape)
+    probs, offset = _regrid_batch(rows.probs, rows.offset, rows.step, target, size=size,
+                                  pessimistic=pld.pessimistic)
+    regridded = from_rows(probs, rows.inf_mass, offset, target, shape, pld.pessimistic)
+    return PLD(regridded.probs, pld.inf_mass, regridded.offset, regridded.step, pld.pessimistic)
 
 
 def _only_zero_loss(pld: PLD) -> bool:

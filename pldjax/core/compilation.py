@@ -445,3 +445,26 @@ class MappingGuard:
         released = release_compiled_kernels()
         self._read_at = None if released else count
         return released
+
+
+def on_host(array) -> bool:
+    """True for a concrete array in host memory (NumPy, or a JAX array on one CPU device): glue
+    on it can run in NumPy, without copies and without compiling a program per operation."""
+    if is_traced(array):
+        return False
+    if isinstance(array, jax.Array):
+        devices = array.devices()
+        return len(devices) == 1 and next(iter(devices)).platform == "cpu"
+    return True
+
+
+def to_device(array):
+    """A JAX array of ``array`` (NumPy: ``jax.device_put``, which unlike ``jnp.asarray`` compiles
+    no program; a JAX array or tracer unchanged)."""
+    return jax.device_put(array) if isinstance(array, np.ndarray | np.generic) else array
+
+
+def glue_module(arrays):
+    """The array module for reshaping ``arrays``: NumPy for concrete arrays in host memory (an
+    eager ``jnp`` operation compiles a program of its own), ``jax.numpy`` elsewhere."""
+    return np if all(on_host(a) for a in arrays) else jnp

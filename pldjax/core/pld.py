@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from pldjax.core.compilation import glue_module
 from pldjax.core.precision import float64
 
 
@@ -256,3 +258,25 @@ def batched(kernel: Callable, n_batch_dims: int) -> Callable:
     for _ in range(n_batch_dims):
         kernel = jax.vmap(kernel)
     return kernel
+
+
+def broadcast_rows(pld: PLD, shape: tuple[int, ...]) -> PLD:
+    """Broadcast a single-direction PLD's arrays to the batch ``shape`` and flatten the batch."""
+    flat = int(np.prod(shape)) if shape else 1
+    leaves = (pld.probs, pld.inf_mass, pld.offset, pld.step)
+    xp = glue_module(leaves)
+    shapes = (shape + (pld.size,), shape, shape, shape)
+    rows = [xp.broadcast_to(xp.asarray(a), s).reshape((flat,) + s[len(shape):])
+            for a, s in zip(leaves, shapes, strict=True)]
+    return PLD(*rows, pld.pessimistic)
+
+
+def from_rows(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:
+    """The flat rows of a batch as a PLD of batch ``shape`` (JAX arrays)."""
+    leaves = (probs, inf_mass, offset, step)
+    xp = glue_module(leaves)
+    shapes = (shape + probs.shape[-1:], shape, shape, shape)
+    leaves = [xp.asarray(a).reshape(s) for a, s in zip(leaves, shapes, strict=True)]
+    if xp is np:  # device_put compiles nothing
+        leaves = [jax.device_put(a) for a in leaves]
+    return PLD(*leaves, pessimistic)

@@ -47,7 +47,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.align import align
 from pldjax.core.compilation import early_exit_on_cpu, kernel_jit
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD, check_same_kind
+from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, from_rows
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, is_traced
 
@@ -484,28 +484,6 @@ def needed_size(probs, tail) -> jax.Array:
 
 
 # -- API ------------------------------------------------------------------------------------------
-def _broadcast(pld: PLD, shape: tuple[int, ...]) -> PLD:
-    """Broadcast a single-direction PLD's arrays to the batch ``shape`` and flatten the batch."""
-    flat = int(np.prod(shape)) if shape else 1
-    return PLD(
-        jnp.broadcast_to(pld.probs, shape + (pld.size,)).reshape(flat, pld.size),
-        jnp.broadcast_to(pld.inf_mass, shape).reshape(flat),
-        jnp.broadcast_to(pld.offset, shape).reshape(flat),
-        jnp.broadcast_to(pld.step, shape).reshape(flat),
-        pld.pessimistic,
-    )
-
-
-def _unflatten(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:
-    return PLD(
-        probs.reshape(shape + probs.shape[-1:]),
-        inf_mass.reshape(shape),
-        offset.reshape(shape),
-        step.reshape(shape),
-        pessimistic,
-    )
-
-
 @kernel_jit(static_argnames=("pessimistic",))
 def _convolve_batch(a: PLD, b: PLD, *, pessimistic: bool):
     kernel = functools.partial(convolve_kernel, pessimistic=pessimistic)
@@ -553,7 +531,7 @@ def checked_size(size: int, what: str, argument: str,
 
 def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
     shape = jnp.broadcast_shapes(a.batch_shape, b.batch_shape)
-    a, b = align([_broadcast(a, shape), _broadcast(b, shape)], "compose")
+    a, b = align([broadcast_rows(a, shape), broadcast_rows(b, shape)], "compose")
     fft = grid_lib.next_pow2(a.size + b.size - 1)
     if fft > 2 * grid_lib.MAX_SIZE:
         raise ValueError(
@@ -569,7 +547,7 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
             probs, inf_mass, offset, tail, size=checked_size(size, "compose", "plds"),
             pessimistic=a.pessimistic,
         )
-    return _unflatten(probs, inf_mass, offset, a.step, shape, a.pessimistic)
+    return from_rows(probs, inf_mass, offset, a.step, shape, a.pessimistic)
 
 
 def _both_directions(fn, plds: Sequence[PLD]) -> PLD:
@@ -647,7 +625,7 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
     def power(single: list[PLD]) -> PLD:
         p = single[0]
         shape = p.batch_shape
-        flat = _broadcast(p, shape)
+        flat = broadcast_rows(p, shape)
         n = size
         if is_traced(flat):
             if n is None:
@@ -660,10 +638,10 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             if n is None:
                 n = checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose", "count")
         probs, inf_mass, offset = _self_compose_batch(
-            flat, jnp.float64(count), grid_lib.TAIL_MASS, size=n,
+            flat, np.float64(count), grid_lib.TAIL_MASS, size=n,
             pessimistic=p.pessimistic,
         )
-        return _unflatten(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
+        return from_rows(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
 
     return _both_directions(power, [pld])
 

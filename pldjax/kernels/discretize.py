@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import early_exit_on_cpu, exported_jit
+from pldjax.core.compilation import early_exit_on_cpu, exported_jit, on_host
 from pldjax.core.grid import Grid
 from pldjax.core.validation import is_traced
 
@@ -658,23 +658,6 @@ def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimist
     if not (traced or grid.size is not None):
         probs, offset = _trim(probs, offset)
     return probs, inf_mass.reshape(shape), offset, step.reshape(shape)
-
-
-def on_host(array) -> bool:
-    """True for a concrete array in host memory (NumPy, or a JAX array on one CPU device): glue
-    on it can run in NumPy, without copies and without compiling a program per operation."""
-    if is_traced(array):
-        return False
-    if isinstance(array, jax.Array):
-        devices = array.devices()
-        return len(devices) == 1 and next(iter(devices)).platform == "cpu"
-    return True
-
-
-def to_device(array):
-    """A JAX array of ``array`` (NumPy: ``jax.device_put``, which unlike ``jnp.asarray`` compiles
-    no program; a JAX array or tracer unchanged)."""
-    return jax.device_put(array) if isinstance(array, np.ndarray | np.generic) else array
 
 
 def _occupied_range(probs) -> tuple[int, int]:

@@ -169,7 +169,7 @@ def tradeoff(pld: PLD, alpha) -> jax.Array:
     """The f-DP tradeoff curve beta(alpha), alpha in [0, 1] (see :meth:`PLD.tradeoff`)."""
     check_range("alpha", alpha, 0.0, 1.0)
     kernel = functools.partial(_tradeoff_jit, pessimistic=pld.pessimistic)
-    return per_direction(pld, alpha, kernel, jnp.minimum)
+    return per_direction(pld, alpha, kernel, "minimum")
 
 
 @float64
@@ -177,7 +177,7 @@ def renyi(pld: PLD, order) -> jax.Array:
     """Rényi divergence of the given order(s) > 0 (see :meth:`PLD.renyi`)."""
     check_range("order", order, 0.0, low_open=True)
     kernel = functools.partial(_renyi_jit, pessimistic=pld.pessimistic)
-    return per_direction(pld, order, kernel, jnp.maximum)
+    return per_direction(pld, order, kernel, "maximum")
 
 
 @float64
@@ -185,4 +185,4 @@ def log_mgf(pld: PLD, t) -> jax.Array:
     """log E_P[e^{t L}] (see :meth:`PLD.log_mgf`); the larger of two directions."""
     check_range("t", t, allow_inf=False)
     kernel = functools.partial(_log_mgf_jit, pessimistic=pld.pessimistic)
-    return per_direction(pld, t, kernel, jnp.maximum)
+    return per_direction(pld, t, kernel, "maximum")

@@ -17,11 +17,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pldjax.core.compilation import computed_once, kernel_jit
 from pldjax.core.pld import PLD, batched
 from pldjax.core.precision import float64, host_result
-from pldjax.core.validation import check_range
+from pldjax.core.validation import check_range, is_traced
 
 _BLOCK = 128
 #: Up to this many targets, epsilon_kernel works from sums at the blocks' starts and the
@@ -182,17 +183,20 @@ _delta_jit = kernel_jit(delta_kernel)
 _epsilon_jit = kernel_jit(epsilon_kernel)
 
 
-def per_direction(pld: PLD, values, kernel, combine=jnp.maximum) -> jax.Array:
+def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Array:
     """``kernel(probs, inf_mass, offset, step, flat_values)`` over the PLD's batch axes for each
     direction, combined across directions (the worse one by default); shape batch + values."""
-    values = jnp.asarray(values, jnp.float64)
+    traced = is_traced((pld, values))
+    xp = jnp if traced else np  # glue on concrete values compiles nothing
+    values = xp.asarray(values, xp.float64)
     flat = values.reshape(-1)
     result = None
     for direction in pld.directions():
         nb = len(direction.batch_shape)
         fn = batched(lambda p, m, o, h: kernel(p, m, o, h, flat), nb)
         out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
-        result = out if result is None else combine(result, out)
+        out = out if traced else np.asarray(out)
+        result = out if result is None else getattr(xp, combine)(result, out)
     return host_result(result.reshape(pld.batch_shape + values.shape))
 
 

@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.compilation import on_host, to_device
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.validation import is_traced
-from pldjax.kernels.discretize import discretize_arrays, on_host, to_device
+from pldjax.kernels.discretize import discretize_arrays
 from pldjax.mechanisms.neighboring import Neighboring
 from pldjax.mechanisms.noise import (
     Noise,
