@@ -21,6 +21,7 @@ filters (:mod:`pldjax.adaptive.filters`)::
     state, ok = od.step(state, epsilon, delta_n)   # record one step; jit-able, vmappable
     od.bound(state)                                # {"epsilon": U_n}: the current reading
     od.guarantee                                   # what (*) promises, with which delta
+    od.state_problem(state)                        # None, or why no sequence of steps reaches it
 
 Families (all readings are pessimistic: upper bounds on the exact formula, rounded up):
 
@@ -51,8 +52,9 @@ infinite epsilon_n is valid: the reading becomes +inf.
 **Exact 64-bit states whatever the caller's x64 flag**: float64 leaves are stored as uint32 bit
 pairs (:func:`pldjax.core.precision.pack`), as for filters; save and restore them exactly with
 :func:`pldjax.core.serialization.save_odometer_state` /
-:func:`pldjax.core.serialization.load_odometer_state`. Costs that arrive in float32 (a caller's
-jit with x64 off) are charged the largest real that rounds to them
+:func:`pldjax.core.serialization.load_odometer_state` (batched states too; a state that no
+sequence of steps reaches is refused: ``state_problem``). Costs that arrive in float32 (a
+caller's jit with x64 off) are charged the largest real that rounds to them
 (:func:`pldjax.core.precision.upper_of_rounded`). Sums are rounded up
 (:func:`pldjax.core.precision.add_up`).
 """
@@ -88,8 +90,9 @@ MAX_RUNGS = 4096
 class Odometer(NamedTuple):
     """One privacy odometer: ``init() -> state``, ``step(state, ...) -> (state, ok)``,
     ``bound(state) -> dict`` (the current reading, e.g. ``{"epsilon": U_n}``), plus what the
-    readings satisfy (``guarantee``) and the parameters that identify it (``kind``, ``params``:
-    used to check saved states)."""
+    readings satisfy (``guarantee``), the parameters that identify it (``kind``, ``params``:
+    used to check saved states) and ``state_problem(state) -> str | None``: why no sequence of
+    steps reaches a (possibly batched) state, or None (used to check restored states)."""
 
     init: Callable[[], Any]
     step: Callable[..., tuple[Any, jax.Array]]
@@ -97,6 +100,7 @@ class Odometer(NamedTuple):
     guarantee: dict
     kind: str
     params: dict
+    state_problem: Callable[[Any], str | None]
 
 
 def _round_up(x):
@@ -107,10 +111,12 @@ def _round_up(x):
 
 
 def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
-                   core: Callable, read: Callable[[Any], dict], check: Callable) -> Odometer:
+                   core: Callable, read: Callable[[Any], dict], check: Callable,
+                   problem: Callable[[Any], str | None]) -> Odometer:
     """An :class:`Odometer` from float64 parts: ``core(state, *args) -> (state, ok)`` on plain
     states (pure, traced once), ``check(*args)`` raises on the host and returns the arguments to
-    pass on, ``read(state) -> dict`` on plain states."""
+    pass on, ``read(state) -> dict`` on plain states, ``problem(state) -> str | None`` on plain
+    states with NumPy leaves of any batch shape."""
     with jax.enable_x64(True):
         like = jax.eval_shape(init)
 
@@ -132,7 +138,11 @@ def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[
     def bound(state):
         return jax.tree_util.tree_map(host_result, read(unpack(state, like)))
 
-    return Odometer(packed_init, step, bound, guarantee, kind, params)
+    @float64
+    def state_problem(state):
+        return problem(jax.tree_util.tree_map(np.asarray, unpack(state, like)))
+
+    return Odometer(packed_init, step, bound, guarantee, kind, params, state_problem)
 
 
 # -- the families of Whitehouse et al., Theorem 3 ----------------------------------------------------
@@ -181,9 +191,17 @@ def _variance_odometer(kind: str, params: dict, delta: float, delta_prime: float
         value = _round_up(boundary(state.variance))
         return {"epsilon": jnp.where(state.delta_spent <= delta_queries, value, jnp.inf)}
 
+    def problem(state):
+        # sums of numbers >= 0 (+inf included): every such value is reached, and nothing else
+        for name, value in (("V_n (the sum of the epsilon_n^2)", state.variance),
+                            ("the sum of the delta_n", state.delta_spent)):
+            if np.any(np.isnan(value) | (value < 0)):
+                return f"{name} is NaN or negative ({value})"
+        return None
+
     guarantee = {"delta": delta, "delta_prime": delta_prime, "delta_queries": delta_queries}
     return _make_odometer(kind, params, guarantee, init=init, core=core, read=read,
-                          check=_check_step(kind))
+                          check=_check_step(kind), problem=problem)
 
 
 @float64
@@ -455,9 +473,11 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
     else:
         rung_filter = gdp_filter(top, delta=slack)
         # rung k accepts while the (rounded-up) sum of nu^2 is <= mu_k^2, compared from below
-        budgets = jnp.asarray(np.nextafter(mus * mus, 0.0))
+        budgets = np.nextafter(mus * mus, 0.0)
         with jax.enable_x64(True):
             spent_like = jax.eval_shape(lambda: GDPState(jnp.zeros(()), jnp.zeros(())))
+    with jax.enable_x64(True):
+        residue_like = jax.eval_shape(lambda: ResidueState(jnp.zeros(count), jnp.zeros(count)))
 
     def init():
         if residue:
@@ -476,13 +496,21 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
     def step(state, query):
         if not isinstance(query, PLD) and not is_traced(query):
             check_range("query", query, 0.0, allow_inf=True)
+        # the alive flags can be read off the rungs' states (state_problem checks it): a dead
+        # rung's residue budget is -inf, and once the top rung refuses a step the sum of nu^2
+        # spent is +inf, so that rung k is alive exactly while that sum is <= mu_k^2
         if residue:
             rung_states, accepted = jax.vmap(rung_filter.spend, in_axes=(0, None))(
                 state.rungs, query)
+            plain = unpack(rung_states, residue_like)
+            plain = plain._replace(mu=jnp.where(state.alive & accepted, plain.mu, -jnp.inf))
+            rung_states = pack(plain)
         else:
-            rung_states, accepted = rung_filter.spend(state.rungs, query)
-            spent = unpack(rung_states, spent_like).mu_squared_spent
-            accepted = accepted & (spent <= budgets)
+            rung_states, taken = rung_filter.spend(state.rungs, query)
+            plain = unpack(rung_states, spent_like)
+            spent = jnp.where(taken, plain.mu_squared_spent, jnp.inf)
+            rung_states = pack(plain._replace(mu_squared_spent=spent))
+            accepted = spent <= jnp.asarray(budgets)
         ok = valid_query(query)
         alive = jnp.where(ok, state.alive & accepted, state.alive)
         return LadderState(keep_if(ok, rung_states, state.rungs), alive), ok
@@ -499,7 +527,53 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
                    "epsilon": jnp.where(some, eps_table[lowest], jnp.inf)}
         return jax.tree_util.tree_map(host_result, reading)
 
+    @float64
+    def state_problem(state):
+        alive = np.asarray(state.alive)  # (..., K)
+        alive_rows = np.broadcast_to(np.any(alive, axis=-1, keepdims=True), alive.shape)
+        if residue:
+            rungs = jax.tree_util.tree_map(np.asarray, unpack(state.rungs, residue_like))
+            mu, left = np.broadcast_arrays(rungs.mu, rungs.delta_left)
+            fits = (mu >= 0) & (mu <= mus)
+            # the alive rungs of a state were charged the same steps from the same delta
+            shared = np.max(np.where(alive, left, -np.inf), axis=-1, keepdims=True)
+            rules = [  # (where it is broken, the value shown, what is wrong with it)
+                (np.isnan(left) | (left < 0) | (left > slack), left,
+                 f"delta left is NaN or outside [0, {slack}]"),
+                (alive & ~fits, mu, "mu budget is outside [0, mu_k] on a rung marked alive (a "
+                                    "dead rung's is -inf)"),
+                (~alive & ~fits & (mu != -np.inf), mu, "mu budget is NaN or outside [0, mu_k]"),
+                (alive & (left != shared), left,
+                 "delta left differs from another alive rung's (all were charged the same "
+                 "steps)"),
+            ]
+        else:
+            rungs = jax.tree_util.tree_map(np.asarray, unpack(state.rungs, spent_like))
+            spent = np.broadcast_to(rungs.mu_squared_spent[..., None], alive.shape)
+            charged = np.broadcast_to(rungs.delta_spent[..., None], alive.shape)
+            rules = [
+                (np.isnan(spent) | (spent < 0), spent, "sum of nu_n^2 spent is NaN or negative"),
+                (np.isnan(charged) | (charged < 0) | (charged > slack), charged,
+                 f"delta spent is NaN or outside [0, {slack}]"),
+                # rung k is alive exactly while the sum is <= mu_k^2, or none is (the ladder
+                # then reads +inf whatever the sum)
+                (alive_rows & alive & ~(spent <= budgets), spent,
+                 "sum of nu_n^2 spent is above mu_k^2, but the rung is marked alive"),
+                (alive_rows & ~alive & (spent <= budgets), spent,
+                 "sum of nu_n^2 spent is within mu_k^2, but the rung is marked dead while a "
+                 "higher one is alive"),
+            ]
+        for bad, value, text in rules:
+            if np.any(bad):
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
+                where = f"rung {at[-1]} (mu_k = {float(mus[at[-1]])!r})"
+                if len(at) > 1:
+                    where += f" of batch element {at[:-1]}"
+                return f"{where}: {text} ({float(value[at])!r})"
+        return None
+
     params = {"mu0": float(mu0), "delta": float(delta), "growth": float(growth), "rungs": count,
               "slack": slack, "residue": bool(residue), "steps": steps}
     guarantee = {"delta": float(delta), "slack": slack, "mu": mus, "epsilon": epsilons}
-    return Odometer(float64(init), step, bound, guarantee, "gdp_ladder_odometer", params)
+    return Odometer(float64(init), step, bound, guarantee, "gdp_ladder_odometer", params,
+                    state_problem)

@@ -113,9 +113,10 @@ def _read(path: Path) -> tuple[dict, list]:
                          f"{error})") from None
 
 
-def load(path, template, *, kind: str, params: dict):
+def load(path, template, *, kind: str, params: dict, batched: bool = False):
     """Read a state saved by :func:`save`, checked against ``kind``/``params`` and rebuilt on the
-    tree structure (and leaf shapes and dtypes) of ``template``."""
+    tree structure (and leaf shapes and dtypes) of ``template``. ``batched``: the leaves may also
+    carry leading batch axes (a vmapped state), the same for every leaf."""
     path = Path(path)
     if path.suffix not in (".json", ".npz"):
         raise ValueError(f"path must end in .npz or .json, got {path.name!r}")
@@ -130,16 +131,22 @@ def load(path, template, *, kind: str, params: dict):
     template_leaves, treedef = jax.tree_util.tree_flatten(template)
     if len(leaves) != len(template_leaves):
         raise ValueError(f"{path}: {len(leaves)} arrays, the state has {len(template_leaves)}")
-    restored = []
+    restored, batch = [], None
     for got, like in zip(leaves, template_leaves, strict=True):
         want = np.asarray(_plain_leaf(like))
         if (header["version"] == 1 and got.dtype in (np.float64, np.int64)
-                and want.dtype == np.uint32 and want.shape == got.shape + (2,)):
+                and want.dtype == np.uint32 and want.shape[-1:] == (2,)):
             with jax.enable_x64(True):
                 got = np.asarray(pack(jnp.asarray(got)))
-        if got.shape != want.shape or got.dtype != want.dtype:
+        axes = got.ndim - want.ndim if batched else 0
+        shape = want.shape if batch is None or axes < 0 else batch + want.shape
+        if axes < 0 or got.shape != got.shape[:axes] + want.shape or got.dtype != want.dtype:
             raise ValueError(f"{path}: array of shape {got.shape} {got.dtype}, the state needs "
-                             f"{want.shape} {want.dtype}")
+                             f"{shape} {want.dtype}")
+        if batch is not None and got.shape[:axes] != batch:
+            raise ValueError(f"{path}: arrays of batch shapes {batch} and {got.shape[:axes]}, "
+                             f"a batched state has one")
+        batch = got.shape[:axes]
         restored.append(_like(got, like))
     return jax.tree_util.tree_unflatten(treedef, restored)
 
@@ -190,5 +197,13 @@ def save_odometer_state(path, odometer, state) -> None:
 
 
 def load_odometer_state(path, odometer):
-    """Restore a state saved by :func:`save_odometer_state` for this very odometer."""
-    return load(path, odometer.init(), kind=odometer.kind, params=odometer.params)
+    """Restore a state saved by :func:`save_odometer_state` for this very odometer, batched (by
+    vmap) or not. A state that no sequence of steps reaches (a damaged or edited file: a NaN or
+    negative sum, alive flags that do not match the rungs' budgets, ...) is a ValueError saying
+    what is wrong (``odometer.state_problem``)."""
+    state = load(path, odometer.init(), kind=odometer.kind, params=odometer.params, batched=True)
+    problem = odometer.state_problem(state)
+    if problem is not None:
+        raise ValueError(f"{path}: no sequence of steps of {odometer.kind} {odometer.params} "
+                         f"reaches this state ({problem}); the file is damaged")
+    return state

@@ -514,6 +514,108 @@ def test_save_restore_is_exact_with_x64_off(x64_off, tmp_path, name, suffix):
     assert off == _save_restore_round_trip(tmp_path / "on", name, suffix)
 
 
+LADDERS = {
+    "gdp": lambda: OD.gdp_ladder_odometer(0.05, delta=1e-6, growth=2.0, rungs=4),
+    "residue": lambda: OD.gdp_ladder_odometer(0.05, delta=1e-6, growth=2.0, rungs=4,
+                                              residue=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LADDERS))
+@pytest.mark.parametrize("steps", [[math.inf], [0.06, 0.02], [0.06, 100.0, 0.01]])
+def test_restore_refuses_ladder_alive_flags_set_back(tmp_path, name, steps):
+    """A ladder whose rungs died (every rung after an infinite cost: the true reading is +inf)
+    saved with its alive flags set back to True read mu = 0.05: the flags must match the rungs'
+    budgets."""
+    od = LADDERS[name]()
+    state = od.init()
+    for nu in steps:
+        state, ok = od.step(state, nu)
+        assert bool(ok)
+    assert not bool(np.all(state.alive))
+    truth = od.bound(state)
+    path = tmp_path / "state.json"
+    pj.io.save_odometer_state(path, od, state)  # the state as produced loads, and reads the same
+    assert od.bound(pj.io.load_odometer_state(path, od)) == truth
+    pj.io.save_odometer_state(path, od, state._replace(alive=jnp.ones_like(state.alive)))
+    with pytest.raises(ValueError, match="no sequence of steps.*rung 0"):
+        pj.io.load_odometer_state(path, od)
+
+
+@pytest.mark.parametrize("name", sorted(LADDERS))
+def test_reachable_ladder_states_pass_the_state_check(name):
+    """Number and PLD steps, rungs dying one by one, refused steps: every state reached is one the
+    restore check accepts."""
+    od = LADDERS[name]()
+    state = od.init()
+    assert od.state_problem(state) is None
+    for query in (0.03, pj.gdp(0.05), 0.0, 0.08, 1.0, 0.01, math.inf, 0.01):
+        state, ok = od.step(state, query)
+        assert bool(ok) and od.state_problem(state) is None
+
+
+@pytest.mark.parametrize("variance, delta_spent, match", [
+    (-0.01, 0.0, "epsilon_n\\^2.*negative"), (math.nan, 0.0, "epsilon_n\\^2.*NaN"),
+    (0.1, -1e-7, "delta_n.*negative"), (0.1, math.nan, "delta_n.*NaN")])
+def test_restore_refuses_a_negative_or_nan_sum(tmp_path, variance, delta_spent, match):
+    """A filter odometer saved with V_n = -0.01 read epsilon = -0.005; NaN sums are no better."""
+    from pldjax.odometers import VarianceState
+    from pldjax.precision import pack
+
+    od = OD.filter_odometer(1e-6, y_star=0.01)
+    with jax.enable_x64(True):
+        edited = pack(VarianceState(jnp.float64(variance), jnp.float64(delta_spent)))
+    path = tmp_path / "state.npz"
+    pj.io.save_odometer_state(path, od, edited)
+    with pytest.raises(ValueError, match=match):
+        pj.io.load_odometer_state(path, od)
+    state, _ = od.step(od.init(), math.inf)  # +inf sums are reachable
+    pj.io.save_odometer_state(path, od, state)
+    assert od.bound(pj.io.load_odometer_state(path, od))["epsilon"] == math.inf
+
+
+@pytest.mark.parametrize("name", ["mixture", "gdp", "residue"])
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+def test_batched_states_restore_exactly(tmp_path, name, suffix):
+    if name == "mixture":
+        od = OD.mixture_odometer(1e-6, gamma=0.1)
+        args = (jnp.asarray([[0.1, 0.2, 0.3], [0.4, 0.5, math.inf]]), jnp.zeros((2, 3)))
+    else:
+        od = LADDERS[name]()
+        args = (jnp.asarray([[0.01, 0.06, 0.2], [0.3, 0.0, math.inf]]),)
+    state = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (2, 3, *x.shape)), od.init())
+    state, ok = jax.vmap(jax.vmap(od.step))(state, *args)
+    assert bool(np.all(ok))
+    path = tmp_path / f"state{suffix}"
+    pj.io.save_odometer_state(path, od, state)
+    restored = pj.io.load_odometer_state(path, od)
+    assert _same(restored, state)
+    for key, value in od.bound(restored).items():
+        assert np.array_equal(value, od.bound(state)[key])
+    # one element edited (all rungs set back alive, or V_n < 0) is refused
+    if name == "mixture":
+        from pldjax.precision import pack
+
+        with jax.enable_x64(True):
+            edited = state._replace(variance=state.variance.at[1, 2].set(pack(jnp.float64(-1.0))))
+    else:
+        edited = state._replace(alive=state.alive.at[1, 2].set(True))
+    pj.io.save_odometer_state(path, od, edited)
+    with pytest.raises(ValueError, match="negative|rung 0 .*batch element \\(1, 2\\)"):
+        pj.io.load_odometer_state(path, od)
+
+
+def test_restore_refuses_leaves_of_different_batch_shapes(tmp_path):
+    od = OD.gdp_ladder_odometer(0.05, delta=1e-6, rungs=4)
+    state = od.init()
+    edited = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (2, *x.shape)), state)
+    edited = edited._replace(alive=jnp.broadcast_to(state.alive, (3, 4)))
+    path = tmp_path / "state.npz"
+    pj.io.save_odometer_state(path, od, edited)
+    with pytest.raises(ValueError, match="batch shapes"):
+        pj.io.load_odometer_state(path, od)
+
+
 def test_readings_do_not_depend_on_the_x64_flag():
     od = OD.stitched_odometer(1e-6, v0=0.01)
     epsilons = [0.1, 1.0 / 3.0, 0.2]
