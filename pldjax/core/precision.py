@@ -117,10 +117,15 @@ def upper_of_rounded(x):
     conversion may round down). A float32 / float16 / bfloat16 value, e.g. a Python float that a
     caller's jit with x64 off rounded to float32, cannot be recovered; the largest real that rounds
     to it is x plus half its ulp (toward +inf), exact in float64, and is what a sound budget must
-    charge. Call with x64 enabled."""
+    charge. A value of a complex (or other non-real) dtype is no real number: NaN, which every
+    cost check refuses (an imaginary part was silently dropped, and 0.5j charged 0). Call with
+    x64 enabled."""
     x = jnp.asarray(x)
     if x.dtype == jnp.float64:
         return x
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
+            or x.dtype == jnp.bool_):
+        return jnp.full(x.shape, jnp.nan, jnp.float64)
     if not jnp.issubdtype(x.dtype, jnp.floating):  # integers above 2^53 may round down
         wide = x.astype(jnp.float64)
         return jnp.where(jnp.abs(wide) >= 2.0**53, jnp.nextafter(wide, jnp.inf), wide)

@@ -570,6 +570,38 @@ def test_nan_or_negative_costs_raise_on_the_host_and_are_rejected_under_jit(cost
         assert not bool(accepted) and _same(state, f.init())
 
 
+@pytest.mark.parametrize("cost", [0.5j, 0.5 + 5j, 0.5 + 0j, np.complex64(0.25)])
+def test_complex_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
+    """pure_dp_filter(1.0) charged 0.5j as 0 and 0.5 + 5j as 0.5: a complex cost had its
+    imaginary part dropped. Costs are real numbers."""
+    for f, wrap in ((F.pure_dp_filter(1.0), lambda c: c), (F.gdp_filter(1.0), lambda c: c),
+                    (F.gdp_residue_filter(1.0), lambda c: c),
+                    (F.renyi_filter([2.0, 4.0], 1.0), lambda c: [0.1, c]),
+                    (F.renyi_filter([2.0, 4.0], 1.0), lambda c: np.array([c, c])),
+                    (F.approx_zcdp_filter(1.0, 1e-6), lambda c: (c, 0.0)),
+                    (F.approx_dp_filter(1.0, 1e-6), lambda c: (0.1, c)),
+                    (F.approx_dp_filter(1.0, 1e-6), lambda c: c),
+                    (F.additive_profile_filter(1.0, 1e-6, 5), lambda c: c)):
+        with pytest.raises(ValueError, match=f"{f.kind}: a query cost must be a real number"):
+            f.spend(f.init(), wrap(cost))
+        state, accepted = jax.jit(f.spend)(f.init(), jax.tree_util.tree_map(
+            jnp.asarray, wrap(cost)))
+        assert not bool(accepted) and _same(state, f.init())
+
+
+def test_a_complex_sensitivity_is_rejected_by_the_residue_table():
+    """table_spend compared a complex sensitivity 0.5j by its real part (0) and charged it a cost
+    for c = 0.25."""
+    from pldjax.filters.residue import gdp_residue_table, table_spend
+
+    with jax.enable_x64(True):
+        table = gdp_residue_table(1.0, 0.01, 2.0, mu_nodes=4, c_nodes=5)
+        mu, left = jnp.asarray([1.0, 1.0]), jnp.asarray([1e-6, 1e-6])
+        new_mu, new_left, accepted = table_spend(table, mu, left, jnp.asarray([0.5j, 0.5 + 0j]))
+    assert not np.any(np.asarray(accepted))
+    assert np.array_equal(new_mu, mu) and np.array_equal(new_left, left)
+
+
 def test_an_infinite_cost_is_valid_and_rejected():
     for f, query in ((F.pure_dp_filter(1.0), np.inf), (F.approx_dp_filter(1.0, 1e-6), (0.1, np.inf)),
                      (F.renyi_filter([2.0], 1.0), np.inf)):

@@ -442,6 +442,26 @@ def test_bad_steps_under_jit_are_refused_without_change(epsilon, delta):
                                                      strict=True))
 
 
+@pytest.mark.parametrize("name", [*sorted(FAMILIES), "ladder", "residue ladder"])
+@pytest.mark.parametrize("cost", [0.5j, 0.5 + 5j, 0.5 + 0j])
+def test_complex_steps_raise_on_the_host_and_are_refused_under_jit(name, cost):
+    """Under jit a complex epsilon_n or delta_n had its imaginary part dropped (and a complex
+    ladder query killed every rung while reporting ok)."""
+    if name.endswith("ladder"):
+        od = OD.gdp_ladder_odometer(0.1, delta=1e-6, rungs=4, residue=name == "residue ladder")
+        steps = [(cost,)]
+    else:
+        od = FAMILIES[name][0](2e-6)
+        steps = [(cost, 0.0), (0.1, cost * 1e-7)]
+    state, _ = od.step(od.init(), 0.05)
+    for args in steps:
+        with pytest.raises(ValueError, match="must be a real number"):
+            od.step(state, *args)
+        new, ok = jax.jit(od.step)(state, *(jnp.asarray(a) for a in args))
+        assert not bool(ok)
+        assert _same(new, state)
+
+
 @pytest.mark.parametrize("bad", [math.nan, -0.5])
 def test_bad_ladder_queries_under_jit_are_refused_without_change(bad):
     od = OD.gdp_ladder_odometer(0.1, delta=1e-6)

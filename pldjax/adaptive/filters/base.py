@@ -160,6 +160,9 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
     if len(leaves) != 1 or leaves[0] is not query or not _is_number(query):
         raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers >= 0), "
                          f"got {query!r}")
+    if not is_traced(query) and np.dtype(jnp.result_type(query)).kind not in "biuf":
+        raise ValueError(f"{kind}: a query cost must be a real number >= 0, got {query!r} "
+                         f"(of dtype {jnp.result_type(query)})")
     for leaf in leaves:
         shape = tuple(jnp.shape(leaf))
         try:

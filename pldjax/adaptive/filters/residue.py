@@ -315,6 +315,9 @@ def table_spend(table: ResidueTable, mu, delta_left, c):
     :func:`gdp_residue_table`); mu' = sqrt(mu^2 - cost^2) is rounded down and delta_left is
     charged ``table.delta`` (rounded down). Pure jnp: vmaps, jits, and runs at >= 1e7 lookups/s
     on a CPU (bench/gdp_residue.py)."""
+    if not (jnp.issubdtype(jnp.result_type(c), jnp.floating)
+            or jnp.issubdtype(jnp.result_type(c), jnp.integer)):
+        c = jnp.full(jnp.shape(c), jnp.nan)  # no real sensitivity (complex): rejected, as NaN is
     # few nodes: comparing with all of them is the fastest search on CPUs and GPUs
     j = jnp.searchsorted(table.mu_nodes, mu, side="right", method="compare_all") - 1  # node <= mu
     k = jnp.searchsorted(table.c_nodes, c, side="left", method="compare_all")  # node >= c
