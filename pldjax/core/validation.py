@@ -66,9 +66,14 @@ def check_range(
 
 
 def check_count(name: str, value, *, minimum: int = 0) -> int:
-    """A non-negative integer count (Python int or integral numpy scalar), else ValueError."""
+    """An integer count >= ``minimum`` (a Python int, a NumPy integer, a whole float, or a
+    concrete 0-d NumPy or JAX array of one), as a Python int; else ValueError."""
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    dtype = getattr(value, "dtype", None)
+    if (dtype is not None and not isinstance(value, numbers.Number) and np.ndim(value) == 0
+            and not is_traced(value) and np.dtype(dtype).kind in "iuf"):
+        value = np.asarray(value).item()  # a 0-d array (an Event's parameters become arrays)
     if not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and float(value).is_integer():
             value = int(value)

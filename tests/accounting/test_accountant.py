@@ -153,6 +153,17 @@ def test_event_accountant_records_events_and_reads_their_composition(tmp_path):
             pj.accountant.load(path, capacity=4)  # a DP-SGD accountant: another layout
 
 
+def test_event_accountant_takes_a_template_with_integer_parameters():
+    """init(event=...) turns the template's parameters into arrays: a truncated Poisson template
+    was refused with "dataset_size must be an integer >= 1, got Array(1000)"."""
+    event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.TruncatedPoisson(0.01, 1000, 20),
+                     "replace_special")
+    state = pj.accountant.init(capacity=2, event=event)
+    state = jax.jit(pj.accountant.step)(state, event, steps=3)
+    [(recorded, steps)] = pj.accountant.events(state)
+    assert steps == 3 and recorded == event
+
+
 def test_event_accountant_rounds_float32_parameters_to_the_safe_side(x64_off):
     state = jax.jit(pj.accountant.step)(pj.accountant.init(event=LAPLACE), LAPLACE, steps=3)
     [(event, steps)] = pj.accountant.events(state)

@@ -146,6 +146,24 @@ def test_the_scheme_is_refused_where_it_has_no_meaning():
             pj.sampling.TruncatedPoisson(**args)
 
 
+def test_integer_parameters_may_be_numpy_or_jax_values():
+    """An Event's parameters become arrays (the accountant's template, a vmapped event): a
+    dataset_size of Array(1000) was refused as not an integer."""
+    import jax.numpy as jnp
+
+    for n, b in [(jnp.asarray(1000), jnp.asarray(20)), (np.int64(1000), np.asarray(20)),
+                 (jnp.asarray(1000.0), np.uint8(20))]:
+        scheme = pj.sampling.TruncatedPoisson(jnp.asarray(0.01), n, b)
+        assert int(scheme.dataset_size) == 1000 and int(scheme.truncated_batch_size) == 20
+    for kwargs, message in [(dict(dataset_size=jnp.asarray(0)), "dataset_size .* got 0"),
+                            (dict(dataset_size=jnp.asarray(2.5)), "dataset_size .* got 2.5"),
+                            (dict(dataset_size=jnp.asarray([10, 20])), "dataset_size"),
+                            (dict(truncated_batch_size=jnp.asarray(True)), "truncated_batch_size")]:
+        args = dict(sampling_prob=0.1, dataset_size=10, truncated_batch_size=2) | kwargs
+        with pytest.raises(ValueError, match=message):
+            pj.sampling.TruncatedPoisson(**args)
+
+
 def test_bad_arguments_name_themselves():
     for kwargs, name in [(dict(noise_multiplier=0.0), "noise_multiplier"),
                          (dict(sampling_prob=1.5), "sampling_prob"),
