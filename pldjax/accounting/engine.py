@@ -420,6 +420,11 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
     steps_arr = np.asarray(steps, np.float64)
     if np.any(steps_arr != np.floor(steps_arr)):
         raise ValueError(f"steps must be whole numbers >= 0, got {steps!r}")
+    if not getattr(event.sampling, "one_mechanism", True):
+        if rtol is not None:
+            raise ValueError(_RTOL_NEEDS_GAUSSIAN)
+        return _account_by_pld(event, steps_arr, target, evaluate, pessimistic=pessimistic,
+                               grid=grid, progress=progress)
     mechanism, params, both = event.directions(pessimistic)
     arrays = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params), steps_arr,
                                  np.asarray(target, np.float64))
@@ -427,10 +432,7 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
     *params, steps_arr, target = (a.reshape(-1) for a in arrays)
     closed_form = gaussian_poisson_parameters(event, shape)
     if rtol is not None and closed_form is None:
-        raise ValueError(
-            "rtol needs an estimate of the loss's spread, available for the Gaussian (without "
-            "sampling or Poisson-subsampled) only; for this event pass grid=pj.Grid(step=...)"
-        )
+        raise ValueError(_RTOL_NEEDS_GAUSSIAN)
     out = np.zeros(steps_arr.shape[0])  # zero steps: epsilon 0 and delta 0
     active = np.nonzero((steps_arr > 0) & spends(event, shape))[0]
     # configurations on one grid step share a chunk (one Grid per call): rtol's steps, or each
@@ -519,11 +521,51 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
     for idx, finish in finishers:
         out[idx] = finish()[: len(idx)]
 
+    return _finished(out, shape, evaluate, pessimistic)
+
+
+def _finished(out, shape, evaluate: str, pessimistic: bool):
     # never NaN: should a configuration still produce one, report the trivial sound bound
     # (epsilon inf or delta 1 pessimistic, 0 optimistic) rather than a number that is none
     out = np.where(np.isnan(out), (np.inf if evaluate == "epsilon" else 1.0) if pessimistic else 0.0,
                    out)
     return out.reshape(shape) if shape else float(out[0])
+
+
+_RTOL_NEEDS_GAUSSIAN = (
+    "rtol needs an estimate of the loss's spread, available for the Gaussian (without sampling "
+    "or Poisson-subsampled) only; for this event pass grid=pj.Grid(step=...)")
+
+
+def _account_by_pld(event: Event, steps, target, evaluate: str, *, pessimistic, grid, progress):
+    """:func:`account` for an event whose PLD is not one mechanism (its sampling builds it, as
+    TruncatedPoisson does): each distinct configuration's PLD (:meth:`Event.pld`, scalar
+    parameters) built once, composed once per distinct number of steps, and read at every target
+    of those (0 for no steps)."""
+    leaves, treedef = jax.tree.flatten(event)
+    arrays = np.broadcast_arrays(*(np.asarray(leaf) for leaf in leaves), steps,
+                                 np.asarray(target, np.float64))
+    shape = arrays[0].shape
+    *values, steps, target = (a.reshape(-1) for a in arrays)
+    rows = list(zip(*(v.tolist() for v in values), strict=True)) or [()] * steps.shape[0]
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        if steps[i] > 0:
+            groups.setdefault(row, []).append(i)
+    out = np.zeros(steps.shape[0])
+    report = _progress(sum(len(members) for members in groups.values()), progress)
+    done = 0
+    for row, members in groups.items():
+        pld = jax.tree.unflatten(treedef, row).pld(pessimistic=pessimistic, grid=grid)
+        members = np.asarray(members)
+        for count in np.unique(steps[members]):
+            chosen = members[steps[members] == count]
+            composed = pld.self_compose(int(count))
+            read = composed.epsilon if evaluate == "epsilon" else composed.delta
+            out[chosen] = np.asarray(read(target[chosen]), np.float64)
+        done += len(members)
+        report(done)
+    return _finished(out, shape, evaluate, pessimistic)
 
 
 _EVENT_ARGS = """
@@ -558,7 +600,9 @@ def event_epsilon(
     directions the worse is reported) unless ``pessimistic=False`` (a lower bound).
 
     Configurations are grouped by the grid each gets alone, so a batch gives the values of one
-    call per configuration.
+    call per configuration. An event whose PLD is not one mechanism (its sampling builds it:
+    ``TruncatedPoisson``) is composed from :meth:`~pldjax.mechanisms.events.Event.pld`, one distinct
+    configuration at a time.
     """
     return account(event, steps, delta, "delta", pessimistic=pessimistic, grid=grid,
                     evaluate="epsilon", progress=progress, rtol=rtol)
@@ -585,4 +629,3 @@ def event_delta(
 
 event_epsilon.__doc__ += _EVENT_ARGS
 event_delta.__doc__ += _EVENT_ARGS
-

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from pldjax.accounting.dpsgd import dpsgd_event
@@ -64,7 +65,9 @@ def compose_schedule(
     for i, segment in enumerate(segments):
         if len(segment) == 2 and isinstance(segment[0], Event):
             event, steps = segment
-            if any(np.size(p) != 1 for p in event.directions(pessimistic).params):
+            params = (event.directions(pessimistic).params
+                      if getattr(event.sampling, "one_mechanism", True) else jax.tree.leaves(event))
+            if any(np.size(p) != 1 for p in params):
                 raise ValueError(f"segments[{i}]: the event's parameters must be scalars (one "
                                  f"segment, one mechanism), got {event!r}")
         elif len(segment) == 3:

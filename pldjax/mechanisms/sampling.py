@@ -59,6 +59,10 @@ class Directions(NamedTuple):
 class Sampling(abc.ABC):
     """Base of the sampling schemes (see the module docstring)."""
 
+    #: False for a scheme whose PLD is not one mechanism but built by :meth:`pld` (a mixture of
+    #: PLDs): accounting then composes that PLD instead of discretizing :meth:`mechanism`.
+    one_mechanism = True
+
     @abc.abstractmethod
     def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
         """The subsampled mechanism of ``noise`` under ``neighboring``; parameters below float64's
@@ -248,6 +252,8 @@ class TruncatedPoisson(Sampling):
     sampling_prob: Any
     dataset_size: Any
     truncated_batch_size: Any
+
+    one_mechanism = False
 
     def __post_init__(self):
         check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)

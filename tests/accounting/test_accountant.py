@@ -164,6 +164,15 @@ def test_event_accountant_takes_a_template_with_integer_parameters():
     assert steps == 3 and recorded == event
 
 
+def test_event_accountant_reads_truncated_poisson_steps():
+    """The accountant takes any event; a truncated Poisson run failed to read ("not one
+    mechanism") once recorded."""
+    event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.TruncatedPoisson(0.05, 1000, 55),
+                     "replace_special")
+    state = pj.accountant.step(pj.accountant.init(capacity=2, event=event), event, steps=4)
+    assert pj.accountant.epsilon(state, DELTA) == float(event.pld().self_compose(4).epsilon(DELTA))
+
+
 def test_event_accountant_rounds_float32_parameters_to_the_safe_side(x64_off):
     state = jax.jit(pj.accountant.step)(pj.accountant.init(event=LAPLACE), LAPLACE, steps=3)
     [(event, steps)] = pj.accountant.events(state)

@@ -238,6 +238,19 @@ def test_calibrate_laplace_scale_against_its_closed_form():
     assert np.all(pj.event_epsilon(pj.Event(pj.noise.Laplace(scales)), 1, DELTA) <= targets)
 
 
+def test_calibrate_a_truncated_poisson_noise_multiplier():
+    """A family whose PLD is built by its sampling (TruncatedPoisson, not one mechanism) was
+    refused by the batched accounting under the calibration."""
+    def family(sigma):
+        return pj.Event(pj.noise.Gaussian(sigma), pj.sampling.TruncatedPoisson(0.05, 1000, 55),
+                        "replace_special")
+
+    sigma = pj.calibrate_event(family, 1.0, DELTA, steps=5, low=0.3, high=10.0, increasing=False,
+                               rtol=1e-2)
+    assert float(family(sigma).pld().self_compose(5).epsilon(DELTA)) <= 1.0
+    assert float(family(sigma / 1.02).pld().self_compose(5).epsilon(DELTA)) > 1.0
+
+
 def _family(q):
     return pj.Event(pj.noise.Laplace(1.0), pj.sampling.Poisson(q))
 

@@ -618,6 +618,49 @@ def test_schedule_takes_event_segments():
     assert float(mixed.epsilon(1e-5)) == float(parts.epsilon(1e-5))
 
 
+TRUNCATED = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.TruncatedPoisson(0.05, 1000, 55),
+                     "replace_special")
+
+
+def test_truncated_poisson_events_are_accounted_through_their_pld():
+    """TruncatedPoisson's PLD is built by its sampling's pld(), not from one mechanism: the
+    batched accounting refused it ("not one mechanism"), although it takes any event."""
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+
+    one = TRUNCATED.pld()
+    steps = np.array([[0], [1], [5]])
+    deltas = np.array([1e-5, 1e-3])
+    got = pj.event_epsilon(TRUNCATED, steps, deltas)
+    assert got.shape == (3, 2) and np.all(got[0] == 0.0)
+    for i, count in enumerate((1, 5)):
+        assert np.array_equal(got[i + 1], np.asarray(one.self_compose(count).epsilon(deltas)))
+    assert pj.event_delta(TRUNCATED, 5, 1.0) == float(one.self_compose(5).delta(1.0))
+    # a batch of noise multipliers: each its own PLD
+    batch = pj.Event(pj.noise.Gaussian(np.array([1.0, 2.0])), TRUNCATED.sampling, "replace_special")
+    two = pj.Event(pj.noise.Gaussian(2.0), TRUNCATED.sampling, "replace_special").pld()
+    assert np.array_equal(pj.event_epsilon(batch, 5, 1e-5),
+                          [float(one.self_compose(5).epsilon(1e-5)),
+                           float(two.self_compose(5).epsilon(1e-5))])
+    # at or below dp_accounting's PLD accountant (the tighter of two analyses), within 1e-3
+    theirs = dpa_pld.from_truncated_subsampled_gaussian_mechanism(
+        1000, 0.05, 55, 1.0, neighboring_relation=NeighboringRelation.REPLACE_SPECIAL)
+    assert got[2, 0] <= theirs.self_compose(5).get_epsilon_for_delta(1e-5) + 1e-3
+    with pytest.raises(ValueError, match="rtol needs"):
+        pj.event_epsilon(TRUNCATED, 5, 1e-5, rtol=1e-2)
+
+
+def test_schedule_takes_truncated_poisson_segments():
+    mixed = pj.compose_schedule([(TRUNCATED, 3), (1.0, 0.05, 2)], neighboring="replace_special")
+    parts = pj.compose([TRUNCATED.pld().self_compose(3),
+                        pj.gaussian(1.0, sampling_prob=0.05, neighboring="replace_special")
+                        .self_compose(2)])
+    assert float(mixed.epsilon(1e-5)) == float(parts.epsilon(1e-5))
+    batch = pj.Event(pj.noise.Gaussian(np.array([1.0, 2.0])), TRUNCATED.sampling)
+    with pytest.raises(ValueError, match="scalars"):
+        pj.compose_schedule([(batch, 3)])
+
+
 def test_event_accounting_ignores_the_callers_x64(x64_off):
     event = pj.Event(pj.noise.Laplace(np.array([0.5, 2.0])))
     off = pj.event_epsilon(event, 1, 1e-5)
