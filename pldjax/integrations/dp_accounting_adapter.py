@@ -45,8 +45,10 @@ two upper bounds: delta = 1e-18 gets a finite epsilon.
 
 Anything else (``SampledWithReplacementDpEvent``, ``SingleEpochTreeAggregationDpEvent``,
 ``RepeatAndSelectDpEvent``, ``ZCDpEvent``, ``UnsupportedDpEvent``, a sampled event around
-another kind) is reported as dp_accounting reports it: ``supports`` returns False and
-``compose`` raises ``dp_accounting.UnsupportedEventError`` naming the sub-event. Parameters out
+another kind, or an event whose PLD pldjax cannot build, such as a mixture of more than
+``sampling.MAX_COMPONENTS`` Gaussians) is reported as dp_accounting reports it: ``supports``
+returns False and ``compose`` raises ``dp_accounting.UnsupportedEventError`` naming the
+sub-event, leaving the accountant as it was. Parameters out
 of range (a negative noise multiplier, a probability outside [0, 1], NaN) raise ValueError from
 both, naming the field. Requires the ``dp-accounting`` package.
 """
@@ -175,6 +177,20 @@ def _step_pld(sigma: float, q: float, relation: Neighboring) -> PLD:
 # -- DpEvent -> pj.Event ----------------------------------------------------------------------------
 class _Unsupported(str):
     """The reason an event has no PLD here (dp_accounting's message)."""
+
+
+@float64
+def _unbuildable(event: Event) -> str | None:
+    """Why the PLD of ``event`` could not be built when epsilon or delta is read (its mechanism
+    before discretization is refused: a Mixture beyond sampling.MAX_COMPONENTS), or None. Checked
+    by ``supports`` and ``compose``, so that whatever is composed can be read."""
+    if not getattr(event.sampling, "one_mechanism", True):
+        return None  # built by its sampling from checked scalars (TruncatedPoisson)
+    try:
+        event.directions()
+    except ValueError as error:
+        return f"pldjax cannot build its PLD: {error}"
+    return None
 
 
 def _number(event, field: str, low: float, high: float = math.inf) -> float:
@@ -356,6 +372,9 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
             return "segment", (float(described.noise.sigma), 1.0)
         if gaussian_noise and type(described.sampling) is sampling.Poisson:
             return "segment", (float(described.noise.sigma), float(described.sampling.sampling_prob))
+        reason = _unbuildable(described)
+        if reason is not None:
+            return self.CompositionErrorDetails(event, reason)
         return "part", described
 
     def _maybe_compose(self, event, count: int, do_compose: bool):

@@ -138,6 +138,24 @@ def test_supports_and_compose_agree_on_unsupported_events(rel, event):
     assert acct.ledger == dpa.GaussianDpEvent(2.0)
 
 
+def test_events_whose_pld_cannot_be_built_are_refused_when_composed():
+    """A mixture of 2,000 Gaussians (more than sampling.MAX_COMPONENTS) passed supports() and
+    compose(), then every get_epsilon raised: the accountant was broken for good."""
+    many = ev.MixtureOfGaussiansDpEvent(1.0, [1.0] * 2000, [1 / 2000] * 2000)
+    acct = pj.dp_accounting.PLDAccountant().compose(dpa.GaussianDpEvent(2.0))
+    before = acct.get_epsilon(DELTA)
+    for event in (many, dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), many])):
+        assert not acct.supports(event)
+        with pytest.raises(dpa.UnsupportedEventError, match="MAX_COMPONENTS"):
+            acct.compose(event)
+    assert acct.get_epsilon(DELTA) == before
+    assert acct.ledger == dpa.GaussianDpEvent(2.0)
+    assert acct.compose(dpa.GaussianDpEvent(2.0)).get_epsilon(DELTA) > before  # still usable
+    # as many components as the guard allows still compose
+    assert pj.dp_accounting.PLDAccountant().supports(
+        ev.MixtureOfGaussiansDpEvent(1.0, [1.0] * 1024, [1 / 1024] * 1024))
+
+
 def test_supports_and_compose_agree_on_supported_events():
     for _, event, rels in EVENTS:
         for rel in rels:
