@@ -37,6 +37,9 @@ a shift of 1 noise multiplier, at or below dp_accounting's RDP bound. Gaussian a
 Poisson-sampled Gaussian events under REPLACE_ONE follow dp_accounting's PLD accountant instead
 (a record moves from -C to +C: a shift of 2), as its own accountants do.
 
+A noise multiplier or standard deviation of +inf (infinite noise) makes an event the identity: it
+releases nothing.
+
 Tiny delta: an FFT composition charges its round-off (about 1e-19 a bin) on the safe side, so it
 cannot resolve delta much below 1e-12 and reads epsilon = inf or a loose value there; below
 ``chernoff.RESOLVED_DELTA`` (1e-10) the accountant also reads the Chernoff bound of
@@ -193,10 +196,17 @@ def _unbuildable(event: Event) -> str | None:
     return None
 
 
-def _number(event, field: str, low: float, high: float = math.inf) -> float:
+def _number(event, field: str, low: float, high: float = math.inf, *,
+            allow_inf: bool = False) -> float:
     value = getattr(event, field)
-    check_range(f"{type(event).__name__}.{field}", value, low, high)
+    check_range(f"{type(event).__name__}.{field}", value, low, high, allow_inf=allow_inf)
     return float(value)
+
+
+def _noise_scale(event, field: str) -> float:
+    """A noise multiplier or standard deviation, >= 0; +inf (infinite noise: the output says
+    nothing) is allowed, and the event is then the identity."""
+    return _number(event, field, 0.0, allow_inf=True)
 
 
 def _count(event, field: str) -> int:
@@ -213,10 +223,14 @@ def _describe(event, rel: _NR):
     if isinstance(event, _ev.NonPrivateDpEvent):
         return "non_private"
     if isinstance(event, _ev.GaussianDpEvent):
-        sigma = _number(event, "noise_multiplier", 0.0)
+        sigma = _noise_scale(event, "noise_multiplier")
+        if sigma == math.inf:
+            return None
         return "non_private" if sigma == 0 else Event(noise.Gaussian(sigma), None, relation)
     if isinstance(event, _ev.LaplaceDpEvent):
-        b = _number(event, "noise_multiplier", 0.0)
+        b = _noise_scale(event, "noise_multiplier")
+        if b == math.inf:
+            return None
         return "non_private" if b == 0 else Event(noise.Laplace(b), None, relation)
     if isinstance(event, _ev.DiscreteLaplaceDpEvent):
         a = _number(event, "noise_parameter", 0.0)
@@ -233,8 +247,8 @@ def _describe(event, rel: _NR):
         if not isinstance(inner, _ev.GaussianDpEvent | _ev.LaplaceDpEvent):
             return _Unsupported("Subevent of PoissonSampledDpEvent must be either GaussianDpEvent "
                                 f"or LaplaceDpEvent. Found {inner}.")
-        scale = _number(inner, "noise_multiplier", 0.0)
-        if q == 0:
+        scale = _noise_scale(inner, "noise_multiplier")
+        if q == 0 or scale == math.inf:
             return None
         if scale == 0:
             return "non_private"
@@ -252,8 +266,8 @@ def _describe(event, rel: _NR):
         if m > n:
             raise ValueError(f"SampledWithoutReplacementDpEvent.sample_size must be at most "
                              f"source_dataset_size = {n}, got {m}")
-        sigma = _number(event.event, "noise_multiplier", 0.0)
-        if m == 0:
+        sigma = _noise_scale(event.event, "noise_multiplier")
+        if m == 0 or sigma == math.inf:
             return None
         if sigma == 0:
             return "non_private"
@@ -277,7 +291,7 @@ def _describe(event, rel: _NR):
             return _Unsupported("neighboring_relation must be ADD_OR_REMOVE_ONE or REPLACE_SPECIAL "
                                 f"for MixtureOfGaussiansDpEvent. Found {rel}.")
         name = "MixtureOfGaussiansDpEvent"
-        sigma = _number(event, "standard_deviation", 0.0)
+        sigma = _noise_scale(event, "standard_deviation")
         sens = tuple(float(x) for x in event.sensitivities)
         probs = tuple(float(x) for x in event.sampling_probs)
         if len(sens) != len(probs) or not sens:
@@ -287,7 +301,7 @@ def _describe(event, rel: _NR):
         check_range(f"{name}.sampling_probs", probs, 0.0, 1.0)
         if abs(sum(probs) - 1.0) > 1e-9:
             raise ValueError(f"{name}.sampling_probs must sum to 1, got {sum(probs)!r}")
-        if all(s == 0 or p == 0 for s, p in zip(sens, probs, strict=True)):
+        if sigma == math.inf or all(s == 0 or p == 0 for s, p in zip(sens, probs, strict=True)):
             return None
         if sigma == 0:
             return "non_private"
@@ -296,8 +310,8 @@ def _describe(event, rel: _NR):
         n = _count(event, "dataset_size")
         q = _number(event, "sampling_probability", 0.0, 1.0)
         b = _count(event, "truncated_batch_size")
-        sigma = _number(event, "noise_multiplier", 0.0)
-        if q == 0 or b == 0 or n == 0:
+        sigma = _noise_scale(event, "noise_multiplier")
+        if q == 0 or b == 0 or n == 0 or sigma == math.inf:
             return None
         if sigma == 0:
             return "non_private"

@@ -109,6 +109,33 @@ def test_non_private_events_give_infinite_epsilon():
     assert acct.get_epsilon(DELTA) == 0.0
 
 
+INF = math.inf
+INFINITE_NOISE = [
+    (AR, dpa.GaussianDpEvent(INF)), (RO, dpa.GaussianDpEvent(INF)), (AR, dpa.LaplaceDpEvent(INF)),
+    (AR, dpa.PoissonSampledDpEvent(0.5, dpa.GaussianDpEvent(INF))),
+    (RS, dpa.PoissonSampledDpEvent(0.5, dpa.LaplaceDpEvent(INF))),
+    (RO, dpa.SampledWithoutReplacementDpEvent(100, 10, dpa.GaussianDpEvent(INF))),
+    (AR, ev.MixtureOfGaussiansDpEvent(INF, [0.0, 1.0], [0.5, 0.5])),
+    (RS, dpa.TruncatedSubsampledGaussianDpEvent(100, 0.1, 10, INF)),
+]
+
+
+@pytest.mark.parametrize(("rel", "event"), INFINITE_NOISE,
+                         ids=[f"{type(e).__name__}-{rel.name}" for rel, e in INFINITE_NOISE])
+def test_infinite_noise_releases_nothing(rel, event):
+    """GaussianDpEvent(inf) was refused as out of range; infinite noise is the identity (as
+    dp_accounting's RDP accountant reads it: epsilon 0)."""
+    alone = pj.dp_accounting.PLDAccountant(rel)
+    assert alone.supports(event)
+    alone.compose(event, 3)
+    assert alone.get_epsilon(DELTA) == 0.0 and alone.get_delta(0.0) == 0.0
+    acct = pj.dp_accounting.PLDAccountant(rel).compose(dpa.GaussianDpEvent(2.0))
+    before = acct.get_epsilon(DELTA)
+    assert acct.compose(dpa.ComposedDpEvent([event, dpa.GaussianDpEvent(INF)])).get_epsilon(
+        DELTA) == before
+    assert pj.dp_accounting.to_event(event, rel).noise == pj.noise.GDP(0.0)
+
+
 UNSUPPORTED = [
     (AR, dpa.SampledWithReplacementDpEvent(100, 10, dpa.GaussianDpEvent(1.0))),
     (AR, dpa.SampledWithoutReplacementDpEvent(100, 10, dpa.GaussianDpEvent(1.0))),
