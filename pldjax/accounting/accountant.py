@@ -276,9 +276,17 @@ def step(state: AccountantState, event: Event | float | None = None, sampling_pr
     new = _step_jit(state, event, steps)
     # on the host a step that does not fit raises, and the caller keeps the state it passed in
     if bool(np.asarray(new.overflow)) and not bool(np.asarray(state.overflow)):
+        for cls, name, value in _parts(event):  # the cause, named
+            kind = _FIELDS.get((cls, name), "exact")
+            if not bool(np.all(np.asarray(_recorded(kind, value, name)[1]))):
+                dtype = jnp.asarray(value).dtype
+                why = (f"is {dtype}, and no rounding of it is known to be safe: pass it in "
+                       f"float64" if kind == "exact" and dtype != jnp.float64
+                       and jnp.issubdtype(dtype, jnp.floating) else "is out of range")
+                raise ValueError(f"this step cannot be recorded (the state passed in is "
+                                 f"unchanged): {cls.__name__}.{name} = {value!r} {why}")
         raise ValueError(f"this step cannot be recorded (the state passed in is unchanged): "
-                         f"{_limits(state)}, or an event parameter in float32 where no rounding "
-                         f"is safe")
+                         f"{_limits(state)}")
     return new
 
 

@@ -173,6 +173,23 @@ def test_event_accountant_reads_truncated_poisson_steps():
     assert pj.accountant.epsilon(state, DELTA) == float(event.pld().self_compose(4).epsilon(DELTA))
 
 
+def test_a_step_that_cannot_be_recorded_names_its_cause():
+    """A float32 parameter with no safe rounding was reported as "more parameter changes than the
+    accountant's capacity ... or more than 2^63 - 1 steps ..., or an event parameter in float32":
+    the message now names the parameter."""
+    event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Mixture(np.array([0.0, 1.0]),
+                                                                np.array([0.9, 0.1])))
+    state = pj.accountant.init(capacity=1, event=event)
+    single = pj.Event(event.noise, pj.sampling.Mixture(np.array([0.0, 1.0], np.float32),
+                                                       np.array([0.9, 0.1])))
+    with pytest.raises(ValueError, match="Mixture.scales = .* is float32"):
+        pj.accountant.step(state, single)
+    state = pj.accountant.step(state, event)
+    other = pj.Event(pj.noise.Gaussian(2.0), event.sampling)
+    with pytest.raises(ValueError, match="capacity \\(1; use init"):
+        pj.accountant.step(state, other)
+
+
 def test_event_accountant_rounds_float32_parameters_to_the_safe_side(x64_off):
     state = jax.jit(pj.accountant.step)(pj.accountant.init(event=LAPLACE), LAPLACE, steps=3)
     [(event, steps)] = pj.accountant.events(state)
