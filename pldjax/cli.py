@@ -202,7 +202,8 @@ def _six_digits(value: float, up: bool) -> str:
 def _read_configs(path: str):
     import numpy as np
 
-    with open(path, newline="") as handle:
+    # utf-8-sig: a byte-order mark (spreadsheets write one) is not part of the first column's name
+    with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         rows = list(reader)
     if not rows:

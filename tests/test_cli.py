@@ -90,6 +90,19 @@ def test_bad_sweep_rows_name_row_and_column(tmp_path, capsys, rows, message):
     assert "Traceback" not in captured.err
 
 
+def test_sweep_reads_a_header_with_a_byte_order_mark(tmp_path, capsys):
+    """A UTF-8 byte-order mark (as spreadsheets write) was read into the first column's name,
+    which was then reported missing."""
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text(HEADER + "1.0,0.05,30,1e-5\n", encoding="utf-8")
+    marked.write_text(HEADER + "1.0,0.05,30,1e-5\n", encoding="utf-8-sig")
+    assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert main(["sweep", str(plain)]) == 0
+    expected = capsys.readouterr().out
+    assert main(["sweep", str(marked)]) == 0
+    assert capsys.readouterr().out == expected
+
+
 def test_sweep_missing_or_unreadable_file(tmp_path, capsys):
     assert main(["sweep", str(tmp_path / "absent.csv")]) == 2
     assert "absent.csv" in capsys.readouterr().err
