@@ -209,6 +209,10 @@ def _read_configs(path: str):
     if not rows:
         raise ValueError(f"{path}: no rows")
     header = list(reader.fieldnames)
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:  # csv.DictReader keeps the last of them and drops the others silently
+        raise ValueError(f"{path}: column {repeated[0]!r} appears {header.count(repeated[0])} "
+                         f"times in the header; each column must appear once")
     targets = [name for name in ("delta", "epsilon") if name in header]
     missing = [c for c in ("noise_multiplier", "sampling_prob", "steps") if c not in header]
     if missing or len(targets) != 1:

@@ -90,6 +90,15 @@ def test_bad_sweep_rows_name_row_and_column(tmp_path, capsys, rows, message):
     assert "Traceback" not in captured.err
 
 
+def test_sweep_refuses_a_repeated_column_naming_it(tmp_path, capsys):
+    """A repeated column was accepted, the last one silently winning (steps 1000, not 10)."""
+    configs = tmp_path / "configs.csv"
+    configs.write_text("noise_multiplier,sampling_prob,steps,delta,steps\n1.0,0.01,10,1e-5,1000\n")
+    assert main(["sweep", str(configs)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "column 'steps' appears 2 times" in captured.err
+
+
 def test_sweep_reads_a_header_with_a_byte_order_mark(tmp_path, capsys):
     """A UTF-8 byte-order mark (as spreadsheets write) was read into the first column's name,
     which was then reported missing."""
