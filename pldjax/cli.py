@@ -205,7 +205,11 @@ def _read_configs(path: str):
     # utf-8-sig: a byte-order mark (spreadsheets write one) is not part of the first column's name
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
-        rows = list(reader)
+        try:
+            rows = list(reader)
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x}: "
+                             f"{err.reason})") from None
     if not rows:
         raise ValueError(f"{path}: no rows")
     header = list(reader.fieldnames)

@@ -122,6 +122,11 @@ def test_sweep_missing_or_unreadable_file(tmp_path, capsys):
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
     assert main(["sweep", str(binary)]) == 2
+    assert "binary.csv: not UTF-8 text" in capsys.readouterr().err
+    latin = tmp_path / "latin.csv"  # a decoding error past the header also names the file
+    latin.write_bytes(HEADER.encode() + b"1.0,0.05,30,1e-5\n" * 2000 + b"1.0,0.05,30,1e-5\xe9\n")
+    assert main(["sweep", str(latin)]) == 2
+    assert "latin.csv: not UTF-8 text (byte 0xe9" in capsys.readouterr().err
 
 
 # -- the mechanism's parts ------------------------------------------------------------------------
