@@ -129,6 +129,21 @@ def test_sweep_missing_or_unreadable_file(tmp_path, capsys):
     assert "latin.csv: not UTF-8 text (byte 0xe9" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("sigma", "q"), [("1e300", "0.5"), ("1e300", "1e-300"),
+                                        ("1e-300", "1e-300")])
+def test_extreme_arguments_print_no_runtime_warnings(capsys, sigma, q):
+    """Sorting configurations divided a loss spread that underflows to 0: "RuntimeWarning: divide
+    by zero encountered in divide" and its like reached standard error."""
+    import warnings
+
+    args = ["epsilon", "--noise-multiplier", sigma, "--sampling-prob", q, "--delta", "1e-5"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("epsilon = ") and captured.err == ""
+
+
 # -- the mechanism's parts ------------------------------------------------------------------------
 def test_parts_select_the_event(capsys, tmp_path):
     args = ["--noise-multiplier", "2", "--sampling", "none", "--steps", "10", "--delta", "1e-5"]

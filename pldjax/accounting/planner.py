@@ -73,10 +73,14 @@ def loss_spread(sigma, q):
 
 
 def mechanism_points(sigma, q):
-    """Rough relative grid size a configuration needs (used to sort configurations into chunks)."""
+    """Rough relative grid size a configuration needs (used to sort configurations into chunks;
+    +inf for a loss too narrow to measure against a wide tail)."""
     mu = np.minimum(1.0 / sigma, 1e150)  # squared below float64's largest
     top = np.logaddexp(np.log1p(-np.minimum(q, 1 - 1e-16)), np.log(q) + mu**2 / 2 + 10 * mu)
-    return top / loss_spread(sigma, q)
+    # a spread that underflows to 0 (huge noise, tiny q) divided by: 0 / 0 and x / 0 warned
+    spread = np.maximum(loss_spread(sigma, q), np.finfo(np.float64).tiny)
+    with np.errstate(over="ignore"):  # a ratio beyond float64 sorts last, as +inf
+        return top / spread
 
 
 #: Integer Renyi orders of :func:`rdp_epsilon` (a coarse set: it only sizes grids).
