@@ -158,16 +158,25 @@ def _evaluate(args, evaluate: str, noise_multiplier, sampling_prob, steps, targe
     parts, the event's otherwise."""
     import pldjax as pj
     from pldjax.core.validation import check_range
+    from pldjax.kernels.compose import COARSER_GRID, CompositionTooWide
 
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("sensitivity", args.sensitivity, 0.0, low_open=True)
-    if args.noise == "gaussian" and args.sampling == "poisson" and args.sensitivity == 1.0:
-        fn = pj.dpsgd_epsilon if evaluate == "epsilon" else pj.dpsgd_delta
-        return fn(noise_multiplier, sampling_prob, steps, target, neighboring=args.neighboring,
-                  **options)
-    fn = pj.event_epsilon if evaluate == "epsilon" else pj.event_delta
-    return fn(_event(args, noise_multiplier, sampling_prob), steps, target, **options)
+    try:
+        if args.noise == "gaussian" and args.sampling == "poisson" and args.sensitivity == 1.0:
+            fn = pj.dpsgd_epsilon if evaluate == "epsilon" else pj.dpsgd_delta
+            return fn(noise_multiplier, sampling_prob, steps, target,
+                      neighboring=args.neighboring, **options)
+        fn = pj.event_epsilon if evaluate == "epsilon" else pj.event_delta
+        return fn(_event(args, noise_multiplier, sampling_prob), steps, target, **options)
+    except CompositionTooWide as err:  # its remedy, a coarser Grid(step=...), is Python's
+        raise ValueError(
+            f"{str(err).removesuffix('; ' + COARSER_GRID)}. The command line cannot choose a "
+            f"coarser grid: ask for fewer steps, or more noise (a larger noise multiplier or a "
+            f"smaller sampling probability); or compute it in Python on a coarser grid "
+            f"(pj.event_epsilon or pj.dpsgd_epsilon with grid=pj.Grid(step=...), or rtol=1e-2 "
+            f"for the Gaussian)") from None
 
 
 def _single(args) -> str:

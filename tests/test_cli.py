@@ -144,6 +144,21 @@ def test_extreme_arguments_print_no_runtime_warnings(capsys, sigma, q):
     assert captured.out.startswith("epsilon = ") and captured.err == ""
 
 
+@pytest.mark.parametrize("args", [
+    ["--steps", "1000000000000"],
+    ["--noise", "laplace", "--sampling", "none", "--steps", "100000000000"],
+    ["--noise-multiplier", "1e-3", "--sampling-prob", "0.5", "--steps", "1000"],
+])
+def test_compositions_too_wide_say_what_a_command_line_user_can_do(capsys, args):
+    """The message suggested Grid(step=...), which the command line cannot set."""
+    base = ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5"]
+    assert main(base + args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert "steps" in captured.err and "use a coarser Grid" not in captured.err
+    assert "The command line cannot choose a coarser grid: ask for fewer steps" in captured.err
+
+
 # -- the mechanism's parts ------------------------------------------------------------------------
 def test_parts_select_the_event(capsys, tmp_path):
     args = ["--noise-multiplier", "2", "--sampling", "none", "--steps", "10", "--delta", "1e-5"]
