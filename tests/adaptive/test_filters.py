@@ -592,7 +592,7 @@ def test_complex_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
 def test_a_complex_sensitivity_is_rejected_by_the_residue_table():
     """table_spend compared a complex sensitivity 0.5j by its real part (0) and charged it a cost
     for c = 0.25."""
-    from pldjax.filters.residue import gdp_residue_table, table_spend
+    from pldjax.adaptive.filters.residue import gdp_residue_table, table_spend
 
     with jax.enable_x64(True):
         table = gdp_residue_table(1.0, 0.01, 2.0, mu_nodes=4, c_nodes=5)

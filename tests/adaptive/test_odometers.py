@@ -579,8 +579,8 @@ def test_reachable_ladder_states_pass_the_state_check(name):
     (0.1, -1e-7, "delta_n.*negative"), (0.1, math.nan, "delta_n.*NaN")])
 def test_restore_refuses_a_negative_or_nan_sum(tmp_path, variance, delta_spent, match):
     """A filter odometer saved with V_n = -0.01 read epsilon = -0.005; NaN sums are no better."""
-    from pldjax.odometers import VarianceState
-    from pldjax.precision import pack
+    from pldjax.adaptive.odometers import VarianceState
+    from pldjax.core.precision import pack
 
     od = OD.filter_odometer(1e-6, y_star=0.01)
     with jax.enable_x64(True):
@@ -614,7 +614,7 @@ def test_batched_states_restore_exactly(tmp_path, name, suffix):
         assert np.array_equal(value, od.bound(state)[key])
     # one element edited (all rungs set back alive, or V_n < 0) is refused
     if name == "mixture":
-        from pldjax.precision import pack
+        from pldjax.core.precision import pack
 
         with jax.enable_x64(True):
             edited = state._replace(variance=state.variance.at[1, 2].set(pack(jnp.float64(-1.0))))
