@@ -531,7 +531,7 @@ def test_query_plds_closed_over_by_a_callers_jit(name):
         assert not bool(accepted) and _same(state, f.init())
 
 
-def test_issue_examples_degenerate_queries_cost_nothing_no_more():
+def test_degenerate_queries_cost_nothing_no_more():
     # pure_dp accepted laplace(1e-5) (NaN masses) again and again at zero cost
     f = F.pure_dp_filter(1.0)
     tiny = pj.laplace(1e-5)
