@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mpmath as mp
+import numpy as np
 
 mp.mp.dps = 50
 
@@ -48,6 +49,67 @@ def rr_kfold_delta(eps: float, delta: float, k: int, t: float) -> float:
         weight = mp.binomial(k, y) * p**y * (1 - p) ** (k - y)
         expect += weight * max(mp.mpf(0), 1 - mp.e ** (t - eps * (2 * y - k)))
     return float(1 - (1 - mp.mpf(delta)) ** k * (1 - expect))
+
+
+def rr_kfold_delta_mp(eps, delta, k: int, t) -> mp.mpf:
+    """:func:`rr_kfold_delta` in mpmath, unrounded."""
+    eps, t = mp.mpf(eps), mp.mpf(t)
+    p = mp.e**eps / (1 + mp.e**eps)
+    expect = mp.fsum(mp.binomial(k, y) * p**y * (1 - p) ** (k - y)
+                     * max(mp.mpf(0), 1 - mp.e ** (t - eps * (2 * y - k))) for y in range(k + 1))
+    return 1 - (1 - mp.mpf(delta)) ** k * (1 - expect)
+
+
+def epsilon_of_curve(delta_of, target, atom, top) -> float:
+    """The smallest eps >= 0 with delta_of(eps) <= target, for a non-increasing curve delta_of
+    (mpmath) that tends to ``atom`` (its mass at +inf) and is at most the target at ``top`` (its
+    largest finite loss, or any eps far enough) when the target is at least the atom: inf where
+    the target is below the atom, else by bisection to mpmath's precision."""
+    target = mp.mpf(target)
+    if target < atom:
+        return float("inf")
+    if delta_of(mp.mpf(0)) <= target:
+        return 0.0
+    lo, hi = mp.mpf(0), mp.mpf(top)
+    for _ in range(mp.mp.prec + 10):
+        mid = (lo + hi) / 2
+        if delta_of(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return float(hi)
+
+
+def rr_kfold_epsilon(eps: float, delta: float, k: int, target: float) -> float:
+    """epsilon(target) of the k-fold composition of R_{eps,delta} (exact, from Cor. 4.7)."""
+    atom = 1 - (1 - mp.mpf(delta)) ** k
+    return epsilon_of_curve(lambda t: rr_kfold_delta_mp(eps, delta, k, t), target, atom, k * eps)
+
+
+def laplace_epsilon(eps0: float, target: float) -> float:
+    """epsilon(target) of the Laplace mechanism with eps0 = sensitivity / scale: the inverse of
+    delta(eps) = 1 - exp((eps - eps0) / 2) on [0, eps0], and 0 past delta(0)."""
+    eps0, target = mp.mpf(eps0), mp.mpf(target)
+    return float(max(mp.mpf(0), eps0 + 2 * mp.log1p(-target))) if target < 1 else 0.0
+
+
+def discrete_laplace_delta_mp(t, sensitivity: int, eps) -> mp.mpf:
+    """delta(eps) of the discrete Laplace mechanism, P(K = k) = tanh(t/2) e^{-t |k|}, shift
+    ``sensitivity`` = D, by exact enumeration: the loss t(|k - D| - |k|) is tD for every k <= 0
+    (mass 1 / (1 + e^-t)), -tD for k >= D, and takes each value between at one k."""
+    t, eps = mp.mpf(t), mp.mpf(eps)
+    mass = mp.tanh(t / 2)
+    total = max(mp.mpf(0), 1 - mp.e ** (eps - t * sensitivity)) / (1 + mp.e**-t)
+    for k in range(1, sensitivity):
+        loss = t * (abs(k - sensitivity) - k)
+        total += mass * mp.e ** (-t * k) * max(mp.mpf(0), 1 - mp.e ** (eps - loss))
+    return total
+
+
+def discrete_laplace_epsilon(t: float, sensitivity: int, target: float) -> float:
+    """epsilon(target) of the discrete Laplace mechanism (see :func:`discrete_laplace_delta_mp`)."""
+    return epsilon_of_curve(lambda e: discrete_laplace_delta_mp(t, sensitivity, e), target, 0,
+                            mp.mpf(t) * sensitivity)
 
 
 def rr_mixed_delta(pairs: list[tuple[float, float]], t: float) -> float:
@@ -109,3 +171,26 @@ def rr_renyi(eps: float, order: float) -> float:
     if a == 1:  # KL: p log(p / (1-p)) + (1-p) log((1-p) / p)
         return float((2 * p - 1) * eps)
     return float(mp.log(p**a * (1 - p) ** (1 - a) + (1 - p) ** a * p ** (1 - a)) / (a - 1))
+
+
+#: (epsilon_0, delta_0) of randomized responses checked against their exact curves.
+RR_CASES = [(0.1, 1e-9), (0.5, 1e-3), (1.0, 1e-6), (1.3, 0.0), (3.0, 0.05)]
+#: Relative round-off of epsilon(delta) read off an exact PLD (a logarithm of a ratio of sums).
+EPSILON_ROUNDOFF = 1e-13
+
+
+def around_atom(atom: float) -> list[float]:
+    """Targets delta below, at, an ulp above, just above and well above ``atom`` (a mass at
+    +inf), and two large ones."""
+    targets = {atom / 2, atom, float(np.nextafter(atom, 1.0)), atom * (1 + 1e-9),
+               1.5 * atom + 1e-12, 0.01, 0.2}
+    return sorted(t for t in targets if 0.0 <= t <= 1.0)
+
+
+def assert_epsilon_brackets(lower, exact, upper) -> None:
+    """Optimistic ``lower`` <= ``exact`` <= pessimistic ``upper``, elementwise, up to
+    EPSILON_ROUNDOFF (lower is inf only where exact is)."""
+    lower, exact, upper = (np.asarray(a, np.float64) for a in (lower, exact, upper))
+    assert np.all(lower <= np.where(np.isinf(exact), np.inf, exact * (1 + EPSILON_ROUNDOFF))), (
+        lower, exact)
+    assert np.all(upper >= exact * (1 - EPSILON_ROUNDOFF)), (upper, exact)

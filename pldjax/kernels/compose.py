@@ -264,6 +264,20 @@ def tail_bounds(summary: PMFSummary, offset, step, count, lo, hi, exponents):
     return above, below
 
 
+#: Relative round-off (in units of UNIT_ROUNDOFF) allowed for a composed +inf atom, computed with
+#: a few roundings each at most half an ulp (log1p, a product, expm1; or a + b - ab).
+_ATOM_ROUNDOFF = 16.0
+
+
+def _safe_atom(value, pessimistic: bool):
+    """A composed +inf atom ``value`` rounded to the safe side of its round-off: up for a
+    pessimistic PLD, down for an optimistic one (whose atom a rounding above the truth left above
+    a delta asked for at the true atom: epsilon = inf there)."""
+    slack = _ATOM_ROUNDOFF * UNIT_ROUNDOFF
+    rounded = jnp.clip(value * (1.0 + slack if pessimistic else 1.0 - slack), 0.0, 1.0)
+    return jnp.where(value >= 1.0, 1.0, rounded)  # all of the mass at +inf stays there
+
+
 # -- kernels --------------------------------------------------------------------------------------
 def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessimistic: bool):
     """Exact linear convolution of two single-direction PLDs on a common step (full length).
@@ -274,7 +288,8 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessi
     nfft = grid_lib.next_pow2(length)
     spectrum = jnp.fft.rfft(a_probs, nfft) * jnp.fft.rfft(b_probs, nfft)
     raw = jnp.fft.irfft(spectrum, nfft)
-    inf_mass = a_inf + b_inf - a_inf * b_inf
+    both = (a_inf > 0) & (b_inf > 0)  # else exact: one of them is 0
+    inf_mass = jnp.where(both, _safe_atom(a_inf + b_inf - a_inf * b_inf, pessimistic), a_inf + b_inf)
     a, b = pmf_summary(a_probs), pmf_summary(b_probs)
     index = jnp.arange(length)
     inside = (index >= a.first + b.first) & (index <= a.last + b.last)
@@ -426,7 +441,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         raw = jnp.fft.irfft(p, size)
         raw = jnp.roll(raw, -((start - c * (o + s.center)) % size))
         above, below = tail_bounds(s, o, h, c, start, start + size - 1, e)
-        composed_inf = -jnp.expm1(c * jnp.log1p(-m))
+        composed_inf = jnp.where(c == 1, m, _safe_atom(-jnp.expm1(c * jnp.log1p(-m)), pessimistic))
         # bins beyond the sum's support hold no mass: what they read is round-off, or mass
         # folded in from outside the window (which above + below already charge)
         first, last = _support(s, o, c)

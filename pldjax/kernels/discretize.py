@@ -340,13 +340,14 @@ def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):
     return lower_hull_at(jnp.concatenate([jnp.zeros((1,)), xs]), points)[1:]
 
 
-def privacy_buckets(log_sf_p, pessimistic: bool, atom=0.0):
+def privacy_buckets(log_sf_p, pessimistic: bool, atom=0.0, beyond=False):
     """Masses of the loss rounded up (pessimistic) or down (optimistic) to the grid points, from
     log P(L > z_i): the mass in (z_{i-1}, z_i] goes to z_i, or the mass in [z_i, z_{i+1}) to z_i.
     Returns (probs, inf_mass); at the window's ends the outside mass goes to +inf and z_0
     (pessimistic), or to z_{n-1} and -inf (optimistic: dropped, never rounded up); ``atom``,
-    P(L = +inf), stays at +inf in the optimistic case too."""
-    sf = jnp.exp(log_sf_p)  # P(L > z_i), non-increasing
+    P(L = +inf), stays at +inf in the optimistic case too. Where ``beyond`` (past the largest
+    finite loss), P(L > z_i) is the atom exactly."""
+    sf = jnp.where(beyond, atom, jnp.exp(log_sf_p))  # P(L > z_i), non-increasing
     between = sf[:-1] - sf[1:]  # P(z_i < L <= z_{i+1})
     if pessimistic:
         return jnp.concatenate([(1.0 - sf[0])[None], between]), sf[-1]
@@ -360,10 +361,18 @@ def grid_points(offset, step, n: int):
     return (offset + jnp.arange(n, dtype=jnp.float64)) * step
 
 
+def beyond_losses(z, max_loss, atom, values):
+    """``values`` of the curve delta at the grid points ``z``, with those at z >= ``max_loss``
+    (the mechanism's largest finite loss, see :class:`Mechanism`) set to ``atom``, P(L = +inf),
+    which they equal exactly there."""
+    return jnp.where(z >= jnp.maximum(max_loss, 0.0), atom, values)
+
+
 def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "connect_dots",
-               atom=0.0):
+               atom=0.0, max_loss=jnp.inf):
     """Discretize a mechanism given by ``tails(eps) -> (log P(L>eps), log Q(L>eps),
-    log P(L<=eps), log Q(L<=eps))``; ``atom`` is P(L = +inf), the mass P puts where Q has none.
+    log P(L<=eps), log Q(L<=eps))``; ``atom`` is P(L = +inf), the mass P puts where Q has none,
+    and ``max_loss`` the largest finite loss (see :class:`Mechanism`).
 
     Returns (probs, inf_mass) on the grid z_i = (offset + i) * step, i < n. The pessimistic
     construction finds the atom in its last point's delta; the optimistic one keeps it at +inf
@@ -372,11 +381,15 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     """
     z = grid_points(offset, step, n)
     if pessimistic and rounding == "connect_dots":
-        return masses_from_values(curve_values(*_one_side(tails(z), z >= 0), z), step, z)
+        values = curve_values(*_one_side(tails(z), z >= 0), z)
+        return masses_from_values(beyond_losses(z, max_loss, atom, values), step, z)
     lsp, lsq, lcp, lcq = tails(z)
     if rounding == "privacy_buckets":
-        return privacy_buckets(lsp, pessimistic, atom)
-    delta = hockey_stick(lsp, lsq, z)
+        return privacy_buckets(lsp, pessimistic, atom, z >= jnp.maximum(max_loss, 0.0))
+    # past the largest finite loss the finite part's curve delta - atom is 0 exactly: computed as
+    # a difference, its round-off left masses up to the window's top, an optimistic delta above
+    # the atom there and so epsilon(atom) at the top of the window
+    delta = beyond_losses(z, max_loss, atom, hockey_stick(lsp, lsq, z))
     excess = hockey_stick_excess(lcp, lcq, z)
     # Left of the window the estimate follows the tangent at x_0 = e^{z_0}: it reaches
     # P(L > z_0) = 1 - lost at x = 0, i.e. P's mass at losses <= z_0 is dropped (moved down to
@@ -425,6 +438,10 @@ class LossTails:
     # what the pessimistic estimate needs of ``tails`` (see :func:`side_tails`), at half the
     # cost. None: taken from ``tails``
     side_tails: Callable | None = None
+    # params -> the largest finite loss (nats): at and beyond it the curve is P(L = +inf)
+    # exactly, which the tails give only up to round-off (e^{log delta} is not delta, and an
+    # optimistic estimate left that round-off as masses up to the window's top). None: unbounded
+    max_loss: Callable | None = None
 
 
 def window(mechanism: LossTails, params, tail):
@@ -485,8 +502,12 @@ def _curve_kernel(params, tail, step, **options):
     def one(single, single_tail, single_step):
         offset, h = _window_grid(single, single_tail, single_step, **options)
         z = grid_points(offset, h, options["size"])
-        tails = side_tails(options["mechanism"], single, z, z >= 0)
-        return curve_values(*tails, z), offset, h
+        mechanism = options["mechanism"]
+        values = curve_values(*side_tails(mechanism, single, z, z >= 0), z)
+        if mechanism.max_loss is not None:
+            atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
+            values = beyond_losses(z, mechanism.max_loss(single), atom, values)
+        return values, offset, h
 
     return jax.vmap(one)(params, tail, step)
 
@@ -514,8 +535,9 @@ def _estimate_kernel(params, tail, step, extra, *, rounding, then, **options):
     def one(single, single_tail, single_step):
         offset, h = _window_grid(single, single_tail, single_step, **options)
         atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
+        top = jnp.inf if mechanism.max_loss is None else mechanism.max_loss(single)
         probs, inf_mass = discretize(functools.partial(mechanism.tails, single), offset, h,
-                                     options["size"], options["pessimistic"], rounding, atom)
+                                     options["size"], options["pessimistic"], rounding, atom, top)
         return probs, inf_mass, offset, h
 
     return then(*jax.vmap(one)(params, tail, step), *extra)

@@ -327,6 +327,7 @@ RANDOMIZED_RESPONSE = LossTails(
     center=lambda p: jnp.zeros_like(p[0]),
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
     inf_mass=lambda p: p[1],  # delta: the output only P can produce
+    max_loss=lambda p: p[0],
 )
 
 

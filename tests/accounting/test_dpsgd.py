@@ -7,8 +7,17 @@ import sys
 import textwrap
 
 import jax
+import mpmath as mp
 import numpy as np
 import pytest
+from reference import (
+    RR_CASES,
+    around_atom,
+    assert_epsilon_brackets,
+    discrete_laplace_epsilon,
+    laplace_epsilon,
+    rr_kfold_epsilon,
+)
 
 import pldjax as pj
 
@@ -566,6 +575,33 @@ def test_event_matches_laplace_closed_form():
     got = pj.event_epsilon(pj.Event(pj.noise.Laplace(scales)), 1, 1e-5)
     exact = 1 / scales + 2 * np.log1p(-1e-5)
     assert np.all(got >= exact) and np.all(got <= exact + 1e-3)
+
+
+@pytest.mark.parametrize("epsilon0, delta0", RR_CASES)
+@pytest.mark.parametrize("steps", [1, 3])
+def test_event_epsilon_of_randomized_response_brackets_its_exact_inverse(epsilon0, delta0, steps):
+    # optimistic: a lower bound at the composed atom too (inf there for R_{0.5, 1e-3} when the
+    # atom of one step, 1 - (1 - delta_0)^1 in logarithms, rounded above delta_0)
+    atom = float(1 - (1 - mp.mpf(delta0)) ** steps)
+    targets = around_atom(atom)
+    exact = [rr_kfold_epsilon(epsilon0, delta0, steps, t) for t in targets]
+    event = pj.Event(pj.noise.RandomizedResponse(epsilon0, delta0))
+    lower, upper = (pj.event_epsilon(event, steps, np.array(targets), pessimistic=pe)
+                    for pe in (False, True))
+    assert_epsilon_brackets(lower, exact, upper)
+
+
+@pytest.mark.parametrize("noise, exact", [
+    (pj.noise.Laplace(0.3), lambda t: laplace_epsilon(1 / 0.3, t)),
+    (pj.noise.Laplace(7.3), lambda t: laplace_epsilon(1 / 7.3, t)),
+    (pj.noise.DiscreteLaplace(0.7, 3), lambda t: discrete_laplace_epsilon(1 / 0.7, 3, t)),
+    (pj.noise.DiscreteLaplace(5.0, 2), lambda t: discrete_laplace_epsilon(1 / 5.0, 2, t)),
+])
+def test_event_epsilon_of_laplace_noise_brackets_its_exact_inverse(noise, exact):
+    targets = np.array([0.0, 1e-300, 1e-12, 1e-6, 0.05, 0.3])
+    lower, upper = (pj.event_epsilon(pj.Event(noise), 1, targets, pessimistic=pe)
+                    for pe in (False, True))
+    assert_epsilon_brackets(lower, [exact(t) for t in targets], upper)
 
 
 @pytest.mark.slow

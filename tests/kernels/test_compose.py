@@ -1,3 +1,4 @@
+import functools
 import math
 
 import jax
@@ -49,6 +50,26 @@ def test_randomized_response_kfold_matches_corollary_4_7():
     # dyadic epsilon sits on the grid: the discrete PLD is exact up to round-off
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
     assert np.all(got >= want - 1e-15)
+
+
+def test_composed_atoms_are_rounded_to_the_safe_side():
+    # 1 - (1 - a)(1 - b) and 1 - (1 - a)^k, exact in mpmath: an optimistic atom at or below them,
+    # a pessimistic one at or above (a rounding above the truth put optimistic epsilon = inf at a
+    # delta the truth meets)
+    import mpmath as mp
+
+    for pessimistic in (False, True):
+        rr = functools.partial(pj.randomized_response, 0.5, pessimistic=pessimistic)
+        for a, b in [(1e-3, 1e-3), (1e-6, 3e-7), (0.05, 1e-9), (0.3, 0.7), (1e-12, 1e-12)]:
+            checks = [(pj.compose([rr(a), rr(b)]), 1 - (1 - mp.mpf(a)) * (1 - mp.mpf(b)))]
+            checks += [(rr(a).self_compose(k), 1 - (1 - mp.mpf(a)) ** k) for k in (1, 2, 3, 10)]
+            for pld, exact in checks:
+                atom = float(pld.inf_mass)
+                assert (atom >= exact) if pessimistic else (atom <= exact), (a, b, atom)
+    # all of the mass at +inf stays there
+    for pessimistic in (False, True):
+        assert float(pj.randomized_response(0.5, 1.0, pessimistic=pessimistic)
+                     .self_compose(3).inf_mass) == 1.0
 
 
 def test_randomized_response_mixed_matches_theorem_4_6():

@@ -5,7 +5,17 @@ import jax
 import mpmath as mp
 import numpy as np
 import pytest
-from reference import gaussian_delta, laplace_delta, rr_kfold_delta
+from reference import (
+    RR_CASES,
+    around_atom,
+    assert_epsilon_brackets,
+    discrete_laplace_epsilon,
+    gaussian_delta,
+    laplace_delta,
+    laplace_epsilon,
+    rr_kfold_delta,
+    rr_kfold_epsilon,
+)
 
 import pldjax as pj
 from pldjax.kernels import discretize
@@ -61,6 +71,46 @@ def test_randomized_response_exact_on_dyadic_epsilon():
         probs[big], [(1 - 1e-6) / (1 + e), (1 - 1e-6) * e / (1 + e)], rtol=1e-12
     )
     assert float(p.inf_mass) == pytest.approx(1e-6, rel=1e-9)
+
+
+@pytest.mark.parametrize("epsilon0, delta0", RR_CASES)
+@pytest.mark.parametrize("count", [1, 3])
+def test_randomized_response_epsilon_brackets_its_exact_inverse(epsilon0, delta0, count):
+    # the optimistic estimate is a lower bound also at and just above the atom delta_0: its
+    # finite part is 0 past epsilon_0 (round-off masses up to the window's top put epsilon(delta_0)
+    # at 15.7 for R_{1, 1e-6}), and a composed atom is rounded down, never above the truth
+    atom = float(1 - (1 - mp.mpf(delta0)) ** count)
+    targets = around_atom(atom)
+    exact = [rr_kfold_epsilon(epsilon0, delta0, count, t) for t in targets]
+    lower, upper = (pj.randomized_response(epsilon0, delta0, pessimistic=pe).self_compose(count)
+                    .epsilon(np.array(targets)) for pe in (False, True))
+    assert_epsilon_brackets(lower, exact, upper)
+
+
+def test_randomized_response_pessimistic_epsilon_at_its_own_delta_is_finite():
+    # past epsilon_0 the curve is delta_0 exactly: the atom is delta_0, epsilon(delta_0) is
+    # epsilon_0 rounded up to the grid
+    for epsilon0, delta0 in [(1.0, 1e-6), (0.5, 1e-3), (0.3, 1e-5), (2.7, 0.2)]:
+        p = pj.randomized_response(epsilon0, delta0)
+        assert float(p.inf_mass) == delta0
+        assert epsilon0 <= float(p.epsilon(delta0)) <= epsilon0 + float(p.step)
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.3, 1.0, 7.3, 40.0])
+def test_laplace_epsilon_brackets_its_closed_form(scale):
+    targets = np.array([0.0, 1e-300, 1e-12, 1e-6, 0.05, 0.3])
+    exact = [laplace_epsilon(1 / scale, t) for t in targets]
+    lower, upper = (pj.laplace(scale, pessimistic=pe).epsilon(targets) for pe in (False, True))
+    assert_epsilon_brackets(lower, exact, upper)
+
+
+@pytest.mark.parametrize("scale, sensitivity", [(0.3, 1), (1.0, 1), (0.7, 3), (5.0, 2)])
+def test_discrete_laplace_epsilon_brackets_its_exact_enumeration(scale, sensitivity):
+    targets = np.array([0.0, 1e-300, 1e-12, 1e-6, 0.05, 0.3])
+    exact = [discrete_laplace_epsilon(1 / scale, sensitivity, t) for t in targets]
+    lower, upper = (pj.discrete_laplace(scale, sensitivity=sensitivity, pessimistic=pe)
+                    .epsilon(targets) for pe in (False, True))
+    assert_epsilon_brackets(lower, exact, upper)
 
 
 @pytest.mark.parametrize("factory", [
