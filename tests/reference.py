@@ -112,6 +112,26 @@ def discrete_laplace_epsilon(t: float, sensitivity: int, target: float) -> float
                             mp.mpf(t) * sensitivity)
 
 
+def replace_one_gaussian_delta_mp(mu, q, eps) -> mp.mpf:
+    """delta(eps) of the Poisson-subsampled Gaussian under replace-one adjacency: P = (1 - q)
+    N(0, 1) + q N(-mu, 1) against Q = (1 - q) N(0, 1) + q N(mu, 1) (mu = sensitivity / sigma).
+    Its loss log((1 - q + q c v) / (1 - q + q c / v)), v = e^(-mu x), c = e^(-mu^2/2), decreases
+    in the output x, so delta = P(X < x*) - e^eps Q(X < x*) at the x* where the loss is eps: the
+    positive root v of q c v^2 + (1 - q)(1 - e^eps) v - q c e^eps = 0."""
+    mu, q, eps = mp.mpf(mu), mp.mpf(q), mp.mpf(eps)
+    c, b = mp.e ** (-mu**2 / 2), (1 - q) * (1 - mp.e**eps)
+    v = (-b + mp.sqrt(b**2 + 4 * q**2 * c**2 * mp.e**eps)) / (2 * q * c)
+    x = -mp.log(v) / mu
+    p = (1 - q) * mp.ncdf(x) + q * mp.ncdf(x + mu)
+    return p - mp.e**eps * ((1 - q) * mp.ncdf(x) + q * mp.ncdf(x - mu))
+
+
+def replace_one_gaussian_epsilon(mu: float, q: float, target: float) -> float:
+    """epsilon(target) of :func:`replace_one_gaussian_delta_mp` (target > 0)."""
+    top = 2 * mp.mpf(mu) ** 2 + 40 * mp.mpf(mu) + 50  # the loss at q = 1 is N(2 mu^2, 4 mu^2)
+    return epsilon_of_curve(lambda e: replace_one_gaussian_delta_mp(mu, q, e), target, 0, top)
+
+
 def rr_mixed_delta(pairs: list[tuple[float, float]], t: float) -> float:
     """laplace-transform-dp.txt Thm 4.6: composition of R_{eps_i, delta_i}, by its recursion."""
 

@@ -228,8 +228,13 @@ def _replace_one_tails(params, eps):
 
 def _replace_one_half_width(params):
     mu, q = params
-    # the loss at output -(mu + 10): about log(1 - q + q e^(mu^2/2 + 10 mu)) plus the other term
-    reach = 1.01 * _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) + 2 * q * mu + 1e-300
+    # the loss at output -(mu + 10), below which P holds under 1e-23 (the loss decreases in the
+    # output): log(1 - q + q e^(mu^2/2 + 10 mu)) - log(1 - q + q e^(-3 mu^2/2 - 10 mu)). The
+    # second term is at most log(1 / (1 - q)) while q < 1, but at q = 1 the loss is linear,
+    # -2 mu x, and it is 3 mu^2/2 + 10 mu: the first term alone left the top (up to 3/4 of the
+    # loss) out of the window, into the +inf atom
+    top = _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) - _log1p_q_expm1(q, -1.5 * mu**2 - 10 * mu)
+    reach = 1.01 * top + 2 * q * mu + 1e-300
     return jnp.minimum(reach, BASE_REACH_MAX)
 
 

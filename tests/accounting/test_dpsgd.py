@@ -15,7 +15,9 @@ from reference import (
     around_atom,
     assert_epsilon_brackets,
     discrete_laplace_epsilon,
+    gaussian_epsilon,
     laplace_epsilon,
+    replace_one_gaussian_epsilon,
     rr_kfold_epsilon,
 )
 
@@ -602,6 +604,21 @@ def test_event_epsilon_of_laplace_noise_brackets_its_exact_inverse(noise, exact)
     lower, upper = (pj.event_epsilon(pj.Event(noise), 1, targets, pessimistic=pe)
                     for pe in (False, True))
     assert_epsilon_brackets(lower, [exact(t) for t in targets], upper)
+
+
+@pytest.mark.parametrize("q", [0.5, 0.99, 1.0])
+def test_replace_one_dpsgd_brackets_the_exact_single_step(q):
+    # the mechanism window holds the loss for every q (at q = 1 it left the top out, and
+    # sigma = 0.05 raised "steps = 1 is too large"); at q = 1 the truth is G_{2 / sigma}
+    sigmas = np.array([0.05, 0.1, 0.15, 0.25, 1.0, 2.0])
+    if q == 1.0:
+        exact = np.array([gaussian_epsilon(2 / s, 1e-5) for s in sigmas])
+    else:
+        exact = np.array([replace_one_gaussian_epsilon(1 / s, q, 1e-5) for s in sigmas])
+    upper = pj.dpsgd_epsilon(sigmas, q, 1, 1e-5, neighboring="replace_one")
+    assert np.all(upper >= exact * (1 - 1e-9)) and np.all(upper <= exact * (1 + 1e-3)), (upper, exact)
+    lower = pj.dpsgd_epsilon(sigmas, q, 1, 1e-5, neighboring="replace_one", pessimistic=False)
+    assert np.all(lower <= exact * (1 + 1e-9)), (lower, exact)
 
 
 @pytest.mark.slow

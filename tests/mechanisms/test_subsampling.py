@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pldlib
 from dp_accounting.privacy_accountant import NeighboringRelation
-from reference import gaussian_delta, laplace_delta, subsampled_add_delta, subsampled_remove_delta
+from reference import (
+    gaussian_delta,
+    gaussian_epsilon,
+    laplace_delta,
+    replace_one_gaussian_epsilon,
+    subsampled_add_delta,
+    subsampled_remove_delta,
+)
 
 import pldjax as pj
 
@@ -96,6 +103,31 @@ def test_replace_one_against_dp_accounting_and_never_tighter_than_add_remove():
     assert ours >= add_remove_lower.epsilon(1e-5)
     single = pj.gaussian(sigma, sampling_prob=q, neighboring="replace_one", pessimistic=False)
     assert np.all(single.delta(EPS) >= pj.gaussian(sigma, sampling_prob=q).delta(EPS) - 1e-12)
+
+
+#: Noise scales of the replace-one window checks, where the window once left the loss's top out.
+REPLACE_ONE_SIGMAS = np.array([0.05, 0.08, 0.1, 0.12, 0.15, 0.16, 0.2, 0.25, 0.5, 1.0, 2.0])
+
+
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.99, 1.0])
+def test_replace_one_window_holds_the_loss_at_every_sampling_probability(q):
+    # the window reaches the loss at output -(mu + 10) for every q: at q = 1 the loss is linear
+    # and reaches 2 mu^2 + 20 mu, four times the mu^2/2 + 10 mu of log(1 - q + q e^(mu^2/2 + 10 mu))
+    # alone, and the top left out went to the +inf atom (epsilon = inf at sigma 0.15, 0.25, ...)
+    exact = np.array([replace_one_gaussian_epsilon(1 / s, q, 1e-5) for s in REPLACE_ONE_SIGMAS])
+    upper = np.array([pj.gaussian(s, sampling_prob=q, neighboring="replace_one").epsilon(1e-5)
+                      for s in REPLACE_ONE_SIGMAS])
+    assert np.all(upper >= exact * (1 - 1e-9)) and np.all(upper <= exact * (1 + 1e-3)), (upper, exact)
+
+
+def test_replace_one_at_sampling_probability_one_is_the_gaussian_of_twice_the_sensitivity():
+    # replace-one moves the query by 2 sensitivities: at q = 1 the mechanism is G_{2 / sigma}
+    exact = np.array([gaussian_epsilon(2 / s, 1e-5) for s in REPLACE_ONE_SIGMAS])
+    sampled = np.array([pj.gaussian(s, sampling_prob=1.0, neighboring="replace_one").epsilon(1e-5)
+                        for s in REPLACE_ONE_SIGMAS])
+    unsampled = pj.gaussian(REPLACE_ONE_SIGMAS, neighboring="replace_one").epsilon(1e-5)
+    for upper in (sampled, unsampled):
+        assert np.all(upper >= exact * (1 - 1e-9)) and np.all(upper <= exact * (1 + 1e-3)), upper
 
 
 def test_replace_one_without_subsampling_doubles_the_shift():
