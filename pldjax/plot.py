@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD
 
 
@@ -76,3 +77,7 @@ def tradeoff(curves, *, alphas: Sequence[float] | None = None, ax=None):
     ax.set_aspect("equal")
     ax.legend()
     return fig
+
+
+__all__ = ["profile", "tradeoff"]
+__dir__ = public_dir(__all__)

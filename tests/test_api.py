@@ -174,3 +174,13 @@ def test_public_namespace_holds_only_the_api():
             continue
         own_module = isinstance(value, types.ModuleType) and value.__name__.startswith("pldjax.")
         assert name in pj.__all__ or own_module, name
+
+
+@pytest.mark.parametrize("name", ["noise", "sampling", "neighboring", "filters", "io", "odometers",
+                                  "accountant", "optax", "plot"])
+def test_public_modules_list_their_public_names_only(name):
+    module = getattr(pj, name)
+    assert dir(module) == sorted(module.__all__)
+    assert not {"np", "jnp", "jax", "math", "abc", "annotations"} & set(dir(module))
+    for public in module.__all__:
+        assert hasattr(module, public), public

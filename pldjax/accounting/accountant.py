@@ -38,6 +38,7 @@ from pldjax.accounting.dpsgd import dpsgd_event
 from pldjax.accounting.schedule import compose_schedule
 from pldjax.core import serialization as io
 from pldjax.core.compilation import kernel_jit
+from pldjax.core.namespace import public_dir
 from pldjax.core.precision import float64, lower_of_rounded, pack, unpack, upper_of_rounded
 from pldjax.core.validation import check_count, check_range, is_traced
 from pldjax.mechanisms.events import Event
@@ -401,3 +402,8 @@ def _from_legacy(legacy: _Legacy) -> AccountantState:
     rows = (plain.noise_multiplier, jnp.ones_like(plain.noise_multiplier), plain.sampling_prob)
     return pack(AccountantState(rows, plain.steps, plain.count, plain.overflow,
                                 _structure_of(_dpsgd_template())[0]))
+
+
+__all__ = ["AccountantState", "CAPACITY", "MAX_STEPS", "delta", "epsilon", "events", "init",
+           "load", "pld", "save", "segments", "step"]
+__dir__ = public_dir(__all__)

@@ -73,6 +73,7 @@ from pldjax.adaptive.filters.base import keep_if, pld_problems
 from pldjax.adaptive.filters.residue import GDPState, ResidueState, gdp_filter, gdp_residue_filter
 from pldjax.adaptive.filters.whitehouse import residue_epsilon_squared
 from pldjax.core.compilation import kernel_jit
+from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD
 from pldjax.core.precision import add_up, float64, host_result, pack, square_up, unpack, upper_of_rounded
 from pldjax.core.validation import check_count, check_range, is_traced
@@ -577,3 +578,9 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
     guarantee = {"delta": float(delta), "slack": slack, "mu": mus, "epsilon": epsilons}
     return Odometer(float64(init), step, bound, guarantee, "gdp_ladder_odometer", params,
                     state_problem)
+
+
+__all__ = ["GDPState", "LadderState", "MAX_RUNGS", "Odometer", "READING_MARGIN", "ResidueState",
+           "VarianceState", "filter_odometer", "gdp_ladder_odometer", "gdp_tail_epsilon",
+           "mixture_odometer", "pointwise_epsilon", "rogers_odometer", "stitched_odometer"]
+__dir__ = public_dir(__all__)

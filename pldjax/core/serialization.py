@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD
 from pldjax.core.precision import pack
 
@@ -207,3 +208,8 @@ def load_odometer_state(path, odometer):
         raise ValueError(f"{path}: no sequence of steps of {odometer.kind} {odometer.params} "
                          f"reaches this state ({problem}); the file is damaged")
     return state
+
+
+__all__ = ["FORMAT", "VERSION", "load", "load_filter_state", "load_odometer_state", "save",
+           "save_filter_state", "save_odometer_state"]
+__dir__ = public_dir(__all__)

@@ -69,6 +69,7 @@ from dp_accounting.pld import pld_privacy_accountant as _dpa_pld
 from scipy import special
 
 from pldjax.accounting.schedule import compose_schedule
+from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
@@ -500,3 +501,4 @@ def jax_privacy_config(value_discretization_interval: float = 1e-4):
 
 
 __all__ = ["PLDAccountant", "jax_privacy_config", "k_randomized_response", "to_event"]
+__dir__ = public_dir(__all__)

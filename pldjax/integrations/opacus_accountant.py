@@ -32,6 +32,7 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 from opacus.accountants.registry import _ACCOUNTANTS, register_accountant
 
 from pldjax.accounting.schedule import compose_schedule
+from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD
 from pldjax.core.validation import check_count, check_range
 from pldjax.kernels import chernoff
@@ -175,3 +176,4 @@ def register() -> None:
 
 
 __all__ = ["MECHANISM", "PLDAccountant", "register"]
+__dir__ = public_dir(__all__)

@@ -40,6 +40,7 @@ from pldjax.accounting import accountant as _accountant
 from pldjax.accounting.calibration import calibrate_steps
 from pldjax.accounting.dpsgd import dpsgd_event
 from pldjax.adaptive import filters as _filters
+from pldjax.core.namespace import public_dir
 from pldjax.core.precision import float64, pack, unpack
 from pldjax.core.validation import check_count, check_range
 
@@ -319,3 +320,8 @@ def remaining_mu(state: IndividualState | SampledIndividualState) -> jax.Array:
     if isinstance(state, SampledIndividualState):
         return unpack(state.mu, jax.ShapeDtypeStruct(state.mu.shape[:-1], jnp.float64))
     return unpack(state.filters.mu, jax.ShapeDtypeStruct((), jnp.float64))
+
+
+__all__ = ["DPSGDState", "IndividualState", "SampledIndividualState", "dpsgd", "epsilon",
+           "individual_dpsgd", "remaining_mu", "steps"]
+__dir__ = public_dir(__all__)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+from pldjax.core.namespace import public_dir
+
 
 class Neighboring(enum.StrEnum):
     """ADD_REMOVE: one record added or removed (the dataset size changes). REPLACE_ONE: one
@@ -35,3 +37,4 @@ class Neighboring(enum.StrEnum):
 
 
 __all__ = ["Neighboring"]
+__dir__ = public_dir(__all__)

@@ -39,6 +39,7 @@ import numpy as np
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.grid import Grid
+from pldjax.core.namespace import public_dir
 from pldjax.core.special import log_ndtr, log_ndtr_pair
 from pldjax.core.validation import check_range, is_traced
 from pldjax.kernels.discretize import LossTails
@@ -569,3 +570,4 @@ __all__ = [
     "Noise",
     "RandomizedResponse",
 ]
+__dir__ = public_dir(__all__)

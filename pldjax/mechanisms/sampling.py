@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.namespace import public_dir
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, is_traced
 from pldjax.kernels.discretize import LossTails
@@ -299,3 +300,4 @@ def from_args(sampling_prob=None, sampling: Sampling | str = "poisson") -> Sampl
 
 
 __all__ = ["Directions", "FixedBatch", "Mixture", "Poisson", "Sampling", "TruncatedPoisson", "from_args"]
+__dir__ = public_dir(__all__)

@@ -38,6 +38,7 @@ from pldjax.adaptive.filters.base import Filter
 from pldjax.adaptive.filters.natural import additive_profile_filter, natural_filter
 from pldjax.adaptive.filters.residue import gdp_filter, gdp_residue_filter, pure_dp_filter, renyi_filter
 from pldjax.adaptive.filters.whitehouse import approx_dp_filter, approx_zcdp_filter
+from pldjax.core.namespace import public_dir
 
 __all__ = [
     "Filter",
@@ -50,3 +51,4 @@ __all__ = [
     "pure_dp_filter",
     "renyi_filter",
 ]
+__dir__ = public_dir(__all__)
