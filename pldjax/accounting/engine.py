@@ -391,6 +391,12 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
                          else (CHUNK, CHUNK_ELEMENTS))
     chunk = min(configs, max(1, elements // mechanism_size)) * devices
     chunk = min(chunk, wanted)
+    # at least two rows a discretization (a configuration of one direction alone is repeated):
+    # XLA compiles a batch of one row with other reductions than a batch of several, so a single
+    # call's masses were an ulp away from the same configuration's in a batch, its epsilon 1e-12
+    # (relative) away, and a calibration checked in batches returned a sigma whose epsilon alone
+    # was above the target
+    chunk = max(chunk, 1 if kwargs["both"] else 2)
     chunk = -(-chunk // devices) * devices
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]

@@ -223,6 +223,17 @@ def test_calibrated_steps_and_sampling_prob():
         pj.calibrate_steps(0.01, DELTA, 0.5, 1.0)
 
 
+def test_calibrated_parameters_meet_their_targets_one_at_a_time():
+    # searched in batches, checked as a caller evaluates one: at rtol 1e-12 a batch's epsilon an
+    # ulp below a single call's returned a sigma whose own epsilon was 33.000000000007326
+    targets = [0.3, 0.7, 1.3, 2.9, 5.5, 9.1, 17, 33]
+    family = lambda s: pj.Event(pj.noise.Gaussian(s))  # noqa: E731
+    sigmas = pj.calibrate_event(family, targets, 1e-6, steps=100, low=0.01, high=1e3,
+                                increasing=False, rtol=1e-12)
+    for sigma, target in zip(sigmas, targets, strict=True):
+        assert pj.event_epsilon(family(sigma), 100, 1e-6) <= target
+
+
 # -- optax ----------------------------------------------------------------------------------------
 
 

@@ -318,6 +318,19 @@ def test_alone_and_in_a_batch_at_small_noise():
     assert lo <= alone == pytest.approx(batch[0], rel=1e-4) and batch[0] >= lo
 
 
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_an_event_without_sampling_alone_and_in_a_batch_agree_bit_for_bit(pessimistic):
+    # a configuration alone was discretized as a batch of one row, which XLA compiles with other
+    # reductions than a batch of several: its masses were an ulp away, its epsilon 1e-12
+    sigmas = np.array([0.5, 1.0, 2.113234373467543, 3.0])
+    steps = np.array([100, 10, 100, 1000])
+    event = lambda s: pj.Event(pj.noise.Gaussian(s))  # noqa: E731
+    batch = pj.event_epsilon(event(sigmas), steps, 1e-6, pessimistic=pessimistic)
+    alone = [pj.event_epsilon(event(s), t, 1e-6, pessimistic=pessimistic)
+             for s, t in zip(sigmas, steps, strict=True)]
+    np.testing.assert_array_equal(batch, alone)
+
+
 def test_delta_one_costs_nothing_and_delta_at_most_one():
     assert pj.dpsgd_epsilon(0.5, 0.05, 1000, 1.0) == 0.0
     assert pj.dpsgd_delta(1.1, 0.05, 100788, 0.0) <= 1.0
