@@ -8,6 +8,11 @@ events for all targets are one batched event). The answer is the
 conservative end of the final bracket, so its computed epsilon is <= the target, and the bracket
 is narrower than ``rtol`` (relative) so a value 0.1% worse exceeds the target.
 
+Where there are several targets, each answer is then checked alone, as a caller evaluates one
+configuration (:func:`_each_alone`): a batch's epsilon may differ from a single call's by
+round-off (XLA compiles a batch's reductions in another order), and an answer that met its target
+in a batch could exceed it alone by 1e-11 (relative).
+
 One predicate decides everywhere whether a configuration meets its target (:func:`_meets`): a
 computed epsilon that is NaN or +inf never does, so a numerical failure can only make an answer
 more conservative (or raise), never accept a configuration. Every loop is bounded by a count that
@@ -20,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from pldjax.accounting.dpsgd import dpsgd_event
@@ -88,19 +94,51 @@ def _bisection_limit(low: float, high: float, rtol: float) -> int:
     return math.ceil(math.log2(spread / math.log1p(rtol))) + 4
 
 
-def check_rtol(rtol: float) -> None:
+def _configuration(event: Event, shape: tuple, index: int) -> Event | None:
+    """Configuration ``index`` (flat) of ``event`` batched to ``shape``: its parameters alone, as
+    a caller builds one; None where the event's batch is not ``shape``."""
+    leaves, tree = jax.tree_util.tree_flatten(event)
+    if np.broadcast_shapes(shape, *(np.shape(leaf) for leaf in leaves)) != shape:
+        return None
+    return jax.tree_util.tree_unflatten(
+        tree, [np.broadcast_to(np.asarray(leaf), shape).reshape(-1)[index] for leaf in leaves])
+
+
+def _each_alone(answers, target, alone: Callable, toward_less: Callable, limit, moves: int, *,
+                name: str, hint: str) -> np.ndarray:
+    """``answers`` (the shape of ``target``) each checked alone, as a caller evaluates one
+    configuration: ``alone(i, x)`` is the epsilon of configuration i (flat) at x. One that does
+    not meet its target moves ``toward_less(x, k)`` (the k-th move, k = 0, 1, ...) until it does;
+    at ``limit`` a ValueError naming ``name``, with ``hint``. A single target's search evaluated
+    it alone already."""
+    answers = np.array(answers)
+    if answers.size <= 1:
+        return answers
+    flat, goals = answers.reshape(-1), np.broadcast_to(target, answers.shape).reshape(-1)
+    for i in range(flat.size):
+        for k in _iterations(moves, f"calibration of the {name} (each answer alone)"):
+            eps = alone(i, flat[i])
+            if _meets(eps, goals[i]):
+                break
+            _fail(name, np.array([flat[i] == limit]), goals[i:i + 1], eps, hint)
+            flat[i] = toward_less(flat[i], k)
+    return answers
+
+
+def _check_rtol(rtol: float) -> None:
     check_range("rtol", rtol, MIN_RTOL, 1.0, high_open=True)
 
 
 def _search(epsilons: Callable, target, low: float, high: float, *, increasing: bool, start,
-            factor: float, rtol: float, name: str, hint: str) -> np.ndarray:
+            factor: float, rtol: float, name: str, hint: str, alone: Callable) -> np.ndarray:
     """The parameter x in [low, high] (to ``rtol``, relative) as far toward more privacy loss as
     meets each target: the largest x if epsilon increases with x, the smallest if it decreases.
 
     From ``start``, x moves by ``factor`` toward less loss until it meets the target (else a
     ValueError naming ``name``, with ``hint``), or, where ``start`` already meets it, toward more
     loss until it does not (or reaches that limit: the answer); then a geometric bisection keeps
-    one end that meets the target and one that does not, and returns the former."""
+    one end that meets the target and one that does not, and returns the former, each checked
+    alone (:func:`_each_alone`; ``alone(i, x)``: the epsilon of configuration i at x)."""
     def toward_less(x):
         return np.maximum(x / factor, low) if increasing else np.minimum(x * factor, high)
 
@@ -143,6 +181,13 @@ def _search(epsilons: Callable, target, low: float, high: float, *, increasing: 
         mid = np.sqrt(good) * np.sqrt(bad)
         ok = _meets(epsilons(mid), target)
         good, bad = np.where(ok, mid, good), np.where(ok, bad, mid)
+
+    def farther(x, k):  # (1 + rtol)^(2^k) toward less loss: a few moves cross [low, high]
+        grown = math.exp(min(2.0**k * math.log1p(rtol), 700.0))
+        return max(x / grown, low) if increasing else min(x * grown, high)
+
+    good = _each_alone(good, target, alone, farther, safe_limit,
+                       _bisection_limit(low, high, rtol) + 2, name=name, hint=hint)
     return good[()] if good.ndim == 0 else good
 
 
@@ -173,13 +218,22 @@ def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, d
     check_range("steps", steps, 1.0)
     check_range("low", low, 0.0, low_open=True)
     check_range("high", high, float(low), low_open=True)
-    check_rtol(rtol)
+    _check_rtol(rtol)
     target, delta, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
         target_epsilon, delta, steps)))
+
+    def alone(i, x):
+        xs = np.full(target.shape, x)
+        one = _configuration(_family(make_event, xs), target.shape, i)
+        if one is None:  # parameters beyond the targets' shape: a caller's call is a batch too
+            return _epsilons(_family(make_event, xs), steps, delta).reshape(-1)[i]
+        return _epsilons(one, steps.reshape(-1)[i], delta.reshape(-1)[i])
+
     return _search(lambda x: _epsilons(_family(make_event, x), steps, delta), target,
                    float(low), float(high), increasing=bool(increasing),
                    start=math.sqrt(low) * math.sqrt(high), factor=2.0, rtol=rtol,
-                   name="parameter in [low, high]", hint="widen [low, high] or lower steps")
+                   name="parameter in [low, high]", hint="widen [low, high] or lower steps",
+                   alone=alone)
 
 
 @float64
@@ -201,13 +255,16 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("sigma_min", sigma_min, 0.0, low_open=True)
     check_range("sigma_max", sigma_max, float(sigma_min), low_open=True)
-    check_rtol(rtol)
+    _check_rtol(rtol)
     target, delta, q, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
         target_epsilon, delta, sampling_prob, steps)))
     return _search(lambda sigma: _epsilons(dpsgd_event(sigma, q, neighboring), steps, delta),
                    target, float(sigma_min), float(sigma_max), increasing=False, start=1.0,
                    factor=2.0, rtol=rtol, name="noise multiplier <= sigma_max",
-                   hint=f"raise sigma_max (now {sigma_max}) or lower steps / sampling_prob")
+                   hint=f"raise sigma_max (now {sigma_max}) or lower steps / sampling_prob",
+                   alone=lambda i, sigma: _epsilons(
+                       dpsgd_event(sigma, q.reshape(-1)[i], neighboring), steps.reshape(-1)[i],
+                       delta.reshape(-1)[i]))
 
 
 @float64
@@ -269,6 +326,17 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
         mid = (low + high) // 2
         ok = meets(mid)
         low, high = np.where(ok, mid, low), np.where(ok, high, mid)
+
+    def alone(i, count):
+        one = _configuration(event, target.shape, i)
+        if one is None:  # not expected: the event's batch is part of the targets' shape
+            return _epsilons(event, np.full(target.shape, count), delta).reshape(-1)[i]
+        return _epsilons(one, count, delta.reshape(-1)[i])
+
+    low = _each_alone(low, target, alone, lambda count, k: max(count - 2**k, 1), 1, limit,
+                      name="number of steps",
+                      hint="one step already exceeds it; raise noise_multiplier or lower "
+                           "sampling_prob")
     return low[()] if low.ndim == 0 else low
 
 
@@ -290,8 +358,11 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     target, delta, sigma, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
         target_epsilon, delta, noise_multiplier, steps)))
     check_range("q_min", q_min, 0.0, 1.0, low_open=True)
-    check_rtol(rtol)
+    _check_rtol(rtol)
     return _search(lambda q: _epsilons(dpsgd_event(sigma, q, neighboring), steps, delta),
                    target, float(q_min), 1.0, increasing=True, start=1.0, factor=10.0,
                    rtol=rtol, name="sampling probability >= q_min",
-                   hint="raise noise_multiplier or lower steps")
+                   hint="raise noise_multiplier or lower steps",
+                   alone=lambda i, q: _epsilons(
+                       dpsgd_event(sigma.reshape(-1)[i], q, neighboring), steps.reshape(-1)[i],
+                       delta.reshape(-1)[i]))

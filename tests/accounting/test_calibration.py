@@ -234,6 +234,32 @@ def test_calibrated_parameters_meet_their_targets_one_at_a_time():
         assert pj.event_epsilon(family(sigma), 100, 1e-6) <= target
 
 
+def _batch_below_alone(formula):
+    """An epsilon evaluation whose batches read 1e-9 (relative) below the same configuration alone
+    (a batch compiled with other round-off than a single call)."""
+    exact = fake(formula)
+
+    def epsilons(event, steps, delta):
+        eps = exact(event, steps, delta)
+        return eps * (1 - 1e-9) if eps.size > 1 else eps
+    return epsilons
+
+
+@pytest.mark.parametrize("rtol", [calibrate.MIN_RTOL, 1e-4])
+def test_answers_of_a_batch_meet_their_targets_alone(monkeypatch, rtol):
+    monkeypatch.setattr(calibrate, "_epsilons", _batch_below_alone(lambda s, q, t: q * t / s))
+    targets = np.array([1.0, 3.0, 7.0])
+    sigmas = pj.calibrate_noise_multiplier(targets, DELTA, 0.5, 10, rtol=rtol)
+    assert np.all(0.5 * 10 / sigmas <= targets)  # alone, as a caller evaluates each
+    # and still tight: within rtol, or the 1e-9 the batches were off by
+    assert np.all(0.5 * 10 / (sigmas / (1 + 2 * rtol + 1e-8)) > targets)
+    qs = pj.calibrate_sampling_prob(targets / 10, DELTA, 2.0, 10, rtol=rtol)
+    assert np.all(qs * 10 / 2.0 <= targets / 10)
+    monkeypatch.setattr(calibrate, "_epsilons", _batch_below_alone(lambda s, q, t: t / 100))
+    steps = pj.calibrate_steps(np.array([0.5, 2.0, 7.77]), DELTA, 1.0, 1.0, max_steps=10**6)
+    assert steps.tolist() == [50, 200, 777]
+
+
 # -- optax ----------------------------------------------------------------------------------------
 
 
