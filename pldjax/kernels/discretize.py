@@ -363,7 +363,7 @@ def grid_points(offset, step, n: int):
 
 def beyond_losses(z, max_loss, atom, values):
     """``values`` of the curve delta at the grid points ``z``, with those at z >= ``max_loss``
-    (the mechanism's largest finite loss, see :class:`Mechanism`) set to ``atom``, P(L = +inf),
+    (the mechanism's largest finite loss, see :class:`LossTails`) set to ``atom``, P(L = +inf),
     which they equal exactly there."""
     return jnp.where(z >= jnp.maximum(max_loss, 0.0), atom, values)
 
@@ -372,7 +372,7 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
                atom=0.0, max_loss=jnp.inf):
     """Discretize a mechanism given by ``tails(eps) -> (log P(L>eps), log Q(L>eps),
     log P(L<=eps), log Q(L<=eps))``; ``atom`` is P(L = +inf), the mass P puts where Q has none,
-    and ``max_loss`` the largest finite loss (see :class:`Mechanism`).
+    and ``max_loss`` the largest finite loss (see :class:`LossTails`).
 
     Returns (probs, inf_mass) on the grid z_i = (offset + i) * step, i < n. The pessimistic
     construction finds the atom in its last point's delta; the optimistic one keeps it at +inf
