@@ -107,6 +107,27 @@ class PLD:
             return fn(self)
         return PLD.from_directions(fn(self.forward), fn(self.reverse))
 
+    def where_valid(self, valid) -> PLD:
+        """This PLD where ``valid`` (a boolean array broadcasting with the batch shape) holds, and
+        elsewhere the PLD that claims nothing (the rule for invalid traced input, see
+        :mod:`pldjax.core.validation`): pessimistic, all of the mass at +inf (delta = 1 at every
+        epsilon); optimistic, the identity (all of the mass at loss 0). Either way on offset 0
+        and, when this one's step is not a positive number, step 1."""
+        valid = jnp.asarray(valid, bool)
+
+        def one(d: PLD) -> PLD:
+            ok = jnp.broadcast_to(valid, d.batch_shape)
+            empty = jnp.zeros(d.size, jnp.float64)
+            nothing = empty if d.pessimistic else empty.at[0].set(1.0)
+            step = jnp.asarray(d.step, jnp.float64)
+            usable = ok | (jnp.isfinite(step) & (step > 0))
+            return PLD(jnp.where(ok[..., None], d.probs, nothing),
+                       jnp.where(ok, d.inf_mass, 1.0 if d.pessimistic else 0.0),
+                       jnp.where(ok, d.offset, jnp.zeros((), jnp.asarray(d.offset).dtype)),
+                       jnp.where(usable, step, 1.0), d.pessimistic)
+
+        return self.map_directions(one)
+
     def stack_directions(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """(probs, inf_mass, offset, step) with a direction axis (length 1 or 2) right after the
         batch axes; the shorter direction is padded with zero mass above its window."""

@@ -1,7 +1,21 @@
 """Argument checks shared by the public API: clear ValueErrors, nothing clamped silently.
 
-Checks run on concrete values only; under ``jit`` the values are tracers and are passed through
-(the caller is then responsible for valid input, as with any jitted kernel).
+Checks run on concrete values: a bad value raises a ValueError naming the argument and its
+allowed range. Under ``jit`` or ``vmap`` the values are tracers, which cannot raise; for them the
+rule is that **a result built from invalid traced input claims nothing**. :func:`within` is the
+traced counterpart of :func:`check_range` (the same ranges, as a boolean array), and where it is
+False the result is the one that promises nothing:
+
+* a pessimistic PLD (an upper bound) has all of its mass in the atom at +inf: delta = 1 at
+  every epsilon and epsilon = inf at every delta < 1;
+* an optimistic PLD (a lower bound) is the identity, all of its mass at loss 0: delta(eps) =
+  max(0, 1 - e^eps), below every privacy curve;
+* filters and odometers reject the step and keep their state.
+
+Never a value that looks like a guarantee, and never NaN; each element of a batch (an array of
+parameters, or ``vmap``) is judged on its own. Mechanisms apply it once, where a record's
+parameters become a PLD (:func:`pldjax.mechanisms.events.privacy_loss`, with
+:meth:`pldjax.core.pld.PLD.where_valid`).
 """
 
 from __future__ import annotations
@@ -10,6 +24,7 @@ import math
 import numbers
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -83,3 +98,30 @@ def check_count(name: str, value, *, minimum: int = 0) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     return value
+
+
+def within(
+    value,
+    low: float = -np.inf,
+    high: float = np.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+    integer: bool = False,
+):
+    """Elementwise, whether ``value`` passes :func:`check_range` with the same arguments (and, with
+    ``integer``, is a whole number): a boolean JAX array, for traced values that cannot raise.
+    NaN, inf (unless ``allow_inf``), complex and boolean values are outside every range."""
+    dtype = getattr(value, "dtype", None)
+    kind = np.dtype(np.asarray(value).dtype if dtype is None else dtype).kind
+    if kind not in "iuf":
+        return jnp.zeros(np.shape(value), bool)
+    x = jnp.asarray(value, jnp.float64)
+    ok = (x > low) if low_open else (x >= low)  # False for NaN
+    ok &= (x < high) if high_open else (x <= high)
+    if not allow_inf:
+        ok &= jnp.isfinite(x)
+    if integer:
+        ok &= jnp.where(jnp.isfinite(x), x % 1 == 0, False)
+    return ok

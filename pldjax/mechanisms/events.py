@@ -76,7 +76,20 @@ def privacy_loss(
     Schemes with two directions (Poisson and mixture sampling under add/remove, sampling without
     replacement) give a PLD with both (remove: the mixture against the base; add: the base
     against the mixture); every reported value is the worse of the two.
+
+    Concrete parameters out of range raise a ValueError when their record is built; traced ones
+    (under ``jit`` or ``vmap``) out of range give, element by element, the PLD that claims
+    nothing (:meth:`~pldjax.core.pld.PLD.where_valid`: pessimistic, delta = 1 everywhere).
     """
+    pld = _privacy_loss(noise, sampling, neighboring, pessimistic, grid)
+    if is_traced((noise, sampling)):
+        valid = noise.valid() if sampling is None else noise.valid() & sampling.valid()
+        pld = pld.where_valid(valid)
+    return pld
+
+
+def _privacy_loss(noise, sampling, neighboring, pessimistic, grid) -> PLD:
+    """:func:`privacy_loss` before the rule for invalid traced parameters."""
     if sampling is not None:  # a scheme that builds its PLD itself (a mixture of PLDs)
         built = sampling.pld(noise, Neighboring.parse(neighboring), pessimistic, grid)
         if built is not None:

@@ -3,8 +3,10 @@
 A unit (a class below, with its tails right above it) holds everything the rest of pldjax needs
 to know about one distribution:
 
-* its parameters, as a frozen dataclass checked when it is built (a ValueError naming the
-  argument and its allowed range; traced values are passed through unchecked);
+* its parameters, as a frozen dataclass whose ``ranges`` say what each may be: concrete values
+  are checked when it is built (a ValueError naming the argument and its allowed range), traced
+  ones by :meth:`Parameters.valid`, and a PLD built from invalid traced ones claims nothing
+  (see :mod:`pldjax.core.validation`);
 * its privacy loss: a :class:`~pldjax.kernels.discretize.LossTails` of pure functions of the parameters
   (the log-tails of the loss under P and Q, which give the hockey-stick curve exactly);
 * its sensitivity handling, :meth:`Noise.pair`: the mechanism and its parameters for one
@@ -20,7 +22,8 @@ through ``jit`` and ``vmap``, and arrays of parameters give a batch of PLDs. Val
 given and converted to float64 where they are used (inside pldjax's float64 entry points), so a
 record built with ``jax_enable_x64`` off loses nothing.
 
-To add a distribution: write its tails as a LossTails, then a record class with ``pair`` (and
+To add a distribution: write its tails as a LossTails, then a record class with ``ranges`` and
+``pair`` (and
 ``location`` if it is a log-concave location family), decorated with :func:`record`; export it in
 ``__all__``. :func:`pldjax.mechanisms.events.privacy_loss` and every sampling scheme then take it.
 """
@@ -41,7 +44,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import log_ndtr, log_ndtr_pair
-from pldjax.core.validation import check_range, is_traced
+from pldjax.core.validation import check_range, is_traced, within
 from pldjax.kernels.discretize import LossTails
 from pldjax.mechanisms.neighboring import Neighboring
 
@@ -77,18 +80,40 @@ def _placeholder(value) -> bool:
     return type(value) is object
 
 
-def check_parameter(name: str, value, low: float = -np.inf, **kwargs) -> None:
-    """:func:`~pldjax.core.validation.check_range` for a record's field (placeholders pass)."""
-    if not _placeholder(value):
-        check_range(name, value, low, **kwargs)
-
-
-def _check_integer(name: str, value) -> None:
+def check_parameter(name: str, value, low: float = -np.inf, *, integer: bool = False,
+                    **kwargs) -> None:
+    """:func:`~pldjax.core.validation.check_range` for a record's field (placeholders pass); with
+    ``integer``, also a whole number."""
     if _placeholder(value):
         return
-    check_range(name, value, 1.0)
-    if not is_traced(value) and np.any(np.asarray(value, np.float64) % 1 != 0):
-        raise ValueError(f"{name} must be a whole number >= 1 (integer-valued queries), got {value!r}")
+    check_range(name, value, low, **kwargs)
+    if integer and not is_traced(value) and np.any(np.asarray(value, np.float64) % 1 != 0):
+        raise ValueError(f"{name} must be a whole number >= {low:g} (integer-valued queries), "
+                         f"got {value!r}")
+
+
+class Parameters:
+    """Base of the parameter records (noises and sampling schemes). ``ranges`` maps each field to
+    its allowed range (the keyword arguments of :func:`check_parameter`): concrete values are
+    checked when the record is built, traced ones give :meth:`valid`."""
+
+    ranges: ClassVar[dict[str, dict]] = {}
+
+    def __post_init__(self):
+        for name, allowed in self.ranges.items():
+            check_parameter(name, getattr(self, name), **allowed)
+
+    def valid(self):
+        """Whether each element of the batch has its parameters in their ranges: True when none
+        is traced (concrete values were checked when the record was built), else a boolean array
+        (:func:`~pldjax.core.validation.within`) broadcasting with the parameters."""
+        values = [getattr(self, name) for name in self.ranges]
+        if not is_traced(values):
+            return True
+        ok = jnp.ones((), bool)
+        for value, allowed in zip(values, self.ranges.values(), strict=True):
+            ok = ok & within(value, **allowed)
+        return ok
 
 
 #: Shifts (in the noise's scales, or 1/scale) above this are lowered to it: a shift of 1e150
@@ -132,7 +157,7 @@ class Location:
     cross: Callable
 
 
-class Noise(abc.ABC):
+class Noise(Parameters, abc.ABC):
     """Base of the noise records (see the module docstring)."""
 
     #: The noise as a location family; when not None, :meth:`pair` returns one parameter, the
@@ -237,9 +262,8 @@ class Gaussian(Noise):
 
     location: ClassVar[Location] = GAUSSIAN_LOCATION
 
-    def __post_init__(self):
-        check_parameter("sigma", self.sigma, 0.0, low_open=True)
-        check_parameter("sensitivity", self.sensitivity, 0.0, low_open=True)
+    ranges: ClassVar[dict] = {"sigma": dict(low=0.0, low_open=True),
+                              "sensitivity": dict(low=0.0, low_open=True)}
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
         mu = _ratio(self.sensitivity, self.sigma)
@@ -255,8 +279,7 @@ class GDP(Noise):
 
     location: ClassVar[Location] = GAUSSIAN_LOCATION
 
-    def __post_init__(self):
-        check_parameter("mu", self.mu, 0.0)
+    ranges: ClassVar[dict] = {"mu": dict(low=0.0)}
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
         return GAUSSIAN, (_shift(resolvable(self.mu, pessimistic), neighboring),)
@@ -299,9 +322,8 @@ class Laplace(Noise):
     scale: Any
     sensitivity: Any = 1.0
 
-    def __post_init__(self):
-        check_parameter("scale", self.scale, 0.0, low_open=True)
-        check_parameter("sensitivity", self.sensitivity, 0.0, low_open=True)
+    ranges: ClassVar[dict] = {"scale": dict(low=0.0, low_open=True),
+                              "sensitivity": dict(low=0.0, low_open=True)}
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
         eps0 = _ratio(self.sensitivity, self.scale)
@@ -345,9 +367,7 @@ class RandomizedResponse(Noise):
     epsilon: Any
     delta: Any = 0.0
 
-    def __post_init__(self):
-        check_parameter("epsilon", self.epsilon, 0.0)
-        check_parameter("delta", self.delta, 0.0, high=1.0)
+    ranges: ClassVar[dict] = {"epsilon": dict(low=0.0), "delta": dict(low=0.0, high=1.0)}
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
         if neighboring != Neighboring.ADD_REMOVE:
@@ -437,9 +457,8 @@ class DiscreteLaplace(Noise):
     scale: Any
     sensitivity: Any = 1
 
-    def __post_init__(self):
-        check_parameter("scale", self.scale, 0.0, low_open=True)
-        _check_integer("sensitivity", self.sensitivity)
+    ranges: ClassVar[dict] = {"scale": dict(low=0.0, low_open=True),
+                              "sensitivity": dict(low=1.0, integer=True)}
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
         scale, sensitivity = self.scale, self.sensitivity
@@ -528,9 +547,8 @@ class DiscreteGaussian(Noise):
     sigma: Any
     sensitivity: Any = 1
 
-    def __post_init__(self):
-        check_parameter("sigma", self.sigma, _DGAUSS_MIN_SIGMA)
-        _check_integer("sensitivity", self.sensitivity)
+    ranges: ClassVar[dict] = {"sigma": dict(low=_DGAUSS_MIN_SIGMA),
+                              "sensitivity": dict(low=1.0, integer=True)}
 
     def _support(self) -> int:
         if is_traced((self.sigma, self.sensitivity)):

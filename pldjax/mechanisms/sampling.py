@@ -32,18 +32,18 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import binomial_pmf
-from pldjax.core.validation import check_count, is_traced
+from pldjax.core.validation import check_count, is_traced, within
 from pldjax.kernels.discretize import LossTails
 from pldjax.mechanisms import subsampling
 from pldjax.mechanisms.neighboring import Neighboring
-from pldjax.mechanisms.noise import Noise, check_parameter, record, resolvable
+from pldjax.mechanisms.noise import Noise, Parameters, check_parameter, record, resolvable
 
 
 class Directions(NamedTuple):
@@ -57,7 +57,7 @@ class Directions(NamedTuple):
     both: bool
 
 
-class Sampling(abc.ABC):
+class Sampling(Parameters, abc.ABC):
     """Base of the sampling schemes (see the module docstring)."""
 
     #: False for a scheme whose PLD is not one mechanism but built by :meth:`pld` (a mixture of
@@ -94,8 +94,7 @@ class Poisson(Sampling):
 
     sampling_prob: Any
 
-    def __post_init__(self):
-        check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)
+    ranges: ClassVar[dict] = {"sampling_prob": dict(low=0.0, high=1.0)}
 
     def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
         base, params = noise.pair(neighboring, pessimistic)
@@ -122,8 +121,7 @@ class FixedBatch(Sampling):
 
     sampling_prob: Any
 
-    def __post_init__(self):
-        check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)
+    ranges: ClassVar[dict] = {"sampling_prob": dict(low=0.0, high=1.0)}
 
     def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
         if neighboring != Neighboring.REPLACE_ONE:
@@ -165,11 +163,12 @@ class Mixture(Sampling):
     scales: Any
     probs: Any
 
+    ranges: ClassVar[dict] = {"scales": dict(low=0.0), "probs": dict(low=0.0, high=1.0)}
+
     def __post_init__(self):
         if any(type(v) is object for v in (self.scales, self.probs)):
             return  # a pytree placeholder (see pldjax.mechanisms.noise)
-        check_parameter("scales", self.scales, 0.0)
-        check_parameter("probs", self.probs, 0.0, high=1.0)
+        super().__post_init__()
         if np.ndim(self.scales) == 0 or np.shape(self.scales)[-1:] != np.shape(self.probs)[-1:]:
             raise ValueError(f"scales and probs must have one component per entry of their last "
                              f"axis, got shapes {np.shape(self.scales)} and {np.shape(self.probs)}")
@@ -178,6 +177,15 @@ class Mixture(Sampling):
             if np.any(np.abs(total - 1.0) > PROBS_TOLERANCE):
                 raise ValueError(f"probs must add up to 1 (within {PROBS_TOLERANCE}), got sums "
                                  f"{np.ravel(total)[:3]}")
+
+    def valid(self):
+        """:meth:`Parameters.valid` for each mixture (the components on the last axis), with
+        its probabilities adding up to 1."""
+        if not is_traced((self.scales, self.probs)):
+            return True
+        ok = within(self.scales, 0.0) & within(self.probs, 0.0, 1.0)
+        total = jnp.sum(jnp.asarray(self.probs, jnp.float64), axis=-1)
+        return jnp.all(ok, axis=-1) & (jnp.abs(total - 1.0) <= PROBS_TOLERANCE)
 
     @classmethod
     def binomial(cls, sampling_prob: float, count: int) -> Mixture:
@@ -255,9 +263,10 @@ class TruncatedPoisson(Sampling):
     truncated_batch_size: Any
 
     one_mechanism = False
+    ranges: ClassVar[dict] = {"sampling_prob": dict(low=0.0, high=1.0)}
 
     def __post_init__(self):
-        check_parameter("sampling_prob", self.sampling_prob, 0.0, high=1.0)
+        super().__post_init__()
         for name in ("dataset_size", "truncated_batch_size"):
             value = getattr(self, name)
             if type(value) is not object and not is_traced(value):

@@ -1,0 +1,210 @@
+"""Every promise holds under jit and vmap as on the host.
+
+On the host an invalid parameter raises a ValueError naming it. Under ``jax.jit`` or
+``jax.vmap`` it is a tracer and cannot raise, so the PLD built from it claims nothing: the
+pessimistic one has all of its mass at +inf (epsilon = inf at every delta < 1, delta = 1 at every
+epsilon), the optimistic one is the identity (delta(eps) = 0 for eps >= 0); never a finite
+epsilon, a delta below 1 or NaN. Valid traced parameters give the host's values.
+
+One grid size throughout (each new shape compiles anew).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pldjax as pj
+from pldjax.core.validation import check_range, within
+
+GRID = pj.Grid(size=1024)
+NAN, INF = math.nan, math.inf
+
+
+def outside(low=-INF, high=INF, *, low_open=False, high_open=False, integer=False):
+    """Values a host check with these bounds refuses: NaN, +-inf and draws beyond each bound
+    (and non-whole numbers inside it, for ``integer``)."""
+    parts = [st.sampled_from([NAN, INF, -INF])]
+    if low > -INF:
+        parts.append(st.floats(max_value=low, exclude_max=not low_open, allow_nan=False,
+                               allow_infinity=False))
+    if high < INF:
+        parts.append(st.floats(min_value=high, exclude_min=not high_open, allow_nan=False,
+                               allow_infinity=False))
+    if integer:
+        parts.append(st.floats(low, 1e6, allow_nan=False).filter(lambda x: x % 1 != 0))
+    return st.one_of(parts)
+
+
+#: name -> (build(x, pessimistic): a PLD with the one parameter x, a valid x, invalid values
+#: for the vmap test, a strategy of invalid values for the jit test)
+CASES = {
+    "gaussian_sigma": (
+        lambda x, p: pj.gaussian(x, grid=GRID, pessimistic=p),
+        1.3, [NAN, -1.0, 0.0, INF], outside(0.0, low_open=True)),
+    "gaussian_sensitivity": (
+        lambda x, p: pj.gaussian(1.0, sensitivity=x, grid=GRID, pessimistic=p),
+        0.8, [NAN, -1.0, 0.0, INF], outside(0.0, low_open=True)),
+    "laplace_scale": (
+        lambda x, p: pj.laplace(x, grid=GRID, pessimistic=p),
+        2.0, [NAN, -2.0, 0.0, INF], outside(0.0, low_open=True)),
+    "discrete_laplace_scale": (
+        lambda x, p: pj.discrete_laplace(x, grid=GRID, pessimistic=p),
+        1.5, [NAN, -1.0, 0.0, INF], outside(0.0, low_open=True)),
+    "discrete_laplace_sensitivity": (
+        lambda x, p: pj.discrete_laplace(1.5, sensitivity=x, grid=GRID, pessimistic=p),
+        2.0, [NAN, 1.5, 0.0, -1.0, INF], outside(1.0, integer=True)),
+    "gdp_mu": (
+        lambda x, p: pj.gdp(x, grid=GRID, pessimistic=p),
+        1.0, [NAN, -1.0, INF], outside(0.0)),
+    "randomized_response_epsilon": (
+        lambda x, p: pj.randomized_response(x, 1e-7, grid=GRID, pessimistic=p),
+        0.5, [NAN, -1.0, INF], outside(0.0)),
+    "randomized_response_delta": (
+        lambda x, p: pj.randomized_response(1.0, x, grid=GRID, pessimistic=p),
+        1e-7, [NAN, -0.1, 1.5], outside(0.0, 1.0)),
+    "poisson_sampling_prob": (
+        lambda x, p: pj.privacy_loss(pj.noise.Gaussian(1.0), pj.sampling.Poisson(x),
+                                     pessimistic=p, grid=GRID),
+        0.1, [NAN, -0.5, 1.5, INF], outside(0.0, 1.0)),
+    "poisson_noise_scale": (
+        lambda x, p: pj.privacy_loss(pj.noise.Laplace(x), pj.sampling.Poisson(0.1),
+                                     pessimistic=p, grid=GRID),
+        2.0, [NAN, -2.0, 0.0], outside(0.0, low_open=True)),
+    "poisson_replace_one_sampling_prob": (
+        lambda x, p: pj.privacy_loss(pj.noise.Gaussian(1.0), pj.sampling.Poisson(x),
+                                     "replace_one", pessimistic=p, grid=GRID),
+        0.1, [NAN, -0.5, 1.5], outside(0.0, 1.0)),
+    "fixed_batch_sampling_prob": (
+        lambda x, p: pj.privacy_loss(pj.noise.Gaussian(1.0), pj.sampling.FixedBatch(x),
+                                     "replace_one", pessimistic=p, grid=GRID),
+        0.1, [NAN, -0.5, 1.5], outside(0.0, 1.0)),
+    # probabilities (1 - x, x): x outside [0, 1] makes one of them negative
+    "mixture_probs": (
+        lambda x, p: pj.privacy_loss(pj.noise.GDP(1.0), pj.sampling.Mixture(
+            jnp.array([0.0, 1.0]), jnp.stack([1 - x, x])), pessimistic=p, grid=GRID),
+        0.1, [NAN, -0.5, 1.5], outside(0.0, 1.0)),
+    # probabilities (x/2, x/2): all zero at x = 0, adding up to 1 only at x = 1
+    "mixture_probs_total": (
+        lambda x, p: pj.privacy_loss(pj.noise.GDP(1.0), pj.sampling.Mixture(
+            jnp.array([0.0, 1.0]), jnp.stack([x / 2, x / 2])), pessimistic=p, grid=GRID),
+        1.0, [0.0, 0.5, NAN], st.sampled_from([0.0, 0.5, 0.9, 1.1, NAN])),
+    "mixture_scales": (
+        lambda x, p: pj.privacy_loss(pj.noise.GDP(1.0), pj.sampling.Mixture(
+            jnp.stack([0.0, x]), jnp.array([0.9, 0.1])), pessimistic=p, grid=GRID),
+        1.0, [NAN, -1.0, INF], outside(0.0)),
+}
+
+#: The cases also checked for the optimistic PLD (each one more compiled program).
+OPTIMISTIC = ["gaussian_sigma", "randomized_response_delta", "poisson_sampling_prob",
+              "mixture_probs_total"]
+
+
+def _readings(pld):
+    """(epsilon(1e-5), delta(0), delta(1), total mass) of a PLD (each direction's mass)."""
+    mass = jnp.min(jnp.stack([d.total_mass() for d in pld.directions()]))
+    return jnp.stack([pld.epsilon(1e-5), pld.delta(0.0), pld.delta(1.0), mass])
+
+
+def _claims_nothing(readings, pessimistic: bool) -> None:
+    readings = np.asarray(readings, np.float64)
+    if pessimistic:
+        np.testing.assert_array_equal(readings, [INF, 1.0, 1.0, 1.0])
+    else:  # the identity: delta(eps) = 0 for eps >= 0, and no mass lost
+        np.testing.assert_array_equal(readings, [0.0, 0.0, 0.0, 1.0])
+
+
+def _host_readings(name: str, pessimistic: bool) -> np.ndarray:
+    build, valid, _, _ = CASES[name]
+    return np.asarray(_readings(build(valid, pessimistic)), np.float64)
+
+
+def _pessimistic_and_optimistic():
+    return [pytest.param(name, True, id=f"{name}-pessimistic") for name in CASES] + [
+        pytest.param(name, False, id=f"{name}-optimistic") for name in OPTIMISTIC]
+
+
+@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic())
+def test_invalid_traced_parameter_under_jit_claims_nothing(name, pessimistic):
+    build, valid, _, invalid = CASES[name]
+    readings = jax.jit(lambda x: _readings(build(x, pessimistic)))
+    np.testing.assert_allclose(np.asarray(readings(valid)), _host_readings(name, pessimistic),
+                               rtol=1e-12, atol=0)
+
+    @settings(settings.get_profile("pldjax-fast"), max_examples=8)
+    @given(invalid)
+    def prop(x):
+        _claims_nothing(readings(x), pessimistic)
+
+    prop()
+
+
+@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic())
+def test_invalid_traced_parameter_under_vmap_claims_nothing_for_its_element_only(name, pessimistic):
+    build, valid, bad, _ = CASES[name]
+    xs = jnp.array([valid, *bad, valid], jnp.float64)
+    readings = np.asarray(jax.vmap(lambda x: _readings(build(x, pessimistic)))(xs))
+    host = _host_readings(name, pessimistic)
+    for row in (readings[0], readings[-1]):
+        np.testing.assert_allclose(row, host, rtol=1e-12, atol=0)
+    for row in readings[1:-1]:
+        _claims_nothing(row, pessimistic)
+
+
+def test_claiming_nothing_survives_composition_under_jit():
+    epsilon = jax.jit(lambda s: pj.gaussian(s, grid=GRID).self_compose(10, size=4 * GRID.size)
+                      .epsilon(1e-5))
+    assert float(epsilon(1.0)) < INF
+    for sigma in (NAN, -1.0):
+        assert float(epsilon(sigma)) == INF
+
+
+def test_a_batch_of_parameters_in_one_record_is_judged_element_by_element():
+    sigmas = jnp.array([1.0, NAN, -1.0, 2.0])
+    delta = jax.jit(lambda s: pj.gaussian(s, sampling_prob=jnp.array([0.1, 0.1, 0.1, 1.5]),
+                                          grid=GRID).delta(1.0))(sigmas)
+    np.testing.assert_array_equal(np.asarray(delta)[1:], [1.0, 1.0, 1.0])
+    host = float(pj.gaussian(1.0, sampling_prob=0.1, grid=GRID).delta(1.0))
+    np.testing.assert_allclose(float(delta[0]), host, rtol=1e-12)
+
+
+@pytest.mark.parametrize("build", [
+    pytest.param(lambda s: pj.discrete_gaussian(s, grid=GRID), id="discrete_gaussian"),
+    pytest.param(lambda q: pj.privacy_loss(pj.noise.Gaussian(1.0),
+                                           pj.sampling.TruncatedPoisson(q, 1000, 20), grid=GRID),
+                 id="truncated_poisson"),
+])
+def test_constructors_that_need_concrete_parameters_refuse_tracers(build):
+    with pytest.raises(ValueError, match="concrete"):
+        jax.jit(lambda x: build(x).delta(1.0))(1.0)
+
+
+BOUNDS = st.sampled_from([
+    dict(low=0.0), dict(low=0.0, low_open=True), dict(low=0.0, high=1.0),
+    dict(low=0.0, high=1.0, high_open=True), dict(low=-1.0, high=1.0, allow_inf=True),
+    dict(low=-INF, allow_inf=True),
+])
+
+
+@settings(settings.get_profile("pldjax-fast"), max_examples=40)
+@given(st.one_of(st.floats(), st.sampled_from([0.0, 1.0, -1.0, NAN, INF, -INF])), BOUNDS)
+def test_within_agrees_with_the_host_check(value, bounds):
+    try:
+        check_range("x", value, **bounds)
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert bool(within(value, **bounds)) == accepted
+    assert bool(jax.jit(lambda v: within(v, **bounds))(value)) == accepted
+
+
+def test_within_refuses_complex_and_boolean_values():
+    assert not bool(within(1.0 + 0j, 0.0))
+    assert not bool(within(jnp.array(True), 0.0))
+    np.testing.assert_array_equal(within(jnp.array([2.0, 2.5]), 1.0, integer=True), [True, False])
