@@ -299,13 +299,16 @@ def _limits(state: AccountantState) -> str:
 
 def _read(state: AccountantState) -> tuple[AccountantState, int]:
     state = _unpacked(state)
+    count = int(np.asarray(state.count))
     if bool(np.asarray(state.overflow)):
-        raise ValueError(
-            f"the accountant's run is not fully recorded: {_limits(state)}, or a step under jit "
-            f"with an invalid noise_multiplier (not finite > 0), sampling_prob (not in [0, 1]), "
-            f"steps (not in [0, 2^62]) or other event parameter (out of range, or float32 where "
-            f"no rounding is safe)")
-    return state, int(np.asarray(state.count))
+        invalid = ("a step under jit with an invalid noise_multiplier (not finite > 0), "
+                   "sampling_prob (not in [0, 1]), steps (not in [0, 2^62]) or other event "
+                   "parameter (out of range, or float32 where no rounding is safe)")
+        # a full state only overflows its capacity: below it, the capacity is not the cause
+        limits = (_limits(state) if count >= _capacity(state)
+                  else "more than 2^63 - 1 steps of one event")
+        raise ValueError(f"the accountant's run is not fully recorded: {invalid}, or {limits}")
+    return state, count
 
 
 @float64
