@@ -125,9 +125,10 @@ def _host_readings(name: str, pessimistic: bool) -> np.ndarray:
     return np.asarray(_readings(build(valid, pessimistic)), np.float64)
 
 
-def _pessimistic_and_optimistic():
+def _pessimistic_and_optimistic(optimistic_marks=()):
     return [pytest.param(name, True, id=f"{name}-pessimistic") for name in CASES] + [
-        pytest.param(name, False, id=f"{name}-optimistic") for name in OPTIMISTIC]
+        pytest.param(name, False, id=f"{name}-optimistic", marks=optimistic_marks)
+        for name in OPTIMISTIC]
 
 
 @pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic())
@@ -145,7 +146,8 @@ def test_invalid_traced_parameter_under_jit_claims_nothing(name, pessimistic):
     prop()
 
 
-@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic())
+# the optimistic ones with the slow tests (the same rule, one more compiled program each)
+@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic([pytest.mark.slow]))
 def test_invalid_traced_parameter_under_vmap_claims_nothing_for_its_element_only(name, pessimistic):
     build, valid, bad, _ = CASES[name]
     xs = jnp.array([valid, *bad, valid], jnp.float64)
