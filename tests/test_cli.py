@@ -136,7 +136,8 @@ def test_extreme_arguments_print_no_runtime_warnings(capsys, sigma, q):
     by zero encountered in divide" and its like reached standard error."""
     import warnings
 
-    args = ["epsilon", "--noise-multiplier", sigma, "--sampling-prob", q, "--delta", "1e-5"]
+    args = ["epsilon", "--noise-multiplier", sigma, "--sampling-prob", q, "--steps", "1",
+            "--delta", "1e-5"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert main(args) == 0
@@ -152,6 +153,8 @@ def test_extreme_arguments_print_no_runtime_warnings(capsys, sigma, q):
 def test_compositions_too_wide_say_what_a_command_line_user_can_do(capsys, args):
     """The message suggested Grid(step=...), which the command line cannot set."""
     base = ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5"]
+    if "--sampling-prob" not in args and "none" not in args:
+        base += ["--sampling-prob", "0.01"]
     assert main(base + args) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "Traceback" not in captured.err
