@@ -113,12 +113,13 @@ def test_bad_input_names_the_argument(call, match):
 def test_cli_epsilon_and_delta(capsys):
     from pldjax.cli import main
 
-    assert main(["epsilon", "--noise-multiplier", "2.0", "--steps", "10", "--delta", "1e-5"]) == 0
+    full_batch = ["--sampling-prob", "1", "--steps", "10"]
+    assert main(["epsilon", "--noise-multiplier", "2.0", *full_batch, "--delta", "1e-5"]) == 0
     out = capsys.readouterr().out
     pess, opt = float(out.split()[2]), float(out.split("optimistic")[1].strip(" )\n"))
     assert opt <= pess <= opt * 1.005
-    assert main(["delta", "--noise-multiplier", "2.0", "--steps", "10", "--epsilon", "1.0"]) == 0
-    assert main(["epsilon", "--noise-multiplier", "-1", "--delta", "1e-5"]) == 2
+    assert main(["delta", "--noise-multiplier", "2.0", *full_batch, "--epsilon", "1.0"]) == 0
+    assert main(["epsilon", "--noise-multiplier", "-1", *full_batch, "--delta", "1e-5"]) == 2
     assert "noise_multiplier" in capsys.readouterr().err
 
 
