@@ -82,10 +82,29 @@ def square_down(x: float) -> float:
 _WIDE = (np.dtype(np.float64), np.dtype(np.int64))
 
 
+def _words(host: np.ndarray) -> np.ndarray:
+    """A float64 / int64 NumPy array as its uint32 words, shape ``(..., 2)``, the low word first
+    (the order of ``jax.lax.bitcast_convert_type``)."""
+    little = np.ascontiguousarray(host, host.dtype.newbyteorder("<"))
+    return little.reshape(host.shape + (1,)).view("<u4").astype(np.uint32)
+
+
+def _from_words(words: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Inverse of :func:`_words`: uint32 words ``(..., 2)`` as a ``dtype`` (64-bit) array."""
+    little = np.ascontiguousarray(words, "<u4")
+    return little.view(dtype.newbyteorder("<")).reshape(words.shape[:-1]).astype(dtype)
+
+
 def pack(tree):
     """Every float64 / int64 leaf of ``tree`` as uint32 bit pairs (shape ``(..., 2)``); other
-    leaves unchanged. Exact; call with x64 enabled."""
+    leaves unchanged. Exact; call with x64 enabled. Concrete leaves are packed on the host
+    (NumPy, then placed on the device: no compiled program), traced ones in the trace."""
     def one(leaf):
+        if not isinstance(leaf, jax.core.Tracer):
+            host = np.asarray(leaf)
+            if host.dtype in _WIDE:
+                return jax.device_put(_words(host))
+            return leaf if isinstance(leaf, jax.Array) else jax.device_put(host)
         leaf = jnp.asarray(leaf)
         if leaf.dtype in _WIDE:
             return jax.lax.bitcast_convert_type(leaf, jnp.uint32)
@@ -94,20 +113,34 @@ def pack(tree):
     return jax.tree_util.tree_map(one, tree)
 
 
-def unpack(tree, like):
+def unpack(tree, like, *, host: bool = False):
     """Inverse of :func:`pack`: leaves of ``like`` (arrays or ShapeDtypeStructs, the unpacked
-    structure) give each leaf's 64-bit dtype. Call with x64 enabled."""
+    structure) give each leaf's 64-bit dtype. Call with x64 enabled. Concrete leaves are unpacked
+    on the host (NumPy: no compiled program) and placed on the device, or, with ``host``, left
+    as NumPy arrays (for readings computed on the host)."""
     def one(leaf, spec):
         dtype = np.dtype(spec.dtype)
+        if not isinstance(leaf, jax.core.Tracer):
+            value = np.asarray(leaf)
+            if dtype in _WIDE:
+                _check_packed(value)
+                value = _from_words(value, dtype)
+            elif isinstance(leaf, jax.Array) and not host:
+                return leaf
+            return value if host else jax.device_put(value)
         leaf = jnp.asarray(leaf)
         if dtype in _WIDE:
-            if leaf.dtype != jnp.uint32 or leaf.shape[-1:] != (2,):
-                raise ValueError(f"a packed state leaf must be uint32 of shape (..., 2), got "
-                                 f"{leaf.dtype} {leaf.shape}: pass the state the filter returned")
+            _check_packed(leaf)
             return jax.lax.bitcast_convert_type(leaf, dtype)
         return leaf
 
     return jax.tree_util.tree_map(one, tree, like)
+
+
+def _check_packed(leaf) -> None:
+    if leaf.dtype != np.uint32 or leaf.shape[-1:] != (2,):
+        raise ValueError(f"a packed state leaf must be uint32 of shape (..., 2), got "
+                         f"{leaf.dtype} {leaf.shape}: pass the state the filter returned")
 
 
 def upper_of_rounded(x):
@@ -119,30 +152,32 @@ def upper_of_rounded(x):
     to it is x plus half its ulp (toward +inf), exact in float64, and is what a sound budget must
     charge. A value of a complex (or other non-real) dtype is no real number: NaN, which every
     cost check refuses (an imaginary part was silently dropped, and 0.5j charged 0). Call with
-    x64 enabled."""
-    x = jnp.asarray(x)
-    if x.dtype == jnp.float64:
+    x64 enabled. Concrete values are computed on the host (a NumPy float64 array: no compiled
+    program), traced ones in the trace."""
+    xp = jnp if isinstance(x, jax.core.Tracer) else np
+    x = xp.asarray(x)
+    if x.dtype == np.float64:
         return x
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
             or x.dtype == jnp.bool_):
-        return jnp.full(x.shape, jnp.nan, jnp.float64)
+        return xp.full(x.shape, np.nan, np.float64)
     if not jnp.issubdtype(x.dtype, jnp.floating):  # integers above 2^53 may round down
-        wide = x.astype(jnp.float64)
-        return jnp.where(jnp.abs(wide) >= 2.0**53, jnp.nextafter(wide, jnp.inf), wide)
+        wide = x.astype(np.float64)
+        return xp.where(xp.abs(wide) >= 2.0**53, xp.nextafter(wide, np.inf), wide)
     info = jnp.finfo(x.dtype)
-    wide = x.astype(jnp.float64)
-    _, exponent = jnp.frexp(wide)  # |x| in [2^(e-1), 2^e): the ulp above |x| is 2^(e-1-nmant)
-    half = jnp.ldexp(jnp.ones_like(wide), exponent - info.nmant - 2)
-    top = jnp.where(wide == float(info.max), jnp.inf, wide + half)  # above max rounds to inf
+    wide = x.astype(np.float64)
+    _, exponent = xp.frexp(wide)  # |x| in [2^(e-1), 2^e): the ulp above |x| is 2^(e-1-nmant)
+    half = xp.ldexp(xp.ones_like(wide), exponent - info.nmant - 2)
+    top = xp.where(wide == float(info.max), np.inf, wide + half)  # above max rounds to inf
     # subnormals (which the conversion may flush to zero) and zero: below the smallest normal
-    top = jnp.where(jnp.abs(wide) < float(info.tiny), float(info.tiny), top)
-    return jnp.where(jnp.isfinite(wide), top, wide)
+    top = xp.where(xp.abs(wide) < float(info.tiny), float(info.tiny), top)
+    return xp.where(xp.isfinite(wide), top, wide)
 
 
 def lower_of_rounded(x):
     """A float64 lower bound on every real number that rounds to ``x`` (see
     :func:`upper_of_rounded`)."""
-    x = jnp.asarray(x)
+    x = (jnp if isinstance(x, jax.core.Tracer) else np).asarray(x)
     return -upper_of_rounded(-x)
 
 

@@ -32,3 +32,56 @@ def test_root_of_difference_is_rounded_down_by_mpmath():
     for g, m, n in zip(got, mu, nu, strict=True):
         exact = mp.sqrt(mp.mpf(float(m)) ** 2 - mp.mpf(float(n)) ** 2)
         assert mp.mpf(float(g)) <= exact and g >= float(exact) * (1 - 1e-15)
+
+
+def _compiled_programs(fn):
+    """(fn's result, the names of the XLA programs compiled while it ran), from JAX's log."""
+    import logging
+
+    names = []
+
+    class Names(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith("Finished XLA compilation of"):
+                names.append(message.split(" of ")[1].split(" in ")[0])
+
+    handler, log = Names(), logging.getLogger("jax._src.dispatch")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        with jax.log_compiles(True):
+            result = fn()
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return result, names
+
+
+def test_concrete_leaves_pack_on_the_host_as_the_traced_bitcast_does():
+    """Concrete states are packed and unpacked with NumPy (no compiled program per operation, and
+    the caller's first call compiles nothing for them), to the same bits as the traced
+    bitcast; host=True leaves the unpacked values as NumPy arrays."""
+    floats = np.array([[0.1, -0.0, np.inf, -np.inf, np.nan, 5e-324],
+                       [-2.2250738585072014e-308, 1.7976931348623157e308, 1.0, -1.5, 1e-300, 3.0]])
+    floats[1, 5] = np.frombuffer(np.uint64(0x7FF8_0000_DEAD_BEEF).tobytes(), np.float64)[0]  # payload
+    ints = np.array([2**63 - 1, -(2**63), -1, 0, 2**62 + 1], np.int64)
+    values = (floats, ints, np.float64(0.25), np.bool_(True), np.float32(0.5))
+    with jax.enable_x64(True):
+        packed, names = _compiled_programs(lambda: pack(values))
+        traced = jax.jit(pack)(values)
+        assert all(isinstance(leaf, jax.Array) for leaf in packed)
+        for got, want in zip(packed, traced, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        (on_device, on_host), more = _compiled_programs(
+            lambda: (unpack(packed, values), unpack(packed, values, host=True)))
+    assert names == [] and more == []
+    assert all(isinstance(leaf, jax.Array) for leaf in on_device)
+    assert all(isinstance(leaf, np.ndarray) for leaf in on_host)
+    for leaves in (on_device, on_host):
+        np.testing.assert_array_equal(np.asarray(leaves[0]).view(np.uint64), floats.view(np.uint64))
+        np.testing.assert_array_equal(np.asarray(leaves[1]), ints)
+        assert np.asarray(leaves[2]) == 0.25 and np.asarray(leaves[2]).dtype == np.float64
+        assert bool(leaves[3]) and np.asarray(leaves[4]).dtype == np.float32
