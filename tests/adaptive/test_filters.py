@@ -1,6 +1,11 @@
 """Privacy filters: residues against closed forms and an independent dense evaluation, run lengths,
 state that survives (save / restore, failures), jit and vmap of spend, bad input."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from fractions import Fraction
 
 import jax
@@ -314,6 +319,55 @@ def test_spend_is_jittable_and_vmappable():
     many = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (5,) + x.shape), g.init())
     _, ok = jax.vmap(g.spend)(many, jnp.array([0.1, 0.5, 1.0, 1.5, 0.0]))
     assert np.asarray(ok).tolist() == [True, True, True, False, True]
+
+
+#: Most XLA programs a new process compiles for its first GDP residue spend of a randomized
+#: response (empty cache): the PLD's three kernels and the probe of their XLA options, the spend,
+#: and a margin of two. Every eager jnp operation on the host was a program of its own (35 of them,
+#: 1-2 s of compiling in each new process); init, the query's checks, the state's packing and
+#: remaining now run in NumPy.
+FIRST_SPEND_PROGRAMS = 7
+
+
+def test_first_residue_spend_compiles_the_spend_and_the_query_only(tmp_path):
+    code = textwrap.dedent("""
+        import json, logging, jax, numpy as np
+        names = []
+        class Names(logging.Handler):
+            def emit(self, record):
+                message = record.getMessage()
+                if message.startswith("Finished XLA compilation of"):
+                    names.append(message.split(" of ")[1].split(" in ")[0])
+        log = logging.getLogger("jax._src.dispatch")
+        log.addHandler(Names())
+        log.setLevel(logging.DEBUG)
+        jax.config.update("jax_log_compiles", True)
+        import pldjax as pj
+        f = pj.filters.gdp_residue_filter(mu=1.0)
+        state, accepted = f.spend(f.init(), pj.randomized_response(0.5))
+        left = f.remaining(state)
+        print(json.dumps({"names": names, "accepted": bool(accepted),
+                          "state": [np.asarray(leaf).tolist() for leaf in state],
+                          "left": [float(left["mu"]), float(left["delta"])]}))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env["PLDJAX_COMPILATION_CACHE"] = str(tmp_path / "xla")  # empty: every program compiles
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(got["names"]) <= FIRST_SPEND_PROGRAMS, got["names"]
+    assert got["names"].count("jit(guarded)") == 1, got["names"]  # the spend: one program
+    # the same state as this process's spend (and its traced parts: the kernel is the same)
+    f = F.gdp_residue_filter(mu=1.0)
+    state, accepted = f.spend(f.init(), pj.randomized_response(0.5))
+    assert got["accepted"] and bool(accepted)
+    assert got["state"] == [np.asarray(leaf).tolist() for leaf in state]
+    left = f.remaining(state)
+    assert got["left"] == [float(left["mu"]), float(left["delta"])]
+    nu = float(pj.gdp_mu(pj.randomized_response(0.5)))
+    assert np.sqrt(1.0 - nu * nu) * (1 - 1e-15) <= got["left"][0] < 1.0
+    assert got["left"][1] == pytest.approx(1e-10 - ROUNDOFF, rel=1e-15)
 
 
 # -- state that survives --------------------------------------------------------------------------

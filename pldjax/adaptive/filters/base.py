@@ -18,6 +18,10 @@ working on float64 / int64 values. This layer adds, once for all filters:
   rejecting a spend that fits by less than about 3e-8 relative. Pass costs as concrete values, or
   enable x64, to have them charged exactly. A query PLD whose arrays arrive in float32 is refused
   (ValueError): guarantees are never computed in 32 bits.
+* **One compiled program a spend.** On concrete values the host's part (init, the query checks,
+  packing, ``remaining``) runs in NumPy, not in eager jnp operations, each of which compiled a
+  program of its own in every new process; the spend is one program (per query structure and
+  static options), traced as before under a caller's jit or vmap.
 """
 
 from __future__ import annotations
@@ -74,41 +78,52 @@ def pld_cost(cost):
     return jnp.where(jnp.isnan(cost), jnp.inf, jnp.maximum(cost, 0.0))
 
 
-def _log_q_mass(probs, offset, step):
-    """log sum_i p_i e^{-z_i} (NaN-free for any finite masses; -inf when all are 0)."""
-    z = (jnp.asarray(offset) + jnp.arange(probs.shape[-1])) * step
+def _log_q_mass(probs, offset, step, xp=jnp):
+    """log sum_i p_i e^{-z_i} (NaN-free for any finite masses; -inf when all are 0), with the
+    array module ``xp`` (jax.numpy, or NumPy on the host)."""
+    z = (xp.asarray(offset) + xp.arange(probs.shape[-1])) * step
     positive = probs > 0
-    log_p = jnp.log(jnp.where(positive, probs, 1.0))
-    return logsumexp(jnp.where(positive, log_p - z, -jnp.inf))
+    log_p = xp.log(xp.where(positive, probs, 1.0))
+    terms = xp.where(positive, log_p - z, -np.inf)
+    if xp is jnp:
+        return logsumexp(terms)
+    top = np.max(terms, initial=-np.inf)  # as jax's logsumexp: shifted by the largest if finite
+    top = top if np.isfinite(top) else 0.0
+    return np.log(np.sum(np.exp(terms - top))) + top
 
 
+@np.errstate(all="ignore")  # on the host: NaN and inf are what the rules look for
 def pld_problems(query: PLD):
-    """(name, traced bool) pairs, True where the query PLD is degenerate, one per rule."""
+    """(name, bool) pairs, True where the query PLD is degenerate, one per rule: traced where the
+    query is, else computed on the host (NumPy: no compiled program)."""
+    xp = jnp if is_traced(query) else np
     rules = []
     for d in query.directions():
-        probs = jnp.asarray(d.probs)
-        inf_mass = jnp.asarray(d.inf_mass)
-        step = jnp.asarray(d.step)
-        total = jnp.sum(jnp.where(jnp.isfinite(probs), probs, 0.0)) + inf_mass
+        probs = xp.asarray(d.probs)
+        inf_mass = xp.asarray(d.inf_mass)
+        step = xp.asarray(d.step)
+        total = xp.sum(xp.where(xp.isfinite(probs), probs, 0.0)) + inf_mass
         rules += [
             ("a mass is NaN or infinite",
-             ~(jnp.all(jnp.isfinite(probs)) & jnp.isfinite(inf_mass))),
-            ("a mass is negative", jnp.any(probs < 0) | (inf_mass < 0)),
+             ~(xp.all(xp.isfinite(probs)) & xp.isfinite(inf_mass))),
+            ("a mass is negative", xp.any(probs < 0) | (inf_mass < 0)),
             (f"the total mass is not 1 (within {MASS_TOLERANCE})",
-             ~(jnp.abs(total - 1.0) <= MASS_TOLERANCE)),
-            ("the step is not finite and > 0", ~(jnp.isfinite(step) & (step > 0))),
+             ~(xp.abs(total - 1.0) <= MASS_TOLERANCE)),
+            ("the step is not finite and > 0", ~(xp.isfinite(step) & (step > 0))),
             # E_P[e^-L] is the mass of Q where P > 0: at most 1 for any pair of distributions
             (f"the losses imply a Q mass above 1 (sum of p e^-z > 1 + {MASS_TOLERANCE})",
-             ~(_log_q_mass(probs, d.offset, step) <= jnp.log1p(MASS_TOLERANCE))),
+             ~(_log_q_mass(probs, d.offset, step, xp) <= xp.log1p(MASS_TOLERANCE))),
         ]
     return rules
 
 
 def _cost_ok(query):
-    """True where every number of a native cost is >= 0 (inf allowed, NaN not)."""
-    ok = jnp.asarray(True)
+    """True where every number of a native cost is >= 0 (inf allowed, NaN not): traced where the
+    cost is, else on the host."""
+    xp = jnp if is_traced(query) else np
+    ok = xp.asarray(True)
     for leaf in jax.tree_util.tree_leaves(query):
-        ok = ok & jnp.all(leaf >= 0)  # False for NaN
+        ok = ok & xp.all(xp.asarray(leaf) >= 0)  # False for NaN
     return ok
 
 
@@ -132,7 +147,8 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
                              f"{query.batch_shape}; vmap spend over a batch of queries")
         for d in query.directions():
             for name in ("probs", "inf_mass", "step"):
-                dtype = jnp.asarray(getattr(d, name)).dtype
+                value = getattr(d, name)
+                dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
                 if dtype != jnp.float64:
                     raise ValueError(
                         f"{kind}: the query PLD's {name} arrived as {dtype}, not float64 (with "
@@ -140,9 +156,10 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
                         f"query inside the jitted function or enable jax_enable_x64")
         if not is_traced(query):
             for reason, bad in pld_problems(query):
-                # under a caller's jit a closed-over PLD's checks are traced: the spend refuses
-                # such a query itself (``guarded``), as it does a traced one
-                if not is_traced(bad) and bool(bad):
+                # under a caller's jit a closed-over PLD cannot raise (the checks of the jnp
+                # version were traced there): the spend refuses such a query itself
+                # (``guarded``), as it does a traced one
+                if bool(bad) and not _under_trace():
                     raise ValueError(f"{kind}: the query PLD is degenerate ({reason}); such a "
                                      f"query is never accepted")
         return query
@@ -155,7 +172,7 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
         if not all(_is_number(v) for v in query):
             raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers "
                              f">= 0), got {query!r}")
-        query = jnp.asarray(query)
+        query = jnp.asarray(query) if is_traced(query) else np.asarray(query)
     leaves = jax.tree_util.tree_leaves(query)
     if len(leaves) != 1 or leaves[0] is not query or not _is_number(query):
         raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers >= 0), "
@@ -179,6 +196,12 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
         raise ValueError(f"{kind}: a query cost must be a number >= 0 (inf is allowed and "
                          f"rejected), got {query!r}")
     return jax.tree_util.tree_map(_normal_or_zero, cost)
+
+
+def _under_trace() -> bool:
+    """Whether this call runs inside a trace (a caller's jit) that stages operations on concrete
+    values too: a placed value comes back traced there (no compiled program either way)."""
+    return is_traced(jax.device_put(np.bool_(False)))
 
 
 def _normal_or_zero(cost):
@@ -236,10 +259,17 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
     @float64
     def read(state):
         # numbers leave as NumPy float64; a PLD (the natural filter's composition) keeps its
-        # JAX float64 arrays, which pass a caller's jit unchanged whatever the x64 flag
-        return jax.tree_util.tree_map(
-            lambda x: x if isinstance(x, PLD) else host_result(x), remaining(unpack(state, like)),
-            is_leaf=lambda x: isinstance(x, PLD))
+        # JAX float64 arrays, which pass a caller's jit unchanged whatever the x64 flag. A
+        # concrete state is read on the host (NumPy: no compiled program).
+        host = not is_traced(state) and not _under_trace()
+
+        def leave(x):
+            if isinstance(x, PLD):  # read on the host: its NumPy arrays placed on the device
+                return jax.tree_util.tree_map(jax.device_put, x) if host else x
+            return host_result(x)
+
+        return jax.tree_util.tree_map(leave, remaining(unpack(state, like, host=host)),
+                                      is_leaf=lambda x: isinstance(x, PLD))
 
     return Filter(packed_init, spend, read, guarantee, kind, params)
 

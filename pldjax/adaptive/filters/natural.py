@@ -71,7 +71,13 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     if not isinstance(budget, PLD) or budget.batch_shape:
         raise ValueError("natural: budget must be one (unbatched) PLD")
     check_range("delta_slack", delta_slack, 0.0, 1.0)
-    b_probs, b_inf, b_off, b_step = (np.asarray(a) for a in budget.stack_directions())
+    # the budget's directions stacked on the host (NumPy: no compiled program)
+    directions = budget.directions()
+    width = max(d.size for d in directions)
+    b_probs = np.stack([np.pad(np.asarray(d.probs), (0, width - d.size)) for d in directions])
+    b_inf, b_off, b_step = (np.stack([np.asarray(getattr(d, name), dtype) for d in directions])
+                            for name, dtype in (("inf_mass", np.float64), ("offset", np.int64),
+                                                ("step", np.float64)))
     if len(b_probs) == 1:
         b_probs, b_inf, b_off, b_step = (np.concatenate([a, a]) for a in (b_probs, b_inf, b_off,
                                                                           b_step))
@@ -86,12 +92,13 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     if size is None:
         size = next_pow2(int(np.max(high - low)) + 2)
     size = check_size("size", size, minimum=2, maximum=MAX_SIZE)
-    window = jnp.asarray(low)
-    budget_arrays = tuple(jnp.asarray(a) for a in (b_probs, b_inf, b_off, b_step))
+    window = jax.device_put(low)
+    budget_arrays = tuple(jax.device_put(a) for a in (b_probs, b_inf, b_off, b_step))
 
     def init():
-        identity = jnp.zeros((2, size)).at[jnp.arange(2), jnp.clip(-low, 0, size - 1)].set(1.0)
-        return NaturalState(identity, jnp.zeros((2,)))
+        identity = np.zeros((2, size))
+        identity[np.arange(2), np.clip(-low, 0, size - 1)] = 1.0
+        return NaturalState(identity, np.zeros((2,)))
 
     def prepare(state, query):
         if isinstance(query, PLD) and not is_traced(query.step):
@@ -128,8 +135,10 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
 
     def remaining(state):
         """The composition so far (a pessimistic PLD); compare it with the budget."""
-        forward = PLD(state.probs[0], state.inf_mass[0], window[0], jnp.asarray(step), True)
-        back = PLD(state.probs[1], state.inf_mass[1], window[1], jnp.asarray(step), True)
+        # placed, not jnp.asarray (a program of its own on the host; traced alike under jit)
+        on_step = jax.device_put(np.float64(step))
+        forward = PLD(state.probs[0], state.inf_mass[0], jax.device_put(low[0]), on_step, True)
+        back = PLD(state.probs[1], state.inf_mass[1], jax.device_put(low[1]), on_step, True)
         return PLD.from_directions(forward, back)
 
     return make_filter("natural", {"step": step, "size": size, "delta_slack": float(delta_slack)},
@@ -229,7 +238,7 @@ def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter
     eps_out, delta_out = additive_guarantee(epsilon, delta, n)
 
     def init():
-        return AdditiveState(jnp.zeros((n,)), jnp.zeros((), jnp.int64))
+        return AdditiveState(np.zeros((n,)), np.zeros((), np.int64))
 
     def core(state, query):
         if isinstance(query, PLD):

@@ -59,7 +59,7 @@ def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
     check_range("delta", delta, 0.0, 1.0)
 
     def init():
-        return PureDPState(jnp.zeros(()), jnp.zeros(()))
+        return PureDPState(np.zeros(()), np.zeros(()))
 
     def core(state, query):
         if isinstance(query, PLD):
@@ -109,7 +109,7 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     budget = square_down(mu)  # the spent nu^2 are summed rounded up
 
     def init():
-        return GDPState(jnp.zeros(()), jnp.zeros(()))
+        return GDPState(np.zeros(()), np.zeros(()))
 
     def core(state, query):
         if isinstance(query, PLD):
@@ -122,7 +122,8 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
         return keep_if(accepted, new, state), accepted
 
     def remaining(state):
-        return {"mu": jnp.sqrt(jnp.maximum(budget - state.mu_squared_spent, 0.0)),
+        xp = jnp if is_traced(state) else np  # a concrete state is read on the host
+        return {"mu": xp.sqrt(xp.maximum(budget - state.mu_squared_spent, 0.0)),
                 "delta": delta - state.delta_spent}
 
     return make_filter("gdp", {"mu": float(mu), "delta": float(delta)},
@@ -153,7 +154,7 @@ def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_
     steps = check_count("steps", steps, minimum=1)
 
     def init():
-        return ResidueState(jnp.asarray(mu, jnp.float64), jnp.asarray(delta, jnp.float64))
+        return ResidueState(np.asarray(mu, np.float64), np.asarray(delta, np.float64))
 
     def prepare(state, query):
         if not isinstance(query, PLD):
@@ -213,7 +214,7 @@ def renyi_filter(orders, budget) -> Filter:
     check_range("budget", budget, 0.0)
 
     def init():
-        return RenyiState(jnp.zeros(orders.shape))
+        return RenyiState(np.zeros(orders.shape))
 
     def core(state, query):
         if isinstance(query, PLD):

@@ -74,7 +74,7 @@ def _zcdp_filter(rho_budget, delta_budget, native, guarantee, kind, params,
     ``remaining(state)`` replaces the default reading (rho and delta left)."""
 
     def init():
-        return ZCDPState(jnp.zeros(()), jnp.zeros(()))
+        return ZCDPState(np.zeros(()), np.zeros(()))
 
     def core(state, query):
         rho, delta = zcdp_cost(query, kind) if isinstance(query, PLD) else native(query)
