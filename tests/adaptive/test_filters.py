@@ -553,6 +553,22 @@ def test_degenerate_query_plds_raise_on_the_host(name):
             pytest.fail(case)
 
 
+def test_query_checks_agree_on_the_host_and_in_the_spend():
+    """The checks of a concrete query run in NumPy on the host, those in the spend traced: they
+    flag the same rules for degenerate and valid queries alike."""
+    from pldjax.adaptive.filters.base import pld_problems
+
+    def traced(query):
+        return jnp.stack([bad for _, bad in pld_problems(query)])
+
+    degenerate = [make() for make, _ in DEGENERATE.values()]
+    valid = [pj.randomized_response(0.5), pj.gaussian(1.0, sampling_prob=0.1)]
+    for i, query in enumerate(degenerate + valid):
+        on_host = [bool(bad) for _, bad in pld_problems(query)]
+        assert on_host == np.asarray(jax.jit(traced)(query)).tolist()
+        assert any(on_host) == (i < len(degenerate))
+
+
 @pytest.mark.parametrize("name", ["pure_dp", "renyi", "gdp"])
 def test_degenerate_query_plds_are_rejected_under_jit_and_vmap(name):
     f = ALL_FILTERS[name]()
