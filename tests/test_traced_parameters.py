@@ -66,6 +66,12 @@ CASES = {
     "randomized_response_epsilon": (
         lambda x, p: pj.randomized_response(x, 1e-7, grid=GRID, pessimistic=p),
         0.5, [NAN, -1.0, INF], outside(0.0)),
+    "approx_dp_composition_epsilon": (
+        lambda x, p: pj.approx_dp_composition(x, 1e-7, 3),
+        0.5, [NAN, -1.0, INF], outside(0.0)),
+    "approx_dp_composition_delta": (
+        lambda x, p: pj.approx_dp_composition(1.0, x, 3),
+        1e-7, [NAN, -0.1, 1.5], outside(0.0, 1.0)),
     "randomized_response_delta": (
         lambda x, p: pj.randomized_response(1.0, x, grid=GRID, pessimistic=p),
         1e-7, [NAN, -0.1, 1.5], outside(0.0, 1.0)),
@@ -181,6 +187,8 @@ def test_a_batch_of_parameters_in_one_record_is_judged_element_by_element():
     pytest.param(lambda q: pj.privacy_loss(pj.noise.Gaussian(1.0),
                                            pj.sampling.TruncatedPoisson(q, 1000, 20), grid=GRID),
                  id="truncated_poisson"),
+    pytest.param(lambda e: pj.approx_dp_composition(e, 1e-7, 3, grid=pj.Grid(step=0.1)),
+                 id="approx_dp_composition_on_a_grid"),
 ])
 def test_constructors_that_need_concrete_parameters_refuse_tracers(build):
     with pytest.raises(ValueError, match="concrete"):

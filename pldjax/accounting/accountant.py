@@ -387,14 +387,42 @@ def load(path, capacity: int = CAPACITY, *, event: Event | None = None) -> Accou
     if not _is_dpsgd(fresh):
         params["event"] = str(_structure(fresh))
     try:
-        return io.load(path, fresh, kind="accountant", params=params)
+        state = io.load(path, fresh, kind="accountant", params=params)
     except ValueError:
         if not _is_dpsgd(fresh):
             raise
-    old = pack(_Legacy(jnp.ones(capacity), jnp.zeros(capacity), jnp.zeros(capacity, jnp.int64),
-                       jnp.zeros((), jnp.int64), jnp.zeros((), bool)))
-    legacy = io.load(path, old, kind="accountant", params={"capacity": capacity})
-    return _from_legacy(legacy)
+        old = pack(_Legacy(jnp.ones(capacity), jnp.zeros(capacity),
+                           jnp.zeros(capacity, jnp.int64), jnp.zeros((), jnp.int64),
+                           jnp.zeros((), bool)))
+        state = _from_legacy(io.load(path, old, kind="accountant", params={"capacity": capacity}))
+    problem = _state_problem(state)
+    if problem is not None:
+        raise ValueError(f"{path}: no sequence of steps reaches this accountant state "
+                         f"({problem}); the file is damaged")
+    return state
+
+
+@float64
+def _state_problem(state: AccountantState) -> str | None:
+    """What no sequence of :func:`step` calls leaves in a state (a damaged or edited file), or
+    None: segments in use outside [0, capacity], negative step counts, steps in unused slots, or
+    a recorded event whose parameters are out of their ranges."""
+    plain = unpack(state, jax.eval_shape(lambda: _unpacked(state)), host=True)
+    count, capacity = int(plain.count), _capacity(state)
+    if not 0 <= count <= capacity:
+        return f"{count} segments in use, outside [0, {capacity}]"
+    steps = np.asarray(plain.steps)
+    if np.any(steps < 0):
+        return f"a negative step count {int(np.min(steps))}"
+    if np.any(steps[count:] != 0):
+        return f"steps recorded beyond the {count} segments in use"
+    if bool(plain.overflow):  # readings raise, and say why
+        return None
+    try:
+        events(state)
+    except ValueError as error:
+        return f"a recorded event is invalid: {error}"
+    return None
 
 
 @float64

@@ -173,10 +173,11 @@ def save_filter_state(path, filter_, state) -> None:
 
 
 def load_filter_state(path, filter_):
-    """Restore a state saved by :func:`save_filter_state` for this very filter. A state that no
-    sequence of spends reaches (a damaged or edited file) is a ValueError: one whose remaining
-    budget is NaN, negative or above a fresh filter's (a PLD budget's masses NaN or negative)."""
-    state = load(path, filter_.init(), kind=filter_.kind, params=filter_.params)
+    """Restore a state saved by :func:`save_filter_state` for this very filter, batched (by
+    vmap) or not. A state that no sequence of spends reaches (a damaged or edited file) is a
+    ValueError: one whose remaining budget is NaN, negative or above a fresh filter's (a PLD
+    budget's masses NaN or negative), in any batch element."""
+    state = load(path, filter_.init(), kind=filter_.kind, params=filter_.params, batched=True)
     left, fresh = filter_.remaining(state), filter_.remaining(filter_.init())
     if isinstance(left, PLD):
         pairs = [(np.asarray(a, np.float64), None) for direction in left.directions()

@@ -17,7 +17,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.special import binomial_pmf
-from pldjax.core.validation import check_count, check_range
+from pldjax.core.validation import check_count, check_range, is_traced, within
 from pldjax.kernels.discretize import masses_from_curve
 from pldjax.mechanisms import sampling as sampling_lib
 from pldjax.mechanisms.events import privacy_loss
@@ -260,6 +260,10 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     if count > max_count:
         raise ValueError(f"count must be an integer in [1, {max_count}] (a memory guard: the "
                          f"lattice has 2 count + 1 points), got {count}")
+    if grid is not None and is_traced(epsilon):
+        raise ValueError("approx_dp_composition(grid=...) places its losses on the grid from a "
+                         "concrete epsilon; under jit or vmap leave grid None (the lattice of "
+                         "step epsilon)")
     step = 1.0 if grid is None or grid.step is None else float(grid.step)
     if grid is not None and 2 * count * float(epsilon) / step + 1 > grid_lib.MAX_SIZE:
         raise ValueError(f"grid.step = {step} is too fine for count = {count} and epsilon = "
@@ -273,6 +277,15 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     masses = jnp.exp(log_keep) * binomial_pmf(jnp.arange(count + 1.0), count,
                                               jax.nn.sigmoid(-eps), jax.nn.sigmoid(eps))[::-1]
     inf_mass = -jnp.expm1(log_keep)
+    if is_traced((epsilon, delta)):
+        # the lattice of step epsilon, or at epsilon = 0 every mass at loss 0 (on step 1); an
+        # invalid epsilon or delta claims nothing (see pldjax.core.validation)
+        spread = jnp.zeros(2 * count + 1).at[::2].set(masses)
+        at_zero = jnp.zeros(2 * count + 1).at[count].set(jnp.sum(masses))
+        positive = eps > 0
+        pld = PLD(jnp.where(positive, spread, at_zero), inf_mass,
+                  jnp.asarray(-count, jnp.int64), jnp.where(positive, eps, 1.0), True)
+        return pld.where_valid(within(epsilon, 0.0) & within(delta, 0.0, 1.0))
     if grid is None and epsilon > 0:
         probs = jnp.zeros(2 * count + 1).at[::2].set(masses)
         return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), eps, True)

@@ -227,3 +227,34 @@ def test_event_accountant_state_is_the_same_with_x64_on_and_off(x64_off, tmp_pat
     for state in (off, restored):
         for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(state), strict=True):
             assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (dict(count=5), "5 segments in use, outside"),
+    (dict(count=-1), "-1 segments"),
+    (dict(steps=[-3, 50, 0, 0]), "negative step count"),
+    (dict(steps=[100, 50, 0, 7]), "beyond the 2 segments"),
+    (dict(sigma=[1.0, -1.0, 1.0, 1.0]), "invalid: sigma must lie"),
+    (dict(q=[1.5, 0.02, 0.0, 0.0]), "invalid: sampling_prob"),
+    (dict(sigma=[np.nan, 2.0, 1.0, 1.0]), "invalid: sigma"),
+])
+def test_loading_refuses_a_state_no_steps_reach(tmp_path, edit, match):
+    """A damaged or edited file (a negative noise multiplier, a probability above 1, counts
+    that no step writes) is refused by name when loaded, not read as a privacy guarantee."""
+    from pldjax.core.precision import pack
+
+    A = pj.accountant
+    state = A.step(A.step(A.init(capacity=4), 1.0, 0.01, 100), 2.0, 0.02, 50)
+    plain = {**dict(sigma=[1.0, 2.0, 1.0, 1.0], q=[0.01, 0.02, 0.0, 0.0], steps=[100, 50, 0, 0],
+                    count=2), **edit}
+    with jax.enable_x64(True):
+        edited = pack(A.AccountantState(
+            (jnp.asarray(plain["sigma"]), jnp.ones(4), jnp.asarray(plain["q"])),
+            jnp.asarray(plain["steps"], jnp.int64), jnp.asarray(plain["count"], jnp.int64),
+            jnp.asarray(False), state.structure))
+    path = tmp_path / "acct.json"
+    A.save(path, edited)
+    with pytest.raises(ValueError, match=f"acct.json: no sequence of steps .*{match}"):
+        A.load(path, capacity=4)
+    A.save(path, state)  # the state as recorded still loads
+    assert A.segments(A.load(path, capacity=4)) == [(1.0, 0.01, 100), (2.0, 0.02, 50)]

@@ -436,6 +436,35 @@ def test_restore_refuses_a_budget_no_spend_reaches(tmp_path, mu, delta_left):
     pj.io.load_filter_state(path, f)
 
 
+@pytest.mark.parametrize("make", [lambda: F.pure_dp_filter(1.0), lambda: F.gdp_residue_filter(1.0),
+                                  lambda: F.renyi_filter([2.0, 4.0], [1.0, 2.0])])
+def test_batched_filter_states_restore_exactly(tmp_path, make):
+    """A vmapped filter's state (one budget per batch element) saves and loads; an element
+    edited past a fresh filter's budget is refused."""
+    f = make()
+    state = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3, *x.shape)), f.init())
+    state, accepted = jax.vmap(f.spend)(state, jnp.asarray([0.1, 0.2, 5.0]))
+    assert np.array_equal(accepted, [True, True, False])
+    path = tmp_path / "state.npz"
+    pj.io.save_filter_state(path, f, state)
+    restored = pj.io.load_filter_state(path, f)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, restored, state))
+    fresh = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3, *x.shape)),
+                                   make().init())
+    edited = jax.tree_util.tree_map(lambda a, b: a.at[1].set(b[1]), state, fresh)
+    pj.io.save_filter_state(path, f, edited)  # element 1 given back its budget: reachable
+    pj.io.load_filter_state(path, f)
+    if f.kind == "pure_dp":  # element 2 edited to a negative spend: more than a fresh budget
+        from pldjax.core.precision import pack
+
+        with jax.enable_x64(True):
+            negative = pack(jnp.float64(-0.5))
+        pj.io.save_filter_state(path, f, state._replace(
+            epsilon_spent=state.epsilon_spent.at[2].set(negative)))
+        with pytest.raises(ValueError, match="no spend reaches"):
+            pj.io.load_filter_state(path, f)
+
+
 @pytest.mark.parametrize("suffix, damage", [
     (".npz", lambda path: path.write_bytes(path.read_bytes()[:40])),
     (".json", lambda path: path.write_text("[1, 2]")),
@@ -659,17 +688,20 @@ def test_complex_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
         assert not bool(accepted) and _same(state, f.init())
 
 
-def test_a_complex_sensitivity_is_rejected_by_the_residue_table():
+def test_a_sensitivity_outside_zero_to_one_is_rejected_by_the_residue_table():
     """table_spend compared a complex sensitivity 0.5j by its real part (0) and charged it a cost
-    for c = 0.25."""
+    for c = 0.25, and read c = -0.5 as the node c = 0 (free)."""
     from pldjax.adaptive.filters.residue import gdp_residue_table, table_spend
 
     with jax.enable_x64(True):
         table = gdp_residue_table(1.0, 0.01, 2.0, mu_nodes=4, c_nodes=5)
-        mu, left = jnp.asarray([1.0, 1.0]), jnp.asarray([1e-6, 1e-6])
-        new_mu, new_left, accepted = table_spend(table, mu, left, jnp.asarray([0.5j, 0.5 + 0j]))
-    assert not np.any(np.asarray(accepted))
-    assert np.array_equal(new_mu, mu) and np.array_equal(new_left, left)
+        mu, left = jnp.ones(4), jnp.full(4, 1e-6)
+        for bad in ([0.5j, 0.5 + 0j, 1j, -1j], [-0.5, -1e-300, np.nan, 1.5]):
+            new_mu, new_left, accepted = table_spend(table, mu, left, jnp.asarray(bad))
+            assert not np.any(np.asarray(accepted)), bad
+            assert np.array_equal(new_mu, mu) and np.array_equal(new_left, left)
+        _, _, accepted = table_spend(table, mu, left, jnp.asarray([0.0, 0.25, 0.5, 1.0]))
+    assert np.all(np.asarray(accepted))
 
 
 def test_an_infinite_cost_is_valid_and_rejected():

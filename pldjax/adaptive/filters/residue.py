@@ -310,9 +310,9 @@ def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: flo
 
 
 def table_spend(table: ResidueTable, mu, delta_left, c):
-    """One step of sensitivity ``c`` (in [0, 1]) charged against budgets ``mu`` (with
-    ``delta_left``), by table lookup: (new mu, new delta_left, accepted), elementwise; rejected
-    entries keep their budgets. mu is rounded down and c up to table nodes (sound: see
+    """One step of sensitivity ``c`` (in [0, 1]; anything else is rejected) charged against
+    budgets ``mu`` (with ``delta_left``), by table lookup: (new mu, new delta_left, accepted),
+    elementwise; rejected entries keep their budgets. mu is rounded down and c up to table nodes (sound: see
     :func:`gdp_residue_table`); mu' = sqrt(mu^2 - cost^2) is rounded down and delta_left is
     charged ``table.delta`` (rounded down). Pure jnp: vmaps, jits, and runs at >= 1e7 lookups/s
     on a CPU (bench/gdp_residue.py)."""
@@ -326,7 +326,8 @@ def table_spend(table: ResidueTable, mu, delta_left, c):
     cost = jnp.where(inside, table.cost[jnp.maximum(j, 0), jnp.minimum(k, table.c_nodes.shape[0] - 1)],
                      jnp.inf)
     charge = table.delta[jnp.minimum(k, table.c_nodes.shape[0] - 1)]
-    accepted = inside & (cost <= mu) & (charge <= delta_left)
+    # a negative sensitivity (or NaN) is no sensitivity: rejected, never read as the node c = 0
+    accepted = inside & (c >= 0) & (cost <= mu) & (charge <= delta_left)
     spent = accepted & (cost > 0)  # a free step (c = 0) leaves mu exactly as it is
     new_mu = jnp.where(spent, root_of_difference_down(mu, jnp.where(spent, cost, 0.0)), mu)
     new_delta = jnp.where(accepted, -add_up(-delta_left, charge), delta_left)
