@@ -27,7 +27,6 @@ import importlib
 #: * compose: ``PMFSummary``, ``window_widths``, ``wrap_rows``, ``chernoff_exponents``,
 #:   ``_spectrum``, ``_powered``, ``settle``, ``fft_roundoff`` (bench/tools/profile_dpsgd.py)
 #: * profile: ``epsilon_kernel`` (bench/tools/profile_dpsgd.py)
-#: * grid: ``fft_size`` (bench/tools/profile_dpsgd.py)
 #: * discretize: ``MECHANISM_KERNELS`` (bench/tools/profile_sweep.py)
 PATHS = {
     "calibrate": "pldjax.accounting.calibration",

@@ -88,7 +88,7 @@ def stages(rtol=None):
     tail = float(planner_lib.composition_tail(target, "epsilon")[0])
     windows = jax.jit(functools.partial(engine_lib._placement_rows, evaluate="epsilon"))
     widths = compose_lib.window_widths(summary, offset, count, lo, hi, "steps")
-    size = grid_lib.fft_size(int(np.max(widths)))
+    size = engine_lib.composition_size(int(np.max(widths)))
 
     def wrap():
         return compose_lib.wrap_rows(np, np.asarray(probs), size)

@@ -78,10 +78,10 @@ COMPOSE_ELEMENTS = 2**23
 #: :func:`_rows_per_call`).
 CPU_CALL_ELEMENTS = 2**18
 #: Windows of up to this many points are composed at a power of two, larger ones at
-#: grid.fft_size (four sizes an octave), except on one accelerator (powers of two throughout): a
-#: composition shape takes about a second to compile on a CPU whatever its size, and padding a
-#: small window costs little. bench/dpsgd.py's 1,024 configurations at rtol=1e-2 compiled 35
-#: shapes in a 79 s first call, now 18 in 46 s, equally fast warm (2 cores).
+#: grid.half_octave_size (two sizes an octave), except on one accelerator (powers of two
+#: throughout): a composition shape takes seconds to compile on a CPU whatever its size, and
+#: padding a small window costs little. bench/dpsgd.py's 256 random configurations compose at 11
+#: sizes (21 at four sizes an octave), warm 5% slower.
 SMALL_WINDOW = 8192
 #: The most rows of any composition call: the evaluation holds a few 128 x 128 matrices a row
 #: whatever the window (about 0.4 MB a row at its peak), so tiny windows must not fill a call
@@ -315,8 +315,9 @@ class _Compositions:
                 blocks[0] = (probs[k:], [column[k:] for column in scalars], values, indices[k:])
             else:
                 blocks.pop(0)
-        # a power of two of rows, padded with repeats (few compiled shapes)
-        batch = min(most, max(2, grid_lib.next_pow2(len(sinks))))
+        # two rows (a single configuration's directions), or a full call padded with repeats:
+        # two compiled shapes per window size at most
+        batch = min(most, 2) if len(sinks) <= 2 else most
         batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
         if batch > len(sinks):
             repeat = batch - len(sinks)
@@ -335,7 +336,7 @@ class _Compositions:
 
 def composition_size(width: int) -> int:
     """Points of the composition window that holds ``width`` points (see SMALL_WINDOW)."""
-    return grid_lib.next_pow2(width) if width <= SMALL_WINDOW else grid_lib.fft_size(width)
+    return grid_lib.next_pow2(width) if width <= SMALL_WINDOW else grid_lib.half_octave_size(width)
 
 
 def _rows_per_call(size: int, devices: int) -> int:
@@ -383,14 +384,16 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`)."""
     devices = 1 if sharding is None else len(jax.devices())
     on_device = _keeps_chunks_on_device()
-    # few distinct batch shapes, so few compiled kernels: 1, 2, 4, 8, then multiples of 8
-    # (padded with repeats, at most 7 rows of waste); powers of two on an accelerator
-    wanted = (grid_lib.next_pow2(len(order)) if len(order) <= 8 or on_device
-              else -(-len(order) // 8) * 8)
     configs, elements = ((ACCELERATOR_CHUNK, ACCELERATOR_CHUNK_ELEMENTS) if on_device
                          else (CHUNK, CHUNK_ELEMENTS))
     chunk = min(configs, max(1, elements // mechanism_size)) * devices
-    chunk = min(chunk, wanted)
+    # few distinct batch shapes, so few compiled kernels: on a CPU one configuration alone, or
+    # full chunks padded with repeats (a discretization costs milliseconds, a new shape seconds
+    # to compile); on an accelerator, whose chunks are large, powers of two
+    if on_device:
+        chunk = min(chunk, grid_lib.next_pow2(len(order)))
+    elif len(order) == 1:
+        chunk = 1
     # at least two rows a discretization (a configuration of one direction alone is repeated):
     # XLA compiles a batch of one row with other reductions than a batch of several, so a single
     # call's masses were an ulp away from the same configuration's in a batch, its epsilon 1e-12

@@ -90,16 +90,13 @@ def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def fft_size(n: int) -> int:
-    """The smallest size >= n (and >= 1) of the form m 2^k with m in {4, 5, 6, 7}: FFTs of these
-    sizes cost about the same per point as powers of two (XLA's CPU FFT factors 3, 5 and 7), and
-    a window rounded up to one wastes at most 25% of its points (a power of two: up to 100%);
-    four sizes per octave keep the number of compiled shapes small. Up to 8: the power of two."""
-    n = max(int(n), 1)
-    if n <= 8:
-        return next_pow2(n)
-    shift = (n - 1).bit_length() - 3  # 4 * 2^shift < n <= 8 * 2^shift
-    return min(m << shift for m in (5, 6, 7, 8) if m << shift >= n)
+def half_octave_size(n: int) -> int:
+    """The smallest size >= n (and >= 1) of the form 2^k or 3 * 2^k: two sizes an octave, so a
+    window rounded up to one has at most 1.5 times its points (at a power of two: up to twice);
+    an FFT of 3 * 2^k points
+    costs about the same per point as one of a power of two (XLA's CPU FFT factors 3)."""
+    power = next_pow2(n)
+    return 3 * power // 4 if power >= 4 and n <= 3 * power // 4 else power
 
 
 def fine_step(spread):

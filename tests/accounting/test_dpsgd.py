@@ -553,28 +553,31 @@ def test_repeated_configurations_match_single_calls():
     np.testing.assert_allclose(got, singles, rtol=1e-9)
 
 
-def test_fft_sizes_waste_at_most_a_quarter():
-    from pldjax.core.grid import fft_size
+def test_half_octave_sizes_add_at_most_half_the_points():
+    from pldjax.core.grid import half_octave_size
 
     n = np.arange(1, 5000)
-    sizes = np.array([fft_size(int(k)) for k in n])
-    assert np.all(sizes >= n) and np.all(sizes[8:] <= 1.25 * n[8:] + 1)
-    odd = sizes // (sizes & -sizes)  # the odd factor: 1, 3, 5 or 7 (fast FFT sizes)
-    assert set(np.unique(odd)) <= {1, 3, 5, 7} and np.all(sizes[8:] % 2 == 0)
+    sizes = np.array([half_octave_size(int(k)) for k in n])
+    assert np.all(sizes >= n) and np.all(sizes <= 1.5 * n)
+    odd = sizes // (sizes & -sizes)  # the odd factor: 1 or 3 (fast FFT sizes)
+    assert set(np.unique(odd)) == {1, 3}
+    # two sizes an octave
+    assert len(np.unique(sizes[(n > 1024) & (n <= 2048)])) == 2
 
 
-def test_small_composition_windows_are_powers_of_two():
-    """Few compiled shapes where padding is cheap: powers of two up to SMALL_WINDOW points, the
-    FFT sizes of grid.fft_size above."""
+def test_composition_windows_come_from_a_short_ladder():
+    """Few compiled shapes: powers of two up to SMALL_WINDOW points (where padding is cheap),
+    two sizes an octave above."""
     from pldjax.accounting.engine import SMALL_WINDOW, composition_size
-    from pldjax.core.grid import fft_size
+    from pldjax.core.grid import half_octave_size
 
     widths = np.arange(1, 4 * SMALL_WINDOW)
     sizes = np.array([composition_size(int(w)) for w in widths])
     small = widths <= SMALL_WINDOW
     assert np.all(sizes >= widths) and np.all(sizes[small] & (sizes[small] - 1) == 0)
     assert len(np.unique(sizes[small])) == int(np.log2(SMALL_WINDOW)) + 1
-    np.testing.assert_array_equal(sizes[~small], [fft_size(int(w)) for w in widths[~small]])
+    np.testing.assert_array_equal(sizes[~small], [half_octave_size(int(w)) for w in widths[~small]])
+    assert len(np.unique(sizes[~small])) == 4  # two octaves above SMALL_WINDOW
 
 
 # -- any event ------------------------------------------------------------------------------------
