@@ -38,7 +38,6 @@ PATHS = {
     "mechanisms": "pldjax.mechanisms.events",
     "compose": "pldjax.kernels.compose",
     "profile": "pldjax.kernels.hockey_stick",
-    "grid": "pldjax.core.grid",
     "discretize": "pldjax.kernels.discretize",
 }
 

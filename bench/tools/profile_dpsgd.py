@@ -50,7 +50,6 @@ from bench import harness, internals
 compose_lib = internals.compose
 engine_lib = internals.engine
 planner_lib = internals.planner
-grid_lib = internals.grid
 mechanisms_lib = internals.mechanisms
 profile_lib = internals.profile
 
