@@ -10,6 +10,9 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 # the CLI turns on its own persistent cache; tests must not write into the home directory
 os.environ.setdefault("PLDJAX_COMPILATION_CACHE", "0")
+# first calls compile for seconds: their notices on stderr would reach the tests that read it
+# (tests/core/test_notice.py turns them back on)
+os.environ.setdefault("PLDJAX_QUIET", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -30,6 +30,7 @@ import numpy as np
 
 from pldjax.accounting.dpsgd import dpsgd_event
 from pldjax.accounting.engine import event_epsilon
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
 from pldjax.mechanisms.events import Event
@@ -191,6 +192,7 @@ def _search(epsilons: Callable, target, low: float, high: float, *, increasing: 
     return good[()] if good.ndim == 0 else good
 
 
+@announces_slow_calls("pldjax.calibrate_event")
 @float64
 def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, delta, *, low: float,
               high: float, increasing: bool, steps=1, rtol: float = RTOL) -> np.ndarray:
@@ -236,6 +238,7 @@ def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, d
                    alone=alone)
 
 
+@announces_slow_calls("pldjax.calibrate_noise_multiplier")
 @float64
 def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
                                neighboring: str = "add_remove", sigma_min: float = 0.05,
@@ -267,6 +270,7 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
                        delta.reshape(-1)[i]))
 
 
+@announces_slow_calls("pldjax.calibrate_steps")
 @float64
 def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=None, *,
                     event: Event | None = None, neighboring: str = "add_remove",
@@ -340,6 +344,7 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
     return low[()] if low.ndim == 0 else low
 
 
+@announces_slow_calls("pldjax.calibrate_sampling_prob")
 @float64
 def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
                             neighboring: str = "add_remove", q_min: float = 1e-8,

@@ -47,6 +47,7 @@ from pldjax.accounting.planner import (
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import MappingGuard, exported_jit
 from pldjax.core.grid import Grid
+from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range, is_traced
 from pldjax.kernels.compose import (
@@ -412,7 +413,17 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
 
 def account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
              rtol=None, function=None):
+    """The values of :func:`event_epsilon` (``evaluate="epsilon"``) or :func:`event_delta`, for
+    ``function`` (the public function called, named in errors and in a slow first call's
+    notice, :mod:`pldjax.core.notice`)."""
     function = function or f"event_{evaluate}"
+    with slow_call_notice(f"pldjax.{function}"):
+        return _account(event, steps, target, target_name, pessimistic=pessimistic, grid=grid,
+                        evaluate=evaluate, progress=progress, rtol=rtol, function=function)
+
+
+def _account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
+             rtol, function):
     if not isinstance(event, Event):
         raise ValueError(f"event must be a pldjax.Event, got {event!r}")
     if is_traced((event, steps, target)):

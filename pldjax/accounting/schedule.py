@@ -22,6 +22,7 @@ from pldjax.accounting.planner import (
     spends,
 )
 from pldjax.core.grid import Grid
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
@@ -34,6 +35,7 @@ from pldjax.mechanisms.named import identity
 from pldjax.mechanisms.neighboring import Neighboring
 
 
+@announces_slow_calls("pldjax.compose_schedule")
 @float64
 def compose_schedule(
     segments: Sequence[tuple[float, float, int] | tuple[Event, int]],

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core.compilation import glue_module
+from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
 
 
@@ -253,7 +254,8 @@ class PLD:
         """The ``count``-fold composition with itself in one FFT power (cost independent of count)."""
         from pldjax.kernels.compose import self_compose
 
-        return self_compose(self, count, size=size)
+        with slow_call_notice("pldjax.PLD.self_compose"):
+            return self_compose(self, count, size=size)
 
 
 def swap(pld: PLD) -> PLD:

@@ -70,6 +70,7 @@ from scipy import special
 
 from pldjax.accounting.schedule import compose_schedule
 from pldjax.core.namespace import public_dir
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
@@ -449,6 +450,7 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         except CompositionTooWide:
             return None
 
+    @announces_slow_calls("pldjax.dp_accounting.PLDAccountant.get_epsilon")
     def get_epsilon(self, target_delta: float) -> float:
         """An upper bound on epsilon at ``target_delta`` in [0, 1] (inf after a non-private
         event, or where the PLD's atom at +inf exceeds ``target_delta``). Below
@@ -464,6 +466,7 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
             eps = min(eps, chernoff.epsilon(self._single_steps(), target_delta))
         return eps
 
+    @announces_slow_calls("pldjax.dp_accounting.PLDAccountant.get_delta")
     def get_delta(self, target_epsilon: float) -> float:
         """An upper bound on delta at ``target_epsilon`` >= 0 (inf allowed: the atom at +inf);
         1 after a non-private event. Below ``chernoff.RESOLVED_DELTA``, or where no grid holds the

@@ -33,6 +33,7 @@ from opacus.accountants.registry import _ACCOUNTANTS, register_accountant
 
 from pldjax.accounting.schedule import compose_schedule
 from pldjax.core.namespace import public_dir
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.validation import check_count, check_range
 from pldjax.kernels import chernoff
@@ -102,6 +103,7 @@ class PLDAccountant(IAccountant):
         except CompositionTooWide:
             return _TOO_WIDE
 
+    @announces_slow_calls("pldjax.opacus.PLDAccountant.get_epsilon")
     def get_epsilon(self, delta: float, **kwargs) -> float:
         """An upper bound on epsilon at ``delta`` in [0, 1] for the steps taken so far (0 before the
         first step, inf after a step without noise). Extra keyword arguments (Opacus passes
@@ -133,6 +135,7 @@ class PLDAccountant(IAccountant):
             eps, _ = opacus_rdp.get_privacy_spent(orders=_ORDERS, rdp=rdp, delta=delta)
         return float(eps) if eps == eps else math.inf  # never NaN
 
+    @announces_slow_calls("pldjax.opacus.PLDAccountant.get_delta")
     def get_delta(self, epsilon: float) -> float:
         """An upper bound on delta at ``epsilon`` >= 0 (inf allowed): the smaller of the PLD's and
         the RDP bound's."""

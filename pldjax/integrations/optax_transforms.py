@@ -41,6 +41,7 @@ from pldjax.accounting.calibration import calibrate_steps
 from pldjax.accounting.dpsgd import dpsgd_event
 from pldjax.adaptive import filters as _filters
 from pldjax.core.namespace import public_dir
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64, pack, unpack
 from pldjax.core.validation import check_count, check_range
 
@@ -59,6 +60,7 @@ def _check_key(key) -> None:
 
 
 @float64
+@announces_slow_calls("pldjax.optax.dpsgd")
 def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_prob: float, *,
           key, epsilon_budget: float, delta: float,
           neighboring: str = "add_remove") -> _optax.GradientTransformation:

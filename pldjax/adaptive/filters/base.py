@@ -35,6 +35,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from pldjax.core.compilation import kernel_jit
+from pldjax.core.notice import slow_call_notice
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64, host_result, pack, unpack, upper_of_rounded
 from pldjax.core.validation import is_traced
@@ -250,7 +251,8 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
         options = {}
         if prepare is not None:
             query, options = prepare(state, query)
-        return compiled(state, query, **options)
+        with slow_call_notice(f"pldjax.filters.{kind}_filter(...).spend"):
+            return compiled(state, query, **options)
 
     @float64
     def packed_init():

@@ -1,0 +1,104 @@
+"""Saying why a call takes seconds, while it runs.
+
+A pldjax call compiles XLA programs for the shapes its process has not met before (seconds each
+on a CPU; loaded from the persistent cache in later processes); calls on shapes met before take
+milliseconds. A call that is still running after :data:`NOTICE_AFTER` seconds writes one line to
+stderr saying what runs and why, and one more when it ends, so that a notebook cell or a training
+script does not sit silent. Calls that finish sooner print nothing, and only the outermost of
+nested calls speaks (a calibration, not each of its evaluations). ``PLDJAX_QUIET=1`` in the
+environment silences it.
+
+One daemon thread, started by the first call, looks at the running call four times a second; a
+call itself only records its name and start (about a microsecond), so hot paths (a filter's spend
+in a training loop) pay nothing noticeable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+#: Seconds a call runs before it says why.
+NOTICE_AFTER = 3.0
+#: Seconds between the watcher's looks.
+_POLL = 0.25
+
+
+@dataclasses.dataclass
+class _Call:
+    what: str
+    start: float
+    said: bool = False
+
+
+_running: _Call | None = None
+_lock = threading.Lock()
+_watcher: threading.Thread | None = None
+
+
+def _quiet() -> bool:
+    return os.environ.get("PLDJAX_QUIET", "") not in ("", "0")
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(_POLL)
+        call = _running
+        if call is None or call.said or time.perf_counter() - call.start < NOTICE_AFTER:
+            continue
+        with _lock:
+            if call is _running and not call.said:
+                call.said = True
+                print(f"{call.what} is still running after {NOTICE_AFTER:g} s: it compiles "
+                      "XLA programs for shapes this process has not met before (kept in the "
+                      "persistent cache for later processes); calls on shapes met before take "
+                      "milliseconds", file=sys.stderr, flush=True)
+
+
+def _start_watcher() -> None:
+    global _watcher
+    with _lock:
+        if _watcher is None or not _watcher.is_alive():
+            _watcher = threading.Thread(target=_watch, name="pldjax-notice", daemon=True)
+            _watcher.start()
+
+
+@contextlib.contextmanager
+def slow_call_notice(what: str) -> Iterator[None]:
+    """Within the block: if it still runs after NOTICE_AFTER seconds, a line to stderr naming
+    ``what`` (e.g. ``"pldjax.calibrate_noise_multiplier"``), and at its end the time it took.
+    Silent inside another such block (of any thread) and under ``PLDJAX_QUIET``."""
+    global _running
+    if _running is not None or _quiet():
+        yield
+        return
+    if _watcher is None or not _watcher.is_alive():
+        _start_watcher()
+    call = _running = _Call(what, time.perf_counter())
+    try:
+        yield
+    finally:
+        with _lock:
+            _running = None
+            if call.said:
+                print(f"{what} done in {time.perf_counter() - call.start:.1f} s",
+                      file=sys.stderr, flush=True)
+
+
+def announces_slow_calls(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: each call of the function runs in :func:`slow_call_notice` as ``name``."""
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with slow_call_notice(name):
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+    return decorate

@@ -1,0 +1,50 @@
+"""A call that runs for seconds says why on stderr, once, and how long it took; quick calls,
+nested calls and PLDJAX_QUIET stay silent."""
+
+import threading
+import time
+
+import pytest
+
+from pldjax.core import notice
+
+
+@pytest.fixture
+def loud(monkeypatch):
+    monkeypatch.delenv("PLDJAX_QUIET", raising=False)
+    monkeypatch.setattr(notice, "NOTICE_AFTER", 0.05)
+    monkeypatch.setattr(notice, "_POLL", 0.01)
+
+
+def test_a_slow_call_says_what_runs_and_then_how_long_it_took(loud, capsys):
+    @notice.announces_slow_calls("pldjax.example")
+    def slow(x):
+        with notice.slow_call_notice("pldjax.inner"):  # nested: silent
+            time.sleep(0.3)
+        return 2 * x
+
+    assert slow(21) == 42
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith("pldjax.example is still running after 0.05 s: it compiles XLA")
+    assert err[1].startswith("pldjax.example done in ") and err[1].endswith(" s")
+
+
+def test_quick_calls_and_quiet_processes_stay_silent(loud, capsys, monkeypatch):
+    with notice.slow_call_notice("pldjax.quick"):
+        pass
+    time.sleep(0.1)
+    monkeypatch.setenv("PLDJAX_QUIET", "1")
+    with notice.slow_call_notice("pldjax.quiet"):
+        time.sleep(0.2)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_failing_call_leaves_no_notice_running(loud, capsys):
+    with pytest.raises(ValueError, match="bad"), notice.slow_call_notice("pldjax.failing"):
+        raise ValueError("bad")
+    with notice.slow_call_notice("pldjax.next"):  # the slot is free again: this one speaks
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert "pldjax.failing" not in err and "pldjax.next done in" in err
+    assert any(t.name == "pldjax-notice" and t.daemon for t in threading.enumerate())
