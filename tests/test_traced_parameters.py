@@ -131,13 +131,17 @@ def _host_readings(name: str, pessimistic: bool) -> np.ndarray:
     return np.asarray(_readings(build(valid, pessimistic)), np.float64)
 
 
-def _pessimistic_and_optimistic(optimistic_marks=()):
+def _pessimistic_and_optimistic(fast_optimistic=()):
+    """Every case pessimistic, and the OPTIMISTIC ones optimistic: those named in
+    ``fast_optimistic`` in the default run, the others with the slow tests (each one more
+    compiled program)."""
     return [pytest.param(name, True, id=f"{name}-pessimistic") for name in CASES] + [
-        pytest.param(name, False, id=f"{name}-optimistic", marks=optimistic_marks)
+        pytest.param(name, False, id=f"{name}-optimistic",
+                     marks=() if name in fast_optimistic else pytest.mark.slow)
         for name in OPTIMISTIC]
 
 
-@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic())
+@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic({"gaussian_sigma"}))
 def test_invalid_traced_parameter_under_jit_claims_nothing(name, pessimistic):
     build, valid, _, invalid = CASES[name]
     readings = jax.jit(lambda x: _readings(build(x, pessimistic)))
@@ -153,7 +157,7 @@ def test_invalid_traced_parameter_under_jit_claims_nothing(name, pessimistic):
 
 
 # the optimistic ones with the slow tests (the same rule, one more compiled program each)
-@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic([pytest.mark.slow]))
+@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic())
 def test_invalid_traced_parameter_under_vmap_claims_nothing_for_its_element_only(name, pessimistic):
     build, valid, bad, _ = CASES[name]
     xs = jnp.array([valid, *bad, valid], jnp.float64)

@@ -27,6 +27,7 @@ SIGMAS = np.array([[0.8], [1.5]])
 QS = np.array([0.02, 1.0])
 
 
+@pytest.mark.slow
 def test_arrays_broadcast_and_match_one_at_a_time():
     got = pj.dpsgd_epsilon(SIGMAS, QS, 50, 1e-5)
     assert got.shape == (2, 2)
@@ -89,6 +90,7 @@ def test_schedule_composes_segments_exactly():
 _SWEEP = [[1.0, 1.1, 0.9, 1.0, 1.2], [0.02, 0.02, 0.025, 0.03, 0.02], [100, 50, 300, 200, 10]]
 
 
+@pytest.mark.slow
 def test_sharded_sweep_agrees_with_unsharded():
     """Four CPU devices (XLA_FLAGS), configuration axis sharded over a device mesh; on the
     automatic grid and at rtol (each configuration on its own grid step)."""
@@ -215,6 +217,7 @@ def _host_round_trips_on_a_gpu(kernel, args, kwargs) -> list[str]:
             or (re.search(r" while\(", line) and "known_trip_count" not in line)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rtol", [None, 5e-2])
 def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
     """Every program a DP-SGD epsilon runs on an accelerator (the windows' sizes, the curve,
@@ -514,6 +517,7 @@ def test_rtol_for_a_loss_narrower_than_min_spread(sigma, q):
     assert pj.dpsgd_epsilon(sigma, q, 1000, 1e-5) == 0.0
 
 
+@pytest.mark.slow
 def test_rtol_optimistic_answers_where_its_window_would_span_too_far():
     """The optimistic estimate's window spans at most grid.OPTIMISTIC_SPAN nats: rtol's step is
     kept within what that allows (these were refused with an error about a Grid.step nobody

@@ -28,6 +28,7 @@ def test_import_leaves_scipy_out():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux only")
 def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
     # every compiled CPU kernel holds memory mappings; a 1,024-configuration sweep reached Linux's
@@ -122,6 +123,7 @@ def exported_to(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_exported_kernels_give_the_values_of_jit(exported_to):
     """The kernels' programs exported to disk (jax.export) and read back give the values of the
     jitted kernels, bit for bit; an unreadable entry is exported again."""

@@ -171,6 +171,7 @@ def test_gdp_residue_does_not_depend_on_its_batch_size():
     np.testing.assert_array_equal(np.asarray(pj.gdp_residue(mus, queries, batch_size=2)), default)
 
 
+@pytest.mark.slow
 def test_gdp_residue_of_a_pair_does_not_depend_on_the_other_pairs_of_its_call():
     """Each query's own grid step (and largest budget) sets its check window, so a call
     mixing fine and coarse grids gives each pair what a call of its own gives, bit for bit (the
@@ -184,6 +185,7 @@ def test_gdp_residue_of_a_pair_does_not_depend_on_the_other_pairs_of_its_call():
     assert np.all(together > np.sqrt(mus**2 - np.asarray(pj.gdp_mu(queries)) ** 2))
 
 
+@pytest.mark.slow
 def test_gdp_residue_calls_of_other_counts_share_their_programs():
     """The numbers of queries and of pairs are padded to a power of two of chunks, whose chunks
     past the count are not run: a call with a new count compiled every kernel of the call anew
@@ -257,6 +259,7 @@ def test_gdp_residue_chunks_are_no_wider_than_their_pairs(monkeypatch):
     np.testing.assert_array_equal(three, np.full(3, one))
 
 
+@pytest.mark.slow
 def test_gdp_residue_searches_each_query_once_for_all_its_budgets():
     """A query batch broadcast against a column of budgets (as a residue table is built): each
     query's nu = gdp_mu, the naive update's, is searched once, up to its largest budget, and every
@@ -327,7 +330,8 @@ def _certified(direction, mu, slack):
                              direction.step, mu, slack))
 
 
-@pytest.mark.parametrize("rounds", [None, 1, 2])
+@pytest.mark.parametrize("rounds", [None, pytest.param(1, marks=pytest.mark.slow),
+                                    pytest.param(2, marks=pytest.mark.slow)])
 def test_gdp_mu_is_the_smallest_certified_mu(monkeypatch, rounds):
     """gdp_mu searches a working set of the curve's intervals and tests its answer on the whole
     curve: the answer is certified on the whole curve (to 1e-14: this jit's round-off differs in
@@ -444,6 +448,7 @@ def test_residue_certificate_holds_in_the_far_tail_despite_fft_round_off():
     assert _exact_composed_excess(query, residue, mu) <= 0.0
 
 
+@pytest.mark.slow
 def test_residues_on_their_own_windows_are_certified_to_twelve_sigmas():
     """Each query's check window now comes from its own step and reaches 8.5 sigmas
     (it was the batch's finest step's, to 11): the coarse query here is no longer coarsened to
