@@ -10,6 +10,7 @@ import jax
 import mpmath as mp
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 from reference import (
     RR_CASES,
     around_atom,
@@ -111,27 +112,15 @@ def test_sharded_sweep_agrees_with_unsharded():
 
 
 def test_first_call_compiles_only_the_kernels():
-    """A new process's first dpsgd_epsilon compiles (or loads from the persistent cache) its three
-    kernels (the curve, its masses with their windows placed, the composition), the sizing one
-    and the one-op probe of their XLA options, and nothing else: host glue in NumPy, no small
-    program per eager jnp operation (each costs tens of ms to compile, and a cache look-up, in
-    every new process)."""
-    code = textwrap.dedent("""
-        import logging, jax, pldjax as pj
-        names = []
-        class Names(logging.Handler):
-            def emit(self, record):
-                message = record.getMessage()
-                if message.startswith("Compiling "):
-                    names.append(message.split()[1])
-        logging.getLogger("jax").addHandler(Names())
-        jax.config.update("jax_log_compiles", True)
+    """A new process's first dpsgd_epsilon (no persistent cache) compiles its three kernels (the
+    curve, its masses with their windows placed, the composition), the sizing one and the one-op
+    probe of their XLA options, and nothing else: host glue in NumPy, no small program per eager
+    jnp operation (each costs tens of ms to compile, and a cache look-up, in every new
+    process)."""
+    names, _ = programs_of_a_new_process("""
+        import pldjax as pj
         pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
-        print(" ".join(names))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    names = out.stdout.split()
     assert sorted(names) == sorted(["jit(_half_widths)", "jit(_curve_kernel)", "jit(_masses_kernel)",
                                     "jit(_compose_and_evaluate)", "jit(option_probe)"]), names
 

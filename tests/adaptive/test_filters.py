@@ -2,16 +2,13 @@
 state that survives (save / restore, failures), jit and vmap of spend, bad input."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 from scipy import stats
 
 import pldjax as pj
@@ -333,32 +330,18 @@ FIRST_SPEND_PROGRAMS = 7
 
 
 def test_first_residue_spend_compiles_the_spend_and_the_query_only(tmp_path):
-    code = textwrap.dedent("""
-        import json, logging, jax, numpy as np
-        names = []
-        class Names(logging.Handler):
-            def emit(self, record):
-                message = record.getMessage()
-                if message.startswith("Finished XLA compilation of"):
-                    names.append(message.split(" of ")[1].split(" in ")[0])
-        log = logging.getLogger("jax._src.dispatch")
-        log.addHandler(Names())
-        log.setLevel(logging.DEBUG)
-        jax.config.update("jax_log_compiles", True)
+    names, printed = programs_of_a_new_process("""
+        import json
+        import numpy as np
         import pldjax as pj
         f = pj.filters.gdp_residue_filter(mu=1.0)
         state, accepted = f.spend(f.init(), pj.randomized_response(0.5))
         left = f.remaining(state)
-        print(json.dumps({"names": names, "accepted": bool(accepted),
+        print(json.dumps({"accepted": bool(accepted),
                           "state": [np.asarray(leaf).tolist() for leaf in state],
                           "left": [float(left["mu"]), float(left["delta"])]}))
-    """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
-    env["PLDJAX_COMPILATION_CACHE"] = str(tmp_path / "xla")  # empty: every program compiles
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=600, env=env)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    got = {"names": names, **json.loads(printed.splitlines()[-1])}
     assert len(got["names"]) <= FIRST_SPEND_PROGRAMS, got["names"]
     assert got["names"].count("jit(guarded)") == 1, got["names"]  # the spend: one program
     # the same state as this process's spend (and its traced parts: the kernel is the same)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
+from compiled_programs import compiled_programs
 
 from pldjax.core.precision import pack, root_of_difference_down, unpack
 
@@ -34,31 +35,6 @@ def test_root_of_difference_is_rounded_down_by_mpmath():
         assert mp.mpf(float(g)) <= exact and g >= float(exact) * (1 - 1e-15)
 
 
-def _compiled_programs(fn):
-    """(fn's result, the names of the XLA programs compiled while it ran), from JAX's log."""
-    import logging
-
-    names = []
-
-    class Names(logging.Handler):
-        def emit(self, record):
-            message = record.getMessage()
-            if message.startswith("Finished XLA compilation of"):
-                names.append(message.split(" of ")[1].split(" in ")[0])
-
-    handler, log = Names(), logging.getLogger("jax._src.dispatch")
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
-        with jax.log_compiles(True):
-            result = fn()
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
-    return result, names
-
-
 def test_concrete_leaves_pack_on_the_host_as_the_traced_bitcast_does():
     """Concrete states are packed and unpacked with NumPy (no compiled program per operation, and
     the caller's first call compiles nothing for them), to the same bits as the traced
@@ -69,13 +45,13 @@ def test_concrete_leaves_pack_on_the_host_as_the_traced_bitcast_does():
     ints = np.array([2**63 - 1, -(2**63), -1, 0, 2**62 + 1], np.int64)
     values = (floats, ints, np.float64(0.25), np.bool_(True), np.float32(0.5))
     with jax.enable_x64(True):
-        packed, names = _compiled_programs(lambda: pack(values))
+        packed, names = compiled_programs(lambda: pack(values))
         traced = jax.jit(pack)(values)
         assert all(isinstance(leaf, jax.Array) for leaf in packed)
         for got, want in zip(packed, traced, strict=True):
             assert got.dtype == want.dtype and got.shape == want.shape
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-        (on_device, on_host), more = _compiled_programs(
+        (on_device, on_host), more = compiled_programs(
             lambda: (unpack(packed, values), unpack(packed, values, host=True)))
     assert names == [] and more == []
     assert all(isinstance(leaf, jax.Array) for leaf in on_device)
