@@ -93,8 +93,8 @@ def next_pow2(n: int) -> int:
 def half_octave_size(n: int) -> int:
     """The smallest size >= n (and >= 1) of the form 2^k or 3 * 2^k: two sizes an octave, so a
     window rounded up to one has at most 1.5 times its points (at a power of two: up to twice);
-    an FFT of 3 * 2^k points
-    costs about the same per point as one of a power of two (XLA's CPU FFT factors 3)."""
+    an FFT of 3 * 2^k points costs about the same per point as one of a power of two (XLA's CPU
+    FFT factors 3)."""
     power = next_pow2(n)
     return 3 * power // 4 if power >= 4 and n <= 3 * power // 4 else power
 
