@@ -97,15 +97,6 @@ def _subsampled_spread(base: LossTails, params):
 #: near the bulk at log(1 - q) for tiny noise): their mass goes to the +inf atom (pessimistic)
 #: or to the window's top (optimistic), both sound.
 BASE_REACH_MAX = 1e4
-#: The same limit at q = 1, where there is no bulk at log(1 - q) to stay near and the loss is
-#: the base's: with BASE_REACH_MAX, the replace-one Gaussian at sigma = 0.01 (losses up to about
-#: 2e4 nats) read epsilon = inf where the truth is 20,852.
-FULL_SAMPLING_REACH_MAX = 1e9
-
-
-def _reach_cap(q):
-    """The most nats a window of the mechanism subsampled at ``q`` reaches."""
-    return jnp.where(q >= 1.0, FULL_SAMPLING_REACH_MAX, BASE_REACH_MAX)
 
 
 def _base_range(base: LossTails, params, tail):
@@ -117,7 +108,7 @@ def _base_range(base: LossTails, params, tail):
     *base_params, q = params
     base_params = tuple(base_params)
     center, half = window(base, base_params, tail)
-    reach = jnp.minimum(jnp.maximum(jnp.abs(center - half), jnp.abs(center + half)), _reach_cap(q))
+    reach = jnp.minimum(jnp.maximum(jnp.abs(center - half), jnp.abs(center + half)), BASE_REACH_MAX)
     return q, -reach, reach
 
 
@@ -244,7 +235,7 @@ def _replace_one_half_width(params):
     # loss) out of the window, into the +inf atom
     top = _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) - _log1p_q_expm1(q, -1.5 * mu**2 - 10 * mu)
     reach = 1.01 * top + 2 * q * mu + 1e-300
-    return jnp.minimum(reach, _reach_cap(q))
+    return jnp.minimum(reach, BASE_REACH_MAX)
 
 
 def _replace_one_spread(params):
