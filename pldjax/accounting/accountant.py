@@ -158,14 +158,15 @@ def _capacity(state: AccountantState) -> int:
     return int(state.steps.shape[0])
 
 
-def _unpacked(state: AccountantState) -> AccountantState:
+def _unpacked(state: AccountantState, *, host: bool = False) -> AccountantState:
+    """The state's 64-bit values (see :func:`pldjax.core.precision.unpack`; ``host``: NumPy)."""
     capacity = _capacity(state)
     _, shapes = _structure(state)
     like = AccountantState(
         tuple(jax.ShapeDtypeStruct((capacity, *shape), jnp.float64) for shape in shapes),
         jax.ShapeDtypeStruct((capacity,), jnp.int64), jax.ShapeDtypeStruct((), jnp.int64),
         jax.ShapeDtypeStruct((), bool), state.structure)
-    return unpack(state, like)
+    return unpack(state, like, host=host)
 
 
 @float64
@@ -407,7 +408,7 @@ def _state_problem(state: AccountantState) -> str | None:
     """What no sequence of :func:`step` calls leaves in a state (a damaged or edited file), or
     None: segments in use outside [0, capacity], negative step counts, steps in unused slots, or
     a recorded event whose parameters are out of their ranges."""
-    plain = unpack(state, jax.eval_shape(lambda: _unpacked(state)), host=True)
+    plain = _unpacked(state, host=True)
     count, capacity = int(plain.count), _capacity(state)
     if not 0 <= count <= capacity:
         return f"{count} segments in use, outside [0, {capacity}]"
