@@ -156,6 +156,20 @@ def delta_kernel(probs, inf_mass, offset, step, epsilons):
     return jnp.clip(inf_mass + finite, 0.0, 1.0)
 
 
+def _grid_point_rounded_up(index, step):
+    """index * step rounded up to the next float64 where the product is not exact (a pessimistic
+    epsilon at a grid point must not fall below the loss it stands for: 1000 * 1e20 rounds to a
+    float below 1e23). The product's round-off is found exactly by Dekker's splitting."""
+    product = index * step
+    split = 134217729.0  # 2^27 + 1
+    index_high = index * split - (index * split - index)
+    step_high = step * split - (step * split - step)
+    index_low, step_low = index - index_high, step - step_high
+    round_off = (((index_high * step_high - product) + index_high * step_low)
+                 + index_low * step_high) + index_low * step_low
+    return jnp.where(round_off > 0, jnp.nextafter(product, jnp.inf), product)
+
+
 def epsilon_kernel(probs, inf_mass, offset, step, deltas):
     """Smallest eps >= 0 with delta(eps) <= target, exact on the discrete PLD; inf if impossible."""
     n = probs.shape[-1]
@@ -168,7 +182,7 @@ def epsilon_kernel(probs, inf_mass, offset, step, deltas):
         j = jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left")  # grid deltas > target
         j = jnp.minimum(j, n - 1)
         s_j, r_j = s[j], r[j]
-    z_j = (offset + j) * step
+    z_j = _grid_point_rounded_up(offset + j, step)
     # on (z_{j-1}, z_j]: delta(z_j - t) = m + S_j - e^{-t} R_j, increasing in t >= 0
     room = inf_mass + s_j - deltas
     t = jnp.log(r_j) - jnp.log(room)

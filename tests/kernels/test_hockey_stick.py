@@ -52,6 +52,17 @@ def test_epsilon_is_infinite_when_the_atom_exceeds_delta():
     assert np.isfinite(p.epsilon(2e-3))
 
 
+def test_epsilon_at_a_grid_point_is_never_below_the_loss_it_stands_for():
+    # pure DP: epsilon(0) is the largest loss, 1000 * 1e20 = 1e23, which rounds to a float64 below
+    # it; a pessimistic epsilon must be the float above (the true delta at the float below is 1)
+    mpmath = pytest.importorskip("mpmath")
+    for eps0, count in ((1e20, 1000), (0.1, 3), (1.0, 7)):
+        got = pj.approx_dp_composition(eps0, 0.0, count).epsilon(0.0)
+        with mpmath.workdps(60):
+            assert mpmath.mpf(float(got)) >= count * mpmath.mpf(eps0)
+            assert mpmath.mpf(float(np.nextafter(got, 0.0))) < count * mpmath.mpf(eps0)
+
+
 def test_many_epsilons_in_one_call_and_shapes():
     p = pj.gaussian(np.array([1.0, 2.0]))
     eps = np.linspace(0, 5, 12).reshape(3, 4)
