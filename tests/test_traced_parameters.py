@@ -141,32 +141,32 @@ def _pessimistic_and_optimistic(fast_optimistic=()):
         for name in OPTIMISTIC]
 
 
-@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic({"gaussian_sigma"}))
-def test_invalid_traced_parameter_under_jit_claims_nothing(name, pessimistic):
-    build, valid, _, invalid = CASES[name]
-    readings = jax.jit(lambda x: _readings(build(x, pessimistic)))
-    np.testing.assert_allclose(np.asarray(readings(valid)), _host_readings(name, pessimistic),
-                               rtol=1e-12, atol=0)
+#: Parameters in one traced batch: a valid value at each end, invalid ones between.
+BATCH = 10
 
-    @settings(settings.get_profile("pldjax-fast"), max_examples=8)
-    @given(invalid)
-    def prop(x):
-        _claims_nothing(readings(x), pessimistic)
+
+@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic({"gaussian_sigma"}))
+def test_invalid_traced_parameter_claims_nothing_for_its_element_only(name, pessimistic):
+    # one program for each case, jit of vmap: the listed invalid values, then hypothesis's draws
+    build, valid, bad, invalid = CASES[name]
+    readings = jax.jit(jax.vmap(lambda x: _readings(build(x, pessimistic))))
+    host = _host_readings(name, pessimistic)
+
+    def check(values):
+        rows = np.asarray(readings(jnp.array([valid, *values, valid], jnp.float64)))
+        for row in (rows[0], rows[-1]):
+            np.testing.assert_allclose(row, host, rtol=1e-12, atol=0)
+        for row in rows[1:-1]:
+            _claims_nothing(row, pessimistic)
+
+    check((bad * BATCH)[:BATCH - 2])
+
+    @settings(settings.get_profile("pldjax-fast"), max_examples=3)
+    @given(st.lists(invalid, min_size=BATCH - 2, max_size=BATCH - 2))
+    def prop(values):
+        check(values)
 
     prop()
-
-
-# the optimistic ones with the slow tests (the same rule, one more compiled program each)
-@pytest.mark.parametrize("name, pessimistic", _pessimistic_and_optimistic())
-def test_invalid_traced_parameter_under_vmap_claims_nothing_for_its_element_only(name, pessimistic):
-    build, valid, bad, _ = CASES[name]
-    xs = jnp.array([valid, *bad, valid], jnp.float64)
-    readings = np.asarray(jax.vmap(lambda x: _readings(build(x, pessimistic)))(xs))
-    host = _host_readings(name, pessimistic)
-    for row in (readings[0], readings[-1]):
-        np.testing.assert_allclose(row, host, rtol=1e-12, atol=0)
-    for row in readings[1:-1]:
-        _claims_nothing(row, pessimistic)
 
 
 def test_claiming_nothing_survives_composition_under_jit():

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
+from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
@@ -234,6 +235,20 @@ def from_privacy_curve(
         reverse, step, offset, size, "reverse"))
 
 
+@kernel_jit(static_argnames="count")
+def _lattice_masses(epsilon, delta, count: int):
+    """The masses of the losses -count epsilon, ..., count epsilon (ascending, 2 count + 1 points
+    of step epsilon, every other one 0) of ``count`` compositions of R_{epsilon,delta}, and the
+    atom at +inf: one program for each count."""
+    eps = jnp.asarray(epsilon, jnp.float64)
+    log_keep = count * jnp.log1p(-jnp.asarray(delta, jnp.float64))
+    # j of the count steps at loss -eps (probability 1 / (1 + e^eps) each): losses
+    # (count - 2 j) eps, ascending in the index i = count - j
+    masses = jnp.exp(log_keep) * binomial_pmf(jnp.arange(count + 1.0), count,
+                                              jax.nn.sigmoid(-eps), jax.nn.sigmoid(eps))[::-1]
+    return jnp.zeros(2 * count + 1).at[::2].set(masses), -jnp.expm1(log_keep)
+
+
 @float64
 def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
                           grid: Grid | None = None) -> PLD:
@@ -270,28 +285,24 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
                          f"{float(epsilon)}: the lattice would need more than grid.MAX_SIZE = "
                          f"{grid_lib.MAX_SIZE} points (a memory guard); use a step of at least "
                          f"{2 * count * float(epsilon) / (grid_lib.MAX_SIZE - 1):.3g}")
-    eps = jnp.asarray(epsilon, jnp.float64)
-    log_keep = count * jnp.log1p(-jnp.asarray(delta, jnp.float64))
-    # j of the count steps at loss -eps (probability 1 / (1 + e^eps) each): losses
-    # (count - 2 j) eps, ascending in the index i = count - j
-    masses = jnp.exp(log_keep) * binomial_pmf(jnp.arange(count + 1.0), count,
-                                              jax.nn.sigmoid(-eps), jax.nn.sigmoid(eps))[::-1]
-    inf_mass = -jnp.expm1(log_keep)
     if is_traced((epsilon, delta)):
         # the lattice of step epsilon, or at epsilon = 0 every mass at loss 0 (on step 1); an
         # invalid epsilon or delta claims nothing (see pldjax.core.validation)
-        spread = jnp.zeros(2 * count + 1).at[::2].set(masses)
-        at_zero = jnp.zeros(2 * count + 1).at[count].set(jnp.sum(masses))
-        positive = eps > 0
-        pld = PLD(jnp.where(positive, spread, at_zero), inf_mass,
-                  jnp.asarray(-count, jnp.int64), jnp.where(positive, eps, 1.0), True)
+        probs, inf_mass = _lattice_masses(epsilon, delta, count=count)
+        positive = epsilon > 0
+        at_zero = jnp.zeros(2 * count + 1).at[count].set(jnp.sum(probs))
+        pld = PLD(jnp.where(positive, probs, at_zero), inf_mass, jnp.asarray(-count, jnp.int64),
+                  jnp.where(positive, jnp.asarray(epsilon, jnp.float64), 1.0), True)
         return pld.where_valid(within(epsilon, 0.0) & within(delta, 0.0, 1.0))
+    probs, inf_mass = _lattice_masses(float(epsilon), float(delta), count=count)
     if grid is None and epsilon > 0:
-        probs = jnp.zeros(2 * count + 1).at[::2].set(masses)
-        return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), eps, True)
+        return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), jnp.asarray(float(epsilon)),
+                   True)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
     index = np.ceil(losses / step - 1e-12).astype(np.int64)
-    probs = jnp.zeros(int(index[-1] - index[0]) + 1).at[index - index[0]].add(masses)
+    on_grid = np.zeros(int(index[-1] - index[0]) + 1)
+    np.add.at(on_grid, index - index[0], np.asarray(probs)[::2])
+    probs = jnp.asarray(on_grid)
     return PLD(probs, inf_mass, jnp.asarray(index[0], jnp.int64), jnp.asarray(step), True)
 
 

@@ -76,6 +76,19 @@ class Sampling(Parameters, abc.ABC):
         return None
 
 
+def _everyone_sampled(sampling_prob) -> bool:
+    """A concrete sampling probability of 1 everywhere: every record takes part in every step."""
+    return not is_traced(sampling_prob) and bool(np.all(np.asarray(sampling_prob) == 1.0))
+
+
+def _unsampled(base: LossTails, params: tuple, sampling_prob) -> Directions:
+    """The mechanism without sampling, with the sampling probability's batch shape: at q = 1 the
+    subsampled pair is the base pair itself, whose own kernel reaches losses of any size (the
+    subsampled one stops at subsampling.BASE_REACH_MAX)."""
+    shape = np.shape(sampling_prob)
+    return Directions(base, tuple(p + np.zeros(shape) for p in params), False)
+
+
 def _poisson_pair(noise: Noise, base: LossTails, params: tuple, q) -> Directions:
     if base.chi2 is None:
         raise ValueError(f"{type(noise).__name__} has no subsampled form: subsampling needs a noise "
@@ -98,6 +111,8 @@ class Poisson(Sampling):
 
     def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
         base, params = noise.pair(neighboring, pessimistic)
+        if _everyone_sampled(self.sampling_prob):
+            return _unsampled(base, params, self.sampling_prob)
         q = resolvable(self.sampling_prob, pessimistic)
         if neighboring != Neighboring.REPLACE_ONE:
             return _poisson_pair(noise, base, params, q)
@@ -132,6 +147,8 @@ class FixedBatch(Sampling):
                 "records in the batch shift the pair)"
             )
         base, params = noise.pair(Neighboring.REPLACE_ONE, pessimistic)
+        if _everyone_sampled(self.sampling_prob):
+            return _unsampled(base, params, self.sampling_prob)
         return _poisson_pair(noise, base, params, resolvable(self.sampling_prob, pessimistic))
 
 

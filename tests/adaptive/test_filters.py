@@ -677,10 +677,14 @@ def test_complex_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
 def test_a_sensitivity_outside_zero_to_one_is_rejected_by_the_residue_table():
     """table_spend compared a complex sensitivity 0.5j by its real part (0) and charged it a cost
     for c = 0.25, and read c = -0.5 as the node c = 0 (free)."""
-    from pldjax.adaptive.filters.residue import gdp_residue_table, table_spend
+    from pldjax.adaptive.filters.residue import ResidueTable, table_spend
 
     with jax.enable_x64(True):
-        table = gdp_residue_table(1.0, 0.01, 2.0, mu_nodes=4, c_nodes=5)
+        # the lookup's checks do not depend on the costs: a small table of costs 0.1 c
+        c_nodes = np.linspace(0.0, 1.0, 5)
+        table = ResidueTable(*(jnp.asarray(a, jnp.float64) for a in (
+            [0.0, 0.5, 1.0, 2.0], c_nodes, np.tile(0.1 * c_nodes, (4, 1)),
+            np.where(c_nodes > 0, 1e-9, 0.0), 1.0, 0.01)))
         mu, left = jnp.ones(4), jnp.full(4, 1e-6)
         for bad in ([0.5j, 0.5 + 0j, 1j, -1j], [-0.5, -1e-300, np.nan, 1.5]):
             new_mu, new_left, accepted = table_spend(table, mu, left, jnp.asarray(bad))

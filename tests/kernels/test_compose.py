@@ -362,10 +362,10 @@ def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monk
     args = (jnp.asarray(probs), jnp.zeros(2), jnp.array([-20, -31]), jnp.full(2, 0.01),
             jnp.full(2, count))
 
-    def composed():
+    def composed():  # one program (a new trace for each call: the module constant changes)
         with jax.enable_x64(True):
-            return compose_module.self_compose_rows(*args, size=size, tail=1e-18,
-                                                    pessimistic=True)
+            return jax.jit(lambda *a: compose_module.self_compose_rows(
+                *a, size=size, tail=1e-18, pessimistic=True))(*args)
 
     spectrum = np.fft.rfft(probs, size)
     kept = np.abs(spectrum) ** count >= np.exp(-700.0)
@@ -512,10 +512,10 @@ def test_gpu_composition_of_gaussians_bounds_the_gdp_closed_form(sigma, count, m
     size = on_cpu.probs.shape[0]
     monkeypatch.setattr(compose_module, "early_exit_on_cpu", _as_off_the_cpu)
     with jax.enable_x64(True):
-        probs, inf_mass, offset = compose_module.self_compose_rows(
+        probs, inf_mass, offset = jax.jit(lambda *a: compose_module.self_compose_rows(
+            *a, size=size, tail=1e-18, pessimistic=True))(
             one.probs[None], one.inf_mass[None], jnp.asarray(one.offset)[None],
-            jnp.asarray(one.step)[None], jnp.full(1, float(count)), size=size, tail=1e-18,
-            pessimistic=True)
+            jnp.asarray(one.step)[None], jnp.full(1, float(count)))
     composed = pj.PLD(probs[0], inf_mass[0], offset[0], one.step, True)
     mu = math.sqrt(count) / sigma
     for eps in (0.0, 0.5 * mu * mu + mu, mu * mu + 2 * mu):

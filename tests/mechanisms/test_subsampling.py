@@ -2,6 +2,7 @@
 
 import logging
 
+import jax
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pldlib
@@ -31,7 +32,7 @@ def _check_profile(pld_up, pld_lo, want, rel):
     assert np.all(up[big] <= want[big] * (1 + rel))
 
 
-@pytest.mark.parametrize("sigma,q", [(1.0, 0.01), (0.6, 0.1), (2.0, 0.5), (1.0, 1.0)])
+@pytest.mark.parametrize("sigma,q", [(1.0, 0.01), (0.6, 0.1), (2.0, 0.5), (1.0, 0.999)])
 def test_subsampled_gaussian_profiles_both_directions(sigma, q):
     """Thm 5.1 (remove) and its mirror (add) against mpmath, one direction at a time."""
     base = lambda e: gaussian_delta(1 / sigma, e)  # noqa: E731
@@ -128,6 +129,23 @@ def test_replace_one_at_sampling_probability_one_is_the_gaussian_of_twice_the_se
     unsampled = pj.gaussian(REPLACE_ONE_SIGMAS, neighboring="replace_one").epsilon(1e-5)
     for upper in (sampled, unsampled):
         assert np.all(upper >= exact * (1 - 1e-9)) and np.all(upper <= exact * (1 + 1e-3)), upper
+
+
+@pytest.mark.parametrize("neighboring", ["add_remove", "replace_one"])
+def test_everyone_sampled_is_the_mechanism_itself(neighboring):
+    # at q = 1 every record takes part: the PLD is the Gaussian's, whose window reaches any loss
+    # (the subsampled kernel's stops at BASE_REACH_MAX = 1e4 nats: sigma = 0.005 read inf)
+    shift = 2.0 if neighboring == "replace_one" else 1.0
+    for sigma in (0.005, 1.0):
+        sampled = float(pj.gaussian(sigma, sampling_prob=1.0, neighboring=neighboring).epsilon(1e-5))
+        alone = float(pj.gaussian(sigma, neighboring=neighboring).epsilon(1e-5))
+        assert sampled == alone
+        exact = gaussian_epsilon(shift / sigma, 1e-5)
+        assert exact * (1 - 1e-9) <= sampled <= exact * (1 + 1e-3)
+    batch = pj.gaussian(0.5, sampling_prob=np.ones(3), neighboring=neighboring)
+    assert batch.batch_shape == (3,)
+    optimistic = pj.gaussian(0.005, sampling_prob=1.0, neighboring=neighboring, pessimistic=False)
+    assert float(optimistic.epsilon(1e-5)) <= gaussian_epsilon(shift / 0.005, 1e-5)
 
 
 def test_replace_one_without_subsampling_doubles_the_shift():
@@ -363,12 +381,14 @@ def test_side_tails_are_the_tails_on_each_side(sampled):
     eps = jnp.asarray(np.concatenate([-np.geomspace(1e3, 1e-6, 40), [0.0],
                                       np.geomspace(1e-6, 1e3, 40)]))
     upper = eps >= 0
+    # the parameters are data: one program for each function, whatever their values
+    side_tails = jax.jit(float64(lambda e, u, p: mechanism.side_tails(p, e, u)))
+    four_tails = jax.jit(float64(lambda e, u, p: _one_side(mechanism.tails(p, e), u)))
     for mu in (0.0, 0.3, 1.0, 5.0):
         cases = [(mu, q, d) for q in (1e-4, 0.1, 1.0) for d in (REMOVE, ADD)] if sampled else [(mu,)]
         for params in cases:
-            params = tuple(jnp.asarray(p) for p in params)
-            side = jax.jit(float64(lambda e, u, p=params: mechanism.side_tails(p, e, u)))(eps, upper)
-            four = jax.jit(float64(lambda e, u, p=params: _one_side(mechanism.tails(p, e), u)))(eps, upper)
+            params = tuple(jnp.asarray(p, jnp.float64) for p in params)
+            side, four = side_tails(eps, upper, params), four_tails(eps, upper, params)
             for got, want in zip(side, four, strict=True):
                 np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-14, atol=0)
 
@@ -380,7 +400,8 @@ def test_sampling_prob_one_keeps_the_add_directions_large_losses(sigma, size):
     (delta(48) read 0 against the Gaussian's 1 - 2e-14, and the PLD summed to 1 + 1.1e-7)."""
     from reference import gaussian_delta
 
-    pld = pj.gaussian(sigma, sampling_prob=1.0, grid=pj.Grid(size=size))
+    # a traced q: a concrete q = 1 is the Gaussian itself, without the subsampled kernel
+    pld = jax.jit(lambda q: pj.gaussian(sigma, sampling_prob=q, grid=pj.Grid(size=size)))(1.0)
     for direction in pld.directions():
         assert abs(float(direction.total_mass()) - 1.0) <= 1e-12
         for eps in (48.0, 0.5 / sigma**2):
