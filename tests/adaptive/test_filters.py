@@ -302,14 +302,12 @@ def test_rejected_query_leaves_state_unchanged_and_filter_continues():
 
 def test_spend_is_jittable_and_vmappable():
     f = F.gdp_residue_filter(1.0, size=4096)
-    rr = pj.randomized_response(0.5)
-    eager, ok = f.spend(f.init(), rr)
-    jitted, ok_jit = jax.jit(f.spend)(f.init(), rr)
-    assert bool(ok) and bool(ok_jit)
-    assert f.remaining(jitted)["mu"] == f.remaining(eager)["mu"]
+    eager, ok = f.spend(f.init(), pj.randomized_response(0.5))
+    assert bool(ok)
+    # jit of vmap: one program for both
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), f.init())
     queries = pj.randomized_response(np.array([0.25, 0.5, 4.0]))
-    new, accepted = jax.vmap(f.spend)(states, queries)
+    new, accepted = jax.jit(jax.vmap(f.spend))(states, queries)
     assert np.asarray(accepted).tolist() == [True, True, False]
     left = f.remaining(new)["mu"]
     assert left[1] == pytest.approx(float(f.remaining(eager)["mu"]), rel=1e-12)
