@@ -340,7 +340,7 @@ def _gaussian_epsilon(mu, delta):
     return brentq(curve, 0.0, mu * mu / 2 + 10 * mu, xtol=1e-14, rtol=1e-15)
 
 
-@pytest.mark.parametrize("rtol", [1e-2, 1e-3])
+@pytest.mark.parametrize("rtol", [pytest.param(1e-2, marks=pytest.mark.slow), 1e-3])
 def test_rtol_is_sound_and_about_as_accurate_as_asked_closed_form(rtol):
     # q = 1: T steps of the Gaussian mechanism are G_{sqrt(T) / sigma} exactly
     sigma, steps, delta = 2.0, 100, 1e-5
@@ -369,7 +369,8 @@ def test_rtol_coarse_is_sound_against_dp_accounting(sigma, q, count):
     np.testing.assert_allclose(both, coarse, rtol=1e-12)  # batched: the same grid as alone
 
 
-@pytest.mark.parametrize("sigma,q,count", [(1.147, 0.00104, 139), (2.659, 0.00101, 157)])
+@pytest.mark.parametrize("sigma,q,count", [(1.147, 0.00104, 139),
+                                           pytest.param(2.659, 0.00101, 157, marks=pytest.mark.slow)])
 def test_rtol_is_about_as_accurate_as_asked_at_small_epsilon(sigma, q, count):
     """Few steps at a small sampling probability: epsilon is tiny (0.05, 0.013) and Renyi DP
     overestimates it 10-17x; a step sized from that estimate was 4x rtol off (bench/dpsgd.py's
@@ -459,7 +460,8 @@ def _max_statistic_epsilon(sigma, q, steps, delta):
     return np.max(bounds[np.isfinite(bounds)])
 
 
-@pytest.mark.parametrize("sigma,q,steps", [(0.5, 1e-6, 10**7), (0.5, 1e-8, 10**9)])
+@pytest.mark.parametrize("sigma,q,steps", [pytest.param(0.5, 1e-6, 10**7, marks=pytest.mark.slow),
+                                           (0.5, 1e-8, 10**9)])
 def test_rtol_answers_where_the_default_grid_does(sigma, q, steps):
     """A tiny sampling probability over many steps: one step's loss spread (q sqrt(e^(1/sigma^2)
     - 1), 7e-6 and 7e-8 nats) asked for steps on which the mechanism's window (2.4 nats wide)
@@ -589,7 +591,7 @@ def test_event_matches_laplace_closed_form():
 
 
 @pytest.mark.parametrize("epsilon0, delta0", RR_CASES)
-@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("steps", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_event_epsilon_of_randomized_response_brackets_its_exact_inverse(epsilon0, delta0, steps):
     # optimistic: a lower bound at the composed atom too (inf there for R_{0.5, 1e-3} when the
     # atom of one step, 1 - (1 - delta_0)^1 in logarithms, rounded above delta_0)
@@ -615,7 +617,7 @@ def test_event_epsilon_of_laplace_noise_brackets_its_exact_inverse(noise, exact)
     assert_epsilon_brackets(lower, [exact(t) for t in targets], upper)
 
 
-@pytest.mark.parametrize("q", [0.5, 0.99, 1.0])
+@pytest.mark.parametrize("q", [0.5, 0.99, pytest.param(1.0, marks=pytest.mark.slow)])
 def test_replace_one_dpsgd_brackets_the_exact_single_step(q):
     # the mechanism window holds the loss for every q (at q = 1 it left the top out, and
     # sigma = 0.05 raised "steps = 1 is too large"); at q = 1 the truth is G_{2 / sigma}

@@ -46,7 +46,8 @@ def rr_composed_delta(mu_residue, eps_rr, eps):
 DENSE = np.linspace(-30, 30, 240001)
 
 
-@pytest.mark.parametrize("mu, eps_rr", [(1.0, 0.5), (0.8, 0.25), (3.0, 2.0), (2.0, 1.0),
+@pytest.mark.parametrize("mu, eps_rr", [(1.0, 0.5), pytest.param(0.8, 0.25, marks=pytest.mark.slow),
+                                        pytest.param(3.0, 2.0, marks=pytest.mark.slow), (2.0, 1.0),
                                         (3.0, 0.02)])  # the last one runs on a coarsened grid
 def test_residue_condition_holds_by_independent_dense_evaluation(mu, eps_rr):
     query = pj.randomized_response(eps_rr)

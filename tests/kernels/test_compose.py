@@ -499,7 +499,7 @@ def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-14)
 
 
-@pytest.mark.parametrize("sigma,count", [(1.0, 100), (4.0, 3000)])
+@pytest.mark.parametrize("sigma,count", [(1.0, 100), pytest.param(4.0, 3000, marks=pytest.mark.slow)])
 def test_gpu_composition_of_gaussians_bounds_the_gdp_closed_form(sigma, count, monkeypatch):
     """The composition as a GPU computes it (every Chernoff iterate, every frequency's power),
     run here on the Gaussian PLD: delta(eps) at or above the closed form of G_mu, mu =

@@ -294,7 +294,7 @@ def _hull_shapes(rng, m):
 
 
 @pytest.mark.parametrize("off_the_cpu", [False, True])
-@pytest.mark.parametrize("peel_rounds", [24, 3, 0])
+@pytest.mark.parametrize("peel_rounds", [24, pytest.param(3, marks=pytest.mark.slow), 0])
 def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(peel_rounds, off_the_cpu,
                                                                   monkeypatch):
     # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain for

@@ -78,7 +78,7 @@ def _exact_dlap_epsilon(scale, shift, count, delta):
     return high
 
 
-@pytest.mark.parametrize("count", [20, 200])
+@pytest.mark.parametrize("count", [20, pytest.param(200, marks=pytest.mark.slow)])
 def test_composition_exact_and_against_dp_accounting(count):
     laplace = pj.discrete_laplace(0.7, sensitivity=3).self_compose(count).epsilon(1e-6)
     exact = _exact_dlap_epsilon(0.7, 3, count, 1e-6)
@@ -275,7 +275,7 @@ def test_optimistic_window_far_below_the_loss_keeps_its_mass():
     assert float(probs[-1]) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("scale", [0.01, 0.1])
+@pytest.mark.parametrize("scale", [0.01, pytest.param(0.1, marks=pytest.mark.slow)])
 def test_optimistic_small_noise_is_finite_and_below_pessimistic(scale):
     """The exact lattice grid is too wide for the optimistic construction here: the automatic grid."""
     for make in (pj.discrete_gaussian, pj.discrete_laplace):
