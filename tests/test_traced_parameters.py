@@ -222,3 +222,30 @@ def test_within_refuses_complex_and_boolean_values():
     assert not bool(within(1.0 + 0j, 0.0))
     assert not bool(within(jnp.array(True), 0.0))
     np.testing.assert_array_equal(within(jnp.array([2.0, 2.5]), 1.0, integer=True), [True, False])
+
+
+def _gaussian_event(sigma):
+    return pj.Event(pj.noise.Gaussian(sigma), pj.sampling.Poisson(0.01))
+
+
+#: The accounting functions: each picks its grids from the values, so under jit or vmap it
+#: refuses to run, with a message that names it (never a value computed from a tracer).
+ACCOUNTING = {
+    "dpsgd_epsilon": lambda x: pj.dpsgd_epsilon(x, 0.01, 100, 1e-5),
+    "dpsgd_delta": lambda x: pj.dpsgd_delta(x, 0.01, 100, 1.0),
+    "event_epsilon": lambda x: pj.event_epsilon(_gaussian_event(x), 100, 1e-5),
+    "event_delta": lambda x: pj.event_delta(_gaussian_event(x), 100, 1.0),
+    "compose_schedule": lambda x: pj.compose_schedule([(x, 0.01, 100)]),
+    "calibrate_noise_multiplier": lambda x: pj.calibrate_noise_multiplier(x, 1e-5, 0.01, 100),
+    "calibrate_event": lambda x: pj.calibrate_event(_gaussian_event, x, 1e-5, steps=100, low=0.1,
+                                                    high=10.0, increasing=False),
+    "calibrate_sampling_prob": lambda x: pj.calibrate_sampling_prob(x, 1e-5, 1.0, 100),
+    "calibrate_steps": lambda x: pj.calibrate_steps(x, 1e-5, 1.0, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", ACCOUNTING)
+def test_accounting_functions_refuse_tracers_by_name(name):
+    for transform, x in ((jax.jit, 1.0), (jax.vmap, jnp.array([1.0, NAN]))):
+        with pytest.raises(ValueError, match=f"{name} picks its grids .* cannot run under jit"):
+            transform(ACCOUNTING[name])(x)

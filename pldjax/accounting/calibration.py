@@ -32,7 +32,7 @@ from pldjax.accounting.dpsgd import dpsgd_event
 from pldjax.accounting.engine import event_epsilon
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, check_range
+from pldjax.core.validation import check_count, check_range, refuse_traced
 from pldjax.mechanisms.events import Event
 from pldjax.mechanisms.neighboring import Neighboring
 
@@ -192,6 +192,10 @@ def _search(epsilons: Callable, target, low: float, high: float, *, increasing: 
     return good[()] if good.ndim == 0 else good
 
 
+#: A calibration searches on the host: its result is what a jitted function takes instead.
+_CALIBRATE_OUTSIDE = "calibrate outside jit and pass the parameter it returns in"
+
+
 @announces_slow_calls("pldjax.calibrate_event")
 @float64
 def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, delta, *, low: float,
@@ -215,6 +219,7 @@ def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, d
     """
     if not callable(make_event):
         raise ValueError(f"make_event must be a function of the parameter, got {make_event!r}")
+    refuse_traced("calibrate_event", (target_epsilon, delta, steps, low, high), _CALIBRATE_OUTSIDE)
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     check_range("steps", steps, 1.0)
@@ -252,6 +257,8 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
     (:func:`calibrate_event` of :func:`pldjax.accounting.dpsgd.dpsgd_event`, bracketed by doubling from 1: few
     distinct grids to compile.)
     """
+    refuse_traced("calibrate_noise_multiplier", (target_epsilon, delta, sampling_prob, steps),
+                  _CALIBRATE_OUTSIDE)
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     Neighboring.parse(neighboring)
@@ -284,6 +291,8 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
     such T). ``max_steps`` is an integer in [1, MAX_STEPS]. Raises where even one step exceeds a
     target.
     """
+    refuse_traced("calibrate_steps", (target_epsilon, delta, noise_multiplier, sampling_prob, event),
+                  _CALIBRATE_OUTSIDE)
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     if event is None:
@@ -356,6 +365,8 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     :func:`pldjax.accounting.dpsgd.dpsgd_event`, bracketed downwards from q = 1 by factors of 10: a tiny q
     needs a very fine (large) grid, so q_min is only evaluated where nothing larger meets the
     target.)"""
+    refuse_traced("calibrate_sampling_prob", (target_epsilon, delta, noise_multiplier, steps),
+                  _CALIBRATE_OUTSIDE)
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     Neighboring.parse(neighboring)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pldjax.accounting.engine import account
 from pldjax.core.grid import Grid
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_range, is_traced
+from pldjax.core.validation import check_range, is_traced, refuse_traced
 from pldjax.mechanisms import sampling as sampling_lib
 from pldjax.mechanisms.events import Event
 from pldjax.mechanisms.neighboring import Neighboring
@@ -68,8 +68,7 @@ def dpsgd_epsilon(
         (``pessimistic=False``) stays a lower bound but can be far below the truth, even 0, on
         a step coarser than -log(1 - q), which a coarse rtol can pick (see the README).
     """
-    if is_traced((noise_multiplier, sampling_prob, steps, delta)):
-        raise ValueError(_UNDER_JIT.format("epsilon"))
+    refuse_traced("dpsgd_epsilon", (noise_multiplier, sampling_prob, steps, delta), _INSIDE_JIT)
     return account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, delta,
                     "delta", pessimistic=pessimistic, grid=grid, evaluate="epsilon",
                     progress=progress, rtol=rtol, function="dpsgd_epsilon")
@@ -94,13 +93,12 @@ def dpsgd_delta(
     ``rtol``: the grid's target accuracy, as an epsilon-equivalent (the step for which epsilon
     would be accurate to rtol relative near ``epsilon``).
     """
-    if is_traced((noise_multiplier, sampling_prob, steps, epsilon)):
-        raise ValueError(_UNDER_JIT.format("delta"))
+    refuse_traced("dpsgd_delta", (noise_multiplier, sampling_prob, steps, epsilon), _INSIDE_JIT)
     return account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, epsilon,
                     "epsilon", pessimistic=pessimistic, grid=grid, evaluate="delta",
                     progress=progress, rtol=rtol, function="dpsgd_delta")
 
 
-_UNDER_JIT = ("dpsgd_{} picks its grids from the values and cannot run under jit; inside jit, "
-              "build the PLD with pj.gaussian(..., grid=pj.Grid(size=...)) and self_compose(size=...)")
+_INSIDE_JIT = ("inside jit, build the PLD with pj.gaussian(..., grid=pj.Grid(size=...)) and "
+               "self_compose(size=...)")
 

@@ -49,7 +49,7 @@ from pldjax.core.compilation import MappingGuard, exported_jit
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_range, is_traced
+from pldjax.core.validation import check_range, refuse_traced
 from pldjax.kernels.compose import (
     COARSER_GRID,
     PMFSummary,
@@ -423,15 +423,16 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
                         evaluate=evaluate, progress=progress, rtol=rtol, function=function)
 
 
+#: What to use inside jit instead of an accounting function that takes an event.
+EVENT_INSIDE_JIT = ("inside jit, build the PLD with event.pld(grid=pj.Grid(size=...)) and "
+                    "self_compose(size=...)")
+
+
 def _account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
              rtol, function):
     if not isinstance(event, Event):
         raise ValueError(f"event must be a pldjax.Event, got {event!r}")
-    if is_traced((event, steps, target)):
-        raise ValueError(
-            f"{function} picks its grids from the values and cannot run under jit; inside jit, "
-            "build the PLD with event.pld(grid=pj.Grid(size=...)) and self_compose(size=...)"
-        )
+    refuse_traced(function, (event, steps, target), EVENT_INSIDE_JIT)
     check_range("steps", steps, 0.0)
     if target_name == "delta":
         check_range("delta", target, 0.0, 1.0)

@@ -25,7 +25,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, check_range
+from pldjax.core.validation import check_count, check_range, refuse_traced
 from pldjax.kernels.compose import (
     CompositionTooWide,
     compose,
@@ -59,6 +59,8 @@ def compose_schedule(
     Gaussian's closed form, so every segment must be a Gaussian event, else a ValueError).
     """
     segments = list(segments)
+    refuse_traced("compose_schedule", segments, "inside jit, build each segment's PLD with "
+                  "grid=pj.Grid(size=...), self_compose(size=...) and pj.compose them")
     if not segments:
         raise ValueError("segments must hold at least one (event, steps) or (noise_multiplier, "
                          "sampling_prob, steps)")

@@ -33,6 +33,15 @@ def is_traced(x) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
+def refuse_traced(function: str, values, inside_jit: str) -> None:
+    """Raise a ValueError naming ``function`` when any of ``values`` is traced: an accounting
+    function that picks its grids (shapes) from the values cannot run under jit or vmap;
+    ``inside_jit`` says what to use there instead."""
+    if is_traced(values):
+        raise ValueError(f"{function} picks its grids from the values and cannot run under jit "
+                         f"or vmap; {inside_jit}")
+
+
 def check_range(
     name: str,
     value,
