@@ -201,6 +201,26 @@ def test_a_new_process_reads_the_exported_kernels(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*")} == entries
 
 
+def test_exported_programs_depend_on_every_module_of_the_package(monkeypatch, tmp_path):
+    """An exported program is traced through helpers all over pldjax (the discretization's in
+    pldjax/kernels, the mechanisms' tails): a change to any module must retire it. Only
+    pldjax/core was read, so a fixed kernel kept running the old programs from the cache."""
+    root = compilation.package_root()
+    assert (root / "kernels" / "discretize.py").is_file()
+    assert (root / "mechanisms" / "subsampling.py").is_file()
+    copy = tmp_path / "pldjax"
+    for source in root.rglob("*.py"):
+        target = copy / source.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+    monkeypatch.setattr(compilation, "package_root", lambda: copy)
+    before = compilation._program_version()
+    assert before == compilation._program_version()
+    kernel = copy / "kernels" / "discretize.py"
+    kernel.write_text(kernel.read_text() + "\n# changed\n")
+    assert compilation._program_version() != before
+
+
 def test_kernels_compile_with_their_cpu_options_only_where_xla_knows_them():
     """A kernel given ``cpu_options`` compiles with them on a CPU; with an option this XLA does
     not know (a later jaxlib may drop one) it compiles as a plain jitted kernel, same values."""
