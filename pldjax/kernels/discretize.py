@@ -309,7 +309,54 @@ def lower_hull_at(xs, ys):
     return _hull_rows(xs[None], ys[None])[0]
 
 
-def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):
+def _raised_at_one(cand, values, log_slopes, sign, z, split, middle, next_bound):
+    """``cand`` with its value at the right end of the interval [z_(split-1), z_split] holding
+    x = 1 raised as far as soundness allows given the value at its left end.
+
+    The candidates' piecewise-linear curve lies below the true convex curve if each segment lies
+    below some line that does. On this interval Alg. 2 uses the tangent at its left end: when
+    Q's losses sit inside the interval (a sampling probability below the step), the curve turns
+    sharply there and that tangent, followed to the right end, falls to 0, and the lower hull
+    takes every value right of it to 0 (the optimistic epsilon read 0). Here the segment only
+    has to stay below the largest of three tangents (at both ends and at the middle), a convex
+    piecewise-linear function below the curve: below it at both ends and at its two kinks. The
+    largest right-end value that keeps the left end's value and those four conditions (and the
+    next interval's, ``next_bound``) is taken, never less than Alg. 2's. Where that still leaves
+    less than a tenth of the curve's value there, both ends follow the middle tangent instead.
+    Either way each segment lies below one line below the curve: sound."""
+    mid_value, mid_log_slope = middle
+    n = z.shape[0]
+    left, right = jnp.maximum(split - 1, 0), jnp.minimum(split, n - 1)
+    z_mid = (z[left] + z[right]) / 2
+    points = jnp.stack([z[left], z_mid, z[right]])
+    at = jnp.stack([values[left], mid_value, values[right]])
+    slope = sign * jnp.exp(jnp.stack([log_slopes[left], mid_log_slope, log_slopes[right]]) - points)
+
+    def tangents(x):  # the three tangent lines at x (in x = e^z)
+        return at + slope * (x - jnp.exp(points))
+
+    x_left, x_right = jnp.exp(z[left]), jnp.exp(z[right])
+    a = cand[left]
+    bound = jnp.minimum(values[right], next_bound[right])
+    for first in (0, 1):  # the kinks: where consecutive tangents cross
+        gap = slope[first] - slope[first + 1]
+        cross = (at[first + 1] - at[first] + slope[first] * jnp.exp(points[first])
+                 - slope[first + 1] * jnp.exp(points[first + 1])) / jnp.where(gap != 0, gap, 1.0)
+        kink = jnp.clip(jnp.where(gap != 0, cross, x_left), x_left, x_right)
+        envelope = jnp.max(tangents(kink))
+        reach = (kink - x_left) / (x_right - x_left)  # the segment's position at the kink
+        bound = jnp.minimum(bound, jnp.where(reach > 0, a + (envelope - a) / jnp.where(
+            reach > 0, reach, 1.0), jnp.inf))
+    kept_left = cand.at[right].set(jnp.maximum(cand[right], bound))
+    # where even so less than a tenth of the curve's value at the right end is left (the
+    # collapse), both ends follow the middle's tangent instead: the left end gives up some of
+    # its value, and x = 1 keeps most of its own
+    on_middle = (cand.at[left].set(jnp.minimum(cand[left], tangents(x_left)[1]))
+                 .at[right].set(jnp.minimum(next_bound[right], tangents(x_right)[1])))
+    return jnp.where(kept_left[right] < values[right] / 10, on_middle, kept_left)
+
+
+def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last, middle=None):
     """Alg. 2: values at the grid points of an optimistic (lower) estimate of a convex curve.
 
     ``values``: the true curve at z (delta, or the excess delta - (1 - x), accurate at z < 0);
@@ -322,6 +369,10 @@ def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):
     at x = 0, at the grid points.
     Adding a linear function (as the excess does) leaves the hull's points unchanged, so both
     forms describe one optimistic PLD.
+
+    ``middle``: (value, log slope) at the geometric middle of the interval holding x = 1, or
+    None: the candidates at that interval's ends then use a third tangent, there
+    (:func:`_raised_at_one`), so that a coarse step no longer reads an optimistic epsilon of 0.
     """
     n = z.shape[0]
     log_up = step + jnp.log(-jnp.expm1(-step))  # log(e^h - 1), finite for any step
@@ -334,6 +385,10 @@ def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last):
         idx < split, from_left, jnp.where(idx > split, from_right, jnp.minimum(from_left, from_right))
     )
     cand = cand.at[-1].set(last)
+    if middle is not None:
+        cand = jnp.where((split >= 1) & (split <= n - 1),
+                         _raised_at_one(cand, values, log_slopes, sign, z, split, middle,
+                                        from_right.at[-1].set(last)), cand)
     # x measured relative to the window centre: scaling x keeps convexity and avoids overflow
     xs = jnp.exp(z - z[n // 2])
     points = jnp.concatenate([jnp.full((1,), at_zero, values.dtype), cand])
@@ -389,6 +444,7 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     # past the largest finite loss the finite part's curve delta - atom is 0 exactly: computed as
     # a difference, its round-off left masses up to the window's top, an optimistic delta above
     # the atom there and so epsilon(atom) at the top of the window
+    raw_atom = atom
     delta = beyond_losses(z, max_loss, atom, hockey_stick(lsp, lsq, z))
     excess = hockey_stick_excess(lcp, lcq, z)
     # Left of the window the estimate follows the tangent at x_0 = e^{z_0}: it reaches
@@ -401,11 +457,17 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     atom = jnp.clip(jnp.minimum(atom, delta[-1]), 0.0, 1.0 - lost)
     delta = jnp.maximum(delta - atom, 0.0)
     excess = excess - atom
+    # both curves at the middle of the interval holding x = 1 (see optimistic_curve)
+    z_mid = z[jnp.clip(jnp.searchsorted(z, 0.0, side="left") - 1, 0, n - 1)][None] + step / 2
+    lsp_mid, lsq_mid, lcp_mid, lcq_mid = tails(z_mid)
+    delta_mid = beyond_losses(z_mid, max_loss, raw_atom, hockey_stick(lsp_mid, lsq_mid, z_mid))
+    delta_mid = jnp.maximum(delta_mid[0] - atom, 0.0)
+    excess_mid = hockey_stick_excess(lcp_mid, lcq_mid, z_mid)[0] - atom
     # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0
     curve = optimistic_curve(delta, lsq + z, -1.0, z, step, 1.0 - lost - atom, delta[0],
-                             jnp.zeros(()))
+                             jnp.zeros(()), (delta_mid, (lsq_mid + z_mid)[0]))
     excess = optimistic_curve(excess, lcq + z, 1.0, z, step, -lost - atom, excess[0],
-                              jnp.expm1(z[-1]))
+                              jnp.expm1(z[-1]), (excess_mid, (lcq_mid + z_mid)[0]))
     probs, _ = masses_from_curve(
         jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost - atom), z, below=lost + atom,
         pessimistic=False,

@@ -148,6 +148,18 @@ def test_everyone_sampled_is_the_mechanism_itself(neighboring):
     assert float(optimistic.epsilon(1e-5)) <= gaussian_epsilon(shift / 0.005, 1e-5)
 
 
+@pytest.mark.parametrize("sigma,q,grid", [(0.3, 0.02, None), (0.5, 0.05, pj.Grid(step=1 / 16))])
+def test_optimistic_estimate_on_a_step_coarser_than_the_sampling_probability(sigma, q, grid):
+    # Q's losses sit inside the grid interval below 0: the tangent from its left end fell to 0
+    # at x = 1, and with it the whole optimistic curve (epsilon read 0 against 11.92 and 5.52)
+    lower = float(pj.gaussian(sigma, sampling_prob=q, grid=grid, pessimistic=False).epsilon(1e-5))
+    upper = float(pj.gaussian(sigma, sampling_prob=q, grid=grid).epsilon(1e-5))
+    base = lambda e: gaussian_delta(1 / sigma, e)  # noqa: E731
+    true_delta = max(subsampled_remove_delta(base, q, lower), subsampled_add_delta(base, q, lower))
+    assert true_delta >= 1e-5 * (1 - 1e-9)  # still a lower bound on epsilon
+    assert 0.99 * upper <= lower <= upper
+
+
 def test_replace_one_without_subsampling_doubles_the_shift():
     a = pj.gaussian(2.0, neighboring="replace_one")
     np.testing.assert_allclose(a.delta(EPS), pj.gdp(1.0).delta(EPS), rtol=1e-12, atol=1e-16)
