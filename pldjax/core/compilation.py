@@ -96,13 +96,13 @@ def enable_default_cache() -> Path | None:
         return None
 
 
-@functools.cache
 def package_root() -> Path:
     """The pldjax package's directory: every module under it is source an exported program may
     have been traced from (the kernels call helpers all over the package)."""
     return Path(__file__).resolve().parent.parent
 
 
+@functools.cache
 def _program_version() -> str | None:
     """What an exported program depends on besides its kernel and inputs: pldjax's source, the
     jax and jaxlib versions, the backend and device; None where the source cannot be read (no
