@@ -98,7 +98,8 @@ def enable_default_cache() -> Path | None:
 
 def package_root() -> Path:
     """The pldjax package's directory: every module under it is source an exported program may
-    have been traced from (the kernels call helpers all over the package)."""
+    have been traced from (a kernel calls functions of other modules: the discretization's, the
+    mechanisms' tails)."""
     return Path(__file__).resolve().parent.parent
 
 

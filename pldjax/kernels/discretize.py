@@ -324,10 +324,9 @@ def _raised_at_one(cand, values, log_slopes, sign, z, split, middle, next_bound)
     next interval's, ``next_bound``) is taken, never less than Alg. 2's. Where that still leaves
     less than a tenth of the curve's value there, both ends follow the middle tangent instead.
     Either way each segment lies below one line below the curve: sound."""
-    mid_value, mid_log_slope = middle
+    z_mid, mid_value, mid_log_slope = middle
     n = z.shape[0]
     left, right = jnp.maximum(split - 1, 0), jnp.minimum(split, n - 1)
-    z_mid = (z[left] + z[right]) / 2
     points = jnp.stack([z[left], z_mid, z[right]])
     at = jnp.stack([values[left], mid_value, values[right]])
     slope = sign * jnp.exp(jnp.stack([log_slopes[left], mid_log_slope, log_slopes[right]]) - points)
@@ -370,7 +369,7 @@ def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last, mi
     Adding a linear function (as the excess does) leaves the hull's points unchanged, so both
     forms describe one optimistic PLD.
 
-    ``middle``: (value, log slope) at the geometric middle of the interval holding x = 1, or
+    ``middle``: (loss, value, log slope) at the middle of the interval holding x = 1, or
     None: the candidates at that interval's ends then use a third tangent, there
     (:func:`_raised_at_one`), so that a coarse step no longer reads an optimistic epsilon of 0.
     """
@@ -465,9 +464,9 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     excess_mid = hockey_stick_excess(lcp_mid, lcq_mid, z_mid)[0] - atom
     # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0
     curve = optimistic_curve(delta, lsq + z, -1.0, z, step, 1.0 - lost - atom, delta[0],
-                             jnp.zeros(()), (delta_mid, (lsq_mid + z_mid)[0]))
+                             jnp.zeros(()), (z_mid[0], delta_mid, (lsq_mid + z_mid)[0]))
     excess = optimistic_curve(excess, lcq + z, 1.0, z, step, -lost - atom, excess[0],
-                              jnp.expm1(z[-1]), (excess_mid, (lcq_mid + z_mid)[0]))
+                              jnp.expm1(z[-1]), (z_mid[0], excess_mid, (lcq_mid + z_mid)[0]))
     probs, _ = masses_from_curve(
         jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost - atom), z, below=lost + atom,
         pessimistic=False,

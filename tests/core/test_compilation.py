@@ -202,7 +202,7 @@ def test_a_new_process_reads_the_exported_kernels(tmp_path):
 
 
 def test_exported_programs_depend_on_every_module_of_the_package(monkeypatch, tmp_path):
-    """An exported program is traced through helpers all over pldjax (the discretization's in
+    """An exported program is traced through functions all over pldjax (the discretization's in
     pldjax/kernels, the mechanisms' tails): a change to any module must retire it. Only
     pldjax/core was read, so a fixed kernel kept running the old programs from the cache."""
     root = compilation.package_root()
