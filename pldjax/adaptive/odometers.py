@@ -125,7 +125,7 @@ def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[
         new, ok = core(unpack(state, like), *args)
         return keep_if(ok, pack(new), state), ok
 
-    compiled = kernel_jit(guarded, cpu_options=None)  # as a filter's spend (filters/base.py)
+    compiled = kernel_jit(guarded)
 
     @float64
     def step(state, *args):

@@ -226,9 +226,10 @@ def early_exit_on_cpu(args, *, cpu: Callable, elsewhere: Callable):
 #: XLA's CPU element-wise code from its older emitters instead of its fusion emitters: the
 #: default of :func:`kernel_jit`. Measured kernel by kernel on a 2-core CPU against XLA's
 #: defaults, most of pldjax's kernels compile in 60-80% of the time and run as fast (DP-SGD's
-#: composition: 1.38 -> 0.95 s); those that ran slower with it keep XLA's defaults (the
-#: discretization's curve 2.9x, G_mu's erfc in gdp_mu and the residue 5-11%, V_k's levels 3-8%,
-#: filters' spends).
+#: composition: 1.38 -> 0.95 s). The filters' spends, gdp_mu and the residue compile in half
+#: the time (a first GDP-residue spend 3.4 -> 2.3 s, a first batch of 256 residues 20 -> 14 s)
+#: and run 0-6% slower. Those that ran much slower keep XLA's defaults: the discretization's
+#: curve (2.9x) and V_k's levels (3-8%, in loops of thousands of calls).
 FAST_COMPILE = types.MappingProxyType({"xla_cpu_use_fusion_emitters": False})
 
 

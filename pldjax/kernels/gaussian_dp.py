@@ -468,7 +468,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
                               (low, answer))[1]
 
 
-_gdp_mu_jit = kernel_jit(gdp_mu_kernel, cpu_options=None)
+_gdp_mu_jit = kernel_jit(gdp_mu_kernel)
 
 
 @float64
@@ -701,9 +701,8 @@ def _residue_pairs(queries, slack, nu, which, mu, count, *, size: int, steps: in
     return _map_chunks(one, (which, mu), count, (0.0, False), batch_size=batch_size)
 
 
-# XLA's defaults: G_mu's erfc and exp ran 5-11% slower with FAST_COMPILE (so did gdp_mu's)
-_queries_nu_jit = kernel_jit(_queries_nu, cpu_options=None, static_argnames=("batch_size",))
-_residue_pairs_jit = kernel_jit(_residue_pairs, cpu_options=None,
+_queries_nu_jit = kernel_jit(_queries_nu, static_argnames=("batch_size",))
+_residue_pairs_jit = kernel_jit(_residue_pairs,
                                 static_argnames=("size", "steps", "batch_size", "factor"))
 
 

@@ -242,8 +242,7 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
         accepted = accepted & valid & sane
         return keep_if(accepted, pack(new), state), accepted
 
-    # XLA's defaults: a spend runs in training loops, and ran up to 12% slower with FAST_COMPILE
-    compiled = kernel_jit(guarded, static_argnames=static, cpu_options=None)
+    compiled = kernel_jit(guarded, static_argnames=static)
 
     @float64
     def spend(state, query):
