@@ -437,7 +437,34 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     if pessimistic and rounding == "connect_dots":
         values = curve_values(*_one_side(tails(z), z >= 0), z)
         return masses_from_values(beyond_losses(z, max_loss, atom, values), step, z)
-    lsp, lsq, lcp, lcq = tails(z)
+    return masses_from_tails(estimate_tails(tails, z, step), z, step, pessimistic, rounding, atom,
+                             max_loss)
+
+
+def _middle_point(z, step):
+    """The middle of the grid interval holding x = 1 (eps = 0), as a (1,) array (the first
+    interval's middle when every point is at or above 0, the last's when every one is below)."""
+    n = z.shape[0]
+    return z[jnp.clip(jnp.searchsorted(z, 0.0, side="left") - 1, 0, n - 1)][None] + step / 2
+
+
+def estimate_tails(tails, z, step):
+    """What every estimate but the pessimistic connect-the-dots one needs of a mechanism: its
+    ``tails`` (log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)) at the grid points
+    ``z`` and, last, at the middle of the interval holding x = 1 (see :func:`optimistic_curve`):
+    a (4, n + 1) array, in one evaluation (the mechanism's whole share of the work)."""
+    at = jnp.concatenate([z, _middle_point(z, step)])
+    return jnp.stack(jnp.broadcast_arrays(*tails(at)))
+
+
+def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom=0.0,
+                      max_loss=jnp.inf):
+    """(probs, inf_mass) on the grid ``z`` from the mechanism's :func:`estimate_tails`
+    ``at_points``: the optimistic connect-the-dots estimate, or privacy buckets (either
+    direction of rounding); see :func:`discretize`. Independent of the mechanism."""
+    n = z.shape[0]
+    lsp, lsq, lcp, lcq = at_points[:, :n]
+    lsp_mid, lsq_mid, lcp_mid, lcq_mid = at_points[:, n:]
     if rounding == "privacy_buckets":
         return privacy_buckets(lsp, pessimistic, atom, z >= jnp.maximum(max_loss, 0.0))
     # past the largest finite loss the finite part's curve delta - atom is 0 exactly: computed as
@@ -456,9 +483,8 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     atom = jnp.clip(jnp.minimum(atom, delta[-1]), 0.0, 1.0 - lost)
     delta = jnp.maximum(delta - atom, 0.0)
     excess = excess - atom
-    # both curves at the middle of the interval holding x = 1 (see optimistic_curve)
-    z_mid = z[jnp.clip(jnp.searchsorted(z, 0.0, side="left") - 1, 0, n - 1)][None] + step / 2
-    lsp_mid, lsq_mid, lcp_mid, lcq_mid = tails(z_mid)
+    # both curves at the middle of the interval holding x = 1
+    z_mid = _middle_point(z, step)
     delta_mid = beyond_losses(z_mid, max_loss, raw_atom, hockey_stick(lsp_mid, lsq_mid, z_mid))
     delta_mid = jnp.maximum(delta_mid[0] - atom, 0.0)
     excess_mid = hockey_stick_excess(lcp_mid, lcq_mid, z_mid)[0] - atom
@@ -539,13 +565,17 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     the masses' loops (3.0-3.4 ms against 2.2 ms for 2 x 16,384 points); with the curve computed
     once (:func:`~pldjax.core.compilation.computed_once`) the one program ran 0.2-0.7 ms faster but
     compiled in 1.6 s against 0.9 s for the two (DP-SGD's first call: the curve runs 2.9x slower
-    with the masses' compiler options, and the masses compile slower with the curve's)."""
+    with the masses' compiler options, and the masses compile slower with the curve's). The other
+    estimates are two calls likewise: the mechanism's tails, and the masses from them, one
+    program per shape whatever the mechanism (in one program they compiled in 2.2 s a shape)."""
     options = dict(mechanism=mechanism, size=size, pessimistic=pessimistic, fixed=fixed)
     then = then or _grid_masses
     if pessimistic and rounding == "connect_dots":
         values, offset, h = _curve_kernel(params, tail, step, **options)
         return _masses_kernel(values, offset, h, extra, then=then)
-    return _estimate_kernel(params, tail, step, extra, rounding=rounding, then=then, **options)
+    at_points, offset, h, atom, top = _tails_kernel(params, tail, step, **options)
+    return _tails_masses_kernel(at_points, offset, h, atom, top, extra, pessimistic=pessimistic,
+                                rounding=rounding, then=then)
 
 
 def _grid_masses(probs, inf_mass, offset, step):
@@ -588,24 +618,42 @@ def _masses_kernel(values, offset, step, extra, *, then):
     return then(*masses_rows(values, offset, step), offset, step, *extra)
 
 
-@exported_jit(static_argnames=_STATIC + ("rounding", "then"))
-def _estimate_kernel(params, tail, step, extra, *, rounding, then, **options):
-    """``then`` of a batch's masses and grids in one compiled call (see :func:`discretize`)."""
+# FAST_COMPILE, unlike the curve: the four tails ran 8x slower with XLA's defaults (64
+# subsampled Gaussians' optimistic sweep: 2.9 s against 0.35 s)
+@exported_jit(static_argnames=_STATIC)
+def _tails_kernel(params, tail, step, **options):
+    """(tails, offset, step, atom, largest finite loss) of a batch: :func:`estimate_tails` on each
+    one's grid, with what :func:`masses_from_tails` needs of the mechanism besides."""
     mechanism = options["mechanism"]
 
     def one(single, single_tail, single_step):
         offset, h = _window_grid(single, single_tail, single_step, **options)
+        z = grid_points(offset, h, options["size"])
         atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
         top = jnp.inf if mechanism.max_loss is None else mechanism.max_loss(single)
-        probs, inf_mass = discretize(functools.partial(mechanism.tails, single), offset, h,
-                                     options["size"], options["pessimistic"], rounding, atom, top)
-        return probs, inf_mass, offset, h
+        return (estimate_tails(functools.partial(mechanism.tails, single), z, h), offset, h,
+                jnp.asarray(atom, jnp.float64), jnp.asarray(top, jnp.float64))
 
-    return then(*jax.vmap(one)(params, tail, step), *extra)
+    return jax.vmap(one)(params, tail, step)
+
+
+@exported_jit(static_argnames=("pessimistic", "rounding", "then"))
+def _tails_masses_kernel(at_points, offset, step, atom, top, extra, *, pessimistic, rounding,
+                         then):
+    """``then`` of a batch's masses (:func:`masses_from_tails`) and grids: one compiled program
+    per shape for every mechanism. The rows run one after another, each by the same code, so a
+    configuration's masses do not depend on the batch it came in (vmapped, a batch of 2 and one
+    of 32 rows compiled to other reductions: an epsilon 8e-13 relative apart)."""
+    def one(single, single_offset, h, single_atom, single_top):
+        z = grid_points(single_offset, h, single.shape[-1] - 1)
+        return masses_from_tails(single, z, h, pessimistic, rounding, single_atom, single_top)
+
+    probs, inf_mass = jax.vmap(one)(at_points, offset, step, atom, top)
+    return then(probs, inf_mass, offset, step, *extra)
 
 
 #: The compiled kernels a discretization runs (for pldjax.core.compilation's counts).
-MECHANISM_KERNELS = (_curve_kernel, _masses_kernel, _estimate_kernel)
+MECHANISM_KERNELS = (_curve_kernel, _masses_kernel, _tails_kernel, _tails_masses_kernel)
 
 
 def _window_grid(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
