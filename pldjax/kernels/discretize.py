@@ -641,9 +641,7 @@ def _tails_kernel(params, tail, step, **options):
 def _tails_masses_kernel(at_points, offset, step, atom, top, extra, *, pessimistic, rounding,
                          then):
     """``then`` of a batch's masses (:func:`masses_from_tails`) and grids: one compiled program
-    per shape for every mechanism. The rows run one after another, each by the same code, so a
-    configuration's masses do not depend on the batch it came in (vmapped, a batch of 2 and one
-    of 32 rows compiled to other reductions: an epsilon 8e-13 relative apart)."""
+    per shape for every mechanism."""
     def one(single, single_offset, h, single_atom, single_top):
         z = grid_points(single_offset, h, single.shape[-1] - 1)
         return masses_from_tails(single, z, h, pessimistic, rounding, single_atom, single_top)
