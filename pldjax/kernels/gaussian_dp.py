@@ -494,6 +494,58 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
     return host_result(result)
 
 
+#: Bisection steps of :func:`gdp_mu_below_kernel` (in log mu across [_TINY_MU, MAX_MU]: 920 nats
+#: of log mu, halved 80 times, leave a bracket about 1e-21 relative wide).
+_BELOW_STEPS = 80
+
+
+def gdp_mu_below_kernel(epsilons, deltas):
+    """The largest mu (rounded down) that points below a privacy profile force on any mu-GDP
+    guarantee of it: for a pair with delta(eps_i) >= ``deltas[i]`` at each ``epsilons[i]`` (eps >= 0;
+    an optimistic PLD's profile is such a lower bound), every mu with delta_mu <= delta everywhere
+    is at least the value returned (0 where no point forces anything).
+
+    delta_mu(eps) grows with mu, so each point's mu is found by bisection in log mu, keeping the
+    lower end only where delta_mu(eps) raised by :func:`_gdp_error` is at most the point's delta: a
+    mu certified there is below any mu whose curve reaches that delta."""
+    def one(eps, delta):
+        def certified(mu):
+            return (_gdp_delta(mu, eps) * (1.0 + _gdp_error(mu)) <= delta) & (delta > 0)
+
+        def halve(_, bracket):
+            low, high = bracket
+            middle = jnp.sqrt(low) * jnp.sqrt(high)
+            ok = certified(middle)
+            return jnp.where(ok, middle, low), jnp.where(ok, high, middle)
+
+        low, _ = jax.lax.fori_loop(0, _BELOW_STEPS, halve,
+                                   (jnp.asarray(_TINY_MU), jnp.asarray(MAX_MU)))
+        return jnp.where(certified(low) & (eps >= 0), low, 0.0)
+
+    return jnp.max(jax.vmap(one)(epsilons, deltas))
+
+
+_gdp_mu_below_jit = kernel_jit(gdp_mu_below_kernel)
+
+
+@float64
+def gdp_mu_below(pld: PLD, epsilons):
+    """A lower bound on the smallest mu with the true mechanism mu-GDP, from its optimistic PLD
+    read at ``epsilons`` (nats, >= 0; the more, and the closer to where G_mu binds, the tighter):
+    see :func:`gdp_mu_below_kernel`. The worse direction of a two-direction PLD counts; not
+    batched."""
+    if pld.pessimistic:
+        raise ValueError("gdp_mu_below needs an optimistic PLD (a lower bound) for a sound answer")
+    if pld.batch_shape:
+        raise ValueError(f"gdp_mu_below takes one PLD, got batch shape {pld.batch_shape}")
+    epsilons = np.asarray(epsilons, np.float64).reshape(-1)
+    check_range("epsilons", epsilons, 0.0, allow_inf=False)
+    if epsilons.size == 0:
+        return 0.0
+    deltas = np.asarray(pld.delta(epsilons), np.float64)
+    return float(_gdp_mu_below_jit(epsilons, deltas))
+
+
 # -- residue --------------------------------------------------------------------------------------
 def _size_class(n):
     """The smallest m 2^k >= n (and >= 16) with m in {8, 9, 10, 12, 15}: five sizes an octave, all

@@ -118,3 +118,17 @@ def test_reverse_recurrence_matches_a_sequential_filter(n, step):
     want = lfilter([1.0], [1.0, -np.exp(-step)], terms[::-1])[::-1]
     got = np.asarray(jax.jit(profile._reverse_recurrence)(jnp.exp(-step), jnp.asarray(terms)))
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.xfail(strict=True, reason="delta_kernel adds no round-off allowance: on 32,768 "
+                   "points the sums of masses read delta 2.6e-14 (relative) below the exact "
+                   "curve at the grid points where connect-the-dots is exact")
+def test_delta_at_the_grid_points_of_a_fine_grid_is_never_below_the_truth():
+    import mpmath
+
+    mpmath.mp.dps = 40
+    pld = pj.gdp(1.0, grid=pj.Grid(step=2**-10))
+    epsilons = np.array([0.5, 1.0, 2.0])
+    truth = [float(mpmath.ncdf(mpmath.mpf(1) / 2 - e) - mpmath.exp(e) * mpmath.ncdf(-mpmath.mpf(1) / 2 - e))
+             for e in map(mpmath.mpf, epsilons)]
+    assert np.all(np.asarray(pld.delta(epsilons)) >= truth)

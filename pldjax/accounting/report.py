@@ -1,0 +1,196 @@
+"""Privacy reports: the numbers a privacy review reads, each as a bracket.
+
+A report reads a mechanism's pessimistic PLD (every value an upper bound on the truth: what may
+be claimed) and its optimistic PLD (every value a lower bound: how much the claim could still
+tighten), and gives both for
+
+* epsilon at a grid of deltas and delta at a grid of epsilons (the privacy profile);
+* the membership-inference attacker's true-positive rate at a grid of false-positive rates,
+  TPR = 1 - beta(FPR), beta the f-DP tradeoff curve (the worse direction of the neighbouring
+  relation; Dong, Roth and Su's f-DP);
+* the Gaussian-DP mu: the smallest mu with the mechanism mu-GDP (up to the pessimistic PLD's
+  atom at +inf, reported as ``gdp_delta``), and a mu it provably needs at least;
+* Rényi divergences at standard orders (Rényi DP; an atom at +inf makes them infinite).
+
+``privacy_report(pld, optimistic)`` takes the two PLDs; ``privacy_report(event, count=T)`` builds
+them for T runs of a :class:`~pldjax.mechanisms.events.Event`. Without an optimistic PLD the
+lower bounds are the trivial ones (0, and TPR = FPR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from pldjax.core.grid import Grid
+from pldjax.core.pld import PLD
+from pldjax.core.validation import check_count, check_range
+from pldjax.kernels.gaussian_dp import gdp_mu, gdp_mu_below
+from pldjax.mechanisms.events import Event
+
+DELTAS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 1e-10)
+EPSILONS = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0)
+FPRS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5)
+ORDERS = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+#: Deltas at which the optimistic profile is read for the GDP lower bound (one point each).
+_GDP_DELTAS = np.geomspace(0.5, 1e-12, 45)
+#: The largest GDP mu searched for the upper bound (a mechanism beyond it reads inf).
+_GDP_MU_MAX = 1e4
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyReport:
+    """A mechanism's privacy in the terms reviewers use, as brackets [lower, upper] around the
+    truth (see the module). Arrays are NumPy float64; nats throughout."""
+
+    deltas: np.ndarray
+    epsilon_upper: np.ndarray  # pessimistic epsilon at each delta
+    epsilon_lower: np.ndarray  # optimistic
+    epsilons: np.ndarray
+    delta_upper: np.ndarray  # pessimistic delta at each epsilon
+    delta_lower: np.ndarray
+    fprs: np.ndarray
+    tpr_upper: np.ndarray  # the attacker's best TPR at each FPR is at most this
+    tpr_lower: np.ndarray  # and at least this
+    gdp_mu_upper: float  # the mechanism is mu-GDP up to gdp_delta (inf: beyond _GDP_MU_MAX)
+    gdp_delta: float  # the pessimistic PLD's atom at +inf, which the GDP bound leaves aside
+    gdp_mu_lower: float  # every mu-GDP guarantee of the mechanism has mu at least this
+    orders: np.ndarray
+    renyi_upper: np.ndarray  # Rényi divergence (the RDP epsilon) at each order
+    renyi_lower: np.ndarray
+    assumptions: Mapping[str, object]  # what the numbers are of (mechanism, sampling, steps...)
+
+    def to_dict(self) -> dict:
+        """Plain Python values (lists of floats; infinities as the strings "inf" and "-inf", so
+        that the result is strict JSON)."""
+        def plain(value):
+            if isinstance(value, np.ndarray):
+                return [plain(v) for v in value.tolist()]
+            if isinstance(value, float) and not math.isfinite(value):
+                return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            if isinstance(value, Mapping):
+                return {str(k): plain(v) for k, v in value.items()}
+            return value
+
+        return {field.name: plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
+
+    def to_json(self, **dumps_options) -> str:
+        """:meth:`to_dict` as JSON text (``dumps_options`` go to :func:`json.dumps`)."""
+        return json.dumps(self.to_dict(), allow_nan=False, **dumps_options)
+
+    def to_markdown(self) -> str:
+        """The report as Markdown: what it is of, then one table per measure."""
+        lines = ["# Privacy report", ""]
+        lines += [f"- {key}: {value}" for key, value in self.assumptions.items()]
+        lines += ["", "Every value is bracketed: the truth lies between lower (optimistic PLD) and "
+                  "upper (pessimistic PLD).", ""]
+        lines += _table(("delta", "epsilon lower", "epsilon upper"),
+                        (self.deltas, self.epsilon_lower, self.epsilon_upper))
+        lines += _table(("epsilon", "delta lower", "delta upper"),
+                        (self.epsilons, self.delta_lower, self.delta_upper))
+        lines += _table(("attacker FPR", "TPR lower", "TPR upper"),
+                        (self.fprs, self.tpr_lower, self.tpr_upper))
+        lines += _table(("Rényi order", "RDP epsilon lower", "RDP epsilon upper"),
+                        (self.orders, self.renyi_lower, self.renyi_upper))
+        lines += [f"Gaussian DP: mu in [{_number(self.gdp_mu_lower)}, "
+                  f"{_number(self.gdp_mu_upper)}] (the upper bound holds up to delta "
+                  f"{_number(self.gdp_delta)})", ""]
+        return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _table(header: Sequence[str], columns: Sequence[np.ndarray]) -> list[str]:
+    rows = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    rows += ["| " + " | ".join(_number(float(c[i])) for c in columns) + " |"
+             for i in range(len(columns[0]))]
+    return rows + [""]
+
+
+def _grid(name: str, values, low: float, high: float, **bounds) -> np.ndarray:
+    values = np.atleast_1d(np.asarray(values, np.float64))
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {values.shape}")
+    check_range(name, values, low, high, **bounds)
+    return values
+
+
+def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
+                   count: int | None = None, grid: Grid | None = None,
+                   deltas: Sequence[float] = DELTAS, epsilons: Sequence[float] = EPSILONS,
+                   fprs: Sequence[float] = FPRS, orders: Sequence[float] = ORDERS,
+                   assumptions: Mapping[str, object] | None = None) -> PrivacyReport:
+    """The :class:`PrivacyReport` of a mechanism.
+
+    Args:
+      mechanism: its pessimistic PLD (one, not a batch), or an
+        :class:`~pldjax.mechanisms.events.Event` run ``count`` times (both PLDs are then built
+        on ``grid``, automatic by default, and composed).
+      optimistic: its optimistic PLD, for the lower bounds (built for an event).
+      count: the number of runs of an event (>= 1); only with an event.
+      deltas, epsilons: where the privacy profile is read (delta in [0, 1], epsilon >= 0 nats).
+      fprs: the attacker's false-positive rates (in [0, 1]).
+      orders: Rényi orders (> 0).
+      assumptions: what the report is of (added to what an event describes itself).
+    """
+    described = {} if assumptions is None else dict(assumptions)
+    if isinstance(mechanism, Event):
+        if optimistic is not None:
+            raise ValueError("an event's report builds its own optimistic PLD: pass no optimistic")
+        count = check_count("count", count, minimum=1)
+        described = {"mechanism": repr(mechanism.noise), "sampling": repr(mechanism.sampling),
+                     "neighboring": str(mechanism.neighboring.value), "runs": count,
+                     **described}
+        pessimistic = mechanism.pld(grid=grid).self_compose(count)
+        optimistic = mechanism.pld(pessimistic=False, grid=grid).self_compose(count)
+    elif isinstance(mechanism, PLD):
+        if count is not None or grid is not None:
+            raise ValueError("count and grid are for an event: a PLD's report reads it as given")
+        pessimistic = mechanism
+    else:
+        raise TypeError(f"mechanism must be a PLD or an Event, got {type(mechanism).__name__}")
+    if not pessimistic.pessimistic:
+        raise ValueError("mechanism must be a pessimistic PLD (its values are the upper bounds)")
+    if optimistic is not None and optimistic.pessimistic:
+        raise ValueError("optimistic must be an optimistic PLD (pessimistic=False)")
+    for name, pld in (("mechanism", pessimistic), ("optimistic", optimistic)):
+        if pld is not None and pld.batch_shape:
+            raise ValueError(f"{name} must be one PLD, got batch shape {pld.batch_shape}: "
+                             "report each element on its own")
+    deltas = _grid("deltas", deltas, 0.0, 1.0)
+    epsilons = _grid("epsilons", epsilons, 0.0, np.inf)
+    fprs = _grid("fprs", fprs, 0.0, 1.0)
+    orders = _grid("orders", orders, 0.0, np.inf, low_open=True)
+
+    def read(pld: PLD, method: str, points: np.ndarray) -> np.ndarray:
+        return np.asarray(getattr(pld, method)(points), np.float64)
+
+    gdp_delta = max(float(np.max(np.asarray(d.inf_mass))) for d in pessimistic.directions())
+    upper = dict(epsilon=read(pessimistic, "epsilon", deltas),
+                 delta=read(pessimistic, "delta", epsilons),
+                 tpr=1.0 - read(pessimistic, "tradeoff", fprs),
+                 renyi=read(pessimistic, "renyi", orders),
+                 mu=float(gdp_mu(pessimistic, delta_slack=gdp_delta, mu_max=_GDP_MU_MAX)))
+    if optimistic is None:
+        lower = dict(epsilon=np.zeros_like(deltas), delta=np.zeros_like(epsilons), tpr=fprs.copy(),
+                     renyi=np.zeros_like(orders), mu=0.0)
+    else:
+        profile = read(optimistic, "epsilon", _GDP_DELTAS)
+        lower = dict(epsilon=read(optimistic, "epsilon", deltas),
+                     delta=read(optimistic, "delta", epsilons),
+                     tpr=1.0 - read(optimistic, "tradeoff", fprs),
+                     renyi=read(optimistic, "renyi", orders),
+                     mu=gdp_mu_below(optimistic, profile[np.isfinite(profile) & (profile >= 0)]))
+    return PrivacyReport(
+        deltas=deltas, epsilon_upper=upper["epsilon"], epsilon_lower=lower["epsilon"],
+        epsilons=epsilons, delta_upper=upper["delta"], delta_lower=lower["delta"],
+        fprs=fprs, tpr_upper=upper["tpr"], tpr_lower=lower["tpr"],
+        gdp_mu_upper=upper["mu"], gdp_delta=gdp_delta, gdp_mu_lower=lower["mu"],
+        orders=orders, renyi_upper=upper["renyi"], renyi_lower=lower["renyi"],
+        assumptions=described)

@@ -1,0 +1,131 @@
+"""Privacy reports: every bracket holds the truth (closed forms, mpmath) and is tight on the
+default grid."""
+
+import json
+
+import mpmath
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+import pldjax as pj
+
+FPRS = np.geomspace(1e-6, 0.5, 12)
+
+
+def _gdp_tpr(mu, alpha):
+    """TPR of the best test of G_mu at FPR alpha: Phi(Phi^-1(alpha) + mu) (Dong, Roth, Su)."""
+    return norm.cdf(norm.ppf(alpha) + mu)
+
+
+def _gdp_delta(mu, eps):
+    """delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu), at 40 digits."""
+    mpmath.mp.dps = 40
+    mu = mpmath.mpf(mu)
+    return np.array([float(mpmath.ncdf(mu / 2 - e / mu) - mpmath.exp(e) * mpmath.ncdf(-mu / 2 - e / mu))
+                     for e in map(mpmath.mpf, eps)])
+
+
+def _subsampled_gaussian_tpr(sigma, q, alpha):
+    """The attacker's best TPR at FPR alpha against one Poisson-subsampled Gaussian step (add or
+    remove: the worse direction), at 40 digits. Remove: P = (1 - q) N(0, 1) + q N(1/sigma, 1)
+    against Q = N(0, 1), the test rejects P below a threshold t; add: the roles swap."""
+    mpmath.mp.dps = 40
+    mu = mpmath.mpf(1) / sigma
+    mix = lambda t: (1 - q) * mpmath.ncdf(t) + q * mpmath.ncdf(t - mu)  # noqa: E731
+    # remove: alpha = P(X < t), TPR = 1 - beta = 1 - Q(X >= t) = Phi(t)
+    t = mpmath.findroot(lambda t: mix(t) - alpha, mpmath.mpf(norm.ppf(alpha)))
+    remove = mpmath.ncdf(t)
+    # add: alpha = Q(X > t), TPR = 1 - P(X <= t)
+    s = mpmath.findroot(lambda s: 1 - mpmath.ncdf(s) - alpha, mpmath.mpf(norm.isf(alpha)))
+    add = 1 - mix(s)
+    return float(max(remove, add))
+
+
+@pytest.mark.parametrize("grid, error", [(None, 1e-4), (pj.Grid(step=2**-10), 1e-6)])
+def test_gaussian_dp_report_brackets_the_closed_forms(grid, error):
+    """Within 1e-4 of the truth on the default grid (steps of 1/64 nats), 1e-6 on 2^-10."""
+    mu = 1.0
+    report = pj.privacy_report(pj.gdp(mu, grid=grid), pj.gdp(mu, pessimistic=False, grid=grid),
+                               fprs=FPRS)
+    truth = _gdp_tpr(mu, FPRS)
+    assert np.all(report.tpr_lower <= truth) and np.all(truth <= report.tpr_upper)
+    assert np.max(report.tpr_upper - report.tpr_lower) <= error
+    if grid is None:  # on 2^-10 the upper delta is exact at its grid points, up to round-off
+        deltas = _gdp_delta(mu, report.epsilons)
+        assert np.all(report.delta_lower <= deltas) and np.all(deltas <= report.delta_upper)
+    assert report.gdp_mu_lower <= mu <= report.gdp_mu_upper
+    assert report.gdp_mu_upper - report.gdp_mu_lower <= 10 * error
+    # Renyi DP of G_mu at order a is a mu^2 / 2
+    assert np.all(report.renyi_lower <= report.orders * mu**2 / 2 * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("sigma, q", [(1.0, 0.01), (0.8, 0.2)])
+def test_subsampled_gaussian_tpr_against_mpmath(sigma, q):
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.Poisson(q))
+    report = pj.privacy_report(event, count=1, fprs=FPRS)
+    truth = np.array([_subsampled_gaussian_tpr(sigma, q, a) for a in FPRS])
+    assert np.all(report.tpr_lower <= truth) and np.all(truth <= report.tpr_upper)
+    assert np.max(report.tpr_upper - report.tpr_lower) <= 1e-4
+
+
+def test_randomized_response_tpr_is_exact():
+    """R_eps's tradeoff curve is max(0, 1 - e^eps a, e^-eps (1 - a)); eps = 1 lies on the grid,
+    so the pessimistic PLD is exact (only round-off separates it from the truth)."""
+    eps = 1.0
+    report = pj.privacy_report(pj.randomized_response(eps),
+                               pj.randomized_response(eps, pessimistic=False), fprs=FPRS)
+    truth = 1 - np.maximum.reduce([np.zeros_like(FPRS), 1 - np.exp(eps) * FPRS,
+                                   np.exp(-eps) * (1 - FPRS)])
+    assert np.all(report.tpr_lower <= truth) and np.all(truth <= report.tpr_upper)
+    np.testing.assert_allclose(report.tpr_upper, truth, rtol=0, atol=1e-11)
+    assert np.max(truth - report.tpr_lower) <= 5e-3
+    assert np.all(report.epsilon_upper[report.deltas > 0] <= eps * (1 + 1e-12))
+
+
+def test_event_report_reads_the_dpsgd_epsilon_and_renders():
+    event = pj.dpsgd_event(1.0, 0.01)
+    report = pj.privacy_report(event, count=1000, deltas=[1e-5], assumptions={"model": "a CNN"})
+    upper = pj.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)
+    lower = pj.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5, pessimistic=False)
+    assert report.epsilon_lower[0] <= upper and lower <= report.epsilon_upper[0]
+    assert report.epsilon_upper[0] == pytest.approx(upper, rel=1e-4)
+    assert 0 < report.gdp_mu_lower <= report.gdp_mu_upper < np.inf
+    assert np.all(report.tpr_lower <= report.tpr_upper) and np.all(report.tpr_lower >= report.fprs)
+    data = json.loads(report.to_json())
+    assert data["assumptions"]["runs"] == 1000 and data["assumptions"]["model"] == "a CNN"
+    assert data["epsilon_upper"] == [float(report.epsilon_upper[0])]
+    text = report.to_markdown()
+    assert "| attacker FPR | TPR lower | TPR upper |" in text and "runs: 1000" in text
+
+
+def test_report_without_optimistic_pld_has_the_trivial_lower_bounds():
+    report = pj.privacy_report(pj.laplace(1.0), fprs=[1e-3, 0.1])
+    np.testing.assert_array_equal(report.tpr_lower, [1e-3, 0.1])
+    assert report.gdp_mu_lower == 0.0 and np.all(report.epsilon_lower == 0.0)
+    # a pure-DP mechanism's infinite orders read as strict JSON
+    assert json.loads(report.to_json())["renyi_upper"][0] != "nan"
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: pj.privacy_report(pj.gdp(np.array([1.0, 2.0]))), "mechanism must be one PLD"),
+    (lambda: pj.privacy_report(pj.gdp(1.0, pessimistic=False)), "pessimistic PLD"),
+    (lambda: pj.privacy_report(pj.gdp(1.0), pj.gdp(1.0)), "optimistic must be an optimistic"),
+    (lambda: pj.privacy_report(pj.gdp(1.0), fprs=[2.0]), "fprs"),
+    (lambda: pj.privacy_report(pj.gdp(1.0), deltas=[np.nan]), "deltas"),
+    (lambda: pj.privacy_report(pj.gdp(1.0), orders=[0.0]), "orders"),
+    (lambda: pj.privacy_report(pj.dpsgd_event(1.0, 0.01)), "count"),
+    (lambda: pj.privacy_report(pj.gdp(1.0), count=3), "count and grid are for an event"),
+    (lambda: pj.privacy_report(1.0), "PLD or an Event"),
+])
+def test_bad_report_input_names_the_argument(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_gdp_mu_below_refuses_a_pessimistic_pld():
+    from pldjax.kernels.gaussian_dp import gdp_mu_below
+
+    with pytest.raises(ValueError, match="optimistic PLD"):
+        gdp_mu_below(pj.gdp(1.0), [1.0])
+    assert gdp_mu_below(pj.gdp(1.0, pessimistic=False), []) == 0.0
