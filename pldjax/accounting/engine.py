@@ -106,7 +106,7 @@ def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, targe
         wrapped, summary, inf_mass, offset, step, count, exponents,
         tail=composition_tail(target, evaluate), pessimistic=pessimistic,
     )
-    return jax.vmap(lambda p, m, o, h, t: kernel(p, m, o, h, t[None])[0])(
+    return jax.vmap(lambda p, m, o, h, t: kernel(p, m, o, h, t[None], pessimistic)[0])(
         probs, composed_inf, start, step, target)
 
 

@@ -47,7 +47,7 @@ from pldjax.core.precision import float64, host_result, root_of_difference_down
 from pldjax.core.validation import check_count, check_range, is_traced
 from pldjax.kernels.compose import fft_roundoff
 from pldjax.kernels.dominance import ROUNDOFF
-from pldjax.kernels.hockey_stick import grid_deltas
+from pldjax.kernels.hockey_stick import curve_roundoff, grid_deltas
 
 #: Default number of search steps of the residue (tests after its first): the search stops
 #: earlier once its bracket is narrower than _RESIDUE_RTOL mu'^2 + _RESIDUE_ATOL mu^2.
@@ -249,19 +249,12 @@ def _first_index(values, target):
 
 
 def _grid_curve(probs, inf_mass, offset, step):
-    """(points, curve) of a grid PLD, the curve of its finite masses raised by :func:`_curve_error`
-    (an upper bound on the exact curve of the grid PLD; the atom at +inf is exact, so a slack of
-    exactly the atom covers the curve's flat tail) and led by eps = 0 if the grid starts above it."""
+    """(points, curve) of a grid PLD, the curve of its finite masses raised by
+    :func:`~pldjax.kernels.hockey_stick.curve_roundoff` (an upper bound on the exact curve of the
+    grid PLD; the atom at +inf is exact, so a slack of exactly the atom covers the curve's flat
+    tail) and led by eps = 0 if the grid starts above it."""
     z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
-    return _with_lead(z, grid_deltas(probs, inf_mass, step, 1.0 + _curve_error(probs.shape[0])))
-
-
-def _curve_error(n: int) -> float:
-    """Relative round-off bound of :func:`pldjax.kernels.hockey_stick.grid_deltas` on ``n`` points: the tail
-    sum S (a sum of n non-negative terms), the blocked recurrence D (one 128-term block product
-    and n / 128 carries) and the atom, each a few ulps per operation on its longest path; a
-    generous 4 n + 512 ulps. Relative, so a zero tail stays zero."""
-    return float((4 * n + 512) * np.finfo(np.float64).eps)
+    return _with_lead(z, grid_deltas(probs, inf_mass, step, 1.0 + curve_roundoff(probs.shape[0])))
 
 
 def _search(evaluate, good, bad, points, steps: int, tol, score_tol):

@@ -13,6 +13,7 @@ recurrences (see :func:`_reverse_recurrence`). Between grid points, with t = z_j
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -90,17 +91,18 @@ def _block_level_sums(probs, step):
     return s, r, d, padded
 
 
-def _crossing_sums(probs, inf_mass, step, deltas):
-    """For each target in ``deltas``: j, the number of grid points whose delta (inf_mass + D_k,
-    non-increasing in k) is above it, at most n - 1, and S_j and R_j (see :func:`tail_sums`). One
+def _crossing_sums(probs, inf_mass, step, deltas, scale=1.0):
+    """For each target in ``deltas``: j, the number of grid points whose delta (inf_mass +
+    ``scale`` D_k, non-increasing in k) is above it, at most n - 1, and S_j and R_j (see
+    :func:`tail_sums`). One
     pass over the masses (:func:`_block_level_sums`), then inside the block where delta crosses
     the target only: O(n + len(deltas) _BLOCK^2)."""
     n = probs.shape[-1]
     s, r, d, padded = _block_level_sums(probs, step)
     blocks = padded.shape[0]
     # block b holds the crossing, where b + 1 block starts lie above the target
-    block = jnp.clip(jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left") - 1, 0,
-                     blocks - 1)
+    block = jnp.clip(jnp.searchsorted(-(inf_mass + d[:-1] * scale), -deltas, side="left") - 1,
+                     0, blocks - 1)
     inside = padded[block]  # (targets, _BLOCK)
     s_next, r_next, d_next = s[block + 1], r[block + 1], d[block + 1]
     local = jnp.arange(_BLOCK)
@@ -112,7 +114,7 @@ def _crossing_sums(probs, inf_mass, step, deltas):
     d_inside = (inside @ grown.T + d_next[:, None]
                 - jnp.expm1(-to_end)[None, :] * r_next[:, None])
     index = block[:, None] * _BLOCK + local[None, :]
-    above = (inf_mass + d_inside > deltas[:, None]) & (index < n)
+    above = (inf_mass + d_inside * scale > deltas[:, None]) & (index < n)
     j = jnp.minimum(block * _BLOCK + jnp.sum(above, axis=1), n - 1)
     first = j - block * _BLOCK  # in [0, _BLOCK]: the block's points from it on are in S_j, R_j
     later = local[None, :] >= first[:, None]
@@ -134,6 +136,24 @@ def tail_sums(probs, step):
     return s, r, d
 
 
+def curve_roundoff(n: int) -> float:
+    """Relative round-off bound of a curve read from ``n`` masses (:func:`grid_deltas`,
+    :func:`delta_kernel`): the tail sum S (a sum of n non-negative terms), the blocked recurrence
+    D (one 128-term block product and n / 128 carries) and the atom, each a few ulps per operation
+    on its longest path, and the masses' own round-off; a generous 4 n + 512 ulps. Relative, so
+    a zero tail stays zero."""
+    return float((4 * n + 512) * np.finfo(np.float64).eps)
+
+
+def _finite_scale(n: int, pessimistic: bool | None) -> float:
+    """What the finite masses' part of a curve is multiplied by: 1 + :func:`curve_roundoff` for a
+    pessimistic PLD (an upper bound stays one), 1 - it for an optimistic one, 1 (the discrete
+    PLD's own curve, to round-off) for None."""
+    if pessimistic is None:
+        return 1.0
+    return 1.0 + curve_roundoff(n) if pessimistic else 1.0 - curve_roundoff(n)
+
+
 def grid_deltas(probs, inf_mass, step, finite_scale=1.0):
     """delta at every grid point z_k, shape (n,): non-increasing in k, at most 1. The finite
     masses' part is multiplied by ``finite_scale`` (a caller's round-off allowance; the atom at
@@ -142,14 +162,16 @@ def grid_deltas(probs, inf_mass, step, finite_scale=1.0):
     return jnp.minimum(inf_mass + d[:-1] * finite_scale, 1.0)
 
 
-def delta_kernel(probs, inf_mass, offset, step, epsilons):
-    """delta(eps) for an array of eps on one single-direction PLD."""
+def delta_kernel(probs, inf_mass, offset, step, epsilons, pessimistic: bool | None = None):
+    """delta(eps) for an array of eps on one single-direction PLD: its finite part moved by
+    its round-off (:func:`curve_roundoff`) up for a ``pessimistic`` PLD, down for an optimistic
+    one; None: the discrete PLD's own curve (to round-off)."""
     n = probs.shape[-1]
     s, _, d = tail_sums(probs, step)
     u = jnp.clip(epsilons / step - offset, -1.0, n + 1.0)
     j = jnp.clip(jnp.ceil(u), 0, n).astype(jnp.int32)
     t = jnp.maximum((offset + j) * step - epsilons, 0.0)
-    finite = jnp.exp(-t) * d[j] - jnp.expm1(-t) * s[j]
+    finite = (jnp.exp(-t) * d[j] - jnp.expm1(-t) * s[j]) * _finite_scale(n, pessimistic)
     finite = jnp.where(j >= n, 0.0, finite)
     # in [0, 1] as every delta is: round-off in the masses (which sum to 1 only up to it) can
     # push the sum an ulp or two above 1, and 1 bounds every true delta from above
@@ -170,21 +192,24 @@ def _grid_point_rounded_up(index, step):
     return jnp.where(round_off > 0, jnp.nextafter(product, jnp.inf), product)
 
 
-def epsilon_kernel(probs, inf_mass, offset, step, deltas):
-    """Smallest eps >= 0 with delta(eps) <= target, exact on the discrete PLD; inf if impossible."""
+def epsilon_kernel(probs, inf_mass, offset, step, deltas, pessimistic: bool | None = None):
+    """Smallest eps >= 0 with delta(eps) <= target, on :func:`delta_kernel`'s curve (the same
+    ``pessimistic``); inf if impossible."""
     n = probs.shape[-1]
+    scale = _finite_scale(n, pessimistic)
     if deltas.shape[0] <= _DIRECT_TARGETS:
         # a few targets: S, R and D at the blocks' starts, then each one's crossing block alone
         # (no pass over the whole grid per point)
-        j, s_j, r_j = _crossing_sums(probs, inf_mass, step, deltas)
+        j, s_j, r_j = _crossing_sums(probs, inf_mass, step, deltas, scale)
     else:
         s, r, d = tail_sums(probs, step)
-        j = jnp.searchsorted(-(inf_mass + d[:-1]), -deltas, side="left")  # grid deltas > target
+        # grid deltas > target
+        j = jnp.searchsorted(-(inf_mass + d[:-1] * scale), -deltas, side="left")
         j = jnp.minimum(j, n - 1)
         s_j, r_j = s[j], r[j]
     z_j = _grid_point_rounded_up(offset + j, step)
-    # on (z_{j-1}, z_j]: delta(z_j - t) = m + S_j - e^{-t} R_j, increasing in t >= 0
-    room = inf_mass + s_j - deltas
+    # on (z_{j-1}, z_j]: delta(z_j - t) = m + scale (S_j - e^{-t} R_j), increasing in t >= 0
+    room = s_j - (deltas - inf_mass) / scale
     t = jnp.log(r_j) - jnp.log(room)
     eps = jnp.where(room <= 0, -jnp.inf, z_j - jnp.maximum(t, 0.0))
     eps = jnp.maximum(eps, 0.0)
@@ -193,8 +218,8 @@ def epsilon_kernel(probs, inf_mass, offset, step, deltas):
     return jnp.where(deltas >= 1.0, 0.0, jnp.where(inf_mass > deltas, jnp.inf, eps))
 
 
-_delta_jit = kernel_jit(delta_kernel)
-_epsilon_jit = kernel_jit(epsilon_kernel)
+_delta_jit = kernel_jit(delta_kernel, static_argnames=("pessimistic",))
+_epsilon_jit = kernel_jit(epsilon_kernel, static_argnames=("pessimistic",))
 
 
 def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Array:
@@ -218,11 +243,13 @@ def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Arr
 def delta(pld: PLD, epsilon) -> jax.Array:
     """delta(epsilon) of ``pld`` (see :meth:`PLD.delta`)."""
     check_range("epsilon", epsilon, 0.0, allow_inf=True)
-    return per_direction(pld, epsilon, _delta_jit)
+    return per_direction(pld, epsilon,
+                         functools.partial(_delta_jit, pessimistic=pld.pessimistic))
 
 
 @float64
 def epsilon(pld: PLD, delta) -> jax.Array:
     """epsilon(delta) of ``pld`` (see :meth:`PLD.epsilon`)."""
     check_range("delta", delta, 0.0, 1.0)
-    return per_direction(pld, delta, _epsilon_jit)
+    return per_direction(pld, delta,
+                         functools.partial(_epsilon_jit, pessimistic=pld.pessimistic))
