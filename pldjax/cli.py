@@ -5,6 +5,8 @@
 * ``pldjax sweep configs.csv [--output out.csv]``: epsilon (or delta) for every row of a CSV file
   with columns ``noise_multiplier, sampling_prob, steps`` and ``delta`` (or ``epsilon``), in one
   batched computation, with a progress bar on long sweeps.
+* ``pldjax report --noise-multiplier S [--sampling-prob Q] --steps T [--format json]``: the
+  privacy report of one configuration (:func:`pldjax.privacy_report`), Markdown by default.
 
 Both take the mechanism as its parts (a :class:`pldjax.Event`): ``--noise`` (gaussian, laplace,
 discrete_laplace, discrete_gaussian; the noise's scale is S times ``--sensitivity``),
@@ -23,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import decimal
-import math
 import sys
 from collections.abc import Sequence
 
@@ -135,7 +135,31 @@ def _build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("configs", help="input CSV file")
     sweep.add_argument("--output", help="output CSV file (default: standard output)")
     _add_neighboring(sweep)
+    report = sub.add_parser(
+        "report",
+        help="a privacy report: epsilon, delta, attacker TPR at low FPR, GDP mu, Renyi DP",
+        description=(
+            "Brackets what a privacy review reads between the optimistic and the pessimistic "
+            "PLD of the composition (see pldjax.privacy_report)."
+        ),
+    )
+    _add_mechanism_options(report)
+    report.add_argument("--format", choices=("markdown", "json"), default="markdown",
+                        help="output format (default markdown)")
     return parser
+
+
+def _report(args) -> str:
+    import pldjax as pj
+    from pldjax.core.validation import check_count, check_range
+
+    sampling_prob = _sampling_prob(args)
+    check_range("noise_multiplier", args.noise_multiplier, 0.0, low_open=True)
+    check_range("sampling_prob", sampling_prob, 0.0, 1.0)
+    check_range("sensitivity", args.sensitivity, 0.0, low_open=True)
+    steps = check_count("steps", args.steps, minimum=1)
+    report = pj.privacy_report(_event(args, args.noise_multiplier, sampling_prob), count=steps)
+    return report.to_json(indent=1) if args.format == "json" else report.to_markdown()
 
 
 def _event(args, noise_multiplier, sampling_prob):
@@ -179,33 +203,29 @@ def _evaluate(args, evaluate: str, noise_multiplier, sampling_prob, steps, targe
             f"for the Gaussian)") from None
 
 
-def _single(args) -> str:
-    target = args.delta if args.command == "epsilon" else args.epsilon
+def _sampling_prob(args) -> float:
+    """--sampling-prob, which --sampling none leaves out (every record every step)."""
     if args.sampling_prob is None:
         if args.sampling != "none":
             raise ValueError(f"--sampling-prob is required with --sampling {args.sampling} (or "
                              "pass --sampling none)")
-        args.sampling_prob = 1.0
+        return 1.0
+    return args.sampling_prob
+
+
+def _single(args) -> str:
+    from pldjax.core.precision import six_digits
+
+    target = args.delta if args.command == "epsilon" else args.epsilon
+    args.sampling_prob = _sampling_prob(args)
     bounds = [
         _evaluate(args, args.command, args.noise_multiplier, args.sampling_prob, args.steps,
                   target, pessimistic=pessimistic)
         for pessimistic in (True, False)
     ]
     _check_numbers(bounds, lambda bad: "for these arguments")
-    return (f"{args.command} = {_six_digits(bounds[0], up=True)}  "
-            f"(optimistic {_six_digits(bounds[1], up=False)})")
-
-
-def _six_digits(value: float, up: bool) -> str:
-    """``value`` to six significant digits, rounded up (``up``: an upper bound printed stays one)
-    or down (a lower bound), from its exact binary value."""
-    if not math.isfinite(value) or value == 0:
-        return f"{value:.6g}"
-    exact = decimal.Decimal(value)
-    unit = decimal.Decimal(1).scaleb(exact.adjusted() - 5)
-    rounded = exact.quantize(unit, rounding=decimal.ROUND_CEILING if up else decimal.ROUND_FLOOR)
-    text = f"{float(rounded):.6g}"  # as Python prints floats; the same digits,
-    return text if decimal.Decimal(text) == rounded else str(rounded)  # but for subnormals
+    return (f"{args.command} = {six_digits(bounds[0], up=True)}  "
+            f"(optimistic {six_digits(bounds[1], up=False)})")
 
 
 def _read_configs(path: str):
@@ -295,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sweep":
             return _sweep(args)
-        print(_single(args))
+        print(_report(args) if args.command == "report" else _single(args))
     except ComputationError as err:
         print(f"pldjax: error: {err}", file=sys.stderr)
         return 1

@@ -205,9 +205,9 @@ def test_printed_values_are_rounded_to_their_safe_side(capsys, command, target, 
 def test_six_digits_bound_their_value(value):
     from decimal import Decimal
 
-    from pldjax.cli import _six_digits
+    from pldjax.core.precision import six_digits
 
-    up, down = _six_digits(value, up=True), _six_digits(value, up=False)
+    up, down = six_digits(value, up=True), six_digits(value, up=False)
     assert Decimal(down) <= Decimal(value) <= Decimal(up)  # exact decimal comparisons
     assert float(up) <= value * (1 + 1e-5) and float(down) >= value * (1 - 1e-5)
 
@@ -253,3 +253,29 @@ def test_help_shows_the_defaults():
     epsilon = _build_parser()._subparsers._group_actions[0].choices["epsilon"]
     text = epsilon.format_help()
     assert "default add_remove" in text and "default gaussian" in text
+
+
+def test_report_prints_markdown_or_json_rounded_to_the_safe_side(capsys):
+    import json
+
+    args = ["report", "--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "100"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "| attacker FPR | TPR lower | TPR upper |" in text and "runs: 100" in text
+    assert main([*args, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    row = text.splitlines().index("| delta | epsilon lower | epsilon upper |") + 2 + 3  # 1e-5
+    lower, upper = (float(v) for v in text.splitlines()[row].strip("|").split("|")[1:])
+    assert data["deltas"][3] == 1e-5
+    assert lower <= data["epsilon_lower"][3] and data["epsilon_upper"][3] <= upper
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    (["--steps", "0", "--sampling-prob", "0.01"], "steps"),
+    (["--steps", "10", "--sampling-prob", "1.5"], "sampling_prob"),
+    (["--steps", "10"], "--sampling-prob"),
+])
+def test_bad_report_arguments_exit_2_naming_them(capsys, args, name):
+    assert main(["report", "--noise-multiplier", "1", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and name in captured.err

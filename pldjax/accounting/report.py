@@ -28,6 +28,7 @@ import numpy as np
 
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD
+from pldjax.core.precision import six_digits
 from pldjax.core.validation import check_count, check_range
 from pldjax.kernels.gaussian_dp import gdp_mu, gdp_mu_below
 from pldjax.mechanisms.events import Event
@@ -83,7 +84,8 @@ class PrivacyReport:
         return json.dumps(self.to_dict(), allow_nan=False, **dumps_options)
 
     def to_markdown(self) -> str:
-        """The report as Markdown: what it is of, then one table per measure."""
+        """The report as Markdown: what it is of, then one table per measure (bounds to six
+        digits, each rounded to its safe side)."""
         lines = ["# Privacy report", ""]
         lines += [f"- {key}: {value}" for key, value in self.assumptions.items()]
         lines += ["", "Every value is bracketed: the truth lies between lower (optimistic PLD) and "
@@ -96,9 +98,9 @@ class PrivacyReport:
                         (self.fprs, self.tpr_lower, self.tpr_upper))
         lines += _table(("Rényi order", "RDP epsilon lower", "RDP epsilon upper"),
                         (self.orders, self.renyi_lower, self.renyi_upper))
-        lines += [f"Gaussian DP: mu in [{_number(self.gdp_mu_lower)}, "
-                  f"{_number(self.gdp_mu_upper)}] (the upper bound holds up to delta "
-                  f"{_number(self.gdp_delta)})", ""]
+        lines += [f"Gaussian DP: mu in [{six_digits(self.gdp_mu_lower, up=False)}, "
+                  f"{six_digits(self.gdp_mu_upper, up=True)}] (the upper bound holds up to delta "
+                  f"{six_digits(self.gdp_delta, up=True)})", ""]
         return "\n".join(lines)
 
 
@@ -107,10 +109,25 @@ def _number(value: float) -> str:
 
 
 def _table(header: Sequence[str], columns: Sequence[np.ndarray]) -> list[str]:
+    """A Markdown table of (grid, lower bounds, upper bounds), each bound printed to six digits
+    rounded to its safe side (down, up)."""
+    grid, lower, upper = columns
     rows = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    rows += ["| " + " | ".join(_number(float(c[i])) for c in columns) + " |"
-             for i in range(len(columns[0]))]
+    rows += [f"| {_number(float(g))} | {six_digits(float(lo), up=False)} | "
+             f"{six_digits(float(hi), up=True)} |" for g, lo, hi in zip(grid, lower, upper,
+                                                                        strict=True)]
     return rows + [""]
+
+
+def _describe(record) -> str:
+    """A noise or sampling record as its name and numbers, e.g. "Poisson(sampling_prob=0.01)"."""
+    if not dataclasses.is_dataclass(record):
+        return repr(record)
+    parts = []
+    for field in dataclasses.fields(record):
+        value = np.asarray(getattr(record, field.name))
+        parts.append(f"{field.name}={value.tolist() if value.ndim else value.item()}")
+    return f"{type(record).__name__}({', '.join(parts)})"
 
 
 def _grid(name: str, values, low: float, high: float, **bounds) -> np.ndarray:
@@ -144,7 +161,8 @@ def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
         if optimistic is not None:
             raise ValueError("an event's report builds its own optimistic PLD: pass no optimistic")
         count = check_count("count", count, minimum=1)
-        described = {"mechanism": repr(mechanism.noise), "sampling": repr(mechanism.sampling),
+        described = {"mechanism": _describe(mechanism.noise),
+                     "sampling": _describe(mechanism.sampling),
                      "neighboring": str(mechanism.neighboring.value), "runs": count,
                      **described}
         pessimistic = mechanism.pld(grid=grid).self_compose(count)

@@ -7,7 +7,9 @@ context manager), so results are bit-identical with the flag on or off.
 
 from __future__ import annotations
 
+import decimal
 import functools
+import math
 from collections.abc import Callable
 from fractions import Fraction
 from typing import TypeVar
@@ -188,3 +190,15 @@ def root_of_difference_down(mu, nu):
     put it below. 0 where nu >= mu."""
     root = jnp.sqrt(jnp.maximum((mu - nu) * (mu + nu), 0.0))
     return jnp.maximum(jnp.nextafter(jnp.nextafter(root, 0.0), 0.0), 0.0)
+
+
+def six_digits(value: float, up: bool) -> str:
+    """``value`` to six significant digits, rounded up (``up``: an upper bound printed stays one)
+    or down (a lower bound), from its exact binary value."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.6g}"
+    exact = decimal.Decimal(value)
+    unit = decimal.Decimal(1).scaleb(exact.adjusted() - 5)
+    rounded = exact.quantize(unit, rounding=decimal.ROUND_CEILING if up else decimal.ROUND_FLOOR)
+    text = f"{float(rounded):.6g}"  # as Python prints floats; the same digits,
+    return text if decimal.Decimal(text) == rounded else str(rounded)  # but for subnormals
