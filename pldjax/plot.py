@@ -79,5 +79,45 @@ def tradeoff(curves, *, alphas: Sequence[float] | None = None, ax=None):
     return fig
 
 
-__all__ = ["profile", "tradeoff"]
+def report(privacy_report, *, gdp_points: int = 200):
+    """A :class:`~pldjax.accounting.report.PrivacyReport` as two panels: the attacker's TPR
+    against its FPR on log axes (the band between the report's bounds, G_mu's curve at the
+    report's upper mu, dashed, and guessing, dotted), and epsilon against delta (the band).
+    ``gdp_points``: points of G_mu's curve, 1 - beta(alpha) = Phi(Phi^-1(alpha) + mu)."""
+    from scipy.special import ndtr, ndtri
+
+    plt = _pyplot()
+    fig, (roc, prof) = plt.subplots(1, 2, figsize=(9, 3.8), layout="constrained")
+    fprs = privacy_report.fprs
+    positive = fprs > 0
+    (line,) = roc.plot(fprs[positive], privacy_report.tpr_upper[positive], marker="o",
+                       markersize=3, label="upper bound (pessimistic)")
+    roc.fill_between(fprs[positive], privacy_report.tpr_lower[positive],
+                     privacy_report.tpr_upper[positive], color=line.get_color(), alpha=0.25,
+                     linewidth=0, label="to the lower bound (optimistic)")
+    alphas = np.geomspace(np.min(fprs[positive]), 1.0, gdp_points)
+    mu = privacy_report.gdp_mu_upper
+    if np.isfinite(mu):
+        roc.plot(alphas, ndtr(ndtri(alphas) + mu), linestyle="--", color="0.3", linewidth=1,
+                 label=rf"$G_\mu$, $\mu = {mu:.4g}$")
+    roc.plot(alphas, alphas, linestyle=":", color="0.6", linewidth=1, label="guessing")
+    roc.set_xscale("log")
+    roc.set_yscale("log")
+    roc.set_xlabel(r"attacker's false-positive rate $\alpha$")
+    roc.set_ylabel(r"true-positive rate $1 - \beta(\alpha)$")
+    roc.legend(fontsize="small")
+    deltas = privacy_report.deltas
+    (line,) = prof.plot(deltas, privacy_report.epsilon_upper, marker="o", markersize=3,
+                        label="upper bound (pessimistic)")
+    prof.fill_between(deltas, privacy_report.epsilon_lower, privacy_report.epsilon_upper,
+                      color=line.get_color(), alpha=0.25, linewidth=0,
+                      label="to the lower bound (optimistic)")
+    prof.set_xscale("log")
+    prof.set_xlabel(r"$\delta$")
+    prof.set_ylabel(r"$\varepsilon(\delta)$ (nats)")
+    prof.legend(fontsize="small")
+    return fig
+
+
+__all__ = ["profile", "report", "tradeoff"]
 __dir__ = public_dir(__all__)

@@ -128,3 +128,16 @@ def test_gdp_mu_below_refuses_a_pessimistic_pld():
     with pytest.raises(ValueError, match="optimistic PLD"):
         gdp_mu_below(pj.gdp(1.0), [1.0])
     assert gdp_mu_below(pj.gdp(1.0, pessimistic=False), []) == 0.0
+
+
+def test_report_figure_has_both_panels_and_saves(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    report = pj.privacy_report(pj.gdp(1.0), pj.gdp(1.0, pessimistic=False))
+    figure = pj.plot.report(report)
+    roc, profile = figure.axes
+    assert roc.get_xscale() == "log" and roc.get_yscale() == "log"
+    assert any("mu" in text.get_text() for text in roc.get_legend().get_texts())
+    figure.savefig(tmp_path / "report.png")
+    assert (tmp_path / "report.png").stat().st_size > 0
