@@ -119,6 +119,18 @@ def _table(header: Sequence[str], columns: Sequence[np.ndarray]) -> list[str]:
     return rows + [""]
 
 
+def true_positive_rates(pld: PLD | None, false_positive_rates) -> np.ndarray:
+    """The membership-inference attacker's best true-positive rate at each false-positive rate
+    (in [0, 1]): 1 - beta(FPR) on ``pld``'s tradeoff curve, the worse direction; an upper bound
+    for a pessimistic PLD, a lower bound for an optimistic one. None (no PLD: not private, or no
+    grid holds it) reads 1."""
+    fprs = np.asarray(false_positive_rates, np.float64)
+    check_range("false_positive_rates", fprs, 0.0, 1.0)
+    if pld is None:
+        return np.ones_like(fprs)
+    return 1.0 - np.asarray(pld.tradeoff(fprs), np.float64)
+
+
 def _describe(record) -> str:
     """A noise or sampling record as its name and numbers, e.g. "Poisson(sampling_prob=0.01)"."""
     if not dataclasses.is_dataclass(record):
@@ -192,7 +204,7 @@ def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
     gdp_delta = max(float(np.max(np.asarray(d.inf_mass))) for d in pessimistic.directions())
     upper = dict(epsilon=read(pessimistic, "epsilon", deltas),
                  delta=read(pessimistic, "delta", epsilons),
-                 tpr=1.0 - read(pessimistic, "tradeoff", fprs),
+                 tpr=true_positive_rates(pessimistic, fprs),
                  renyi=read(pessimistic, "renyi", orders),
                  mu=float(gdp_mu(pessimistic, delta_slack=gdp_delta, mu_max=_GDP_MU_MAX)))
     if optimistic is None:
@@ -202,7 +214,7 @@ def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
         profile = read(optimistic, "epsilon", _GDP_DELTAS)
         lower = dict(epsilon=read(optimistic, "epsilon", deltas),
                      delta=read(optimistic, "delta", epsilons),
-                     tpr=1.0 - read(optimistic, "tradeoff", fprs),
+                     tpr=true_positive_rates(optimistic, fprs),
                      renyi=read(optimistic, "renyi", orders),
                      mu=gdp_mu_below(optimistic, profile[np.isfinite(profile) & (profile >= 0)]))
     return PrivacyReport(

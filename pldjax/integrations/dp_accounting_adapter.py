@@ -68,6 +68,7 @@ from dp_accounting import dp_event as _ev
 from dp_accounting.pld import pld_privacy_accountant as _dpa_pld
 from scipy import special
 
+from pldjax.accounting.report import true_positive_rates
 from pldjax.accounting.schedule import compose_schedule
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
@@ -479,6 +480,45 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         if composed is None or delta < chernoff.RESOLVED_DELTA:
             delta = min(delta, chernoff.delta(self._single_steps(), target_epsilon))
         return delta
+
+
+    @announces_slow_calls("pldjax.dp_accounting.PLDAccountant.get_true_positive_rates")
+    def get_true_positive_rates(self, false_positive_rates, deltas=None):
+        """An upper bound on the membership-inference attacker's true-positive rate at each
+        false-positive rate in [0, 1] (dp_accounting's meaning): 1 - beta(FPR) on the composed
+        PLD's tradeoff curve (the worse direction), which is every (epsilon, delta) pair's bound
+        at once, so it is at or below dp_accounting's for any ``deltas``; ``deltas`` (in
+        [0, 1]) are accepted for its signature and checked, not needed. A float for a number,
+        an array otherwise; 1 after a non-private event or where no grid holds the composition.
+        """
+        if deltas is not None:
+            check_range("deltas", deltas, 0.0, 1.0)
+        composed = None if self._contains_non_dp_event else self._composed_if_it_fits()
+        tpr = true_positive_rates(composed, false_positive_rates)
+        return float(tpr) if tpr.ndim == 0 else tpr
+
+    def get_gdp_parameter_estimate(self, false_positive_rates=None, deltas=None) -> float:
+        """dp_accounting's estimate of the Gaussian-DP mu: the largest
+        Phi^-1(TPR) - Phi^-1(FPR) over ``false_positive_rates`` up to 1/2 (default 500 from 1e-12
+        to 0.5, log-spaced), TPR from :meth:`get_true_positive_rates`; inf where the PLD's atom
+        at +inf (either direction) exceeds the smallest of them. An estimate, neither bound
+        (the grid may miss where mu binds); :func:`pldjax.gdp_mu` of :meth:`pld` is a certified
+        upper bound."""
+        if false_positive_rates is None:
+            fprs = np.logspace(-12.0, np.log10(0.5), 500)
+        else:
+            fprs = np.atleast_1d(np.asarray(false_positive_rates, np.float64))
+            check_range("false_positive_rates", fprs, 0.0, 1.0)
+            fprs = fprs[fprs <= 0.5]
+            if fprs.size == 0:
+                raise ValueError("false_positive_rates must hold a rate at most 0.5")
+        tpr = self.get_true_positive_rates(fprs, deltas)
+        composed = None if self._contains_non_dp_event else self._composed_if_it_fits()
+        if composed is None or any(float(np.max(np.asarray(d.inf_mass))) > np.min(fprs)
+                                   for d in composed.directions()):
+            return math.inf
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.max(special.ndtri(tpr) - special.ndtri(fprs)))
 
 
 @functools.cache

@@ -31,6 +31,7 @@ from opacus.accountants import IAccountant
 from opacus.accountants.analysis import rdp as opacus_rdp
 from opacus.accountants.registry import _ACCOUNTANTS, register_accountant
 
+from pldjax.accounting.report import true_positive_rates
 from pldjax.accounting.schedule import compose_schedule
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
@@ -161,6 +162,17 @@ class PLDAccountant(IAccountant):
             # epsilon = 10) gives the smallest positive float
             delta = float(np.nextafter(delta, 1.0))
         return delta
+
+    @announces_slow_calls("pldjax.opacus.PLDAccountant.get_true_positive_rates")
+    def get_true_positive_rates(self, false_positive_rates):
+        """An upper bound on the membership-inference attacker's true-positive rate at each
+        false-positive rate in [0, 1] after the steps taken so far (the meaning of
+        dp_accounting's method of that name): see :func:`pldjax.accounting.report.
+        true_positive_rates`; 1 after a step without noise or where no grid holds the
+        composition. A float for a number, an array otherwise."""
+        pld = self._composed()
+        tpr = true_positive_rates(None if pld is _TOO_WIDE else pld, false_positive_rates)
+        return float(tpr) if tpr.ndim == 0 else tpr
 
     def __len__(self) -> int:
         """The number of optimizer steps taken so far."""

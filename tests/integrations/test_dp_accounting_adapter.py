@@ -377,3 +377,36 @@ def test_a_composition_too_wide_for_a_grid_is_still_answered():
         eps = acct.get_epsilon(delta)
         assert gaussian_epsilon(mu, delta) <= eps <= 1.1 * gaussian_epsilon(mu, delta)
     assert gaussian_delta(mu, 700.0) <= acct.get_delta(700.0) < 1.0
+
+
+def test_true_positive_rates_and_gdp_estimate_of_g1():
+    """GaussianDpEvent(sqrt 3) three times is G_1: TPR(FPR) = Phi(Phi^-1(FPR) + 1) exactly (0.38914
+    at FPR 0.1, as dp_accounting's own tests read it), mu 1."""
+    import numpy as np
+    from scipy.stats import norm
+
+    acc = pj.dp_accounting.PLDAccountant()
+    acc.compose(ev.GaussianDpEvent(math.sqrt(3)), 1)
+    acc.compose(ev.GaussianDpEvent(math.sqrt(3)), 2)
+    fprs = np.array([1e-6, 1e-3, 0.1, 0.5])
+    tpr = acc.get_true_positive_rates(fprs)
+    exact = norm.cdf(norm.ppf(fprs) + 1.0)
+    assert np.all(tpr >= exact) and np.all(tpr - exact <= 1e-4)
+    assert isinstance(acc.get_true_positive_rates(0.1), float)
+    assert acc.get_true_positive_rates(0.1, deltas=[1e-5]) == pytest.approx(0.38914, abs=1e-4)
+    assert acc.get_gdp_parameter_estimate() == pytest.approx(1.0, abs=3e-3)
+
+
+def test_true_positive_rates_at_the_extremes():
+    nothing = pj.dp_accounting.PLDAccountant()
+    nothing.compose(ev.PoissonSampledDpEvent(0.0, ev.GaussianDpEvent(1.0)))
+    assert 0.5 <= nothing.get_true_positive_rates(0.5) <= 0.5 + 1e-12
+    assert nothing.get_gdp_parameter_estimate() < 1e-2
+    everything = pj.dp_accounting.PLDAccountant()
+    everything.compose(ev.PoissonSampledDpEvent(0.1, ev.GaussianDpEvent(0.0)))
+    assert everything.get_true_positive_rates(0.1) == 1.0
+    assert everything.get_gdp_parameter_estimate() == math.inf
+    with pytest.raises(ValueError, match="false_positive_rates"):
+        nothing.get_true_positive_rates(1.5)
+    with pytest.raises(ValueError, match="false_positive_rates"):
+        nothing.get_gdp_parameter_estimate([0.7])

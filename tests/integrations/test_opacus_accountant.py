@@ -6,6 +6,7 @@ import math
 import time
 
 import dp_accounting as dpa
+import numpy as np
 import pytest
 
 opacus = pytest.importorskip("opacus")
@@ -189,3 +190,21 @@ def test_a_composition_too_wide_for_a_grid_is_still_answered():
     acct.history.append((1.0, 0.1, 2.5))
     with pytest.raises(ValueError, match=r"history\[1\] num_steps"):
         acct.get_epsilon(DELTA)
+
+
+def test_true_positive_rates_bound_the_attacker():
+    """One step at sigma sqrt 3 with q = 1, three times, is G_1: TPR = Phi(Phi^-1(FPR) + 1)."""
+    from scipy.stats import norm
+
+    acc = pj.opacus.PLDAccountant()
+    assert acc.get_true_positive_rates(0.1) == pytest.approx(0.1, abs=1e-12)
+    for _ in range(3):
+        acc.step(noise_multiplier=math.sqrt(3), sample_rate=1.0)
+    fprs = np.array([1e-4, 0.1])
+    tpr = acc.get_true_positive_rates(fprs)
+    exact = norm.cdf(norm.ppf(fprs) + 1.0)
+    assert np.all(tpr >= exact) and np.all(tpr - exact <= 1e-4)
+    acc.step(noise_multiplier=0.0, sample_rate=0.5)
+    assert acc.get_true_positive_rates(0.1) == 1.0
+    with pytest.raises(ValueError, match="false_positive_rates"):
+        acc.get_true_positive_rates(-0.1)
