@@ -319,6 +319,57 @@ def _describe(event, rel: _NR):
         if sigma == 0:
             return "non_private"
         return Event(noise.Gaussian(sigma), sampling.TruncatedPoisson(q, n, b), relation)
+    if isinstance(event, _ev.SingleEpochTreeAggregationDpEvent):
+        return _tree_aggregation(event, rel, relation)
+    return _newer_event(event)
+
+
+def _tree_aggregation(event, rel: _NR, relation: Neighboring):
+    """SingleEpochTreeAggregationDpEvent (Kairouz et al. 2021, appendix D), under
+    REPLACE_SPECIAL as dp_accounting's RDP accountant reads it: a record reaches at most one node
+    per level of the deepest tree, ceil(log2(steps + 1)) nodes, so the release is the Gaussian
+    mechanism of sensitivity sqrt(depth) at the nodes' noise multiplier."""
+    if rel != _NR.REPLACE_SPECIAL:
+        return _Unsupported("neighboring_relation must be REPLACE_SPECIAL for "
+                            f"SingleEpochTreeAggregationDpEvent. Found {rel}.")
+    sigma = _noise_scale(event, "noise_multiplier")
+    counts = event.step_counts
+    counts = [counts] if np.ndim(counts) == 0 else list(counts)
+    if not counts:
+        raise ValueError("SingleEpochTreeAggregationDpEvent.step_counts must be a count or a "
+                         "non-empty list of counts")
+    steps = max(check_count("SingleEpochTreeAggregationDpEvent.step_counts", c) for c in counts)
+    if steps == 0 or sigma == math.inf:
+        return None
+    if sigma == 0:
+        return "non_private"
+    depth = math.ceil(math.log2(steps + 1))
+    return Event(noise.Gaussian(sigma, math.sqrt(depth)), None, relation)
+
+
+def _newer_event(event):
+    """Events of newer dp_accounting releases, recognised by their names (an older dp_accounting
+    has no class to test against), else _Unsupported. EpsilonDeltaDpEvent and
+    ExponentialMechanismDpEvent (as dp_accounting's PLD accountant reads it: an epsilon-DP black
+    box) are the (epsilon, delta) guarantee's own curve, randomized response R_{epsilon,delta},
+    whatever the relation; PermuteAndFlipDpEvent is the Laplace mechanism of scale 1/epsilon
+    (McKenna and Sheldon 2020)."""
+    name = type(event).__name__
+    if name in ("EpsilonDeltaDpEvent", "ExponentialMechanismDpEvent"):
+        epsilon = _number(event, "epsilon", 0.0, allow_inf=True)
+        delta = _number(event, "delta", 0.0, 1.0) if name == "EpsilonDeltaDpEvent" else 0.0
+        if epsilon == math.inf or delta == 1.0:
+            return "non_private"
+        if epsilon == 0.0 and delta == 0.0:
+            return None
+        return Event(noise.RandomizedResponse(epsilon, delta), None, Neighboring.ADD_REMOVE)
+    if name == "PermuteAndFlipDpEvent":
+        epsilon = _number(event, "epsilon", 0.0, allow_inf=True)
+        if epsilon == 0.0:
+            return None
+        if epsilon == math.inf:
+            return "non_private"
+        return Event(noise.Laplace(1.0 / epsilon), None, Neighboring.ADD_REMOVE)
     return _Unsupported("Unsupported event.")
 
 

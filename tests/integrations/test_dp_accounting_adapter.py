@@ -410,3 +410,51 @@ def test_true_positive_rates_at_the_extremes():
         nothing.get_true_positive_rates(1.5)
     with pytest.raises(ValueError, match="false_positive_rates"):
         nothing.get_gdp_parameter_estimate([0.7])
+
+
+def test_tree_aggregation_is_the_gaussian_of_its_depth():
+    """Three single-epoch trees of 15 steps (depth 4) at noise multiplier 2, zero-out: a record
+    reaches 4 nodes, so each tree is G_mu with mu = sqrt(4) / 2, and three are G_sqrt(3)."""
+    from scipy.stats import norm
+
+    event = ev.SingleEpochTreeAggregationDpEvent(2.0, [7, 15])
+    acc = pj.dp_accounting.PLDAccountant(dpa.NeighboringRelation.REPLACE_SPECIAL)
+    acc.compose(event, 3)
+    mu, eps = math.sqrt(3.0), 2.0
+    exact = norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+    assert exact <= acc.get_delta(eps) <= exact * (1 + 1e-3)
+    rdp = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_SPECIAL)
+    rdp.compose(event, 3)
+    assert acc.get_epsilon(1e-6) <= rdp.get_epsilon(1e-6)
+    assert not pj.dp_accounting.PLDAccountant().supports(event)  # add/remove: refused
+
+
+def _newer_event(name, **fields):
+    """An event of a newer dp_accounting release, as its class would be (matched by name)."""
+    import attr
+
+    cls = attr.make_class(name, list(fields), bases=(ev.DpEvent,), frozen=True, slots=True)
+    return cls(**fields)
+
+
+def test_events_of_newer_dp_accounting_releases_are_recognised_by_name():
+    acc = pj.dp_accounting.PLDAccountant()
+    acc.compose(_newer_event("EpsilonDeltaDpEvent", epsilon=1.0, delta=0.1))
+    acc.compose(_newer_event("EpsilonDeltaDpEvent", epsilon=2.0, delta=0.2))
+    # composed (eps, delta) guarantees: delta(3) = 1 - 0.9 x 0.8 exactly; dp_accounting's own
+    # tests read TPR(0.1) = 0.91938 from its (eps, delta) pairs, which our curve is at or below
+    assert 0.28 <= acc.get_delta(3.0) <= 0.28 + 1e-12
+    assert acc.get_epsilon(0.2801) <= 3.0
+    assert acc.get_true_positive_rates(0.1) <= 0.91938 + 1e-3
+    pure = pj.dp_accounting.PLDAccountant()
+    pure.compose(_newer_event("ExponentialMechanismDpEvent", epsilon=1.0))
+    pure.compose(_newer_event("ExponentialMechanismDpEvent", epsilon=2.0))
+    assert pure.get_epsilon(0.0) == pytest.approx(3.0, rel=1e-12) and pure.get_epsilon(0.0) >= 3.0
+    flip, laplace = pj.dp_accounting.PLDAccountant(), pj.dp_accounting.PLDAccountant()
+    flip.compose(_newer_event("PermuteAndFlipDpEvent", epsilon=0.5))
+    laplace.compose(ev.LaplaceDpEvent(2.0))
+    assert flip.get_epsilon(1e-5) == laplace.get_epsilon(1e-5)
+    with pytest.raises(ValueError, match="EpsilonDeltaDpEvent.delta"):
+        pj.dp_accounting.PLDAccountant().compose(
+            _newer_event("EpsilonDeltaDpEvent", epsilon=1.0, delta=1.5))
+    assert not acc.supports(_newer_event("RepeatAndSelectLikeDpEvent", epsilon=1.0))
