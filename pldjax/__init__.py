@@ -54,6 +54,7 @@ from pldjax.mechanisms.named import (
     identity,
     laplace,
     randomized_response,
+    zcdp,
 )
 
 __all__ = [
@@ -102,6 +103,7 @@ __all__ = [
     "sup",
     "totally_ordered",
     "tradeoff_from_profile",
+    "zcdp",
 ]
 
 

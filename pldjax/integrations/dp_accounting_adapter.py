@@ -81,7 +81,7 @@ from pldjax.kernels.compose import compose as _compose
 from pldjax.kernels.discretize import hockey_stick, hockey_stick_excess, masses_from_curve
 from pldjax.mechanisms import noise, sampling
 from pldjax.mechanisms.events import Event
-from pldjax.mechanisms.named import gaussian, identity
+from pldjax.mechanisms.named import gaussian, identity, zcdp
 from pldjax.mechanisms.neighboring import Neighboring
 
 _NR = _dpa.NeighboringRelation
@@ -172,6 +172,12 @@ def _event_pld(key, relation: Neighboring) -> PLD:
     if isinstance(key, Event):
         return key.pld()
     return k_randomized_response(*key, relation.value)
+
+
+@functools.lru_cache(maxsize=64)
+def _zcdp_pld(rho: float, xi: float) -> PLD:
+    """The PLD that dominates every (xi, rho)-zCDP mechanism (one per total)."""
+    return zcdp(rho, xi)
 
 
 @functools.lru_cache(maxsize=256)
@@ -349,12 +355,20 @@ def _tree_aggregation(event, rel: _NR, relation: Neighboring):
 
 def _newer_event(event):
     """Events of newer dp_accounting releases, recognised by their names (an older dp_accounting
-    has no class to test against), else _Unsupported. EpsilonDeltaDpEvent and
+    has no class to test against), else _Unsupported. ZCDpEvent is ("zcdp", rho, xi): the
+    accountant adds them up ((xi, rho)-zCDP composes by addition) and reads the total through
+    :func:`pldjax.mechanisms.named.zcdp`. EpsilonDeltaDpEvent and
     ExponentialMechanismDpEvent (as dp_accounting's PLD accountant reads it: an epsilon-DP black
     box) are the (epsilon, delta) guarantee's own curve, randomized response R_{epsilon,delta},
     whatever the relation; PermuteAndFlipDpEvent is the Laplace mechanism of scale 1/epsilon
     (McKenna and Sheldon 2020)."""
     name = type(event).__name__
+    if name == "ZCDpEvent":
+        rho = _number(event, "rho", 0.0, allow_inf=True)
+        xi = _number(event, "xi", 0.0, allow_inf=True)
+        if math.inf in (rho, xi):
+            return "non_private"
+        return None if rho == xi == 0.0 else ("zcdp", rho, xi)
     if name in ("EpsilonDeltaDpEvent", "ExponentialMechanismDpEvent"):
         epsilon = _number(event, "epsilon", 0.0, allow_inf=True)
         delta = _number(event, "delta", 0.0, 1.0) if name == "EpsilonDeltaDpEvent" else 0.0
@@ -425,6 +439,7 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         super().__init__(neighboring_relation, value_discretization_interval)
         self._segments: list[tuple[float, float, int]] = []  # Gaussian DP-SGD segments
         self._parts: list[tuple[object, int]] = []  # (Event or randomized response, count)
+        self._zcdp = (0.0, 0.0)  # the zCDP events' (rho, xi), summed
         self._composed: PLD | None = None
 
     def _leaf(self, event):
@@ -434,7 +449,9 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         if isinstance(described, _Unsupported):
             return self.CompositionErrorDetails(event, str(described))
         if not isinstance(described, Event):
-            return described if described in (None, "non_private") else ("part", described[1:])
+            if described in (None, "non_private"):
+                return described
+            return ("zcdp", described[1:]) if described[0] == "zcdp" else ("part", described[1:])
         gaussian_noise = type(described.noise) is noise.Gaussian and described.noise.sensitivity == 1.0
         if gaussian_noise and described.sampling is None:
             return "segment", (float(described.noise.sigma), 1.0)
@@ -464,6 +481,9 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
             self._contains_non_dp_event = True
         elif leaf[0] == "segment":
             self._segments.append((*leaf[1], count))
+        elif leaf[0] == "zcdp":
+            self._zcdp = tuple(total + count * part
+                               for total, part in zip(self._zcdp, leaf[1], strict=True))
         else:
             self._parts.append((leaf[1], count))
         return None
@@ -477,6 +497,8 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         """(one run's PLD, count) of everything composed so far."""
         relation = _RELATION[self.neighboring_relation]
         steps = [(_step_pld(sigma, q, relation), count) for sigma, q, count in self._segments]
+        if self._zcdp != (0.0, 0.0):
+            steps.append((_zcdp_pld(*self._zcdp), 1))
         return steps + [(_event_pld(key, relation), count) for key, count in self._parts]
 
     def pld(self) -> PLD:
@@ -487,6 +509,8 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
             parts = []
             if self._segments:
                 parts.append(compose_schedule(self._segments, neighboring=relation))
+            if self._zcdp != (0.0, 0.0):
+                parts.append(_zcdp_pld(*self._zcdp))
             for key, count in self._parts:
                 parts.append(_event_pld(key, relation).self_compose(count))
             self._composed = (identity() if not parts else

@@ -19,7 +19,7 @@ from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, check_range, is_traced, within
-from pldjax.kernels.discretize import masses_from_curve
+from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
 from pldjax.mechanisms import sampling as sampling_lib
 from pldjax.mechanisms.events import privacy_loss
 from pldjax.mechanisms.neighboring import Neighboring
@@ -233,6 +233,54 @@ def from_privacy_curve(
     forward = _curve_to_pld(delta, step, offset, size, "delta")
     return PLD.from_directions(forward, None if reverse is None else _curve_to_pld(
         reverse, step, offset, size, "reverse"))
+
+
+#: Rényi orders of :func:`zcdp`'s conversion, 1 + 2^-20 to 1 + 2^20 (a finite set: each order's
+#: bound is valid, so their smallest is an upper bound whichever orders are taken).
+_ZCDP_ORDERS = 1.0 + np.geomspace(2.0**-20, 2.0**20, 4001)
+#: Points of :func:`zcdp`'s window (its step follows).
+_ZCDP_POINTS = 4096
+
+
+def _zcdp_bound(epsilons, rho: float, xi: float) -> np.ndarray:
+    """The smallest over _ZCDP_ORDERS of the conversion of (a, xi + rho a)-RDP to
+    (eps, delta)-DP, delta = e^((a - 1)(xi + rho a - eps)) (1 - 1/a)^(a - 1) / a (Canonne,
+    Kamath and Steinke 2020, Prop. 12), at most 1, at each of ``epsilons`` (nats, >= 0)."""
+    a = _ZCDP_ORDERS[:, None]
+    log_delta = ((a - 1.0) * (xi + rho * a - epsilons[None, :]) - np.log(a)
+                 + (a - 1.0) * np.log1p(-1.0 / a))
+    return np.minimum(np.exp(np.min(log_delta, axis=0)), 1.0)
+
+
+@float64
+def zcdp(rho: float, xi: float = 0.0) -> PLD:
+    """A pessimistic PLD that dominates every (xi, rho)-zCDP mechanism (Rényi DP xi + rho a at
+    every order a > 1; Bun and Steinke 2016): its curve is the tightest conversion of that Rényi
+    bound to a privacy profile (Canonne, Kamath and Steinke 2020, Prop. 12, the smallest over
+    4,001 orders), made convex in e^eps (its lower convex hull at the grid points: every
+    mechanism's curve is convex and below the conversion, so below the hull too), on a window
+    from eps = 0 (losses below 0 move up to 0; the mechanisms are symmetric) to where the curve
+    is below 1e-18 (what lies beyond is the atom at +inf), about 4,096 points. ``rho`` and ``xi``
+    >= 0 (nats; (xi, rho) composes by addition)."""
+    check_range("rho", rho, 0.0, 1e6)
+    check_range("xi", xi, 0.0, 1e6)
+    rho, xi = float(rho), float(xi)
+    # the Gaussian-like tail: delta near e^(-(eps - xi - rho)^2 / (4 rho)) reaches 1e-18 below
+    # this top, which the scan below lowers to where the bound does
+    top = xi + rho + 2.0 * np.sqrt(rho * np.log(1e18)) + 8.0 * rho + 1.0
+    scan = np.linspace(0.0, top, 1025)
+    below = scan[_zcdp_bound(scan, rho, xi) <= grid_lib.TAIL_MASS]
+    top = float(below[0]) if below.size else top
+    step = float(np.ldexp(1.0, int(np.ceil(np.log2(top / (_ZCDP_POINTS - 1))))))
+    grid = np.arange(int(np.ceil(top / step)) + 1) * step
+    values = _zcdp_bound(grid, rho, xi)
+    hull = np.asarray(lower_hull_at(jnp.asarray(np.exp(grid - grid[-1])), jnp.asarray(values)))
+    hull = np.minimum(np.maximum.accumulate(hull[::-1])[::-1], values)  # non-increasing, below
+    # a privacy curve by construction: from_privacy_curve's checks overflow on windows of
+    # thousands of nats (a large rho or xi), harmlessly
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return from_privacy_curve(lambda eps: np.interp(eps, grid, hull), epsilon_min=0.0,
+                                  epsilon_max=float(grid[-1]), step=step)
 
 
 @kernel_jit(static_argnames="count")

@@ -145,7 +145,6 @@ UNSUPPORTED = [
     (RO, dpa.PoissonSampledDpEvent(0.1, dpa.LaplaceDpEvent(1.0))),
     (RO, ev.MixtureOfGaussiansDpEvent(1.0, [1.0], [1.0])),
     (AR, dpa.PoissonSampledDpEvent(0.1, dpa.RandomizedResponseDpEvent(0.5, 2))),
-    (AR, dpa.ZCDpEvent(0.1)),
     (AR, dpa.UnsupportedDpEvent()),
     (AR, ev.SingleEpochTreeAggregationDpEvent(1.0, 4)),
     (AR, ev.RepeatAndSelectDpEvent(dpa.GaussianDpEvent(1.0), 1.0, 1.0)),

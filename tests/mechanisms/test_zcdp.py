@@ -1,0 +1,61 @@
+"""pj.zcdp: a PLD above every rho-zCDP mechanism's curve, as tight as the Rényi conversion."""
+
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+import pldjax as pj
+
+EPSILONS = np.array([0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 6.0])
+
+
+def test_above_the_gaussian_and_randomized_response_of_the_same_rho():
+    """Two 1/2-zCDP mechanisms: the Gaussian of sigma 1 (G_1) and R_1 (pure 1-DP is 1/2-zCDP,
+    Bun and Steinke 2016, Prop. 1.4); the worst case is above both."""
+    pld = pj.zcdp(0.5)
+    got = np.asarray(pld.delta(EPSILONS))
+    gaussian = norm.cdf(0.5 - EPSILONS) - np.exp(EPSILONS) * norm.cdf(-0.5 - EPSILONS)
+    rr = np.maximum(0.0, (1.0 - np.exp(EPSILONS - 1.0)) * math.e / (1.0 + math.e))
+    assert np.all(got >= gaussian) and np.all(got >= rr)
+
+
+def test_as_tight_as_the_renyi_conversion_and_composed_by_adding_rho():
+    """One event reads what dp_accounting's RDP accountant reads (the same conversion, at finer
+    orders); ten 1/2-zCDP events in the adapter are one 5-zCDP curve, not ten curves composed."""
+    rdp = dpa.rdp.RdpAccountant()
+    rdp.compose(dpa.ZCDpEvent(0.5))
+    assert float(pj.zcdp(0.5).epsilon(1e-6)) == pytest.approx(rdp.get_epsilon(1e-6), rel=1e-3)
+    rdp.compose(dpa.ZCDpEvent(0.5), 9)
+    acc = pj.dp_accounting.PLDAccountant()
+    acc.compose(dpa.ZCDpEvent(0.5), 10)
+    assert acc.get_epsilon(1e-6) == pytest.approx(rdp.get_epsilon(1e-6), rel=1e-3)
+    acc.compose(dpa.ZCDpEvent(0.0, xi=0.0))  # nothing
+    assert acc.get_epsilon(1e-6) == pytest.approx(rdp.get_epsilon(1e-6), rel=1e-3)
+
+
+def test_xi_shifts_the_renyi_bound_and_bad_parameters_are_named():
+    assert float(pj.zcdp(0.5, 0.1).epsilon(1e-6)) > float(pj.zcdp(0.5).epsilon(1e-6))
+    with pytest.raises(ValueError, match="rho"):
+        pj.zcdp(-1.0)
+    with pytest.raises(ValueError, match="xi"):
+        pj.zcdp(0.5, float("nan"))
+    acc = pj.dp_accounting.PLDAccountant()
+    acc.compose(dpa.ZCDpEvent(math.inf))
+    assert acc.get_epsilon(1e-6) == math.inf
+
+
+@pytest.mark.parametrize(("rho", "xi"), [(1e-12, 0.0), (0.0, 0.0), (1e6, 0.0), (0.5, 1e6)])
+def test_extreme_parameters_give_finite_sound_values_without_warnings(rho, xi):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pld = pj.zcdp(rho, xi)
+        eps = float(pld.epsilon(1e-6))
+    # R_xi (pure xi-DP) is (xi, rho)-zCDP and reads xi at every delta below its own: so must
+    # the worst case, unless its whole curve is below 1e-6
+    assert math.isfinite(eps) and eps >= 0.0
+    assert eps >= xi or float(pld.delta(0.0)) <= 1e-6
