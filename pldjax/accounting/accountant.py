@@ -334,18 +334,20 @@ def segments(state: AccountantState) -> list[tuple[float, float, int]]:
     return [(e.noise.sigma, e.sampling.sampling_prob, t) for e, t in run]
 
 
-def pld(state: AccountantState, *, neighboring: str | None = None):
-    """The run's PLD (pessimistic; both directions), or the identity for an empty run.
-    ``neighboring``: for a DP-SGD accountant, the relation its steps are read under
-    (default "add_remove"); other events carry their own (None)."""
+def pld(state: AccountantState, *, neighboring: str | None = None, pessimistic: bool = True):
+    """The run's PLD (both directions; pessimistic, or optimistic with ``pessimistic=False``),
+    or the identity for an empty run. ``neighboring``: for a DP-SGD accountant, the relation its
+    steps are read under (default "add_remove"); other events carry their own (None)."""
     run = events(state)
     if _is_dpsgd(state) and all(e.noise.sensitivity == 1.0 for e, _ in run):
         run = segments(state)
         neighboring = Neighboring.parse(neighboring or Neighboring.ADD_REMOVE)
-        return compose_schedule(run, neighboring=neighboring) if run else identity()
+        return (compose_schedule(run, neighboring=neighboring, pessimistic=pessimistic) if run
+                else identity(pessimistic=pessimistic))
     if neighboring is not None:
         raise ValueError("neighboring is read from the recorded events here: leave it None")
-    return compose_schedule(run) if run else identity()
+    return (compose_schedule(run, pessimistic=pessimistic) if run
+            else identity(pessimistic=pessimistic))
 
 
 @float64

@@ -13,7 +13,8 @@ tighten), and gives both for
 * Rényi divergences at standard orders (Rényi DP; an atom at +inf makes them infinite).
 
 ``privacy_report(pld, optimistic)`` takes the two PLDs; ``privacy_report(event, count=T)`` builds
-them for T runs of a :class:`~pldjax.mechanisms.events.Event`. Without an optimistic PLD the
+them for T runs of a :class:`~pldjax.mechanisms.events.Event`, ``privacy_report(state)`` for the
+run a :mod:`pldjax.accountant` state recorded. Without an optimistic PLD the
 lower bounds are the trivial ones (0, and TPR = FPR).
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from pldjax.accounting import accountant
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD
 from pldjax.core.precision import six_digits
@@ -150,7 +152,8 @@ def _grid(name: str, values, low: float, high: float, **bounds) -> np.ndarray:
     return values
 
 
-def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
+def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
+                   optimistic: PLD | None = None, *,
                    count: int | None = None, grid: Grid | None = None,
                    deltas: Sequence[float] = DELTAS, epsilons: Sequence[float] = EPSILONS,
                    fprs: Sequence[float] = FPRS, orders: Sequence[float] = ORDERS,
@@ -158,9 +161,10 @@ def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
     """The :class:`PrivacyReport` of a mechanism.
 
     Args:
-      mechanism: its pessimistic PLD (one, not a batch), or an
+      mechanism: its pessimistic PLD (one, not a batch), an
         :class:`~pldjax.mechanisms.events.Event` run ``count`` times (both PLDs are then built
-        on ``grid``, automatic by default, and composed).
+        on ``grid``, automatic by default, and composed), or a :mod:`pldjax.accountant` state
+        (the run it recorded, both PLDs).
       optimistic: its optimistic PLD, for the lower bounds (built for an event).
       count: the number of runs of an event (>= 1); only with an event.
       deltas, epsilons: where the privacy profile is read (delta in [0, 1], epsilon >= 0 nats).
@@ -169,7 +173,17 @@ def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
       assumptions: what the report is of (added to what an event describes itself).
     """
     described = {} if assumptions is None else dict(assumptions)
-    if isinstance(mechanism, Event):
+    if isinstance(mechanism, accountant.AccountantState):
+        if optimistic is not None or count is not None or grid is not None:
+            raise ValueError("an accountant state's report reads its own run: pass no "
+                             "optimistic, count or grid")
+        run = accountant.events(mechanism)
+        described = {"events": "; ".join(f"{_describe(e.noise)}, {_describe(e.sampling)}, "
+                                         f"{e.neighboring.value} x {steps}" for e, steps in run),
+                     "runs": sum(steps for _, steps in run), **described}
+        pessimistic = accountant.pld(mechanism)
+        optimistic = accountant.pld(mechanism, pessimistic=False)
+    elif isinstance(mechanism, Event):
         if optimistic is not None:
             raise ValueError("an event's report builds its own optimistic PLD: pass no optimistic")
         count = check_count("count", count, minimum=1)
@@ -184,7 +198,8 @@ def privacy_report(mechanism: PLD | Event, optimistic: PLD | None = None, *,
             raise ValueError("count and grid are for an event: a PLD's report reads it as given")
         pessimistic = mechanism
     else:
-        raise TypeError(f"mechanism must be a PLD or an Event, got {type(mechanism).__name__}")
+        raise TypeError("mechanism must be a PLD, an Event or an accountant state, got "
+                        f"{type(mechanism).__name__}")
     if not pessimistic.pessimistic:
         raise ValueError("mechanism must be a pessimistic PLD (its values are the upper bounds)")
     if optimistic is not None and optimistic.pessimistic:

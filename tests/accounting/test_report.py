@@ -141,3 +141,16 @@ def test_report_figure_has_both_panels_and_saves(tmp_path):
     assert any("mu" in text.get_text() for text in roc.get_legend().get_texts())
     figure.savefig(tmp_path / "report.png")
     assert (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_report_of_an_accountant_state_reads_its_run():
+    state = pj.accountant.init()
+    state = pj.accountant.step(state, 1.0, 0.01, steps=600)
+    state = pj.accountant.step(state, 2.0, 0.02, steps=400)
+    report = pj.privacy_report(state, deltas=[1e-5])
+    upper = pj.accountant.epsilon(state, 1e-5)
+    assert report.epsilon_upper[0] == pytest.approx(upper, rel=1e-9)
+    assert 0 < report.epsilon_lower[0] <= report.epsilon_upper[0] <= report.epsilon_lower[0] * 1.01
+    assert report.assumptions["runs"] == 1000 and " x 600" in report.assumptions["events"]
+    with pytest.raises(ValueError, match="reads its own run"):
+        pj.privacy_report(state, count=3)
