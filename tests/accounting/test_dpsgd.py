@@ -461,11 +461,12 @@ def _max_statistic_epsilon(sigma, q, steps, delta):
 
 
 def test_optimistic_value_at_a_coarse_rtol_does_not_collapse():
-    # rtol = 1e-2 picks a step coarser than -log(1 - q): the optimistic epsilon read 0
+    # rtol = 1e-2 picks a step coarser than -log(1 - q): the optimistic epsilon read 0, then
+    # 198.4 (the pessimistic 314.2); on its own, finer steps it is within 3 rtol
     args = (0.5, 0.05, 10_000, 1e-5)
     lower = float(pj.dpsgd_epsilon(*args, rtol=1e-2, pessimistic=False))
     upper = float(pj.dpsgd_epsilon(*args, rtol=1e-2))
-    assert 0.5 * upper <= lower <= float(pj.dpsgd_epsilon(*args)) <= upper
+    assert (1 - 3e-2) * upper <= lower <= float(pj.dpsgd_epsilon(*args)) <= upper
 
 
 @pytest.mark.parametrize("sigma,q,steps", [pytest.param(0.5, 1e-6, 10**7, marks=pytest.mark.slow),
