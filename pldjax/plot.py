@@ -39,29 +39,48 @@ def _entries(curves) -> list[tuple[str, PLD, PLD | None]]:
     return entries
 
 
-def _draw(ax, x, entries, evaluate):
+#: delta below this is round-off of the grid's sums (a curve read there is a plateau of noise,
+#: then a cliff to 0): :func:`profile` leaves it out on a log axis.
+_RESOLVED_DELTA = 1e-15
+
+
+def _draw(ax, x, entries, evaluate, floor=None):
+    """Each entry's upper curve, and the band down to its lower one (labelled once)."""
     for label, upper, lower in entries:
-        top = np.asarray(evaluate(upper))
-        (line,) = ax.plot(x, top, label=label)
+        top = np.asarray(evaluate(upper), np.float64)
+        if floor is not None:
+            top = np.where(top >= floor, top, np.nan)
+        (line,) = ax.plot(x, top, label=f"{label} (pessimistic)" if lower is not None else label)
         if lower is not None:
-            ax.fill_between(x, np.asarray(evaluate(lower)), top, color=line.get_color(), alpha=0.25,
-                            linewidth=0)
+            bottom = np.asarray(evaluate(lower), np.float64)
+            if floor is not None:
+                bottom = np.where(bottom >= floor, bottom, np.nan)
+            ax.fill_between(x, bottom, top, color=line.get_color(), alpha=0.25, linewidth=0,
+                            label=f"{label}: to the optimistic bound")
+
+
+def _figure(plt, ax, size):
+    """A new figure laid out so that its labels fit a default ``savefig``, or ``ax``'s."""
+    if ax is not None:
+        return ax.figure, ax
+    return plt.subplots(figsize=size, layout="constrained")
 
 
 def profile(curves, *, epsilons: Sequence[float] | None = None, log: bool = True, ax=None):
     """delta(eps) of each PLD (a band between pessimistic and optimistic estimates when given).
 
-    ``epsilons``: where to evaluate (nats, >= 0; default 0..10); ``log``: logarithmic delta axis.
+    ``epsilons``: where to evaluate (nats, >= 0; default 0..10); ``log``: logarithmic delta axis,
+    on which values below 1e-15 (the grid's round-off) are left out.
     """
     plt = _pyplot()
     x = np.linspace(0.0, 10.0, 201) if epsilons is None else np.asarray(epsilons, np.float64)
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(5, 3.5))
-    _draw(ax, x, _entries(curves), lambda pld: pld.delta(x))
+    fig, ax = _figure(plt, ax, (5, 3.5))
+    _draw(ax, x, _entries(curves), lambda pld: pld.delta(x), _RESOLVED_DELTA if log else None)
     if log:
         ax.set_yscale("log")
-    ax.set_xlabel("epsilon")
-    ax.set_ylabel("delta(epsilon)")
-    ax.legend()
+    ax.set_xlabel(r"$\varepsilon$ (nats)")
+    ax.set_ylabel(r"$\delta(\varepsilon)$")
+    ax.legend(fontsize="small")
     return fig
 
 
@@ -69,13 +88,13 @@ def tradeoff(curves, *, alphas: Sequence[float] | None = None, ax=None):
     """The f-DP tradeoff curves beta(alpha) (a pessimistic PLD's curve is the lower one)."""
     plt = _pyplot()
     x = np.linspace(0.0, 1.0, 401) if alphas is None else np.asarray(alphas, np.float64)
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(4, 4))
+    fig, ax = _figure(plt, ax, (4.2, 4.2))
     _draw(ax, x, _entries(curves), lambda pld: pld.tradeoff(x))
     ax.plot([0, 1], [1, 0], color="0.7", linestyle=":", linewidth=1)
-    ax.set_xlabel("type I error alpha")
-    ax.set_ylabel("type II error beta")
+    ax.set_xlabel(r"type I error $\alpha$")
+    ax.set_ylabel(r"type II error $\beta(\alpha)$")
     ax.set_aspect("equal")
-    ax.legend()
+    ax.legend(fontsize="small")
     return fig
 
 

@@ -154,3 +154,18 @@ def test_report_of_an_accountant_state_reads_its_run():
     assert report.assumptions["runs"] == 1000 and " x 600" in report.assumptions["events"]
     with pytest.raises(ValueError, match="reads its own run"):
         pj.privacy_report(state, count=3)
+
+
+def test_profile_figure_labels_its_band_and_leaves_out_round_off(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figure = pj.plot.profile([("G_1", pj.gdp(1.0), pj.gdp(1.0, pessimistic=False))],
+                             epsilons=np.linspace(0.0, 12.0, 49))
+    (axes,) = figure.axes
+    labels = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert labels == ["G_1 (pessimistic)", "G_1: to the optimistic bound"]
+    drawn = axes.get_lines()[0].get_ydata()
+    assert np.all(np.isnan(drawn) | (drawn >= 1e-15)) and np.any(np.isnan(drawn))
+    figure.savefig(tmp_path / "profile.png")
+    assert pj.plot.tradeoff([("G_1", pj.gdp(1.0), pj.gdp(1.0, pessimistic=False))]).axes
