@@ -9,7 +9,8 @@ tighten), and gives both for
   TPR = 1 - beta(FPR), beta the f-DP tradeoff curve (the worse direction of the neighbouring
   relation; Dong, Roth and Su's f-DP);
 * the Gaussian-DP mu: the smallest mu with the mechanism mu-GDP (up to the pessimistic PLD's
-  atom at +inf, reported as ``gdp_delta``), and a mu it provably needs at least;
+  atom at +inf and 1e-14 of round-off, reported as ``gdp_delta``), and a mu it provably needs at
+  least;
 * Rényi divergences at standard orders (Rényi DP; an atom at +inf makes them infinite).
 
 ``privacy_report(pld, optimistic)`` takes the two PLDs; ``privacy_report(event, count=T)`` builds
@@ -32,6 +33,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD
 from pldjax.core.precision import six_digits
 from pldjax.core.validation import check_count, check_range
+from pldjax.kernels.dominance import ROUNDOFF
 from pldjax.kernels.gaussian_dp import gdp_mu, gdp_mu_below
 from pldjax.mechanisms.events import Event
 
@@ -60,7 +62,7 @@ class PrivacyReport:
     tpr_upper: np.ndarray  # the attacker's best TPR at each FPR is at most this
     tpr_lower: np.ndarray  # and at least this
     gdp_mu_upper: float  # the mechanism is mu-GDP up to gdp_delta (inf: beyond _GDP_MU_MAX)
-    gdp_delta: float  # the pessimistic PLD's atom at +inf, which the GDP bound leaves aside
+    gdp_delta: float  # the pessimistic PLD's atom at +inf and 1e-14 of round-off, beside G_mu
     gdp_mu_lower: float  # every mu-GDP guarantee of the mechanism has mu at least this
     orders: np.ndarray
     renyi_upper: np.ndarray  # Rényi divergence (the RDP epsilon) at each order
@@ -216,12 +218,13 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
     def read(pld: PLD, method: str, points: np.ndarray) -> np.ndarray:
         return np.asarray(getattr(pld, method)(points), np.float64)
 
-    gdp_delta = max(float(np.max(np.asarray(d.inf_mass))) for d in pessimistic.directions())
+    atom = max(float(np.max(np.asarray(d.inf_mass))) for d in pessimistic.directions())
     upper = dict(epsilon=read(pessimistic, "epsilon", deltas),
                  delta=read(pessimistic, "delta", epsilons),
                  tpr=true_positive_rates(pessimistic, fprs),
                  renyi=read(pessimistic, "renyi", orders),
-                 mu=float(gdp_mu(pessimistic, delta_slack=gdp_delta, mu_max=_GDP_MU_MAX)))
+                 mu=float(gdp_mu(pessimistic, delta_slack=atom, mu_max=_GDP_MU_MAX)))
+    gdp_delta = atom + ROUNDOFF  # what gdp_mu certifies beside G_mu
     if optimistic is None:
         lower = dict(epsilon=np.zeros_like(deltas), delta=np.zeros_like(epsilons), tpr=fprs.copy(),
                      renyi=np.zeros_like(orders), mu=0.0)

@@ -495,8 +495,9 @@ _BELOW_STEPS = 80
 def gdp_mu_below_kernel(epsilons, deltas):
     """The largest mu (rounded down) that points below a privacy profile force on any mu-GDP
     guarantee of it: for a pair with delta(eps_i) >= ``deltas[i]`` at each ``epsilons[i]`` (eps >= 0;
-    an optimistic PLD's profile is such a lower bound), every mu with delta_mu <= delta everywhere
-    is at least the value returned (0 where no point forces anything).
+    an optimistic PLD's profile is such a lower bound), every mu whose G_mu dominates the pair
+    (delta <= delta_mu at every eps) is at least the value returned (0 where no point forces
+    anything).
 
     delta_mu(eps) grows with mu, so each point's mu is found by bisection in log mu, keeping the
     lower end only where delta_mu(eps) raised by :func:`_gdp_error` is at most the point's delta: a
