@@ -94,9 +94,8 @@ def _block_level_sums(probs, step):
 def _crossing_sums(probs, inf_mass, step, deltas, scale=1.0):
     """For each target in ``deltas``: j, the number of grid points whose delta (inf_mass +
     ``scale`` D_k, non-increasing in k) is above it, at most n - 1, and S_j and R_j (see
-    :func:`tail_sums`). One
-    pass over the masses (:func:`_block_level_sums`), then inside the block where delta crosses
-    the target only: O(n + len(deltas) _BLOCK^2)."""
+    :func:`tail_sums`). One pass over the masses (:func:`_block_level_sums`), then inside the
+    block where delta crosses the target only: O(n + len(deltas) _BLOCK^2)."""
     n = probs.shape[-1]
     s, r, d, padded = _block_level_sums(probs, step)
     blocks = padded.shape[0]
