@@ -240,6 +240,9 @@ def from_privacy_curve(
 _ZCDP_ORDERS = 1.0 + np.geomspace(2.0**-20, 2.0**20, 4001)
 #: Points of :func:`zcdp`'s window (its step follows).
 _ZCDP_POINTS = 4096
+#: The widest window of :func:`zcdp` (nats): its hull is taken in x = e^(eps - top), which
+#: underflows below -745.
+_ZCDP_MAX_WINDOW = 700.0
 
 
 def _zcdp_bound(epsilons, rho: float, xi: float) -> np.ndarray:
@@ -261,9 +264,10 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
     mechanism's curve is convex and below the conversion, so below the hull too), on a window
     from eps = 0 (losses below 0 move up to 0; the mechanisms are symmetric) to where the curve
     is below 1e-18 (what lies beyond is the atom at +inf), about 4,096 points. ``rho`` and ``xi``
-    >= 0 (nats; (xi, rho) composes by addition)."""
-    check_range("rho", rho, 0.0, 1e6)
-    check_range("xi", xi, 0.0, 1e6)
+    >= 0 (nats; (xi, rho) composes by addition); a window wider than 700 nats (rho above about
+    70, xi above about 600) is refused with a ValueError."""
+    check_range("rho", rho, 0.0)
+    check_range("xi", xi, 0.0)
     rho, xi = float(rho), float(xi)
     # the Gaussian-like tail: delta near e^(-(eps - xi - rho)^2 / (4 rho)) reaches 1e-18 below
     # this top, which the scan below lowers to where the bound does
@@ -271,16 +275,18 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
     scan = np.linspace(0.0, top, 1025)
     below = scan[_zcdp_bound(scan, rho, xi) <= grid_lib.TAIL_MASS]
     top = float(below[0]) if below.size else top
+    if top > _ZCDP_MAX_WINDOW:
+        raise ValueError(f"rho = {rho:g} and xi = {xi:g} need a window of {top:.4g} nats, beyond "
+                         f"the {_ZCDP_MAX_WINDOW:g} on which e^eps stays a float64: rho at most "
+                         "about 70 and xi at most about 600 (a mechanism beyond is not private "
+                         "in any useful sense)")
     step = float(np.ldexp(1.0, int(np.ceil(np.log2(top / (_ZCDP_POINTS - 1))))))
     grid = np.arange(int(np.ceil(top / step)) + 1) * step
     values = _zcdp_bound(grid, rho, xi)
     hull = np.asarray(lower_hull_at(jnp.asarray(np.exp(grid - grid[-1])), jnp.asarray(values)))
     hull = np.minimum(np.maximum.accumulate(hull[::-1])[::-1], values)  # non-increasing, below
-    # a privacy curve by construction: from_privacy_curve's checks overflow on windows of
-    # thousands of nats (a large rho or xi), harmlessly
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return from_privacy_curve(lambda eps: np.interp(eps, grid, hull), epsilon_min=0.0,
-                                  epsilon_max=float(grid[-1]), step=step)
+    return from_privacy_curve(lambda eps: np.interp(eps, grid, hull), epsilon_min=0.0,
+                              epsilon_max=float(grid[-1]), step=step)
 
 
 @kernel_jit(static_argnames="count")
