@@ -81,7 +81,7 @@ from pldjax.kernels.compose import compose as _compose
 from pldjax.kernels.discretize import hockey_stick, hockey_stick_excess, masses_from_curve
 from pldjax.mechanisms import noise, sampling
 from pldjax.mechanisms.events import Event
-from pldjax.mechanisms.named import gaussian, identity, zcdp
+from pldjax.mechanisms.named import gaussian, identity, zcdp, zcdp_window
 from pldjax.mechanisms.neighboring import Neighboring
 
 _NR = _dpa.NeighboringRelation
@@ -172,6 +172,11 @@ def _event_pld(key, relation: Neighboring) -> PLD:
     if isinstance(key, Event):
         return key.pld()
     return k_randomized_response(*key, relation.value)
+
+
+def _added(total: tuple[float, float], part: tuple[float, float], count: int):
+    """A zCDP total (rho, xi) with ``count`` times ``part`` added: zCDP composes by addition."""
+    return tuple(t + count * p for t, p in zip(total, part, strict=True))
 
 
 @functools.lru_cache(maxsize=64)
@@ -410,8 +415,10 @@ def to_event(event, neighboring_relation: _NR = _NR.ADD_OR_REMOVE_ONE) -> Event:
     if described == "non_private":
         raise ValueError(f"{event} is not private (epsilon = inf): it has no PLD")
     if isinstance(described, tuple):
+        builder = ("pj.zcdp" if described[0] == "zcdp"
+                   else "pj.dp_accounting.k_randomized_response")
         raise _dpa.UnsupportedEventError(f"{event} has no pldjax.Event form; its PLD is "
-                                         "pj.dp_accounting.k_randomized_response")
+                                         f"{builder}")
     raise _dpa.UnsupportedEventError(f"{event}: {described}")
 
 
@@ -482,16 +489,34 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         elif leaf[0] == "segment":
             self._segments.append((*leaf[1], count))
         elif leaf[0] == "zcdp":
-            self._zcdp = tuple(total + count * part
-                               for total, part in zip(self._zcdp, leaf[1], strict=True))
+            self._zcdp = _added(self._zcdp, leaf[1], count)
         else:
             self._parts.append((leaf[1], count))
         return None
 
+    def _zcdp_of(self, event, count: int) -> tuple[float, float]:
+        """The (rho, xi) that ``count`` runs of ``event`` add to the zCDP total."""
+        if isinstance(event, _ev.SelfComposedDpEvent):
+            return self._zcdp_of(event.event, count * _count(event, "count"))
+        if isinstance(event, _ev.ComposedDpEvent):
+            total = (0.0, 0.0)
+            for inner in event.events:
+                total = _added(total, self._zcdp_of(inner, count), 1)
+            return total
+        leaf = self._leaf(event)
+        if isinstance(leaf, tuple) and leaf[0] == "zcdp":
+            return _added((0.0, 0.0), leaf[1], count)
+        return (0.0, 0.0)
+
     def compose(self, event, count: int = 1):
         """Account for ``count`` runs of ``event`` (see dp_accounting's ``compose``); returns self.
-        ``count``: an integer >= 0."""
-        return super().compose(event, check_count("count", count))
+        ``count``: an integer >= 0. A zCDP total too large for :func:`pldjax.zcdp` is refused
+        here (a ValueError), before anything is composed, not when epsilon is read."""
+        count = check_count("count", count)
+        added = self._zcdp_of(event, count)
+        if added != (0.0, 0.0):
+            zcdp_window(*_added(self._zcdp, added, 1))
+        return super().compose(event, count)
 
     def _single_steps(self) -> list[tuple[PLD, int]]:
         """(one run's PLD, count) of everything composed so far."""

@@ -240,8 +240,7 @@ def from_privacy_curve(
 _ZCDP_ORDERS = 1.0 + np.geomspace(2.0**-20, 2.0**20, 4001)
 #: Points of :func:`zcdp`'s window (its step follows).
 _ZCDP_POINTS = 4096
-#: The widest window of :func:`zcdp` (nats): its hull is taken in x = e^(eps - top), which
-#: underflows below -745.
+#: The widest window of :func:`zcdp` (nats; see :func:`zcdp_window`).
 _ZCDP_MAX_WINDOW = 700.0
 
 
@@ -255,17 +254,10 @@ def _zcdp_bound(epsilons, rho: float, xi: float) -> np.ndarray:
     return np.minimum(np.exp(np.min(log_delta, axis=0)), 1.0)
 
 
-@float64
-def zcdp(rho: float, xi: float = 0.0) -> PLD:
-    """A pessimistic PLD that dominates every (xi, rho)-zCDP mechanism (Rényi DP xi + rho a at
-    every order a > 1; Bun and Steinke 2016): its curve is the tightest conversion of that Rényi
-    bound to a privacy profile (Canonne, Kamath and Steinke 2020, Prop. 12, the smallest over
-    4,001 orders), made convex in e^eps (its lower convex hull at the grid points: every
-    mechanism's curve is convex and below the conversion, so below the hull too), on a window
-    from eps = 0 (losses below 0 move up to 0; the mechanisms are symmetric) to where the curve
-    is below 1e-18 (what lies beyond is the atom at +inf), about 4,096 points. ``rho`` and ``xi``
-    >= 0 (nats; (xi, rho) composes by addition); a window wider than 700 nats (rho above about
-    70, xi above about 600) is refused with a ValueError."""
+def zcdp_window(rho: float, xi: float = 0.0) -> float:
+    """The top of :func:`zcdp`'s window (nats): where the converted curve falls below 1e-18. A
+    ValueError naming ``rho`` and ``xi`` where they are out of range or the window is wider
+    than 700 nats (its hull is taken in x = e^(eps - top), which underflows below -745)."""
     check_range("rho", rho, 0.0)
     check_range("xi", xi, 0.0)
     rho, xi = float(rho), float(xi)
@@ -278,8 +270,24 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
     if top > _ZCDP_MAX_WINDOW:
         raise ValueError(f"rho = {rho:g} and xi = {xi:g} need a window of {top:.4g} nats, beyond "
                          f"the {_ZCDP_MAX_WINDOW:g} on which e^eps stays a float64: rho at most "
-                         "about 70 and xi at most about 600 (a mechanism beyond is not private "
+                         "about 400 and xi at most about 690 (a mechanism beyond is not private "
                          "in any useful sense)")
+    return top
+
+
+@float64
+def zcdp(rho: float, xi: float = 0.0) -> PLD:
+    """A pessimistic PLD that dominates every (xi, rho)-zCDP mechanism (Rényi DP xi + rho a at
+    every order a > 1; Bun and Steinke 2016): its curve is the tightest conversion of that Rényi
+    bound to a privacy profile (Canonne, Kamath and Steinke 2020, Prop. 12, the smallest over
+    4,001 orders), made convex in e^eps (its lower convex hull at the grid points: every
+    mechanism's curve is convex and below the conversion, so below the hull too), on a window
+    from eps = 0 (losses below 0 move up to 0; the mechanisms are symmetric) to where the curve
+    is below 1e-18 (what lies beyond is the atom at +inf), about 4,096 points. ``rho`` and ``xi``
+    >= 0 (nats; (xi, rho) composes by addition); a window wider than 700 nats (rho above about
+    400, xi above about 690) is refused with a ValueError."""
+    top = zcdp_window(rho, xi)
+    rho, xi = float(rho), float(xi)
     step = float(np.ldexp(1.0, int(np.ceil(np.log2(top / (_ZCDP_POINTS - 1))))))
     grid = np.arange(int(np.ceil(top / step)) + 1) * step
     values = _zcdp_bound(grid, rho, xi)

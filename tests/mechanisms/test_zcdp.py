@@ -62,3 +62,13 @@ def test_extreme_parameters_give_finite_sound_values_without_warnings(rho, xi):
     # the worst case, unless its whole curve is below 1e-6
     assert math.isfinite(eps) and eps >= 0.0
     assert eps >= xi + math.log1p(-1e-6) or float(pld.delta(0.0)) <= 1e-6
+
+
+def test_a_zcdp_total_too_large_is_refused_when_composed_and_changes_nothing():
+    acc = pj.dp_accounting.PLDAccountant()
+    acc.compose(dpa.ZCDpEvent(0.5), 2)
+    before, ledger = acc.get_epsilon(1e-6), acc.ledger
+    with pytest.raises(ValueError, match="rho"):
+        acc.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), dpa.ZCDpEvent(300.0),
+                                         dpa.ZCDpEvent(300.0)]))
+    assert acc.get_epsilon(1e-6) == before and acc.ledger == ledger
