@@ -27,7 +27,7 @@ from pldjax.core.compilation import kernel_jit
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64, host_result
 from pldjax.core.validation import check_range
-from pldjax.kernels.hockey_stick import per_direction
+from pldjax.kernels.hockey_stick import per_direction, stored_length
 
 
 def _log_masses(probs, offset, step):
@@ -53,7 +53,7 @@ def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic: bool = T
     # the two running sums and the interpolation are each a few ulps per term off: beta moves by
     # that bound to its safe side (down for a pessimistic PLD; on a grid where the estimate is
     # exact, G_1's curve read 4e-13 above the truth without it)
-    roundoff = (4 * probs.shape[-1] + 16) * jnp.finfo(jnp.float64).eps
+    roundoff = (4 * stored_length(probs) + 16) * jnp.finfo(jnp.float64).eps
     if pessimistic:
         beta = beta - roundoff
     else:
@@ -75,7 +75,7 @@ def _log_below_window(probs, inf_mass, z, log_p, orders):
     differences of sums (round-off n u each): taken high where a larger value lowers D_a (both
     below order 1, ``missing`` above it) and ``lost`` low above order 1.
     """
-    roundoff = probs.shape[-1] * 2.0**-53
+    roundoff = stored_length(probs) * 2.0**-53
     lost = 1.0 - jnp.sum(probs) - inf_mass
     missing = 1.0 - jnp.sum(jnp.exp(log_p - z)) + roundoff
     # a cell above z0 (beyond round-off) would not keep the curve below the truth's: NaN, which

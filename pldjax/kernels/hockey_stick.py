@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import computed_once, kernel_jit
 from pldjax.core.pld import PLD, batched
 from pldjax.core.precision import float64, host_result
@@ -135,22 +136,30 @@ def tail_sums(probs, step):
     return s, r, d
 
 
-def curve_roundoff(n: int) -> float:
+def curve_roundoff(n):
     """Relative round-off bound of a curve read from ``n`` masses (:func:`grid_deltas`,
-    :func:`delta_kernel`): the tail sum S (a sum of n non-negative terms), the blocked recurrence
-    D (one 128-term block product and n / 128 carries) and the atom, each a few ulps per operation
-    on its longest path, and the masses' own round-off; a generous 4 n + 512 ulps. Relative, so
-    a zero tail stays zero."""
-    return float((4 * n + 512) * np.finfo(np.float64).eps)
+    :func:`delta_kernel`; an int, or an array inside a kernel): the tail sum S (a sum of n
+    non-negative terms), the blocked recurrence D (one 128-term block product and n / 128
+    carries) and the atom, each a few ulps per operation on its longest path, and the masses' own
+    round-off; a generous 4 n + 512 ulps. Relative, so a zero tail stays zero."""
+    return (4 * n + 512) * float(np.finfo(np.float64).eps)
 
 
-def _finite_scale(n: int, pessimistic: bool | None) -> float:
-    """What the finite masses' part of a curve is multiplied by: 1 + :func:`curve_roundoff` for a
-    pessimistic PLD (an upper bound stays one), 1 - it for an optimistic one, 1 (the discrete
-    PLD's own curve, to round-off) for None."""
+def stored_length(probs):
+    """The number of masses up to the last nonzero one (0 if none): zeros above it, such as a
+    kernel's padding, add nothing to any sum, and no round-off either."""
+    index = jnp.arange(1, probs.shape[-1] + 1)
+    return jnp.max(jnp.where(probs != 0, index, 0), axis=-1, initial=0)
+
+
+def _finite_scale(probs, pessimistic: bool | None):
+    """What the finite masses' part of a curve is multiplied by: 1 + :func:`curve_roundoff` of
+    the stored masses for a pessimistic PLD (an upper bound stays one), 1 - it for an
+    optimistic one, 1 (the discrete PLD's own curve, to round-off) for None."""
     if pessimistic is None:
         return 1.0
-    return 1.0 + curve_roundoff(n) if pessimistic else 1.0 - curve_roundoff(n)
+    roundoff = curve_roundoff(stored_length(probs))
+    return 1.0 + roundoff if pessimistic else 1.0 - roundoff
 
 
 def grid_deltas(probs, inf_mass, step, finite_scale=1.0):
@@ -170,7 +179,7 @@ def delta_kernel(probs, inf_mass, offset, step, epsilons, pessimistic: bool | No
     u = jnp.clip(epsilons / step - offset, -1.0, n + 1.0)
     j = jnp.clip(jnp.ceil(u), 0, n).astype(jnp.int32)
     t = jnp.maximum((offset + j) * step - epsilons, 0.0)
-    finite = (jnp.exp(-t) * d[j] - jnp.expm1(-t) * s[j]) * _finite_scale(n, pessimistic)
+    finite = (jnp.exp(-t) * d[j] - jnp.expm1(-t) * s[j]) * _finite_scale(probs, pessimistic)
     finite = jnp.where(j >= n, 0.0, finite)
     # in [0, 1] as every delta is: round-off in the masses (which sum to 1 only up to it) can
     # push the sum an ulp or two above 1, and 1 bounds every true delta from above
@@ -195,7 +204,7 @@ def epsilon_kernel(probs, inf_mass, offset, step, deltas, pessimistic: bool | No
     """Smallest eps >= 0 with delta(eps) <= target, on :func:`delta_kernel`'s curve (the same
     ``pessimistic``); inf if impossible."""
     n = probs.shape[-1]
-    scale = _finite_scale(n, pessimistic)
+    scale = _finite_scale(probs, pessimistic)
     if deltas.shape[0] <= _DIRECT_TARGETS:
         # a few targets: S, R and D at the blocks' starts, then each one's crossing block alone
         # (no pass over the whole grid per point)
@@ -221,20 +230,55 @@ _delta_jit = kernel_jit(delta_kernel, static_argnames=("pessimistic",))
 _epsilon_jit = kernel_jit(epsilon_kernel, static_argnames=("pessimistic",))
 
 
+def _padded_to_a_power_of_two(array: np.ndarray, axis: int, fill) -> np.ndarray:
+    """``array`` extended along ``axis`` to a power-of-two length with ``fill`` ("last": copies of
+    its last entry), so that the sizes a kernel is called with come from a short ladder (each
+    new shape is a new compiled program); unchanged when already one, or empty."""
+    length = array.shape[axis]
+    extra = grid_lib.next_pow2(length) - length
+    if extra == 0 or length == 0:
+        return array
+    if fill == "last":
+        return np.concatenate([array, np.repeat(np.take(array, [-1], axis), extra, axis)], axis)
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, extra)
+    return np.pad(array, widths, constant_values=fill)
+
+
 def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Array:
     """``kernel(probs, inf_mass, offset, step, flat_values)`` over the PLD's batch axes for each
-    direction, combined across directions (the worse one by default); shape batch + values."""
-    traced = is_traced((pld, values))
-    xp = jnp if traced else np  # glue on concrete values compiles nothing
-    values = xp.asarray(values, xp.float64)
-    flat = values.reshape(-1)
+    direction, combined across directions (the worse one by default); shape batch + values.
+
+    On concrete PLDs the kernel sees power-of-two shapes only (a few compiled programs for every
+    PLD): the masses padded with zero masses above the window (which add nothing to any of the
+    kernels' sums), the values and the flattened batch rows with repeats, cut off again after.
+    Inside a trace the shapes are the caller's."""
+    if is_traced((pld, values)):
+        values = jnp.asarray(values, jnp.float64)
+        flat = values.reshape(-1)
+        result = None
+        for direction in pld.directions():
+            fn = batched(lambda p, m, o, h: kernel(p, m, o, h, flat), len(direction.batch_shape))
+            out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
+            result = out if result is None else getattr(jnp, combine)(result, out)
+        return host_result(result.reshape(pld.batch_shape + values.shape))
+    values = np.asarray(values, np.float64)
+    flat = _padded_to_a_power_of_two(values.reshape(-1), 0, "last")
+    rows = math.prod(pld.batch_shape)
     result = None
     for direction in pld.directions():
-        nb = len(direction.batch_shape)
-        fn = batched(lambda p, m, o, h: kernel(p, m, o, h, flat), nb)
-        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
-        out = out if traced else np.asarray(out)
-        result = out if result is None else getattr(xp, combine)(result, out)
+        probs = _padded_to_a_power_of_two(np.asarray(direction.probs), -1, 0.0)
+        scalars = [np.broadcast_to(np.asarray(a), pld.batch_shape)
+                   for a in (direction.inf_mass, direction.offset, direction.step)]
+        if pld.batch_shape:
+            probs = _padded_to_a_power_of_two(probs.reshape(rows, -1), 0, "last")
+            scalars = [_padded_to_a_power_of_two(a.reshape(rows), 0, "last") for a in scalars]
+            out = jax.vmap(lambda p, m, o, h: kernel(p, m, o, h, flat))(probs, *scalars)
+            out = np.asarray(out)[:rows]
+        else:
+            out = np.asarray(kernel(probs, *scalars, flat))
+        out = out[..., :values.size]
+        result = out if result is None else getattr(np, combine)(result, out)
     return host_result(result.reshape(pld.batch_shape + values.shape))
 
 
