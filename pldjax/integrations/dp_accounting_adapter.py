@@ -70,6 +70,7 @@ from scipy import special
 
 from pldjax.accounting.report import true_positive_rates
 from pldjax.accounting.schedule import compose_schedule
+from pldjax.core.compilation import kernel_jit
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
@@ -106,6 +107,13 @@ def _discrete_tails(losses, masses):
     return tails
 
 
+@kernel_jit
+def _connect_the_dots(log_sf_p, log_sf_q, log_cdf_p, log_cdf_q, z, step):
+    """(probs, inf_mass) of the curve and excess given by exact tails at the grid points ``z``."""
+    return masses_from_curve(hockey_stick(log_sf_p, log_sf_q, z), step,
+                             hockey_stick_excess(log_cdf_p, log_cdf_q, z), z)
+
+
 def _pld_from_tails(tails, reverse, lo: float, hi: float, points: int = 4096) -> PLD:
     """Connect-the-dots (pessimistic) PLD from exact tails (see :func:`_discrete_tails`) on a
     power-of-two step with about ``points`` points across the losses [lo, hi] (a window of a
@@ -119,10 +127,7 @@ def _pld_from_tails(tails, reverse, lo: float, hi: float, points: int = 4096) ->
     z = (offset + np.arange(size)) * step
 
     def one(fn) -> PLD:
-        lsp, lsq, lcp, lcq = (jnp.asarray(t) for t in fn(z))
-        zj = jnp.asarray(z)
-        probs, inf_mass = masses_from_curve(hockey_stick(lsp, lsq, zj), step,
-                                            hockey_stick_excess(lcp, lcq, zj), zj)
+        probs, inf_mass = _connect_the_dots(*fn(z), z, step)
         return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step), True)
 
     return PLD.from_directions(one(tails), None if reverse is None else one(reverse))

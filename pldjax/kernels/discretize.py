@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import early_exit_on_cpu, exported_jit, on_host
+from pldjax.core.compilation import early_exit_on_cpu, exported_jit, kernel_jit, on_host
 from pldjax.core.grid import Grid
 from pldjax.core.validation import is_traced
 
@@ -307,6 +307,12 @@ def lower_hull_at(xs, ys):
     By peeling rounds over whole arrays (:func:`_hull_vertices`): the sequential monotone chain
     costs a loop step a point, 88 ms for two curves of 16,385 points on a CPU."""
     return _hull_rows(xs[None], ys[None])[0]
+
+
+#: :func:`masses_from_curve` and :func:`lower_hull_at` as compiled kernels, for host code with
+#: concrete curves (one program a size; called eagerly, each of their operations compiled apart)
+compiled_masses_from_curve = kernel_jit(masses_from_curve, static_argnames=("pessimistic",))
+compiled_lower_hull_at = kernel_jit(lower_hull_at)
 
 
 def _raised_at_one(cand, values, log_slopes, sign, z, split, middle, next_bound):
