@@ -310,7 +310,7 @@ def test_alone_and_in_a_batch_at_small_noise():
     assert lo <= alone == pytest.approx(batch[0], rel=1e-4) and batch[0] >= lo
 
 
-@pytest.mark.parametrize("pessimistic", [True, False])
+@pytest.mark.parametrize("pessimistic", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_an_event_without_sampling_alone_and_in_a_batch_agree_bit_for_bit(pessimistic):
     # a configuration alone was discretized as a batch of one row, which XLA compiles with other
     # reductions than a batch of several: its masses were an ulp away, its epsilon 1e-12
@@ -501,7 +501,8 @@ def test_rtol_too_fine_for_the_composition_names_rtol():
         pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5), rel=1e-4)
 
 
-@pytest.mark.parametrize("sigma,q", [(1e13, 0.01), (1e12, 1.0), (1e17, 1.0)])
+@pytest.mark.parametrize("sigma,q", [(1e13, 0.01), *(pytest.param(*case, marks=pytest.mark.slow)
+                                                    for case in ((1e12, 1.0), (1e17, 1.0)))])
 def test_rtol_for_a_loss_narrower_than_min_spread(sigma, q):
     """sigma = 1e13: rtol asked for steps of 2^-46 nats, on which the curve's round-off outweighed
     its masses and the call reported inf; its steps stopped at 2^-43, where the Gaussian without
@@ -615,9 +616,11 @@ def test_event_epsilon_of_randomized_response_brackets_its_exact_inverse(epsilon
 
 @pytest.mark.parametrize("noise, exact", [
     (pj.noise.Laplace(0.3), lambda t: laplace_epsilon(1 / 0.3, t)),
-    (pj.noise.Laplace(7.3), lambda t: laplace_epsilon(1 / 7.3, t)),
+    pytest.param(pj.noise.Laplace(7.3), lambda t: laplace_epsilon(1 / 7.3, t),
+                 marks=pytest.mark.slow),
     (pj.noise.DiscreteLaplace(0.7, 3), lambda t: discrete_laplace_epsilon(1 / 0.7, 3, t)),
-    (pj.noise.DiscreteLaplace(5.0, 2), lambda t: discrete_laplace_epsilon(1 / 5.0, 2, t)),
+    pytest.param(pj.noise.DiscreteLaplace(5.0, 2), lambda t: discrete_laplace_epsilon(1 / 5.0, 2, t),
+                 marks=pytest.mark.slow),
 ])
 def test_event_epsilon_of_laplace_noise_brackets_its_exact_inverse(noise, exact):
     targets = np.array([0.0, 1e-300, 1e-12, 1e-6, 0.05, 0.3])

@@ -42,7 +42,8 @@ def _subsampled_gaussian_tpr(sigma, q, alpha):
     return float(max(remove, add))
 
 
-@pytest.mark.parametrize("grid, error", [(None, 1e-4), (pj.Grid(step=2**-10), 1e-6)])
+@pytest.mark.parametrize("grid, error", [(None, 1e-4), pytest.param(pj.Grid(step=2**-10), 1e-6,
+                                                                   marks=pytest.mark.slow)])
 def test_gaussian_dp_report_brackets_the_closed_forms(grid, error):
     """Within 1e-4 of the truth on the default grid (steps of 1/64 nats), 1e-6 on 2^-10."""
     mu = 1.0

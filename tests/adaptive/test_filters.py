@@ -583,7 +583,8 @@ def test_query_checks_agree_on_the_host_and_in_the_spend():
         assert any(on_host) == (i < len(degenerate))
 
 
-@pytest.mark.parametrize("name", ["pure_dp", "renyi", "gdp"])
+@pytest.mark.parametrize("name", ["pure_dp", *(pytest.param(name, marks=pytest.mark.slow)
+                                            for name in ("renyi", "gdp"))])
 def test_degenerate_query_plds_are_rejected_under_jit_and_vmap(name):
     f = ALL_FILTERS[name]()
     spend = jax.jit(f.spend)
@@ -597,7 +598,7 @@ def test_degenerate_query_plds_are_rejected_under_jit_and_vmap(name):
     assert _same(states, jax.tree_util.tree_map(lambda x: jnp.stack([x] * 5), f.init()))
 
 
-@pytest.mark.parametrize("name", ["pure_dp", "gdp"])
+@pytest.mark.parametrize("name", ["pure_dp", pytest.param("gdp", marks=pytest.mark.slow)])
 def test_query_plds_closed_over_by_a_callers_jit(name):
     """A PLD closed over by the caller's jit (not passed as an argument) is concrete, but its
     checks run under the caller's trace: spend raised TracerBoolConversionError. Now a good query

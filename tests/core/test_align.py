@@ -89,7 +89,7 @@ def test_sup_of_randomized_responses_on_different_automatic_steps():
     assert len(two.directions()) == 2
 
 
-@pytest.mark.parametrize("mu", [1e-6, 1e-300])
+@pytest.mark.parametrize("mu", [1e-6, pytest.param(1e-300, marks=pytest.mark.slow)])
 def test_compose_of_far_apart_steps_is_a_sound_bracket(mu):
     """Found by the property tests: refining gdp(0.5) onto gdp(1e-6)'s step needed 25.8 GB; it
     is now coarsened the other way."""

@@ -12,7 +12,8 @@ import pldjax as pj
 DELTAS = [1e-3, 1e-5, 1e-8, 1e-12]
 
 
-@pytest.mark.parametrize("sigma,count", [(1.0, 1), (1.0, 100), (2.0, 1000), (0.7, 10), (4.0, 3000)])
+@pytest.mark.parametrize("sigma,count", [(1.0, 1), (2.0, 1000), *(
+    pytest.param(*case, marks=pytest.mark.slow) for case in ((1.0, 100), (0.7, 10), (4.0, 3000)))])
 def test_gaussian_composition_matches_gdp_closed_form(sigma, count):
     mu = math.sqrt(count) / sigma
     upper = pj.gaussian(sigma).self_compose(count)
@@ -342,7 +343,8 @@ def test_round_off_in_the_total_mass_is_not_charged_count_fold():
     assert np.isfinite(pj.dpsgd_epsilon(2.0, 1e-6, 10**6, 1e-10))
 
 
-@pytest.mark.parametrize("case", ["wide", "lattice", "few"])
+@pytest.mark.parametrize("case", ["wide", *(pytest.param(case, marks=pytest.mark.slow)
+                                           for case in ("lattice", "few"))])
 def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monkeypatch):
     """The power is taken only up to the batch's last frequency whose power is above e^-700
     (1e-304); the rest would change no bin by more than that. Against the power over every
@@ -468,7 +470,8 @@ def _as_off_the_cpu(args, *, cpu, elsewhere):
     return elsewhere(*args)
 
 
-@pytest.mark.parametrize("count", [3.0, 700.0, 10**6])
+@pytest.mark.parametrize("count", [pytest.param(3.0, marks=pytest.mark.slow), 700.0,
+                                   pytest.param(10**6, marks=pytest.mark.slow)])
 def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
     """Off the CPU, the Chernoff search runs all its iterates (those after it converged keep
     its carry) and the power takes every frequency, so that a GPU never waits for a predicate.

@@ -246,7 +246,8 @@ def test_above_the_true_mechanism_on_small_datasets(relation):
 
 
 @pytest.mark.parametrize("relation", [pytest.param("replace_special", marks=pytest.mark.slow),
-                                      "replace_one", "add_remove"])
+                                      pytest.param("replace_one", marks=pytest.mark.slow),
+                                      "add_remove"])
 def test_one_step_curve_has_no_floor(relation):
     """The one-step curve falls with epsilon as dp_accounting's does, at or below it up to
     float64's round-off: an atom at +inf of 5.6e-9 (add/remove) once held delta(eps) at 5.6e-9 for
