@@ -61,6 +61,7 @@ caller's jit with x64 off) are charged the largest real that rounds to them
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -69,7 +70,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pldjax.adaptive.filters.base import keep_if, pld_problems
+from pldjax.adaptive.filters.base import keep_if, pld_problems, state_structure, structure_like
 from pldjax.adaptive.filters.residue import GDPState, ResidueState, gdp_filter, gdp_residue_filter
 from pldjax.adaptive.filters.whitehouse import residue_epsilon_squared
 from pldjax.core.compilation import kernel_jit
@@ -111,21 +112,30 @@ def _round_up(x):
     return jnp.where(jnp.isnan(x), jnp.inf, x * (1.0 + READING_MARGIN))
 
 
-def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
-                   core: Callable, read: Callable[[Any], dict], check: Callable,
-                   problem: Callable[[Any], str | None]) -> Odometer:
-    """An :class:`Odometer` from float64 parts: ``core(state, *args) -> (state, ok)`` on plain
-    states (pure, traced once), ``check(*args)`` raises on the host and returns the arguments to
-    pass on, ``read(state) -> dict`` on plain states, ``problem(state) -> str | None`` on plain
-    states with NumPy leaves of any batch shape."""
-    with jax.enable_x64(True):
-        like = jax.eval_shape(init)
+@functools.cache
+def _guarded_step(core: Callable, structure: tuple) -> Callable:
+    """The compiled step of every odometer built from ``core`` with states of ``structure``: a
+    step that is not ok changes nothing."""
+    like = structure_like(structure)
 
     def guarded(state, *args):
         new, ok = core(unpack(state, like), *args)
         return keep_if(ok, pack(new), state), ok
 
-    compiled = kernel_jit(guarded)
+    return kernel_jit(guarded)
+
+
+def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
+                   core: Callable, read: Callable[[Any], dict], check: Callable,
+                   problem: Callable[[Any], str | None]) -> Odometer:
+    """An :class:`Odometer` from float64 parts: ``core(state, *args) -> (state, ok)`` on plain
+    states (pure and module-level: its compiled step is shared by every odometer built from it),
+    ``check(*args)`` raises on the host and returns the arguments to pass on,
+    ``read(state) -> dict`` on plain states, ``problem(state) -> str | None`` on plain states
+    with NumPy leaves of any batch shape."""
+    with jax.enable_x64(True):
+        like = jax.eval_shape(init)
+    compiled = _guarded_step(core, state_structure(like))
 
     @float64
     def step(state, *args):
@@ -175,18 +185,19 @@ def _check_step(kind: str):
     return check
 
 
+def _variance_core(state, epsilon, delta_n):
+    ok = (epsilon >= 0) & (delta_n >= 0) & (delta_n <= 1)  # False for NaN
+    new = VarianceState(add_up(state.variance, square_up(epsilon)),
+                        add_up(state.delta_spent, delta_n))
+    return keep_if(ok, new, state), ok
+
+
 def _variance_odometer(kind: str, params: dict, delta: float, delta_prime: float,
                        delta_queries: float, boundary: Callable) -> Odometer:
     """An odometer reading ``boundary(V_n)`` while the delta_n sum to at most delta''."""
 
     def init():
         return VarianceState(jnp.zeros(()), jnp.zeros(()))
-
-    def core(state, epsilon, delta_n):
-        ok = (epsilon >= 0) & (delta_n >= 0) & (delta_n <= 1)  # False for NaN
-        new = VarianceState(add_up(state.variance, square_up(epsilon)),
-                            add_up(state.delta_spent, delta_n))
-        return keep_if(ok, new, state), ok
 
     def read(state):
         value = _round_up(boundary(state.variance))
@@ -201,7 +212,7 @@ def _variance_odometer(kind: str, params: dict, delta: float, delta_prime: float
         return None
 
     guarantee = {"delta": delta, "delta_prime": delta_prime, "delta_queries": delta_queries}
-    return _make_odometer(kind, params, guarantee, init=init, core=core, read=read,
+    return _make_odometer(kind, params, guarantee, init=init, core=_variance_core, read=read,
                           check=_check_step(kind), problem=problem)
 
 

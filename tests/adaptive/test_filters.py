@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compiled_programs import programs_of_a_new_process
+from compiled_programs import compiled_programs, programs_of_a_new_process
 from scipy import stats
 
 import pldjax as pj
@@ -325,6 +325,35 @@ def test_spend_is_jittable_and_vmappable():
 #: and a margin of two. Every eager jnp operation on the host was a program of its own (35 of them,
 #: 1-2 s of compiling in each new process); init, the query's checks, the state's packing and
 #: remaining now run in NumPy.
+#: (a filter with the given budget, a query, a budget too small for it (None: the filter's
+#: shapes would change))
+NEW_BUDGETS = {
+    "pure_dp": (lambda b: F.pure_dp_filter(b, delta=1e-6), 0.1, 0.01),
+    "gdp": (lambda b: F.gdp_filter(b), 0.3, 0.01),
+    "gdp_residue": (lambda b: F.gdp_residue_filter(b), 0.3, 0.01),
+    "renyi": (lambda b: F.renyi_filter([2.0, 8.0], b), np.array([0.1, 0.4]), 0.01),
+    "approx_zcdp": (lambda b: F.approx_zcdp_filter(b, 1e-6), (0.01, 1e-9), 0.001),
+    "approx_dp": (lambda b: F.approx_dp_filter(b, 1e-6), 0.1, 0.01),
+    "additive_profile": (lambda b: F.additive_profile_filter(b, 1e-6, 10), pj.gdp(0.5), None),
+    "natural": (lambda b: F.natural_filter(pj.gdp(b, grid=pj.Grid(step=2**-6, size=2048)),
+                                           size=4096), pj.gdp(0.5), 0.01),
+}
+
+
+@pytest.mark.parametrize("kind", NEW_BUDGETS)
+def test_a_new_filter_of_a_kind_compiles_nothing(kind):
+    # its budget is data: every filter of a kind shares one compiled spend, which reads each
+    # filter's own budget
+    build, query, small = NEW_BUDGETS[kind]
+    first = build(2.0)
+    first.spend(first.init(), query)
+    for budget, accepts in ((3.0, True), (small, False)):
+        if budget is not None:
+            other = build(budget)
+            (_, accepted), names = compiled_programs(lambda f=other: f.spend(f.init(), query))
+            assert names == [] and bool(accepted) == accepts
+
+
 FIRST_SPEND_PROGRAMS = 7
 
 

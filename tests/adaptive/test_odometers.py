@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
 import pytest
+from compiled_programs import compiled_programs
 from scipy.special import ndtri
 from scipy.stats import binom
 
@@ -666,3 +667,13 @@ def test_residue_ladder_is_never_above_the_gdp_ladder_on_pld_steps():
         s_plain, ok_plain = plain.step(s_plain, query)
         assert bool(ok_res) and bool(ok_plain)
         assert float(residue.bound(s_res)["mu"]) <= float(plain.bound(s_plain)["mu"])
+
+
+def test_a_new_odometer_of_a_family_compiles_nothing():
+    # its parameters only shape the reading on the host: every variance odometer shares one step
+    first = OD.filter_odometer(1e-6, epsilon=1.0)
+    first.step(first.init(), 0.1)
+    for other in (OD.filter_odometer(1e-5, epsilon=2.0), OD.mixture_odometer(1e-6, gamma=0.5),
+                  OD.stitched_odometer(1e-6, v0=0.01)):
+        (state, ok), names = compiled_programs(lambda o=other: o.step(o.init(), 0.1))
+        assert names == [] and bool(ok)

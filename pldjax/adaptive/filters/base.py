@@ -1,7 +1,9 @@
 """The filter interface and what every filter shares.
 
-Every filter is built by :func:`make_filter` from a pure ``core(state, query) -> (state, accepted)``
-working on float64 / int64 values. This layer adds, once for all filters:
+Every filter is built by :func:`make_filter` from a pure, module-level
+``core(settings, state, query) -> (state, accepted)`` working on float64 / int64 values, its
+numbers (budgets, orders, a budget PLD's arrays) passed in ``settings`` as data. This layer adds,
+once for all filters:
 
 * **Query checks.** A query PLD with a NaN, infinite or negative mass, a total mass other than 1
   (beyond :data:`MASS_TOLERANCE`) or a step that is not finite and > 0, and a cost given in
@@ -21,11 +23,13 @@ working on float64 / int64 values. This layer adds, once for all filters:
 * **One compiled program a spend.** On concrete values the host's part (init, the query checks,
   packing, ``remaining``) runs in NumPy, not in eager jnp operations, each of which compiled a
   program of its own in every new process; the spend is one program (per query structure and
-  static options), traced as before under a caller's jit or vmap.
+  static options), traced as before under a caller's jit or vmap, and shared by every filter of
+  its kind: a new filter (another budget) compiles nothing its kind has compiled.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -214,23 +218,29 @@ def _normal_or_zero(cost):
     return np.where((cost > 0) & (cost < tiny), tiny, cost)
 
 
-def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
-                core: Callable, remaining: Callable[[Any], Any], prepare: Callable | None = None,
-                static: tuple[str, ...] = (), cost_shape: tuple[int, ...] = (),
-                cost_pair: bool = False) -> Filter:
-    """A :class:`Filter` from its float64 parts.
+def state_structure(like) -> tuple:
+    """A hashable description of a state's structure (its tree, and each leaf's shape and
+    dtype), from the ShapeDtypeStructs of ``init``."""
+    leaves, tree = jax.tree_util.tree_flatten(like)
+    return tree, tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves)
 
-    ``init() -> state`` and ``core(state, query, **static) -> (state, accepted)`` work on plain
-    float64 / int64 states (``core`` pure, traced once per query structure); ``remaining(state)``
-    reads one. ``prepare(state, query) -> (query, static values)`` may adapt a query on the host
-    before tracing. ``cost_shape``: the shape a cost given in numbers broadcasts to;
-    ``cost_pair``: such a cost may also be a tuple of two (the filter's cost, delta_n)."""
-    with jax.enable_x64(True):
-        like = jax.eval_shape(init)
 
-    def guarded(state, query, **options):
+def structure_like(structure: tuple):
+    """The ShapeDtypeStructs a :func:`state_structure` describes."""
+    tree, leaves = structure
+    return jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(shape, dtype)
+                                               for shape, dtype in leaves])
+
+
+@functools.cache
+def _guarded_spend(core: Callable, static: tuple[str, ...], structure: tuple) -> Callable:
+    """The compiled spend of every filter built from ``core`` with states of ``structure``: the
+    query checks and the NaN guard around ``core`` (see the module docstring)."""
+    like = structure_like(structure)
+
+    def guarded(settings, state, query, **options):
         plain = unpack(state, like)
-        new, accepted = core(plain, query, **options)
+        new, accepted = core(settings, plain, query, **options)
         if isinstance(query, PLD):
             valid = ~jnp.any(jnp.stack([bad for _, bad in pld_problems(query)]))
         else:
@@ -242,7 +252,27 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
         accepted = accepted & valid & sane
         return keep_if(accepted, pack(new), state), accepted
 
-    compiled = kernel_jit(guarded, static_argnames=static)
+    return kernel_jit(guarded, static_argnames=static)
+
+
+def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
+                core: Callable, remaining: Callable[[Any], Any], settings: tuple = (),
+                prepare: Callable | None = None, static: tuple[str, ...] = (),
+                cost_shape: tuple[int, ...] = (), cost_pair: bool = False) -> Filter:
+    """A :class:`Filter` from its float64 parts.
+
+    ``init() -> state`` and ``core(settings, state, query, **static) -> (state, accepted)`` work on
+    plain float64 / int64 states; ``core`` is pure and module-level, and gets the filter's
+    numbers as ``settings`` (a tuple of arrays, data): its compiled program is shared by every
+    filter built from it (one per state structure, query structure and static options).
+    ``remaining(state)`` reads a state. ``prepare(state, query) -> (query, static values)`` may
+    adapt a query on the host before tracing. ``cost_shape``: the shape a cost given in numbers
+    broadcasts to; ``cost_pair``: such a cost may also be a tuple of two (the filter's cost,
+    delta_n)."""
+    with jax.enable_x64(True):
+        like = jax.eval_shape(init)
+        settings = jax.tree_util.tree_map(lambda x: jax.device_put(np.asarray(x)), settings)
+    compiled = _guarded_spend(core, tuple(static), state_structure(like))
 
     @float64
     def spend(state, query):
@@ -251,7 +281,7 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
         if prepare is not None:
             query, options = prepare(state, query)
         with slow_call_notice(f"pldjax.filters.{kind}_filter(...).spend"):
-            return compiled(state, query, **options)
+            return compiled(settings, state, query, **options)
 
     @float64
     def packed_init():

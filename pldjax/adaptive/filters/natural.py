@@ -46,6 +46,37 @@ def _into_window(probs, inf_mass, offset, window_offset, size: int):
 
 
 @float64
+def _natural_core(settings, state, query, aligned: bool):
+    step, window, budget_arrays, delta_slack = settings
+    size = state.probs.shape[-1]
+    probs, inf_mass, offset, q_step = query_directions(query, "natural")
+    fits = jnp.asarray(True)
+    if not aligned:  # traced steps (a caller's jit): coarsen onto the filter's step if finer
+        fits = jnp.all(q_step <= step * (1 + STEP_RTOL))
+        probs, offset = jax.vmap(functools.partial(
+            regrid_kernel, size=probs.shape[-1] + 2, pessimistic=True))(
+                probs, offset, q_step, jnp.full(q_step.shape, step))
+    if probs.shape[0] == 1:
+        probs, inf_mass, offset = (jnp.concatenate([a, a]) for a in (probs, inf_mass, offset))
+
+    def one(s_probs, s_inf, w_off, q_probs, q_inf, q_off, bp, bi, bo, bh):
+        c_probs, c_inf, c_off = convolve_kernel(s_probs, s_inf, w_off, q_probs, q_inf, q_off,
+                                                step, pessimistic=True)
+        c_probs, c_inf = _into_window(c_probs, c_inf, c_off, w_off, size)
+        excess = dominance_excess_kernel(c_probs, c_inf, w_off, step, bp, bi, bo, bh)
+        return c_probs, c_inf, excess
+
+    new_probs, new_inf, excess = jax.vmap(one)(state.probs, state.inf_mass, window, probs,
+                                               inf_mass, offset, *budget_arrays)
+    # the identity, the unit of composition, is accepted and keeps the state exactly
+    # (composed, it would add the convolution's per-bin round-off allowance)
+    identity = jnp.all((inf_mass == 0) & jnp.all(
+        probs == jnp.where(jnp.arange(probs.shape[-1]) == -offset[:, None], 1.0, 0.0), axis=-1))
+    accepted = fits & (identity | jnp.all(excess <= delta_slack + ROUNDOFF))
+    composed = keep_if(~identity, NaturalState(new_probs, new_inf), state)
+    return keep_if(accepted, composed, state), accepted
+
+
 def natural_filter(budget: PLD, *, step: float | None = None, size: int | None = None,
             delta_slack: float = 0.0) -> Filter:
     """The natural filter: accept L when (accepted so far) (+) L is dominated by ``budget``.
@@ -92,8 +123,6 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     if size is None:
         size = next_pow2(int(np.max(high - low)) + 2)
     size = check_size("size", size, minimum=2, maximum=MAX_SIZE)
-    window = jax.device_put(low)
-    budget_arrays = tuple(jax.device_put(a) for a in (b_probs, b_inf, b_off, b_step))
 
     def init():
         identity = np.zeros((2, size))
@@ -104,34 +133,6 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
         if isinstance(query, PLD) and not is_traced(query.step):
             return onto_step(query, step, "natural"), {"aligned": True}
         return query, {"aligned": False}
-
-    def core(state, query, aligned: bool):
-        probs, inf_mass, offset, q_step = query_directions(query, "natural")
-        fits = jnp.asarray(True)
-        if not aligned:  # traced steps (a caller's jit): coarsen onto the filter's step if finer
-            fits = jnp.all(q_step <= step * (1 + STEP_RTOL))
-            probs, offset = jax.vmap(functools.partial(
-                regrid_kernel, size=probs.shape[-1] + 2, pessimistic=True))(
-                    probs, offset, q_step, jnp.full(q_step.shape, step))
-        if probs.shape[0] == 1:
-            probs, inf_mass, offset = (jnp.concatenate([a, a]) for a in (probs, inf_mass, offset))
-
-        def one(s_probs, s_inf, w_off, q_probs, q_inf, q_off, bp, bi, bo, bh):
-            c_probs, c_inf, c_off = convolve_kernel(s_probs, s_inf, w_off, q_probs, q_inf, q_off,
-                                                    step, pessimistic=True)
-            c_probs, c_inf = _into_window(c_probs, c_inf, c_off, w_off, size)
-            excess = dominance_excess_kernel(c_probs, c_inf, w_off, step, bp, bi, bo, bh)
-            return c_probs, c_inf, excess
-
-        new_probs, new_inf, excess = jax.vmap(one)(state.probs, state.inf_mass, window, probs,
-                                                   inf_mass, offset, *budget_arrays)
-        # the identity, the unit of composition, is accepted and keeps the state exactly
-        # (composed, it would add the convolution's per-bin round-off allowance)
-        identity = jnp.all((inf_mass == 0) & jnp.all(
-            probs == jnp.where(jnp.arange(probs.shape[-1]) == -offset[:, None], 1.0, 0.0), axis=-1))
-        accepted = fits & (identity | jnp.all(excess <= delta_slack + ROUNDOFF))
-        composed = keep_if(~identity, NaturalState(new_probs, new_inf), state)
-        return keep_if(accepted, composed, state), accepted
 
     def remaining(state):
         """The composition so far (a pessimistic PLD); compare it with the budget."""
@@ -144,7 +145,9 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     return make_filter("natural", {"step": step, "size": size, "delta_slack": float(delta_slack)},
                        {"budget": budget,
                         "free": "only for some query families: see V_k (Thm 6)"},
-                       init=init, core=core, remaining=remaining, prepare=prepare,
+                       init=init, core=_natural_core, remaining=remaining, prepare=prepare,
+                       settings=(np.float64(step), low, (b_probs, b_inf, b_off, b_step),
+                                 np.float64(delta_slack)),
                        static=("aligned",))
 
 
@@ -215,6 +218,21 @@ def _profile(probs, inf_mass, offset, step, edges):
     return profile.at[-1].add(inf_mass)
 
 
+def _additive_profile_core(settings, state, query):
+    edges, budgets, rounds = settings
+    if isinstance(query, PLD):
+        if query.reverse is not None:
+            raise ValueError("additive_profile: queries must be symmetric PLDs (Thm 11); "
+                             "this one has two directions")
+        probs, inf_mass, offset, step = query_directions(query, "additive_profile")
+        profile = _profile(probs[0], inf_mass[0], offset[0], step[0], edges)
+    else:
+        profile = jnp.broadcast_to(query, budgets.shape)
+    new = AdditiveState(add_up(state.spent, profile), state.rounds + 1)
+    accepted = (state.rounds < rounds) & jnp.all(new.spent <= budgets)
+    return keep_if(accepted, new, state), accepted
+
+
 @float64
 def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter:
     """The additive discretized profile filter (Alg. 3) with the parameters of eq. (1), for up to
@@ -240,19 +258,6 @@ def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter
     def init():
         return AdditiveState(np.zeros((n,)), np.zeros((), np.int64))
 
-    def core(state, query):
-        if isinstance(query, PLD):
-            if query.reverse is not None:
-                raise ValueError("additive_profile: queries must be symmetric PLDs (Thm 11); "
-                                 "this one has two directions")
-            probs, inf_mass, offset, step = query_directions(query, "additive_profile")
-            profile = _profile(probs[0], inf_mass[0], offset[0], step[0], jnp.asarray(edges))
-        else:
-            profile = jnp.broadcast_to(query, (n,))
-        new = AdditiveState(add_up(state.spent, profile), state.rounds + 1)
-        accepted = (state.rounds < rounds) & jnp.all(new.spent <= budgets)
-        return keep_if(accepted, new, state), accepted
-
     def remaining(state):
         return {"bands": budgets - state.spent, "rounds": rounds - state.rounds}
 
@@ -260,4 +265,5 @@ def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter
                        {"epsilon": float(epsilon), "delta": float(delta), "rounds": rounds},
                        {"epsilon": eps_out, "delta": delta_out, "bands": n, "edges": edges,
                         "budgets": budgets},
-                       init=init, core=core, remaining=remaining, cost_shape=(n,))
+                       init=init, core=_additive_profile_core, remaining=remaining,
+                       settings=(edges, budgets, np.int64(rounds)), cost_shape=(n,))

@@ -45,6 +45,19 @@ class PureDPState(NamedTuple):
     delta_spent: jax.Array
 
 
+def _pure_dp_core(settings, state, query):
+    epsilon, delta = settings
+    if isinstance(query, PLD):
+        probs, inf_mass, offset, step = query_directions(query, "pure_dp")
+        cost = pld_cost(jnp.max(_max_loss(probs, offset, step)))
+        cost_delta = pld_cost(jnp.max(inf_mass))
+    else:
+        cost, cost_delta = query, jnp.zeros(())
+    new = PureDPState(add_up(state.epsilon_spent, cost), add_up(state.delta_spent, cost_delta))
+    accepted = (new.epsilon_spent <= epsilon) & (new.delta_spent <= delta)
+    return keep_if(accepted, new, state), accepted
+
+
 @float64
 def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
     """The pure-DP filter (Rogers et al.; Regehr et al. 2026, Remark 3): accept while the sum of
@@ -61,23 +74,12 @@ def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
     def init():
         return PureDPState(np.zeros(()), np.zeros(()))
 
-    def core(state, query):
-        if isinstance(query, PLD):
-            probs, inf_mass, offset, step = query_directions(query, "pure_dp")
-            cost = pld_cost(jnp.max(_max_loss(probs, offset, step)))
-            cost_delta = pld_cost(jnp.max(inf_mass))
-        else:
-            cost, cost_delta = query, jnp.zeros(())
-        new = PureDPState(add_up(state.epsilon_spent, cost), add_up(state.delta_spent, cost_delta))
-        accepted = (new.epsilon_spent <= epsilon) & (new.delta_spent <= delta)
-        return keep_if(accepted, new, state), accepted
-
     def remaining(state):
         return {"epsilon": epsilon - state.epsilon_spent, "delta": delta - state.delta_spent}
 
     return make_filter("pure_dp", {"epsilon": float(epsilon), "delta": float(delta)},
-                       {"epsilon": epsilon, "delta": delta}, init=init, core=core,
-                       remaining=remaining)
+                       {"epsilon": epsilon, "delta": delta}, init=init, core=_pure_dp_core,
+                       remaining=remaining, settings=(np.float64(epsilon), np.float64(delta)))
 
 
 # -- GDP ------------------------------------------------------------------------------------------
@@ -93,6 +95,18 @@ def _nu(query: PLD, mu_max: float):
     nus = jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
         probs, inf_mass, offset, step, slack, mu_max)
     return pld_cost(jnp.max(nus)), pld_cost(slack) + ROUNDOFF
+
+
+def _gdp_core(settings, state, query):
+    budget, delta, mu_max = settings
+    if isinstance(query, PLD):
+        nu, cost_delta = _nu(query, mu_max)
+    else:
+        nu, cost_delta = query, jnp.zeros(())
+    new = GDPState(add_up(state.mu_squared_spent, square_up(nu)),
+                   add_up(state.delta_spent, cost_delta))
+    accepted = (new.mu_squared_spent <= budget) & (new.delta_spent <= delta)
+    return keep_if(accepted, new, state), accepted
 
 
 @float64
@@ -111,29 +125,38 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     def init():
         return GDPState(np.zeros(()), np.zeros(()))
 
-    def core(state, query):
-        if isinstance(query, PLD):
-            nu, cost_delta = _nu(query, max(float(mu), 1e-300))
-        else:
-            nu, cost_delta = query, jnp.zeros(())
-        new = GDPState(add_up(state.mu_squared_spent, square_up(nu)),
-                       add_up(state.delta_spent, cost_delta))
-        accepted = (new.mu_squared_spent <= budget) & (new.delta_spent <= delta)
-        return keep_if(accepted, new, state), accepted
-
     def remaining(state):
         xp = jnp if is_traced(state) else np  # a concrete state is read on the host
         return {"mu": xp.sqrt(xp.maximum(budget - state.mu_squared_spent, 0.0)),
                 "delta": delta - state.delta_spent}
 
     return make_filter("gdp", {"mu": float(mu), "delta": float(delta)},
-                       {"mu": mu, "delta": delta}, init=init, core=core, remaining=remaining)
+                       {"mu": mu, "delta": delta}, init=init, core=_gdp_core, remaining=remaining,
+                       settings=(np.float64(budget), np.float64(delta),
+                                 np.float64(max(float(mu), 1e-300))))
 
 
 # -- GDP residue ----------------------------------------------------------------------------------
 class ResidueState(NamedTuple):
     mu: jax.Array
     delta_left: jax.Array
+
+
+def _gdp_residue_core(settings, state, query, window, factor, steps):
+    if isinstance(query, PLD):
+        probs, inf_mass, offset, step = query_directions(query, "gdp_residue")
+        slack = jnp.max(inf_mass)
+        cost_delta = slack + ROUNDOFF
+        left, fits = residue_kernel(probs, inf_mass, offset, step, state.mu, slack,
+                                    size=window, steps=steps, factor=factor)
+    else:
+        nu = query
+        fits = nu <= state.mu
+        left = root_of_difference_down(state.mu, nu)
+        cost_delta = jnp.zeros(())
+    accepted = fits & (cost_delta <= state.delta_left)
+    new = ResidueState(left, -add_up(-state.delta_left, cost_delta))  # rounded down
+    return keep_if(accepted, new, state), accepted
 
 
 @float64
@@ -158,40 +181,39 @@ def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_
 
     def prepare(state, query):
         if not isinstance(query, PLD):
-            return query, {"window": 0, "factor": 1}
+            return query, {"window": 0, "factor": 1, "steps": steps}
         if is_traced((query, state)):
-            return query, {"window": MAX_RESIDUE_SIZE if size is None else size, "factor": 1}
+            return query, {"window": MAX_RESIDUE_SIZE if size is None else size, "factor": 1,
+                           "steps": steps}
         factor, window = residue_plan(mu, query, size)
-        return query, {"window": window, "factor": factor}
-
-    def core(state, query, window, factor):
-        if isinstance(query, PLD):
-            probs, inf_mass, offset, step = query_directions(query, "gdp_residue")
-            slack = jnp.max(inf_mass)
-            cost_delta = slack + ROUNDOFF
-            left, fits = residue_kernel(probs, inf_mass, offset, step, state.mu, slack,
-                                        size=window, steps=steps, factor=factor)
-        else:
-            nu = query
-            fits = nu <= state.mu
-            left = root_of_difference_down(state.mu, nu)
-            cost_delta = jnp.zeros(())
-        accepted = fits & (cost_delta <= state.delta_left)
-        new = ResidueState(left, -add_up(-state.delta_left, cost_delta))  # rounded down
-        return keep_if(accepted, new, state), accepted
+        return query, {"window": window, "factor": factor, "steps": steps}
 
     def remaining(state):
         return {"mu": state.mu, "delta": state.delta_left}
 
     return make_filter("gdp_residue",
                        {"mu": float(mu), "delta": float(delta), "steps": steps, "size": size},
-                       {"mu": mu, "delta": delta}, init=init, core=core, remaining=remaining,
-                       prepare=prepare, static=("window", "factor"))
+                       {"mu": mu, "delta": delta}, init=init, core=_gdp_residue_core,
+                       remaining=remaining, prepare=prepare, static=("window", "factor", "steps"))
 
 
 # -- Rényi ----------------------------------------------------------------------------------------
 class RenyiState(NamedTuple):
     spent: jax.Array
+
+
+def _renyi_core(settings, state, query):
+    orders, budget = settings
+    if isinstance(query, PLD):
+        probs, inf_mass, offset, step = query_directions(query, "renyi")
+        costs = jax.vmap(renyi_kernel, in_axes=(0, 0, 0, 0, None))(
+            probs, inf_mass, offset, step, orders)
+        cost = pld_cost(jnp.max(costs, axis=0))
+    else:
+        cost = jnp.broadcast_to(query, orders.shape)
+    new = RenyiState(add_up(state.spent, cost))
+    accepted = jnp.all(new.spent <= budget)
+    return keep_if(accepted, new, state), accepted
 
 
 @float64
@@ -216,24 +238,12 @@ def renyi_filter(orders, budget) -> Filter:
     def init():
         return RenyiState(np.zeros(orders.shape))
 
-    def core(state, query):
-        if isinstance(query, PLD):
-            probs, inf_mass, offset, step = query_directions(query, "renyi")
-            costs = jax.vmap(renyi_kernel, in_axes=(0, 0, 0, 0, None))(
-                probs, inf_mass, offset, step, jnp.asarray(orders))
-            cost = pld_cost(jnp.max(costs, axis=0))
-        else:
-            cost = jnp.broadcast_to(query, orders.shape)
-        new = RenyiState(add_up(state.spent, cost))
-        accepted = jnp.all(new.spent <= budget)
-        return keep_if(accepted, new, state), accepted
-
     def remaining(state):
         return {"orders": orders, "budget": budget - state.spent}
 
     return make_filter("renyi", {"orders": orders.tolist(), "budget": budget.tolist()},
-                       {"orders": orders, "rdp": budget}, init=init, core=core,
-                       remaining=remaining, cost_shape=orders.shape)
+                       {"orders": orders, "rdp": budget}, init=init, core=_renyi_core,
+                       remaining=remaining, settings=(orders, budget), cost_shape=orders.shape)
 
 
 # -- GDP residue table (per-example accounting at training speed) ---------------------------------

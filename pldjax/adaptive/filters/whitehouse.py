@@ -19,6 +19,7 @@ beyond the last order D_a <= D_inf = the largest loss).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -68,31 +69,39 @@ class ZCDPState(NamedTuple):
     delta_spent: jax.Array
 
 
-def _zcdp_filter(rho_budget, delta_budget, native, guarantee, kind, params,
+def _zcdp_core(native: Callable, kind: str, settings, state, query):
+    """Thm 1's filter; ``native(query) -> (rho_n, delta_n)`` reads a cost given in numbers."""
+    rho_budget, delta_budget = settings
+    rho, delta = zcdp_cost(query, kind) if isinstance(query, PLD) else native(query)
+    new = ZCDPState(add_up(state.rho_spent, rho), add_up(state.delta_spent, delta))
+    accepted = (new.rho_spent <= rho_budget) & (new.delta_spent <= delta_budget)
+    return keep_if(accepted, new, state), accepted
+
+
+def _zcdp_filter(rho_budget, delta_budget, core, guarantee, kind, params,
                  remaining=None) -> Filter:
-    """Thm 1's filter; ``native(query) -> (rho_n, delta_n)`` reads a cost given in numbers;
+    """Thm 1's filter with its ``core`` (:func:`_zcdp_core` for a kind);
     ``remaining(state)`` replaces the default reading (rho and delta left)."""
 
     def init():
         return ZCDPState(np.zeros(()), np.zeros(()))
 
-    def core(state, query):
-        rho, delta = zcdp_cost(query, kind) if isinstance(query, PLD) else native(query)
-        new = ZCDPState(add_up(state.rho_spent, rho), add_up(state.delta_spent, delta))
-        accepted = (new.rho_spent <= rho_budget) & (new.delta_spent <= delta_budget)
-        return keep_if(accepted, new, state), accepted
-
     def left(state):
         return {"rho": rho_budget - state.rho_spent, "delta": delta_budget - state.delta_spent}
 
     return make_filter(kind, params, guarantee, init=init, core=core,
-                       remaining=left if remaining is None else remaining, cost_pair=True)
+                       remaining=left if remaining is None else remaining,
+                       settings=(np.float64(rho_budget), np.float64(delta_budget)), cost_pair=True)
 
 
 def _pair(query):
     """(first, delta_n) of a cost given as a pair (checked by make_filter) or as one number
     (delta_n = 0)."""
     return query if isinstance(query, tuple) else (query, jnp.zeros(()))
+
+
+def _approx_zcdp_core(settings, state, query):
+    return _zcdp_core(_pair, "approx_zcdp", settings, state, query)
 
 
 @float64
@@ -104,7 +113,7 @@ def approx_zcdp_filter(rho: float, delta: float) -> Filter:
     """
     check_range("rho", rho, 0.0)
     check_range("delta", delta, 0.0, 1.0)
-    return _zcdp_filter(rho, delta, _pair,
+    return _zcdp_filter(rho, delta, _approx_zcdp_core,
                         {"rho": rho, "delta": delta}, "approx_zcdp",
                         {"rho": float(rho), "delta": float(delta)})
 
@@ -118,6 +127,19 @@ def residue_epsilon_squared(epsilon, delta_prime):
     # above (20,000 random cases against mpmath); two ulps down were not enough (a cost 6e-19
     # above the exact root was accepted), 16 are
     return root * (1.0 - 2.0**-48)
+
+
+def _epsilon_squared_half(query):
+    """(epsilon_n^2 / 2 rounded up, delta_n) of a cost (epsilon_n, delta_n) or epsilon_n."""
+    eps_n, delta_n = _pair(query)
+    # half of a square charged at the smallest normal would be subnormal, which XLA flushes
+    # to 0 (a budget below it then accepted every tiny query)
+    tiny = jnp.finfo(jnp.float64).tiny
+    return jnp.where(eps_n > 0, jnp.maximum(square_up(eps_n) / 2, tiny), 0.0), delta_n
+
+
+def _approx_dp_core(settings, state, query):
+    return _zcdp_core(_epsilon_squared_half, "approx_dp", settings, state, query)
 
 
 @float64
@@ -135,17 +157,11 @@ def approx_dp_filter(epsilon: float, delta: float, *, delta_queries: float | Non
     check_range("delta_queries", delta_queries, 0.0, float(delta), high_open=True)
     y_star = float(residue_epsilon_squared(epsilon, delta - delta_queries))
 
-    def native(query):
-        eps_n, delta_n = _pair(query)
-        # half of a square charged at the smallest normal would be subnormal, which XLA flushes
-        # to 0 (a budget below it then accepted every tiny query)
-        tiny = jnp.finfo(jnp.float64).tiny
-        return jnp.where(eps_n > 0, jnp.maximum(square_up(eps_n) / 2, tiny), 0.0), delta_n
-
     def remaining(state):
         return {"epsilon_squared": y_star - 2 * state.rho_spent,
                 "delta": delta_queries - state.delta_spent}
 
-    return _zcdp_filter(y_star / 2, delta_queries, native, {"epsilon": epsilon, "delta": delta},
+    return _zcdp_filter(y_star / 2, delta_queries, _approx_dp_core,
+                        {"epsilon": epsilon, "delta": delta},
                         "approx_dp", {"epsilon": float(epsilon), "delta": float(delta),
                                       "delta_queries": float(delta_queries)}, remaining)
