@@ -81,11 +81,25 @@ def privacy_loss(
     (under ``jit`` or ``vmap``) out of range give, element by element, the PLD that claims
     nothing (:meth:`~pldjax.core.pld.PLD.where_valid`: pessimistic, delta = 1 everywhere).
     """
+    _check_records(noise, sampling)
     pld = _privacy_loss(noise, sampling, neighboring, pessimistic, grid)
     if is_traced((noise, sampling)):
         valid = noise.valid() if sampling is None else noise.valid() & sampling.valid()
         pld = pld.where_valid(valid)
     return pld
+
+
+def _check_records(noise, sampling) -> None:
+    """A ValueError naming ``noise`` or ``sampling`` when it is not one of pldjax's records (a
+    jax-privacy batch selection strategy, say, is a description of batches, not of a mechanism's
+    sampling analysis)."""
+    if not isinstance(noise, Noise):
+        raise ValueError(f"noise must be a pj.noise record (e.g. pj.noise.Gaussian(sigma)), got "
+                         f"{noise!r}")
+    if sampling is not None and not isinstance(sampling, Sampling):
+        raise ValueError(f"sampling must be None or a pj.sampling record (Poisson, FixedBatch, "
+                         f"Mixture, TruncatedPoisson), got {type(sampling).__name__}: "
+                         f"{sampling!r}")
 
 
 def _privacy_loss(noise, sampling, neighboring, pessimistic, grid) -> PLD:
@@ -159,11 +173,7 @@ class Event:
     neighboring: Neighboring = Neighboring.ADD_REMOVE
 
     def __post_init__(self):
-        if not isinstance(self.noise, Noise):
-            raise ValueError(f"noise must be a pj.noise record, got {self.noise!r}")
-        if self.sampling is not None and not isinstance(self.sampling, Sampling):
-            raise ValueError(f"sampling must be a pj.sampling record or None, got "
-                             f"{self.sampling!r}")
+        _check_records(self.noise, self.sampling)
         object.__setattr__(self, "neighboring", Neighboring.parse(self.neighboring))
 
     def directions(self, pessimistic: bool = True) -> Directions:

@@ -83,3 +83,16 @@ def test_bandmf_plan_with_truncated_poisson_calibrates_with_pldjax():
     plan = config.plan
     eps = pj.dp_accounting.PLDAccountant(NR.REPLACE_SPECIAL).compose(plan.dp_event).get_epsilon(DELTA)
     assert eps <= 4.0 + 1e-6
+
+
+def test_batch_selection_strategies_are_refused_as_sampling_schemes_by_name():
+    from jax_privacy import batch_selection as bs
+
+    strategies = [bs.BMinSepSampling(0.01, 100, 10), bs.BallsInBinsSampling(100, 10),
+                  bs.CyclicPoissonSampling(0.01, 100), bs.FixedBatchSampling(32, 100)]
+    for strategy in strategies:
+        name = type(strategy).__name__
+        for build in (lambda s: pj.privacy_loss(pj.noise.Gaussian(1.0), s),
+                      lambda s: pj.Event(pj.noise.Gaussian(1.0), s)):
+            with pytest.raises(ValueError, match=f"sampling must be .*got {name}"):
+                build(strategy)
