@@ -152,14 +152,15 @@ def stored_length(probs):
     return jnp.max(jnp.where(probs != 0, index, 0), axis=-1, initial=0)
 
 
-def _finite_scale(probs, pessimistic: bool | None):
+def _finite_scale(probs, pessimistic):
     """What the finite masses' part of a curve is multiplied by: 1 + :func:`curve_roundoff` of
     the stored masses for a pessimistic PLD (an upper bound stays one), 1 - it for an
-    optimistic one, 1 (the discrete PLD's own curve, to round-off) for None."""
+    optimistic one (``pessimistic`` a bool, or a traced one: data, so that both share one
+    compiled program), 1 (the discrete PLD's own curve, to round-off) for None."""
     if pessimistic is None:
         return 1.0
     roundoff = curve_roundoff(stored_length(probs))
-    return 1.0 + roundoff if pessimistic else 1.0 - roundoff
+    return jnp.where(pessimistic, 1.0 + roundoff, 1.0 - roundoff)
 
 
 def grid_deltas(probs, inf_mass, step, finite_scale=1.0):
@@ -226,8 +227,8 @@ def epsilon_kernel(probs, inf_mass, offset, step, deltas, pessimistic: bool | No
     return jnp.where(deltas >= 1.0, 0.0, jnp.where(inf_mass > deltas, jnp.inf, eps))
 
 
-_delta_jit = kernel_jit(delta_kernel, static_argnames=("pessimistic",))
-_epsilon_jit = kernel_jit(epsilon_kernel, static_argnames=("pessimistic",))
+_delta_jit = kernel_jit(delta_kernel)
+_epsilon_jit = kernel_jit(epsilon_kernel)
 
 
 def _padded_to_a_power_of_two(array: np.ndarray, axis: int, fill) -> np.ndarray:
