@@ -27,6 +27,10 @@ SampledWithoutReplacementDpEvent(Gaussian)  RO         ``sampling.FixedBatch`` (
 RandomizedResponseDpEvent (k buckets)       RO, RS     exact tails, :func:`k_randomized_response`
 MixtureOfGaussiansDpEvent                   AR, RS     ``sampling.Mixture``
 TruncatedSubsampledGaussianDpEvent          all        ``sampling.TruncatedPoisson``
+SingleEpochTreeAggregationDpEvent           RS         ``noise.Gaussian`` of sensitivity sqrt(depth)
+EpsilonDeltaDpEvent, ExponentialMechanism.. all        ``noise.RandomizedResponse(epsilon, delta)``
+PermuteAndFlipDpEvent                       all        ``noise.Laplace(1 / epsilon)``
+ZCDpEvent                                   all        (xi, rho) summed, then :func:`pldjax.zcdp`
 SelfComposedDpEvent, ComposedDpEvent        all        composition
 =========================================== ========== =============================================
 
@@ -46,8 +50,12 @@ cannot resolve delta much below 1e-12 and reads epsilon = inf or a loose value t
 :mod:`pldjax.kernels.chernoff` from the events' single-run PLDs (no FFT) and returns the smaller of the
 two upper bounds: delta = 1e-18 gets a finite epsilon.
 
-Anything else (``SampledWithReplacementDpEvent``, ``SingleEpochTreeAggregationDpEvent``,
-``RepeatAndSelectDpEvent``, ``ZCDpEvent``, ``UnsupportedDpEvent``, a sampled event around
+The newer releases' events (EpsilonDelta, ExponentialMechanism, PermuteAndFlip) are recognised
+by class name. :func:`batch_selection_event` gives the event of DP-SGD on a jax-privacy batch
+selection strategy.
+
+Anything else (``SampledWithReplacementDpEvent``, ``RepeatAndSelectDpEvent``,
+``UnsupportedDpEvent``, a sampled event around
 another kind, or an event whose PLD pldjax cannot build, such as a mixture of more than
 ``sampling.MAX_COMPONENTS`` Gaussians) is reported as dp_accounting reports it: ``supports``
 returns False and ``compose`` raises ``dp_accounting.UnsupportedEventError`` naming the
@@ -648,5 +656,66 @@ def jax_privacy_config(value_discretization_interval: float = 1e-4):
     return _jax_privacy_config_class()(value_discretization_interval=value_discretization_interval)
 
 
-__all__ = ["PLDAccountant", "jax_privacy_config", "k_randomized_response", "to_event"]
+def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
+                          neighboring=_NR.ADD_OR_REMOVE_ONE) -> _ev.DpEvent:
+    """The dp_accounting event of DP-SGD (fresh Gaussian noise at every step, ``noise_multiplier``
+    in jax-privacy's convention) trained on ``dataset_size`` records with batches from
+    ``strategy``, a ``jax_privacy.batch_selection`` strategy, for an accountant with
+    ``neighboring`` (a ``dp_accounting.NeighboringRelation``); built with jax-privacy's own event
+    builders, so that its conventions hold. Compose it into :class:`PLDAccountant`.
+
+    * ``CyclicPoissonSampling(q, T, truncated_batch_size, cycle_length=b, partition_type)``: a
+      record is eligible at every b-th step only (its group's), and each step's noise is fresh,
+      so the steps where it is not eligible do not depend on it: ``dpsgd_event(sigma, ceil(T / b),
+      sampling_prob=q)``, or ``truncated_dpsgd_event`` on its group of dataset_size // b records.
+      With b > 1 an EQUAL_SPLIT partition (jax-privacy's default) is refused under add/remove,
+      where it does not hold (the groups change with the dataset), and an INDEPENDENT one with
+      truncation (its groups' sizes are random).
+    * ``FixedBatchSampling(batch_size, T, replace=False)``: ``fixed_dpsgd_event`` (replace-one).
+
+    Refused by name with a ValueError: sampling with replacement, balls-in-bins (random
+    allocation) and b-min-sep (no PLD analysis here), and any other object. Requires the
+    ``jax-privacy`` package."""
+    from jax_privacy import batch_selection
+    from jax_privacy.experimental import accounting as events
+
+    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    dataset_size = check_count("dataset_size", dataset_size, minimum=1)
+    name = type(strategy).__name__
+    if isinstance(strategy, batch_selection.CyclicPoissonSampling):
+        cycle = check_count("strategy.cycle_length", strategy.cycle_length, minimum=1)
+        steps = -(-check_count("strategy.iterations", strategy.iterations, minimum=0) // cycle)
+        independent = strategy.partition_type == batch_selection.PartitionType.INDEPENDENT
+        if cycle > 1 and not independent and neighboring == _NR.ADD_OR_REMOVE_ONE:
+            raise ValueError(f"{name} with cycle_length {cycle} and an EQUAL_SPLIT partition "
+                             "holds under replace-one or zero-out (REPLACE_SPECIAL) neighbours "
+                             "only (the groups change with the dataset): pass one of those as "
+                             "neighboring, or use PartitionType.INDEPENDENT")
+        if strategy.truncated_batch_size is None:
+            return events.dpsgd_event(noise_multiplier, steps, sampling_prob=strategy.sampling_prob)
+        if cycle > 1 and independent:
+            raise ValueError(f"{name} with truncation and an INDEPENDENT partition has no "
+                             "analysis here: its groups' sizes, on which truncation depends, "
+                             "are random; use an EQUAL_SPLIT partition")
+        return events.truncated_dpsgd_event(
+            noise_multiplier, steps, sampling_prob=strategy.sampling_prob,
+            num_examples=dataset_size // cycle,
+            truncated_batch_size=strategy.truncated_batch_size)
+    if isinstance(strategy, batch_selection.FixedBatchSampling) and not strategy.replace:
+        return events.fixed_dpsgd_event(noise_multiplier, strategy.iterations,
+                                        dataset_size=dataset_size,
+                                        batch_size=strategy.batch_size)
+    reasons = {
+        "FixedBatchSampling": "sampling with replacement has no PLD here (nor in dp_accounting)",
+        "BallsInBinsSampling": "balls-in-bins (random allocation) has no PLD analysis here",
+        "BMinSepSampling": "b-min-sep sampling is analysed only by Monte Carlo (jax-privacy's "
+                           "experimental monte_carlo module)",
+    }
+    reason = reasons.get(name, "not a batch selection strategy pldjax accounts for")
+    raise ValueError(f"strategy {name}: {reason}; accounted for are CyclicPoissonSampling and "
+                     "FixedBatchSampling without replacement")
+
+
+__all__ = ["PLDAccountant", "batch_selection_event", "jax_privacy_config", "k_randomized_response",
+           "to_event"]
 __dir__ = public_dir(__all__)

@@ -2,6 +2,8 @@
 accountants (whose PLD type checks must pass) and its BandMF execution plan with truncated Poisson
 sampling. Reference values come from dp_accounting's own accountants."""
 
+import math
+
 import dp_accounting as dpa
 import numpy as np
 import pytest
@@ -96,3 +98,72 @@ def test_batch_selection_strategies_are_refused_as_sampling_schemes_by_name():
                       lambda s: pj.Event(pj.noise.Gaussian(1.0), s)):
             with pytest.raises(ValueError, match=f"sampling must be .*got {name}"):
                 build(strategy)
+
+
+def _epsilon(event, relation, accountant=None):
+    accountant = accountant or pj.dp_accounting.PLDAccountant(relation)
+    return accountant.compose(event).get_epsilon(DELTA)
+
+
+def test_cyclic_poisson_is_poisson_on_the_steps_a_record_is_eligible_for():
+    from jax_privacy import batch_selection as bs
+
+    sigma, q = 1.0, 0.02
+    cyclic = bs.CyclicPoissonSampling(q, 401, cycle_length=4)  # a record: 101 eligible steps
+    event = pj.dp_accounting.batch_selection_event(cyclic, sigma, 10_000, NR.REPLACE_SPECIAL)
+    ours = _epsilon(event, NR.REPLACE_SPECIAL)
+    theirs = _epsilon(jp_events.dpsgd_event(sigma, 101, sampling_prob=q), NR.REPLACE_SPECIAL,
+                      dpa.pld.PLDAccountant(NR.REPLACE_SPECIAL, value_discretization_interval=1e-4))
+    assert theirs * (1 - 2e-3) <= ours <= theirs * (1 + 1e-4)
+    fewer = bs.CyclicPoissonSampling(q, 400, cycle_length=4)  # 100 eligible steps
+    assert _epsilon(pj.dp_accounting.batch_selection_event(
+        fewer, sigma, 10_000, NR.REPLACE_SPECIAL), NR.REPLACE_SPECIAL) < ours
+    # without cycles, Poisson sampling under any relation (add/remove: jax-privacy's default)
+    poisson = pj.dp_accounting.batch_selection_event(bs.CyclicPoissonSampling(q, 101), sigma, 10)
+    assert _epsilon(poisson, NR.ADD_OR_REMOVE_ONE) == pytest.approx(
+        pj.dpsgd_epsilon(sigma, q, 101, DELTA), rel=1e-6)
+
+
+def test_truncated_cyclic_poisson_accounts_for_a_group_of_records():
+    from jax_privacy import batch_selection as bs
+
+    strategy = bs.CyclicPoissonSampling(0.01, 300, truncated_batch_size=60, cycle_length=3)
+    event = pj.dp_accounting.batch_selection_event(strategy, 1.0, 12_000, NR.REPLACE_SPECIAL)
+    group = jp_events.truncated_dpsgd_event(1.0, 100, sampling_prob=0.01, num_examples=4000,
+                                            truncated_batch_size=60)
+    assert event == group
+    assert math.isfinite(_epsilon(event, NR.REPLACE_SPECIAL))
+
+
+def test_fixed_batches_without_replacement_are_sampled_without_replacement():
+    from jax_privacy import batch_selection as bs
+
+    event = pj.dp_accounting.batch_selection_event(bs.FixedBatchSampling(10, 100), 1.0, 1000,
+                                                   NR.REPLACE_ONE)
+    assert event == jp_events.fixed_dpsgd_event(1.0, 100, dataset_size=1000, batch_size=10)
+
+
+@pytest.mark.parametrize("strategy, relation, match", [
+    ("BallsInBinsSampling(100, 10)", NR.ADD_OR_REMOVE_ONE, "random allocation"),
+    ("BMinSepSampling(0.01, 100, 10)", NR.ADD_OR_REMOVE_ONE, "Monte Carlo"),
+    ("FixedBatchSampling(10, 100, replace=True)", NR.REPLACE_ONE, "with replacement"),
+    ("CyclicPoissonSampling(0.01, 100, cycle_length=2)", NR.ADD_OR_REMOVE_ONE, "EQUAL_SPLIT"),
+    ("CyclicPoissonSampling(0.01, 100, truncated_batch_size=5, cycle_length=2, "
+     "partition_type=bs.PartitionType.INDEPENDENT)", NR.REPLACE_ONE, "INDEPENDENT"),
+])
+def test_strategies_without_an_analysis_are_refused_by_name(strategy, relation, match):
+    from jax_privacy import batch_selection as bs  # noqa: F401 (read by eval)
+
+    built = eval(f"bs.{strategy}")
+    with pytest.raises(ValueError, match=f"{type(built).__name__}.*{match}"):
+        pj.dp_accounting.batch_selection_event(built, 1.0, 1000, relation)
+
+
+def test_batch_selection_event_names_bad_arguments():
+    from jax_privacy import batch_selection as bs
+
+    for args, name in (((bs.CyclicPoissonSampling(0.01, 10), -1.0, 100), "noise_multiplier"),
+                       ((bs.CyclicPoissonSampling(0.01, 10), 1.0, 0), "dataset_size"),
+                       ((pj.sampling.Poisson(0.01), 1.0, 100), "Poisson")):
+        with pytest.raises(ValueError, match=name):
+            pj.dp_accounting.batch_selection_event(*args)
