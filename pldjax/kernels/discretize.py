@@ -494,11 +494,17 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
     delta_mid = beyond_losses(z_mid, max_loss, raw_atom, hockey_stick(lsp_mid, lsq_mid, z_mid))
     delta_mid = jnp.maximum(delta_mid[0] - atom, 0.0)
     excess_mid = hockey_stick_excess(lcp_mid, lcq_mid, z_mid)[0] - atom
-    # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0
-    curve = optimistic_curve(delta, lsq + z, -1.0, z, step, 1.0 - lost - atom, delta[0],
-                             jnp.zeros(()), (z_mid[0], delta_mid, (lsq_mid + z_mid)[0]))
-    excess = optimistic_curve(excess, lcq + z, 1.0, z, step, -lost - atom, excess[0],
-                              jnp.expm1(z[-1]), (z_mid[0], excess_mid, (lcq_mid + z_mid)[0]))
+    # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0:
+    # both estimates in one vmapped call (one traced hull: the program compiles in half the time)
+    stacked = [jnp.stack(pair) for pair in (
+        (delta, excess), (lsq + z, lcq + z), (-1.0, 1.0), (1.0 - lost - atom, -lost - atom),
+        (delta[0], excess[0]), (0.0, jnp.expm1(z[-1])), (delta_mid, excess_mid),
+        ((lsq_mid + z_mid)[0], (lcq_mid + z_mid)[0]))]
+    values, log_slopes, sign, at_zero, first, last, mid_value, mid_log_slope = stacked
+    curve, excess = jax.vmap(
+        lambda v, ls, sg, a0, f, la, mv, ml: optimistic_curve(
+            v, ls, sg, z, step, a0, f, la, (z_mid[0], mv, ml)))(
+        values, log_slopes, sign, at_zero, first, last, mid_value, mid_log_slope)
     probs, _ = masses_from_curve(
         jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost - atom), z, below=lost + atom,
         pessimistic=False,
