@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import computed_once, kernel_jit
+from pldjax.core.compilation import computed_once, kernel_jit, on_host
 from pldjax.core.pld import PLD, batched
 from pldjax.core.precision import float64, host_result
 from pldjax.core.validation import check_range, is_traced
@@ -231,14 +231,16 @@ _delta_jit = kernel_jit(delta_kernel)
 _epsilon_jit = kernel_jit(epsilon_kernel)
 
 
-def _padded_to_a_power_of_two(array: np.ndarray, axis: int, fill) -> np.ndarray:
+def _padded_to_a_power_of_two(array, axis: int, fill):
     """``array`` extended along ``axis`` to a power-of-two length with ``fill`` ("last": copies of
-    its last entry), so that the sizes a kernel is called with come from a short ladder (each
-    new shape is a new compiled program); unchanged when already one, or empty."""
+    its last entry), in NumPy, so that the sizes a kernel is called with come from a short ladder
+    (each new shape is a new compiled program); unchanged (where it is, on a device too) when
+    already one, or empty."""
     length = array.shape[axis]
     extra = grid_lib.next_pow2(length) - length
     if extra == 0 or length == 0:
         return array
+    array = np.asarray(array)
     if fill == "last":
         return np.concatenate([array, np.repeat(np.take(array, [-1], axis), extra, axis)], axis)
     widths = [(0, 0)] * array.ndim
@@ -268,7 +270,8 @@ def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Arr
     rows = math.prod(pld.batch_shape)
     result = None
     for direction in pld.directions():
-        probs = _padded_to_a_power_of_two(np.asarray(direction.probs), -1, 0.0)
+        probs = direction.probs
+        probs = _padded_to_a_power_of_two(np.asarray(probs) if on_host(probs) else probs, -1, 0.0)
         scalars = [np.broadcast_to(np.asarray(a), pld.batch_shape)
                    for a in (direction.inf_mass, direction.offset, direction.step)]
         if pld.batch_shape:
