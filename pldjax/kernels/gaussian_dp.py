@@ -40,14 +40,14 @@ import numpy as np
 from jax.scipy.special import ndtri
 
 from pldjax.core.align import regrid_kernel, regrid_size
-from pldjax.core.compilation import computed_once, kernel_jit
+from pldjax.core.compilation import computed_once, kernel_jit, on_host
 from pldjax.core.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.core.pld import PLD, batched
 from pldjax.core.precision import float64, host_result, root_of_difference_down
 from pldjax.core.validation import check_count, check_range, is_traced
 from pldjax.kernels.compose import fft_roundoff
 from pldjax.kernels.dominance import ROUNDOFF
-from pldjax.kernels.hockey_stick import curve_roundoff, grid_deltas
+from pldjax.kernels.hockey_stick import curve_roundoff, grid_deltas, padded_to_a_power_of_two
 
 #: Default number of search steps of the residue (tests after its first): the search stops
 #: earlier once its bracket is narrower than _RESIDUE_RTOL mu'^2 + _RESIDUE_ATOL mu^2.
@@ -482,7 +482,13 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
     for direction in pld.directions():
         fn = batched(lambda p, m, o, h: _gdp_mu_jit(p, m, o, h, delta_slack, mu_max),
                      len(direction.batch_shape))
-        out = fn(direction.probs, direction.inf_mass, direction.offset, direction.step)
+        probs = direction.probs
+        if not is_traced(probs):
+            # zero masses above the window (the curve there is the atom, already compared at
+            # every eps): the sizes of a short ladder, a few compiled programs for every PLD
+            probs = padded_to_a_power_of_two(np.asarray(probs) if on_host(probs) else probs,
+                                             -1, 0.0)
+        out = fn(probs, direction.inf_mass, direction.offset, direction.step)
         result = out if result is None else jnp.maximum(result, out)
     return host_result(result)
 

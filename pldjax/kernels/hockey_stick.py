@@ -231,7 +231,7 @@ _delta_jit = kernel_jit(delta_kernel)
 _epsilon_jit = kernel_jit(epsilon_kernel)
 
 
-def _padded_to_a_power_of_two(array, axis: int, fill):
+def padded_to_a_power_of_two(array, axis: int, fill):
     """``array`` extended along ``axis`` to a power-of-two length with ``fill`` ("last": copies of
     its last entry), in NumPy, so that the sizes a kernel is called with come from a short ladder
     (each new shape is a new compiled program); unchanged (where it is, on a device too) when
@@ -266,17 +266,17 @@ def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Arr
             result = out if result is None else getattr(jnp, combine)(result, out)
         return host_result(result.reshape(pld.batch_shape + values.shape))
     values = np.asarray(values, np.float64)
-    flat = _padded_to_a_power_of_two(values.reshape(-1), 0, "last")
+    flat = padded_to_a_power_of_two(values.reshape(-1), 0, "last")
     rows = math.prod(pld.batch_shape)
     result = None
     for direction in pld.directions():
         probs = direction.probs
-        probs = _padded_to_a_power_of_two(np.asarray(probs) if on_host(probs) else probs, -1, 0.0)
+        probs = padded_to_a_power_of_two(np.asarray(probs) if on_host(probs) else probs, -1, 0.0)
         scalars = [np.broadcast_to(np.asarray(a), pld.batch_shape)
                    for a in (direction.inf_mass, direction.offset, direction.step)]
         if pld.batch_shape:
-            probs = _padded_to_a_power_of_two(probs.reshape(rows, -1), 0, "last")
-            scalars = [_padded_to_a_power_of_two(a.reshape(rows), 0, "last") for a in scalars]
+            probs = padded_to_a_power_of_two(probs.reshape(rows, -1), 0, "last")
+            scalars = [padded_to_a_power_of_two(a.reshape(rows), 0, "last") for a in scalars]
             out = jax.vmap(lambda p, m, o, h: kernel(p, m, o, h, flat))(probs, *scalars)
             out = np.asarray(out)[:rows]
         else:
