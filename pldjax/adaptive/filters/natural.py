@@ -45,7 +45,6 @@ def _into_window(probs, inf_mass, offset, window_offset, size: int):
     return kept[:size], inf_mass + kept[size]
 
 
-@float64
 def _natural_core(settings, state, query, aligned: bool):
     step, window, budget_arrays, delta_slack = settings
     size = state.probs.shape[-1]
@@ -77,6 +76,7 @@ def _natural_core(settings, state, query, aligned: bool):
     return keep_if(accepted, composed, state), accepted
 
 
+@float64
 def natural_filter(budget: PLD, *, step: float | None = None, size: int | None = None,
             delta_slack: float = 0.0) -> Filter:
     """The natural filter: accept L when (accepted so far) (+) L is dominated by ``budget``.
