@@ -495,7 +495,8 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
     delta_mid = jnp.maximum(delta_mid[0] - atom, 0.0)
     excess_mid = hockey_stick_excess(lcp_mid, lcq_mid, z_mid)[0] - atom
     # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0:
-    # both estimates in one vmapped call (one traced hull: the program compiles in half the time)
+    # both estimates in one vmapped call (one traced hull, not two: its program compiled about
+    # 15% faster)
     stacked = [jnp.stack(pair) for pair in (
         (delta, excess), (lsq + z, lcq + z), (-1.0, 1.0), (1.0 - lost - atom, -lost - atom),
         (delta[0], excess[0]), (0.0, jnp.expm1(z[-1])), (delta_mid, excess_mid),
