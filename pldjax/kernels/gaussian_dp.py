@@ -40,7 +40,7 @@ import numpy as np
 from jax.scipy.special import ndtri
 
 from pldjax.core.align import regrid_kernel, regrid_size
-from pldjax.core.compilation import computed_once, kernel_jit, on_host
+from pldjax.core.compilation import computed_once, kernel_jit
 from pldjax.core.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.core.pld import PLD, batched
 from pldjax.core.precision import float64, host_result, root_of_difference_down
@@ -486,8 +486,7 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
         if not is_traced(probs):
             # zero masses above the window (the curve there is the atom, already compared at
             # every eps): the sizes of a short ladder, a few compiled programs for every PLD
-            probs = padded_to_a_power_of_two(np.asarray(probs) if on_host(probs) else probs,
-                                             -1, 0.0)
+            probs = padded_to_a_power_of_two(probs, -1, 0.0)
         out = fn(probs, direction.inf_mass, direction.offset, direction.step)
         result = out if result is None else jnp.maximum(result, out)
     return host_result(result)

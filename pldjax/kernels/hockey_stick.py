@@ -233,9 +233,12 @@ _epsilon_jit = kernel_jit(epsilon_kernel)
 
 def padded_to_a_power_of_two(array, axis: int, fill):
     """``array`` extended along ``axis`` to a power-of-two length with ``fill`` ("last": copies of
-    its last entry), in NumPy, so that the sizes a kernel is called with come from a short ladder
-    (each new shape is a new compiled program); unchanged (where it is, on a device too) when
-    already one, or empty."""
+    its last entry), so that the sizes a kernel is called with come from a short ladder (each new
+    shape is a new compiled program). In NumPy: an array in host memory comes back as one (no
+    copy where no padding is needed); one on an accelerator stays there when already of such a
+    length (or empty), and is copied to the host only to be padded."""
+    if on_host(array):
+        array = np.asarray(array)
     length = array.shape[axis]
     extra = grid_lib.next_pow2(length) - length
     if extra == 0 or length == 0:
@@ -270,8 +273,7 @@ def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Arr
     rows = math.prod(pld.batch_shape)
     result = None
     for direction in pld.directions():
-        probs = direction.probs
-        probs = padded_to_a_power_of_two(np.asarray(probs) if on_host(probs) else probs, -1, 0.0)
+        probs = padded_to_a_power_of_two(direction.probs, -1, 0.0)
         scalars = [np.broadcast_to(np.asarray(a), pld.batch_shape)
                    for a in (direction.inf_mass, direction.offset, direction.step)]
         if pld.batch_shape:
