@@ -9,6 +9,7 @@ delta(eps) above the window's bottom).
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def take_from_bottom(probs, amount):
@@ -22,18 +23,30 @@ def take_from_top(probs, amount):
     return take_from_bottom(probs[::-1], amount)[::-1]
 
 
-def settle(probs, inf_mass, per_bin, tail_slack, pessimistic: bool):
+def settle(probs, inf_mass, per_bin, tail_slack, pessimistic):
     """Account for misplaced mass on the safe side and restore total mass 1.
 
     ``per_bin``: bound on each bin's round-off error; ``tail_slack``: bound on mass folded or
-    truncated into the window from outside it.
+    truncated into the window from outside it. ``pessimistic``: a bool, or a traced one (data, so
+    that a kernel compiles once for both estimates; each side is then computed and one kept).
     """
-    if pessimistic:
-        probs = probs + per_bin
-        inf_mass = jnp.minimum(inf_mass + tail_slack, 1.0)
-        excess = jnp.sum(probs) + inf_mass - 1.0
-        probs = take_from_bottom(probs, jnp.maximum(excess, 0.0))
-        return probs, inf_mass - jnp.minimum(excess, 0.0)
+    if isinstance(pessimistic, (bool, np.bool_)):
+        return (_settle_pessimistic if pessimistic else _settle_optimistic)(
+            probs, inf_mass, per_bin, tail_slack)
+    up, up_inf = _settle_pessimistic(probs, inf_mass, per_bin, tail_slack)
+    down, down_inf = _settle_optimistic(probs, inf_mass, per_bin, tail_slack)
+    return jnp.where(pessimistic, up, down), jnp.where(pessimistic, up_inf, down_inf)
+
+
+def _settle_pessimistic(probs, inf_mass, per_bin, tail_slack):
+    probs = probs + per_bin
+    inf_mass = jnp.minimum(inf_mass + tail_slack, 1.0)
+    excess = jnp.sum(probs) + inf_mass - 1.0
+    probs = take_from_bottom(probs, jnp.maximum(excess, 0.0))
+    return probs, inf_mass - jnp.minimum(excess, 0.0)
+
+
+def _settle_optimistic(probs, inf_mass, per_bin, tail_slack):
     probs = take_from_top(jnp.maximum(probs - per_bin, 0.0), tail_slack)
     excess = jnp.sum(probs) + inf_mass - 1.0
     probs = take_from_top(probs, jnp.maximum(excess, 0.0))

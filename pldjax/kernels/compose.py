@@ -269,21 +269,22 @@ def tail_bounds(summary: PMFSummary, offset, step, count, lo, hi, exponents):
 _ATOM_ROUNDOFF = 16.0
 
 
-def _safe_atom(value, pessimistic: bool):
+def _safe_atom(value, pessimistic):
     """A composed +inf atom ``value`` rounded to the safe side of its round-off: up for a
     pessimistic PLD, down for an optimistic one (whose atom a rounding above the truth left above
-    a delta asked for at the true atom: epsilon = inf there)."""
+    a delta asked for at the true atom: epsilon = inf there). ``pessimistic``: a bool, or data."""
     slack = _ATOM_ROUNDOFF * UNIT_ROUNDOFF
-    rounded = jnp.clip(value * (1.0 + slack if pessimistic else 1.0 - slack), 0.0, 1.0)
+    rounded = jnp.clip(value * jnp.where(pessimistic, 1.0 + slack, 1.0 - slack), 0.0, 1.0)
     return jnp.where(value >= 1.0, 1.0, rounded)  # all of the mass at +inf stays there
 
 
 # -- kernels --------------------------------------------------------------------------------------
-def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, *, pessimistic: bool):
+def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, pessimistic):
     """Exact linear convolution of two single-direction PLDs on a common step (full length).
     Bins outside the sum of the two supports are exactly zero: the FFT's round-off is dropped
     there, and the per-bin round-off allowance is added inside only (added everywhere, it put
-    3e-13 of mass above the losses of two randomized responses, more than a GDP curve's tail)."""
+    3e-13 of mass above the losses of two randomized responses, more than a GDP curve's tail).
+    ``pessimistic``: a bool, or data (one compiled program for both estimates)."""
     length = a_probs.shape[0] + b_probs.shape[0] - 1
     nfft = grid_lib.next_pow2(length)
     spectrum = jnp.fft.rfft(a_probs, nfft) * jnp.fft.rfft(b_probs, nfft)
@@ -369,9 +370,10 @@ def _restored_log_mass(summary: PMFSummary, inf_mass):
 
 
 def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
-                      size: int, tail, pessimistic: bool):
+                      size: int, tail, pessimistic):
     """The count-fold self-composition of each row of ``probs`` (rows, n) on a window of ``size``
-    points (one FFT power); ``count`` and ``tail``: scalars or one per row.
+    points (one FFT power); ``count`` and ``tail``: scalars or one per row; ``pessimistic``: a
+    bool, or data.
 
     ``exponents``: the rows' :func:`chernoff_exponents` for ``count`` when the caller has them
     (computed here otherwise).
@@ -400,7 +402,7 @@ _POWER_FRACTIONS = (16,)
 
 
 def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, count, exponents,
-                         *, tail, pessimistic: bool):
+                         *, tail, pessimistic):
     """:func:`self_compose_rows` of PMFs given as their masses wrapped modulo the window's size
     (:func:`wrap_rows`, rows x size), their :func:`pmf_summary` and :func:`chernoff_exponents`
     (one per row, as every other argument): nothing here has the PMFs' own length (one compiled
@@ -418,7 +420,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         lo, hi = summary_window(s, o, h, c, t, e)
         start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
         spectrum, low = _spectrum(folded, s.mass)
-        shift = _restored_log_mass(s, m) if pessimistic else jnp.float64(0.0)
+        shift = jnp.where(pessimistic, _restored_log_mass(s, m), 0.0)
         magnitude = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
         # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
         kept = magnitude >= jnp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
@@ -457,8 +459,9 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
                             exponents)
 
 
-def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic: bool):
-    """Keep ``size`` points: the window holding all but ``tail`` mass, centred, top first."""
+def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic):
+    """Keep ``size`` points: the window holding all but ``tail`` mass, centred, top first;
+    ``pessimistic``: a bool, or data."""
     length = probs.shape[0]
     if size >= length:
         return jnp.pad(probs, (0, size - length)), inf_mass, offset
@@ -467,20 +470,16 @@ def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic: bo
     kept = jax.lax.dynamic_slice(probs, (start,), (size,))
     below = jnp.sum(jnp.where(jnp.arange(length) < start, probs, 0.0))
     above = jnp.sum(jnp.where(jnp.arange(length) >= start + size, probs, 0.0))
-    kept = kept.at[0].add(below)
-    if pessimistic:
-        inf_mass = inf_mass + above
-    else:
-        kept = kept.at[-1].add(above)
-    return kept, inf_mass, offset + start
+    kept = kept.at[0].add(below).at[-1].add(jnp.where(pessimistic, 0.0, above))
+    return kept, inf_mass + jnp.where(pessimistic, above, 0.0), offset + start
 
 
-def _window_start(lo, hi, size: int, pessimistic: bool):
+def _window_start(lo, hi, size: int, pessimistic):
     """First index of a ``size``-point window for the bulk [lo, hi]: centred when it fits;
     otherwise a pessimistic window keeps the top (the cut-off top goes to +inf) and an optimistic
     one keeps the bottom (the cut-off top moves down into the top bin)."""
     need = hi - lo + 1
-    keep = hi - size + 1 if pessimistic else lo
+    keep = jnp.where(pessimistic, hi - size + 1, lo)
     return jnp.where(need <= size, lo - (size - need) // 2, keep)
 
 
@@ -499,22 +498,24 @@ def needed_size(probs, tail) -> jax.Array:
 
 
 # -- API ------------------------------------------------------------------------------------------
-@kernel_jit(static_argnames=("pessimistic",))
-def _convolve_batch(a: PLD, b: PLD, *, pessimistic: bool):
+# ``pessimistic`` is data in these kernels (PLD arrays rather than PLDs, whose flag is static):
+# a pessimistic and an optimistic estimate of one shape share a compiled program
+@kernel_jit
+def _convolve_batch(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, pessimistic):
     kernel = functools.partial(convolve_kernel, pessimistic=pessimistic)
-    return jax.vmap(kernel)(a.probs, a.inf_mass, a.offset, b.probs, b.inf_mass, b.offset, a.step)
+    return jax.vmap(kernel)(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step)
 
 
-@kernel_jit(static_argnames=("size", "pessimistic"))
-def _truncate_batch(probs, inf_mass, offset, tail, *, size: int, pessimistic: bool):
+@kernel_jit(static_argnames=("size",))
+def _truncate_batch(probs, inf_mass, offset, tail, pessimistic, *, size: int):
     kernel = functools.partial(truncate_kernel, size=size, tail=tail, pessimistic=pessimistic)
     return jax.vmap(kernel)(probs, inf_mass, offset)
 
 
-@kernel_jit(static_argnames=("size", "pessimistic"))
-def _self_compose_batch(pld: PLD, count, tail, *, size: int, pessimistic: bool):
-    return self_compose_rows(pld.probs, pld.inf_mass, pld.offset, pld.step, count, size=size,
-                             tail=tail, pessimistic=pessimistic)
+@kernel_jit(static_argnames=("size",))
+def _self_compose_batch(probs, inf_mass, offset, step, count, tail, pessimistic, *, size: int):
+    return self_compose_rows(probs, inf_mass, offset, step, count, size=size, tail=tail,
+                             pessimistic=pessimistic)
 
 
 _needed_size_batch = kernel_jit(jax.vmap(needed_size, in_axes=(0, None)))
@@ -553,14 +554,15 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
             f"compose needs an FFT of {fft} points for PLDs of {a.size} and {b.size} points (more "
             f"than 2 * grid.MAX_SIZE = {2 * grid_lib.MAX_SIZE}, a memory guard); use coarser grids"
         )
-    probs, inf_mass, offset = _convolve_batch(a, b, pessimistic=a.pessimistic)
+    probs, inf_mass, offset = _convolve_batch(a.probs, a.inf_mass, a.offset, b.probs,
+                                              b.inf_mass, b.offset, a.step, a.pessimistic)
     if size is None and not is_traced(probs):
         need = int(np.max(np.asarray(_needed_size_batch(probs, tail))))
         size = min(grid_lib.next_pow2(need), probs.shape[-1])
     if size is not None:
         probs, inf_mass, offset = _truncate_batch(
-            probs, inf_mass, offset, tail, size=checked_size(size, "compose", "plds"),
-            pessimistic=a.pessimistic,
+            probs, inf_mass, offset, tail, a.pessimistic,
+            size=checked_size(size, "compose", "plds"),
         )
     return from_rows(probs, inf_mass, offset, a.step, shape, a.pessimistic)
 
@@ -653,8 +655,8 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             if n is None:
                 n = checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose", "count")
         probs, inf_mass, offset = _self_compose_batch(
-            flat, np.float64(count), grid_lib.TAIL_MASS, size=n,
-            pessimistic=p.pessimistic,
+            flat.probs, flat.inf_mass, flat.offset, flat.step, np.float64(count),
+            grid_lib.TAIL_MASS, p.pessimistic, size=n,
         )
         return from_rows(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
 
