@@ -56,6 +56,7 @@ from pldjax.mechanisms.named import (
     randomized_response,
     zcdp,
 )
+from pldjax.mechanisms.shuffling import shuffling_lower_bound
 
 __all__ = [
     "Event",
@@ -100,6 +101,7 @@ __all__ = [
     "profile_from_tradeoff",
     "randomized_response",
     "sampling",
+    "shuffling_lower_bound",
     "sup",
     "totally_ordered",
     "tradeoff_from_profile",
