@@ -26,6 +26,7 @@ from pldjax.core.validation import check_range
 from pldjax.kernels.discretize import mechanism_half_widths, mechanism_sizes
 from pldjax.mechanisms import sampling as sampling_lib
 from pldjax.mechanisms.events import Event
+from pldjax.mechanisms.neighboring import Neighboring
 from pldjax.mechanisms.noise import Gaussian, Noise
 from pldjax.mechanisms.subsampling import REMOVE
 
@@ -84,54 +85,108 @@ def mechanism_points(sigma, q):
 
 
 #: Integer Renyi orders of :func:`rdp_epsilon` (a coarse set: it only sizes grids).
-_RDP_ORDERS = np.array([2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256])
+_RDP_ORDERS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 @functools.cache
-def _rdp_terms() -> tuple[np.ndarray, ...]:
-    """The terms k = 0 .. a of the binomial expansion at each order a of _RDP_ORDERS, flat (944
-    terms, not 18 x 257): for each term log C(a, k) and the coefficients a - k, k and k^2 - k of
-    log(1 - q), log q and 1 / (2 sigma^2); and where each order's terms start."""
-    order = np.repeat(_RDP_ORDERS, _RDP_ORDERS + 1).astype(np.float64)
-    k = np.concatenate([np.arange(a + 1) for a in _RDP_ORDERS]).astype(np.float64)
+def _rdp_terms(orders: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """The terms k = 0 .. a of the binomial expansion at each integer order a of ``orders``,
+    flat (944 terms for _RDP_ORDERS, not 18 x 257): for each term log C(a, k) and the
+    coefficients a - k, k and k^2 - k of log(1 - q), log q and 1 / (2 sigma^2); and where each
+    order's terms start."""
+    counts = np.asarray(orders) + 1
+    order = np.repeat(orders, counts).astype(np.float64)
+    k = np.concatenate([np.arange(a + 1) for a in orders]).astype(np.float64)
     log_binomial = np.array([math.lgamma(a + 1.0) - math.lgamma(j + 1.0) - math.lgamma(a - j + 1.0)
                              for a, j in zip(order, k, strict=True)])
-    starts = np.concatenate([[0], np.cumsum(_RDP_ORDERS + 1)[:-1]])
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     return log_binomial, order - k, k, k * k - k, starts
 
 
-#: Configurations per block of :func:`rdp_epsilon` (each takes 944 terms; 32 to 128 were alike).
+#: Configurations per block of :func:`poisson_gaussian_rdp` (each takes 944 terms for
+#: _RDP_ORDERS; 32 to 128 were alike).
 _RDP_BLOCK = 64
 
 
-def rdp_epsilon(sigma, q, steps, delta):
-    """An estimate of epsilon (nats) from the Renyi DP of the Poisson-subsampled Gaussian at
-    integer orders (Mironov, Talwar and Zhang's binomial expansion) and the standard conversion:
-    an upper bound, about 10% loose, used only to choose a grid step (never reported); flat.
-    Every term combines three logarithms per configuration with constant coefficients."""
-    sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
-        *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
-    log_binomial, misses, k, square, starts = _rdp_terms()
-    counts = _RDP_ORDERS + 1
-    orders = _RDP_ORDERS.astype(np.float64)
+def poisson_gaussian_rdp(sigma, q, orders: tuple[int, ...]) -> np.ndarray:
+    """The Renyi divergence (nats) of one step of the Poisson-subsampled Gaussian (noise
+    multiplier ``sigma``, sampling probability ``q``; flat arrays of one length) at each integer
+    order >= 2 of ``orders``: Mironov, Talwar and Zhang's binomial expansion of
+    D_a((1 - q) N(0, sigma^2) + q N(1, sigma^2) || N(0, sigma^2)), exact up to round-off, which
+    they show is the larger of the two directions. Shape (configurations, orders). Every term
+    combines three logarithms per configuration with constant coefficients."""
+    log_binomial, misses, k, square, starts = _rdp_terms(tuple(orders))
+    counts = np.asarray(orders) + 1
     with np.errstate(divide="ignore"):
         # -inf (q = 1, or 0) made finite: times a count of 0 it must give 0, not NaN
         log_miss = np.maximum(np.log1p(-q), -1e300)[:, None]
         log_hit = np.maximum(np.log(q), -1e300)[:, None]
     twice_variance = (2 * sigma**2)[:, None]
-    out = np.empty(sigma.shape)
+    out = np.empty((sigma.size, len(orders)))
     for begin in range(0, sigma.size, _RDP_BLOCK):
         part = slice(begin, begin + _RDP_BLOCK)
-        terms = (log_binomial + misses * log_miss[part] + k * log_hit[part]
-                 + square / twice_variance[part])
+        with np.errstate(over="ignore"):  # a term beyond float64 makes the divergence inf
+            terms = (log_binomial + misses * log_miss[part] + k * log_hit[part]
+                     + square / twice_variance[part])
         top = np.maximum.reduceat(terms, starts, axis=-1)
-        spread = np.exp(terms - np.repeat(top, counts, axis=-1))
-        log_a = top + np.log(np.add.reduceat(spread, starts, axis=-1))
-        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            eps = (steps[part, None] * log_a / (orders - 1)
-                   + np.log(1.0 / delta[part, None]) / (orders - 1))
-        out[part] = np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
-    return out
+        with np.errstate(invalid="ignore"):
+            spread = np.exp(terms - np.repeat(top, counts, axis=-1))
+        out[part] = (top + np.log(np.add.reduceat(spread, starts, axis=-1))) / (
+            np.asarray(orders, np.float64) - 1)
+    return np.where(np.isnan(out), np.inf, out)
+
+
+#: The largest integer order :func:`event_renyi_bound` expands (a + 1 terms each).
+_MAX_EXPANDED_ORDER = 4096
+#: Relative allowance for the expansion's round-off (lgamma and a sum of at most 4,097 terms in
+#: float64, a few ulps each), added so that the bound stays above the exact divergence.
+_EXPANSION_ROUNDOFF = 1e-10
+
+
+def event_renyi_bound(event: Event, orders: np.ndarray) -> np.ndarray:
+    """An upper bound on the Renyi divergence (nats, the larger direction) of one run of
+    ``event`` at each of ``orders`` (> 0) from closed forms; inf where none applies. The Gaussian
+    without sampling: a / (2 s^2) with s = sigma / sensitivity (halved under replace-one, where
+    the output moves by twice the sensitivity). Poisson-subsampled under add/remove or zero-out:
+    :func:`poisson_gaussian_rdp` at the integer order max(2, ceil(a)) (the divergence does not
+    decrease with the order), up to _MAX_EXPANDED_ORDER. Each is raised by its round-off. Any
+    other event (or a batch of parameters): inf."""
+    orders = np.asarray(orders, np.float64)
+    unbounded = np.full(orders.shape, np.inf)
+    try:
+        parameters = gaussian_poisson_parameters(event, ())
+    except ValueError:  # a batch of parameters
+        return unbounded
+    if parameters is None:
+        return unbounded
+    sigma, q = parameters
+    if q[0] == 1.0:
+        if event.neighboring == Neighboring.REPLACE_ONE:
+            sigma = sigma / 2
+        return orders / (2 * sigma[0] ** 2) * (1 + 4 * np.finfo(np.float64).eps)
+    if event.neighboring == Neighboring.REPLACE_ONE:
+        return unbounded
+    integer = np.maximum(2.0, np.ceil(orders))
+    expanded = integer <= _MAX_EXPANDED_ORDER
+    chosen = tuple(int(a) for a in np.unique(integer[expanded]))
+    if not chosen:
+        return unbounded
+    divergence = poisson_gaussian_rdp(sigma, q, chosen)[0] * (1 + _EXPANSION_ROUNDOFF)
+    return np.where(expanded, divergence[np.searchsorted(chosen, np.where(expanded, integer, 2))],
+                    np.inf)
+
+
+def rdp_epsilon(sigma, q, steps, delta):
+    """An estimate of epsilon (nats) from :func:`poisson_gaussian_rdp` at _RDP_ORDERS and the
+    standard conversion: an upper bound, about 10% loose, used only to choose a grid step (never
+    reported); flat."""
+    sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
+        *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
+    orders = np.asarray(_RDP_ORDERS, np.float64)
+    divergence = poisson_gaussian_rdp(sigma, q, _RDP_ORDERS)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        eps = steps[:, None] * divergence + np.log(1.0 / delta[:, None]) / (orders - 1)
+    return np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)
 
 
 def accuracy_step(rtol, steps, epsilon, spread, z):

@@ -11,7 +11,9 @@ tighten), and gives both for
 * the Gaussian-DP mu: the smallest mu with the mechanism mu-GDP (up to the pessimistic PLD's
   atom at +inf and 1e-14 of round-off, reported as ``gdp_delta``), and a mu it provably needs at
   least;
-* Rényi divergences at standard orders (Rényi DP; an atom at +inf makes them infinite).
+* Rényi divergences at standard orders (Rényi DP). A pessimistic PLD's atom at +inf makes its
+  own infinite; for the runs of Gaussian events (with or without Poisson sampling) an event or an
+  accountant state reports the closed form (Mironov, Talwar and Zhang's) where it is lower.
 
 ``privacy_report(pld, optimistic)`` takes the two PLDs; ``privacy_report(event, count=T)`` builds
 them for T runs of a :class:`~pldjax.mechanisms.events.Event`, ``privacy_report(state)`` for the
@@ -29,6 +31,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from pldjax.accounting import accountant
+from pldjax.accounting.planner import event_renyi_bound
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD
 from pldjax.core.precision import six_digits
@@ -175,6 +178,7 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
       assumptions: what the report is of (added to what an event describes itself).
     """
     described = {} if assumptions is None else dict(assumptions)
+    run = None  # the (event, runs) it composes, where known
     if isinstance(mechanism, accountant.AccountantState):
         if optimistic is not None or count is not None or grid is not None:
             raise ValueError("an accountant state's report reads its own run: pass no "
@@ -189,6 +193,7 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
         if optimistic is not None:
             raise ValueError("an event's report builds its own optimistic PLD: pass no optimistic")
         count = check_count("count", count, minimum=1)
+        run = [(mechanism, count)]
         described = {"mechanism": _describe(mechanism.noise),
                      "sampling": _describe(mechanism.sampling),
                      "neighboring": str(mechanism.neighboring.value), "runs": count,
@@ -215,6 +220,12 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
     fprs = _grid("fprs", fprs, 0.0, 1.0)
     orders = _grid("orders", orders, 0.0, np.inf, low_open=True)
 
+    # the pessimistic PLD's atom at +inf makes its Renyi divergences inf: closed forms instead
+    closed_form_renyi = np.full(orders.shape, np.inf)
+    if run is not None:
+        closed_form_renyi = sum((steps * event_renyi_bound(event, orders) for event, steps in run),
+                                start=np.zeros(orders.shape))
+
     def read(pld: PLD, method: str, points: np.ndarray) -> np.ndarray:
         return np.asarray(getattr(pld, method)(points), np.float64)
 
@@ -222,7 +233,7 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
     upper = dict(epsilon=read(pessimistic, "epsilon", deltas),
                  delta=read(pessimistic, "delta", epsilons),
                  tpr=true_positive_rates(pessimistic, fprs),
-                 renyi=read(pessimistic, "renyi", orders),
+                 renyi=np.minimum(read(pessimistic, "renyi", orders), closed_form_renyi),
                  mu=float(gdp_mu(pessimistic, delta_slack=atom, mu_max=_GDP_MU_MAX)))
     gdp_delta = atom + ROUNDOFF  # what gdp_mu certifies beside G_mu
     if optimistic is None:

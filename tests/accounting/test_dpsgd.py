@@ -399,8 +399,8 @@ def test_renyi_estimate_behind_rtol_matches_dp_accounting():
     sigma, q, steps, delta = (np.array(column) for column in zip(*cases, strict=True))
     got = rdp_epsilon(sigma, q, steps, delta)
     for (s, p, t, d), value in zip(cases, got, strict=True):
-        divergence = rdp._compute_rdp_poisson_subsampled_gaussian(p, s, _RDP_ORDERS)
-        expected = np.min(t * divergence + np.log(1 / d) / (_RDP_ORDERS - 1))
+        divergence = rdp._compute_rdp_poisson_subsampled_gaussian(p, s, np.array(_RDP_ORDERS))
+        expected = np.min(t * divergence + np.log(1 / d) / (np.array(_RDP_ORDERS) - 1))
         np.testing.assert_allclose(value, expected, rtol=1e-10)
     extremes = rdp_epsilon(np.array([1.0, 1.0, 1e-6, 1e17]), np.array([1.0, 0.0, 0.01, 0.01]),
                             np.full(4, 1e9), np.full(4, 1e-5))

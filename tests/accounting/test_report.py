@@ -26,6 +26,14 @@ def _gdp_delta(mu, eps):
                      for e in map(mpmath.mpf, eps)])
 
 
+def _renyi_divergence(p, q, order) -> float:
+    """D_order(P || Q) of two densities on the line, by quadrature at 30 digits."""
+    mpmath.mp.dps = 30
+    a = mpmath.mpf(order)
+    integral = mpmath.quad(lambda x: p(x) ** a * q(x) ** (1 - a), [-mpmath.inf, 0, mpmath.inf])
+    return float(mpmath.log(integral) / (a - 1))
+
+
 def _subsampled_gaussian_tpr(sigma, q, alpha):
     """The attacker's best TPR at FPR alpha against one Poisson-subsampled Gaussian step (add or
     remove: the worse direction), at 40 digits. Remove: P = (1 - q) N(0, 1) + q N(1/sigma, 1)
@@ -97,6 +105,33 @@ def test_event_report_reads_the_dpsgd_epsilon_and_renders():
     assert data["epsilon_upper"] == [float(report.epsilon_upper[0])]
     text = report.to_markdown()
     assert "| attacker FPR | TPR lower | TPR upper |" in text and "runs: 1000" in text
+    # Renyi DP: the closed form (the pessimistic PLD's atom at +inf makes its own inf), equal to
+    # dp-accounting's RDP accountant at integer orders, above it at 1.5 (taken at order 2)
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import RdpAccountant
+
+    rdp = RdpAccountant(orders=list(report.orders))
+    rdp.compose(dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.0)), 1000)
+    integer = report.orders == np.round(report.orders)
+    np.testing.assert_allclose(report.renyi_upper[integer], rdp._rdp[integer], rtol=1e-9)
+    assert np.all(report.renyi_upper >= rdp._rdp)
+    assert np.all(report.renyi_lower <= report.renyi_upper)
+    # one step's two directions by quadrature: the expansion is the larger
+    mixture = lambda x: 0.99 * mpmath.npdf(x) + 0.01 * mpmath.npdf(x, 1)  # noqa: E731
+    for order, upper in zip(report.orders[1:3], report.renyi_upper[1:3], strict=True):
+        remove = _renyi_divergence(mixture, mpmath.npdf, order)
+        add = _renyi_divergence(mpmath.npdf, mixture, order)
+        assert upper == pytest.approx(1000 * remove, rel=1e-9) and add <= remove
+
+
+def test_renyi_dp_of_the_gaussian_is_its_closed_form_and_stays_finite_where_expanded():
+    event = pj.Event(pj.noise.Gaussian(2.0), None, "replace_one")  # the output moves by 2
+    report = pj.privacy_report(event, count=10, orders=[0.5, 2.0, 8.0])
+    orders = np.array([0.5, 2.0, 8.0])
+    np.testing.assert_allclose(report.renyi_upper, 10 * orders * 2**2 / (2 * 2.0**2), rtol=1e-12)
+    # beyond the largest expanded order the subsampled Gaussian's bound is the PLD's (inf)
+    far = pj.privacy_report(pj.dpsgd_event(1.0, 0.01), count=10, orders=[2.0, 5000.0])
+    assert np.isfinite(far.renyi_upper[0]) and far.renyi_upper[1] == np.inf
 
 
 def test_report_without_optimistic_pld_has_the_trivial_lower_bounds():
@@ -153,6 +188,9 @@ def test_report_of_an_accountant_state_reads_its_run():
     assert report.epsilon_upper[0] == pytest.approx(upper, rel=1e-9)
     assert 0 < report.epsilon_lower[0] <= report.epsilon_upper[0] <= report.epsilon_lower[0] * 1.01
     assert report.assumptions["runs"] == 1000 and " x 600" in report.assumptions["events"]
+    alone = [pj.privacy_report(pj.dpsgd_event(s, q), count=t, orders=report.orders).renyi_upper
+             for s, q, t in ((1.0, 0.01, 600), (2.0, 0.02, 400))]
+    np.testing.assert_allclose(report.renyi_upper, alone[0] + alone[1], rtol=1e-12)
     with pytest.raises(ValueError, match="reads its own run"):
         pj.privacy_report(state, count=3)
 
