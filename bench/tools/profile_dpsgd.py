@@ -117,8 +117,8 @@ def stages(rtol=None):
 
     def fused():
         return engine_lib._compose_and_evaluate(
-            wrapped, summary, inf_mass, offset, step, count, target, chernoff, True,
-            evaluate="epsilon")
+            wrapped, summary, inf_mass, offset, step, count, target, chernoff,
+            pessimistic=True, evaluate="epsilon")
 
     return size, [
         ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=rtol)),

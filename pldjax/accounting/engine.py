@@ -95,13 +95,12 @@ ACCELERATOR_CHUNK = 1024
 ACCELERATOR_CHUNK_ELEMENTS = 2**24
 
 
-@exported_jit(static_argnames=("evaluate",))
-def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, target, exponents,
-                          pessimistic, *, evaluate):
+@exported_jit(static_argnames=("pessimistic", "evaluate"))
+def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, target, exponents, *,
+                          pessimistic, evaluate):
     """Each row's count-fold composition (its PMF wrapped to the window,
     :func:`~pldjax.kernels.compose.wrap_rows`), read at its target: one compiled shape per (rows,
-    window size), for the pessimistic and the optimistic estimate alike (``pessimistic`` is
-    data)."""
+    window size)."""
     kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
     probs, composed_inf, start = compose_wrapped_rows(
         wrapped, summary, inf_mass, offset, step, count, exponents,
@@ -268,8 +267,7 @@ class _Compositions:
         #: seconds each there, for at most twice the points)
         self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
         self._rows = grid_lib.next_pow2(rows)
-        self._pessimistic = np.bool_(pessimistic)
-        self._evaluate = evaluate
+        self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         self._pending: dict[int, list] = {}
         self._results: list = []
 
@@ -286,8 +284,7 @@ class _Compositions:
                 index = np.concatenate([part, np.full(most - len(part), part[-1])])
                 wrapped, columns = _gather_rows(probs, index, scalars, size=size)
                 got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
-                                            tuple(columns[10:]), self._pessimistic,
-                                            evaluate=self._evaluate)
+                                            tuple(columns[10:]), **self._options)
                 self._results.append((got, values, part))
             return
         pending = self._pending.setdefault(size, [])
@@ -333,7 +330,7 @@ class _Compositions:
         arrays = _place(arrays, self._sharding)
         got = np.asarray(_compose_and_evaluate(
             arrays[0], PMFSummary(*arrays[1:6]), *arrays[6:11], tuple(arrays[11:]),
-            self._pessimistic, evaluate=self._evaluate,
+            **self._options,
         ))
         for value, (values, index) in zip(got, sinks, strict=False):
             values[index] = value

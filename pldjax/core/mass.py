@@ -8,6 +8,7 @@ delta(eps) above the window's bottom).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -28,14 +29,14 @@ def settle(probs, inf_mass, per_bin, tail_slack, pessimistic):
 
     ``per_bin``: bound on each bin's round-off error; ``tail_slack``: bound on mass folded or
     truncated into the window from outside it. ``pessimistic``: a bool, or a traced one (data, so
-    that a kernel compiles once for both estimates; each side is then computed and one kept).
+    that a kernel compiles once for both estimates: a conditional, of which only one side runs
+    where the flag is the same for a whole vmapped batch).
     """
     if isinstance(pessimistic, (bool, np.bool_)):
         return (_settle_pessimistic if pessimistic else _settle_optimistic)(
             probs, inf_mass, per_bin, tail_slack)
-    up, up_inf = _settle_pessimistic(probs, inf_mass, per_bin, tail_slack)
-    down, down_inf = _settle_optimistic(probs, inf_mass, per_bin, tail_slack)
-    return jnp.where(pessimistic, up, down), jnp.where(pessimistic, up_inf, down_inf)
+    return jax.lax.cond(pessimistic, _settle_pessimistic, _settle_optimistic, probs,
+                        jnp.asarray(inf_mass, probs.dtype), per_bin, tail_slack)
 
 
 def _settle_pessimistic(probs, inf_mass, per_bin, tail_slack):
