@@ -88,7 +88,7 @@ def mechanism_points(sigma, q):
 _RDP_ORDERS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=16)
 def _rdp_terms(orders: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """The terms k = 0 .. a of the binomial expansion at each integer order a of ``orders``,
     flat (944 terms for _RDP_ORDERS, not 18 x 257): for each term log C(a, k) and the

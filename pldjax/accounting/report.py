@@ -178,7 +178,7 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
       assumptions: what the report is of (added to what an event describes itself).
     """
     described = {} if assumptions is None else dict(assumptions)
-    run = None  # the (event, runs) it composes, where known
+    run = None  # the (event, count) pairs composed, where known
     if isinstance(mechanism, accountant.AccountantState):
         if optimistic is not None or count is not None or grid is not None:
             raise ValueError("an accountant state's report reads its own run: pass no "
