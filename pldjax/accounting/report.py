@@ -12,13 +12,15 @@ tighten), and gives both for
   atom at +inf and 1e-14 of round-off, reported as ``gdp_delta``), and a mu it provably needs at
   least;
 * Rényi divergences at standard orders (Rényi DP). A pessimistic PLD's atom at +inf makes its
-  own infinite; for the runs of Gaussian events (with or without Poisson sampling) an event or an
-  accountant state reports the closed form (Mironov, Talwar and Zhang's) where it is lower.
+  own infinite; where the run is known (an event, an accountant state, a dp_accounting ledger of
+  events) the report also sums each event's bound: the closed form for Gaussian events (with or
+  without Poisson sampling; Mironov, Talwar and Zhang's), the event's own PLD's otherwise.
 
 ``privacy_report(pld, optimistic)`` takes the two PLDs; ``privacy_report(event, count=T)`` builds
 them for T runs of a :class:`~pldjax.mechanisms.events.Event`, ``privacy_report(state)`` for the
-run a :mod:`pldjax.accountant` state recorded. Without an optimistic PLD the
-lower bounds are the trivial ones (0, and TPR = FPR).
+run a :mod:`pldjax.accountant` state recorded, ``privacy_report(accountant)`` for the ledger of a
+``pj.dp_accounting.PLDAccountant``. Without an optimistic PLD the lower bounds are the trivial
+ones (0, and TPR = FPR).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -157,6 +160,35 @@ def _grid(name: str, values, low: float, high: float, **bounds) -> np.ndarray:
     return values
 
 
+def _run_description(run) -> dict:
+    """What a report of (event, count) pairs assumed."""
+    return {"events": "; ".join(f"{_describe(e.noise)}, {_describe(e.sampling)}, "
+                                f"{e.neighboring.value} x {steps}" for e, steps in run),
+            "runs": sum(steps for _, steps in run)}
+
+
+def _run_renyi(run, orders: np.ndarray) -> np.ndarray:
+    """An upper bound on the Renyi divergence of a run of (event, count) pairs at ``orders``:
+    the sum of count times each event's bound (Renyi divergences add under composition, each
+    direction's; the larger direction of each event bounds the sum's). An event's bound is its
+    closed form (:func:`~pldjax.accounting.planner.event_renyi_bound`) or, where that has none,
+    its own pessimistic PLD's divergence."""
+    total = np.zeros(orders.shape)
+    for event, count in run:
+        bound = event_renyi_bound(event, orders)
+        if not np.all(np.isfinite(bound)):
+            bound = np.minimum(bound, np.asarray(event.pld().renyi(orders), np.float64))
+        total = total + count * bound
+    return total
+
+
+def _is_dp_accounting_ledger(mechanism) -> bool:
+    """Whether ``mechanism`` is a ``pj.dp_accounting.PLDAccountant`` (without importing the
+    adapter, and dp_accounting, when it was never used)."""
+    adapter = sys.modules.get("pldjax.integrations.dp_accounting_adapter")
+    return adapter is not None and isinstance(mechanism, adapter.PLDAccountant)
+
+
 def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
                    optimistic: PLD | None = None, *,
                    count: int | None = None, grid: Grid | None = None,
@@ -168,8 +200,9 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
     Args:
       mechanism: its pessimistic PLD (one, not a batch), an
         :class:`~pldjax.mechanisms.events.Event` run ``count`` times (both PLDs are then built
-        on ``grid``, automatic by default, and composed), or a :mod:`pldjax.accountant` state
-        (the run it recorded, both PLDs).
+        on ``grid``, automatic by default, and composed), a :mod:`pldjax.accountant` state
+        (the run it recorded, both PLDs), or a ``pj.dp_accounting.PLDAccountant`` (its ledger:
+        both PLDs where it holds events only, else the pessimistic one).
       optimistic: its optimistic PLD, for the lower bounds (built for an event).
       count: the number of runs of an event (>= 1); only with an event.
       deltas, epsilons: where the privacy profile is read (delta in [0, 1], epsilon >= 0 nats).
@@ -184,11 +217,17 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
             raise ValueError("an accountant state's report reads its own run: pass no "
                              "optimistic, count or grid")
         run = accountant.events(mechanism)
-        described = {"events": "; ".join(f"{_describe(e.noise)}, {_describe(e.sampling)}, "
-                                         f"{e.neighboring.value} x {steps}" for e, steps in run),
-                     "runs": sum(steps for _, steps in run), **described}
+        described = {**_run_description(run), **described}
         pessimistic = accountant.pld(mechanism)
         optimistic = accountant.pld(mechanism, pessimistic=False)
+    elif _is_dp_accounting_ledger(mechanism):
+        if optimistic is not None or count is not None or grid is not None:
+            raise ValueError("a dp_accounting accountant's report reads its own ledger: pass no "
+                             "optimistic, count or grid")
+        run = mechanism.events()
+        described = {**({} if run is None else _run_description(run)), **described}
+        pessimistic = mechanism.pld()
+        optimistic = None if run is None else mechanism.pld(pessimistic=False)
     elif isinstance(mechanism, Event):
         if optimistic is not None:
             raise ValueError("an event's report builds its own optimistic PLD: pass no optimistic")
@@ -205,8 +244,8 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
             raise ValueError("count and grid are for an event: a PLD's report reads it as given")
         pessimistic = mechanism
     else:
-        raise TypeError("mechanism must be a PLD, an Event or an accountant state, got "
-                        f"{type(mechanism).__name__}")
+        raise TypeError("mechanism must be a PLD, an Event, an accountant state or a "
+                        f"pj.dp_accounting.PLDAccountant, got {type(mechanism).__name__}")
     if not pessimistic.pessimistic:
         raise ValueError("mechanism must be a pessimistic PLD (its values are the upper bounds)")
     if optimistic is not None and optimistic.pessimistic:
@@ -220,11 +259,8 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
     fprs = _grid("fprs", fprs, 0.0, 1.0)
     orders = _grid("orders", orders, 0.0, np.inf, low_open=True)
 
-    # the pessimistic PLD's atom at +inf makes its Renyi divergences inf: closed forms instead
-    closed_form_renyi = np.full(orders.shape, np.inf)
-    if run is not None:
-        closed_form_renyi = sum((steps * event_renyi_bound(event, orders) for event, steps in run),
-                                start=np.zeros(orders.shape))
+    # the pessimistic PLD's atom at +inf makes its Renyi divergences inf: the run's, summed
+    closed_form_renyi = np.full(orders.shape, np.inf) if run is None else _run_renyi(run, orders)
 
     def read(pld: PLD, method: str, points: np.ndarray) -> np.ndarray:
         return np.asarray(getattr(pld, method)(points), np.float64)

@@ -76,6 +76,7 @@ from dp_accounting import dp_event as _ev
 from dp_accounting.pld import pld_privacy_accountant as _dpa_pld
 from scipy import special
 
+from pldjax.accounting.dpsgd import dpsgd_event
 from pldjax.accounting.report import true_positive_rates
 from pldjax.accounting.schedule import compose_schedule
 from pldjax.core.compilation import kernel_jit
@@ -539,9 +540,25 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
             steps.append((_zcdp_pld(*self._zcdp), 1))
         return steps + [(_event_pld(key, relation), count) for key, count in self._parts]
 
-    def pld(self) -> PLD:
-        """The pessimistic PLD of everything composed so far (for pldjax's own API: ``delta`` at
-        many epsilons, ``tradeoff``, ``renyi``); not meaningful after a NonPrivateDpEvent."""
+    def events(self) -> list[tuple[Event, int]] | None:
+        """Everything composed so far as (pldjax event, count) pairs (the DP-SGD segments as
+        :func:`pldjax.dpsgd_event`); None where a part is not an event (a zCDP total, k-ary
+        randomized response)."""
+        if self._zcdp != (0.0, 0.0) or not all(isinstance(key, Event) for key, _ in self._parts):
+            return None
+        relation = _RELATION[self.neighboring_relation]
+        return ([(dpsgd_event(sigma, q, relation), count) for sigma, q, count in self._segments]
+                + list(self._parts))
+
+    def pld(self, pessimistic: bool = True) -> PLD:
+        """The PLD of everything composed so far (for pldjax's own API: ``delta`` at many
+        epsilons, ``tradeoff``, ``renyi``, ``pj.privacy_report``); not meaningful after a
+        NonPrivateDpEvent. Pessimistic (upper bounds), or with ``pessimistic=False`` optimistic
+        (lower bounds), which only a composition of :meth:`events` has (else a ValueError: a
+        zCDP total stands for every mechanism of that guarantee, and k-ary randomized response
+        is built pessimistic only)."""
+        if not pessimistic:
+            return self._optimistic_pld()
         if self._composed is None:
             relation = _RELATION[self.neighboring_relation]
             parts = []
@@ -554,6 +571,20 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
             self._composed = (identity() if not parts else
                               parts[0] if len(parts) == 1 else _compose(parts))
         return self._composed
+
+    def _optimistic_pld(self) -> PLD:
+        if self.events() is None:
+            raise ValueError("this composition has no optimistic PLD: it holds a zCDP total or "
+                             "k-ary randomized response (pldjax builds pessimistic PLDs of those)")
+        relation = _RELATION[self.neighboring_relation]
+        parts = []
+        if self._segments:
+            parts.append(compose_schedule(self._segments, neighboring=relation, pessimistic=False))
+        for key, count in self._parts:
+            parts.append(key.pld(pessimistic=False).self_compose(count))
+        if not parts:
+            return identity(pessimistic=False)
+        return parts[0] if len(parts) == 1 else _compose(parts)
 
     def _composed_if_it_fits(self) -> PLD | None:
         """:meth:`pld`, or None where no grid holds the composition (10^9 runs of

@@ -151,7 +151,7 @@ def test_report_without_optimistic_pld_has_the_trivial_lower_bounds():
     (lambda: pj.privacy_report(pj.gdp(1.0), orders=[0.0]), "orders"),
     (lambda: pj.privacy_report(pj.dpsgd_event(1.0, 0.01)), "count"),
     (lambda: pj.privacy_report(pj.gdp(1.0), count=3), "count and grid are for an event"),
-    (lambda: pj.privacy_report(1.0), "PLD, an Event or an accountant state"),
+    (lambda: pj.privacy_report(1.0), "an accountant state or a pj.dp_accounting.PLDAccountant"),
 ])
 def test_bad_report_input_names_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):

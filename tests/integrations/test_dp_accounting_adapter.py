@@ -8,6 +8,7 @@ import time
 import dp_accounting as dpa
 import jax
 import mpmath as mp
+import numpy as np
 import pytest
 from dp_accounting import dp_event as ev
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
@@ -457,3 +458,41 @@ def test_events_of_newer_dp_accounting_releases_are_recognised_by_name():
         pj.dp_accounting.PLDAccountant().compose(
             _newer_event("EpsilonDeltaDpEvent", epsilon=1.0, delta=1.5))
     assert not acc.supports(_newer_event("RepeatAndSelectLikeDpEvent", epsilon=1.0))
+
+
+def test_report_of_a_ledger_reads_both_plds_of_its_events():
+    acct = pj.dp_accounting.PLDAccountant()
+    acct.compose(ev.PoissonSampledDpEvent(0.01, ev.GaussianDpEvent(1.0)), 1000)
+    acct.compose(ev.LaplaceDpEvent(10.0), 3)
+    report = pj.privacy_report(acct, deltas=[1e-5], orders=[2.0, 8.0])
+    assert [e for e, _ in acct.events()] == [pj.dpsgd_event(1.0, 0.01),
+                                             pj.Event(pj.noise.Laplace(10.0))]
+    assert report.assumptions["runs"] == 1003 and " x 1000" in report.assumptions["events"]
+    # the same compositions built by hand: the upper bound is the ledger's PLD, the lower one
+    # its optimistic twin
+    upper = float(acct.pld().epsilon(1e-5))
+    lower = float(pj.compose([pj.dpsgd_event(1.0, 0.01).pld(pessimistic=False).self_compose(1000),
+                              pj.laplace(10.0, pessimistic=False).self_compose(3)]).epsilon(1e-5))
+    assert report.epsilon_upper[0] == upper and report.epsilon_lower[0] == pytest.approx(lower)
+    assert 0 < report.epsilon_lower[0] <= report.epsilon_upper[0] <= 1.01 * report.epsilon_lower[0]
+    # Renyi DP: dp-accounting's RDP of the Gaussian steps plus Mironov's (2017) closed form of
+    # Laplace(b): log(a/(2a-1) e^((a-1)/b) + (a-1)/(2a-1) e^(-a/b)) / (a - 1), three times
+    rdp = dpa.rdp.RdpAccountant(orders=[2.0, 8.0])
+    rdp.compose(ev.PoissonSampledDpEvent(0.01, ev.GaussianDpEvent(1.0)), 1000)
+    a = np.array([2.0, 8.0])
+    laplace = np.log(a / (2 * a - 1) * np.exp((a - 1) / 10) + (a - 1) / (2 * a - 1)
+                     * np.exp(-a / 10)) / (a - 1)
+    truth = rdp._rdp + 3 * laplace
+    assert np.all(report.renyi_upper >= truth) and np.all(report.renyi_upper <= truth * 1.001)
+    assert np.all(report.renyi_lower <= report.renyi_upper)
+    with pytest.raises(ValueError, match="reads its own ledger"):
+        pj.privacy_report(acct, count=3)
+
+
+def test_report_of_a_ledger_with_a_zcdp_total_has_the_trivial_lower_bounds():
+    acct = pj.dp_accounting.PLDAccountant().compose(dpa.ZCDpEvent(0.1))
+    assert acct.events() is None
+    with pytest.raises(ValueError, match="no optimistic PLD"):
+        acct.pld(pessimistic=False)
+    report = pj.privacy_report(acct, deltas=[1e-5])
+    assert report.epsilon_lower[0] == 0.0 and 0 < report.epsilon_upper[0] < np.inf
