@@ -557,33 +557,30 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         (lower bounds), which only a composition of :meth:`events` has (else a ValueError: a
         zCDP total stands for every mechanism of that guarantee, and k-ary randomized response
         is built pessimistic only)."""
-        if not pessimistic:
-            return self._optimistic_pld()
-        if self._composed is None:
-            relation = _RELATION[self.neighboring_relation]
-            parts = []
-            if self._segments:
-                parts.append(compose_schedule(self._segments, neighboring=relation))
-            if self._zcdp != (0.0, 0.0):
-                parts.append(_zcdp_pld(*self._zcdp))
-            for key, count in self._parts:
-                parts.append(_event_pld(key, relation).self_compose(count))
-            self._composed = (identity() if not parts else
-                              parts[0] if len(parts) == 1 else _compose(parts))
-        return self._composed
-
-    def _optimistic_pld(self) -> PLD:
+        if pessimistic:
+            if self._composed is None:
+                self._composed = self._composition(pessimistic=True)
+            return self._composed
         if self.events() is None:
             raise ValueError("this composition has no optimistic PLD: it holds a zCDP total or "
                              "k-ary randomized response (pldjax builds pessimistic PLDs of those)")
+        return self._composition(pessimistic=False)
+
+    def _composition(self, *, pessimistic: bool) -> PLD:
+        """The composed PLD of the DP-SGD segments, the zCDP total (pessimistic only) and the
+        other parts."""
         relation = _RELATION[self.neighboring_relation]
         parts = []
         if self._segments:
-            parts.append(compose_schedule(self._segments, neighboring=relation, pessimistic=False))
+            parts.append(compose_schedule(self._segments, neighboring=relation,
+                                          pessimistic=pessimistic))
+        if self._zcdp != (0.0, 0.0):
+            parts.append(_zcdp_pld(*self._zcdp))
         for key, count in self._parts:
-            parts.append(key.pld(pessimistic=False).self_compose(count))
+            single = _event_pld(key, relation) if pessimistic else key.pld(pessimistic=False)
+            parts.append(single.self_compose(count))
         if not parts:
-            return identity(pessimistic=False)
+            return identity(pessimistic=pessimistic)
         return parts[0] if len(parts) == 1 else _compose(parts)
 
     def _composed_if_it_fits(self) -> PLD | None:
