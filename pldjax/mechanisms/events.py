@@ -64,7 +64,8 @@ def privacy_loss(
       noise: a record of :mod:`pldjax.mechanisms.noise`, e.g. ``pj.noise.Gaussian(sigma, sensitivity=1.0)``
         (array parameters give a batch of PLDs; they broadcast with the sampling's).
       sampling: a record of :mod:`pldjax.mechanisms.sampling` (``pj.sampling.Poisson(q)``,
-        ``FixedBatch(q)``, ``Mixture(scales, probs)``, ``TruncatedPoisson(q, n, b)``), or None
+        ``FixedBatch(q)``, ``Mixture(scales, probs)``, ``TruncatedPoisson(q, n, b)``,
+        ``RandomAllocation(steps, selected)``), or None
         (default) for none.
       neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out), or a
         :class:`Neighboring`.
@@ -98,7 +99,7 @@ def _check_records(noise, sampling) -> None:
                          f"{noise!r}")
     if sampling is not None and not isinstance(sampling, Sampling):
         raise ValueError(f"sampling must be None or a pj.sampling record (Poisson, FixedBatch, "
-                         f"Mixture, TruncatedPoisson), got {type(sampling).__name__}: "
+                         f"Mixture, TruncatedPoisson, RandomAllocation), got {type(sampling).__name__}: "
                          f"{sampling!r}")
 
 

@@ -15,7 +15,9 @@ Its kernels, mechanisms whose loss tails are exact, live in :mod:`pldjax.mechani
 * :class:`Mixture` (a record's contribution is a random multiple of the sensitivity: several
   contributions per user, dp-accounting's mixture of Gaussians);
 * :class:`TruncatedPoisson` (Poisson sampling cut down to a largest batch; a mixture of PLDs,
-  built by its :meth:`Sampling.pld`, kernel in :mod:`pldjax.mechanisms.truncated_poisson`).
+  built by its :meth:`Sampling.pld`, kernel in :mod:`pldjax.mechanisms.truncated_poisson`);
+* :class:`RandomAllocation` (each record in exactly k of an epoch's t steps; balls-in-bins for
+  k = 1; built by its :meth:`Sampling.pld`, kernel in :mod:`pldjax.mechanisms.random_allocation`).
 
 ``sampling=None`` (no sampling: every record every time) is handled by the entry point,
 :func:`pldjax.mechanisms.events.privacy_loss`. The wrappers (``pj.gaussian(..., sampling_prob=q,
@@ -301,6 +303,59 @@ class TruncatedPoisson(Sampling):
                                      pessimistic=pessimistic, grid=grid)
 
 
+@record
+class RandomAllocation(Sampling):
+    """Random allocation: each record takes part in exactly ``selected`` (an integer >= 1,
+    default 1: balls-in-bins) of ``steps`` (an integer >= ``selected``) steps, chosen uniformly
+    at random and independently of the other records, as when a dataset is dealt into an epoch's
+    batches with each record in ``selected`` of them. One event is one epoch of ``steps`` steps
+    (``pj.event_epsilon(event, epochs, delta)`` composes epochs). For
+    :class:`pldjax.mechanisms.noise.Gaussian` noise under add/remove or zero-out
+    (``"replace_special"``, the same pair); replace-one is refused. Parameters are scalars,
+    concrete (not traced).
+
+    Pessimistic PLD: the exact pair for one selection, its lattice law made larger in the convex
+    order; for more, the composition over ``selected`` blocks of about steps / selected steps with
+    one selection each, which dominates. Optimistic: a statistic of the output (a lower bound for
+    every ``selected``). Derivations in :mod:`pldjax.mechanisms.random_allocation`."""
+
+    steps: Any
+    selected: Any = 1
+
+    one_mechanism = False
+
+    def __post_init__(self):
+        if any(type(v) is object for v in (self.steps, self.selected)):
+            return  # a pytree placeholder (see pldjax.mechanisms.noise)
+        steps = check_count("steps", self.steps, minimum=1)
+        selected = check_count("selected", self.selected, minimum=1)
+        if selected > steps:
+            raise ValueError(f"selected must be an integer in [1, steps = {steps}] (each record "
+                             f"takes part in that many of the epoch's steps), got {selected}")
+
+    def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        raise ValueError("RandomAllocation's PLD is not one discretized mechanism: build it "
+                         "with pj.privacy_loss or Event.pld")
+
+    def pld(self, noise: Noise, neighboring: Neighboring, pessimistic: bool, grid) -> Any:
+        from pldjax.mechanisms.noise import Gaussian
+        from pldjax.mechanisms.random_allocation import random_allocation_pld
+
+        if not isinstance(noise, Gaussian):
+            raise ValueError(f"RandomAllocation is offered for Gaussian noise "
+                             f"(pj.noise.Gaussian), got {type(noise).__name__}")
+        if neighboring == Neighboring.REPLACE_ONE:
+            raise ValueError("RandomAllocation is offered under neighboring='add_remove' or "
+                             "'replace_special' (zero-out, the same pair), not 'replace_one': "
+                             "there the record's steps move to other values, a pair without an "
+                             "analysis here")
+        if is_traced((noise, self)):
+            raise ValueError("RandomAllocation's parameters (and its noise's) must be concrete, "
+                             "not traced")
+        return random_allocation_pld(noise, int(self.steps), int(self.selected),
+                                     pessimistic=pessimistic, grid=grid)
+
+
 #: The schemes a string names at the API edge (``sampling="poisson"``), with a sampling_prob.
 NAMED = {"poisson": Poisson, "fixed_batch": FixedBatch}
 
@@ -325,5 +380,6 @@ def from_args(sampling_prob=None, sampling: Sampling | str = "poisson") -> Sampl
     return NAMED[sampling](sampling_prob)
 
 
-__all__ = ["Directions", "FixedBatch", "Mixture", "Poisson", "Sampling", "TruncatedPoisson", "from_args"]
+__all__ = ["Directions", "FixedBatch", "Mixture", "Poisson", "RandomAllocation", "Sampling",
+           "TruncatedPoisson", "from_args"]
 __dir__ = public_dir(__all__)

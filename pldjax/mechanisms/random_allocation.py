@@ -1,0 +1,342 @@
+"""Random allocation (balls-in-bins when one step is selected): each record takes part in exactly
+``selected`` of ``steps`` steps, chosen uniformly at random, each step a Gaussian mechanism; the
+PLD of one such epoch. The user-facing scheme is
+:class:`pldjax.mechanisms.sampling.RandomAllocation`; this module is its kernel.
+
+The pair. With Gaussian noise of standard deviation sigma and sensitivity C (mu = C / sigma),
+the epoch under add/remove or zero-out is dominated by the pair P = the uniform mixture over
+``selected``-subsets A of the steps of N(mu 1_A, I_steps) against Q = N(0, I_steps), also for
+adaptively chosen queries (Feldman and Shenfeld, "Privacy amplification by random allocation",
+2025; Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha, Zhang, "Balls-and-bins sampling for
+DP-SGD", arXiv:2412.16802, 2024, for one selection). The remove direction is PLD(P || Q), the add
+direction PLD(Q || P). Replace-one moves the record's batches to other values rather than to
+zero, which this pair does not cover: it is refused.
+
+One selection (k = 1) of t steps. Under Q the coordinates' likelihood ratios Z_i =
+exp(mu y_i - mu^2 / 2) are independent lognormals of mean 1 (log Z ~ N(-mu^2 / 2, mu^2)), and
+dP/dQ = S = (Z_1 + ... + Z_t) / t. Both directions' hockey-stick divergences are expectations
+under Q of convex functions of S: remove, delta(eps) = E_Q[(S - e^eps)_+]; add,
+delta(eps) = E_Q[(1 - e^eps S)_+]. So the law of S under Q is all there is to compute, and it
+is the t-fold convolution of the law of Z / t, computed on a lattice j h, j < N, by FFTs
+(repeated squaring; sums beyond the lattice are cut off at each product, which is exact for
+the mass left on it, since every term is >= 0).
+
+* Pessimistic: each Z is spread onto the two lattice points around it, in proportions that keep
+  its mean (the mass at z in [a, a + H] goes to a with weight (a + H - z) / H), a mean-preserving
+  spread. Sums of independent spreads are spreads, so the lattice law of S' is larger in the
+  convex order than S's, with mean 1: the pair (Q', P' = S' Q') has every hockey-stick
+  divergence, in both directions, at or above (P, Q)'s, so it dominates (Blackwell) and so do
+  its compositions. The mass beyond the lattice (S' > top) is split into an outcome with only
+  P'-mass (loss +inf in the remove direction: 1 - sum s_j q_j) and one with only Q'-mass (loss
+  +inf in the add direction: 1 - sum q_j), which can only add to both divergences. Losses,
+  log s_j (remove) and -log s_j (add), are then rounded up onto the grid.
+* Optimistic: the adversary looks only at T = h sum_i floor(Z_i / (t h)), a function of the
+  output (the lattice version of S), so the pair of T's laws is dominated by (P, Q). Under Q it
+  is the t-fold convolution of the floored untilted lognormal; under P one coordinate (k of
+  them, for k selections) has the tilted law, log Z ~ N(+mu^2 / 2, mu^2). The PLD of that pair
+  (loss log(p_j / q_j) at lattice point j, the mass beyond the lattice merged into its last
+  point, another post-processing) has its losses rounded down onto the grid.
+
+Several selections (k > 1). Cut the t steps into k blocks of sizes m_1..m_k (each floor(t / k)
+or one more) and allocate one step in each block: its pair is the composition of k one-selection
+pairs. A uniformly random permutation of the steps turns any law on k-subsets into the uniform
+one, and Q is invariant under it, so the random-allocation pair is a mixture (over
+permutations) of pairs, each a relabelling of the blocked pair; hockey-stick divergences are
+jointly convex, so the blocked composition dominates (the pessimistic PLD). The optimistic PLD
+stays the lattice statistic T above, now with k tilted coordinates: a lower bound for every k.
+
+Round-off. The lattice law is clipped at zero after each FFT product and a per-point level of
+round-off is tracked (:func:`pldjax.kernels.compose.fft_roundoff`); the pessimistic PLD adds it to
+every lattice point's mass, the optimistic one subtracts it, and each direction's total is
+restored to 1 on its safe side. The lattice's spacing h sets how far the result is from the
+exact pair: the spread adds variance at most t (h / 2)^2 to S (and the floor removes about as
+much), so h is chosen small against S's spread; its top covers S's tail under P to about 1e-16
+(with the lattice capped at :data:`MAX_LATTICE` points, where S's tail is heavy, at small sigma
+and few steps, the spacing is coarser and the bounds looser, never unsound).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import ndtr
+
+from pldjax.core import grid as grid_lib
+from pldjax.core.compilation import kernel_jit
+from pldjax.core.grid import Grid
+from pldjax.core.mass import settle
+from pldjax.core.pld import PLD
+from pldjax.core.precision import float64
+from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
+from pldjax.mechanisms.neighboring import Neighboring
+
+#: Most and fewest points of the lattice of S (powers of two; a product's FFT has twice as many).
+MAX_LATTICE = 2**21
+MIN_LATTICE = 2**12
+#: The lattice's top reaches S's tail under P to this standard-normal quantile of a tilted
+#: term (about 1e-16 of mass beyond), and S's bulk to _BULK_SPREADS standard deviations.
+_TAIL_QUANTILE = 8.2
+_BULK_SPREADS = 16.0
+#: The lattice's spacing h aims at sqrt(t) h <= (S's standard deviation) / _RESOLUTION.
+_RESOLUTION = 2.0**10
+#: Losses are moved by this margin (nats) before they are rounded onto the grid, past the
+#: round-off of their logarithms, on the side of the estimate.
+_LOSS_MARGIN = 1e-9
+#: Largest shift mu = sensitivity / sigma the lattice takes, and the most its spacing may miss
+#: the aimed one by: beyond either (S's tail outgrows any lattice, or S's spread is below its
+#: resolution: sigma far from 1, or millions of steps) the PLDs are :func:`_gaussian_bound`'s.
+_MAX_SHIFT = 8.0
+_MAX_COARSENING = 256.0
+#: Cells narrower than this in standardized log Z are integrated by Gauss-Legendre on _NODES.
+_NARROW = 2.0**-4
+_NODES = 8
+
+
+def _cdf_differences(lower, upper):
+    """Phi(upper) - Phi(lower), from the CDF where it is below 1/2 and from the survival function
+    above (no cancellation against 1): accurate relative to the difference unless the interval
+    is narrow where Phi is far from 0 and 1."""
+    from_cdf = ndtr(upper) - ndtr(lower)
+    from_sf = ndtr(-lower) - ndtr(-upper)
+    return jnp.maximum(jnp.where(upper <= 0.0, from_cdf, from_sf), 0.0)
+
+
+def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool):
+    """A lattice law (:func:`_product`) of Z / width on the points 0..size-1, Z a lognormal
+    with log Z ~ N(-mu^2 / 2, mu^2) (``tilted``: N(+mu^2 / 2, mu^2)): floored (the mass of
+    [j, j + 1) at j), or ``spread`` keeping the mean (the module docstring). Mass beyond the
+    lattice is left out.
+
+    In x, the standardized log Z, cell j is [x_j, x_j + log1p(1 / j) / mu]. A narrow cell (up to
+    _NARROW) is integrated by Gauss-Legendre, with the place of each node in the cell,
+    Z / width - j = j expm1(mu (x - x_j)), free of cancellation: round-off relative to the
+    cell's own mass. A wide one lies near Z = 0 (j below 1 / expm1(mu _NARROW)), where
+    differences of Phi (and of Phi(x - mu), which gives E[Z] over the cell) lose little."""
+    index = jnp.arange(size, dtype=jnp.float64)
+    centre = 0.5 * mu * mu if tilted else -0.5 * mu * mu
+    lower = (jnp.log(index * width) - centre) / mu  # -inf at j = 0
+    upper = (jnp.log((index + 1.0) * width) - centre) / mu
+    half = 0.5 * jnp.log1p(1.0 / index) / mu  # inf at j = 0
+    narrow = half <= 0.5 * _NARROW
+    half = jnp.where(narrow, half, 0.0)
+    start = jnp.where(narrow, lower, 0.0)
+    mass = jnp.zeros_like(half)
+    moment = jnp.zeros_like(half)
+    for node, weight in zip(*np.polynomial.legendre.leggauss(_NODES), strict=True):
+        offset = half * (1.0 + node)
+        x = start + offset
+        density = weight * jnp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        mass = mass + density
+        moment = moment + density * index * jnp.expm1(mu * offset)
+    probs = jnp.where(narrow, half * mass, _cdf_differences(lower, upper))
+    # a wide cell's relative round-off grows with j, which is below 1 / expm1(mu _NARROW) there
+    relative = 16.0 * UNIT_ROUNDOFF * (_NODES + 4.0 + 1.0 / jnp.expm1(mu * _NARROW))
+    if not spread:
+        return probs, relative, jnp.zeros(())
+    # the share a cell sends up, E[Z / width - j; cell], with E[Z; Z <= z] = Phi(x - mu)
+    up = jnp.where(narrow, half * moment,
+                   _cdf_differences(lower - mu, upper - mu) / width - index * probs)
+    up = jnp.clip(up, 0.0, probs)
+    return probs - up + jnp.concatenate([jnp.zeros(1), up[:-1]]), relative, jnp.zeros(())
+
+
+def _product(a, b):
+    """The first ``size`` points of the linear convolution of two lattice laws, clipped at zero.
+    A lattice law is (masses, relative, absolute): each computed mass is within relative times
+    the true one plus absolute of it; a product adds the factors' levels and the FFT's
+    round-off (:func:`pldjax.kernels.compose.fft_roundoff`) to the absolute level."""
+    (a, a_relative, a_absolute), (b, b_relative, b_absolute) = a, b
+    size = a.shape[0]
+    raw = jnp.fft.irfft(jnp.fft.rfft(a, 2 * size) * jnp.fft.rfft(b, 2 * size), 2 * size)
+    relative = a_relative + b_relative + a_relative * b_relative
+    absolute = (1.0 + relative) * (a_absolute + b_absolute) + fft_roundoff(raw)
+    return jnp.maximum(raw[:size], 0.0), relative, absolute
+
+
+def _power(law, count):
+    """The ``count``-fold convolution (``count`` >= 0, traced) of a lattice law, by repeated
+    squaring."""
+    identity = (jnp.zeros_like(law[0]).at[0].set(1.0), jnp.zeros(()), jnp.zeros(()))
+
+    def step(carry):
+        left, result, base = carry
+        result = jax.lax.cond(left % 2 == 1, _product, lambda r, b: r, result, base)
+        left = left // 2
+        base = jax.lax.cond(left > 0, lambda b: _product(b, b), lambda b: b, base)
+        return left, result, base
+
+    carry = (jnp.asarray(count, jnp.int64), identity, law)
+    return jax.lax.while_loop(lambda c: c[0] > 0, step, carry)[1]
+
+
+@kernel_jit(static_argnames=("size",))
+def _spread_law(mu, steps, width, *, size: int):
+    """The lattice law under Q of the sum S' of ``steps`` spread terms (pessimistic)."""
+    return _power(_cell_masses(mu, width, size, spread=True, tilted=False), steps)
+
+
+@kernel_jit(static_argnames=("size",))
+def _floor_laws(mu, steps, selected, width, *, size: int):
+    """The lattice laws under P (``selected`` tilted terms) and under Q of the floored sum T
+    (optimistic)."""
+    plain = _cell_masses(mu, width, size, spread=False, tilted=False)
+    tilted = _cell_masses(mu, width, size, spread=False, tilted=True)
+    rest = _power(plain, steps - selected)
+    return (_product(rest, _power(tilted, selected)), _product(rest, _power(plain, selected)))
+
+
+def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
+    """(spacing h, number of points) of the lattice of S for ``steps`` terms of which
+    ``selected`` are tilted under P; None where no lattice resolves S (see _MAX_COARSENING)."""
+    if mu > _MAX_SHIFT:
+        return None
+    spread_q = math.sqrt(math.expm1(mu * mu) / steps)
+    tilted_var = math.exp(2 * mu * mu) * math.expm1(mu * mu)
+    spread_p = math.sqrt(selected * tilted_var + (steps - selected) * math.expm1(mu * mu)) / steps
+    mean_p = 1.0 + selected * math.expm1(mu * mu) / steps
+    tail = math.exp(0.5 * mu * mu + _TAIL_QUANTILE * mu) / steps
+    top = mean_p + _BULK_SPREADS * max(spread_p, spread_q) + tail
+    wanted = spread_q / (_RESOLUTION * math.sqrt(steps))
+    points = top / wanted
+    if points > _MAX_COARSENING * MAX_LATTICE:
+        return None
+    size = int(np.clip(grid_lib.next_pow2(math.ceil(points)), MIN_LATTICE, MAX_LATTICE))
+    return top / size, size
+
+
+def _default_step(mu: float, steps: int, selected: int) -> float:
+    """The grid step (nats) of the losses: the largest power of two at most the spread of one
+    epoch's loss (about sqrt(selected log(1 + (e^{mu^2} - 1) / (steps / selected)))) over
+    2^STEP_FRACTION_LOG2, as for the other mechanisms."""
+    block = max(steps // selected, 1)
+    spread = math.sqrt(selected * math.log1p(math.expm1(min(mu * mu, 700.0)) / block))
+    return float(grid_lib.fine_step(np.float64(spread)))
+
+
+def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
+    """One direction's PLD from atoms (finite ``losses`` in nats, with ``masses``) and a mass at
+    +inf, on multiples of ``step``. Pessimistic: an atom between two grid points is split
+    between them keeping its Q-mass (mass m at loss l: m (1 - e^{-(l - l_0)}) / (1 - e^{-step}) at
+    l_1, the rest at l_0; the atom is their merger, so the split pair dominates); optimistic:
+    rounded down. Mass within TAIL_MASS of either end of the window is moved to its safe side,
+    then :func:`settle` restores a total of 1 (a pessimistic PLD's masses and +inf atom are upper
+    bounds: the surplus comes off its lowest losses)."""
+    if pessimistic:
+        shifted = losses + _LOSS_MARGIN
+        index = np.floor(shifted / step)
+        upper = masses * (np.expm1(index * step - shifted) / np.expm1(-step))
+        index = np.concatenate([index, index + 1.0]).astype(np.int64)
+        masses = np.concatenate([masses - upper, upper])
+    else:
+        index = np.floor((losses - _LOSS_MARGIN) / step).astype(np.int64)
+    low = int(index.min())
+    probs = np.bincount(index - low, weights=masses)
+    below = np.cumsum(probs)
+    above = np.cumsum(probs[::-1])
+    first = int(np.searchsorted(below, grid_lib.TAIL_MASS, side="right"))
+    last = len(probs) - 1 - int(np.searchsorted(above, grid_lib.TAIL_MASS, side="right"))
+    first, last = min(first, last), max(first, last)
+    window = probs[first:last + 1].copy()
+    window[0] += below[first] - probs[first]
+    cut = above[len(probs) - 2 - last] if last + 1 < len(probs) else 0.0
+    if pessimistic:
+        inf_mass = inf_mass + cut
+    else:
+        window[0] += cut
+    window = np.pad(window, (0, grid_lib.next_pow2(len(window)) - len(window)))
+    window, inf_mass = settle(window, np.float64(inf_mass), 0.0, 0.0, pessimistic, xp=np)
+    return PLD(window, np.float64(inf_mass), np.int64(low + first), np.float64(step),
+               pessimistic=pessimistic)
+
+
+def _bounds(law) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bounds on the true masses of a lattice law (:func:`_product`)."""
+    masses, relative, absolute = (np.asarray(part, np.float64) for part in law)
+    return (np.maximum(masses - absolute, 0.0) / (1.0 + relative),
+            (masses + absolute) / (1.0 - relative))
+
+
+def _one_selection(mu: float, steps: int, step: float) -> PLD:
+    """The pessimistic PLD (both directions) of one selection among ``steps`` (module
+    docstring: the spread lattice law of S and the pair it defines)."""
+    spacing, size = _lattice(mu, steps, 1)
+    lower, upper = _bounds(_spread_law(np.float64(mu), np.int64(steps),
+                                       np.float64(steps * spacing), size=size))
+    s = spacing * np.arange(size, dtype=np.float64)
+    log_s = np.log(s[1:])
+    # remove: P'-mass s q at log s, the P'-mass beyond the lattice (1 - sum s q) at +inf
+    remove = _binned(log_s, s[1:] * upper[1:], max(1.0 - math.fsum(s * lower), 0.0), step, True)
+    # add: Q'-mass q at -log s, at +inf the mass at s = 0 and the Q'-mass beyond the lattice
+    add = _binned(-log_s, upper[1:], upper[0] + max(1.0 - math.fsum(lower), 0.0), step, True)
+    return PLD.from_directions(remove, add)
+
+
+def _statistic(mu: float, steps: int, selected: int, step: float) -> PLD:
+    """The optimistic PLD (both directions): the pair of the lattice statistic T's laws
+    (module docstring), T beyond the lattice merged into its last point."""
+    spacing, size = _lattice(mu, steps, selected)
+    laws = _floor_laws(np.float64(mu), np.int64(steps), np.int64(selected),
+                       np.float64(steps * spacing), size=size)
+    (p_low, p_high), (q_low, q_high) = (_bounds(law) for law in laws)
+    for low, high in ((p_low, p_high), (q_low, q_high)):
+        low[-1] += max(1.0 - math.fsum(high), 0.0)
+        high[-1] += max(1.0 - math.fsum(low[:-1]), 0.0)
+    directions = []
+    for mass, other in ((p_low, q_high), (q_low, p_high)):
+        kept = mass > 0
+        with np.errstate(divide="ignore"):
+            losses = np.log(mass[kept]) - np.log(other[kept])
+        finite = np.isfinite(losses)
+        directions.append(_binned(losses[finite], mass[kept][finite],
+                                  math.fsum(mass[kept][~finite]), step, False))
+    return PLD.from_directions(*directions)
+
+
+def _gaussian_bound(mu: float, steps: int, selected: int, pessimistic: bool,
+                    grid: Grid | None) -> PLD:
+    """The Gaussian bounds, each exact when ``selected`` = ``steps``: pessimistic, the Gaussian
+    of shift mu sqrt(selected) (the adversary also told which steps hold the record: the
+    random-allocation pair is a mixture of these, so by joint convexity it is dominated);
+    optimistic, the Gaussian of shift selected mu / sqrt(steps) (the adversary looks only at the
+    sum of the outputs, a post-processing)."""
+    from pldjax.mechanisms.events import privacy_loss
+    from pldjax.mechanisms.named import identity
+    from pldjax.mechanisms.noise import Gaussian
+
+    shift = mu * math.sqrt(selected) if pessimistic else selected * mu / math.sqrt(steps)
+    if shift == 0.0:
+        return identity(pessimistic=pessimistic)
+    return privacy_loss(Gaussian(1.0 / shift), pessimistic=pessimistic, grid=grid)
+
+
+@float64
+def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool,
+                          grid: Grid | None) -> PLD:
+    """The PLD (both directions) of one epoch of random allocation of ``selected`` out of
+    ``steps`` steps, each a Gaussian mechanism ``noise`` (:class:`pldjax.mechanisms.noise.Gaussian`),
+    under add/remove or zero-out (the same pair); pessimistic (an upper bound) or optimistic (a
+    lower bound). ``grid``: its ``step`` (nats) rounds the losses (default: a power of two, the
+    loss's spread / 64); its other fields are not used."""
+    _, (mu,) = noise.pair(Neighboring.ADD_REMOVE, pessimistic)
+    mu = float(mu)
+    step = (grid or Grid()).step or _default_step(mu, steps, selected)
+    if selected == steps or mu == 0.0:
+        return _gaussian_bound(mu, steps, selected, pessimistic, grid)
+    if not pessimistic:
+        if _lattice(mu, steps, selected) is None:
+            return _gaussian_bound(mu, steps, selected, pessimistic, grid)
+        return _statistic(mu, steps, selected, step)
+    block, longer = divmod(steps, selected)
+    parts = []
+    for size, count in ((block, selected - longer), (block + 1, longer)):
+        if count == 0:
+            continue
+        if size == 1 or _lattice(mu, size, 1) is None:
+            part = _gaussian_bound(mu, size, 1, True, grid)
+        else:
+            part = _one_selection(mu, size, step)
+        parts.append(part if count == 1 else part.self_compose(count))
+    return parts[0] if len(parts) == 1 else parts[0].compose(parts[1])

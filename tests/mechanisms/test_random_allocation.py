@@ -1,0 +1,174 @@
+"""Random allocation (balls-in-bins) against references that do not come from pldjax: the Gaussian
+mechanism's closed form (one step), one-dimensional mpmath quadratures of the exact pair (two
+steps), Monte Carlo estimates of the exact pair (more steps, and several selections, where the
+PLD is the composition of blocks)."""
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from scipy import stats
+
+import pldjax as pj
+
+EPSILONS = (0.0, 0.25, 0.5, 1.0, 2.0)
+
+
+def _gaussian_delta(mu: float, eps: float) -> float:
+    return float(stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2))
+
+
+def _two_step_delta(mu: float, eps: float, direction: str) -> float:
+    """delta(eps) of the exact balls-in-bins pair with two steps, by mpmath quadrature.
+
+    Under Q each step's likelihood ratio Z = exp(mu X - mu^2 / 2) (X standard normal) is a
+    lognormal of mean 1 and the loss is log S, S = (Z_1 + Z_2) / 2; remove: E_Q[(S - e^eps)_+],
+    add: E_Q[(1 - e^eps S)_+]. Given Z_1 = z the inner expectation over Z_2 is a Black-Scholes
+    price (E[(Z - K)_+] = Phi(d1) - K Phi(d2), d1 = (mu^2 / 2 - log K) / mu, d2 = d1 - mu)."""
+    mpmath.mp.dps = 30
+    mu = mpmath.mpf(mu)
+    c = mpmath.exp(eps)
+    ncdf = mpmath.ncdf
+
+    def z_of(x):
+        return mpmath.exp(mu * x - mu**2 / 2)
+
+    def d12(strike):
+        d1 = (mu**2 / 2 - mpmath.log(strike)) / mu
+        return d1, d1 - mu
+
+    if direction == "remove":
+        def inner(x):
+            strike = 2 * c - z_of(x)
+            if strike <= 0:
+                return (1 - strike) / 2
+            d1, d2 = d12(strike)
+            return (ncdf(d1) - strike * ncdf(d2)) / 2
+        kink = (mpmath.log(2 * c) + mu**2 / 2) / mu
+        pieces = [-mpmath.inf, kink, mpmath.inf]
+    else:
+        def inner(x):
+            strike = 2 / c - z_of(x)
+            if strike <= 0:
+                return mpmath.mpf(0)
+            d1, d2 = d12(strike)
+            return c / 2 * (strike * ncdf(-d2) - ncdf(-d1))
+        kink = (mpmath.log(2 / c) + mu**2 / 2) / mu
+        pieces = [-mpmath.inf, kink]
+    value = mpmath.quad(lambda x: mpmath.npdf(x) * inner(x), pieces)
+    return float(value)
+
+
+def _monte_carlo_delta(mu: float, steps: int, selected: int, eps: float, samples: int,
+                       seed: int) -> tuple[float, float, float, float]:
+    """(remove delta, its standard error, add delta, its standard error) of the exact
+    random-allocation pair (a uniform ``selected``-subset of ``steps`` coordinates moved by mu)
+    from draws under Q: S is the mean over subsets of the product of their Z, an elementary
+    symmetric polynomial divided by its number of terms."""
+    rng = np.random.default_rng(seed)
+    z = np.exp(mu * rng.standard_normal((samples, steps)) - mu**2 / 2)
+    poly = np.zeros((samples, selected + 1))
+    poly[:, 0] = 1.0
+    for i in range(steps):
+        poly[:, 1:] = poly[:, 1:] + z[:, i:i + 1] * poly[:, :-1]
+    s = poly[:, selected] / math.comb(steps, selected)
+    c = math.exp(eps)
+    remove, add = np.maximum(s - c, 0.0), np.maximum(1.0 - c * s, 0.0)
+    root = math.sqrt(samples)
+    return remove.mean(), remove.std() / root, add.mean(), add.std() / root
+
+
+def _bounds(sigma, steps, selected=1):
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps, selected))
+    return event.pld(), event.pld(pessimistic=False)
+
+
+def test_every_step_selected_is_the_gaussian_mechanism_composed():
+    upper, lower = _bounds(1.25, 3, 3)
+    mu = math.sqrt(3) / 1.25
+    for eps in EPSILONS:
+        exact = _gaussian_delta(mu, eps)
+        for high, low in zip(upper.directions(), lower.directions(), strict=True):
+            assert float(low.delta(eps)) <= exact <= float(high.delta(eps))
+            assert float(high.delta(eps)) - float(low.delta(eps)) <= 2e-3 * exact + 1e-9
+
+
+@pytest.mark.parametrize("sigma", [2.0, pytest.param(1.0, marks=pytest.mark.slow)])
+def test_two_steps_bracket_the_exact_pair(sigma):
+    upper, lower = _bounds(sigma, 2)
+    for eps in EPSILONS:
+        for index, direction in enumerate(("remove", "add")):
+            exact = _two_step_delta(1 / sigma, eps, direction)
+            high = float(upper.directions()[index].delta(eps))
+            low = float(lower.directions()[index].delta(eps))
+            assert low <= exact <= high, (eps, direction)
+            assert high <= exact * 1.01 + 1e-10
+            assert low >= exact * 0.98 - 1e-10
+
+
+@pytest.mark.parametrize(("sigma", "steps", "selected"), [
+    (2.0, 6, 2),
+    pytest.param(1.0, 50, 1, marks=pytest.mark.slow),
+    pytest.param(1.0, 7, 3, marks=pytest.mark.slow),
+])
+def test_bounds_bracket_a_monte_carlo_estimate_of_the_exact_pair(sigma, steps, selected):
+    upper, lower = _bounds(sigma, steps, selected)
+    for eps in (0.05, 0.2, 0.5):
+        remove, remove_se, add, add_se = _monte_carlo_delta(1 / sigma, steps, selected, eps,
+                                                            10**6, seed=steps)
+        for index, (estimate, se) in enumerate(((remove, remove_se), (add, add_se))):
+            assert float(upper.directions()[index].delta(eps)) >= estimate - 5 * se
+            assert float(lower.directions()[index].delta(eps)) <= estimate + 5 * se
+
+
+def test_epochs_compose_and_stay_above_the_shuffled_lower_bound():
+    # zero-out shuffling's lower bound (Chua et al.) is a statistic of the one-selection pair
+    sigma, steps, epochs, delta = 2.0, 8, 3, 1e-5
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps),
+                     "replace_special")
+    upper = pj.event_epsilon(event, epochs, delta)
+    lower = pj.event_epsilon(event, epochs, delta, pessimistic=False)
+    shuffled = float(pj.shuffling_lower_bound(sigma, steps, epochs,
+                                              neighboring="replace_special").epsilon(delta))
+    assert shuffled <= lower <= upper <= 1.01 * lower
+    add_remove = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps))
+    assert pj.event_epsilon(add_remove, epochs, delta) == upper
+    assert upper == pytest.approx(float(event.pld().self_compose(epochs).epsilon(delta)))
+
+
+@pytest.mark.parametrize(("arguments", "named"), [
+    ((0,), "steps"), ((2.5,), "steps"), ((4, 0), "selected"), ((4, 5), "selected"),
+    ((-3,), "steps"), ((float("nan"),), "steps"),
+])
+def test_bad_counts_are_refused_by_name(arguments, named):
+    with pytest.raises(ValueError, match=named):
+        pj.sampling.RandomAllocation(*arguments)
+
+
+def test_pairs_without_an_analysis_are_refused():
+    scheme = pj.sampling.RandomAllocation(10)
+    with pytest.raises(ValueError, match="replace_one"):
+        pj.Event(pj.noise.Gaussian(1.0), scheme, "replace_one").pld()
+    with pytest.raises(ValueError, match="Gaussian"):
+        pj.Event(pj.noise.Laplace(1.0), scheme).pld()
+
+
+@pytest.mark.parametrize(("sigma", "steps"), [(1e-6, 10), (1e17, 10), (2.0, 10**9), (0.3, 100)])
+def test_extremes_give_sound_finite_bounds(sigma, steps):
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps))
+    with np.errstate(all="raise"):
+        upper = pj.event_epsilon(event, 1, 1e-6)
+        lower = pj.event_epsilon(event, 1, 1e-6, pessimistic=False)
+    assert 0.0 <= lower <= upper < math.inf
+    # never above the Gaussian mechanism, which dominates every allocation
+    assert upper <= pj.event_epsilon(pj.Event(pj.noise.Gaussian(sigma)), 1, 1e-6) * (1 + 1e-3)
+
+
+def test_value_does_not_depend_on_the_callers_x64_setting(x64_off):
+    event = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.RandomAllocation(6, 2))
+    on_off = pj.event_epsilon(event, 2, 1e-6)
+    import jax
+
+    with jax.enable_x64(True):
+        assert pj.event_epsilon(event, 2, 1e-6) == on_off
