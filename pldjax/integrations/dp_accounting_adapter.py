@@ -701,8 +701,10 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
       truncation (its groups' sizes are random).
     * ``FixedBatchSampling(batch_size, T, replace=False)``: ``fixed_dpsgd_event`` (replace-one).
 
-    Refused by name with a ValueError: sampling with replacement, balls-in-bins (random
-    allocation) and b-min-sep (no PLD analysis here), and any other object. Requires the
+    Refused by name with a ValueError: sampling with replacement and b-min-sep (no PLD
+    analysis here), balls-in-bins (jax-privacy's keeps each record's bin for all cycles, while
+    :class:`pldjax.mechanisms.sampling.RandomAllocation` draws a fresh allocation each epoch),
+    and any other object. Requires the
     ``jax-privacy`` package."""
     from jax_privacy import batch_selection
     from jax_privacy.experimental import accounting as events
@@ -735,7 +737,10 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
                                         batch_size=strategy.batch_size)
     reasons = {
         "FixedBatchSampling": "sampling with replacement has no PLD here (nor in dp_accounting)",
-        "BallsInBinsSampling": "balls-in-bins (random allocation) has no PLD analysis here",
+        "BallsInBinsSampling": "it keeps each record's bin for every cycle, which random "
+                               "allocation (pj.sampling.RandomAllocation: a fresh allocation "
+                               "each epoch) does not cover, and dp_accounting has no event for "
+                               "random allocation",
         "BMinSepSampling": "b-min-sep sampling is analysed only by Monte Carlo (jax-privacy's "
                            "experimental monte_carlo module)",
     }

@@ -26,10 +26,15 @@ the mass left on it, since every term is >= 0).
   spread. Sums of independent spreads are spreads, so the lattice law of S' is larger in the
   convex order than S's, with mean 1: the pair (Q', P' = S' Q') has every hockey-stick
   divergence, in both directions, at or above (P, Q)'s, so it dominates (Blackwell) and so do
-  its compositions. The mass beyond the lattice (S' > top) is split into an outcome with only
-  P'-mass (loss +inf in the remove direction: 1 - sum s_j q_j) and one with only Q'-mass (loss
-  +inf in the add direction: 1 - sum q_j), which can only add to both divergences. Losses,
-  log s_j (remove) and -log s_j (add), are then rounded up onto the grid.
+  its compositions. P' is computed as a convolution too: s q'(s) = t E[W'_1; S' = s] for the
+  spread terms W'_i, so P' is the (t - 1)-fold law convolved with one size-biased term (mass at j
+  times j h t), and its FFT round-off is relative to its own masses rather than multiplied by s.
+  The mass beyond the lattice (S' > top) is split into an outcome with only P'-mass (loss +inf in
+  the remove direction: 1 - sum of P' on the lattice) and one with only Q'-mass (loss +inf in the
+  add direction), which can only add to both divergences. Each atom, at log s_j (remove) or
+  -log s_j (add), is then split between the two grid points around it keeping its Q-mass (a
+  refinement of the pair, which dominates it; Doroshenko et al.'s connect-the-dots does the same
+  to a privacy curve).
 * Optimistic: the adversary looks only at T = h sum_i floor(Z_i / (t h)), a function of the
   output (the lattice version of S), so the pair of T's laws is dominated by (P, Q). Under Q it
   is the t-fold convolution of the floored untilted lognormal; under P one coordinate (k of
@@ -45,14 +50,22 @@ permutations) of pairs, each a relabelling of the blocked pair; hockey-stick div
 jointly convex, so the blocked composition dominates (the pessimistic PLD). The optimistic PLD
 stays the lattice statistic T above, now with k tilted coordinates: a lower bound for every k.
 
-Round-off. The lattice law is clipped at zero after each FFT product and a per-point level of
-round-off is tracked (:func:`pldjax.kernels.compose.fft_roundoff`); the pessimistic PLD adds it to
-every lattice point's mass, the optimistic one subtracts it, and each direction's total is
-restored to 1 on its safe side. The lattice's spacing h sets how far the result is from the
-exact pair: the spread adds variance at most t (h / 2)^2 to S (and the floor removes about as
-much), so h is chosen small against S's spread; its top covers S's tail under P to about 1e-16
-(with the lattice capped at :data:`MAX_LATTICE` points, where S's tail is heavy, at small sigma
-and few steps, the spacing is coarser and the bounds looser, never unsound).
+Round-off. Cell masses are integrated free of cancellation (:func:`_cell_masses`: relative
+round-off of order 1e-15); each FFT product is clipped at zero and its round-off bounded
+(:func:`pldjax.kernels.compose.fft_roundoff`), so every lattice mass has a lower and an upper
+bound, and each direction's PLD takes the side of its estimate (upper bounds for the
+pessimistic masses and +inf atoms, the surplus then taken off the lowest losses; lower bounds
+for the optimistic masses, upper ones for the other law in their losses' denominators).
+
+The lattice. Its spacing h sets how far the result is from the exact pair: the spread adds
+variance at most t (h / 2)^2 to S (the floor loses about as much), so h is aimed at
+sqrt(t) h <= (S's standard deviation) / 64, which moves epsilon by about 1e-4 relative against a
+lattice 64 times finer. Its top covers S's bulk under P and its tail, which is a tilted term's,
+lognormal: to 1e-16 of mass beyond, or down to 1e-9 where that would not fit the lattice's
+:data:`MAX_LATTICE` points (sigma below about 0.8 with 100 steps or fewer; the lattice is then
+coarser than aimed and the bounds further apart, never unsound). Where no lattice resolves S
+(sigma below about 0.35, or a spread below the lattice's resolution: 10^8 steps at sigma 1,
+10^7 at sigma 10) the PLDs are Gaussian bounds (:func:`_gaussian_bound`), sound and loose.
 """
 
 from __future__ import annotations
@@ -76,12 +89,13 @@ from pldjax.mechanisms.neighboring import Neighboring
 #: Most and fewest points of the lattice of S (powers of two; a product's FFT has twice as many).
 MAX_LATTICE = 2**21
 MIN_LATTICE = 2**12
-#: The lattice's top reaches S's tail under P to this standard-normal quantile of a tilted
-#: term (about 1e-16 of mass beyond), and S's bulk to _BULK_SPREADS standard deviations.
-_TAIL_QUANTILE = 8.2
+#: The lattice's top reaches S's tail under P to the first of these standard-normal quantiles
+#: of a tilted term (1e-16 of mass beyond, down to 1e-9) for which the lattice resolves S, and
+#: S's bulk to _BULK_SPREADS standard deviations.
+_TAIL_QUANTILES = (8.2, 7.6, 7.0, 6.5, 6.0)
 _BULK_SPREADS = 16.0
 #: The lattice's spacing h aims at sqrt(t) h <= (S's standard deviation) / _RESOLUTION.
-_RESOLUTION = 2.0**10
+_RESOLUTION = 2.0**6
 #: Losses are moved by this margin (nats) before they are rounded onto the grid, past the
 #: round-off of their logarithms, on the side of the estimate.
 _LOSS_MARGIN = 1e-9
@@ -89,7 +103,7 @@ _LOSS_MARGIN = 1e-9
 #: the aimed one by: beyond either (S's tail outgrows any lattice, or S's spread is below its
 #: resolution: sigma far from 1, or millions of steps) the PLDs are :func:`_gaussian_bound`'s.
 _MAX_SHIFT = 8.0
-_MAX_COARSENING = 256.0
+_MAX_COARSENING = 1024.0
 #: Cells narrower than this in standardized log Z are integrated by Gauss-Legendre on _NODES.
 _NARROW = 2.0**-4
 _NODES = 8
@@ -143,14 +157,22 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool):
     return probs - up + jnp.concatenate([jnp.zeros(1), up[:-1]]), relative, jnp.zeros(())
 
 
-def _product(a, b):
-    """The first ``size`` points of the linear convolution of two lattice laws, clipped at zero.
-    A lattice law is (masses, relative, absolute): each computed mass is within relative times
-    the true one plus absolute of it; a product adds the factors' levels and the FFT's
-    round-off (:func:`pldjax.kernels.compose.fft_roundoff`) to the absolute level."""
+def _spectrum(law):
+    """The real FFT of a lattice law's masses, zero-padded to twice their length."""
+    return jnp.fft.rfft(law[0], 2 * law[0].shape[0])
+
+
+def _product(a, b, a_spectrum=None, b_spectrum=None):
+    """The first ``size`` points of the linear convolution of two lattice laws, clipped at zero
+    (their spectra, :func:`_spectrum`, may be passed when already computed). A lattice law is
+    (masses, relative, absolute): each computed mass is within relative times the true one plus
+    absolute of it; a product adds the factors' levels and the FFT's round-off
+    (:func:`pldjax.kernels.compose.fft_roundoff`) to the absolute level."""
+    a_spectrum = _spectrum(a) if a_spectrum is None else a_spectrum
+    b_spectrum = _spectrum(b) if b_spectrum is None else b_spectrum
     (a, a_relative, a_absolute), (b, b_relative, b_absolute) = a, b
     size = a.shape[0]
-    raw = jnp.fft.irfft(jnp.fft.rfft(a, 2 * size) * jnp.fft.rfft(b, 2 * size), 2 * size)
+    raw = jnp.fft.irfft(a_spectrum * b_spectrum, 2 * size)
     relative = a_relative + b_relative + a_relative * b_relative
     absolute = (1.0 + relative) * (a_absolute + b_absolute) + fft_roundoff(raw)
     return jnp.maximum(raw[:size], 0.0), relative, absolute
@@ -158,53 +180,59 @@ def _product(a, b):
 
 def _power(law, count):
     """The ``count``-fold convolution (``count`` >= 0, traced) of a lattice law, by repeated
-    squaring."""
+    squaring (each power's spectrum computed once, for its product and its square)."""
     identity = (jnp.zeros_like(law[0]).at[0].set(1.0), jnp.zeros(()), jnp.zeros(()))
 
     def step(carry):
         left, result, base = carry
-        result = jax.lax.cond(left % 2 == 1, _product, lambda r, b: r, result, base)
+        spectrum = _spectrum(base)
+        result = jax.lax.cond(left % 2 == 1, lambda r: _product(r, base, b_spectrum=spectrum),
+                              lambda r: r, result)
         left = left // 2
-        base = jax.lax.cond(left > 0, lambda b: _product(b, b), lambda b: b, base)
+        base = jax.lax.cond(left > 0, lambda b: _product(b, b, spectrum, spectrum),
+                            lambda b: b, base)
         return left, result, base
 
     carry = (jnp.asarray(count, jnp.int64), identity, law)
     return jax.lax.while_loop(lambda c: c[0] > 0, step, carry)[1]
 
 
-@kernel_jit(static_argnames=("size",))
-def _spread_law(mu, steps, width, *, size: int):
-    """The lattice law under Q of the sum S' of ``steps`` spread terms (pessimistic)."""
-    return _power(_cell_masses(mu, width, size, spread=True, tilted=False), steps)
-
-
-@kernel_jit(static_argnames=("size",))
-def _floor_laws(mu, steps, selected, width, *, size: int):
-    """The lattice laws under P (``selected`` tilted terms) and under Q of the floored sum T
-    (optimistic)."""
-    plain = _cell_masses(mu, width, size, spread=False, tilted=False)
-    tilted = _cell_masses(mu, width, size, spread=False, tilted=True)
+@kernel_jit(static_argnames=("size", "pessimistic"))
+def _lattice_laws(mu, steps, selected, width, *, size: int, pessimistic: bool):
+    """The lattice laws under P and under Q of the sum of ``steps`` terms Z / width of which
+    ``selected`` have P's law: pessimistic, the spread terms' (S', ``selected`` = 1), P's law
+    being S' times Q's, the convolution of the rest with one size-biased term (its mass at j
+    times j width, so that the FFT's round-off is relative to P's own masses); optimistic, the
+    floored terms' (T), P's ``selected`` terms tilted."""
+    plain = _cell_masses(mu, width, size, spread=pessimistic, tilted=False)
+    if pessimistic:
+        masses, relative, absolute = plain
+        moved = (masses * jnp.arange(size) * width, relative, absolute)
+    else:
+        moved = _cell_masses(mu, width, size, spread=False, tilted=True)
     rest = _power(plain, steps - selected)
-    return (_product(rest, _power(tilted, selected)), _product(rest, _power(plain, selected)))
+    return _product(rest, _power(moved, selected)), _product(rest, _power(plain, selected))
 
 
 def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
     """(spacing h, number of points) of the lattice of S for ``steps`` terms of which
-    ``selected`` are tilted under P; None where no lattice resolves S (see _MAX_COARSENING)."""
+    ``selected`` are tilted under P; None where no lattice resolves S (see _MAX_COARSENING).
+    Where S's tail is heavy (small sigma, few steps) the lattice's top reaches a lower quantile
+    of it (_TAIL_QUANTILES): more mass beyond, which the PLDs put on their safe side."""
     if mu > _MAX_SHIFT:
         return None
     spread_q = math.sqrt(math.expm1(mu * mu) / steps)
     tilted_var = math.exp(2 * mu * mu) * math.expm1(mu * mu)
     spread_p = math.sqrt(selected * tilted_var + (steps - selected) * math.expm1(mu * mu)) / steps
-    mean_p = 1.0 + selected * math.expm1(mu * mu) / steps
-    tail = math.exp(0.5 * mu * mu + _TAIL_QUANTILE * mu) / steps
-    top = mean_p + _BULK_SPREADS * max(spread_p, spread_q) + tail
+    bulk = 1.0 + selected * math.expm1(mu * mu) / steps + _BULK_SPREADS * max(spread_p, spread_q)
     wanted = spread_q / (_RESOLUTION * math.sqrt(steps))
-    points = top / wanted
-    if points > _MAX_COARSENING * MAX_LATTICE:
-        return None
-    size = int(np.clip(grid_lib.next_pow2(math.ceil(points)), MIN_LATTICE, MAX_LATTICE))
-    return top / size, size
+    for quantile in _TAIL_QUANTILES:
+        top = bulk + math.exp(0.5 * mu * mu + quantile * mu) / steps
+        if top / wanted <= _MAX_COARSENING * MAX_LATTICE:
+            size = int(np.clip(grid_lib.next_pow2(math.ceil(top / wanted)), MIN_LATTICE,
+                               MAX_LATTICE))
+            return top / size, size
+    return None
 
 
 def _default_step(mu: float, steps: int, selected: int) -> float:
@@ -259,28 +287,31 @@ def _bounds(law) -> tuple[np.ndarray, np.ndarray]:
             (masses + absolute) / (1.0 - relative))
 
 
+def _laws(mu: float, steps: int, selected: int, pessimistic: bool):
+    """((lower, upper) bounds on P's lattice law, the same for Q's, the lattice's points) for
+    :func:`_lattice_laws`."""
+    spacing, size = _lattice(mu, steps, selected)
+    laws = _lattice_laws(np.float64(mu), np.int64(steps), np.int64(selected),
+                         np.float64(steps * spacing), size=size, pessimistic=pessimistic)
+    return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
+
+
 def _one_selection(mu: float, steps: int, step: float) -> PLD:
     """The pessimistic PLD (both directions) of one selection among ``steps`` (module
     docstring: the spread lattice law of S and the pair it defines)."""
-    spacing, size = _lattice(mu, steps, 1)
-    lower, upper = _bounds(_spread_law(np.float64(mu), np.int64(steps),
-                                       np.float64(steps * spacing), size=size))
-    s = spacing * np.arange(size, dtype=np.float64)
+    (p_low, p_high), (q_low, q_high), s = _laws(mu, steps, 1, True)
     log_s = np.log(s[1:])
-    # remove: P'-mass s q at log s, the P'-mass beyond the lattice (1 - sum s q) at +inf
-    remove = _binned(log_s, s[1:] * upper[1:], max(1.0 - math.fsum(s * lower), 0.0), step, True)
-    # add: Q'-mass q at -log s, at +inf the mass at s = 0 and the Q'-mass beyond the lattice
-    add = _binned(-log_s, upper[1:], upper[0] + max(1.0 - math.fsum(lower), 0.0), step, True)
+    # remove: P'-mass at log s, the P'-mass beyond the lattice at +inf
+    remove = _binned(log_s, p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
+    # add: Q'-mass at -log s, at +inf the mass at s = 0 and the Q'-mass beyond the lattice
+    add = _binned(-log_s, q_high[1:], q_high[0] + max(1.0 - math.fsum(q_low), 0.0), step, True)
     return PLD.from_directions(remove, add)
 
 
 def _statistic(mu: float, steps: int, selected: int, step: float) -> PLD:
     """The optimistic PLD (both directions): the pair of the lattice statistic T's laws
     (module docstring), T beyond the lattice merged into its last point."""
-    spacing, size = _lattice(mu, steps, selected)
-    laws = _floor_laws(np.float64(mu), np.int64(steps), np.int64(selected),
-                       np.float64(steps * spacing), size=size)
-    (p_low, p_high), (q_low, q_high) = (_bounds(law) for law in laws)
+    (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False)
     for low, high in ((p_low, p_high), (q_low, q_high)):
         low[-1] += max(1.0 - math.fsum(high), 0.0)
         high[-1] += max(1.0 - math.fsum(low[:-1]), 0.0)

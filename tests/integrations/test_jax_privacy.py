@@ -144,7 +144,7 @@ def test_fixed_batches_without_replacement_are_sampled_without_replacement():
 
 
 @pytest.mark.parametrize("strategy, relation, match", [
-    ("BallsInBinsSampling(100, 10)", NR.ADD_OR_REMOVE_ONE, "random allocation"),
+    ("BallsInBinsSampling(100, 10)", NR.ADD_OR_REMOVE_ONE, "RandomAllocation"),
     ("BMinSepSampling(0.01, 100, 10)", NR.ADD_OR_REMOVE_ONE, "Monte Carlo"),
     ("FixedBatchSampling(10, 100, replace=True)", NR.REPLACE_ONE, "with replacement"),
     ("CyclicPoissonSampling(0.01, 100, cycle_length=2)", NR.ADD_OR_REMOVE_ONE, "EQUAL_SPLIT"),
