@@ -325,8 +325,8 @@ class RandomAllocation(Sampling):
     one_mechanism = False
 
     def __post_init__(self):
-        if any(type(v) is object for v in (self.steps, self.selected)):
-            return  # a pytree placeholder (see pldjax.mechanisms.noise)
+        if any(type(v) is object or is_traced(v) for v in (self.steps, self.selected)):
+            return  # a pytree placeholder (see pldjax.mechanisms.noise), or traced leaves
         steps = check_count("steps", self.steps, minimum=1)
         selected = check_count("selected", self.selected, minimum=1)
         if selected > steps:

@@ -172,3 +172,18 @@ def test_value_does_not_depend_on_the_callers_x64_setting(x64_off):
 
     with jax.enable_x64(True):
         assert pj.event_epsilon(event, 2, 1e-6) == on_off
+
+
+def test_batches_the_accountant_and_reports_read_the_same_epochs():
+    import jax.numpy as jnp
+
+    sigmas, steps, epochs, delta = (1.5, 2.0), 10, 3, 1e-5
+    singles = [pj.event_epsilon(pj.Event(pj.noise.Gaussian(s), pj.sampling.RandomAllocation(steps)),
+                                epochs, delta) for s in sigmas]
+    batched = pj.Event(pj.noise.Gaussian(jnp.array(sigmas)), pj.sampling.RandomAllocation(steps))
+    np.testing.assert_array_equal(pj.event_epsilon(batched, epochs, delta), singles)
+    event = pj.Event(pj.noise.Gaussian(sigmas[1]), pj.sampling.RandomAllocation(steps))
+    state = pj.accountant.step(pj.accountant.init(event=event), event, steps=epochs)
+    assert pj.accountant.epsilon(state, delta) == pytest.approx(singles[1], rel=1e-12)
+    report = pj.privacy_report(event, count=epochs, deltas=[delta])
+    assert report.epsilon_lower[0] <= singles[1] == pytest.approx(report.epsilon_upper[0])
