@@ -701,11 +701,11 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
       truncation (its groups' sizes are random).
     * ``FixedBatchSampling(batch_size, T, replace=False)``: ``fixed_dpsgd_event`` (replace-one).
 
-    Refused by name with a ValueError: sampling with replacement and b-min-sep (no PLD
-    analysis here), balls-in-bins (jax-privacy's keeps each record's bin for all cycles, while
+    Refused by name with a ValueError: sampling with replacement (no PLD analysis here),
+    b-min-sep (Monte Carlo bounds only: :func:`pldjax.accounting.monte_carlo.monte_carlo_epsilon`),
+    balls-in-bins (jax-privacy's keeps each record's bin for all cycles, while
     :class:`pldjax.mechanisms.sampling.RandomAllocation` draws a fresh allocation each epoch),
-    and any other object. Requires the
-    ``jax-privacy`` package."""
+    and any other object. Requires the ``jax-privacy`` package."""
     from jax_privacy import batch_selection
     from jax_privacy.experimental import accounting as events
 
@@ -741,8 +741,11 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
                                "allocation (pj.sampling.RandomAllocation: a fresh allocation "
                                "each epoch) does not cover, and dp_accounting has no event for "
                                "random allocation",
-        "BMinSepSampling": "b-min-sep sampling is analysed only by Monte Carlo (jax-privacy's "
-                           "experimental monte_carlo module)",
+        "BMinSepSampling": "b-min-sep sampling has no PLD analysis, only Monte Carlo ones, "
+                           "which give high-probability bounds rather than events (without "
+                           "truncation: pj.monte_carlo_epsilon(noise_multiplier, "
+                           "strategy.sampling_prob, strategy.iterations, strategy.min_sep, "
+                           "delta, warm_start=strategy.warm_start))",
     }
     reason = reasons.get(name, "not a batch selection strategy pldjax accounts for")
     raise ValueError(f"strategy {name}: {reason}; accounted for are CyclicPoissonSampling and "

@@ -1,0 +1,223 @@
+"""Monte Carlo accounting: high-probability bounds for batch selections that have no PLD analysis.
+
+b-min-sep sampling (jax-privacy's ``BMinSepSampling``; "Scaling up the banded matrix factorization
+mechanism", arXiv:2602.09338): in each of T steps a record takes part with probability p, unless
+it took part in one of the previous b - 1 steps; with a warm start the process begins in its
+stationary law (eligible with probability 1 / (1 + (b - 1) p), each of the b - 1 steps of
+cooldown with probability p / (1 + (b - 1) p)). Each step adds Gaussian noise of standard
+deviation sigma times the clip norm (mu = 1 / sigma). Under add/remove or zero-out the run is
+dominated by the pair P = the mixture over the record's participation pattern x (the law above) of
+N(mu x, I_T) against Q = N(0, I_T) (the same reduction to a non-adaptive pair as for random
+allocation, which is b-min-sep with p = 1: balls-in-bins over b steps).
+
+Its privacy loss L(y) = log E_x[exp(mu <x, y> - mu^2 |x| / 2)] is a hidden Markov model's
+likelihood ratio, computed by the forward recursion over the cooldown state (O(T b) per sample).
+Samples of y are drawn on the accelerator (vmapped over samples, keyed): under P for the remove
+direction, delta(eps) = E_P[(1 - e^{eps - L})_+], and under Q for the add direction,
+delta(eps) = E_Q[(1 - e^{eps + L})_+]. Each is the mean of variables in [0, 1], so its one-sided
+Chernoff bound (P(mean <= a) <= exp(-m KL(a || d)) when the true mean is d > a, the Bernoulli case
+being the worst) gives an upper bound that holds with probability at least 1 - beta / 2 in each
+direction: the reported delta, the larger of the two, fails with probability at most beta. Read
+at a delta, epsilon is the smallest with both bounds at most delta; the bounds fall with
+epsilon, so it too fails with probability at most beta.
+
+These are high-probability bounds, not certified ones: they come back as :class:`MonteCarloBound`
+records, with their failure probability, and are never composed with PLDs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.special import rel_entr
+
+from pldjax.core.compilation import kernel_jit
+from pldjax.core.namespace import public_dir
+from pldjax.core.precision import float64
+from pldjax.core.validation import check_count, check_range
+
+#: Samples drawn per compiled call (a fixed shape: one program per min_sep and direction).
+CHUNK = 1 << 16
+#: Bisection steps of the confidence bound and of epsilon.
+_BISECTIONS = 100
+
+
+class MonteCarloBound(NamedTuple):
+    """A high-probability bound from Monte Carlo samples.
+
+    Attributes:
+      epsilon: the epsilon read (at ``delta`` for :func:`monte_carlo_epsilon`; the one asked for
+        :func:`monte_carlo_delta`).
+      delta: an upper bound on delta(epsilon) that holds with probability at least
+        1 - failure_probability (for :func:`monte_carlo_epsilon`, the delta asked for).
+      estimate: the plain Monte Carlo estimate of delta(epsilon) (the larger direction's), with
+        no guarantee.
+      failure_probability: the probability that ``delta`` is below the truth (over the samples).
+      samples: the number of samples in each direction.
+    """
+
+    epsilon: float
+    delta: float
+    estimate: float
+    failure_probability: float
+    samples: int
+
+
+def _forward(t, carry, emission, log_p, log_q, cooldown: int):
+    """Step ``t`` of the forward recursion on (log weight of the eligible state, log weights of
+    the cooldown states): a ring of ``cooldown`` rows, row t mod cooldown holding the weight that
+    becomes eligible after this step, replaced by the weight that enters cooldown now (it comes
+    back after ``cooldown`` more steps)."""
+    eligible, cool = carry
+    entering = log_p + emission + eligible
+    if cooldown == 0:
+        return jnp.logaddexp(log_q + eligible, entering), cool
+    slot = t % cooldown
+    returning = jax.lax.dynamic_index_in_dim(cool, slot, keepdims=False)
+    cool = jax.lax.dynamic_update_index_in_dim(cool, entering, slot, 0)
+    return jnp.logaddexp(log_q + eligible, returning), cool
+
+
+@kernel_jit(static_argnames=("min_sep", "positive"))
+def _loss_samples(key, mu, sampling_prob, steps, warm_start, *, min_sep: int, positive: bool):
+    """CHUNK privacy losses L(y) of b-min-sep sampling, y drawn under P (``positive``) or Q."""
+    cooldown = min_sep - 1
+    log_p, log_q = jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
+    stationary = 1.0 + cooldown * sampling_prob
+    log_eligible = jnp.where(warm_start, -jnp.log(stationary), 0.0)
+    log_cooling = jnp.where(warm_start, log_p - jnp.log(stationary), -jnp.inf)
+    eligible = jnp.full(CHUNK, log_eligible)
+    cool = jnp.full((cooldown, CHUNK), log_cooling)
+    start, key = jax.random.split(key)
+    # the chain's state under P: 0 eligible, c > 0 steps of cooldown left
+    logits = jnp.concatenate([log_eligible[None], jnp.full(cooldown, log_cooling)])
+    state = jax.random.categorical(start, logits, shape=(CHUNK,))
+
+    def step(t, carry):
+        forward, state = carry
+        noise_key, choice_key = jax.random.split(jax.random.fold_in(key, t))
+        y = jax.random.normal(noise_key, (CHUNK,), jnp.float64)
+        if positive:
+            taken = (state == 0) & (jax.random.uniform(choice_key, (CHUNK,), jnp.float64)
+                                    < sampling_prob)
+            y = y + mu * taken
+            state = jnp.where(taken, cooldown, jnp.maximum(state - 1, 0))
+        emission = mu * y - 0.5 * mu * mu
+        return _forward(t, forward, emission, log_p, log_q, cooldown), state
+
+    (eligible, cool), _ = jax.lax.fori_loop(0, steps, step, ((eligible, cool), state))
+    return jax.nn.logsumexp(jnp.concatenate([eligible[None, :], cool], axis=0), axis=0)
+
+
+def _draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive):
+    """``samples`` privacy losses (NumPy), CHUNK at a time."""
+    chunks = -(-samples // CHUNK)
+    base = jax.random.fold_in(jax.random.key(key), int(positive))
+    out = [np.asarray(_loss_samples(jax.random.fold_in(base, i), np.float64(mu),
+                                    np.float64(sampling_prob), np.int64(steps),
+                                    np.bool_(warm_start), min_sep=min_sep, positive=positive))
+           for i in range(chunks)]
+    return np.concatenate(out)[:samples]
+
+
+def _estimates(losses, sign, epsilon):
+    """Mean of (1 - e^{eps - sign L})_+ over the samples, at each epsilon."""
+    eps = np.atleast_1d(np.asarray(epsilon, np.float64))
+    values = -np.expm1(np.minimum(eps[:, None] - sign * losses[None, :], 0.0))
+    return values.mean(axis=1)
+
+
+def _upper_confidence(estimate, samples: int, failure: float):
+    """The largest d >= estimate with samples * KL(estimate || d) <= log(1 / failure)."""
+    estimate = np.asarray(estimate, np.float64)
+    budget = math.log(1.0 / failure) / samples
+    low, high = estimate.copy(), np.ones_like(estimate)
+
+    def divergence(d):
+        return rel_entr(estimate, d) + rel_entr(1.0 - estimate, 1.0 - d)
+
+    for _ in range(_BISECTIONS):
+        middle = 0.5 * (low + high)
+        inside = divergence(middle) <= budget
+        low, high = np.where(inside, middle, low), np.where(inside, high, middle)
+    return high
+
+
+def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability):
+    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    check_range("sampling_prob", sampling_prob, 0.0, 1.0)
+    check_range("failure_probability", failure_probability, 0.0, 1.0, low_open=True,
+                high_open=True)
+    return (1.0 / float(noise_multiplier), float(sampling_prob),
+            check_count("steps", steps, minimum=1), check_count("min_sep", min_sep, minimum=1),
+            check_count("samples", samples, minimum=1))
+
+
+def _directions(noise_multiplier, sampling_prob, steps, min_sep, warm_start, samples, key):
+    mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
+                                              samples, 0.5)
+    return [(_draws(mu, p, steps, min_sep, bool(warm_start), samples, key, positive), sign)
+            for positive, sign in ((True, 1.0), (False, -1.0))], samples
+
+
+@float64
+def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int, min_sep: int,
+                      epsilon: float, *, samples: int = 10**6, failure_probability: float = 1e-3,
+                      warm_start: bool = True, key: int = 0) -> MonteCarloBound:
+    """A high-probability upper bound on delta(``epsilon``) of DP-SGD with b-min-sep sampling
+    (jax-privacy's ``BMinSepSampling(sampling_prob, steps, min_sep, warm_start)``, without
+    truncation), Gaussian noise of ``noise_multiplier`` times the clip norm, add/remove or
+    zero-out: it is below the truth with probability at most ``failure_probability`` over the
+    ``samples`` draws in each direction (``key`` seeds them). See the module docstring."""
+    check_range("epsilon", epsilon, 0.0)
+    _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability)
+    directions, samples = _directions(noise_multiplier, sampling_prob, steps, min_sep,
+                                      warm_start, samples, key)
+    estimates = [float(_estimates(losses, sign, epsilon)[0]) for losses, sign in directions]
+    bounds = [float(_upper_confidence(e, samples, failure_probability / 2)) for e in estimates]
+    return MonteCarloBound(float(epsilon), max(bounds), max(estimates),
+                           float(failure_probability), samples)
+
+
+@float64
+def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: int, min_sep: int,
+                        delta: float, *, samples: int = 10**6, failure_probability: float = 1e-3,
+                        warm_start: bool = True, key: int = 0) -> MonteCarloBound:
+    """The smallest epsilon whose high-probability delta bound (:func:`monte_carlo_delta`, on
+    one set of samples) is at most ``delta``: an upper bound on the true epsilon(delta) with
+    probability at least 1 - ``failure_probability``; inf when no epsilon's bound reaches
+    ``delta`` (too few samples for so small a delta: about 1 / delta are needed)."""
+    check_range("delta", delta, 0.0, 1.0, low_open=True)
+    _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability)
+    directions, samples = _directions(noise_multiplier, sampling_prob, steps, min_sep,
+                                      warm_start, samples, key)
+
+    def bound(eps):
+        return max(float(_upper_confidence(_estimates(losses, sign, eps)[0], samples,
+                                           failure_probability / 2))
+                   for losses, sign in directions)
+
+    def estimate(eps):
+        return max(float(_estimates(losses, sign, eps)[0]) for losses, sign in directions)
+
+    if bound(0.0) <= delta:
+        return MonteCarloBound(0.0, float(delta), estimate(0.0), float(failure_probability),
+                               samples)
+    high = max(float(np.max(np.abs(losses[np.isfinite(losses)]), initial=0.0))
+               for losses, _ in directions) + 1.0
+    if bound(high) > delta:
+        return MonteCarloBound(math.inf, float(delta), estimate(high),
+                               float(failure_probability), samples)
+    low = 0.0
+    for _ in range(_BISECTIONS):
+        middle = 0.5 * (low + high)
+        low, high = (low, middle) if bound(middle) <= delta else (middle, high)
+    return MonteCarloBound(high, float(delta), estimate(high), float(failure_probability), samples)
+
+
+__all__ = ["MonteCarloBound", "monte_carlo_delta", "monte_carlo_epsilon"]
+__dir__ = public_dir(__all__)

@@ -1,0 +1,85 @@
+"""Monte Carlo accounting of b-min-sep sampling, against jax-privacy's own NumPy sampler and
+privacy loss, against the PLDs of its two special cases (Poisson sampling at min_sep = 1,
+balls-in-bins at sampling_prob = 1), and for its refusals."""
+
+import math
+
+import numpy as np
+import pytest
+
+import pldjax as pj
+from pldjax.accounting import monte_carlo
+
+SAMPLES = 100_000
+
+
+def _mean_and_error(values):
+    return float(np.mean(values)), float(np.std(values) / math.sqrt(len(values)))
+
+
+@pytest.mark.parametrize("positive", [True, False])
+def test_losses_agree_with_jax_privacys_sampler(positive):
+    import jax
+    from jax_privacy import batch_selection
+    from jax_privacy.experimental.monte_carlo import sample_generation
+
+    sigma, p, steps, min_sep = 1.0, 0.1, 40, 5
+    theirs, _ = sample_generation.get_privacy_loss_sample(
+        batch_selection.BMinSepSampling(p, steps, min_sep), sigma, np.array([1.0]), seed=1,
+        positive_sample=positive, num_samples=SAMPLES)
+    with jax.enable_x64(True):
+        mine = monte_carlo._draws(1 / sigma, p, steps, min_sep, True, SAMPLES, 7, positive)
+    mine = mine if positive else -mine  # theirs is the loss of the direction sampled from
+    for eps in (0.2, 0.5, 1.0):
+        a, a_error = _mean_and_error(-np.expm1(np.minimum(eps - theirs, 0.0)))
+        b, b_error = _mean_and_error(-np.expm1(np.minimum(eps - mine, 0.0)))
+        assert abs(a - b) <= 5 * math.hypot(a_error, b_error)
+
+
+def test_one_step_separation_is_poisson_sampling():
+    sigma, p, steps, eps = 1.0, 0.2, 30, 0.5
+    result = pj.monte_carlo_delta(sigma, p, steps, 1, eps, samples=SAMPLES)
+    lower = pj.dpsgd_delta(sigma, p, steps, eps, pessimistic=False)
+    upper = pj.dpsgd_delta(sigma, p, steps, eps)
+    assert result.delta >= lower
+    assert result.estimate <= result.delta
+    assert abs(result.estimate - upper) <= 5 * math.sqrt(upper / SAMPLES)
+    assert result.failure_probability == 1e-3 and result.samples == SAMPLES
+
+
+def test_certain_sampling_is_balls_in_bins():
+    sigma, bins = 2.0, 8
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(bins))
+    upper, lower = event.pld(), event.pld(pessimistic=False)
+    for eps in (0.1, 0.3):
+        result = pj.monte_carlo_delta(sigma, 1.0, bins, bins, eps, samples=SAMPLES, key=int(10 * eps))
+        truth_low, truth_high = float(lower.delta(eps)), float(upper.delta(eps))
+        assert result.delta >= truth_low
+        assert truth_low - 5 * math.sqrt(truth_high / SAMPLES) <= result.estimate
+        assert result.estimate <= truth_high + 5 * math.sqrt(truth_high / SAMPLES)
+
+
+def test_epsilon_is_where_the_delta_bound_meets_the_target():
+    args = (1.0, 0.1, 50, 5)
+    found = pj.monte_carlo_epsilon(*args, 1e-2, samples=SAMPLES)
+    assert 0 < found.epsilon < math.inf and found.delta == 1e-2
+    assert pj.monte_carlo_delta(*args, found.epsilon * 1.001, samples=SAMPLES).delta <= 1e-2
+    assert pj.monte_carlo_delta(*args, found.epsilon * 0.99, samples=SAMPLES).delta > 1e-2
+    # a delta below what the samples can vouch for (about log(2 / failure) / samples)
+    assert pj.monte_carlo_epsilon(*args, 1e-6, samples=SAMPLES).epsilon == math.inf
+
+
+@pytest.mark.parametrize(("arguments", "named"), [
+    ((0.0, 0.1, 10, 2, 1.0), "noise_multiplier"),
+    ((1.0, 1.5, 10, 2, 1.0), "sampling_prob"),
+    ((1.0, 0.1, 0, 2, 1.0), "steps"),
+    ((1.0, 0.1, 10, 0, 1.0), "min_sep"),
+    ((1.0, 0.1, 10, 2, -1.0), "epsilon"),
+])
+def test_bad_arguments_are_refused_by_name(arguments, named):
+    with pytest.raises(ValueError, match=named):
+        pj.monte_carlo_delta(*arguments)
+    with pytest.raises(ValueError, match="failure_probability"):
+        pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, failure_probability=0.0)
+    with pytest.raises(ValueError, match="delta"):
+        pj.monte_carlo_epsilon(1.0, 0.1, 10, 2, 0.0)
