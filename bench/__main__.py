@@ -24,7 +24,7 @@ from bench import harness
 #: (first line: what it measures), QUICK (what --quick runs), add_arguments(parser) and
 #: run(args, report).
 BENCHMARKS = ("dpsgd", "tightness", "accountants", "calibration", "composed_gaussians", "gdp_residue",
-              "natural_filter", "report", "batch_selection", "compile")
+              "natural_filter", "report", "batch_selection", "monte_carlo", "compile")
 
 
 def _module(name: str):

@@ -42,6 +42,8 @@ from pldjax.core.validation import check_count, check_range
 
 #: Samples drawn per compiled call (a fixed shape: one program per min_sep and direction).
 CHUNK = 1 << 16
+#: Steps a block holds when min_sep = 1 (Poisson sampling: no cooldown sets the block).
+_POISSON_BLOCK = 64
 #: Bisection steps of the confidence bound and of epsilon.
 _BISECTIONS = 100
 
@@ -67,50 +69,63 @@ class MonteCarloBound(NamedTuple):
     samples: int
 
 
-def _forward(t, carry, emission, log_p, log_q, cooldown: int):
-    """Step ``t`` of the forward recursion on (log weight of the eligible state, log weights of
-    the cooldown states): a ring of ``cooldown`` rows, row t mod cooldown holding the weight that
-    becomes eligible after this step, replaced by the weight that enters cooldown now (it comes
-    back after ``cooldown`` more steps)."""
-    eligible, cool = carry
-    entering = log_p + emission + eligible
-    if cooldown == 0:
-        return jnp.logaddexp(log_q + eligible, entering), cool
-    slot = t % cooldown
-    returning = jax.lax.dynamic_index_in_dim(cool, slot, keepdims=False)
-    cool = jax.lax.dynamic_update_index_in_dim(cool, entering, slot, 0)
-    return jnp.logaddexp(log_q + eligible, returning), cool
-
-
 @kernel_jit(static_argnames=("min_sep", "positive"))
 def _loss_samples(key, mu, sampling_prob, steps, warm_start, *, min_sep: int, positive: bool):
-    """CHUNK privacy losses L(y) of b-min-sep sampling, y drawn under P (``positive``) or Q."""
+    """CHUNK privacy losses L(y) of b-min-sep sampling, y drawn under P (``positive``) or Q.
+
+    The forward recursion carries the log weight of the eligible state; the weight that enters
+    cooldown at step t (participation) becomes eligible again after min_sep - 1 = L more steps.
+    Steps run in blocks of L: a block reads, row by row, the weights the previous block sent
+    into cooldown and writes its own (each buffer read or written whole, so none is copied at
+    every step); steps past the last (padding of the last block) leave the eligible weight as it
+    is and keep what returns in ``pending``."""
     cooldown = min_sep - 1
+    block = cooldown or _POISSON_BLOCK
     log_p, log_q = jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
     stationary = 1.0 + cooldown * sampling_prob
     log_eligible = jnp.where(warm_start, -jnp.log(stationary), 0.0)
     log_cooling = jnp.where(warm_start, log_p - jnp.log(stationary), -jnp.inf)
-    eligible = jnp.full(CHUNK, log_eligible)
-    cool = jnp.full((cooldown, CHUNK), log_cooling)
     start, key = jax.random.split(key)
     # the chain's state under P: 0 eligible, c > 0 steps of cooldown left
     logits = jnp.concatenate([log_eligible[None], jnp.full(cooldown, log_cooling)])
     state = jax.random.categorical(start, logits, shape=(CHUNK,))
+    # with min_sep = 1 nothing waits: one row, never read
+    previous = jnp.full((block if cooldown else 1, CHUNK), log_cooling if cooldown else -jnp.inf)
 
-    def step(t, carry):
-        forward, state = carry
-        noise_key, choice_key = jax.random.split(jax.random.fold_in(key, t))
-        y = jax.random.normal(noise_key, (CHUNK,), jnp.float64)
-        if positive:
-            taken = (state == 0) & (jax.random.uniform(choice_key, (CHUNK,), jnp.float64)
-                                    < sampling_prob)
-            y = y + mu * taken
-            state = jnp.where(taken, cooldown, jnp.maximum(state - 1, 0))
-        emission = mu * y - 0.5 * mu * mu
-        return _forward(t, forward, emission, log_p, log_q, cooldown), state
+    def one_step(first):
+        def step(carry, row):
+            eligible, pending, state = carry
+            offset, returning = row
+            t = first + offset
+            live = t < steps
+            noise_key, choice_key = jax.random.split(jax.random.fold_in(key, t))
+            y = jax.random.normal(noise_key, (CHUNK,), jnp.float64)
+            if positive:
+                taken = (live & (state == 0)
+                         & (jax.random.uniform(choice_key, (CHUNK,), jnp.float64) < sampling_prob))
+                y = y + mu * taken
+                state = jnp.where(taken, cooldown, jnp.where(live, jnp.maximum(state - 1, 0), state))
+            entering = jnp.where(live, log_p + mu * y - 0.5 * mu * mu + eligible, -jnp.inf)
+            if cooldown == 0:  # participation leaves the record eligible
+                stays = jnp.logaddexp(log_q + eligible, entering)
+                entering = None
+            else:
+                stays = jnp.logaddexp(log_q + eligible, returning)
+                pending = jnp.where(live, pending, jnp.logaddexp(pending, returning))
+            return (jnp.where(live, stays, eligible), pending, state), entering
+        return step
 
-    (eligible, cool), _ = jax.lax.fori_loop(0, steps, step, ((eligible, cool), state))
-    return jax.nn.logsumexp(jnp.concatenate([eligible[None, :], cool], axis=0), axis=0)
+    def run_block(index, carry):
+        eligible, pending, state, previous = carry
+        (eligible, pending, state), entering = jax.lax.scan(
+            one_step(index * block), (eligible, pending, state),
+            (jnp.arange(block), previous if cooldown else None))
+        return eligible, pending, state, entering if cooldown else previous
+
+    blocks = (steps + block - 1) // block
+    carry = (jnp.full(CHUNK, log_eligible), jnp.full(CHUNK, -jnp.inf), state, previous)
+    eligible, pending, _, previous = jax.lax.fori_loop(0, blocks, run_block, carry)
+    return jax.nn.logsumexp(jnp.concatenate([eligible[None], pending[None], previous]), axis=0)
 
 
 def _draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive):
