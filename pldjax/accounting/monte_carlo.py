@@ -44,6 +44,12 @@ from pldjax.core.validation import check_count, check_range
 CHUNK = 1 << 16
 #: Steps a block holds when min_sep = 1 (Poisson sampling: no cooldown sets the block).
 _POISSON_BLOCK = 64
+#: Guards on memory and time: most samples a direction (8 bytes each, kept), most steps times
+#: samples (a few hours of a CPU's time, seconds of a GPU's), largest min_sep (its cooldown
+#: buffer holds min_sep - 1 rows of CHUNK samples).
+MAX_SAMPLES = 10**8
+MAX_WORK = 10**11
+MAX_MIN_SEP = 4096
 #: Bisection steps of the confidence bound and of epsilon.
 _BISECTIONS = 100
 
@@ -167,9 +173,16 @@ def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_p
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("failure_probability", failure_probability, 0.0, 1.0, low_open=True,
                 high_open=True)
-    return (1.0 / float(noise_multiplier), float(sampling_prob),
-            check_count("steps", steps, minimum=1), check_count("min_sep", min_sep, minimum=1),
-            check_count("samples", samples, minimum=1))
+    steps, min_sep = check_count("steps", steps, minimum=1), check_count("min_sep", min_sep, minimum=1)
+    samples = check_count("samples", samples, minimum=1)
+    if min_sep > MAX_MIN_SEP:
+        raise ValueError(f"min_sep must be an integer in [1, {MAX_MIN_SEP}] (a memory guard: the "
+                         f"cooldown buffer holds min_sep - 1 rows of samples), got {min_sep}")
+    if samples > MAX_SAMPLES or samples * steps > MAX_WORK:
+        raise ValueError(f"samples = {samples} over steps = {steps} is more than this sampler "
+                         f"takes (at most {MAX_SAMPLES:.0e} samples and {MAX_WORK:.0e} samples "
+                         f"times steps): pass fewer samples")
+    return 1.0 / float(noise_multiplier), float(sampling_prob), steps, min_sep, samples
 
 
 def _directions(noise_multiplier, sampling_prob, steps, min_sep, warm_start, samples, key):

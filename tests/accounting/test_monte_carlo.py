@@ -75,6 +75,8 @@ def test_epsilon_is_where_the_delta_bound_meets_the_target():
     ((1.0, 0.1, 0, 2, 1.0), "steps"),
     ((1.0, 0.1, 10, 0, 1.0), "min_sep"),
     ((1.0, 0.1, 10, 2, -1.0), "epsilon"),
+    ((1.0, 0.1, 10, 10**6, 1.0), "min_sep"),
+    ((1.0, 0.1, 10**9, 2, 1.0), "samples"),
 ])
 def test_bad_arguments_are_refused_by_name(arguments, named):
     with pytest.raises(ValueError, match=named):
