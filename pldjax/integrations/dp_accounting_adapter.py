@@ -703,8 +703,7 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
 
     Refused by name with a ValueError: sampling with replacement (no PLD analysis here),
     b-min-sep (Monte Carlo bounds only: :func:`pldjax.accounting.monte_carlo.monte_carlo_epsilon`),
-    balls-in-bins (jax-privacy's keeps each record's bin for all cycles, while
-    :class:`pldjax.mechanisms.sampling.RandomAllocation` draws a fresh allocation each epoch),
+    balls-in-bins (no dp_accounting event: :func:`batch_selection_accounting` accounts for it),
     and any other object. Requires the ``jax-privacy`` package."""
     from jax_privacy import batch_selection
     from jax_privacy.experimental import accounting as events
@@ -737,10 +736,8 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
                                         batch_size=strategy.batch_size)
     reasons = {
         "FixedBatchSampling": "sampling with replacement has no PLD here (nor in dp_accounting)",
-        "BallsInBinsSampling": "it keeps each record's bin for every cycle, which random "
-                               "allocation (pj.sampling.RandomAllocation: a fresh allocation "
-                               "each epoch) does not cover, and dp_accounting has no event for "
-                               "random allocation",
+        "BallsInBinsSampling": "dp_accounting has no event for random allocation: account "
+                               "for it with pj.dp_accounting.batch_selection_accounting",
         "BMinSepSampling": "b-min-sep sampling has no PLD analysis, only Monte Carlo ones, "
                            "which give high-probability bounds rather than events (without "
                            "truncation: pj.monte_carlo_epsilon(noise_multiplier, "
@@ -752,6 +749,44 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
                      "FixedBatchSampling without replacement")
 
 
-__all__ = ["PLDAccountant", "batch_selection_event", "jax_privacy_config", "k_randomized_response",
-           "to_event"]
+def batch_selection_accounting(strategy, noise_multiplier: float, dataset_size: int,
+                               neighboring=_NR.ADD_OR_REMOVE_ONE) -> tuple[Event, int]:
+    """(event, count): the pldjax accounting of DP-SGD trained with batches from ``strategy`` (a
+    ``jax_privacy.batch_selection`` strategy), Gaussian noise of ``noise_multiplier`` times the
+    clip norm and ``dataset_size`` records, under ``neighboring`` (a
+    ``dp_accounting.NeighboringRelation``): ``pj.event_epsilon(event, count, delta)`` reads it.
+
+    * ``BallsInBinsSampling(T, cycle_length=b)``: each record's bin is drawn once and used in
+      every cycle, so the record's E = ceil(T / b) uses of its bin add up to one Gaussian of
+      sensitivity sqrt(E) (exactly when b divides T; above it otherwise, the bins with fewer
+      uses being a post-processing); the pair is random allocation of one of b steps
+      (:class:`pldjax.mechanisms.sampling.RandomAllocation`, count 1), under add/remove or
+      zero-out: the mixture over the bins of the shifted outputs against none, the pair
+      jax-privacy's Monte Carlo accounting of this strategy samples.
+    * Every other strategy: :func:`batch_selection_event`'s accounting (the same refusals, by
+      name), as its event and count.
+    """
+    from jax_privacy import batch_selection
+
+    if isinstance(strategy, batch_selection.BallsInBinsSampling):
+        check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+        check_count("dataset_size", dataset_size, minimum=1)
+        bins = check_count("strategy.cycle_length", strategy.cycle_length, minimum=1)
+        iterations = check_count("strategy.iterations", strategy.iterations, minimum=0)
+        if neighboring not in (_NR.ADD_OR_REMOVE_ONE, _NR.REPLACE_SPECIAL):
+            raise ValueError("BallsInBinsSampling is accounted for under add/remove or zero-out "
+                             "(REPLACE_SPECIAL) neighbours, not replace-one: random allocation's "
+                             "pair covers a record against none")
+        uses = max(-(-iterations // bins), 1)
+        event = Event(noise.Gaussian(float(noise_multiplier), sensitivity=math.sqrt(uses)),
+                      sampling.RandomAllocation(bins), _RELATION[neighboring])
+        return event, int(iterations > 0)
+    dp_event = batch_selection_event(strategy, noise_multiplier, dataset_size, neighboring)
+    if isinstance(dp_event, _ev.SelfComposedDpEvent):
+        return to_event(dp_event.event, neighboring), int(dp_event.count)
+    return to_event(dp_event, neighboring), 1
+
+
+__all__ = ["PLDAccountant", "batch_selection_accounting", "batch_selection_event",
+           "jax_privacy_config", "k_randomized_response", "to_event"]
 __dir__ = public_dir(__all__)

@@ -235,6 +235,17 @@ def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
     return None
 
 
+def _bulk_lattice(mu: float, steps: int) -> tuple[float, int]:
+    """(spacing, number of points) of a lattice of S under Q that reaches only its bulk (mean 1
+    plus _BULK_SPREADS standard deviations): the add direction's losses -log S of the values
+    beyond are below -log(top), where they are rounded up to."""
+    spread_q = math.sqrt(math.expm1(mu * mu) / steps)
+    top = 2.0 + _BULK_SPREADS * spread_q
+    wanted = spread_q / (_RESOLUTION * math.sqrt(steps))
+    size = int(np.clip(grid_lib.next_pow2(math.ceil(top / wanted)), MIN_LATTICE, MAX_LATTICE))
+    return top / size, size
+
+
 def _default_step(mu: float, steps: int, selected: int) -> float:
     """The grid step (nats) of the losses: the largest power of two at most the spread of one
     epoch's loss (about sqrt(selected log(1 + (e^{mu^2} - 1) / (steps / selected)))) over
@@ -287,10 +298,10 @@ def _bounds(law) -> tuple[np.ndarray, np.ndarray]:
             (masses + absolute) / (1.0 - relative))
 
 
-def _laws(mu: float, steps: int, selected: int, pessimistic: bool):
+def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None):
     """((lower, upper) bounds on P's lattice law, the same for Q's, the lattice's points) for
-    :func:`_lattice_laws`."""
-    spacing, size = _lattice(mu, steps, selected)
+    :func:`_lattice_laws`, on ``lattice`` (spacing, points; default :func:`_lattice`'s)."""
+    spacing, size = lattice or _lattice(mu, steps, selected)
     laws = _lattice_laws(np.float64(mu), np.int64(steps), np.int64(selected),
                          np.float64(steps * spacing), size=size, pessimistic=pessimistic)
     return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
@@ -298,13 +309,18 @@ def _laws(mu: float, steps: int, selected: int, pessimistic: bool):
 
 def _one_selection(mu: float, steps: int, step: float) -> PLD:
     """The pessimistic PLD (both directions) of one selection among ``steps`` (module
-    docstring: the spread lattice law of S and the pair it defines)."""
-    (p_low, p_high), (q_low, q_high), s = _laws(mu, steps, 1, True)
-    log_s = np.log(s[1:])
+    docstring: the spread lattice law of S and the pair it defines). The remove direction reads
+    P's law on a lattice that reaches S's tail; the add direction reads Q's law on one that
+    reaches only its bulk, finer where S's tail is heavy."""
+    (p_low, p_high), _, s = _laws(mu, steps, 1, True)
     # remove: P'-mass at log s, the P'-mass beyond the lattice at +inf
-    remove = _binned(log_s, p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
-    # add: Q'-mass at -log s, at +inf the mass at s = 0 and the Q'-mass beyond the lattice
-    add = _binned(-log_s, q_high[1:], q_high[0] + max(1.0 - math.fsum(q_low), 0.0), step, True)
+    remove = _binned(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
+    # add: Q'-mass at -log s, the mass at s = 0 at +inf, the mass beyond the lattice at -log top
+    _, (q_low, q_high), s = _laws(mu, steps, 1, True, _bulk_lattice(mu, steps))
+    top = s[-1] + s[1]
+    beyond = max(1.0 - math.fsum(q_low), 0.0)
+    add = _binned(np.append(-np.log(s[1:]), -math.log(top)), np.append(q_high[1:], beyond),
+                  q_high[0], step, True)
     return PLD.from_directions(remove, add)
 
 

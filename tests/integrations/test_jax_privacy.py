@@ -144,7 +144,7 @@ def test_fixed_batches_without_replacement_are_sampled_without_replacement():
 
 
 @pytest.mark.parametrize("strategy, relation, match", [
-    ("BallsInBinsSampling(100, 10)", NR.ADD_OR_REMOVE_ONE, "RandomAllocation"),
+    ("BallsInBinsSampling(100, 10)", NR.ADD_OR_REMOVE_ONE, "batch_selection_accounting"),
     ("BMinSepSampling(0.01, 100, 10)", NR.ADD_OR_REMOVE_ONE, "Monte Carlo"),
     ("FixedBatchSampling(10, 100, replace=True)", NR.REPLACE_ONE, "with replacement"),
     ("CyclicPoissonSampling(0.01, 100, cycle_length=2)", NR.ADD_OR_REMOVE_ONE, "EQUAL_SPLIT"),
@@ -167,3 +167,39 @@ def test_batch_selection_event_names_bad_arguments():
                        ((pj.sampling.Poisson(0.01), 1.0, 100), "Poisson")):
         with pytest.raises(ValueError, match=name):
             pj.dp_accounting.batch_selection_event(*args)
+
+
+def test_balls_in_bins_accounting_brackets_jax_privacys_monte_carlo():
+    from jax_privacy import batch_selection as bs
+    from jax_privacy.experimental.monte_carlo import sample_generation
+
+    sigma, samples = 2.0, 10_000
+    strategy = bs.BallsInBinsSampling(12, 6)  # each record's bin used twice
+    event, count = pj.dp_accounting.batch_selection_accounting(strategy, sigma, 1000)
+    assert count == 1 and event.noise.sensitivity == pytest.approx(np.sqrt(2))
+    upper, lower = event.pld(), event.pld(pessimistic=False)
+    for direction, (seed, positive) in enumerate(((1, True), (2, False))):
+        losses, _ = sample_generation.get_privacy_loss_sample(
+            strategy, sigma, np.array([1.0]), seed=seed, positive_sample=positive,
+            num_samples=samples)
+        for eps in (0.1, 0.3, 0.6):
+            values = -np.expm1(np.minimum(eps - losses, 0.0))
+            mean, error = values.mean(), values.std() / np.sqrt(samples)
+            assert float(lower.directions()[direction].delta(eps)) <= mean + 5 * error
+            assert float(upper.directions()[direction].delta(eps)) >= mean - 5 * error
+    with pytest.raises(ValueError, match="replace-one"):
+        pj.dp_accounting.batch_selection_accounting(strategy, sigma, 1000, NR.REPLACE_ONE)
+
+
+def test_batch_selection_accounting_reads_the_strategies_events():
+    from jax_privacy import batch_selection as bs
+
+    strategy = bs.CyclicPoissonSampling(0.02, iterations=400, cycle_length=4)
+    event, count = pj.dp_accounting.batch_selection_accounting(strategy, 1.0, 10_000,
+                                                               NR.REPLACE_SPECIAL)
+    assert count == 100
+    dp_event = pj.dp_accounting.batch_selection_event(strategy, 1.0, 10_000, NR.REPLACE_SPECIAL)
+    expected = pj.dp_accounting.PLDAccountant(NR.REPLACE_SPECIAL).compose(dp_event).get_epsilon(DELTA)
+    assert pj.event_epsilon(event, count, DELTA) == pytest.approx(expected, rel=1e-3)
+    with pytest.raises(ValueError, match="BMinSepSampling.*monte_carlo_epsilon"):
+        pj.dp_accounting.batch_selection_accounting(bs.BMinSepSampling(0.01, 100, 10), 1.0, 1000)
