@@ -29,12 +29,12 @@ the mass left on it, since every term is >= 0).
   its compositions. P' is computed as a convolution too: s q'(s) = t E[W'_1; S' = s] for the
   spread terms W'_i, so P' is the (t - 1)-fold law convolved with one size-biased term (mass at j
   times j h t), and its FFT round-off is relative to its own masses rather than multiplied by s.
-  The mass beyond the lattice (S' > top) is split into an outcome with only P'-mass (loss +inf in
-  the remove direction: 1 - sum of P' on the lattice) and one with only Q'-mass (loss +inf in the
-  add direction), which can only add to both divergences. Each atom, at log s_j (remove) or
-  -log s_j (add), is then split between the two grid points around it keeping its Q-mass (a
-  refinement of the pair, which dominates it; Doroshenko et al.'s connect-the-dots does the same
-  to a privacy curve).
+  The P'-mass beyond the lattice (S' > top) goes to +inf in the remove direction. The add
+  direction reads Q' on a second lattice that reaches only S's bulk: its losses -log S' beyond
+  that lattice's top are below -log(top), where they are put (rounded up), and the mass at
+  S' = 0 goes to +inf. Each atom, at log s_j (remove) or -log s_j (add), is then split between
+  the two grid points around it keeping its Q-mass (a refinement of the pair, which dominates
+  it; Doroshenko et al.'s connect-the-dots does the same to a privacy curve).
 * Optimistic: the adversary looks only at T = h sum_i floor(Z_i / (t h)), a function of the
   output (the lattice version of S), so the pair of T's laws is dominated by (P, Q). Under Q it
   is the t-fold convolution of the floored untilted lognormal; under P one coordinate (k of
