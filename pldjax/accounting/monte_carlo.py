@@ -37,6 +37,7 @@ from scipy.special import rel_entr
 
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.namespace import public_dir
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
 
@@ -50,6 +51,9 @@ _POISSON_BLOCK = 64
 MAX_SAMPLES = 10**8
 MAX_WORK = 10**11
 MAX_MIN_SEP = 4096
+#: What a long call says it does (pldjax.core.notice).
+_SAMPLING = ("it draws privacy-loss samples, about 50 ns a sample and step on a two-core CPU (its "
+             "first call in a process also compiles)")
 #: Bisection steps of the confidence bound and of epsilon.
 _BISECTIONS = 100
 
@@ -192,6 +196,7 @@ def _directions(noise_multiplier, sampling_prob, steps, min_sep, warm_start, sam
             for positive, sign in ((True, 1.0), (False, -1.0))], samples
 
 
+@announces_slow_calls("pldjax.monte_carlo_delta", _SAMPLING)
 @float64
 def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int, min_sep: int,
                       epsilon: float, *, samples: int = 10**6, failure_probability: float = 1e-3,
@@ -211,6 +216,7 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
                            float(failure_probability), samples)
 
 
+@announces_slow_calls("pldjax.monte_carlo_epsilon", _SAMPLING)
 @float64
 def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: int, min_sep: int,
                         delta: float, *, samples: int = 10**6, failure_probability: float = 1e-3,

@@ -30,10 +30,16 @@ NOTICE_AFTER = 3.0
 _POLL = 0.25
 
 
+#: Why a call takes seconds, unless it says otherwise.
+COMPILING = ("it compiles XLA programs for shapes this process has not met before (kept in the "
+             "persistent cache for later processes); calls on shapes met before take milliseconds")
+
+
 @dataclasses.dataclass
 class _Call:
     what: str
     start: float
+    why: str = COMPILING
     said: bool = False
 
 
@@ -55,10 +61,8 @@ def _watch() -> None:
         with _lock:
             if call is _running and not call.said:
                 call.said = True
-                print(f"{call.what} is still running after {NOTICE_AFTER:g} s: it compiles "
-                      "XLA programs for shapes this process has not met before (kept in the "
-                      "persistent cache for later processes); calls on shapes met before take "
-                      "milliseconds", file=sys.stderr, flush=True)
+                print(f"{call.what} is still running after {NOTICE_AFTER:g} s: {call.why}",
+                      file=sys.stderr, flush=True)
 
 
 def _start_watcher() -> None:
@@ -70,17 +74,18 @@ def _start_watcher() -> None:
 
 
 @contextlib.contextmanager
-def slow_call_notice(what: str) -> Iterator[None]:
+def slow_call_notice(what: str, why: str = COMPILING) -> Iterator[None]:
     """Within the block: if it still runs after NOTICE_AFTER seconds, a line to stderr naming
-    ``what`` (e.g. ``"pldjax.calibrate_noise_multiplier"``), and at its end the time it took.
-    Silent inside another such block (of any thread) and under ``PLDJAX_QUIET``."""
+    ``what`` (e.g. ``"pldjax.calibrate_noise_multiplier"``) and saying ``why``, and at its end
+    the time it took. Silent inside another such block (of any thread) and under
+    ``PLDJAX_QUIET``."""
     global _running
     if _running is not None or _quiet():
         yield
         return
     if _watcher is None or not _watcher.is_alive():
         _start_watcher()
-    call = _running = _Call(what, time.perf_counter())
+    call = _running = _Call(what, time.perf_counter(), why)
     try:
         yield
     finally:
@@ -91,12 +96,12 @@ def slow_call_notice(what: str) -> Iterator[None]:
                       file=sys.stderr, flush=True)
 
 
-def announces_slow_calls(name: str) -> Callable[[Callable], Callable]:
+def announces_slow_calls(name: str, why: str = COMPILING) -> Callable[[Callable], Callable]:
     """Decorator: each call of the function runs in :func:`slow_call_notice` as ``name``."""
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
-            with slow_call_notice(name):
+            with slow_call_notice(name, why):
                 return fn(*args, **kwargs)
 
         return wrapped
