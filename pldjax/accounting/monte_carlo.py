@@ -149,11 +149,9 @@ def _draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive
     return np.concatenate(out)[:samples]
 
 
-def _estimates(losses, sign, epsilon):
-    """Mean of (1 - e^{eps - sign L})_+ over the samples, at each epsilon."""
-    eps = np.atleast_1d(np.asarray(epsilon, np.float64))
-    values = -np.expm1(np.minimum(eps[:, None] - sign * losses[None, :], 0.0))
-    return values.mean(axis=1)
+def _estimate(losses, sign, epsilon) -> float:
+    """Mean of (1 - e^{eps - sign L})_+ over the samples."""
+    return float(np.mean(-np.expm1(np.minimum(epsilon - sign * losses, 0.0))))
 
 
 def _upper_confidence(estimate, samples: int, failure: float):
@@ -189,11 +187,19 @@ def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_p
     return 1.0 / float(noise_multiplier), float(sampling_prob), steps, min_sep, samples
 
 
-def _directions(noise_multiplier, sampling_prob, steps, min_sep, warm_start, samples, key):
-    mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
-                                              samples, 0.5)
-    return [(_draws(mu, p, steps, min_sep, bool(warm_start), samples, key, positive), sign)
-            for positive, sign in ((True, 1.0), (False, -1.0))], samples
+def _directions(mu, sampling_prob, steps, min_sep, warm_start, samples, key):
+    """(losses, sign) of the remove direction (drawn under P) and of the add direction (under
+    Q, whose loss is -L)."""
+    return [(_draws(mu, sampling_prob, steps, min_sep, bool(warm_start), samples, key, positive),
+             sign) for positive, sign in ((True, 1.0), (False, -1.0))]
+
+
+def _read(directions, samples: int, failure_probability: float, epsilon) -> tuple[float, float]:
+    """(upper confidence bound, plain estimate) of delta(``epsilon``): the larger direction's,
+    each direction's bound failing with probability failure_probability / 2."""
+    estimates = [_estimate(losses, sign, epsilon) for losses, sign in directions]
+    bound = max(float(_upper_confidence(e, samples, failure_probability / 2)) for e in estimates)
+    return bound, max(estimates)
 
 
 @announces_slow_calls("pldjax.monte_carlo_delta", _SAMPLING)
@@ -207,13 +213,11 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
     zero-out: it is below the truth with probability at most ``failure_probability`` over the
     ``samples`` draws in each direction (``key`` seeds them). See the module docstring."""
     check_range("epsilon", epsilon, 0.0)
-    _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability)
-    directions, samples = _directions(noise_multiplier, sampling_prob, steps, min_sep,
-                                      warm_start, samples, key)
-    estimates = [float(_estimates(losses, sign, epsilon)[0]) for losses, sign in directions]
-    bounds = [float(_upper_confidence(e, samples, failure_probability / 2)) for e in estimates]
-    return MonteCarloBound(float(epsilon), max(bounds), max(estimates),
-                           float(failure_probability), samples)
+    mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
+                                              samples, failure_probability)
+    directions = _directions(mu, p, steps, min_sep, warm_start, samples, key)
+    bound, estimate = _read(directions, samples, failure_probability, float(epsilon))
+    return MonteCarloBound(float(epsilon), bound, estimate, float(failure_probability), samples)
 
 
 @announces_slow_calls("pldjax.monte_carlo_epsilon", _SAMPLING)
@@ -224,33 +228,32 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
     """The smallest epsilon whose high-probability delta bound (:func:`monte_carlo_delta`, on
     one set of samples) is at most ``delta``: an upper bound on the true epsilon(delta) with
     probability at least 1 - ``failure_probability``; inf when no epsilon's bound reaches
-    ``delta`` (too few samples for so small a delta: about 1 / delta are needed)."""
+    ``delta`` (too few samples for so small a delta: about log(2 / failure_probability) / delta
+    are needed)."""
     check_range("delta", delta, 0.0, 1.0, low_open=True)
-    _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability)
-    directions, samples = _directions(noise_multiplier, sampling_prob, steps, min_sep,
-                                      warm_start, samples, key)
+    mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
+                                              samples, failure_probability)
+    directions = _directions(mu, p, steps, min_sep, warm_start, samples, key)
 
-    def bound(eps):
-        return max(float(_upper_confidence(_estimates(losses, sign, eps)[0], samples,
-                                           failure_probability / 2))
-                   for losses, sign in directions)
+    def result(eps):
+        return MonteCarloBound(eps, float(delta), _read(directions, samples, failure_probability,
+                                                         eps)[1],
+                               float(failure_probability), samples)
 
-    def estimate(eps):
-        return max(float(_estimates(losses, sign, eps)[0]) for losses, sign in directions)
+    def meets(eps) -> bool:
+        return _read(directions, samples, failure_probability, eps)[0] <= delta
 
-    if bound(0.0) <= delta:
-        return MonteCarloBound(0.0, float(delta), estimate(0.0), float(failure_probability),
-                               samples)
+    if meets(0.0):
+        return result(0.0)
     high = max(float(np.max(np.abs(losses[np.isfinite(losses)]), initial=0.0))
                for losses, _ in directions) + 1.0
-    if bound(high) > delta:
-        return MonteCarloBound(math.inf, float(delta), estimate(high),
-                               float(failure_probability), samples)
+    if not meets(high):
+        return result(high)._replace(epsilon=math.inf)
     low = 0.0
     for _ in range(_BISECTIONS):
         middle = 0.5 * (low + high)
-        low, high = (low, middle) if bound(middle) <= delta else (middle, high)
-    return MonteCarloBound(high, float(delta), estimate(high), float(failure_probability), samples)
+        low, high = (low, middle) if meets(middle) else (middle, high)
+    return result(high)
 
 
 __all__ = ["MonteCarloBound", "monte_carlo_delta", "monte_carlo_epsilon"]
