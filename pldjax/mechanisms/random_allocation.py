@@ -324,10 +324,10 @@ def _one_selection(mu: float, steps: int, step: float) -> PLD:
     return PLD.from_directions(remove, add)
 
 
-def _statistic(mu: float, steps: int, selected: int, step: float) -> PLD:
-    """The optimistic PLD (both directions): the pair of the lattice statistic T's laws
-    (module docstring), T beyond the lattice merged into its last point."""
-    (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False)
+def _statistic(mu: float, steps: int, selected: int, step: float, lattice) -> PLD:
+    """The optimistic PLD (both directions): the pair of the lattice statistic T's laws on
+    ``lattice`` (module docstring), T beyond the lattice merged into its last point."""
+    (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False, lattice)
     for low, high in ((p_low, p_high), (q_low, q_high)):
         low[-1] += max(1.0 - math.fsum(high), 0.0)
         high[-1] += max(1.0 - math.fsum(low[:-1]), 0.0)
@@ -373,9 +373,10 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
     if selected == steps or mu == 0.0:
         return _gaussian_bound(mu, steps, selected, pessimistic, grid)
     if not pessimistic:
-        if _lattice(mu, steps, selected) is None:
+        lattice = _lattice(mu, steps, selected)
+        if lattice is None:
             return _gaussian_bound(mu, steps, selected, pessimistic, grid)
-        return _statistic(mu, steps, selected, step)
+        return _statistic(mu, steps, selected, step, lattice)
     block, longer = divmod(steps, selected)
     parts = []
     for size, count in ((block, selected - longer), (block + 1, longer)):
