@@ -110,6 +110,7 @@ def test_bad_input_names_the_argument(call, match):
         call()
 
 
+@pytest.mark.slow
 def test_cli_epsilon_and_delta(capsys):
     from pldjax.cli import main
 
@@ -147,6 +148,7 @@ def test_compilation_cache_is_on_by_default_with_opt_outs(tmp_path):
     assert _cache_dir_after_import(blocked) == "None"
 
 
+@pytest.mark.slow
 def test_compilation_cache_keeps_kernels_across_processes(tmp_path):
     code = (
         "import jax, pldjax as pj; print(jax.config.jax_compilation_cache_dir); "

@@ -99,6 +99,7 @@ def test_sweep_refuses_a_repeated_column_naming_it(tmp_path, capsys):
     assert captured.out == "" and "column 'steps' appears 2 times" in captured.err
 
 
+@pytest.mark.slow
 def test_sweep_reads_a_header_with_a_byte_order_mark(tmp_path, capsys):
     """A UTF-8 byte-order mark (as spreadsheets write) was read into the first column's name,
     which was then reported missing."""
@@ -129,7 +130,8 @@ def test_sweep_missing_or_unreadable_file(tmp_path, capsys):
     assert "latin.csv: not UTF-8 text (byte 0xe9" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("sigma", "q"), [("1e300", "0.5"), ("1e300", "1e-300"),
+@pytest.mark.parametrize(("sigma", "q"), [pytest.param("1e300", "0.5", marks=pytest.mark.slow),
+                                        ("1e300", "1e-300"),
                                         ("1e-300", "1e-300")])
 def test_extreme_arguments_print_no_runtime_warnings(capsys, sigma, q):
     """Sorting configurations divided a loss spread that underflows to 0: "RuntimeWarning: divide
@@ -187,7 +189,8 @@ def test_parts_select_the_event(capsys, tmp_path):
     # 1 / (1 + e^-1), else -1, so delta(eps) = (1 - e^(eps - 1)) / (1 + e^-1) for eps in [0, 1)
     # (the truth rounded to nearest six digits, 0.999986 and 0.433832, lies below it)
     ("epsilon", ["--delta", "1e-5"], 1 + math.log1p(-1e-5 * (1 + math.exp(-1)))),
-    ("delta", ["--epsilon", "0.1"], -math.expm1(0.1 - 1) / (1 + math.exp(-1))),
+    pytest.param("delta", ["--epsilon", "0.1"], -math.expm1(0.1 - 1) / (1 + math.exp(-1)),
+                 marks=pytest.mark.slow),
 ])
 def test_printed_values_are_rounded_to_their_safe_side(capsys, command, target, truth):
     """Six digits printed: the pessimistic value rounded up, the optimistic one down, so the

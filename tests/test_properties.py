@@ -58,15 +58,16 @@ TINY, HUGE = 1e-300, 1e300
 FAST_EXAMPLES = 4
 
 
-def variants(*, heavy: bool = False):
+def variants(*, heavy: bool = False, default_run: bool = True):
     """Parametrize a test over (profile, range): the fast profile in the default run, the long
     one with the slow tests; the ordinary range, and the whole range. ``heavy`` tests (many
     compiled shapes) run the whole range with the slow tests only, and fewer examples in the fast
-    profile."""
+    profile. Without ``default_run`` (a property whose code the default run checks elsewhere)
+    every variant runs with the slow tests."""
     slow = [pytest.mark.slow]
     return pytest.mark.parametrize("profile, whole", [
-        pytest.param("fast", False, id="fast-ordinary"),
-        pytest.param("fast", True, id="fast-whole", marks=slow if heavy else []),
+        pytest.param("fast", False, id="fast-ordinary", marks=[] if default_run else slow),
+        pytest.param("fast", True, id="fast-whole", marks=slow if heavy or not default_run else []),
         pytest.param("slow", False, id="slow-ordinary", marks=slow),
         pytest.param("slow", True, id="slow-whole", marks=slow),
     ])
@@ -309,7 +310,7 @@ def test_subsampled_gaussian_sound(profile, whole):
           eps=epsilons(whole), delta=probability(whole), pessimistic=st.booleans())
 
 
-@variants(heavy=True)
+@variants(heavy=True, default_run=False)
 def test_subsampled_variants_never_nan(profile, whole):
     # replace-one Poisson and fixed-batch sampling: no closed form here, range and no-NaN only
     def prop(sigma, q, sampling, eps, delta, pessimistic):
@@ -411,7 +412,7 @@ def test_identity_reveals_nothing():
 
 
 # -- composition, tradeoff, Rényi -----------------------------------------------------------------
-@variants()
+@variants(heavy=True)
 def test_gdp_composition_is_gdp(profile, whole):
     # G_mu composed T times is G_{mu sqrt T}; G_a (+) G_b is G_sqrt(a^2 + b^2)
     def prop(mu, other, steps, eps, delta, pessimistic):
@@ -492,7 +493,7 @@ def test_profiles_monotone(profile, whole):
           deltas=arrays(probability(whole)), pessimistic=st.booleans())
 
 
-@variants()
+@variants(default_run=False)
 def test_gaussian_alone_and_in_a_batch(profile, whole):
     # each batch element keeps its own offset and step, so the values should agree to round-off;
     # both must be sound either way
@@ -607,7 +608,7 @@ def test_dpsgd_monotone(profile, whole):
 
 
 # -- GDP conversions ------------------------------------------------------------------------------
-@variants()
+@variants(default_run=False)
 def test_gdp_mu_certificate(profile, whole):
     # mu = gdp_mu(L) certifies delta_L(t) <= delta_{G_mu}(t) + ROUNDOFF at every t: checked with
     # the exact curves of G_mu (as a query, gdp_mu >= mu) and of randomized response

@@ -135,7 +135,9 @@ def _host_readings(name: str, pessimistic: bool) -> np.ndarray:
 
 #: Pessimistic cases whose programs take longest to compile (a parameter of a kernel that other
 #: cases already reach under jit): with the slow tests.
-SLOW_PESSIMISTIC = {"discrete_laplace_sensitivity", "mixture_probs", "fixed_batch_sampling_prob"}
+SLOW_PESSIMISTIC = {"discrete_laplace_sensitivity", "mixture_probs", "fixed_batch_sampling_prob",
+                    "gaussian_sigma", "mixture_scales", "poisson_sampling_prob",
+                    "poisson_replace_one_sampling_prob", "poisson_noise_scale"}
 
 
 def _pessimistic_and_optimistic(fast_optimistic=()):
@@ -187,6 +189,7 @@ def test_claiming_nothing_survives_composition_under_jit():
         assert float(epsilon(sigma)) == INF
 
 
+@pytest.mark.slow
 def test_a_batch_of_parameters_in_one_record_is_judged_element_by_element():
     sigmas = jnp.array([1.0, NAN, -1.0, 2.0])
     delta = jax.jit(lambda s: pj.gaussian(s, sampling_prob=jnp.array([0.1, 0.1, 0.1, 1.5]),
@@ -216,6 +219,7 @@ BOUNDS = st.sampled_from([
 ])
 
 
+@pytest.mark.slow
 @settings(settings.get_profile("pldjax-fast"), max_examples=40)
 @given(st.one_of(st.floats(), st.sampled_from([0.0, 1.0, -1.0, NAN, INF, -INF])), BOUNDS)
 def test_within_agrees_with_the_host_check(value, bounds):

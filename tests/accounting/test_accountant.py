@@ -84,6 +84,7 @@ def test_accountant_step_counts_never_wrap_around():
     assert A.segments(state) == [(1.0, 0.01, 7)]
 
 
+@pytest.mark.slow
 def test_accountant_checkpoint_midway_ends_with_the_same_epsilon(tmp_path):
     state = pj.accountant.init()
     for sigma in (1.0, 1.2, 0.8):
@@ -165,6 +166,7 @@ def test_event_accountant_takes_a_template_with_integer_parameters():
     assert steps == 3 and recorded == event
 
 
+@pytest.mark.slow
 def test_event_accountant_reads_truncated_poisson_steps():
     """The accountant takes any event; a truncated Poisson run failed to read ("not one
     mechanism") once recorded."""

@@ -62,7 +62,8 @@ def test_noise_and_sampling_prob_avoid_nan_regions(linear_epsilon):
         pj.calibrate_noise_multiplier(1e6, DELTA, 0.1, 10, sigma_max=0.2, sigma_min=0.01)
 
 
-def test_issue_example_one_step_costs_thousands():
+@pytest.mark.slow
+def test_one_step_of_tiny_noise_costs_thousands():
     # one step of sigma = 0.01, q = 0.05 costs epsilon ~ 5350: no number of steps meets 1.0, and
     # the optax transform refuses instead of allowing 10**7 steps
     with pytest.raises(ValueError, match="one step already exceeds"):
@@ -197,6 +198,7 @@ def test_caller_x64_off_same_answers(x64_off):
         pj.calibrate_noise_multiplier(1.0, DELTA, 0.1, 10, rtol=0.0)
 
 
+@pytest.mark.slow
 def test_calibrated_noise_meets_the_target_and_is_tight():
     targets = np.array([1.0, 4.0])
     sigmas = pj.calibrate_noise_multiplier(targets, DELTA, 0.05, 100)
@@ -208,6 +210,7 @@ def test_calibrated_noise_meets_the_target_and_is_tight():
         pj.calibrate_noise_multiplier(1e-3, DELTA, 1.0, 10**4, sigma_max=2.0)
 
 
+@pytest.mark.slow
 def test_calibrated_steps_and_sampling_prob():
     steps = pj.calibrate_steps(2.0, DELTA, 1.0, 0.05)
     eps = pj.dpsgd_epsilon(1.0, 0.05, [steps, steps + 1], DELTA)
@@ -223,6 +226,7 @@ def test_calibrated_steps_and_sampling_prob():
         pj.calibrate_steps(0.01, DELTA, 0.5, 1.0)
 
 
+@pytest.mark.slow
 def test_calibrated_parameters_meet_their_targets_one_at_a_time():
     # searched in batches, checked as a caller evaluates one: at rtol 1e-12 a batch's epsilon an
     # ulp below a single call's returned a sigma whose own epsilon was 33.000000000007326
@@ -275,6 +279,7 @@ def test_calibrate_laplace_scale_against_its_closed_form():
     assert np.all(pj.event_epsilon(pj.Event(pj.noise.Laplace(scales)), 1, DELTA) <= targets)
 
 
+@pytest.mark.slow
 def test_calibrate_a_truncated_poisson_noise_multiplier():
     """A family whose PLD is built by its sampling (TruncatedPoisson, not one mechanism) was
     refused by the batched accounting under the calibration."""

@@ -47,6 +47,7 @@ def test_one_step_separation_is_poisson_sampling():
     assert result.failure_probability == 1e-3 and result.samples == SAMPLES
 
 
+@pytest.mark.slow
 def test_certain_sampling_is_balls_in_bins():
     sigma, bins = 2.0, 8
     event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(bins))

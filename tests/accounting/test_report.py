@@ -68,7 +68,7 @@ def test_gaussian_dp_report_brackets_the_closed_forms(grid, error):
     assert np.all(report.renyi_lower <= report.orders * mu**2 / 2 * (1 + 1e-12))
 
 
-@pytest.mark.parametrize("sigma, q", [(1.0, 0.01), (0.8, 0.2)])
+@pytest.mark.parametrize("sigma, q", [pytest.param(1.0, 0.01, marks=pytest.mark.slow), (0.8, 0.2)])
 def test_subsampled_gaussian_tpr_against_mpmath(sigma, q):
     event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.Poisson(q))
     report = pj.privacy_report(event, count=1, fprs=FPRS)
@@ -91,6 +91,7 @@ def test_randomized_response_tpr_is_exact():
     assert np.all(report.epsilon_upper[report.deltas > 0] <= eps * (1 + 1e-12))
 
 
+@pytest.mark.slow
 def test_event_report_reads_the_dpsgd_epsilon_and_renders():
     event = pj.dpsgd_event(1.0, 0.01)
     report = pj.privacy_report(event, count=1000, deltas=[1e-5], assumptions={"model": "a CNN"})
@@ -134,6 +135,7 @@ def test_renyi_dp_of_the_gaussian_is_its_closed_form_and_stays_finite_where_expa
     assert np.isfinite(far.renyi_upper[0]) and far.renyi_upper[1] == np.inf
 
 
+@pytest.mark.slow
 def test_report_without_optimistic_pld_has_the_trivial_lower_bounds():
     report = pj.privacy_report(pj.laplace(1.0), fprs=[1e-3, 0.1])
     np.testing.assert_array_equal(report.tpr_lower, [1e-3, 0.1])

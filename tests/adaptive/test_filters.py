@@ -46,7 +46,8 @@ def rr_composed_delta(mu_residue, eps_rr, eps):
 DENSE = np.linspace(-30, 30, 240001)
 
 
-@pytest.mark.parametrize("mu, eps_rr", [(1.0, 0.5), pytest.param(0.8, 0.25, marks=pytest.mark.slow),
+@pytest.mark.parametrize("mu, eps_rr", [pytest.param(1.0, 0.5, marks=pytest.mark.slow),
+                                        pytest.param(0.8, 0.25, marks=pytest.mark.slow),
                                         pytest.param(3.0, 2.0, marks=pytest.mark.slow), (2.0, 1.0),
                                         (3.0, 0.02)])  # the last one runs on a coarsened grid
 def test_residue_condition_holds_by_independent_dense_evaluation(mu, eps_rr):
@@ -79,6 +80,7 @@ def test_residue_never_below_naive_update(query, mu):
     assert residue >= naive * (1 - 4e-16)  # the naive value, up to its own rounding
 
 
+@pytest.mark.slow
 def test_gaussian_query_leaves_exactly_the_gaussian_residue():
     # a nu-GDP query given by its nu: exactly sqrt(mu^2 - nu^2)
     f = F.gdp_residue_filter(1.0)
@@ -94,6 +96,7 @@ def test_gaussian_query_leaves_exactly_the_gaussian_residue():
         assert got == pytest.approx(exact, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_gdp_residue_batched_over_pairs_and_minus_inf_when_the_query_does_not_fit():
     mus = np.array([0.3, 1.0, 2.0])
     query = pj.randomized_response(0.5)
@@ -153,6 +156,7 @@ def test_gdp_filter_never_accepts_above_the_exact_budget():
     assert bool(f.spend(f.init(), 1.0)[1])  # an exact square is charged exactly
 
 
+@pytest.mark.slow
 def test_gdp_filters_with_pld_queries_and_residue_at_least_as_long():
     query = pj.gdp(0.3)  # nu from the pessimistic PLD is a hair above 0.3: 11 = floor(1/0.09)
     assert spend_until_rejected(F.gdp_filter(1.0), query)[0] == 11
@@ -229,6 +233,7 @@ def rr(epsilon):
     return pj.randomized_response(epsilon, grid=pj.Grid(step=1 / 128))
 
 
+@pytest.mark.slow
 def test_natural_filter_on_an_approximate_dp_budget():
     budget = pj.approx_dp_composition(1.0, 1e-6, 1)
     f = F.natural_filter(budget, step=1 / 128)
@@ -252,6 +257,7 @@ def test_natural_filter_at_no_slack_against_a_gdp_budget():
         assert rr_kfold_delta(0.25, 0.0, count, t) <= gaussian_delta(1.0, t) + ROUNDOFF
 
 
+@pytest.mark.slow
 def test_natural_filter_accepts_the_identity_and_keeps_its_state():
     """Every filter accepts the identity for free: the natural filter keeps its state exactly
     (composed by FFT, the identity would add the per-bin round-off allowance; added to every
@@ -301,6 +307,7 @@ def test_rejected_query_leaves_state_unchanged_and_filter_continues():
     assert bool(accepted)
 
 
+@pytest.mark.slow
 def test_spend_is_jittable_and_vmappable():
     f = F.gdp_residue_filter(1.0, size=4096)
     eager, ok = f.spend(f.init(), pj.randomized_response(0.5))
@@ -340,7 +347,8 @@ NEW_BUDGETS = {
 }
 
 
-@pytest.mark.parametrize("kind", NEW_BUDGETS)
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind == "natural"
+                                  else kind for kind in NEW_BUDGETS])
 def test_a_new_filter_of_a_kind_compiles_nothing(kind):
     # its budget is data: every filter of a kind shares one compiled spend, which reads each
     # filter's own budget

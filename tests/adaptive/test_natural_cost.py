@@ -96,11 +96,9 @@ def lattice_points(low, high):
 
 
 # -- verdicts -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("budget", [
-    pj.gdp(1.5, pessimistic=False),
-    pytest.param(approx(1.0, 0.2), marks=pytest.mark.slow),
-    pytest.param(rr(2.0), marks=pytest.mark.slow),
-], ids=["gdp", "approx", "rr"])
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [pj.gdp(1.5, pessimistic=False), approx(1.0, 0.2), rr(2.0)],
+                         ids=["gdp", "approx", "rr"])
 def test_gdp_queries_are_free(budget):
     queries = [pj.gdp(0.5, grid=GRID), pj.gdp(1.0, grid=GRID)]
     assert pj.totally_ordered(queries, rounds=3)
@@ -115,11 +113,9 @@ def test_zero_epsilon_delta_queries_are_free():
         assert verdict.status == "free", verdict
 
 
-@pytest.mark.parametrize("budget", [
-    rr(0.75),
-    pytest.param(approx(1.0, 1e-3), marks=pytest.mark.slow),
-    pytest.param(pj.gdp(1.0, pessimistic=False), marks=pytest.mark.slow),
-], ids=["rr", "approx", "gdp"])
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [rr(0.75), approx(1.0, 1e-3), pj.gdp(1.0, pessimistic=False)],
+                         ids=["rr", "approx", "gdp"])
 def test_pure_dp_queries_are_free_for_two_rounds(budget):
     queries = [rr(0.25), rr(0.5)]
     assert pj.totally_ordered(queries, rounds=2)
@@ -155,6 +151,7 @@ def test_pure_dp_queries_are_not_free_for_three_rounds(pairs):
     check_witness(verdict.witness, queries, grid_budget_curve(budget), lattice_points(-4, 4))
 
 
+@pytest.mark.slow
 def test_approximate_dp_queries_are_not_free_even_under_an_approximate_dp_budget():
     """Cor. 1 and 3: found by a search over (eps, delta) pairs and budgets."""
     found = None
@@ -173,6 +170,7 @@ def test_approximate_dp_queries_are_not_free_even_under_an_approximate_dp_budget
     check_witness(verdict.witness, queries, grid_budget_curve(budget), lattice_points(-4, 4))
 
 
+@pytest.mark.slow
 def test_general_queries_are_not_free_under_a_gdp_budget():
     """Cor. 4: a composed pure-DP query and two randomized responses under G_mu (found by a
     search over (a, b, c, mu)); legality is checked against an optimistic G_mu (below the true
@@ -190,6 +188,7 @@ def test_general_queries_are_not_free_under_a_gdp_budget():
     check_witness(verdict.witness, queries, gaussian, [k / 64 for k in range(-400, 401)])
 
 
+@pytest.mark.slow
 def test_upper_bound_is_above_lower_bound():
     cases = [([rr(0.25), rr(0.5)], rr(1.0), 3), ([approx(0.25, 0.1), approx(1.5, 0.01)],
                                                   approx(1.5, 0.2), 2)]
@@ -227,6 +226,7 @@ def test_totally_ordered_guards_its_table_of_pairs():
         pj.totally_ordered(many[:2], rounds=2, tolerance=float("nan"))
 
 
+@pytest.mark.slow
 def test_approximate_dp_queries_are_not_free_under_an_approximate_gdp_budget():
     """Cor. 4, second part: (eps, delta) queries under G_mu (+) R_{0, delta} (found by a search
     over (eps, delta) pairs, mu and delta)."""
@@ -304,7 +304,7 @@ def literal_vk(queries, budget, rounds):
     return lattice, values[()], reachable
 
 
-@pytest.mark.parametrize("case", ["direct", "fft"])
+@pytest.mark.parametrize("case", ["direct", pytest.param("fft", marks=pytest.mark.slow)])
 def test_recursion_is_thm6(case):
     """One pass over the reachable multisets, padded kernels, and (for families wider than the
     direct-sum limit) FFTs give V_k of the definition; one program per level kernel serves all

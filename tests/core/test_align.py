@@ -70,6 +70,7 @@ def test_refinement_is_exact_and_coarsening_only_when_needed():
     assert coarse_a is a and float(coarse_c.step) == 2.0**-6
 
 
+@pytest.mark.slow
 def test_sup_of_randomized_responses_on_different_automatic_steps():
     """The issue's example: their automatic steps differ (2^-6 and 2^-7)."""
     members = [(1.0, 0.0), (0.5, 0.05)]
@@ -98,6 +99,7 @@ def test_compose_of_far_apart_steps_is_a_sound_bracket(mu):
     _sound_bracket(upper, lower, math.hypot(max(mu, 2.0**-30), 0.5), 5e-3)
 
 
+@pytest.mark.slow
 def test_compose_of_incommensurate_steps_is_a_sound_bracket():
     def pair(pessimistic):
         return pj.compose([
@@ -180,6 +182,7 @@ def test_natural_filter_aligns_its_queries_eager_and_under_jit():
     assert bool(ok)
 
 
+@pytest.mark.slow
 def test_optimistic_randomized_response_keeps_its_atom():
     """The issue's example: R_{1.95,0.05} optimistic on step 1/1024 had delta(5) = 0."""
     grid = pj.Grid(step=1 / 1024)
@@ -198,6 +201,7 @@ def test_optimistic_randomized_response_keeps_its_atom():
     assert bool(ok)
 
 
+@pytest.mark.slow
 def test_both_directions_are_aligned():
     def pair(pessimistic, steps):
         return pj.compose([pj.laplace(1.0, sampling_prob=0.2, pessimistic=pessimistic,

@@ -180,6 +180,7 @@ def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to):
     assert len(list(exported_to.glob("doubled-*"))) == 2
 
 
+@pytest.mark.slow
 def test_a_new_process_reads_the_exported_kernels(tmp_path):
     """Two fresh processes with pldjax's cache in one directory: the second finds every kernel
     program the first exported (no entry is written again) and gives the same epsilon."""

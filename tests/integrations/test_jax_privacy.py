@@ -30,6 +30,7 @@ def test_dpsgd_event_calibration_matches_dp_accounting():
     assert 2.0 - 2e-2 <= theirs <= 2.0 + 1e-3  # dp_accounting agrees: sigma is calibrated
 
 
+@pytest.mark.slow
 def test_truncated_dpsgd_event_under_zero_out():
     event = jp_events.truncated_dpsgd_event(1.0, 20, sampling_prob=0.05, num_examples=1000,
                                             truncated_batch_size=55)

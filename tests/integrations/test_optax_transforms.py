@@ -55,6 +55,7 @@ def test_dpsgd_state_stays_64_bit_with_x64_off(x64_off):
     assert pj.optax.epsilon(state, DELTA) == pj.accountant.epsilon(one_step, DELTA)
 
 
+@pytest.mark.slow
 def test_noise_has_the_right_scale():
     """Zero gradients: the update is -lr * N(0, (C sigma)^2) / batch; a KS test against that
     normal accepts it and rejects the scale without the clipping norm."""
@@ -138,6 +139,7 @@ def _hand_table(sigma=1.0, q=0.5):
                         jnp.array([0.0, 1e-3, 1e-3]), np.float64(sigma), np.float64(q))
 
 
+@pytest.mark.slow
 def test_table_spend_rounds_budgets_down_and_sensitivities_up():
     from pldjax.adaptive.filters.residue import table_spend
 
@@ -190,6 +192,7 @@ def test_sampled_individual_dpsgd_charges_each_example_by_its_own_norm():
                                   table=table, accounting="rdp")
 
 
+@pytest.mark.slow
 def test_sampled_individual_dpsgd_noise_and_sampling_with_x64_off(x64_off):
     """Zero gradients: the update is -lr N(0, (C sigma)^2) / (q N); all examples active; float32
     model; the sampled fraction (seen through unit gradients) is about q."""
@@ -249,6 +252,7 @@ def test_residue_table_is_sound_against_direct_residues_and_monotone():
 # -- found by an adversarial review --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dpsgd_reads_epsilon_under_its_own_neighbouring_relation():
     """Replace-one DP-SGD: a Gaussian of sensitivity 2 C, so q = 1 and 3 steps are
     (2 sqrt(3) / sigma)-GDP; epsilon used to be read add/remove (1.70 against the truth 3.71)."""
@@ -296,7 +300,7 @@ def _transformations():
     }
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("bad", [pytest.param(np.nan, marks=pytest.mark.slow), np.inf])
 def test_a_non_finite_gradient_contributes_nothing_and_costs_nothing(bad):
     """An example whose gradient is not finite is left out of the sum (its contribution is 0):
     the update is the one without it, never NaN (0 * NaN made the released update a function

@@ -73,6 +73,7 @@ def test_composed_atoms_are_rounded_to_the_safe_side():
                      .self_compose(3).inf_mass) == 1.0
 
 
+@pytest.mark.slow
 def test_randomized_response_mixed_matches_theorem_4_6():
     pairs = [(1.0, 1e-5), (0.5, 0.0), (0.25, 1e-6), (0.3, 1e-7)]  # 0.3 is not on the grid
     upper = pj.compose([pj.randomized_response(e, d) for e, d in pairs])
@@ -95,6 +96,7 @@ def test_compose_sequence_of_gaussians_is_gaussian():
         assert exact <= got <= exact * 1.001
 
 
+@pytest.mark.slow
 def test_self_compose_equals_repeated_compose():
     p = pj.laplace(2.0)
     once = p.self_compose(4)
@@ -103,7 +105,7 @@ def test_self_compose_equals_repeated_compose():
     np.testing.assert_allclose(once.delta(eps), fold.delta(eps), rtol=1e-9, atol=1e-13)
 
 
-@pytest.mark.parametrize("pessimistic", [True, False])
+@pytest.mark.parametrize("pessimistic", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_mass_is_conserved_through_composition(pessimistic):
     p = pj.laplace(0.5, pessimistic=pessimistic)
     for q in [p.self_compose(50), p.compose(pj.gaussian(1.0, pessimistic=pessimistic)),
@@ -143,6 +145,7 @@ def test_pessimistic_and_optimistic_cannot_mix():
         pj.gaussian(1.0).compose(pj.gaussian(1.0, pessimistic=False))
 
 
+@pytest.mark.slow
 def test_batched_self_composition():
     sigmas = np.array([0.8, 1.0, 2.0])
     eps = pj.gaussian(sigmas).self_compose(100).epsilon(1e-5)
@@ -303,7 +306,7 @@ def test_self_compose_with_all_mass_at_infinity(pessimistic):
     assert not np.isnan(composed.epsilon(0.5))
 
 
-@pytest.mark.parametrize("count", [1, 10])
+@pytest.mark.parametrize("count", [1, pytest.param(10, marks=pytest.mark.slow)])
 def test_pure_dp_composes_to_its_exact_epsilon_at_delta_zero(count):
     # the count-fold sum has no mass beyond count times the mechanism's largest loss, so round-off
     # must not spread mass there: Laplace(1), sensitivity 1, is count-DP exactly (closed form)
@@ -327,6 +330,7 @@ def _sum_of_uniforms_pmf(count: int, size: int) -> np.ndarray:
     return np.fft.fftshift(np.fft.irfft(power, size))
 
 
+@pytest.mark.slow
 def test_round_off_in_the_total_mass_is_not_charged_count_fold():
     # seven masses 1/7 sum to 1 - 2.2e-16 in float64; a 2^20-fold power made that a 2.3e-10
     # deficit, charged to the +inf atom (dpsgd_epsilon(2, 1e-6, 1e6, 1e-10) was inf)
@@ -343,8 +347,8 @@ def test_round_off_in_the_total_mass_is_not_charged_count_fold():
     assert np.isfinite(pj.dpsgd_epsilon(2.0, 1e-6, 10**6, 1e-10))
 
 
-@pytest.mark.parametrize("case", ["wide", *(pytest.param(case, marks=pytest.mark.slow)
-                                           for case in ("lattice", "few"))])
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["wide", "lattice", "few"])
 def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monkeypatch):
     """The power is taken only up to the batch's last frequency whose power is above e^-700
     (1e-304); the rest would change no bin by more than that. Against the power over every
@@ -419,7 +423,7 @@ def test_coarse_copy_has_each_blocks_mass_mean_and_variance(n):
     assert np.any(mass == 0)  # the empty blocks were checked
 
 
-@pytest.mark.parametrize("count", [3.0, 1000.0, 10**6])
+@pytest.mark.parametrize("count", [pytest.param(3.0, marks=pytest.mark.slow), 1000.0, 10**6])
 def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
     """The Newton search for the tangency t runs on a coarse copy of the PMF (blocks taken as
     normals of their mass, mean and variance: no bound), and K is then evaluated on the PMF itself
@@ -490,12 +494,15 @@ def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
             jnp.full(2, count))
 
     def run():
-        with jax.enable_x64(True):
+        def both(*args):
             exponents = jax.vmap(compose_module.chernoff_exponents, (0, 0, 0, 0, None))(
                 args[0], args[2], args[3], args[4], 1e-18)
             composed = compose_module.self_compose_rows(*args, size=2**16, tail=1e-18,
                                                         pessimistic=True)
-        return [np.asarray(a) for a in (*exponents, *composed)]
+            return (*exponents, *composed)
+
+        with jax.enable_x64(True):  # one program each time: jit traces the patched module anew
+            return [np.asarray(a) for a in jax.jit(both)(*args)]
 
     on_cpu = run()
     monkeypatch.setattr(compose_module, "early_exit_on_cpu", _as_off_the_cpu)

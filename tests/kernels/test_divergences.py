@@ -71,6 +71,7 @@ def test_bad_orders_and_alphas_are_refused():
         pj.gdp(1.0).tradeoff(1.5)
 
 
+@pytest.mark.slow
 def test_gdp_mu():
     assert float(pj.gdp_mu(pj.gdp(1.0), delta_slack=1e-15)) == pytest.approx(1.0, rel=2e-4)
     assert float(pj.gdp_mu(pj.gdp(1.0), delta_slack=1e-15)) >= 1.0

@@ -9,6 +9,7 @@ import pldjax as pj
 def _budget(mu):
     return pj.gdp(mu, pessimistic=False, grid=pj.Grid(step=2.0**-8))
 
+@pytest.mark.slow
 def test_dominance_of_ordered_gaussians():
     assert pj.gdp(0.5).dominated_by(_budget(1.0), delta_slack=1e-15)
     assert not pj.gdp(1.0).dominated_by(_budget(0.5), delta_slack=1e-15)
@@ -38,6 +39,7 @@ def test_dominance_needs_sound_inputs():
         pj.gdp(0.5, pessimistic=False).dominated_by(_budget(1.0))
 
 
+@pytest.mark.slow
 def test_sup_of_an_ordered_family_is_its_largest_member():
     grid = pj.Grid(step=2.0**-6)
     family = [pj.gdp(mu, grid=grid) for mu in (0.5, 1.0, 2.0)]
@@ -75,6 +77,7 @@ def test_sup_keeps_both_directions():
             assert np.all(top.directions()[i].delta(eps) >= m.directions()[i].delta(eps) - 1e-13)
 
 
+@pytest.mark.slow
 def test_dominance_batched_and_under_jit():
     import jax
 
@@ -86,6 +89,7 @@ def test_dominance_batched_and_under_jit():
     np.testing.assert_array_equal(np.asarray(jitted(queries)), [True, True, False])
 
 
+@pytest.mark.slow
 def test_sup_of_a_batched_family_under_jit():
     import jax
 

@@ -28,7 +28,7 @@ def _exact_delta0(direction) -> mp.mpf:
     return total
 
 
-@pytest.mark.parametrize("size", [None, 2**14])
+@pytest.mark.parametrize("size", [None, pytest.param(2**14, marks=pytest.mark.slow)])
 def test_gdp_mu_certificate_holds_at_eps_0_by_mpmath(size):
     mp.mp.dps = 40
     grid = None if size is None else pj.Grid(size=size)
@@ -43,7 +43,8 @@ def test_gdp_mu_certificate_holds_at_eps_0_by_mpmath(size):
     assert worst <= ROUNDOFF
 
 
-@pytest.mark.parametrize("query", [pytest.param("rr", marks=pytest.mark.slow), "gaussian"])
+@pytest.mark.slow
+@pytest.mark.parametrize("query", ["rr", "gaussian"])
 def test_gdp_residue_is_finite_and_at_least_naive_for_all_mu(query):
     q = pj.randomized_response(0.5) if query == "rr" else pj.gaussian(2.0)
     mus = np.geomspace(1e-3, 1e6, 19)
@@ -61,6 +62,7 @@ def test_gdp_residue_is_finite_and_at_least_naive_for_all_mu(query):
         assert float(pj.gdp_residue(300.0, q)) >= 299.99935
 
 
+@pytest.mark.slow
 def test_gdp_residue_of_a_small_gdp_query_at_least_naive():
     # property finding: gdp_residue(50, gdp(0.05)) was 49.99991 < naive 49.999975
     q = pj.gdp(0.05)
@@ -74,7 +76,8 @@ def test_residue_window_size_is_capped():
         pj.gdp_residue(1.0, pj.randomized_response(0.5), size=2**40)
 
 
-@pytest.mark.parametrize("mu", [1e11, 1e50, 1e100])
+@pytest.mark.parametrize("mu", [pytest.param(1e11, marks=pytest.mark.slow), 1e50,
+                                pytest.param(1e100, marks=pytest.mark.slow)])
 def test_residue_for_huge_budgets(mu):
     # found by the long property profile: the coarsening factor overflowed int64 (raw OverflowError)
     residue = float(pj.gdp_residue(mu, pj.gdp(0.05)))
@@ -302,6 +305,7 @@ def test_gdp_mu_does_not_depend_on_a_large_mu_max():
     assert float(odometer.bound(state)["mu"]) <= 2e-3
 
 
+@pytest.mark.slow
 def test_a_slack_of_exactly_the_atom_covers_it():
     """The curve's round-off allowance raised the atom at +inf too (exact, it needs none): a
     query with an atom of 0.1 was inf at a slack of 0.1, and the GDP filters, which charge the
@@ -330,8 +334,8 @@ def _certified(direction, mu, slack):
                              direction.step, mu, slack))
 
 
-@pytest.mark.parametrize("rounds", [None, pytest.param(1, marks=pytest.mark.slow),
-                                    pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("rounds", [None, 1, 2])
 def test_gdp_mu_is_the_smallest_certified_mu(monkeypatch, rounds):
     """gdp_mu searches a working set of the curve's intervals and tests its answer on the whole
     curve: the answer is certified on the whole curve (to 1e-14: this jit's round-off differs in
@@ -385,6 +389,7 @@ def _worst_excess(query: pj.PLD, mu: float, slack: float, low: float, high: floa
     return float(worst)
 
 
+@pytest.mark.slow
 def test_gdp_mu_and_the_residue_with_a_large_slack():
     """A slack covering a large atom held every ratio of curve to bound near 1 whatever mu, and
     the searches took that for the boundary: gdp_mu stopped where it started (a prober's query:

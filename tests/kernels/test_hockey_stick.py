@@ -63,6 +63,7 @@ def test_epsilon_at_a_grid_point_is_never_below_the_loss_it_stands_for():
             assert mpmath.mpf(float(np.nextafter(got, 0.0))) < count * mpmath.mpf(eps0)
 
 
+@pytest.mark.slow
 def test_many_epsilons_in_one_call_and_shapes():
     p = pj.gaussian(np.array([1.0, 2.0]))
     eps = np.linspace(0, 5, 12).reshape(3, 4)

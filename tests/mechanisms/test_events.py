@@ -167,7 +167,7 @@ def _sound_bracket(make, exact):
         assert not np.any(np.isnan(eps)) and np.all(eps >= 0) and np.all(eps[:-1] >= eps[1:])
 
 
-@pytest.mark.parametrize("sigma", [1e-300, 1e-5, 1e17, 1e300])
+@pytest.mark.parametrize("sigma", [1e-300, pytest.param(1e-5, marks=pytest.mark.slow), 1e17, 1e300])
 def test_gaussian_extreme_sigma_is_sound(sigma):
     # sigma -> 0: the loss sits beyond any sane grid (delta = 1 up to mu^2/2); sigma -> inf: identity
     mu = 1 / sigma
@@ -181,7 +181,7 @@ def test_gdp_large_mu_is_sound(mu):
     _sound_bracket(lambda p: pj.gdp(mu, pessimistic=p), exact)
 
 
-@pytest.mark.parametrize("scale", [1e-300, 1e-5, 1e17])
+@pytest.mark.parametrize("scale", [pytest.param(1e-300, marks=pytest.mark.slow), 1e-5, 1e17])
 def test_laplace_extreme_scale_is_sound(scale):
     exact = np.array([laplace_delta(1 / scale, e) if scale > 1e-200 else 1.0 for e in EDGE_EPS])
     _sound_bracket(lambda p: pj.laplace(scale, pessimistic=p), exact)
@@ -242,6 +242,7 @@ def test_tiny_losses_keep_the_mean_and_a_valid_q(factory, kl, scale):
     assert math.fsum(probs * np.exp(-z)) <= 1 + 1e-14
 
 
+@pytest.mark.slow
 def test_compositions_of_tiny_losses_stay_above_the_truth():
     """The adversarial cases of the fix above, at 10^6 steps: before it, the Gaussian at sigma 1e7
     was 39% low in delta and 7% in epsilon (51% at 10^8 steps), DP-SGD's path 5%, and the
@@ -258,6 +259,7 @@ def test_compositions_of_tiny_losses_stay_above_the_truth():
     assert rr_kfold_delta(1e-7, 0.0, 1000, eps * (1 - 1e-3)) > 1e-8
 
 
+@pytest.mark.slow
 def test_a_window_with_no_finite_mass_is_trimmed():
     # Laplace(1e-20) put all of its mass in the +inf atom on a 2^20-point window, and a
     # GDP filter then took a minute per query on it; empty edges are now dropped (same PLD)
@@ -294,7 +296,8 @@ def _hull_shapes(rng, m):
 
 
 @pytest.mark.parametrize("off_the_cpu", [False, True])
-@pytest.mark.parametrize("peel_rounds", [24, pytest.param(3, marks=pytest.mark.slow), 0])
+@pytest.mark.parametrize("peel_rounds", [pytest.param(24, marks=pytest.mark.slow),
+                                         pytest.param(3, marks=pytest.mark.slow), 0])
 def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(peel_rounds, off_the_cpu,
                                                                   monkeypatch):
     # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain for
@@ -313,6 +316,7 @@ def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(peel_rounds, o
             np.testing.assert_array_equal(np.flatnonzero(vertices(x[None], y[None])[0]), expected)
 
 
+@pytest.mark.slow
 def test_lower_hull_values_alone_and_batched():
     # under vmap (nested too) the rows are peeled together and the chain runs only when a row
     # still changes: each row's values are what it gets alone, and the reference's
@@ -379,6 +383,7 @@ def _masses_and_scaled(probs, inf_mass, offset, step, scale):
     return probs, inf_mass * scale
 
 
+@pytest.mark.slow
 def test_direction_arrays_then_gets_the_flat_rows_in_the_masses_program():
     """``then`` runs on the flat rows, each configuration's directions innermost (remove, add),
     with ``extra`` beside them; its outputs are the call's, the masses those of the plain call

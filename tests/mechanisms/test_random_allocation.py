@@ -122,6 +122,7 @@ def test_bounds_bracket_a_monte_carlo_estimate_of_the_exact_pair(sigma, steps, s
             assert float(lower.directions()[index].delta(eps)) <= estimate + 5 * se
 
 
+@pytest.mark.slow
 def test_epochs_compose_and_stay_above_the_shuffled_lower_bound():
     # zero-out shuffling's lower bound (Chua et al.) is a statistic of the one-selection pair
     sigma, steps, epochs, delta = 2.0, 8, 3, 1e-5

@@ -60,6 +60,7 @@ def test_mixture_single_step_against_mpmath():
             assert float(direction.total_mass()) == pytest.approx(1.0, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_mixture_of_many_components_against_mpmath():
     """A user with 200 records (Mixture.binomial, 201 components). Each component was its own
     traced term, and 101 of them crashed the compiler (signal 11 after a minute, 5 GB); they are

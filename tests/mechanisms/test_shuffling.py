@@ -18,7 +18,8 @@ EPSILONS = [0.0, 0.5, 1.0, 2.0, 4.0]
 SHIFT = {"replace_one": 2.0, "replace_special": 1.0}
 
 
-@pytest.mark.parametrize("neighboring", ["replace_one", "replace_special"])
+@pytest.mark.parametrize("neighboring", [pytest.param("replace_one", marks=pytest.mark.slow),
+                                         "replace_special"])
 def test_one_batch_is_the_gaussian_mechanism_from_below(neighboring):
     sigma, epochs = 1.3, 3
     bound = pj.shuffling_lower_bound(sigma, 1, epochs, neighboring=neighboring)
@@ -71,6 +72,7 @@ def test_at_least_the_best_single_threshold_test():
         assert float(bound.forward.delta(eps)) >= float(best) * (1 - 3e-3)
 
 
+@pytest.mark.slow
 def test_shuffled_training_can_be_far_less_private_than_its_poisson_accounting():
     # Chua et al.'s finding: sigma 1, 1,000 batches, one epoch
     shuffled = float(pj.shuffling_lower_bound(1.0, 1000).epsilon(1e-5))

@@ -69,7 +69,9 @@ def _dp_accounting_epsilon(factory, count, delta, pessimistic):
         logging.disable(logging.NOTSET)
 
 
-@pytest.mark.parametrize("sigma,q,count", [(1.0, 0.01, 1000), (0.8, 0.05, 100), (2.0, 0.002, 3000)])
+@pytest.mark.parametrize("sigma,q,count", [(1.0, 0.01, 1000),
+                                           pytest.param(0.8, 0.05, 100, marks=pytest.mark.slow),
+                                           (2.0, 0.002, 3000)])
 def test_subsampled_gaussian_against_dp_accounting(sigma, q, count):
     factory = lambda **kw: pldlib.from_gaussian_mechanism(sigma, sampling_prob=q, **kw)  # noqa: E731
     ours = pj.gaussian(sigma, sampling_prob=q).self_compose(count).epsilon(1e-5)
@@ -89,6 +91,7 @@ def test_subsampled_laplace_against_dp_accounting():
     assert theirs_lo <= ours <= theirs_up * 1.001
 
 
+@pytest.mark.slow
 def test_replace_one_against_dp_accounting_and_never_tighter_than_add_remove():
     sigma, q, count = 1.5, 0.02, 500
     relation = NeighboringRelation.REPLACE_ONE

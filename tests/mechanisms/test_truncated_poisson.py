@@ -79,7 +79,8 @@ def poisson_delta(sigma, rate, eps):
     return max(subsampled_remove_delta(base, rate, eps), subsampled_add_delta(base, rate, eps))
 
 
-@pytest.mark.parametrize(("sigma", "q", "n", "b"), [(1.0, 0.3, 6, 2), (0.7, 0.5, 5, 3)])
+@pytest.mark.parametrize(("sigma", "q", "n", "b"), [
+    pytest.param(1.0, 0.3, 6, 2, marks=pytest.mark.slow), (0.7, 0.5, 5, 3)])
 def test_zero_out_pld_is_tight_for_the_revealed_mechanism_and_above_the_truth(sigma, q, n, b):
     """At or below the revealed mechanism of analysis 1 (exact, in mpmath; the other analysis can
     only lower it), and above a mechanism the truth covers."""
@@ -270,6 +271,7 @@ def test_one_step_curve_has_no_floor(relation):
     assert np.isfinite(float(pld.epsilon(1e-12)))
 
 
+@pytest.mark.slow
 def test_a_thousand_steps_stay_finite_at_small_delta():
     """sigma = 1, q = 0.01, 10^4 records, batches of 120, add/remove, 1,000 steps: epsilon at
     delta = 1e-6 is finite and at most dp_accounting's (6.52; it was inf), above the optimistic
