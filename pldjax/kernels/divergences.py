@@ -37,7 +37,16 @@ def _log_masses(probs, offset, step):
     return z, log_p
 
 
-def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic: bool = True):
+def _on_its_side(pessimistic, upper, lower):
+    """``upper()`` for a pessimistic PLD, ``lower()`` for an optimistic one (arrays or tuples of
+    them): a Python bool picks one, a traced flag (data, so that both estimates share one
+    compiled program) computes both and picks elementwise."""
+    if isinstance(pessimistic, bool):
+        return upper() if pessimistic else lower()
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(pessimistic, a, b), upper(), lower())
+
+
+def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic=True):
     """beta(alpha) of one direction: the type II error of the best test at type I error alpha.
 
     An optimistic PLD bounds delta(eps) from below only from its window's bottom z0 up; below it
@@ -54,12 +63,12 @@ def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic: bool = T
     # that bound to its safe side (down for a pessimistic PLD; on a grid where the estimate is
     # exact, G_1's curve read 4e-13 above the truth without it)
     roundoff = (4 * stored_length(probs) + 16) * jnp.finfo(jnp.float64).eps
-    if pessimistic:
-        beta = beta - roundoff
-    else:
+
+    def lower():
         below = jnp.where(alphas > 0, 1.0 - alphas * jnp.exp(-z[0]), 1.0)
-        beta = jnp.maximum(beta + roundoff, below)
-    return jnp.clip(beta, 0.0, 1.0 - alphas)
+        return jnp.maximum(beta + roundoff, below)
+
+    return jnp.clip(_on_its_side(pessimistic, lambda: beta - roundoff, lower), 0.0, 1.0 - alphas)
 
 
 def _log_below_window(probs, inf_mass, z, log_p, orders):
@@ -90,20 +99,23 @@ def _log_below_window(probs, inf_mass, z, log_p, orders):
     return jnp.where(above, jnp.nan, cell)
 
 
-def log_mgf_kernel(probs, inf_mass, offset, step, ts, pessimistic: bool = True):
+def log_mgf_kernel(probs, inf_mass, offset, step, ts, pessimistic=True):
     """log E_P[e^{t L}] of one direction for each t (Chourasia et al. 2024, eq. (19)): the atom at
     +inf makes it infinite for t > 0 and contributes nothing for t < 0. An optimistic PLD adds
     the cell below its window (see :func:`_log_below_window`)."""
     z, log_p = _log_masses(probs, offset, step)
     finite = logsumexp(log_p[None, :] + ts[:, None] * z[None, :], axis=1)
-    if not pessimistic:  # (a cell that cannot be placed is left out, as before)
+
+    def with_cell():  # (a cell that cannot be placed is left out)
         cell = _log_below_window(probs, inf_mass, z, log_p, ts + 1.0)
-        finite = jnp.logaddexp(finite, jnp.where(jnp.isnan(cell), -jnp.inf, cell))
+        return jnp.logaddexp(finite, jnp.where(jnp.isnan(cell), -jnp.inf, cell))
+
+    finite = _on_its_side(pessimistic, lambda: finite, with_cell)
     with_atom = jnp.logaddexp(finite, jnp.where(ts == 0, jnp.log(inf_mass), -jnp.inf))
     return jnp.where((ts > 0) & (inf_mass > 0), jnp.inf, with_atom)
 
 
-def renyi_kernel(probs, inf_mass, offset, step, orders, pessimistic: bool = True):
+def renyi_kernel(probs, inf_mass, offset, step, orders, pessimistic=True):
     """Rényi divergence D_a(P || Q) of one direction for each order a > 0 (a = 1: KL); an upper
     bound if ``pessimistic``, else a lower bound (with the cell below the window, see
     :func:`_log_below_window`)."""
@@ -112,17 +124,21 @@ def renyi_kernel(probs, inf_mass, offset, step, orders, pessimistic: bool = True
     safe = jnp.where(a == 1.0, 2.0, a)
     terms = logsumexp(log_p[None, :] + (safe - 1.0) * z[None, :], axis=1)
     kl = jnp.sum(probs * z)
-    if not pessimistic:
-        terms = jnp.logaddexp(terms, _log_below_window(probs, inf_mass, z, log_p, safe[:, 0]))
+
+    def with_cell():
         # the cell adds lost log(lost / missing) >= -missing / e to the KL divergence (at order
         # 0 the cell's term is its Q-mass; lost's round-off leaves the sign open)
-        kl = kl - jnp.exp(_log_below_window(probs, inf_mass, z, log_p, jnp.zeros(()))) / jnp.e
+        cell = _log_below_window(probs, inf_mass, z, log_p, jnp.zeros(()))
+        return (jnp.logaddexp(terms, _log_below_window(probs, inf_mass, z, log_p, safe[:, 0])),
+                kl - jnp.exp(cell) / jnp.e)
+
+    terms, kl = _on_its_side(pessimistic, lambda: (terms, kl), with_cell)
     general = terms / (safe[:, 0] - 1.0)
     value = jnp.where(orders == 1.0, kl, general)
     # D_a >= 0 for distributions: a value below 0 is round-off (clamped), -inf or NaN a failed
     # evaluation (e.g. overflow at huge orders), reported as inf (an upper bound) or 0 (a lower
     # bound)
-    failed = jnp.inf if pessimistic else 0.0
+    failed = _on_its_side(pessimistic, lambda: jnp.inf, lambda: 0.0)
     value = jnp.where(jnp.isnan(value) | jnp.isneginf(value), failed, jnp.maximum(value, 0.0))
     return jnp.where((orders >= 1.0) & (inf_mass > 0), jnp.inf, value)
 
@@ -165,9 +181,11 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     return host_result(jnp.maximum(jnp.max(lines, axis=-1), 0.0))
 
 
-_tradeoff_jit = kernel_jit(tradeoff_kernel, static_argnames=("pessimistic",))
-_renyi_jit = kernel_jit(renyi_kernel, static_argnames=("pessimistic",))
-_log_mgf_jit = kernel_jit(log_mgf_kernel, static_argnames=("pessimistic",))
+# ``pessimistic`` is data in these programs: a pessimistic and an optimistic PLD of one shape share
+# each of them
+_tradeoff_jit = kernel_jit(tradeoff_kernel)
+_renyi_jit = kernel_jit(renyi_kernel)
+_log_mgf_jit = kernel_jit(log_mgf_kernel)
 
 
 @float64
