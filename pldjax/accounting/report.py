@@ -36,6 +36,7 @@ import numpy as np
 from pldjax.accounting import accountant
 from pldjax.accounting.planner import event_renyi_bound
 from pldjax.core.grid import Grid
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import six_digits
 from pldjax.core.validation import check_count, check_range
@@ -189,6 +190,7 @@ def _is_dp_accounting_ledger(mechanism) -> bool:
     return adapter is not None and isinstance(mechanism, adapter.PLDAccountant)
 
 
+@announces_slow_calls("pldjax.privacy_report")
 def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
                    optimistic: PLD | None = None, *,
                    count: int | None = None, grid: Grid | None = None,

@@ -215,3 +215,29 @@ def test_profile_figure_labels_its_band_and_leaves_out_round_off(tmp_path):
     assert np.all(np.isnan(drawn) | (drawn >= 1e-15)) and np.any(np.isnan(drawn))
     figure.savefig(tmp_path / "profile.png")
     assert pj.plot.tradeoff([("G_1", pj.gdp(1.0), pj.gdp(1.0, pessimistic=False))]).axes
+
+
+def test_a_report_that_runs_for_seconds_says_so_once(monkeypatch, capsys):
+    """A first report compiles for seconds: the report speaks, not the calls inside it."""
+    import time
+
+    from pldjax.accounting import report as report_module
+    from pldjax.core import notice
+
+    upper = pj.gaussian(1.0).self_compose(10)
+    lower = pj.gaussian(1.0, pessimistic=False).self_compose(10)
+    monkeypatch.delenv("PLDJAX_QUIET", raising=False)
+    monkeypatch.setattr(notice, "NOTICE_AFTER", 0.05)
+    monkeypatch.setattr(notice, "_POLL", 0.01)
+    grid = report_module._grid
+
+    def slow_grid(*args, **kwargs):
+        time.sleep(0.1)
+        return grid(*args, **kwargs)
+
+    monkeypatch.setattr(report_module, "_grid", slow_grid)
+    pj.privacy_report(upper, lower)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith("pldjax.privacy_report is still running after 0.05 s")
+    assert err[1].startswith("pldjax.privacy_report done in ")
