@@ -1,3 +1,4 @@
+import gc
 import os
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
-from pldjax.core.compilation import release_compiled_kernels  # noqa: E402
+from pldjax.core.compilation import above_mapping_limit  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -44,11 +45,14 @@ def x64_off():
 
 @pytest.fixture(autouse=True)
 def _drop_compiled_kernels_before_the_mapping_limit():
-    # a worker running half of the default run compiles thousands of kernels, each holding
-    # memory mappings, and reached Linux's limit (a segfault inside XLA; see
-    # pldjax.core.compilation.release_compiled_kernels): later tests reload theirs from the cache
+    # a worker running half of the default run compiles thousands of programs (pldjax's kernels,
+    # the tests' own jitted functions), each holding memory mappings, and reached Linux's limit (a
+    # segfault inside XLA; see pldjax.core.compilation.release_compiled_kernels); the test process
+    # owns every cache, so it drops them all: later tests reload theirs from the cache
     yield
-    release_compiled_kernels()
+    if above_mapping_limit():
+        jax.clear_caches()
+        gc.collect()
 
 
 #: Notebooks too long for the notebook run (they execute with the slow tests, `pytest -m slow`).

@@ -286,6 +286,13 @@ class Kernel:
         """Further jitted programs this kernel holds (an exported kernel's)."""
         return ()
 
+    def clear_cache(self) -> None:
+        """Drop this kernel's compiled programs (and their memory mappings); the next call
+        compiles again, or loads from the persistent cache."""
+        for jitted in (self._jitted, self._tuned, *self._programs()):
+            # (an exported kernel's program jax could not export is a partial of the kernel)
+            getattr(jitted, "clear_cache", lambda: None)()
+
     def __call__(self, *args, **kwargs):
         if is_traced((args, kwargs)):
             return self._jitted(*args, **kwargs)
@@ -393,7 +400,7 @@ def _mapping_limit() -> int | None:
         return None
 
 
-#: Fraction of vm.max_map_count at which :func:`release_compiled_kernels` drops JAX's compiled
+#: Fraction of vm.max_map_count at which :func:`release_compiled_kernels` drops pldjax's compiled
 #: kernels: below it there is room for the kernels one more chunk of a sweep compiles.
 MAPPING_FRACTION = 0.6
 
@@ -404,31 +411,45 @@ def compiled_count(kernels: Iterable) -> int:
     return sum(kernel._cache_size() for kernel in kernels)
 
 
-def release_compiled_kernels(limit: int | None = None) -> bool:
-    """Drop JAX's in-memory compiled kernels (``jax.clear_caches()``) when this process holds more
-    than ``limit`` memory mappings (default: MAPPING_FRACTION of Linux's vm.max_map_count);
-    returns whether it did. Elsewhere than on Linux it does nothing.
+def mapping_count() -> int | None:
+    """How many memory mappings this process holds (Linux), None where it cannot be read. It
+    costs about 0.1-0.7 ms, more once a process holds many compiled programs."""
+    try:
+        with open("/proc/self/maps", "rb") as file:
+            return file.read().count(b"\n")
+    except OSError:
+        return None
 
-    Every executable XLA compiles for the CPU keeps its code in memory mappings (about 250 for
-    one of pldjax's composition kernels) until JAX's caches release it. A sweep of 1,024 DP-SGD
-    configurations compiles over 250 kernels and reached the default limit of 65,530: mmap then
-    fails inside XLA's compiler and the process dies of a segfault. Dropped kernels are compiled
-    again when next called (from the persistent cache when it is on). Reading the mappings costs
-    about 0.1-0.7 ms: callers on a hot path check :func:`compiled_count` first.
-    """
+
+def above_mapping_limit(limit: int | None = None) -> bool:
+    """Whether this process holds more than ``limit`` memory mappings (default:
+    MAPPING_FRACTION of Linux's vm.max_map_count); False where either cannot be read."""
     if limit is None:
         system = _mapping_limit()
         if system is None:
             return False
         limit = int(MAPPING_FRACTION * system)
-    try:
-        with open("/proc/self/maps", "rb") as file:
-            mappings = file.read().count(b"\n")
-    except OSError:
+    mappings = mapping_count()
+    return mappings is not None and mappings > limit
+
+
+def release_compiled_kernels(kernels: Iterable, limit: int | None = None) -> bool:
+    """Drop the compiled programs of pldjax's ``kernels`` (jitted functions, :class:`Kernel`)
+    when this process holds more than ``limit`` memory mappings (see
+    :func:`above_mapping_limit`); returns whether it did. Elsewhere than on Linux it does
+    nothing. No other cache is touched: the caller's own compiled functions stay compiled.
+
+    Every executable XLA compiles for the CPU keeps its code in memory mappings (about 250 for
+    one of pldjax's composition kernels) until its jitted function releases it. A sweep of 1,024
+    DP-SGD configurations compiles over 250 kernels and reached the default limit of 65,530:
+    mmap then fails inside XLA's compiler and the process dies of a segfault. Dropped kernels are
+    compiled again when next called (from the persistent cache when it is on). Callers on a hot
+    path check :func:`compiled_count` first.
+    """
+    if not above_mapping_limit(limit):
         return False
-    if mappings <= limit:
-        return False
-    jax.clear_caches()
+    for kernel in kernels:
+        kernel.clear_cache()
     gc.collect()
     return True
 
@@ -450,7 +471,7 @@ class MappingGuard:
             self._read_at = None
         if count < (self.first if self._read_at is None else self._read_at + self.every):
             return False
-        released = release_compiled_kernels()
+        released = release_compiled_kernels(self.kernels)
         self._read_at = None if released else count
         return released
 

@@ -32,31 +32,27 @@ def test_import_leaves_scipy_out():
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux only")
 def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
     # every compiled CPU kernel holds memory mappings; a 1,024-configuration sweep reached Linux's
-    # limit and died of a segfault inside XLA. Past the threshold JAX's caches are dropped: the
-    # mappings go back down, and a sweep that drops them after every chunk gets the same values
+    # limit and died of a segfault inside XLA. Past the threshold the sweep's kernels drop their
+    # programs, and nothing else: the mappings go back down, the caller's own jitted function
+    # stays compiled, and a sweep that drops them after every chunk gets the same values
     square = jax.jit(lambda x: x * x)
     square(jnp.ones(3))
-
-    def mappings():
-        return Path("/proc/self/maps").read_bytes().count(b"\n")
-
-    assert not compilation.release_compiled_kernels(limit=10**9)
-    assert square._cache_size() == 1
-    before = mappings()
-    for size in range(8):  # compiled kernels add mappings ...
-        jax.jit(lambda x: jnp.fft.rfft(x) * 2)(jnp.ones(size + 8)).block_until_ready()
-    assert mappings() > before
-    during = mappings()
-    assert compilation.release_compiled_kernels(limit=0)
-    assert square._cache_size() == 0 and mappings() < during  # ... which dropping gives back
+    kernels = engine._MAPPINGS.kernels
     sigmas, steps = np.linspace(0.6, 3.0, 4), np.geomspace(100, 3000, 4).round()
-    whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)  # compiled kernels add mappings ...
+    assert not compilation.release_compiled_kernels(kernels, limit=10**9)
+    assert compilation.compiled_count(kernels) > 0
+    during = compilation.mapping_count()
+    assert compilation.release_compiled_kernels(kernels, limit=0)
+    assert compilation.compiled_count(kernels) == 0
+    assert compilation.mapping_count() < during  # ... which dropping gives back
+    assert square._cache_size() == 1
     monkeypatch.setattr(compilation, "MAPPING_FRACTION", 0.0)  # drop after every chunk
     monkeypatch.setattr(engine._MAPPINGS, "first", 0)
     monkeypatch.setattr(engine._MAPPINGS, "every", 0)
     drops, release = [], compilation.release_compiled_kernels
     monkeypatch.setattr(compilation, "release_compiled_kernels",
-                        lambda: drops.append(release()) or drops[-1])
+                        lambda chosen: drops.append(release(chosen)) or drops[-1])
     np.testing.assert_array_equal(pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5), whole)
     assert sum(drops) >= 2  # chunks of several mechanism sizes, each after a drop
 
@@ -75,7 +71,7 @@ def test_mapping_guard_reads_the_mappings_only_every_so_many_new_kernels(monkeyp
 
     kernel, reads, answer = Kernel(), [], [False]
 
-    def release():
+    def release(kernels):
         reads.append(kernel.shapes)
         if answer[0]:
             kernel.shapes = 0
