@@ -38,11 +38,14 @@ def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
     square = jax.jit(lambda x: x * x)
     square(jnp.ones(3))
     kernels = engine._MAPPINGS.kernels
+    compilation.release_compiled_kernels(kernels, limit=0)  # none held from earlier tests
+    before = compilation.mapping_count()
     sigmas, steps = np.linspace(0.6, 3.0, 4), np.geomspace(100, 3000, 4).round()
-    whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)  # compiled kernels add mappings ...
+    whole = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
     assert not compilation.release_compiled_kernels(kernels, limit=10**9)
     assert compilation.compiled_count(kernels) > 0
     during = compilation.mapping_count()
+    assert during > before  # compiled kernels add mappings ...
     assert compilation.release_compiled_kernels(kernels, limit=0)
     assert compilation.compiled_count(kernels) == 0
     assert compilation.mapping_count() < during  # ... which dropping gives back
