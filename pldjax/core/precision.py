@@ -33,10 +33,11 @@ def float64(fn: F) -> F:
 
 
 def host_result(x):
-    """Concrete results leave as NumPy float64 (safe for arithmetic with x64 off); traced stay."""
+    """Concrete results leave as NumPy values (safe for arithmetic with x64 off): a NumPy scalar
+    for one value (a float64 is a Python float), an array for several; traced stay."""
     if isinstance(x, jax.core.Tracer):
         return x
-    return np.asarray(x)
+    return np.asarray(x)[()]
 
 
 def add_up(a, b):
