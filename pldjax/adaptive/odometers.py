@@ -26,7 +26,7 @@ filters (:mod:`pldjax.adaptive.filters`)::
 Families (all readings are pessimistic: upper bounds on the exact formula, rounded up):
 
 * The three families of Whitehouse et al. (§4.2, Theorem 3) for steps that are
-  (epsilon_n, delta_n)-**pDP** conditioned on the past (probabilistic DP: P(|L_n| > epsilon_n) <=
+  (epsilon_n, delta_n)-**pDP** conditioned on the past (probabilistic DP: P(abs(L_n) > epsilon_n) <=
   delta_n; pure epsilon_n-DP steps such as randomized response qualify, approximate-DP steps in
   general do not): :func:`filter_odometer`, :func:`mixture_odometer`, :func:`stitched_odometer`,
   and the original odometer of Rogers et al. (Theorem 6.5 there; Lemma 3 of Whitehouse et al.) as
@@ -319,6 +319,7 @@ def rogers_odometer(delta: float, *, dataset_size: int,
                     delta_queries: float | None = None) -> Odometer:
     """The original odometer of Rogers et al. 2016 (Theorem 6.5 there), in the form of Lemma 3 of
     Whitehouse et al.: with n = ``dataset_size`` (>= 2) and delta' <= 1/e,
+    ::
 
         U_n = sqrt(2 V (log(110 e) + 2 log(log(n) / delta'))) + V / 2         for V in [1/n^2, 1]
         U_n = sqrt(2 (1/n^2 + V)(1 + log(1 + n^2 V) / 2) log log(4 log2(n) / delta')) + V / 2

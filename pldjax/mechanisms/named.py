@@ -112,7 +112,7 @@ def discrete_laplace(
     pessimistic: bool = True,
     grid: Grid | None = None,
 ) -> PLD:
-    """The discrete Laplace mechanism: integer noise K with P(K = k) proportional to e^{-|k|/scale}
+    """The discrete Laplace mechanism: integer noise K with P(K = k) proportional to e^{-abs(k)/scale}
     (:class:`pldjax.mechanisms.noise.DiscreteLaplace`). Its loss takes the values t(D - 2k) clipped to
     [-tD, tD] (t = 1/scale, D = sensitivity): on a grid whose step divides t the PLD is exact.
     Pessimistic (an upper bound) by default.

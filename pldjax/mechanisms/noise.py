@@ -315,7 +315,7 @@ LAPLACE = LossTails(
 
 @record
 class Laplace(Noise):
-    """The Laplace mechanism: noise of scale ``scale`` > 0 (density e^{-|x|/scale} / (2 scale))
+    """The Laplace mechanism: noise of scale ``scale`` > 0 (density e^{-abs(x)/scale} / (2 scale))
     and L1 sensitivity ``sensitivity`` > 0. Without sampling its loss lies in [-s/b, s/b]
     (s = sensitivity, b = scale) and delta(eps) = 1 - exp((eps - s/b)/2)."""
 
@@ -449,7 +449,7 @@ DISCRETE_LAPLACE = LossTails(
 @record
 class DiscreteLaplace(Noise):
     """The discrete Laplace mechanism: integer noise K with P(K = k) proportional to
-    e^{-|k|/scale}; ``scale`` > 0 in units of the query's integer output, ``sensitivity`` a whole
+    e^{-abs(k)/scale}; ``scale`` > 0 in units of the query's integer output, ``sensitivity`` a whole
     number >= 1 (the L1 sensitivity of an integer-valued query). Its loss takes the values
     t(D - 2k) clipped to [-tD, tD] (t = 1/scale, D = sensitivity): on a grid whose step divides t
     the PLD is exact."""

@@ -236,7 +236,7 @@ def _additive_profile_core(settings, state, query):
 @float64
 def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter:
     """The additive discretized profile filter (Alg. 3) with the parameters of eq. (1), for up to
-    ``rounds`` symmetric queries: a query's profile (its mass in bands of |loss|) is subtracted
+    ``rounds`` symmetric queries: a query's profile (its mass in bands of abs(loss)) is subtracted
     from per-band budgets. Accepts at least what the natural (epsilon, delta) filter accepts
     (Thm 14), and the interaction is (epsilon', delta')-DP with the explicit constants of Thm 15
     (``guarantee``; chi (epsilon + 1), chi delta with chi = O((log k + log(1 + 1/epsilon))
