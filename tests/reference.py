@@ -214,3 +214,24 @@ def assert_epsilon_brackets(lower, exact, upper) -> None:
     assert np.all(lower <= np.where(np.isinf(exact), np.inf, exact * (1 + EPSILON_ROUNDOFF))), (
         lower, exact)
     assert np.all(upper >= exact * (1 - EPSILON_ROUNDOFF)), (upper, exact)
+
+
+def mixture_delta_mp(sigma, scales, probs, eps, add):
+    """delta(eps) of sum_k p_k N(a_k, 1) against N(0, 1) (remove) or the swap (add), a_k =
+    scale_k / sigma, in mpmath: the loss log sum_k p_k e^{a_k (x - a_k / 2)} increases in x, so
+    the optimal set is a half-line whose end is found by bisection at 50 digits."""
+    with mp.workdps(50):
+        a = [mp.mpf(s) / sigma for s in scales]
+        p = [mp.mpf(v) for v in probs]
+        eps = mp.mpf(eps)
+        loss = lambda x: mp.log(sum(pk * mp.e ** (ak * (x - ak / 2)) for ak, pk in zip(a, p, strict=True)))  # noqa: E731
+        target = -eps if add else eps
+        lo, hi = mp.mpf(-100), mp.mpf(100) + max(a)
+        for _ in range(250):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if loss(mid) > target else (mid, hi)
+        if add:  # P = N(0, 1), L > eps  <=>  x < hi
+            value = mp.ncdf(hi) - mp.e**eps * sum(pk * mp.ncdf(hi - ak) for ak, pk in zip(a, p, strict=True))
+        else:
+            value = sum(pk * mp.ncdf(ak - hi) for ak, pk in zip(a, p, strict=True)) - mp.e**eps * mp.ncdf(-hi)
+        return float(value)

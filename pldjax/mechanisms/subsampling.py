@@ -335,11 +335,24 @@ def _mixture_tails(location: Location, params, eps):
 _REACH = 10.0
 
 
+#: Components of a mixture less likely than this (about grid.TAIL_MASS) are left out of its
+#: window's reach and of its loss scale, which only size the grid: their outputs beyond the window
+#: go to the +inf atom (at most this mass per component and step, pessimistic) or nowhere
+#: (optimistic). Without it the far components of a binomial mixture (a shift of 85 at
+#: probability 1e-300, from 100 draws at rate 1e-4) set the scale, and with it a step of 2 nats.
+_NEGLIGIBLE = 2.0**-60
+
+
+def _reaching(shifts, log_probs):
+    """The shifts of the components that are not negligible (:data:`_NEGLIGIBLE`), 0 elsewhere."""
+    return jnp.where(log_probs >= np.log(_NEGLIGIBLE), shifts, 0.0)
+
+
 def _mixture_range(location: Location, params):
-    """(low, high) of the loss over outputs in [-REACH, max a_k + REACH], capped at
-    BASE_REACH_MAX, for the direction in params."""
+    """(low, high) of the loss over outputs in [-REACH, max a_k + REACH] (the components that are
+    not negligible), capped at BASE_REACH_MAX, for the direction in params."""
     shifts, log_probs, direction = _mixture_parts(params)
-    top = jnp.max(shifts, axis=0)
+    top = jnp.max(_reaching(shifts, log_probs), axis=0)
     low = _mixture_loss(location, jnp.asarray(-_REACH), shifts, log_probs)
     high = _mixture_loss(location, top + _REACH, shifts, log_probs)
     low, high = (jnp.clip(v, -BASE_REACH_MAX, BASE_REACH_MAX) for v in (low, high))
@@ -350,9 +363,10 @@ def _mixture_range(location: Location, params):
 def _mixture_spread(location: Location, params):
     """Heuristic scale of the loss, as for Poisson subsampling: sqrt(chi^2) of the mixture while
     it is close to F, never more than the largest component's own loss scale a_max, nor than
-    sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0)."""
+    sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0), over the
+    components that are not negligible (:data:`_NEGLIGIBLE`)."""
     shifts, log_probs, _ = _mixture_parts(params)
-    probs = jnp.exp(log_probs)
+    probs = jnp.where(log_probs >= np.log(_NEGLIGIBLE), jnp.exp(log_probs), 0.0)
 
     def add_row(j, total):
         # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
@@ -362,7 +376,7 @@ def _mixture_spread(location: Location, params):
 
     # row by row: K values in memory at a time, not K^2
     chi2 = jax.lax.fori_loop(0, shifts.shape[0], add_row, jnp.zeros(shifts.shape[1:]))
-    top = jnp.max(shifts, axis=0)
+    top = jnp.max(_reaching(shifts, log_probs), axis=0)
     moving = jnp.sum(jnp.where(shifts > 0, probs, 0.0), axis=0)
     rare = jnp.sqrt(moving) * (top**2 / 2 + top)
     spread = jnp.minimum(jnp.minimum(jnp.sqrt(jnp.maximum(chi2, 0.0)), rare), top)

@@ -144,6 +144,23 @@ def test_fixed_batches_without_replacement_are_sampled_without_replacement():
     assert event == jp_events.fixed_dpsgd_event(1.0, 100, dataset_size=1000, batch_size=10)
 
 
+def test_fixed_batches_with_replacement_are_a_binomial_mixture_under_zero_out():
+    from jax_privacy import batch_selection as bs
+
+    strategy = bs.FixedBatchSampling(10, 100, replace=True)
+    event = pj.dp_accounting.batch_selection_event(strategy, 1.0, 1000, NR.REPLACE_SPECIAL)
+    assert event == dpa.SelfComposedDpEvent(
+        dpa.SampledWithReplacementDpEvent(1000, 10, dpa.GaussianDpEvent(1.0)), 100)
+    step, count = pj.dp_accounting.batch_selection_accounting(strategy, 1.0, 1000,
+                                                              NR.REPLACE_SPECIAL)
+    copies = pj.sampling.Mixture.binomial(1 / 1000, 10)
+    assert count == 100 and step.noise == pj.noise.Gaussian(1.0)
+    np.testing.assert_array_equal(step.sampling.probs, copies.probs)
+    assert pj.event_epsilon(step, count, DELTA) == pytest.approx(
+        pj.dp_accounting.PLDAccountant(NR.REPLACE_SPECIAL).compose(event).get_epsilon(DELTA),
+        rel=1e-4)
+
+
 @pytest.mark.parametrize("strategy, relation, match", [
     ("BallsInBinsSampling(100, 10)", NR.ADD_OR_REMOVE_ONE, "batch_selection_accounting"),
     ("BMinSepSampling(0.01, 100, 10)", NR.ADD_OR_REMOVE_ONE, "Monte Carlo"),
