@@ -71,6 +71,17 @@ def profile(curves, *, epsilons: Sequence[float] | None = None, log: bool = True
 
     ``epsilons``: where to evaluate (nats, >= 0; default 0..10); ``log``: logarithmic delta axis,
     on which values below 1e-15 (the grid's round-off) are left out.
+
+    Args:
+      curves: a PLD, or a sequence of PLDs, ``(label, pld)`` pairs and ``(label, pessimistic,
+        optimistic)`` triples (a band is drawn between a triple's two PLDs).
+      epsilons: a sequence of epsilons in nats, each >= 0 (inf allowed); None (default) means 201
+        points from 0 to 10.
+      log: True (default) for a logarithmic delta axis, False for a linear one.
+      ax: a matplotlib Axes to draw on; None (default) draws on a new figure.
+
+    Returns:
+      The matplotlib Figure (that of ``ax`` when given).
     """
     plt = _pyplot()
     x = np.linspace(0.0, 10.0, 201) if epsilons is None else np.asarray(epsilons, np.float64)
@@ -85,7 +96,18 @@ def profile(curves, *, epsilons: Sequence[float] | None = None, log: bool = True
 
 
 def tradeoff(curves, *, alphas: Sequence[float] | None = None, ax=None):
-    """The f-DP tradeoff curves beta(alpha) (a pessimistic PLD's curve is the lower one)."""
+    """The f-DP tradeoff curves beta(alpha) (a pessimistic PLD's curve is the lower one).
+
+    Args:
+      curves: a PLD, or a sequence of PLDs, ``(label, pld)`` pairs and ``(label, pessimistic,
+        optimistic)`` triples (a band is drawn between a triple's two PLDs).
+      alphas: a sequence of type I errors, each in [0, 1]; None (default) means 401 points from 0
+        to 1.
+      ax: a matplotlib Axes to draw on; None (default) draws on a new figure.
+
+    Returns:
+      The matplotlib Figure (that of ``ax`` when given).
+    """
     plt = _pyplot()
     x = np.linspace(0.0, 1.0, 401) if alphas is None else np.asarray(alphas, np.float64)
     fig, ax = _figure(plt, ax, (4.2, 4.2))
@@ -102,7 +124,17 @@ def report(privacy_report, *, gdp_points: int = 200):
     """A :class:`~pldjax.accounting.report.PrivacyReport` as two panels: the attacker's TPR
     against its FPR on log axes (the band between the report's bounds, G_mu's curve at the
     report's upper mu, dashed, and guessing, dotted), and epsilon against delta (the band).
-    ``gdp_points``: points of G_mu's curve, 1 - beta(alpha) = Phi(Phi^-1(alpha) + mu)."""
+    ``gdp_points``: points of G_mu's curve, 1 - beta(alpha) = Phi(Phi^-1(alpha) + mu).
+
+    Args:
+      privacy_report: a :class:`~pldjax.accounting.report.PrivacyReport`, as from
+        :func:`pldjax.privacy_report`.
+      gdp_points: the number of points of G_mu's curve (default 200; not checked).
+
+    Returns:
+      A new matplotlib Figure with the two panels; G_mu's curve is drawn only when the report's upper
+      mu is finite.
+    """
     from scipy.special import ndtr, ndtri
 
     plt = _pyplot()

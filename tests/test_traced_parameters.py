@@ -206,6 +206,8 @@ def test_a_batch_of_parameters_in_one_record_is_judged_element_by_element():
                  id="truncated_poisson"),
     pytest.param(lambda e: pj.approx_dp_composition(e, 1e-7, 3, grid=pj.Grid(step=0.1)),
                  id="approx_dp_composition_on_a_grid"),
+    pytest.param(lambda d: pj.approx_dp_composition(1.0, d * 1e-7, 3, grid=pj.Grid(step=0.1)),
+                 id="approx_dp_composition_on_a_grid_traced_delta"),
 ])
 def test_constructors_that_need_concrete_parameters_refuse_tracers(build):
     with pytest.raises(ValueError, match="concrete"):

@@ -171,9 +171,21 @@ def _unpacked(state: AccountantState, *, host: bool = False) -> AccountantState:
 
 @float64
 def init(capacity: int = CAPACITY, *, event: Event | None = None) -> AccountantState:
-    """An empty run (no steps: epsilon 0). ``event``: a template fixing the structure of the
-    events :func:`step` records (its parameter values do not matter); default: DP-SGD steps,
-    ``pldjax.accounting.dpsgd.dpsgd_event``."""
+    """An empty run (no steps: epsilon 0).
+
+    Args:
+      capacity: the most segments (runs of steps between parameter changes) the state holds, an
+        integer >= 1; default ``CAPACITY`` (64). Any number of steps of one event fits in one
+        segment.
+      event: a template fixing the structure of the events :func:`step` records (its parameter
+        values do not matter; its classes, neighbouring relation and parameter shapes do, and it
+        must be concrete, not traced); default (None): DP-SGD steps,
+        ``pldjax.accounting.dpsgd.dpsgd_event``.
+
+    Returns:
+      The empty :class:`AccountantState`, a pytree of JAX arrays of fixed shapes (its 64-bit
+      values packed as uint32 pairs), to pass to :func:`step`.
+    """
     capacity = check_count("capacity", capacity, minimum=1)
     template = _dpsgd_template() if event is None else _check_template(event)
     return pack(_plain(capacity, template))
@@ -263,7 +275,29 @@ def step(state: AccountantState, event: Event | float | None = None, sampling_pr
     """Record ``steps`` runs of ``event`` (pure; works under jit). ``event``: an
     :class:`~pldjax.mechanisms.events.Event` of the structure given to :func:`init`, or, for a DP-SGD
     accountant, the noise multiplier with ``sampling_prob`` beside it (``step(state, sigma, q)``,
-    or by keyword ``noise_multiplier=``, ``sampling_prob=``)."""
+    or by keyword ``noise_multiplier=``, ``sampling_prob=``).
+
+    Args:
+      state: the :class:`AccountantState` to extend (from :func:`init`, :func:`step` or
+        :func:`load`).
+      event: an :class:`~pldjax.mechanisms.events.Event` with the template's structure and
+        parameter shapes, or, for a DP-SGD accountant, the noise multiplier (> 0 and finite) with
+        ``sampling_prob`` beside it; None (default) when ``noise_multiplier`` is passed instead.
+        Parameters in range only; under jit, float32 parameters are recorded on their pessimistic
+        side (see the module docstring).
+      sampling_prob: the Poisson sampling probability of a DP-SGD step given by its noise
+        multiplier, in [0, 1]; None (default) with an event.
+      steps: the number of runs recorded, a whole number in [0, ``MAX_STEPS``] (2^62); default 1.
+        0 adds no step to the run (new parameters still open a segment).
+      noise_multiplier: the DP-SGD noise multiplier (> 0) by keyword, in place of ``event``;
+        None (default): ``event`` is read.
+
+    Returns:
+      A new :class:`AccountantState` with the steps recorded (the state passed in is unchanged).
+      On the host, a step that cannot be recorded (a value out of range, or one segment more than
+      the capacity) raises a ValueError instead; under jit it leaves the run as it was and sets
+      ``overflow``, so that every later reading raises.
+    """
     if noise_multiplier is not None:
         if event is not None:
             raise ValueError("pass either an event or a noise_multiplier, not both")
@@ -314,7 +348,18 @@ def _read(state: AccountantState) -> tuple[AccountantState, int]:
 
 @float64
 def events(state: AccountantState) -> list[tuple[Event, int]]:
-    """The recorded run as (event, steps) pairs (scalar parameters), on the host."""
+    """The recorded run as (event, steps) pairs (scalar parameters), on the host.
+
+    Args:
+      state: an :class:`AccountantState` (concrete, not traced).
+
+    Returns:
+      A list of (:class:`~pldjax.mechanisms.events.Event`, int) pairs, one per segment in the
+      order recorded, segments of zero steps left out. Each event holds one configuration: its
+      parameters are Python floats (NumPy arrays for a parameter with several components, such
+      as a mixture's). A state whose run is not fully recorded (``overflow``) raises a
+      ValueError.
+    """
     state, count = _read(state)
     rows = [np.asarray(row) for row in state.rows]
     steps = np.asarray(state.steps)
@@ -326,7 +371,16 @@ def events(state: AccountantState) -> list[tuple[Event, int]]:
 @float64
 def segments(state: AccountantState) -> list[tuple[float, float, int]]:
     """The recorded DP-SGD run as (noise_multiplier, sampling_prob, steps), on the host (a
-    ValueError for an accountant of other events: read :func:`events`)."""
+    ValueError for an accountant of other events: read :func:`events`).
+
+    Args:
+      state: the :class:`AccountantState` of a DP-SGD accountant (the default template of
+        :func:`init`, every step of sensitivity 1).
+
+    Returns:
+      A list of (noise_multiplier, sampling_prob, steps) tuples (float, float, int), one per
+      segment in the order recorded, segments of zero steps left out.
+    """
     run = events(state)
     if not _is_dpsgd(state) or any(e.noise.sensitivity != 1.0 for e, _ in run):
         raise ValueError("this accountant records events other than DP-SGD steps (noise "
@@ -337,7 +391,20 @@ def segments(state: AccountantState) -> list[tuple[float, float, int]]:
 def pld(state: AccountantState, *, neighboring: str | None = None, pessimistic: bool = True):
     """The run's PLD (both directions; pessimistic, or optimistic with ``pessimistic=False``),
     or the identity for an empty run. ``neighboring``: for a DP-SGD accountant, the relation its
-    steps are read under (default "add_remove"); other events carry their own (None)."""
+    steps are read under (default "add_remove"); other events carry their own (None).
+
+    Args:
+      state: an :class:`AccountantState` (concrete, not traced).
+      neighboring: for a DP-SGD accountant, "add_remove" (None, the default), "replace_one" or
+        "replace_special"; None for an accountant of other events (anything else raises).
+      pessimistic: True (default) for the pessimistic PLD, False for the optimistic one.
+
+    Returns:
+      A :class:`~pldjax.core.pld.PLD` of the whole run (:func:`pldjax.compose_schedule` of its
+      segments, both adjacency directions): pessimistic (the epsilon and delta read from it are
+      upper bounds on the truth) or optimistic (lower bounds); the identity for a run with no
+      steps.
+    """
     run = events(state)
     if _is_dpsgd(state) and all(e.noise.sensitivity == 1.0 for e, _ in run):
         run = segments(state)
@@ -352,20 +419,52 @@ def pld(state: AccountantState, *, neighboring: str | None = None, pessimistic: 
 
 @float64
 def epsilon(state: AccountantState, delta, *, neighboring: str | None = None) -> float:
-    """Smallest epsilon with the run (epsilon, delta)-DP: an upper bound (pessimistic PLD)."""
+    """Smallest epsilon with the run (epsilon, delta)-DP: an upper bound (pessimistic PLD).
+
+    Args:
+      state: an :class:`AccountantState` (concrete, not traced).
+      delta: in [0, 1], a scalar.
+      neighboring: as in :func:`pld`: for a DP-SGD accountant, "add_remove" (None, the default),
+        "replace_one" or "replace_special"; None for other events.
+
+    Returns:
+      Epsilon in nats, a float (inf where no finite epsilon is certified at ``delta``; 0 for a
+      run with no steps); pessimistic, an upper bound on the run's true epsilon.
+    """
     check_range("delta", delta, 0.0, 1.0)
     return float(pld(state, neighboring=neighboring).epsilon(delta))
 
 
 @float64
 def delta(state: AccountantState, epsilon, *, neighboring: str | None = None) -> float:
-    """Smallest delta with the run (epsilon, delta)-DP: an upper bound (pessimistic PLD)."""
+    """Smallest delta with the run (epsilon, delta)-DP: an upper bound (pessimistic PLD).
+
+    Args:
+      state: an :class:`AccountantState` (concrete, not traced).
+      epsilon: in nats, >= 0 and finite, a scalar.
+      neighboring: as in :func:`pld`: for a DP-SGD accountant, "add_remove" (None, the default),
+        "replace_one" or "replace_special"; None for other events.
+
+    Returns:
+      Delta, a float in [0, 1] (0 for a run with no steps); pessimistic, an upper bound on the
+      run's true delta.
+    """
     check_range("epsilon", epsilon, 0.0)
     return float(pld(state, neighboring=neighboring).delta(epsilon))
 
 
 def save(path, state: AccountantState) -> None:
-    """Write the state (npz or JSON, exact; see :mod:`pldjax.core.serialization`)."""
+    """Write the state (npz or JSON, exact; see :mod:`pldjax.core.serialization`).
+
+    Args:
+      path: the file (str or path-like), ending in ``.npz`` or ``.json``; missing parent
+        directories are created, and an existing file is replaced in one step (atomically).
+      state: the :class:`AccountantState` to write, its capacity and (for an accountant of
+        other events than DP-SGD steps) its template's structure named in the header.
+
+    Returns:
+      None.
+    """
     params = {"capacity": _capacity(state)}
     if not _is_dpsgd(state):  # the DP-SGD layout keeps the header it always had
         params["event"] = str(_structure(state))
@@ -384,7 +483,20 @@ class _Legacy(NamedTuple):
 
 def load(path, capacity: int = CAPACITY, *, event: Event | None = None) -> AccountantState:
     """Read a state written by :func:`save` (of this capacity and template ``event``, as given to
-    :func:`init`). Files of the DP-SGD accountant written before it recorded events still load."""
+    :func:`init`). Files of the DP-SGD accountant written before it recorded events still load.
+
+    Args:
+      path: a file written by :func:`save` (``.npz`` or ``.json``).
+      capacity: the capacity the saved state was made with, an integer >= 1; default
+        ``CAPACITY`` (64).
+      event: the template given to :func:`init` for the saved state; None (default) for a DP-SGD
+        accountant.
+
+    Returns:
+      The :class:`AccountantState` saved, bit for bit. A file saved for another capacity or
+      template, or holding a state that no sequence of steps reaches (damaged or edited), raises
+      a ValueError.
+    """
     fresh = init(capacity, event=event)
     params = {"capacity": _capacity(fresh)}
     if not _is_dpsgd(fresh):

@@ -92,7 +92,7 @@ def _iterations(limit: int, what: str):
 def _bisection_limit(low: float, high: float, rtol: float) -> int:
     """Geometric bisections that shrink the ratio high / low to 1 + rtol, plus slack."""
     spread = max(math.log(high) - math.log(low), 1e-300)
-    return math.ceil(math.log2(spread / math.log1p(rtol))) + 4
+    return max(math.ceil(math.log2(spread / math.log1p(rtol))), 0) + 4  # low = high: none
 
 
 def _configuration(event: Event, shape: tuple, index: int) -> Event | None:
@@ -216,6 +216,24 @@ def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, d
     (decreasing); raises where even the other limit exceeds a target. ``target_epsilon`` > 0,
     ``delta`` in (0, 1] and ``steps`` (whole, >= 1) broadcast; 0 < ``low`` < ``high`` < inf;
     ``rtol`` in [MIN_RTOL, 1).
+
+    Args:
+      make_event: a function from a float64 NumPy array of parameters (one per target) to a
+        :class:`~pldjax.mechanisms.events.Event` whose parameters broadcast with it.
+      target_epsilon: in nats, > 0 and finite.
+      delta: in (0, 1].
+      low: the smallest parameter searched, > 0 and finite.
+      high: the largest parameter searched, > ``low`` and finite.
+      increasing: True if epsilon increases with the parameter, False if it decreases.
+      steps: compositions of the event, a whole number >= 1; default 1.
+      rtol: relative width of the final bracket, in [``MIN_RTOL``, 1) (``MIN_RTOL`` = 1e-12);
+        default ``RTOL`` (1e-4).
+
+    Returns:
+      The parameter for each target, a float for scalar arguments, else a NumPy float64 array
+      of the broadcast shape of ``target_epsilon``, ``delta`` and ``steps``. On the safe side: its
+      computed epsilon (pessimistic, an upper bound on the truth) is at most the target, so the
+      true epsilon is too.
     """
     if not callable(make_event):
         raise ValueError(f"make_event must be a function of the parameter, got {make_event!r}")
@@ -256,6 +274,22 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
     ``rtol`` must lie in [MIN_RTOL, 1), and 0 < ``sigma_min`` < ``sigma_max`` < inf.
     (:func:`calibrate_event` of :func:`pldjax.accounting.dpsgd.dpsgd_event`, bracketed by doubling from 1: few
     distinct grids to compile.)
+
+    Args:
+      target_epsilon: in nats, > 0 and finite.
+      delta: in (0, 1].
+      sampling_prob: in [0, 1].
+      steps: whole number of steps >= 0.
+      neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out).
+      sigma_min: the smallest noise multiplier searched, > 0 and finite; default 0.05.
+      sigma_max: the largest noise multiplier searched, > ``sigma_min`` and finite; default 1e3.
+      rtol: relative width of the final bracket, in [``MIN_RTOL``, 1) (``MIN_RTOL`` = 1e-12);
+        default ``RTOL`` (1e-4).
+
+    Returns:
+      The noise multiplier for each target, a float for scalar arguments, else a NumPy float64
+      array of their broadcast shape. On the safe side: its computed epsilon (pessimistic, an
+      upper bound on the truth) is at most the target, so the true epsilon is too.
     """
     refuse_traced("calibrate_noise_multiplier", (target_epsilon, delta, sampling_prob, steps),
                   _CALIBRATE_OUTSIDE)
@@ -290,6 +324,25 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
     does not, unless T = ``max_steps`` (epsilon is non-decreasing in T, so this is the largest
     such T). ``max_steps`` is an integer in [1, MAX_STEPS]. Raises where even one step exceeds a
     target.
+
+    Args:
+      target_epsilon: in nats, > 0 and finite.
+      delta: in (0, 1].
+      noise_multiplier: > 0 and finite, for DP-SGD steps; None (default) with ``event``.
+      sampling_prob: in [0, 1], for DP-SGD steps; None (default) with ``event``.
+      event: the :class:`~pldjax.mechanisms.events.Event` of one step (array parameters are a
+        batch, joining the broadcast), in place of the DP-SGD arguments; None (default): DP-SGD
+        steps.
+      neighboring: the relation of DP-SGD steps, "add_remove" (default), "replace_one" or
+        "replace_special" (zero-out); not read with ``event``, which carries its own.
+      max_steps: the largest number of steps searched, an integer in [1, ``MAX_STEPS``]
+        (2^53); default 10^7.
+
+    Returns:
+      The number of steps T for each target, a NumPy int64 for scalar arguments, else a NumPy
+      int64 array of the broadcast shape of the arguments (and the event's batch). On the safe
+      side: the computed epsilon of T steps (pessimistic, an upper bound on the truth) is at
+      most the target, so the true epsilon is too.
     """
     refuse_traced("calibrate_steps", (target_epsilon, delta, noise_multiplier, sampling_prob, event),
                   _CALIBRATE_OUTSIDE)
@@ -364,7 +417,24 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     exceeds a target. ``q_min`` in (0, 1], ``rtol`` in [MIN_RTOL, 1). (:func:`calibrate_event` of
     :func:`pldjax.accounting.dpsgd.dpsgd_event`, bracketed downwards from q = 1 by factors of 10: a tiny q
     needs a very fine (large) grid, so q_min is only evaluated where nothing larger meets the
-    target.)"""
+    target.)
+
+    Args:
+      target_epsilon: in nats, > 0 and finite.
+      delta: in (0, 1].
+      noise_multiplier: > 0 and finite.
+      steps: whole number of steps >= 0.
+      neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out).
+      q_min: the smallest sampling probability searched, in (0, 1]; default 1e-8.
+      rtol: relative width of the final bracket, in [``MIN_RTOL``, 1) (``MIN_RTOL`` = 1e-12);
+        default ``RTOL`` (1e-4).
+
+    Returns:
+      The sampling probability for each target, a float for scalar arguments, else a NumPy
+      float64 array of their broadcast shape. On the safe side: its computed epsilon
+      (pessimistic, an upper bound on the truth) is at most the target, so the true epsilon is
+      too.
+    """
     refuse_traced("calibrate_sampling_prob", (target_epsilon, delta, noise_multiplier, steps),
                   _CALIBRATE_OUTSIDE)
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)

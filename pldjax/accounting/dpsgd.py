@@ -19,7 +19,21 @@ def dpsgd_event(noise_multiplier, sampling_prob, neighboring: Neighboring | str 
                 ) -> Event:
     """The event of one DP-SGD step: the Gaussian with noise multiplier ``noise_multiplier`` > 0
     (noise standard deviation / clipping norm) on a Poisson sample of rate ``sampling_prob`` in
-    [0, 1] (arrays allowed: a batch). Checks the arguments under these names."""
+    [0, 1] (arrays allowed: a batch). Checks the arguments under these names.
+
+    Args:
+      noise_multiplier: > 0 and finite (noise standard deviation / clipping norm); an array for a
+        batch.
+      sampling_prob: in [0, 1]; an array for a batch (it broadcasts with ``noise_multiplier``).
+      neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out, which
+        for this event is add/remove's pair), or a
+        :class:`~pldjax.mechanisms.neighboring.Neighboring`.
+
+    Returns:
+      The :class:`~pldjax.mechanisms.events.Event` of the Gaussian of sensitivity 1 with sigma
+      ``noise_multiplier`` under Poisson sampling of rate ``sampling_prob``. Traced arguments
+      (under jit) are not checked here.
+    """
     if not is_traced((noise_multiplier, sampling_prob)):
         check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
         check_range("sampling_prob", sampling_prob, 0.0, 1.0)
@@ -53,9 +67,11 @@ def dpsgd_epsilon(
       sampling_prob: in [0, 1] (0: nothing is learned, epsilon 0).
       steps: whole number of steps >= 0.
       delta: in [0, 1].
-      neighboring: "add_remove" (default) or "replace_one".
+      neighboring: "add_remove" (default) or "replace_one" ("replace_special", zero-out, is also
+        accepted and accounted as add/remove).
       pessimistic: False for the optimistic (lower-bound) estimate.
-      grid: optional mechanism :class:`Grid` (a finer step is tighter and slower).
+      grid: optional mechanism :class:`Grid` (a finer step is tighter and slower); None
+        (default): the automatic grid.
       progress: print a progress bar to stderr.
       rtol: target relative accuracy of epsilon, in (0, 1]; the grid step follows from it (the
         discretization error of a T-fold composition grows like T step^2). None (default): the
@@ -66,7 +82,15 @@ def dpsgd_epsilon(
         mechanism grid (grid.MAX_MECHANISM_SIZE points); where rtol asks for a finer one (a
         tiny sampling probability, or a very small rtol) it is not met. The optimistic value
         (``pessimistic=False``) stays a lower bound but can be far below the truth, even 0, on
-        a step coarser than -log(1 - q), which a coarse rtol can pick (see the README).
+        a step coarser than -log(1 - q), which a coarse rtol can pick (see the README). A
+        scalar, and not together with a ``grid`` that sets a step.
+
+    Returns:
+      Epsilon in nats, a float for scalar arguments, else a NumPy float64 array of their
+      broadcast shape. Pessimistic by default (an upper bound on the true epsilon, the worse
+      direction), optimistic (a lower bound) with ``pessimistic=False``. 0 where ``steps`` or
+      ``sampling_prob`` is 0; inf where no finite epsilon is certified at ``delta``; never NaN (a
+      failed computation reports inf, or 0 when optimistic).
     """
     refuse_traced("dpsgd_epsilon", (noise_multiplier, sampling_prob, steps, delta), _INSIDE_JIT)
     return account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, delta,
@@ -92,6 +116,26 @@ def dpsgd_delta(
     Same conventions as :func:`dpsgd_epsilon`; pessimistic (an upper bound) by default.
     ``rtol``: the grid's target accuracy, as an epsilon-equivalent (the step for which epsilon
     would be accurate to rtol relative near ``epsilon``).
+
+    Args:
+      noise_multiplier: > 0.
+      sampling_prob: in [0, 1] (0: nothing is learned, delta 0).
+      steps: whole number of steps >= 0.
+      epsilon: in nats, >= 0 (inf allowed).
+      neighboring: "add_remove" (default) or "replace_one" ("replace_special", zero-out, is also
+        accepted and accounted as add/remove).
+      pessimistic: False for the optimistic (lower-bound) estimate.
+      grid: optional mechanism :class:`Grid` (a finer step is tighter and slower); None
+        (default): the automatic grid.
+      progress: print a progress bar to stderr.
+      rtol: in (0, 1], a scalar, as described above; None (default): the automatic grid. Not
+        together with a ``grid`` that sets a step.
+
+    Returns:
+      Delta in [0, 1], a float for scalar arguments, else a NumPy float64 array of their
+      broadcast shape. Pessimistic by default (an upper bound on the true delta, the worse
+      direction), optimistic (a lower bound) with ``pessimistic=False``. 0 where ``steps`` or
+      ``sampling_prob`` is 0; never NaN (a failed computation reports 1, or 0 when optimistic).
     """
     refuse_traced("dpsgd_delta", (noise_multiplier, sampling_prob, steps, epsilon), _INSIDE_JIT)
     return account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, epsilon,

@@ -590,19 +590,32 @@ def _account_by_pld(event: Event, steps, target, evaluate: str, *, pessimistic, 
     return _finished(out, shape, evaluate, pessimistic)
 
 
+#: The Args and Returns sections of :func:`event_epsilon` and :func:`event_delta`, filled in with
+#: each one's target argument (``target``: its Args entry) and value (``value``, ``failed``,
+#: ``note``).
 _EVENT_ARGS = """
     Args:
       event: a :class:`~pldjax.mechanisms.events.Event`, e.g. ``pj.Event(pj.noise.Laplace(2.0),
         pj.sampling.Poisson(0.01))``; array parameters are a batch (they broadcast with
         ``steps`` and the target; the result has the broadcast shape, a float for scalars).
       steps: whole number of compositions >= 0.
+      {target}
       pessimistic: False for the optimistic (lower-bound) estimate.
       grid: optional mechanism :class:`Grid` (a finer step is tighter and slower); automatic by
         default (for integer-valued noise without sampling: each configuration's exact lattice).
       progress: print a progress bar to stderr.
       rtol: target relative accuracy of epsilon, in (0, 1], for the Gaussian (without sampling
         or Poisson-subsampled) only, whose loss spread has a closed form (any other event: a
-        ValueError; pass ``grid`` instead); see :func:`dpsgd_epsilon`.
+        ValueError; pass ``grid`` instead); see :func:`dpsgd_epsilon`. A scalar, and not
+        together with a ``grid`` that sets a step; None (default): the automatic grid.
+
+    Returns:
+      {value}, a float for scalar arguments, else a NumPy float64 array of the broadcast shape
+      of the event's parameters, ``steps`` and the target. Pessimistic by default (an upper
+      bound on the truth, the worse direction), optimistic (a lower bound) with
+      ``pessimistic=False``. 0 for zero steps or a sampling probability of 0; never NaN (a
+      failed computation reports {failed}, or 0 when optimistic).
+      {note}
 """
 
 
@@ -649,5 +662,13 @@ def event_delta(
                     evaluate="delta", progress=progress, rtol=rtol)
 
 
-event_epsilon.__doc__ += _EVENT_ARGS
-event_delta.__doc__ += _EVENT_ARGS
+event_epsilon.__doc__ += _EVENT_ARGS.format(
+    target="delta: in [0, 1].",
+    value="Epsilon in nats",
+    failed="inf",
+    note="Inf where no finite epsilon is certified at ``delta``.").rstrip()
+event_delta.__doc__ += _EVENT_ARGS.format(
+    target="epsilon: in nats, >= 0 (inf allowed).",
+    value="Delta in [0, 1]",
+    failed="1",
+    note="").rstrip()  # no blank line left where the note was

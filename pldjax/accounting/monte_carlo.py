@@ -211,7 +211,29 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
     (jax-privacy's ``BMinSepSampling(sampling_prob, steps, min_sep, warm_start)``, without
     truncation), Gaussian noise of ``noise_multiplier`` times the clip norm, add/remove or
     zero-out: it is below the truth with probability at most ``failure_probability`` over the
-    ``samples`` draws in each direction (``key`` seeds them). See the module docstring."""
+    ``samples`` draws in each direction (``key`` seeds them). See the module docstring.
+
+    Args:
+      noise_multiplier: the noise standard deviation over the clip norm, > 0 and finite.
+      sampling_prob: the probability p that an eligible record takes part in a step, in [0, 1].
+      steps: the number of steps T, an integer >= 1.
+      min_sep: b, the separation between a record's participations (after one it sits out the
+        next b - 1 steps), an integer in [1, ``MAX_MIN_SEP``] (4096); 1 is Poisson sampling.
+      epsilon: in nats, >= 0 and finite.
+      samples: draws in each direction, an integer >= 1; at most ``MAX_SAMPLES`` (10^8), and
+        samples times steps at most ``MAX_WORK`` (10^11); default 10^6.
+      failure_probability: in (0, 1): the probability, over the draws, that the bound fails
+        (half of it for each direction); default 1e-3.
+      warm_start: True (default): the process starts in its stationary law; False: every record
+        starts eligible.
+      key: integer seed of the draws (default 0); a key gives the same samples every time.
+
+    Returns:
+      A :class:`MonteCarloBound` with ``epsilon`` as given and ``delta`` an upper bound on the
+      true delta(epsilon) with probability at least 1 - ``failure_probability`` (high-probability,
+      not certified: never compose it with PLDs), beside the plain ``estimate`` (no guarantee),
+      ``failure_probability`` and ``samples``; plain Python numbers.
+    """
     check_range("epsilon", epsilon, 0.0)
     mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
                                               samples, failure_probability)
@@ -229,7 +251,31 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
     one set of samples) is at most ``delta``: an upper bound on the true epsilon(delta) with
     probability at least 1 - ``failure_probability``; inf when no epsilon's bound reaches
     ``delta`` (too few samples for so small a delta: about log(2 / failure_probability) / delta
-    are needed)."""
+    are needed).
+
+    Args:
+      noise_multiplier: the noise standard deviation over the clip norm, > 0 and finite.
+      sampling_prob: the probability p that an eligible record takes part in a step, in [0, 1].
+      steps: the number of steps T, an integer >= 1.
+      min_sep: b, the separation between a record's participations (after one it sits out the
+        next b - 1 steps), an integer in [1, ``MAX_MIN_SEP``] (4096); 1 is Poisson sampling.
+      delta: in (0, 1].
+      samples: draws in each direction, an integer >= 1; at most ``MAX_SAMPLES`` (10^8), and
+        samples times steps at most ``MAX_WORK`` (10^11); default 10^6.
+      failure_probability: in (0, 1): the probability, over the draws, that the bound fails
+        (half of it for each direction); default 1e-3.
+      warm_start: True (default): the process starts in its stationary law; False: every record
+        starts eligible.
+      key: integer seed of the draws (default 0); a key gives the same samples every time.
+
+    Returns:
+      A :class:`MonteCarloBound` with ``epsilon`` in nats, the smallest found (by bisection, the
+      end whose bound meets ``delta``): an upper bound on the true epsilon(delta) with
+      probability at least 1 - ``failure_probability`` (high-probability, not certified), or
+      inf; ``delta`` as given; ``estimate`` the plain estimate of delta at that epsilon (at the
+      largest epsilon searched when inf, no guarantee); ``failure_probability`` and ``samples``;
+      plain Python numbers.
+    """
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
                                               samples, failure_probability)

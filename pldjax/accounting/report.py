@@ -205,12 +205,27 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
         on ``grid``, automatic by default, and composed), a :mod:`pldjax.accountant` state
         (the run it recorded, both PLDs), or a ``pj.dp_accounting.PLDAccountant`` (its ledger:
         both PLDs where it holds events only, else the pessimistic one).
-      optimistic: its optimistic PLD, for the lower bounds (built for an event).
-      count: the number of runs of an event (>= 1); only with an event.
-      deltas, epsilons: where the privacy profile is read (delta in [0, 1], epsilon >= 0 nats).
-      fprs: the attacker's false-positive rates (in [0, 1]).
-      orders: Rényi orders (> 0).
-      assumptions: what the report is of (added to what an event describes itself).
+      optimistic: its optimistic PLD, for the lower bounds (built for an event). Only with a
+        PLD ``mechanism``; None (default) there: the trivial lower bounds (0, and TPR = FPR).
+      count: the number of runs of an event (>= 1); only with an event, which needs it.
+      grid: the mechanism :class:`~pldjax.core.grid.Grid` both PLDs of an event are built on;
+        only with an event; None (default): automatic.
+      deltas: where the privacy profile's epsilon is read, a non-empty 1-D sequence of deltas in
+        [0, 1]; default ``DELTAS``.
+      epsilons: where the privacy profile's delta is read, a non-empty 1-D sequence of epsilons
+        >= 0 (nats, finite); default ``EPSILONS``.
+      fprs: the attacker's false-positive rates (in [0, 1]); a non-empty 1-D sequence, default
+        ``FPRS``.
+      orders: Rényi orders (> 0, finite); a non-empty 1-D sequence, default ``ORDERS``.
+      assumptions: what the report is of (added to what an event describes itself, its entries
+        taking precedence); None (default): only that description.
+
+    Returns:
+      A :class:`PrivacyReport` whose grids and bounds are NumPy float64 arrays (one value per
+      grid point) and whose Gaussian-DP values are floats, each pair of bounds a bracket around
+      the truth. Its upper values come from the pessimistic PLD (upper bounds: what may be
+      claimed), its lower values from the optimistic one (lower bounds), or are the trivial
+      lower bounds without one.
     """
     described = {} if assumptions is None else dict(assumptions)
     run = None  # the (event, count) pairs composed, where known

@@ -57,6 +57,26 @@ def compose_schedule(
     ``rtol``: target relative accuracy of the epsilons read from it, as in :func:`dpsgd_epsilon`
     (one step for every segment, from their total count and the composed loss's spread; the
     Gaussian's closed form, so every segment must be a Gaussian event, else a ValueError).
+
+    Args:
+      segments: a non-empty sequence of (event, steps) pairs, each event an
+        :class:`~pldjax.mechanisms.events.Event` with scalar parameters, or of (noise_multiplier,
+        sampling_prob, steps) triples for DP-SGD steps (noise_multiplier > 0 and finite,
+        sampling_prob in [0, 1]); steps a whole number >= 0. Segments of zero steps, or of an
+        event with sampling probability 0, add nothing.
+      neighboring: the relation of the (noise_multiplier, sampling_prob, steps) triples:
+        "add_remove" (default), "replace_one" or "replace_special"; an event carries its own.
+      pessimistic: True (default) for the pessimistic PLD, False for the optimistic one.
+      grid: optional mechanism :class:`Grid`, used for every segment; None (default): each
+        segment's automatic grid.
+      rtol: target relative accuracy, in (0, 1] and a scalar, as described above; None
+        (default): no target. Not together with a ``grid`` that sets a step.
+
+    Returns:
+      A :class:`~pldjax.core.pld.PLD` of the whole run with both adjacency directions,
+      pessimistic (the epsilon and delta read from it are upper bounds on the truth) by default,
+      optimistic (lower bounds) with ``pessimistic=False``; the identity where no segment adds
+      anything.
     """
     segments = list(segments)
     refuse_traced("compose_schedule", segments, "inside jit, build each segment's PLD with "

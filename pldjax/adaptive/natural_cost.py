@@ -595,7 +595,24 @@ def _bounds(a: Analysis, rounds: int) -> tuple[Bounds, float, float]:
 def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
     """Upper and lower bounds on V_rounds(Id), the natural filter's worst-case PLD (Thm 6), for a
     finite family of symmetric query PLDs (aligned onto one grid step, see the module docstring;
-    Id is always allowed)."""
+    Id is always allowed).
+
+    Args:
+      queries: the query family, a non-empty iterable of unbatched symmetric PLDs (one direction
+        each; ValueError otherwise), aligned onto one step first.
+      budget: the natural filter's budget, one unbatched symmetric PLD (ValueError otherwise), on any
+        step.
+      rounds: k, the number of rounds, an integer >= 1. The compositions of up to ``rounds`` queries
+        must fit the memory guards (at most 2^16 multisets a level, 2^30 values held at once), else
+        a ValueError.
+
+    Returns:
+      A :class:`~pldjax.adaptive.natural_cost.Bounds` ``(upper, epsilons, upper_deltas, lower_deltas,
+      gap)``. ``upper`` is a pessimistic PLD above V_rounds(Id) (an upper bound); ``epsilons`` is the
+      recursion's grid (nats, NumPy float64); ``upper_deltas`` are the upper bound's curve values
+      there and ``lower_deltas`` values at or below the true V_rounds(Id) curve there (a lower bound);
+      ``gap`` (a float) is the largest difference of the two.
+    """
     rounds = check_count("rounds", rounds, minimum=1)
     return _bounds(_analyse(queries, budget, rounds), rounds)[0]
 
@@ -604,7 +621,21 @@ def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
 def natural_filter_cost(queries, *, budget: PLD, rounds: int) -> PLD:
     """V_rounds(Id) as a pessimistic PLD: an upper bound on the privacy of every analyst
     interacting with the natural filter of ``budget`` for ``rounds`` rounds using ``queries``
-    (aligned onto one step first, see the module docstring)."""
+    (aligned onto one step first, see the module docstring).
+
+    Args:
+      queries: the query family, a non-empty iterable of unbatched symmetric PLDs (one direction
+        each; ValueError otherwise), aligned onto one step first.
+      budget: the natural filter's budget, one unbatched symmetric PLD (ValueError otherwise), on any
+        step.
+      rounds: k, the number of rounds, an integer >= 1. The compositions of up to ``rounds`` queries
+        must fit the memory guards (at most 2^16 multisets a level, 2^30 values held at once), else
+        a ValueError.
+
+    Returns:
+      A pessimistic :class:`PLD`, an upper bound on V_rounds(Id) (the ``upper`` of
+      :func:`natural_filter_bounds`).
+    """
     return natural_filter_bounds(queries, budget=budget, rounds=rounds).upper
 
 
@@ -677,6 +708,24 @@ def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
     one branching point); "undecided" otherwise. Queries on different steps are aligned first
     (exactly when possible, else pessimistically: see the module docstring); the budget may sit
     on any step.
+
+    Args:
+      queries: the query family, a non-empty iterable of unbatched symmetric PLDs (one direction
+        each; ValueError otherwise), aligned onto one step first.
+      budget: the natural filter's budget, one unbatched symmetric PLD (ValueError otherwise), on any
+        step.
+      rounds: k, the number of rounds, an integer >= 1. The compositions of up to ``rounds`` queries
+        must fit the memory guards (at most 2^16 multisets a level, 2^30 values held at once), else
+        a ValueError.
+
+    Returns:
+      A :class:`~pldjax.adaptive.natural_cost.Verdict` ``(status, upper_excess, lower_excess, gap,
+      witness)``. ``status`` is "free", "not free" or "undecided" as above; ``upper_excess`` is the
+      largest excess of the upper bound's curve over the budget's at every eps >= 0, ``lower_excess``
+      that of the lower bound at the grid points eps >= 0, ``gap`` as in :func:`natural_filter_bounds`
+      (floats); ``witness`` is None, or for "not free" a dict with the strategy (``prefix``,
+      ``options``: lists of query indices) and where it exceeds the budget (``epsilon``, ``delta``,
+      ``budget_delta``, ``excess``).
     """
     rounds = check_count("rounds", rounds, minimum=1)
     a = _analyse(queries, budget, rounds)
@@ -691,10 +740,23 @@ def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
 
 @float64
 def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> bool:
-    """Thm 8's condition: every two compositions of fewer than ``rounds`` queries are ordered
-    (one's curve below the other's at every grid point eps >= 0, up to ``tolerance``). If it holds the
+    """Thm 8's condition: every two compositions of 1 to max(``rounds`` - 1, 1) queries are
+    ordered (one's curve below the other's at every grid point eps >= 0, up to ``tolerance``). If it holds the
     natural filter is free for every budget; if it fails for non-degenerate members it is not
-    free for some budget at 2 rounds - 3 rounds."""
+    free for some budget at 2 rounds - 3 rounds.
+
+    Args:
+      queries: the query family, a non-empty iterable of unbatched symmetric PLDs (one direction
+        each; ValueError otherwise), aligned onto one step first.
+      rounds: an integer >= 1: the compositions of 1 to max(rounds - 1, 1) queries are compared. Their
+        pairs must fit the memory guard (at most 2^25 pairs), and the compositions the guards of
+        :func:`natural_filter_bounds`, else a ValueError.
+      tolerance: how far one curve may rise above another and still count as below it, finite and
+        >= 0; default ROUNDOFF (1e-14).
+
+    Returns:
+      True (a Python bool) when every two of these compositions are ordered, else False.
+    """
     rounds = check_count("rounds", rounds, minimum=1)
     check_range("tolerance", tolerance, 0.0)
     family = _family(queries)

@@ -236,6 +236,23 @@ def filter_odometer(delta: float, *, epsilon: float | None = None, y_star: float
 
     Steps: ``step(state, epsilon_n, delta_n=0)`` for an (epsilon_n, delta_n)-pDP step. Reading:
     ``{"epsilon": U_n}``, +inf once the delta_n sum above ``delta_queries`` (default delta / 2).
+
+    Args:
+      delta: the failure probability of (*), in (0, 1).
+      epsilon: the target epsilon, in nats, finite and > 0 (a ValueError if its y* rounds to 0).
+        Give exactly one of ``epsilon`` and ``y_star``.
+      y_star: y*, the V_n (squared nats) where the line is tuned, finite and > 0.
+      delta_queries: delta'', the budget for the sum of the steps' delta_n, in [0, ``delta``); None
+        (default) means delta / 2. The rest, delta' = delta - delta_queries, pays for the martingale
+        bound.
+
+    Returns:
+      An :class:`Odometer`. ``step(state, epsilon_n, delta_n=0)`` records an (epsilon_n, delta_n)-pDP
+      step (epsilon_n >= 0 in nats, inf allowed; delta_n in [0, 1]) and returns the new state and
+      whether it was recorded; ``bound(state)`` reads ``{"epsilon": U_n}``, a NumPy float64 in nats:
+      the formula above at the recorded V_n, rounded up (an upper bound on it), and +inf once the
+      delta_n sum above ``delta_queries``; ``guarantee`` ``{"delta", "delta_prime", "delta_queries"}``
+      is the delta with which all the readings hold at once, (*), and its split.
     """
     delta_prime, delta_queries = _split(delta, delta_queries)
     if (epsilon is None) == (y_star is None):
@@ -272,6 +289,21 @@ def mixture_odometer(delta: float, *, gamma: float,
 
     ``gamma`` > 0 sets where it is tightest (about V_n ~ gamma). Steps and reading as in
     :func:`filter_odometer`.
+
+    Args:
+      delta: the failure probability of (*), in (0, 1).
+      gamma: the mixture's scale, in squared nats (the units of V_n), finite and > 0.
+      delta_queries: delta'', the budget for the sum of the steps' delta_n, in [0, ``delta``); None
+        (default) means delta / 2. The rest, delta' = delta - delta_queries, pays for the martingale
+        bound.
+
+    Returns:
+      An :class:`Odometer`. ``step(state, epsilon_n, delta_n=0)`` records an (epsilon_n, delta_n)-pDP
+      step (epsilon_n >= 0 in nats, inf allowed; delta_n in [0, 1]) and returns the new state and
+      whether it was recorded; ``bound(state)`` reads ``{"epsilon": U_n}``, a NumPy float64 in nats:
+      the formula above at the recorded V_n, rounded up (an upper bound on it), and +inf once the
+      delta_n sum above ``delta_queries``; ``guarantee`` ``{"delta", "delta_prime", "delta_queries"}``
+      is the delta with which all the readings hold at once, (*), and its split.
     """
     delta_prime, delta_queries = _split(delta, delta_queries)
     check_range("gamma", gamma, 0.0, low_open=True)
@@ -297,6 +329,21 @@ def stitched_odometer(delta: float, *, v0: float,
     and +inf while V_n < ``v0`` (so a larger epsilon_n that carries V_n past v0 lowers the reading
     from +inf; beyond v0 it is non-decreasing in every epsilon_n). Asymptotically the best of the
     three (rate sqrt(V log log V)). Steps and reading as in :func:`filter_odometer`.
+
+    Args:
+      delta: the failure probability of (*), in (0, 1).
+      v0: the V_n (squared nats) from which the reading is finite, finite and > 0.
+      delta_queries: delta'', the budget for the sum of the steps' delta_n, in [0, ``delta``); None
+        (default) means delta / 2. The rest, delta' = delta - delta_queries, pays for the martingale
+        bound.
+
+    Returns:
+      An :class:`Odometer`. ``step(state, epsilon_n, delta_n=0)`` records an (epsilon_n, delta_n)-pDP
+      step (epsilon_n >= 0 in nats, inf allowed; delta_n in [0, 1]) and returns the new state and
+      whether it was recorded; ``bound(state)`` reads ``{"epsilon": U_n}``, a NumPy float64 in nats:
+      the formula above at the recorded V_n, rounded up (an upper bound on it), and +inf once the
+      delta_n sum above ``delta_queries``; ``guarantee`` ``{"delta", "delta_prime", "delta_queries"}``
+      is the delta with which all the readings hold at once, (*), and its split.
     """
     delta_prime, delta_queries = _split(delta, delta_queries)
     check_range("v0", v0, 0.0, low_open=True)
@@ -329,6 +376,22 @@ def rogers_odometer(delta: float, *, dataset_size: int,
     [1/n^2, 1]). Implemented as Whitehouse et al. print it, including its drop at V = 1 where the
     two cases meet (so it is not monotone in V there). Steps and reading as in
     :func:`filter_odometer`.
+
+    Args:
+      delta: the failure probability of (*), in (0, 1), with delta' = delta - delta_queries <= 1/e
+        (ValueError otherwise).
+      dataset_size: n, an integer in [2, 10^150].
+      delta_queries: delta'', the budget for the sum of the steps' delta_n, in [0, ``delta``); None
+        (default) means delta / 2. The rest, delta' = delta - delta_queries, pays for the martingale
+        bound.
+
+    Returns:
+      An :class:`Odometer`. ``step(state, epsilon_n, delta_n=0)`` records an (epsilon_n, delta_n)-pDP
+      step (epsilon_n >= 0 in nats, inf allowed; delta_n in [0, 1]) and returns the new state and
+      whether it was recorded; ``bound(state)`` reads ``{"epsilon": U_n}``, a NumPy float64 in nats:
+      the formula above at the recorded V_n, rounded up (an upper bound on it), and +inf once the
+      delta_n sum above ``delta_queries``; ``guarantee`` ``{"delta", "delta_prime", "delta_queries"}``
+      is the delta with which all the readings hold at once, (*), and its split.
     """
     delta_prime, delta_queries = _split(delta, delta_queries)
     if not delta_prime <= math.exp(-1.0):
@@ -356,7 +419,18 @@ def pointwise_epsilon(variance, delta_prime: float):
     """sqrt(2 log(1/delta') V) + V / 2: the loss bound at ONE intrinsic time V fixed in advance
     (advanced composition with the constants of Whitehouse et al.; the lower envelope of all filter
     odometers, each touching it at its y*). Not an odometer: it holds at a fixed V, not at all
-    times at once. For comparisons (Figure 3(b) of Whitehouse et al.)."""
+    times at once. For comparisons (Figure 3(b) of Whitehouse et al.).
+
+    Args:
+      variance: V, the intrinsic time (a sum of epsilon_m^2, in squared nats): a number or an array,
+        not checked (a negative V gives NaN).
+      delta_prime: delta', in (0, 1).
+
+    Returns:
+      sqrt(2 log(1/delta') V) + V / 2 in nats, as NumPy float64 (a float for one V, an array of V's
+      shape for several), computed in floating point and not rounded up: the value of the formula,
+      not a certified upper bound on it.
+    """
     check_range("delta_prime", delta_prime, 0.0, 1.0, low_open=True, high_open=True)
     v = np.asarray(variance, np.float64)
     return np.sqrt(2.0 * math.log(1.0 / delta_prime) * v) + v / 2
@@ -375,16 +449,31 @@ def gdp_tail_epsilon(mu, delta, slack=0.0):
     """The smallest t with P_P(L > t) <= delta for every pair (P, Q) whose tradeoff curve is at
     least G_mu - slack: t = log(delta) - log Phi(Phi^-1(delta - slack) - mu) (see
     :func:`gdp_ladder_odometer` for the proof), in float64 and rounded up (relative 1e-9 plus
-    1e-12, far above the error of ndtri / log_ndtr). Host-side; +inf where delta <= slack."""
+    1e-12, far above the error of ndtri / log_ndtr). Host-side; +inf where delta <= slack.
+
+    Args:
+      mu: the GDP parameter, >= 0 (inf allowed), a number or an array.
+      delta: the tail probability, in [0, 1], a number or an array; where it is <= ``slack`` the
+        result is +inf.
+      slack: the tradeoff slack s, in [0, 1], a number or an array; default 0.
+
+    Returns:
+      t in nats, NumPy float64 of the arguments' broadcast shape (a float for numbers), the
+      formula rounded up (so an upper bound on the exact t, and at least 1e-12); +inf where
+      delta <= slack or where the formula gives NaN.
+    """
     from scipy.special import log_ndtr, ndtri  # here: SciPy's 0.1-0.4 s import for its users only
 
+    check_range("mu", mu, 0.0, allow_inf=True)
+    check_range("delta", delta, 0.0, 1.0)
+    check_range("slack", slack, 0.0, 1.0)
     mu = np.asarray(mu, np.float64)
     delta = np.asarray(delta, np.float64)
     slack = np.asarray(slack, np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.log(delta) - log_ndtr(ndtri(delta - slack) - mu)
     t = np.where(delta > slack, t, np.inf)
-    return np.where(np.isnan(t), np.inf, np.maximum(t, 0.0) * (1 + 1e-9) + 1e-12)
+    return np.where(np.isnan(t), np.inf, np.maximum(t, 0.0) * (1 + 1e-9) + 1e-12)[()]
 
 
 @float64
@@ -459,6 +548,26 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
 
     With ``residue=True`` the rungs share one filter object (budget mu_{K-1}): a GDP residue
     filter keeps its remaining budget in its state, so a state started at mu_k is rung k's filter.
+
+    Args:
+      mu0: the lowest rung's GDP budget, finite and > 0.
+      delta: the failure probability of (G2), in (0, 1); each rung gets delta_k = delta / ``rungs``.
+      growth: the ratio of consecutive rungs' budgets, finite and > 1; default 2^(1/4), about 1.19.
+      rungs: K, an integer in [1, 4096] (MAX_RUNGS); the top budget mu0 * growth^(K - 1) must be at
+        most 1e100, the GDP filters' largest (ValueError otherwise).
+      slack: s, every rung's hockey-stick slack budget, in [0, delta_k); None (default) means
+        delta_k / 1000.
+      residue: False (default): GDP filters; True: GDP residue filters. A bool (ValueError otherwise).
+      steps: an integer >= 1 (default RESIDUE_STEPS, 16): with ``residue=True``, each residue search
+        makes at most 1 + ``steps`` tests (checked, and unused, with ``residue=False``).
+
+    Returns:
+      An :class:`Odometer`. ``step(state, query)`` records a GDP cost nu_n (a number >= 0, inf
+      allowed) or a pessimistic PLD and returns the new state and whether it was recorded;
+      ``bound(state)`` reads ``{"mu": ..., "epsilon": ...}``, mu_{k(n)} and eps_{k(n)} (nats) of the
+      lowest alive rung as NumPy float64 (eps_k rounded up: an upper bound on the exact tail bound),
+      both +inf once every rung has refused a step; ``guarantee`` ``{"delta", "slack", "mu",
+      "epsilon"}`` holds delta, s, and the rungs' mu_k and eps_k (NumPy float64 arrays).
     """
     check_range("mu0", mu0, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)

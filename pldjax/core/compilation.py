@@ -67,6 +67,14 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
 
     Does nothing and returns None when JAX already has a cache directory configured (yours wins)
     or when ``PLDJAX_COMPILATION_CACHE`` is ``0``. Returns the directory in use otherwise.
+
+    Args:
+      path: the cache directory (str or path-like), created with its parents if missing (an
+        OSError where it cannot be); None (default): :func:`default_cache_dir`. Exported
+        programs go to a sibling directory of the same name with ``-exported`` appended.
+
+    Returns:
+      The cache directory in use, a :class:`pathlib.Path`, or None where nothing was done.
     """
     if os.environ.get("PLDJAX_COMPILATION_CACHE") == "0" or jax.config.jax_compilation_cache_dir:
         return None

@@ -187,8 +187,9 @@ class PLD:
     def delta(self, epsilon) -> jax.Array:
         """Hockey-stick divergence delta(epsilon); an upper bound if the PLD is pessimistic.
 
-        ``epsilon`` is a scalar or array (nats, any real value); the result has shape
-        ``batch_shape + shape(epsilon)``. For a two-direction PLD it is the larger direction.
+        ``epsilon`` is a scalar or array (nats, >= 0, inf allowed: a negative epsilon is a
+        ValueError); the result has shape ``batch_shape + shape(epsilon)``, NumPy float64 (a
+        float for a scalar) on the host. For a two-direction PLD it is the larger direction.
         """
         from pldjax.kernels.hockey_stick import delta
 

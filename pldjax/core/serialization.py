@@ -84,7 +84,21 @@ def _decode_json(entry: dict) -> np.ndarray:
 
 
 def save(path, state, *, kind: str, params: dict) -> None:
-    """Write ``state`` (a pytree of arrays) for the filter or accountant ``kind``/``params``."""
+    """Write ``state`` (a pytree of arrays) for the filter or accountant ``kind``/``params``.
+
+    Args:
+      path: the file (str or path-like), ending in ``.npz`` (NumPy's archive) or ``.json``
+        (hexadecimal floats); missing parent directories are created, and an existing file is
+        replaced in one step (atomically).
+      state: a pytree of arrays (typed PRNG keys are stored as their key data).
+      kind: the name of the kind of object the state belongs to (a filter, odometer or
+        accountant), written in the header.
+      params: that object's parameters, written in the header for :func:`load` to check
+        (JSON-serializable values; NumPy arrays and scalars are converted).
+
+    Returns:
+      None.
+    """
     path = Path(path)
     leaves = [np.asarray(_plain_leaf(leaf)) for leaf in jax.tree_util.tree_leaves(state)]
     header = _header(kind, params)
@@ -117,7 +131,24 @@ def _read(path: Path) -> tuple[dict, list]:
 def load(path, template, *, kind: str, params: dict, batched: bool = False):
     """Read a state saved by :func:`save`, checked against ``kind``/``params`` and rebuilt on the
     tree structure (and leaf shapes and dtypes) of ``template``. ``batched``: the leaves may also
-    carry leading batch axes (a vmapped state), the same for every leaf."""
+    carry leading batch axes (a vmapped state), the same for every leaf.
+
+    Args:
+      path: a file written by :func:`save`, ending in ``.npz`` or ``.json``.
+      template: a state of the expected tree structure, leaf shapes and dtypes (its values are
+        not read).
+      kind: the kind the file must have been saved for.
+      params: the parameters the file must have been saved with (compared after the same JSON
+        conversion as :func:`save` makes).
+      batched: False (default): every leaf has the template's shape; True: the leaves may carry
+        the same leading batch axes.
+
+    Returns:
+      A pytree of the template's structure whose leaves are JAX arrays (typed PRNG keys where
+      the template has them) holding the saved values. A file that does not match
+      (format, version, kind, parameters, number, shapes or dtypes of the arrays) or cannot be
+      read raises a ValueError.
+    """
     path = Path(path)
     if path.suffix not in (".json", ".npz"):
         raise ValueError(f"path must end in .npz or .json, got {path.name!r}")
@@ -168,7 +199,16 @@ def _like(array: np.ndarray, template_leaf):
 
 
 def save_filter_state(path, filter_, state) -> None:
-    """Save a filter's state (see :func:`save`)."""
+    """Save a filter's state (see :func:`save`).
+
+    Args:
+      path: the file, ending in ``.npz`` or ``.json`` (written atomically, as by :func:`save`).
+      filter_: the filter the state belongs to (its ``kind`` and ``params`` go in the header).
+      state: the filter's state, batched (by vmap) or not.
+
+    Returns:
+      None.
+    """
     save(path, state, kind=filter_.kind, params=filter_.params)
 
 
@@ -176,7 +216,16 @@ def load_filter_state(path, filter_):
     """Restore a state saved by :func:`save_filter_state` for this very filter, batched (by
     vmap) or not. A state that no sequence of spends reaches (a damaged or edited file) is a
     ValueError: one whose remaining budget is NaN, negative or above a fresh filter's (a PLD
-    budget's masses NaN or negative), in any batch element."""
+    budget's masses NaN or negative), in any batch element.
+
+    Args:
+      path: a file written by :func:`save_filter_state` (``.npz`` or ``.json``).
+      filter_: the filter that saved it (the same kind and parameters).
+
+    Returns:
+      The filter's state, a pytree of JAX arrays, with the leading batch axes it was saved with,
+      if any.
+    """
     state = load(path, filter_.init(), kind=filter_.kind, params=filter_.params, batched=True)
     left, fresh = filter_.remaining(state), filter_.remaining(filter_.init())
     if isinstance(left, PLD):
@@ -194,7 +243,17 @@ def load_filter_state(path, filter_):
 
 
 def save_odometer_state(path, odometer, state) -> None:
-    """Save an odometer's state (see :func:`save`)."""
+    """Save an odometer's state (see :func:`save`).
+
+    Args:
+      path: the file, ending in ``.npz`` or ``.json`` (written atomically, as by :func:`save`).
+      odometer: the odometer the state belongs to (its ``kind`` and ``params`` go in the
+        header).
+      state: the odometer's state, batched (by vmap) or not.
+
+    Returns:
+      None.
+    """
     save(path, state, kind=odometer.kind, params=odometer.params)
 
 
@@ -202,7 +261,16 @@ def load_odometer_state(path, odometer):
     """Restore a state saved by :func:`save_odometer_state` for this very odometer, batched (by
     vmap) or not. A state that no sequence of steps reaches (a damaged or edited file: a NaN or
     negative sum, alive flags that do not match the rungs' budgets, ...) is a ValueError saying
-    what is wrong (``odometer.state_problem``)."""
+    what is wrong (``odometer.state_problem``).
+
+    Args:
+      path: a file written by :func:`save_odometer_state` (``.npz`` or ``.json``).
+      odometer: the odometer that saved it (the same kind and parameters).
+
+    Returns:
+      The odometer's state, a pytree of JAX arrays, with the leading batch axes it was saved
+      with, if any.
+    """
     state = load(path, odometer.init(), kind=odometer.kind, params=odometer.params, batched=True)
     problem = odometer.state_problem(state)
     if problem is not None:

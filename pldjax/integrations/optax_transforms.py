@@ -19,7 +19,7 @@
 
 Noise keys are explicit: both take a ``key`` and have no default.
 
-Clipping is pldjax's in all three (:func:`_clipped`; optax's, applied again after it, can only
+Clipping is pldjax's in both (:func:`_clipped`; optax's, applied again after it, can only
 scale down): a clipped gradient's norm stays at most ``l2_norm_clip`` after rounding to the
 model's precision (bfloat16 included), and an example whose gradient is not finite (NaN or inf)
 is left out of the sum and, with per-example budgets, charged as a zero gradient. Rounding in the
@@ -69,6 +69,24 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
     ``sampling_prob``: the Poisson sampling rate the caller uses to form batches (the accounting
     assumes it). ``steps(state)[1]`` is the number of steps the budget allows; after that many
     updates the transformation returns zeros. ``epsilon(state, delta)`` reads the privacy spent so far.
+
+    Args:
+      learning_rate: the SGD learning rate, given to ``optax.sgd`` (a number or an optax schedule).
+      l2_norm_clip: C, the per-example clipping norm, finite and > 0.
+      noise_multiplier: sigma, finite and > 0: the noise on the sum of clipped gradients has standard
+        deviation C * sigma.
+      sampling_prob: in [0, 1].
+      key: a ``jax.random`` key for the noise; required (None raises a ValueError).
+      epsilon_budget: the epsilon (nats) the run may reach at ``delta``, finite and > 0; a budget that
+        one step already exceeds raises a ValueError.
+      delta: in (0, 1].
+      neighboring: "add_remove" (default) or "replace_one", the relation the accounting uses.
+
+    Returns:
+      An optax ``GradientTransformation``. Its ``update(grads, state, params=None)`` takes
+      per-example gradients; its state is a ``DPSGDState``, read by :func:`steps` and
+      :func:`epsilon`. The steps allowed are calibrated by :func:`pldjax.calibrate_steps` with its
+      default ``max_steps`` (so at most 10**7), from a pessimistic estimate of epsilon.
     """
     _check_key(key)
     check_range("l2_norm_clip", l2_norm_clip, 0.0, low_open=True)
@@ -111,13 +129,29 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
 
 
 def epsilon(state: DPSGDState, delta: float) -> float:
-    """Privacy spent so far by the steps taken (an upper bound)."""
+    """Privacy spent so far by the steps taken (an upper bound).
+
+    Args:
+      state: a ``DPSGDState`` of a :func:`dpsgd` transformation.
+      delta: in [0, 1].
+
+    Returns:
+      The smallest epsilon (nats, a Python float) with the steps taken (epsilon, delta)-DP, read from
+      a pessimistic PLD: an upper bound on the true epsilon.
+    """
     return _accountant.epsilon(state.accountant, delta)
 
 
 @float64
 def steps(state: DPSGDState) -> tuple[int, int]:
-    """(steps taken, steps the budget allows), read from the packed state."""
+    """(steps taken, steps the budget allows), read from the packed state.
+
+    Args:
+      state: a ``DPSGDState`` of a :func:`dpsgd` transformation.
+
+    Returns:
+      A tuple of two Python ints, (steps taken, steps the budget allows).
+    """
     count = jax.ShapeDtypeStruct((), jnp.int64)
     taken, allowed = unpack((state.steps, state.max_steps), (count, count))
     return int(taken), int(allowed)
@@ -170,6 +204,32 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     the delta it was charged: delta_i(eps) <= delta_{G_mu_budget}(eps) + (delta charged to i)
     at every eps, and the charges never exceed ``delta_slack`` (each step charges the step PLD's
     tail mass at +inf plus ROUNDOFF, so ``delta_slack`` must be > 0 here).
+
+    Args:
+      learning_rate: the SGD learning rate, given to ``optax.sgd`` (a number or an optax schedule).
+      l2_norm_clip: C, the per-example clipping norm, finite and > 0.
+      noise_multiplier: sigma, finite and > 0: the noise's standard deviation is C * sigma.
+      key: a ``jax.random`` key for the noise (and, with ``sampling_prob``, the sampling); required
+        (None raises a ValueError).
+      mu_budget: each example's GDP budget, finite and > 0; at most 1e100 for full-batch steps (the
+        GDP residue filter's limit), and at most 1e6 when the table is built here.
+      num_examples: the number of examples, an integer >= 1; the gradients' leading axis.
+      delta_slack: each example's slack budget: in [0, 1] for full-batch steps (the default 0 is
+        enough there: closed-form GDP costs charge nothing), in (0, 1] with ``sampling_prob`` (the
+        default 0 then raises a ValueError).
+      sampling_prob: None (default) for full-batch steps, else the Poisson sampling probability q,
+        in (0, 1].
+      accounting: "residue" (default) or "gdp"; read with ``sampling_prob`` only (full-batch steps
+        always use GDP residue filters).
+      table: with ``sampling_prob`` only (ValueError otherwise): a ``ResidueTable`` built for this
+        ``noise_multiplier`` and ``sampling_prob`` exactly (ValueError otherwise); None (default)
+        builds one here.
+
+    Returns:
+      An optax ``GradientTransformation``. Its ``update(grads, state, params=None)`` takes the
+      per-example gradients of all ``num_examples`` examples; its state is an ``IndividualState``
+      (full-batch steps) or a ``SampledIndividualState`` (``sampling_prob``), from which
+      :func:`remaining_mu` reads each example's remaining budget.
     """
     _check_key(key)
     check_range("l2_norm_clip", l2_norm_clip, 0.0, low_open=True)
@@ -318,7 +378,16 @@ def _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key, m
 
 @float64
 def remaining_mu(state: IndividualState | SampledIndividualState) -> jax.Array:
-    """Each example's remaining GDP budget (float64)."""
+    """Each example's remaining GDP budget (float64).
+
+    Args:
+      state: an ``IndividualState`` or ``SampledIndividualState`` of an :func:`individual_dpsgd`
+        transformation.
+
+    Returns:
+      Each example's GDP budget left, a JAX float64 array of shape (num_examples,) (an example
+      that has left training keeps the budget it had then).
+    """
     if isinstance(state, SampledIndividualState):
         return unpack(state.mu, jax.ShapeDtypeStruct(state.mu.shape[:-1], jnp.float64))
     return unpack(state.filters.mu, jax.ShapeDtypeStruct((), jnp.float64))

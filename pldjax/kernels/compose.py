@@ -580,8 +580,9 @@ def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
 
     Pairwise FFT convolutions, each followed by truncation to the window that holds all but
     ``grid.TAIL_MASS`` of the mass (pessimistically placed, see the module docstring). ``size``
-    fixes the number of grid points of every intermediate result (required under ``jit``, where
-    the automatic choice cannot look at the values), an integer in [1, grid.MAX_SIZE]; an
+    fixes the number of grid points of every intermediate result (under ``jit``, where the
+    automatic choice cannot look at the values, each convolution otherwise keeps its full
+    length), an integer in [1, grid.MAX_SIZE]; an
     automatic window is refused beyond grid.MAX_SIZE too, and so is a pair of PLDs whose
     convolution would need an FFT of more than 2 * grid.MAX_SIZE points (memory guards, each a
     ValueError). Batch axes broadcast; a pessimistic and an optimistic PLD cannot be composed.
@@ -591,6 +592,21 @@ def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
     grids use powers of two) and the refined PLDs fit grid.MAX_SIZE; otherwise onto the coarsest
     step, a pessimistic PLD by connect-the-dots (an upper bound), an optimistic one by rounding
     its losses down (a lower bound). Under ``jit`` (traced steps) onto the largest step.
+
+    Args:
+      plds: a non-empty sequence of :class:`PLD` objects, all pessimistic or all optimistic (else
+        a ValueError); their batch shapes broadcast and their steps may differ (see above).
+      size: None (default): each intermediate window chosen from the values; under ``jit``, where
+        they cannot be read, None leaves every pairwise convolution at its full length
+        (untruncated). Else grid points of every intermediate result, a whole number in
+        [1, grid.MAX_SIZE].
+
+    Returns:
+      A :class:`PLD` whose batch shape is the broadcast of the members' (the one member itself
+      when ``plds`` holds one), with two directions when any member has two (composed direction
+      by direction). Pessimistic when the members are: an upper bound on the composition's
+      delta(eps) and epsilon(delta) when each member dominates its mechanism; optimistic members
+      give an optimistic result (a lower bound).
     """
     plds = list(plds)
     if not plds:

@@ -150,6 +150,17 @@ def tradeoff_from_profile(epsilons, deltas, alphas) -> jax.Array:
     Each point (eps_j, delta_j) with delta(eps_j) <= delta_j forces beta(alpha) >=
     e^{-eps_j} (1 - delta_j - alpha); the largest such bound (and 0) is returned at ``alphas``.
     Exact at the kinks when the points are a grid PLD's curve at its grid points.
+
+    Args:
+      epsilons: the points' eps_j (nats), finite reals, any shape (flattened).
+      deltas: the points' delta_j, in [0, 1], any shape (flattened); one per epsilon (or one for
+        all): each must be at least the true delta(eps_j) for the result to be a bound.
+      alphas: type I errors at which to evaluate the bound, in [0, 1], any shape.
+
+    Returns:
+      The lower bound on beta (>= 0) at each alpha, with the shape of ``alphas`` (a NumPy array,
+      or a NumPy float for a scalar ``alphas``; a JAX array under ``jit``). It is a pessimistic
+      bound: the true tradeoff curve is at or above it.
     """
     check_range("epsilons", epsilons)
     check_range("alphas", alphas, 0.0, 1.0)
@@ -170,6 +181,18 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     pessimistic PLD's curve at its kinks), the supremum over it is attained at the points and
     max_i (1 - alpha_i - e^eps beta_i) is an upper bound on delta(eps). Points taken *on* a
     curved tradeoff function give a lower bound instead (their chords lie above it).
+
+    Args:
+      alphas: the points' type I errors alpha_i, in [0, 1], any shape (flattened).
+      betas: the points' type II errors beta_i, in [0, 1], any shape (flattened); one per alpha
+        (or one for all).
+      epsilons: where to evaluate delta (nats), finite reals, any shape.
+
+    Returns:
+      max(0, max_i (1 - alpha_i - e^eps beta_i)) at each epsilon, with the shape of
+      ``epsilons`` (a NumPy array, or a NumPy float for a scalar ``epsilons``; a JAX array under
+      ``jit``). An upper bound on delta(eps) (pessimistic) when the points' curve lies below the
+      true tradeoff curve, as above; a lower bound for points on a curved tradeoff function.
     """
     check_range("alphas", alphas, 0.0, 1.0)
     check_range("betas", betas, 0.0, 1.0)

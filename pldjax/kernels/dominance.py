@@ -131,6 +131,18 @@ def sup(plds, *, size: int | None = None) -> PLD:
     chords: above every member, and the tightest such PLD on the grid; the sup of an ordered
     family is its largest member. ``size``: number of grid points of the result from the lowest
     member's first point (default: up to the highest member's last point).
+
+    Args:
+      plds: one :class:`PLD` with exactly one batch axis (the family), or a non-empty list of
+        unbatched PLDs; all pessimistic (else a ValueError).
+      size: a whole number of grid points of the result, or None (default: from the lowest
+        member's first point up to the highest member's last); required under ``jit`` (else a
+        ValueError).
+
+    Returns:
+      An unbatched, pessimistic :class:`PLD` on the common step, an upper bound on every member
+      (it dominates each), with two directions when any member has two (each direction the
+      supremum of the members' in that direction).
     """
     family = _as_family(plds)
     if not family.pessimistic:

@@ -81,6 +81,14 @@ def privacy_loss(
     Concrete parameters out of range raise a ValueError when their record is built; traced ones
     (under ``jit`` or ``vmap``) out of range give, element by element, the PLD that claims
     nothing (:meth:`~pldjax.core.pld.PLD.where_valid`: pessimistic, delta = 1 everywhere).
+
+    Returns:
+      A :class:`PLD` whose batch shape is the broadcast shape of the noise's and the sampling's
+      parameters (a :class:`~pldjax.mechanisms.sampling.Mixture`'s last axis, its components,
+      left out; unbatched for scalars), with two directions for the schemes above that have them.
+      Pessimistic (``pessimistic=True``, the default): it dominates the true mechanism, an upper
+      bound on delta(eps) and on epsilon(delta). Optimistic (``pessimistic=False``): a
+      lower bound; there an invalid traced element is the identity (all of the mass at loss 0).
     """
     _check_records(noise, sampling)
     pld = _privacy_loss(noise, sampling, neighboring, pessimistic, grid)

@@ -36,10 +36,25 @@ from pldjax.mechanisms.sampling import Sampling
 #: The arguments the named noise constructors share (see :func:`pldjax.mechanisms.sampling.from_args` and
 #: :func:`privacy_loss`).
 _SHARED_ARGS = """
-      sampling_prob, sampling: q in [0, 1] with "poisson" (default) or "fixed_batch" (see
-        :func:`pldjax.mechanisms.sampling.from_args`), or a :mod:`pldjax.mechanisms.sampling` record
-        as ``sampling``; no sampling by default.
-      neighboring, pessimistic, grid: see :func:`privacy_loss`.
+      sampling_prob: q in [0, 1], the probability that a record takes part in a step (for
+        ``sampling="fixed_batch"``, the batch fraction b / n); scalar or array (it broadcasts with
+        the noise's parameters). None (default): no sampling.
+      neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out), or a
+        :class:`~pldjax.mechanisms.neighboring.Neighboring`; see :func:`privacy_loss`.
+      sampling: "poisson" (default) or "fixed_batch" (sampling without replacement, under
+        ``neighboring="replace_one"`` only), taken with ``sampling_prob`` (see
+        :func:`pldjax.mechanisms.sampling.from_args`); or a :mod:`pldjax.mechanisms.sampling`
+        record, with ``sampling_prob`` left None.
+      pessimistic: True (default) for the connect-the-dots upper estimate, False for the
+        optimistic lower estimate; see :func:`privacy_loss`.
+      grid: optional :class:`Grid`; None (default): automatic. See :func:`privacy_loss`.
+
+    Returns:
+      A :class:`PLD` whose batch shape is the broadcast shape of the array arguments (unbatched
+      for scalars), with both adjacency directions where the scheme has two (see
+      :func:`privacy_loss`). Pessimistic by default: it dominates the true mechanism (an upper
+      bound on delta(eps) and on epsilon(delta)); with ``pessimistic=False``, optimistic (a lower
+      bound).
 """
 
 
@@ -66,14 +81,27 @@ def gaussian(
     Args:
       sigma: noise standard deviation, > 0 (scalar or array: a batch of PLDs; all array arguments
         broadcast).
-      sensitivity: L2 sensitivity (the largest norm of one record's contribution), > 0."""
+      sensitivity: L2 sensitivity (the largest norm of one record's contribution), > 0; 1 by
+        default (then ``sigma`` is the noise multiplier)."""
     return privacy_loss(Gaussian(sigma, sensitivity), sampling_lib.from_args(sampling_prob, sampling),
                         neighboring, pessimistic=pessimistic, grid=grid)
 
 
 @float64
 def gdp(mu, *, pessimistic: bool = True, grid: Grid | None = None) -> PLD:
-    """G_mu = PLD(N(0, 1) || N(mu, 1)), the mu-GDP curve; ``mu`` >= 0 (mu = 0 is the identity)."""
+    """G_mu = PLD(N(0, 1) || N(mu, 1)), the mu-GDP curve; ``mu`` >= 0 (mu = 0 is the identity).
+
+    Args:
+      mu: >= 0 and finite (scalar or array: a batch of PLDs).
+      pessimistic: True (default) for the connect-the-dots upper estimate, False for the
+        optimistic lower estimate.
+      grid: optional :class:`Grid`; None (default): automatic.
+
+    Returns:
+      A :class:`PLD` with the batch shape of ``mu`` and one direction (the pair is symmetric).
+      Pessimistic by default (it dominates G_mu: an upper bound on delta and epsilon); with
+      ``pessimistic=False``, optimistic (a lower bound).
+    """
     return privacy_loss(GDP(mu), pessimistic=pessimistic, grid=grid)
 
 
@@ -95,7 +123,7 @@ def laplace(
 
     Args:
       scale: noise scale b, > 0 (scalar or array).
-      sensitivity: L1 sensitivity, > 0."""
+      sensitivity: L1 sensitivity, > 0 (scalar or array); 1 by default."""
     return privacy_loss(Laplace(scale, sensitivity), sampling_lib.from_args(sampling_prob, sampling),
                         neighboring, pessimistic=pessimistic, grid=grid)
 
@@ -119,7 +147,8 @@ def discrete_laplace(
 
     Args:
       scale: > 0, in units of the query's integer output (scalar or array); the loss is in nats.
-      sensitivity: whole number >= 1 (L1 sensitivity of an integer-valued query)."""
+      sensitivity: whole number >= 1 (L1 sensitivity of an integer-valued query); 1 by
+        default."""
     return privacy_loss(DiscreteLaplace(scale, sensitivity),
                         sampling_lib.from_args(sampling_prob, sampling), neighboring,
                         pessimistic=pessimistic, grid=grid)
@@ -148,7 +177,8 @@ def discrete_gaussian(
       sigma: >= 1e-150 (below it the loss overflows float64), in units of the query's integer
         output (scalar or array; the noise's standard deviation is close to sigma for sigma >= 1,
         below it for small sigma).
-      sensitivity: whole number >= 1 (L1 = L2 sensitivity of an integer-valued query)."""
+      sensitivity: whole number >= 1 (L1 = L2 sensitivity of an integer-valued query); 1 by
+        default. Like ``sigma``, it must be concrete."""
     return privacy_loss(DiscreteGaussian(sigma, sensitivity),
                         sampling_lib.from_args(sampling_prob, sampling), neighboring,
                         pessimistic=pessimistic, grid=grid)
@@ -168,6 +198,18 @@ def randomized_response(
     Losses +epsilon and -epsilon with masses (1-delta) e^eps/(1+e^eps) and (1-delta)/(1+e^eps), and
     an atom delta at +inf. Exact when epsilon is a multiple of the grid step (e.g. dyadic epsilon on
     the automatic grid); otherwise connect-the-dots gives the pessimistic (or optimistic) estimate.
+
+    Args:
+      epsilon: >= 0 and finite (nats); scalar or array (a batch; it broadcasts with ``delta``).
+      delta: in [0, 1], the mass of the atom at +inf; 0 by default (pure epsilon-DP).
+      pessimistic: True (default) for the connect-the-dots upper estimate, False for the
+        optimistic lower estimate.
+      grid: optional :class:`Grid`; None (default): automatic.
+
+    Returns:
+      A :class:`PLD` with the broadcast shape of ``epsilon`` and ``delta`` as batch shape and one
+      direction. Pessimistic by default (it dominates R_{epsilon,delta}: an upper bound); with
+      ``pessimistic=False``, optimistic (a lower bound).
     """
     return privacy_loss(RandomizedResponse(epsilon, delta), pessimistic=pessimistic, grid=grid)
 
@@ -213,12 +255,26 @@ def from_privacy_curve(
       delta: vectorized function eps (NumPy array, nats) -> delta(eps) of PLD(P || Q): the exact
         privacy curve, or an upper bound on it that is itself a privacy curve (non-increasing,
         convex in e^eps, delta(eps) >= 1 - e^eps). The result's curve interpolates it at the grid
-        points and lies above it in between: an upper bound, and the tightest on this grid.
-      epsilon_min, epsilon_max: the loss window (nats); losses below it are moved up into its
-        lowest point, and delta(epsilon_max) becomes the atom at +inf.
-      step: grid spacing (nats); a power of two composes with the automatic grids.
+        points and lies above it in between: an upper bound, and the tightest on this grid. It is
+        called once, on the window's grid points, and must return an array of their shape with
+        values in [0, 1]; values that are not a privacy curve (beyond a tolerance of about 1e-9)
+        are a ValueError.
+      epsilon_min: the bottom of the loss window (nats, finite); losses below it are moved up
+        into its lowest point, epsilon_min rounded down to a multiple of ``step``.
+      epsilon_max: the top of the loss window (nats, finite, > epsilon_min), rounded up to a
+        multiple of ``step``; delta(epsilon_max), taken at that rounded point, becomes the atom
+        at +inf. The window may hold at most grid.MAX_MECHANISM_SIZE (2^20) points, else a
+        ValueError (use a larger step).
+      step: grid spacing (nats), in (0, grid.MAX_STEP] = (0, 256]; a power of two composes with
+        the automatic grids.
       reverse: the curve of PLD(Q || P) when the mechanism is not symmetric (e.g. add/remove
-        adjacency); the result then has both directions.
+        adjacency); the result then has both directions. None (default): symmetric, one
+        direction. Same requirements as ``delta``.
+
+    Returns:
+      An unbatched, pessimistic :class:`PLD` on the window's grid (an upper bound), which
+      dominates every pair whose curves lie at or below ``delta`` (and ``reverse``); two
+      directions when ``reverse`` is given.
     """
     check_range("step", step, 0.0, grid_lib.MAX_STEP, low_open=True)
     check_range("epsilon_min", epsilon_min)
@@ -285,7 +341,17 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
     from eps = 0 (losses below 0 move up to 0; the mechanisms are symmetric) to where the curve
     is below 1e-18 (what lies beyond is the atom at +inf), about 4,096 points. ``rho`` and ``xi``
     >= 0 (nats; (xi, rho) composes by addition); a window wider than 700 nats (rho above about
-    400, xi above about 690) is refused with a ValueError."""
+    400, xi above about 690) is refused with a ValueError.
+
+    Args:
+      rho: >= 0 and finite, a scalar (nats): the Rényi divergence's growth rate in the order.
+      xi: >= 0 and finite, a scalar (nats): the order-independent part; 0 by default (rho-zCDP).
+
+    Returns:
+      An unbatched, pessimistic :class:`PLD` with one direction, on a power-of-two grid step,
+      which is an upper bound on delta(eps) and epsilon(delta) of every (xi, rho)-zCDP
+      mechanism.
+    """
     top = zcdp_window(rho, xi)
     rho, xi = float(rho), float(xi)
     step = float(np.ldexp(1.0, int(np.ceil(np.log2(top / (_ZCDP_POINTS - 1))))))
@@ -326,6 +392,22 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     ``epsilon`` and ``delta`` are scalars (build a batch by stacking). Memory guard: the lattice has
     2 count + 1 points (2 count epsilon / step + 1 on ``grid``), at most grid.MAX_SIZE, so
     ``count`` <= (grid.MAX_SIZE - 1) // 2; larger is a ValueError.
+
+    Args:
+      epsilon: >= 0 and finite, a scalar (nats).
+      delta: in [0, 1], a scalar.
+      count: number of compositions, a whole number in [1, (grid.MAX_SIZE - 1) // 2]; 1 by
+        default.
+      grid: None (default): the lattice of step epsilon (step 1 when epsilon = 0). A
+        :class:`Grid`: the losses on ``grid.step`` (on step 1 when ``grid.step`` is None), each
+        rounded up to a grid point; at most grid.MAX_SIZE points, else a ValueError naming the
+        smallest step that fits. A traced epsilon or delta (under ``jit`` or ``vmap``) needs
+        None (else a ValueError).
+
+    Returns:
+      An unbatched :class:`PLD` with one direction, flagged pessimistic (exact on the lattice of
+      step epsilon, an upper bound with its losses rounded up on ``grid``). Traced epsilon or
+      delta out of range give the PLD that claims nothing (all of the mass at +inf).
     """
     for name, value in (("epsilon", epsilon), ("delta", delta)):
         if np.ndim(value) != 0:
@@ -337,10 +419,10 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     if count > max_count:
         raise ValueError(f"count must be an integer in [1, {max_count}] (a memory guard: the "
                          f"lattice has 2 count + 1 points), got {count}")
-    if grid is not None and is_traced(epsilon):
+    if grid is not None and is_traced((epsilon, delta)):
         raise ValueError("approx_dp_composition(grid=...) places its losses on the grid from a "
-                         "concrete epsilon; under jit or vmap leave grid None (the lattice of "
-                         "step epsilon)")
+                         "concrete epsilon and delta; under jit or vmap leave grid None (the "
+                         "lattice of step epsilon)")
     step = 1.0 if grid is None or grid.step is None else float(grid.step)
     if grid is not None and 2 * count * float(epsilon) / step + 1 > grid_lib.MAX_SIZE:
         raise ValueError(f"grid.step = {step} is too fine for count = {count} and epsilon = "
@@ -370,7 +452,16 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
 
 @float64
 def identity(*, pessimistic: bool = True) -> PLD:
-    """The PLD of a mechanism that reveals nothing: all mass at loss 0 (neutral for composition)."""
+    """The PLD of a mechanism that reveals nothing: all mass at loss 0 (neutral for composition).
+
+    Args:
+      pessimistic: the result's flag, True by default; the PLD is exact either way, and the flag
+        only decides which PLDs it composes with (all must be pessimistic, or all optimistic).
+
+    Returns:
+      An unbatched :class:`PLD` with one direction, mass 1 at loss 0 (one point, step 1 nat) and
+      none at +inf. Both an upper and a lower bound; flagged as ``pessimistic`` says.
+    """
     one = jnp.ones((1,), jnp.float64)
     return PLD(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
 

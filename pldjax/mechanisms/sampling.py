@@ -365,7 +365,20 @@ def from_args(sampling_prob=None, sampling: Sampling | str = "poisson") -> Sampl
     probability that a record takes part, or the batch fraction b / n for ``"fixed_batch"``; None:
     no sampling) with ``sampling`` "poisson" (default) or "fixed_batch" (sampling without
     replacement; replace-one adjacency only). ``sampling`` may also be a :class:`Sampling`
-    record, with ``sampling_prob`` None."""
+    record, with ``sampling_prob`` None.
+
+    Args:
+      sampling_prob: q in [0, 1] (scalar or array; checked when the record is built), or None
+        (default): no sampling with "poisson"; "fixed_batch" needs a value (else a ValueError),
+        and a record in ``sampling`` needs None (else a ValueError).
+      sampling: "poisson" (default), "fixed_batch", or a :class:`Sampling` record; any other
+        value is a ValueError.
+
+    Returns:
+      ``Poisson(sampling_prob)`` or ``FixedBatch(sampling_prob)`` for a name with a
+      ``sampling_prob``, the record itself when ``sampling`` is one, and None (no sampling) for
+      "poisson" without a ``sampling_prob``.
+    """
     if isinstance(sampling, Sampling):
         if sampling_prob is not None:
             raise ValueError("pass sampling_prob inside the sampling record, not beside it")

@@ -117,6 +117,23 @@ def shuffling_lower_bound(noise_multiplier: float, steps_per_epoch: int, epochs:
     2^16 intervals; the derivation is in the module docstring. ``grid``: its ``step`` (nats)
     rounds the losses (default 2^-10; coarser, a power of two, where the losses span more than
     2^18 points); its other fields are not used.
+
+    Args:
+      noise_multiplier: > 0 and finite, a scalar: the noise's standard deviation over the clip
+        norm.
+      steps_per_epoch: batches per epoch T, a whole number >= 1.
+      epochs: number of epochs E, a whole number >= 1; 1 by default.
+      neighboring: "replace_one" (default) or "replace_special" (zero-out), or the matching
+        :class:`~pldjax.mechanisms.neighboring.Neighboring`; anything else is a ValueError.
+      grid: optional :class:`Grid` whose ``step`` (nats) rounds the losses; None (default) or a
+        step of None: 2^-10.
+
+    Returns:
+      An unbatched :class:`PLD` with ``pessimistic=False`` and both directions, each an
+      optimistic estimate (a lower bound on delta(eps) and on epsilon(delta) of shuffled
+      DP-SGD). Epochs beyond the first are composed by self-composition, which raises
+      :class:`~pldjax.kernels.compose.CompositionTooWide` (a ValueError) when its window does not
+      fit; a coarser ``grid`` step helps there.
     """
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     sigma = float(noise_multiplier)

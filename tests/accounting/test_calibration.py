@@ -222,6 +222,10 @@ def test_calibrated_steps_and_sampling_prob():
         pj.calibrate_sampling_prob(0.01, DELTA, 0.5, 10, q_min=0.1)
     with pytest.raises(ValueError, match="q_min"):
         pj.calibrate_sampling_prob(2.0, DELTA, 1.0, 100, q_min=0.0)
+    # a search over [1, 1]: answered, or refused, without a search
+    assert pj.calibrate_sampling_prob(1e3, DELTA, 1.0, 10, q_min=1.0) == 1.0
+    with pytest.raises(ValueError, match="sampling probability >= q_min"):
+        pj.calibrate_sampling_prob(0.01, DELTA, 1.0, 10, q_min=1.0)
     with pytest.raises(ValueError, match="one step already exceeds"):
         pj.calibrate_steps(0.01, DELTA, 0.5, 1.0)
 

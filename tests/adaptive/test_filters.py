@@ -244,6 +244,12 @@ def test_natural_filter_on_an_approximate_dp_budget():
     assert float(composed.delta(1.0)) <= 1e-6 + ROUNDOFF
 
 
+def test_natural_filter_refuses_a_cost_in_numbers_by_name():
+    f = F.natural_filter(pj.approx_dp_composition(1.0, 1e-6, 1), step=1 / 128)
+    with pytest.raises(ValueError, match="natural: the query must be a pessimistic PLD"):
+        f.spend(f.init(), 0.5)
+
+
 def test_natural_filter_at_no_slack_against_a_gdp_budget():
     """Randomized responses against G_1 at delta_slack 0: the convolution's round-off allowance
     was added to every bin, 3e-13 of mass above the responses' losses, more than G_1's tail, and

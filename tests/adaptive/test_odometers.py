@@ -158,6 +158,15 @@ def test_gdp_tail_bounds_the_gaussian_loss_tail():
             assert tail >= delta / 20  # the bound covers every GDP pair, not just this one
 
 
+def test_gdp_tail_names_bad_arguments_and_reads_a_number_as_a_float():
+    assert isinstance(OD.gdp_tail_epsilon(1.0, 1e-6), float)
+    assert OD.gdp_tail_epsilon([1.0, 2.0], 1e-6).shape == (2,)
+    for args, name in (((-1.0, 1e-6), "mu"), ((1.0, 2.0), "delta"), ((1.0, float("nan")), "delta"),
+                       ((1.0, 1e-6, -1e-9), "slack")):
+        with pytest.raises(ValueError, match=name):
+            OD.gdp_tail_epsilon(*args)
+
+
 def test_reading_is_inf_once_the_deltas_exceed_delta_queries():
     od = OD.mixture_odometer(2.0**-16, gamma=0.1, delta_queries=2.0**-18)
     state = od.init()

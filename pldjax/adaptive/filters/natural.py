@@ -98,6 +98,24 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
     (pessimistic, about 1e-16 a bin): against a budget whose curve falls below what that adds up
     to (a GDP budget far in its tail) while the composition's support reaches there, a
     ``delta_slack`` of about 1e-12 lets the query through.
+
+    Args:
+      budget: one unbatched PLD (anything else raises a ValueError), taken as given.
+      step: the composition's grid step, in nats: finite, > 0 and at most 256 (grid.MAX_STEP), and
+        not so small that the budget's losses need more than 2**25 points on it (ValueError).
+        Default: the budget's step (that of its first direction).
+      size: the number of points of the composition's window, an integer in [2, 2**25]. Default: the
+        smallest power of two at least 2 more than the number of steps of ``step`` that the budget's
+        losses span.
+      delta_slack: how far, besides ROUNDOFF, the composition's privacy curve may rise above the
+        budget's, in [0, 1]; default 0.
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a pessimistic PLD (there is no cost in numbers for this
+      filter); its ``remaining`` reads the composition of the accepted queries, a pessimistic PLD
+      with both directions; its ``guarantee`` ``{"budget", "free"}`` holds the budget and a reminder
+      that the interaction is dominated by it only for some query families (V_k, Thm 6; see
+      :func:`pldjax.natural_filter_free`): the filter promises no guarantee of its own.
     """
     if not isinstance(budget, PLD) or budget.batch_shape:
         raise ValueError("natural: budget must be one (unbatched) PLD")
@@ -130,7 +148,10 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
         return NaturalState(identity, np.zeros((2,)))
 
     def prepare(state, query):
-        if isinstance(query, PLD) and not is_traced(query.step):
+        if not isinstance(query, PLD):
+            raise ValueError(f"natural: the query must be a pessimistic PLD (this filter has no "
+                             f"cost in numbers), got {query!r}")
+        if not is_traced(query.step):
             return onto_step(query, step, "natural"), {"aligned": True}
         return query, {"aligned": False}
 
@@ -244,6 +265,20 @@ def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter
 
     Query: a symmetric pessimistic PLD (a PLD that dominates the true one has a profile whose
     generalized randomized response still dominates the query, Thm 11), or a profile vector.
+
+    Args:
+      epsilon: the epsilon of eq. (1), in nats: finite and > 0 (one so small that a band would take
+        more than 2^62 queries raises a ValueError).
+      delta: the delta of eq. (1), in (0, 0.25).
+      rounds: the most queries the filter accepts, an integer in [1, 2^53].
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a symmetric pessimistic PLD (one direction; a PLD with
+      two raises a ValueError) or a profile vector (the n bands' masses, each >= 0); its
+      ``remaining`` reads ``{"bands": ..., "rounds": ...}``, the budget left in each band and the
+      number of queries left; its ``guarantee`` ``{"epsilon", "delta", "bands", "edges", "budgets"}``
+      holds epsilon' and delta' (the interaction is (epsilon', delta')-DP, Thm 15), the number n of
+      bands, the band edges (nats) and the bands' initial budgets.
     """
     check_range("epsilon", epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 0.25, low_open=True, high_open=True)

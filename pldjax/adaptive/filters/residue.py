@@ -67,6 +67,17 @@ def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
     loss over both directions (exact for the grid PLD) and whose atom at +inf is charged to the
     ``delta`` budget (default 0: such queries are rejected). Sums are rounded up, so the count of
     accepted queries is floor(epsilon / epsilon_0) in exact arithmetic on the given floats.
+
+    Args:
+      epsilon: the budget, in nats: a finite number >= 0.
+      delta: the budget that pays for the PLD queries' atoms at +inf, in [0, 1]; with the default 0
+        a PLD query with an atom at +inf is rejected. A query given as a number charges nothing to it.
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a query epsilon_0 (a number >= 0 in nats; inf is
+      rejected) or a pessimistic PLD, charged as above; its ``remaining`` reads
+      ``{"epsilon": ..., "delta": ...}``, the budgets left (NumPy float64); its ``guarantee``
+      ``{"epsilon", "delta"}`` states that the whole interaction is (epsilon, delta)-DP.
     """
     check_range("epsilon", epsilon, 0.0)
     check_range("delta", delta, 0.0, 1.0)
@@ -117,6 +128,19 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     Query: a float nu (a nu-GDP query, nu^2 charged rounded up) or a PLD (nu by
     :func:`pldjax.gdp_mu`, an upper bound; its atom at +inf plus ROUNDOFF charged to ``delta``).
     The interaction has delta(eps) <= delta_{G_mu}(eps) + delta at every eps.
+
+    Args:
+      mu: the GDP budget, a finite number in [0, 1e100].
+      delta: the slack budget, in [0, 1]: each accepted PLD query charges it its atom at +inf plus
+        ROUNDOFF (1e-14), a query given as a number charges nothing. The default 1e-10 pays for about
+        10,000 PLD queries without an atom at +inf.
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a cost nu (a number >= 0; inf is rejected) or a
+      pessimistic PLD; its ``remaining`` reads ``{"mu": ..., "delta": ...}``, the GDP budget left
+      (sqrt(mu^2 - sum of the accepted nu^2)) and the slack left, as NumPy float64; its ``guarantee``
+      ``{"mu", "delta"}`` states that the interaction has delta(eps) <= delta_{G_mu}(eps) + delta at
+      every eps.
     """
     check_range("mu", mu, 0.0, MAX_MU)
     check_range("delta", delta, 0.0, 1.0)
@@ -171,6 +195,21 @@ def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_
     delta(eps) <= delta_{G_mu}(eps) + delta at every eps. ``size``: points of the check window on
     the query's grid; by default chosen on the host (coarsening too-fine query grids
     pessimistically), and MAX_RESIDUE_SIZE under jit.
+
+    Args:
+      mu: the initial GDP budget, a finite number in [0, 1e100].
+      delta: the slack budget, in [0, 1]; default 1e-10. Each accepted PLD query charges it its atom
+        at +inf plus ROUNDOFF (1e-14); a query given as a number charges nothing.
+      steps: an integer >= 1 (default RESIDUE_STEPS, 16): the residue search of a PLD query makes at
+        most 1 + ``steps`` tests.
+      size: None (default: chosen as said above), or the number of points of the check window, an
+        integer in [16, 2**25], checked when a PLD query is spent on concrete values.
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a cost nu (a number >= 0; inf is rejected) or a
+      pessimistic PLD; its ``remaining`` reads ``{"mu": ..., "delta": ...}``, the remaining budget mu'
+      and the slack left (NumPy float64); its ``guarantee`` ``{"mu", "delta"}`` states that the
+      interaction has delta(eps) <= delta_{G_mu}(eps) + delta at every eps.
     """
     check_range("mu", mu, 0.0, MAX_MU)
     check_range("delta", delta, 0.0, 1.0)
@@ -225,6 +264,18 @@ def renyi_filter(orders, budget) -> Filter:
 
     Query: an array of Rényi divergences (one per order) or a pessimistic PLD (its divergences,
     the worse direction: an upper bound; an atom at +inf makes them infinite, i.e. rejected).
+
+    Args:
+      orders: the Rényi orders a, one number or a 1-D array, each finite and > 1.
+      budget: the RDP budget at each order, in nats: one number (the same at every order) or one per
+        order, each finite and >= 0.
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a query's Rényi divergences in nats (an array of one per
+      order, or one number for all orders, each >= 0; inf is rejected) or a pessimistic PLD; its
+      ``remaining`` reads ``{"orders": ..., "budget": ...}``, the orders and the budget left at each
+      (NumPy float64 arrays); its ``guarantee`` ``{"orders", "rdp"}`` (``rdp`` the budgets) states
+      that the interaction is (a, rdp[a])-RDP at every order a.
     """
     orders = np.atleast_1d(np.asarray(orders, np.float64))
     check_range("orders", orders, 1.0, low_open=True)

@@ -110,6 +110,16 @@ def approx_zcdp_filter(rho: float, delta: float) -> Filter:
 
     Query: (rho_n, delta_n), a float rho_n (delta_n = 0), or a pessimistic PLD (converted soundly,
     see the module docstring).
+
+    Args:
+      rho: the zCDP budget, a finite number >= 0.
+      delta: the budget for the sum of the queries' delta_n, in [0, 1].
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a cost (rho_n, delta_n), a number rho_n (delta_n = 0)
+      or a pessimistic PLD (each number >= 0; inf is rejected); its ``remaining`` reads
+      ``{"rho": ..., "delta": ...}``, the budgets left (NumPy float64); its ``guarantee``
+      ``{"rho", "delta"}`` states that the interaction is delta-approximate rho-zCDP.
     """
     check_range("rho", rho, 0.0)
     check_range("delta", delta, 0.0, 1.0)
@@ -150,6 +160,20 @@ def approx_dp_filter(epsilon: float, delta: float, *, delta_queries: float | Non
     the queries' delta_n; delta' pays for the concentration bound. Query: (epsilon_n, delta_n), a
     float epsilon_n (delta_n = 0), or a pessimistic PLD (its zCDP cost rho_n counts as
     epsilon_n^2 = 2 rho_n). ``remaining`` reports the sum of epsilon_n^2 still allowed.
+
+    Args:
+      epsilon: in nats, finite and > 0.
+      delta: in (0, 1).
+      delta_queries: delta'', the budget for the sum of the queries' delta_n, in [0, ``delta``);
+        None (default) means delta / 2. The rest, delta' = delta - delta_queries, pays for the
+        concentration bound.
+
+    Returns:
+      A :class:`Filter`. Its ``spend`` takes a cost (epsilon_n, delta_n), a number epsilon_n in nats
+      (delta_n = 0) or a pessimistic PLD (each number >= 0; inf is rejected); its ``remaining`` reads
+      ``{"epsilon_squared": ..., "delta": ...}``, the sum of epsilon_n^2 still allowed and the
+      delta_n budget left (NumPy float64); its ``guarantee`` ``{"epsilon", "delta"}`` states that the
+      interaction is (epsilon, delta)-DP.
     """
     check_range("epsilon", epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
