@@ -418,39 +418,40 @@ def pld(state: AccountantState, *, neighboring: str | None = None, pessimistic: 
 
 
 @float64
-def epsilon(state: AccountantState, delta, *, neighboring: str | None = None) -> float:
+def epsilon(state: AccountantState, delta, *, neighboring: str | None = None):
     """Smallest epsilon with the run (epsilon, delta)-DP: an upper bound (pessimistic PLD).
 
     Args:
       state: an :class:`AccountantState` (concrete, not traced).
-      delta: in [0, 1], a scalar.
+      delta: in [0, 1], a scalar or an array.
       neighboring: as in :func:`pld`: for a DP-SGD accountant, "add_remove" (None, the default),
         "replace_one" or "replace_special"; None for other events.
 
     Returns:
-      Epsilon in nats, a float (inf where no finite epsilon is certified at ``delta``; 0 for a
-      run with no steps); pessimistic, an upper bound on the run's true epsilon.
+      Epsilon in nats, a float for a scalar ``delta``, else a NumPy float64 array of its shape
+      (inf where no finite epsilon is certified; 0 for a run with no steps); pessimistic, an
+      upper bound on the run's true epsilon.
     """
     check_range("delta", delta, 0.0, 1.0)
-    return float(pld(state, neighboring=neighboring).epsilon(delta))
+    return pld(state, neighboring=neighboring).epsilon(delta)
 
 
 @float64
-def delta(state: AccountantState, epsilon, *, neighboring: str | None = None) -> float:
+def delta(state: AccountantState, epsilon, *, neighboring: str | None = None):
     """Smallest delta with the run (epsilon, delta)-DP: an upper bound (pessimistic PLD).
 
     Args:
       state: an :class:`AccountantState` (concrete, not traced).
-      epsilon: in nats, >= 0 and finite, a scalar.
+      epsilon: in nats, >= 0 and finite, a scalar or an array.
       neighboring: as in :func:`pld`: for a DP-SGD accountant, "add_remove" (None, the default),
         "replace_one" or "replace_special"; None for other events.
 
     Returns:
-      Delta, a float in [0, 1] (0 for a run with no steps); pessimistic, an upper bound on the
-      run's true delta.
+      Delta in [0, 1], a float for a scalar ``epsilon``, else a NumPy float64 array of its shape
+      (0 for a run with no steps); pessimistic, an upper bound on the run's true delta.
     """
     check_range("epsilon", epsilon, 0.0)
-    return float(pld(state, neighboring=neighboring).delta(epsilon))
+    return pld(state, neighboring=neighboring).delta(epsilon)
 
 
 def save(path, state: AccountantState) -> None:

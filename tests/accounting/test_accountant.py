@@ -26,6 +26,10 @@ def test_accountant_composes_changing_steps_exactly():
     one = pj.accountant.step(pj.accountant.init(), 1.0, 0.01, steps=500)
     assert pj.accountant.epsilon(one, DELTA) == pytest.approx(
         float(pj.dpsgd_epsilon(1.0, 0.01, 500, DELTA)), rel=1e-6)
+    # many targets at once, each as read alone
+    many = pj.accountant.epsilon(one, [DELTA, 1e-3])
+    assert many.shape == (2,) and many[1] == pj.accountant.epsilon(one, 1e-3)
+    assert pj.accountant.delta(one, np.array([1.0, 2.0]))[0] == pj.accountant.delta(one, 1.0)
 
 
 def test_accountant_step_is_jittable_and_overflow_refuses_to_report():
