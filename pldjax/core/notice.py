@@ -1,12 +1,13 @@
 """Saying why a call takes seconds, while it runs.
 
-A pldjax call compiles XLA programs for the shapes its process has not met before (seconds each
-on a CPU; loaded from the persistent cache in later processes); calls on shapes met before take
+A pldjax call compiles XLA programs for the shapes its process has not met before (seconds each on
+a CPU; loaded from the persistent cache in later processes); calls on shapes met before take
 milliseconds. A call that is still running after :data:`NOTICE_AFTER` seconds writes one line to
-stderr saying what runs and why, and one more when it ends, so that a notebook cell or a training
-script does not sit silent. Calls that finish sooner print nothing, and only the outermost of
-nested calls speaks (a calibration, not each of its evaluations). ``PLDJAX_QUIET=1`` in the
-environment silences it.
+stderr saying what runs and why (that it compiles, where JAX's monitoring reported a program
+traced, lowered or compiled since it began, else that the work itself takes this long), and one
+more when it ends, so that a notebook cell or a training script does not sit silent. Calls that
+finish sooner print nothing, and only the outermost of nested calls speaks (a calibration, not
+each of its evaluations). ``PLDJAX_QUIET=1`` in the environment silences it.
 
 One daemon thread, started by the first call, looks at the running call four times a second; a
 call itself only records its name and start (about a microsecond), so hot paths (a filter's spend
@@ -24,15 +25,23 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import jax
+
 #: Seconds a call runs before it says why.
 NOTICE_AFTER = 3.0
 #: Seconds between the watcher's looks.
 _POLL = 0.25
 
 
-#: Why a call takes seconds, unless it says otherwise.
+#: Why a call takes seconds, unless it says otherwise: said where it began to make an XLA program
+#: before the notice, and COMPUTING said instead where it made none.
 COMPILING = ("it compiles XLA programs for shapes this process has not met before (kept in the "
              "persistent cache for later processes); calls on shapes met before take milliseconds")
+COMPUTING = "it computes (no new XLA program so far: the work itself takes this long)"
+#: JAX's monitoring events of making an XLA program (tracing, lowering, then compiling or loading
+#: it from the persistent cache): the first ones arrive before a long compilation ends.
+_COMPILE_EVENTS = "/jax/core/compile/"
+_compiled = 0  # such events in this process since the watcher started
 
 
 @dataclasses.dataclass
@@ -41,6 +50,7 @@ class _Call:
     start: float
     why: str = COMPILING
     said: bool = False
+    compiled_before: int = 0
 
 
 _running: _Call | None = None
@@ -61,13 +71,24 @@ def _watch() -> None:
         with _lock:
             if call is _running and not call.said:
                 call.said = True
-                print(f"{call.what} is still running after {NOTICE_AFTER:g} s: {call.why}",
+                why = call.why
+                if why == COMPILING and _compiled == call.compiled_before:
+                    why = COMPUTING
+                print(f"{call.what} is still running after {NOTICE_AFTER:g} s: {why}",
                       file=sys.stderr, flush=True)
+
+
+def _count_compiles(event: str, duration: float, **_) -> None:
+    global _compiled
+    if event.startswith(_COMPILE_EVENTS):
+        _compiled += 1
 
 
 def _start_watcher() -> None:
     global _watcher
     with _lock:
+        if _watcher is None:  # the first call: count compilations from now on
+            jax.monitoring.register_event_duration_secs_listener(_count_compiles)
         if _watcher is None or not _watcher.is_alive():
             _watcher = threading.Thread(target=_watch, name="pldjax-notice", daemon=True)
             _watcher.start()
@@ -85,7 +106,7 @@ def slow_call_notice(what: str, why: str = COMPILING) -> Iterator[None]:
         return
     if _watcher is None or not _watcher.is_alive():
         _start_watcher()
-    call = _running = _Call(what, time.perf_counter(), why)
+    call = _running = _Call(what, time.perf_counter(), why, compiled_before=_compiled)
     try:
         yield
     finally:

@@ -4,6 +4,7 @@ nested calls and PLDJAX_QUIET stay silent."""
 import threading
 import time
 
+import jax
 import pytest
 
 from pldjax.core import notice
@@ -20,6 +21,7 @@ def test_a_slow_call_says_what_runs_and_then_how_long_it_took(loud, capsys):
     @notice.announces_slow_calls("pldjax.example")
     def slow(x):
         with notice.slow_call_notice("pldjax.inner"):  # nested: silent
+            jax.jit(lambda y: y * 1.618033)(0.5).block_until_ready()  # a new program
             time.sleep(0.3)
         return 2 * x
 
@@ -28,6 +30,14 @@ def test_a_slow_call_says_what_runs_and_then_how_long_it_took(loud, capsys):
     assert len(err) == 2, err
     assert err[0].startswith("pldjax.example is still running after 0.05 s: it compiles XLA")
     assert err[1].startswith("pldjax.example done in ") and err[1].endswith(" s")
+
+
+def test_a_slow_call_that_compiles_nothing_does_not_say_it_compiles(loud, capsys):
+    with notice.slow_call_notice("pldjax.warm"):
+        time.sleep(0.3)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("pldjax.warm is still running after 0.05 s: it computes (no new XLA "
+                      "program so far: the work itself takes this long)")
 
 
 def test_quick_calls_and_quiet_processes_stay_silent(loud, capsys, monkeypatch):
