@@ -343,9 +343,14 @@ _REACH = 10.0
 _NEGLIGIBLE = 2.0**-60
 
 
+def _weighty(log_probs):
+    """Where the components are not negligible (:data:`_NEGLIGIBLE`)."""
+    return log_probs >= np.log(_NEGLIGIBLE)
+
+
 def _reaching(shifts, log_probs):
-    """The shifts of the components that are not negligible (:data:`_NEGLIGIBLE`), 0 elsewhere."""
-    return jnp.where(log_probs >= np.log(_NEGLIGIBLE), shifts, 0.0)
+    """The shifts of the components that are not negligible, 0 elsewhere."""
+    return jnp.where(_weighty(log_probs), shifts, 0.0)
 
 
 def _mixture_range(location: Location, params):
@@ -366,7 +371,7 @@ def _mixture_spread(location: Location, params):
     sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0), over the
     components that are not negligible (:data:`_NEGLIGIBLE`)."""
     shifts, log_probs, _ = _mixture_parts(params)
-    probs = jnp.where(log_probs >= np.log(_NEGLIGIBLE), jnp.exp(log_probs), 0.0)
+    probs = jnp.where(_weighty(log_probs), jnp.exp(log_probs), 0.0)
 
     def add_row(j, total):
         # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
