@@ -373,6 +373,9 @@ def _with_replacement(event, rel: _NR, relation: Neighboring):
         return _Unsupported(f"Subevent of {name} must be a GaussianDpEvent. Found {event.event}.")
     n = check_count(f"{name}.source_dataset_size", event.source_dataset_size, minimum=1)
     m = _count(event, "sample_size")
+    if m > sampling.MAX_BINOMIAL_COUNT:
+        raise ValueError(f"{name}.sample_size must be at most {sampling.MAX_BINOMIAL_COUNT} (a "
+                         f"memory guard: one mixture component a number of copies), got {m}")
     sigma = _noise_scale(event.event, "noise_multiplier")
     if m == 0 or sigma == math.inf:
         return None

@@ -159,6 +159,9 @@ PROBS_TOLERANCE = 1e-9
 #: Most components of a Mixture with probability > 0 (a guard on compilation: each is an input of
 #: the discretization's programs: a first epsilon took 5 s with 1,000, 166 s with 10^4).
 MAX_COMPONENTS = 1024
+#: Largest ``count`` of :meth:`Mixture.binomial`, which holds all count + 1 values of K before the
+#: zero ones are dropped (a memory guard: 134 MB at this count).
+MAX_BINOMIAL_COUNT = 2**24
 
 
 @record
@@ -212,6 +215,9 @@ class Mixture(Sampling):
         and each of norm at most the sensitivity: the user's contribution is K sensitivities with
         K ~ Binomial(count, q) (user-level accounting; ``count`` = 1 is Poisson sampling)."""
         count = check_count("count", count, minimum=1)
+        if count > MAX_BINOMIAL_COUNT:
+            raise ValueError(f"count must be an integer in [1, {MAX_BINOMIAL_COUNT}] (a memory "
+                             f"guard: one component a value of K), got {count}")
         check_parameter("sampling_prob", sampling_prob, 0.0, high=1.0)
         q = float(sampling_prob)
         k = np.arange(count + 1, dtype=np.float64)

@@ -524,6 +524,14 @@ def test_sampling_with_replacement_against_an_exact_enumeration_of_the_batches()
     assert pj.dp_accounting.to_event(event, RS).neighboring == pj.neighboring.Neighboring.REPLACE_SPECIAL
 
 
+def test_sampling_with_replacement_refuses_huge_batches_by_name():
+    event = dpa.SampledWithReplacementDpEvent(10**12, 2**30, dpa.GaussianDpEvent(1.0))
+    with pytest.raises(ValueError, match="sample_size must be at most"):
+        pj.dp_accounting.PLDAccountant(RS).compose(event)
+    with pytest.raises(ValueError, match="count must be an integer in"):
+        pj.sampling.Mixture.binomial(1e-9, 2**30)
+
+
 def test_sampling_with_replacement_of_one_draw_is_poisson_sampling():
     """One draw holds the record with probability 1 / n: Poisson sampling at q = 1 / n."""
     event = dpa.SampledWithReplacementDpEvent(50, 1, dpa.GaussianDpEvent(1.0))
