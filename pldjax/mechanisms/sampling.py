@@ -246,8 +246,12 @@ class Mixture(Sampling):
         rounded = resolvable(q, pessimistic)
         still = jnp.where(q < 1, (1 - rounded) / jnp.where(q < 1, 1 - q, 1.0), 1.0)
         probs = probs * jnp.where(moves, rounded / jnp.where(q > 0, q, 1.0), still)
+        reveal = jnp.zeros(probs.shape[:-1], jnp.float64)
+        if pessimistic and not is_traced((scales, probs)):
+            scales, probs, reveal = _folded(scales, probs)
         count = scales.shape[-1]
-        params = (shift, *(scales[..., k] for k in range(count)), *(probs[..., k] for k in range(count)))
+        params = (reveal, shift, *(scales[..., k] for k in range(count)),
+                  *(probs[..., k] for k in range(count)))
         return Directions(subsampling.mixture(noise.location), params, True)
 
     def _present_components(self) -> tuple:
@@ -266,6 +270,20 @@ class Mixture(Sampling):
                              f"probs), more than MAX_COMPONENTS = {MAX_COMPONENTS} (a guard on "
                              f"compilation); for Mixture.binomial, a smaller count")
         return scales, probs
+
+
+def _folded(scales, probs) -> tuple:
+    """(scales, probs, reveal): the components of a pessimistic mixture that are negligible in
+    every element of the batch (probability below subsampling.NEGLIGIBLE_COMPONENT) folded into
+    its revealing output, of probability ``reveal`` (see :func:`subsampling.mixture`; the
+    remaining probabilities are left as they are): a dominating pair, and the programs evaluate a
+    few components where a binomial mixture holds a hundred."""
+    scales, probs = np.asarray(scales, np.float64), np.asarray(probs, np.float64)
+    negligible = np.all(probs.reshape(-1, probs.shape[-1]) < subsampling.NEGLIGIBLE_COMPONENT,
+                        axis=0)
+    reveal = np.sum(np.where(negligible, probs, 0.0), axis=-1)
+    return (jnp.asarray(scales[..., ~negligible]), jnp.asarray(probs[..., ~negligible]),
+            jnp.asarray(reveal))
 
 
 @record

@@ -305,18 +305,19 @@ def _mixture_threshold(location: Location, shifts, log_probs, eps):
 
 
 def _mixture_parts(params):
-    """(shifts a_k, log p_k, direction) from params (shift, w_1..w_K, p_1..p_K, direction), the
-    components stacked on a leading axis (the programs' size does not grow with K)."""
-    shift, *rest, direction = params
+    """(shifts a_k, log p_k, direction, log r) from params (r, shift, w_1..w_K, p_1..p_K,
+    direction), the components stacked on a leading axis (the programs' size does not grow with
+    K); r is the mass of the output that reveals the record (see :func:`mixture`)."""
+    reveal, shift, *rest, direction = params
     count = len(rest) // 2
     weights, probs = jnp.stack(rest[:count]), jnp.stack(rest[count:])
     # at most MAX_SHIFT (see pldjax.mechanisms.noise: a (x - a/2) stays finite); a zero scale is no shift
     shifts = jnp.where(weights > 0, jnp.minimum(weights * shift, MAX_SHIFT), 0.0)
-    return shifts, jnp.log(probs), direction
+    return shifts, jnp.log(probs), direction, jnp.log(reveal)
 
 
 def _mixture_tails(location: Location, params, eps):
-    shifts, log_probs, direction = _mixture_parts(params)
+    shifts, log_probs, direction, log_reveal = _mixture_parts(params)
     add = direction > 0
     x = _mixture_threshold(location, shifts, log_probs, jnp.where(add, -eps, eps))
 
@@ -324,7 +325,9 @@ def _mixture_tails(location: Location, params, eps):
         return logsumexp(_components(log_probs, x) + tail(x - _components(shifts, x)), axis=0)
 
     sf, cdf = location.log_sf(x), location.log_cdf(x)
-    mixed_sf, mixed_cdf = mixed(location.log_sf), mixed(location.log_cdf)
+    # the revealing output lies above every x (its loss is +inf removing, -inf adding)
+    mixed_sf = jnp.logaddexp(mixed(location.log_sf), log_reveal)
+    mixed_cdf = mixed(location.log_cdf)
     remove = (mixed_sf, sf, mixed_cdf, cdf)  # L > eps  <=>  X > x
     added = (cdf, mixed_cdf, sf, mixed_sf)  # L = -l(X) > eps  <=>  l(X) < -eps  <=>  X <= x
     return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
@@ -340,12 +343,13 @@ _REACH = 10.0
 #: go to the +inf atom (at most this mass per component and step, pessimistic) or nowhere
 #: (optimistic). Without it the far components of a binomial mixture (a shift of 85 at
 #: probability 1e-300, from 100 draws at rate 1e-4) set the scale, and with it a step of 2 nats.
-_NEGLIGIBLE = 2.0**-60
+#: A pessimistic mixture folds them into its revealing output (:func:`mixture`).
+NEGLIGIBLE_COMPONENT = 2.0**-60
 
 
 def _weighty(log_probs):
-    """Where the components are not negligible (:data:`_NEGLIGIBLE`)."""
-    return log_probs >= np.log(_NEGLIGIBLE)
+    """Where the components are not negligible (:data:`NEGLIGIBLE_COMPONENT`)."""
+    return log_probs >= np.log(NEGLIGIBLE_COMPONENT)
 
 
 def _reaching(shifts, log_probs):
@@ -356,7 +360,7 @@ def _reaching(shifts, log_probs):
 def _mixture_range(location: Location, params):
     """(low, high) of the loss over outputs in [-REACH, max a_k + REACH] (the components that are
     not negligible), capped at BASE_REACH_MAX, for the direction in params."""
-    shifts, log_probs, direction = _mixture_parts(params)
+    shifts, log_probs, direction, _ = _mixture_parts(params)
     top = jnp.max(_reaching(shifts, log_probs), axis=0)
     low = _mixture_loss(location, jnp.asarray(-_REACH), shifts, log_probs)
     high = _mixture_loss(location, top + _REACH, shifts, log_probs)
@@ -369,8 +373,8 @@ def _mixture_spread(location: Location, params):
     """Heuristic scale of the loss, as for Poisson subsampling: sqrt(chi^2) of the mixture while
     it is close to F, never more than the largest component's own loss scale a_max, nor than
     sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0), over the
-    components that are not negligible (:data:`_NEGLIGIBLE`)."""
-    shifts, log_probs, _ = _mixture_parts(params)
+    components that are not negligible (:data:`NEGLIGIBLE_COMPONENT`)."""
+    shifts, log_probs, _, _ = _mixture_parts(params)
     probs = jnp.where(_weighty(log_probs), jnp.exp(log_probs), 0.0)
 
     def add_row(j, total):
@@ -391,9 +395,13 @@ def _mixture_spread(location: Location, params):
 @functools.cache
 def mixture(location: Location) -> LossTails:
     """The mixture of shifts of a location family, both directions; params:
-    (shift, w_1..w_K, p_1..p_K, direction) with shifts a_k = w_k * shift (in the noise's scales),
-    probabilities p_k (summing to 1) and direction REMOVE or ADD; any number K >= 1 of components.
-    Cached: one object (a static jit argument) per family."""
+    (r, shift, w_1..w_K, p_1..p_K, direction) with shifts a_k = w_k * shift (in the noise's
+    scales), probabilities p_k (summing to 1 - r) and direction REMOVE or ADD; any number K >= 1
+    of components. With probability r >= 0 the mixture gives an output the base never gives, which
+    reveals the record (a loss of +inf removing it, -inf adding it): a pessimistic mixture puts
+    its negligible components there, a pair that dominates the mixture (sending that output to a
+    draw of those components gives back the mixture and leaves the base). Cached: one object (a
+    static jit argument) per family."""
 
     def center(params):
         low, high = _mixture_range(location, params)

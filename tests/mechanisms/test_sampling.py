@@ -64,6 +64,23 @@ def test_mixture_of_many_components_against_mpmath():
         pj.privacy_loss(pj.noise.Gaussian(sigma), pj.sampling.Mixture.binomial(0.5, 10**4))
 
 
+def test_negligible_components_fold_into_the_pessimistic_atom_and_stay_in_the_optimistic():
+    """Binomial(20, 1e-3): the 13 components from 8 copies on (each below 2^-60) leave the
+    pessimistic mixture's programs for an output that reveals the record (a dominating pair);
+    both PLDs against mpmath over all 21 components."""
+    sigma, mixture = 2.0, pj.sampling.Mixture.binomial(1e-3, 20)
+    up = pj.privacy_loss(pj.noise.Gaussian(sigma), mixture)
+    lo = pj.privacy_loss(pj.noise.Gaussian(sigma), mixture, pessimistic=False)
+    eps = np.array([0.0, 0.002, 0.005, 0.01])
+    for i, add in enumerate((False, True)):
+        want = np.array([mixture_delta_mp(sigma, mixture.scales, mixture.probs, e, add=add)
+                         for e in eps])
+        upper = np.asarray(up.directions()[i].delta(eps))
+        lower = np.asarray(lo.directions()[i].delta(eps))
+        assert np.all(upper >= want) and np.all(upper <= want * (1 + 1e-3) + 1e-15)
+        assert np.all(lower <= want) and np.all(lower >= want * (1 - 1e-2))
+
+
 def test_mixture_of_nothing_and_one_contribution_is_poisson_sampling():
     q = 0.05
     mixed = _mixture(scales=[0.0, 1.0], probs=[1 - q, q])
