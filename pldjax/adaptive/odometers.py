@@ -473,7 +473,7 @@ def gdp_tail_epsilon(mu, delta, slack=0.0):
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.log(delta) - log_ndtr(ndtri(delta - slack) - mu)
     t = np.where(delta > slack, t, np.inf)
-    return np.where(np.isnan(t), np.inf, np.maximum(t, 0.0) * (1 + 1e-9) + 1e-12)[()]
+    return host_result(np.where(np.isnan(t), np.inf, np.maximum(t, 0.0) * (1 + 1e-9) + 1e-12))
 
 
 @float64
