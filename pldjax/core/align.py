@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import glue_module, kernel_jit
-from pldjax.core.pld import PLD, broadcast_rows, from_rows
+from pldjax.core.compilation import array_module, glue_module, kernel_jit, map_rows
+from pldjax.core.pld import PLD, broadcast_rows, computed_on_host, from_rows
 from pldjax.core.validation import is_traced
 
 #: Relative tolerance under which two steps are one step, and a ratio of steps an integer.
@@ -52,23 +52,29 @@ def regrid_kernel(probs, offset, step, target, *, size: int, pessimistic: bool):
 
     Returns (probs, offset) on ``size`` points from the new offset; ``size`` (static) must be at
     least :func:`regrid_size` (n + 2 suffices when ``target`` >= ``step``). The atom at +inf is
-    not touched."""
+    not touched. NumPy masses are moved in NumPy."""
+    xp = array_module(probs)
+
+    def segment_sum(values, index):  # indices from size on are dropped
+        if xp is np:
+            return np.bincount(index, values, minlength=size)[:size]
+        return jax.ops.segment_sum(values, index, num_segments=size)
+
     n = probs.shape[-1]
-    z = (offset + jnp.arange(n)).astype(jnp.float64) * step
-    low = jnp.floor(z / target)
-    low = jnp.where(low * target > z, low - 1.0, low)  # the division may round across a point
-    low = jnp.where((low + 1.0) * target <= z, low + 1.0, low)
+    z = (offset + xp.arange(n)).astype(xp.float64) * step
+    low = xp.floor(z / target)
+    low = xp.where(low * target > z, low - 1.0, low)  # the division may round across a point
+    low = xp.where((low + 1.0) * target <= z, low + 1.0, low)
     start = low[0]
-    index = (low - start).astype(jnp.int64)
+    index = (low - start).astype(xp.int64)
     if pessimistic:
-        above = jnp.clip(z - low * target, 0.0, target)  # z - z_lo in [0, target)
-        share = jnp.clip(jnp.expm1(-above) / jnp.expm1(-target), 0.0, 1.0)  # part moved to z_hi
+        above = xp.clip(z - low * target, 0.0, target)  # z - z_lo in [0, target)
+        share = xp.clip(xp.expm1(-above) / xp.expm1(-target), 0.0, 1.0)  # part moved to z_hi
         up = probs * share
-        out = (jax.ops.segment_sum(probs - up, index, num_segments=size)
-               + jax.ops.segment_sum(up, index + 1, num_segments=size))
+        out = segment_sum(probs - up, index) + segment_sum(up, index + 1)
     else:
-        out = jax.ops.segment_sum(probs, index, num_segments=size)
-    return out, start.astype(jnp.int64)
+        out = segment_sum(probs, index)
+    return out, start.astype(xp.int64)
 
 
 def regrid_size(n: int, ratio: float) -> int:
@@ -93,8 +99,13 @@ def regrid(pld: PLD, target, size: int) -> PLD:
     rows = broadcast_rows(pld, shape)
     xp = glue_module((rows.probs, target))
     target = xp.broadcast_to(xp.asarray(target, xp.float64), shape).reshape(rows.step.shape)
-    probs, offset = _regrid_batch(rows.probs, rows.offset, rows.step, target, size=size,
-                                  pessimistic=pld.pessimistic)
+    if xp is np and computed_on_host([rows], size):
+        kernel = functools.partial(regrid_kernel, size=size, pessimistic=pld.pessimistic)
+        probs, offset = map_rows(kernel)(*(np.asarray(a) for a in (rows.probs, rows.offset,
+                                                                   rows.step, target)))
+    else:
+        probs, offset = _regrid_batch(rows.probs, rows.offset, rows.step, target, size=size,
+                                      pessimistic=pld.pessimistic)
     regridded = from_rows(probs, rows.inf_mass, offset, target, shape, pld.pessimistic)
     return PLD(regridded.probs, pld.inf_mass, regridded.offset, regridded.step, pld.pessimistic)
 

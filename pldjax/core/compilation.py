@@ -501,6 +501,45 @@ def to_device(array):
     return jax.device_put(array) if isinstance(array, np.ndarray | np.generic) else array
 
 
+#: The most grid points (rows x points) and rows of a small computation on PLDs in host memory
+#: that runs in NumPy, row by row, instead of in a compiled kernel (see
+#: :func:`pldjax.core.pld.computed_on_host`): NumPy answers such readings and pairwise
+#: compositions in milliseconds, where each new shape of a kernel took 0.2-1.2 s to compile.
+HOST_POINTS = 2**20
+HOST_ROWS = 16
+
+
+def array_module(array):
+    """NumPy for a NumPy array or scalar, ``jax.numpy`` for anything else (a JAX array, a
+    tracer): for the kernels that also run on the host, where one small evaluation costs less
+    in NumPy than compiling its program."""
+    return np if isinstance(array, np.ndarray | np.generic) else jnp
+
+
+def map_rows(fn: Callable) -> Callable:
+    """``jax.vmap(fn)`` over the leading axis of its arguments (pytrees), or for NumPy ones (as
+    the first leaf says: see :func:`array_module`) ``fn`` on each row in turn, its outputs
+    stacked."""
+    vmapped = jax.vmap(fn)
+
+    def mapped(*args):
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        if array_module(leaves[0]) is not np:
+            return vmapped(*args)
+        rows = [fn(*tree.unflatten([leaf[i] for leaf in leaves]))
+                for i in range(leaves[0].shape[0])]
+        return jax.tree.map(lambda *column: np.stack(column), *rows)
+
+    return mapped
+
+
+def reverse_cumsum(values):
+    """sum_{i >= k} values_i for every k (1-D; NumPy or JAX, as the values)."""
+    if array_module(values) is np:
+        return np.cumsum(values[::-1])[::-1]
+    return jax.lax.cumsum(values, reverse=True)
+
+
 def glue_module(arrays):
     """The array module for reshaping ``arrays``: NumPy for concrete arrays in host memory (an
     eager ``jnp`` operation compiles a program of its own), ``jax.numpy`` elsewhere."""

@@ -15,13 +15,14 @@ coincide). Every guarantee reported by a two-direction PLD is the worse of the t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pldjax.core.compilation import glue_module
+from pldjax.core.compilation import HOST_POINTS, HOST_ROWS, glue_module, on_host
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
 
@@ -293,6 +294,17 @@ def broadcast_rows(pld: PLD, shape: tuple[int, ...]) -> PLD:
     rows = [xp.broadcast_to(xp.asarray(a), s).reshape((flat,) + s[len(shape):])
             for a, s in zip(leaves, shapes, strict=True)]
     return PLD(*rows, pld.pessimistic)
+
+
+def computed_on_host(plds: Sequence[PLD], points: int) -> bool:
+    """Whether a computation on ``plds`` of ``points`` grid points a row runs in NumPy on the
+    host (see :data:`~pldjax.core.compilation.HOST_POINTS`): every array concrete and in host
+    memory, at most HOST_ROWS rows and HOST_POINTS points in all."""
+    rows = max(math.prod(p.batch_shape) for p in plds)
+    return (rows <= HOST_ROWS and rows * points <= HOST_POINTS
+            and all(on_host(a) for p in plds for direction in p.directions()
+                    for a in (direction.probs, direction.inf_mass, direction.offset,
+                              direction.step)))
 
 
 def from_rows(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:

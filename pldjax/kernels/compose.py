@@ -45,9 +45,9 @@ from jax import export
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.align import align
-from pldjax.core.compilation import early_exit_on_cpu, kernel_jit
+from pldjax.core.compilation import array_module, early_exit_on_cpu, kernel_jit, map_rows, reverse_cumsum
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, from_rows
+from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, is_traced
 
@@ -71,9 +71,10 @@ _ACCURATE_FREQS = 256
 
 def fft_roundoff(raw):
     """Round-off level of an inverse-FFT result ``raw`` (see the module docstring)."""
+    xp = array_module(raw)
     size = raw.shape[0]
-    rms = UNIT_ROUNDOFF * math.log2(size) * jnp.linalg.norm(raw) / math.sqrt(size)
-    return _ROUNDOFF_SAFETY * jnp.maximum(rms, -jnp.min(raw))
+    rms = UNIT_ROUNDOFF * math.log2(size) * xp.linalg.norm(raw) / math.sqrt(size)
+    return _ROUNDOFF_SAFETY * xp.maximum(rms, -xp.min(raw))
 
 
 # -- tail bounds ----------------------------------------------------------------------------------
@@ -91,17 +92,19 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
     points, each a normal of the block's mass, mean and variance), starting at the Gaussian answer
     sqrt(2 log(2 / tail) / count) / sd; then K is evaluated on the PMF itself at the t found (one
     pass). The bound is flat in t near the tangency, so the coarse copy's t costs little.
+    NumPy masses are searched in NumPy.
     """
-    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
-    mass = jnp.maximum(jnp.sum(probs), 1e-300)
-    mean = jnp.sum(probs * z) / mass
-    sd = jnp.sqrt(jnp.sum(probs * (z - mean) ** 2) / mass) + step
-    target = jnp.log(2.0 / tail)
-    sides = jnp.array([1.0, -1.0])
-    start = jnp.full((2,), jnp.log(jnp.sqrt(2.0 * target / count) / sd))
+    xp = array_module(probs)
+    z = (offset + xp.arange(probs.shape[0], dtype=xp.float64)) * step
+    mass = xp.maximum(xp.sum(probs), 1e-300)
+    mean = xp.sum(probs * z) / mass
+    sd = xp.sqrt(xp.sum(probs * (z - mean) ** 2) / mass) + step
+    target = xp.log(2.0 / tail)
+    sides = xp.array([1.0, -1.0])
+    start = xp.full((2,), xp.log(xp.sqrt(2.0 * target / count) / sd))
     coarse_probs, coarse_z, coarse_variance = _coarse(probs, z, step)
-    t = jnp.exp(_tangency_search(coarse_probs, coarse_z - mean, coarse_variance, count, target,
-                                 start))
+    t = xp.exp(_tangency_search(coarse_probs, coarse_z - mean, coarse_variance, count, target,
+                                start))
     k, _, _ = _cumulants(_log(probs), sides[:, None] * (z - mean)[None, :], 0.0, t)
     exponents = count * (k + sides * t * mean)
     return t[:1], exponents[:1], t[1:], exponents[1:]
@@ -109,7 +112,8 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
 
 def _log(probs):
     """log of each mass, -inf where it is 0."""
-    return jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+    xp = array_module(probs)
+    return xp.where(probs > 0, xp.log(xp.where(probs > 0, probs, 1.0)), -xp.inf)
 
 
 def _coarse(probs, z, step):
@@ -118,33 +122,35 @@ def _coarse(probs, z, step):
     themselves (variance 0) when there are at most 4 times that many. Steers a search only: it is
     no bound. The moments are of the positions 0 .. block - 1 within each block, all three from
     one matrix product (a third of the time of sums over the reshaped losses)."""
+    xp = array_module(probs)
     n = probs.shape[0]
     block = n // _CHERNOFF_COARSE_POINTS
     if block < 4:
-        return probs, z, jnp.zeros_like(z)
+        return probs, z, xp.zeros_like(z)
     blocks = -(-n // block)
-    p = jnp.pad(probs, (0, blocks * block - n)).reshape(blocks, block)
-    position = jnp.arange(block, dtype=jnp.float64)
-    moments = p @ jnp.stack([jnp.ones(block), position, position * position], axis=1)
+    p = xp.pad(probs, (0, blocks * block - n)).reshape(blocks, block)
+    position = xp.arange(block, dtype=xp.float64)
+    moments = p @ xp.stack([xp.ones(block), position, position * position], axis=1)
     merged = moments[:, 0]
     held = merged > 0
-    safe = jnp.where(held, merged, 1.0)
+    safe = xp.where(held, merged, 1.0)
     mean = moments[:, 1] / safe  # 0 for an empty block: its first point, variance 0
-    variance = jnp.maximum(moments[:, 2] / safe - mean * mean, 0.0) * (step * step)
+    variance = xp.maximum(moments[:, 2] / safe - mean * mean, 0.0) * (step * step)
     return merged, z[::block] + mean * step, variance
 
 
 def _cumulants(logp, y, variance, t):
     """K(t), K'(t), K''(t) of each side's loss (t: (2,), y: (2, n), the sides' losses at the
     points of log-masses ``logp``), each point a normal of its ``variance`` (0: a point mass)."""
+    xp = array_module(logp)
     w = logp[None, :] + t[:, None] * y + 0.5 * (t * t)[:, None] * variance
-    top = jnp.max(w, axis=1, keepdims=True)
-    e = jnp.exp(w - top)
+    top = xp.max(w, axis=1, keepdims=True)
+    e = xp.exp(w - top)
     slope = y + t[:, None] * variance
-    s0, s1 = jnp.sum(e, axis=1), jnp.sum(e * slope, axis=1)
-    s2 = jnp.sum(e * (slope * slope + variance), axis=1)
+    s0, s1 = xp.sum(e, axis=1), xp.sum(e * slope, axis=1)
+    s2 = xp.sum(e * (slope * slope + variance), axis=1)
     first = s1 / s0
-    return top[:, 0] + jnp.log(s0), first, jnp.maximum(s2 / s0 - first**2, 0.0)
+    return top[:, 0] + xp.log(s0), first, xp.maximum(s2 / s0 - first**2, 0.0)
 
 
 def _tangency_search(probs, centred, variance, count, target, start):
@@ -152,32 +158,33 @@ def _tangency_search(probs, centred, variance, count, target, start):
     subtracted) of the PMF ``probs`` (each point a normal of its ``variance``), from log t =
     ``start`` (one per side, up then down): returns log t of the best iterate, at most
     _CHERNOFF_STEPS of them."""
+    xp = array_module(probs)
     logp = _log(probs)
-    y = jnp.array([1.0, -1.0])[:, None] * centred[None, :]  # each side's loss
+    y = xp.array([1.0, -1.0])[:, None] * centred[None, :]  # each side's loss
 
     def newton(carry):  # one iterate, then a safeguarded step in log t
         i, _, u, low, high, best, best_gap = carry
-        t = jnp.exp(u)
+        t = xp.exp(u)
         k, k1, k2 = _cumulants(logp, y, variance, t)
         excess = t * k1 - k  # increasing in log t
         gap = count * excess - target
-        better = jnp.abs(gap) < best_gap
-        best, best_gap = jnp.where(better, u, best), jnp.where(better, jnp.abs(gap), best_gap)
-        done = jnp.all(jnp.abs(gap) <= _CHERNOFF_TOLERANCE * target)
-        low, high = jnp.where(gap < 0, u, low), jnp.where(gap < 0, high, u)
+        better = xp.abs(gap) < best_gap
+        best, best_gap = xp.where(better, u, best), xp.where(better, xp.abs(gap), best_gap)
+        done = xp.all(xp.abs(gap) <= _CHERNOFF_TOLERANCE * target)
+        low, high = xp.where(gap < 0, u, low), xp.where(gap < 0, high, u)
         # Newton on log(count excess): linear in log t for small t (excess ~ t^2 K'' / 2), and
         # far less curved than the excess itself where the loss's tail is heavy (the excess
         # then grows like an exponential of t, and Newton on it crept a few % an iterate)
-        slope = t * t * k2 / jnp.where(excess > 0, excess, 1.0)  # d log(excess) / d log t
+        slope = t * t * k2 / xp.where(excess > 0, excess, 1.0)  # d log(excess) / d log t
         usable = (slope > 0) & (excess > 0)
-        step = u + jnp.clip(-(jnp.log(jnp.where(usable, count * excess, target)) - jnp.log(target))
-                            / jnp.where(usable, slope, 1.0), -2.0, 2.0)
-        step = jnp.where(usable, step, jnp.where(gap < 0, u + 2.0, u - 2.0))
-        inside = (step > low) & (step < high) & jnp.isfinite(step)
-        bisect = jnp.where(jnp.isfinite(low) & jnp.isfinite(high), (low + high) / 2,
-                           jnp.where(gap < 0, u + 2.0, u - 2.0))
-        u_next = jnp.where(inside, step, bisect)
-        u_next = jnp.where(jnp.isfinite(u_next), u_next, u)  # no mass: stay
+        step = u + xp.clip(-(xp.log(xp.where(usable, count * excess, target)) - xp.log(target))
+                           / xp.where(usable, slope, 1.0), -2.0, 2.0)
+        step = xp.where(usable, step, xp.where(gap < 0, u + 2.0, u - 2.0))
+        inside = (step > low) & (step < high) & xp.isfinite(step)
+        bisect = xp.where(xp.isfinite(low) & xp.isfinite(high), (low + high) / 2,
+                          xp.where(gap < 0, u + 2.0, u - 2.0))
+        u_next = xp.where(inside, step, bisect)
+        u_next = xp.where(xp.isfinite(u_next), u_next, u)  # no mass: stay
         return i + 1, done, u_next, low, high, best, best_gap
 
     def until_done(carry):  # a CPU stops as soon as both sides' conditions hold
@@ -190,10 +197,13 @@ def _tangency_search(probs, centred, variance, count, target, start):
 
     # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
     # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE
-    infinite = jnp.full((2,), jnp.inf)
-    *_, best, _ = early_exit_on_cpu(
-        [(0, False, start, -infinite, infinite, start, infinite)], cpu=until_done,
-        elsewhere=every_step)
+    infinite = xp.full((2,), xp.inf)
+    carry = (0, False, start, -infinite, infinite, start, infinite)
+    if xp is np:
+        while carry[0] < _CHERNOFF_STEPS and not carry[1]:
+            carry = newton(carry)
+        return carry[5]
+    *_, best, _ = early_exit_on_cpu([carry], cpu=until_done, elsewhere=every_step)
     return best
 
 
@@ -212,14 +222,15 @@ class PMFSummary(NamedTuple):
 
 def pmf_summary(probs) -> PMFSummary:
     """The :class:`PMFSummary` of one PMF ``probs`` (n,)."""
+    xp = array_module(probs)
     n = probs.shape[0]
-    index = jnp.arange(n)
-    mass = jnp.sum(probs)
-    center = jnp.round(jnp.sum(probs * index) / jnp.maximum(mass, 1e-300)).astype(jnp.int64)
+    index = xp.arange(n)
+    mass = xp.sum(probs)
+    center = xp.round(xp.sum(probs * index) / xp.maximum(mass, 1e-300)).astype(xp.int64)
     held = probs > 0
-    first = jnp.min(jnp.where(held, index, n - 1))
-    last = jnp.max(jnp.where(held, index, 0))
-    return PMFSummary(mass, center, first, last, jnp.float64(n))
+    first = xp.min(xp.where(held, index, n - 1))
+    last = xp.max(xp.where(held, index, 0))
+    return PMFSummary(mass, center, first, last, xp.float64(n))
 
 
 def _support(summary: PMFSummary, offset, count):
@@ -239,28 +250,30 @@ def tail_window(probs, offset, step, count, tail, exponents=None):
 
 def summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
     """:func:`tail_window` from the PMF's summary and Chernoff exponents."""
+    xp = array_module(summary.mass)
     t_up, up, t_down, down = exponents
-    log_half = jnp.log(tail / 2)
-    a = jnp.min((up - log_half) / t_up)
-    b = jnp.max((log_half - down) / t_down)
+    log_half = xp.log(tail / 2)
+    a = xp.min((up - log_half) / t_up)
+    b = xp.max((log_half - down) / t_down)
     first, last = _support(summary, offset, count)
-    hi = jnp.minimum(jnp.ceil(a / step), last)
-    lo = jnp.maximum(jnp.floor(b / step), first)
+    hi = xp.minimum(xp.ceil(a / step), last)
+    lo = xp.maximum(xp.floor(b / step), first)
     # no finite mass (all at +inf): the bounds are -inf and +inf; a one-point window instead
     empty = summary.mass <= 0
-    hi, lo = jnp.where(empty, count * offset, hi), jnp.where(empty, count * offset, lo)
+    hi, lo = xp.where(empty, count * offset, hi), xp.where(empty, count * offset, lo)
     return lo, hi
 
 
 def tail_bounds(summary: PMFSummary, offset, step, count, lo, hi, exponents):
     """Chernoff bounds on the count-fold sum's mass above grid index hi and below index lo (0
     where that is outside its support)."""
+    xp = array_module(summary.mass)
     t_up, up, t_down, down = exponents
-    above = jnp.exp(jnp.minimum(jnp.min(up - t_up * (hi + 1) * step), 0.0))
-    below = jnp.exp(jnp.minimum(jnp.min(down + t_down * (lo - 1) * step), 0.0))
+    above = xp.exp(xp.minimum(xp.min(up - t_up * (hi + 1) * step), 0.0))
+    below = xp.exp(xp.minimum(xp.min(down + t_down * (lo - 1) * step), 0.0))
     first, last = _support(summary, offset, count)
-    above = jnp.where(hi >= last, 0.0, above)
-    below = jnp.where(lo <= first, 0.0, below)
+    above = xp.where(hi >= last, 0.0, above)
+    below = xp.where(lo <= first, 0.0, below)
     return above, below
 
 
@@ -273,9 +286,10 @@ def _safe_atom(value, pessimistic):
     """A composed +inf atom ``value`` rounded to the safe side of its round-off: up for a
     pessimistic PLD, down for an optimistic one (whose atom a rounding above the truth left above
     a delta asked for at the true atom: epsilon = inf there). ``pessimistic``: a bool, or data."""
+    xp = array_module(value)
     slack = _ATOM_ROUNDOFF * UNIT_ROUNDOFF
-    rounded = jnp.clip(value * jnp.where(pessimistic, 1.0 + slack, 1.0 - slack), 0.0, 1.0)
-    return jnp.where(value >= 1.0, 1.0, rounded)  # all of the mass at +inf stays there
+    rounded = xp.clip(value * xp.where(pessimistic, 1.0 + slack, 1.0 - slack), 0.0, 1.0)
+    return xp.where(value >= 1.0, 1.0, rounded)  # all of the mass at +inf stays there
 
 
 # -- kernels --------------------------------------------------------------------------------------
@@ -284,19 +298,21 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, pessimis
     Bins outside the sum of the two supports are exactly zero: the FFT's round-off is dropped
     there, and the per-bin round-off allowance is added inside only (added everywhere, it put
     3e-13 of mass above the losses of two randomized responses, more than a GDP curve's tail).
-    ``pessimistic``: a bool, or data (one compiled program for both estimates)."""
+    ``pessimistic``: a bool, or data (one compiled program for both estimates). NumPy arrays
+    (with a bool flag) are convolved in NumPy."""
+    xp = array_module(a_probs)
     length = a_probs.shape[0] + b_probs.shape[0] - 1
     nfft = grid_lib.next_pow2(length)
-    spectrum = jnp.fft.rfft(a_probs, nfft) * jnp.fft.rfft(b_probs, nfft)
-    raw = jnp.fft.irfft(spectrum, nfft)
+    spectrum = xp.fft.rfft(a_probs, nfft) * xp.fft.rfft(b_probs, nfft)
+    raw = xp.fft.irfft(spectrum, nfft)
     both = (a_inf > 0) & (b_inf > 0)  # else exact: one of them is 0
-    inf_mass = jnp.where(both, _safe_atom(a_inf + b_inf - a_inf * b_inf, pessimistic), a_inf + b_inf)
+    inf_mass = xp.where(both, _safe_atom(a_inf + b_inf - a_inf * b_inf, pessimistic), a_inf + b_inf)
     a, b = pmf_summary(a_probs), pmf_summary(b_probs)
-    index = jnp.arange(length)
+    index = xp.arange(length)
     inside = (index >= a.first + b.first) & (index <= a.last + b.last)
     probs, inf_mass = settle(
-        jnp.where(inside, jnp.maximum(raw[:length], 0.0), 0.0), inf_mass,
-        jnp.where(inside, fft_roundoff(raw), 0.0), 0.0, pessimistic
+        xp.where(inside, xp.maximum(raw[:length], 0.0), 0.0), inf_mass,
+        xp.where(inside, fft_roundoff(raw), 0.0), 0.0, pessimistic, xp
     )
     return probs, inf_mass, a_off + b_off
 
@@ -326,32 +342,44 @@ def _spectrum(folded, mass):
     PMF in bins, no cancellation), and 1 - e^{i theta} = 2 sin^2(theta / 2) - i sin(theta) is
     computed directly.
     """
+    xp = array_module(folded)
     size = folded.shape[0]
     half = size // 2
     upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
-    upper_tails = jax.lax.cumsum(upper, reverse=True)  # sum_{i >= j}, from the top down
-    lower_heads = jnp.cumsum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
-    tails = jnp.concatenate([-jnp.sum(lower)[None], upper_tails[1:], -lower_heads])
+    upper_tails = reverse_cumsum(upper)  # sum_{i >= j}, from the top down
+    lower_heads = xp.cumsum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
+    tails = xp.concatenate([-xp.sum(lower)[None], upper_tails[1:], -lower_heads])
     freqs = min(size // 2 + 1, _ACCURATE_FREQS)
-    theta = (2.0 * jnp.pi / size) * jnp.arange(freqs, dtype=jnp.float64)
-    factor = 2.0 * jnp.sin(theta / 2) ** 2 - 1j * jnp.sin(theta)
-    deviation = factor * jnp.fft.rfft(tails)[:freqs]
-    low = jnp.log(mass) + jnp.log1p(deviation / mass)
-    return jnp.fft.rfft(folded), low
+    theta = (2.0 * xp.pi / size) * xp.arange(freqs, dtype=xp.float64)
+    factor = 2.0 * xp.sin(theta / 2) ** 2 - 1j * xp.sin(theta)
+    deviation = factor * xp.fft.rfft(tails)[:freqs]
+    low = xp.log(mass) + xp.log1p(deviation / mass)
+    return xp.fft.rfft(folded), low
 
 
 def _powered(spectrum, low, shift, count, width: int):
     """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
     frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width``."""
-    re, im = jnp.real(spectrum[:, :width]), jnp.imag(spectrum[:, :width])
+    xp = array_module(spectrum)
+    re, im = xp.real(spectrum[:, :width]), xp.imag(spectrum[:, :width])
     # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
     # log (which guards |P| near 1, the frequencies replaced by ``low`` anyway)
-    log_p = jax.lax.complex(0.5 * jnp.log(re * re + im * im), jnp.arctan2(im, re))
-    log_p = log_p.at[:, :low.shape[1]].set(low) + shift[:, None]
+    log_p = _complex(0.5 * xp.log(re * re + im * im), xp.arctan2(im, re))
+    m = low.shape[1]
+    log_p = xp.concatenate([low, log_p[:, m:]], axis=1) + shift[:, None]
     scale = count[:, None]
     # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
-    powered = jnp.exp(jax.lax.complex(scale * log_p.real, scale * log_p.imag))
-    return jnp.pad(powered, ((0, 0), (0, spectrum.shape[1] - width)))
+    powered = xp.exp(_complex(scale * log_p.real, scale * log_p.imag))
+    return xp.pad(powered, ((0, 0), (0, spectrum.shape[1] - width)))
+
+
+def _complex(real, imag):
+    """real + i imag, part by part (an infinite part times i would make the other part NaN)."""
+    if array_module(real) is not np:
+        return jax.lax.complex(real, imag)
+    out = np.empty(np.broadcast_shapes(real.shape, imag.shape), np.complex128)
+    out.real, out.imag = real, imag
+    return out
 
 
 def _restored_log_mass(summary: PMFSummary, inf_mass):
@@ -365,8 +393,9 @@ def _restored_log_mass(summary: PMFSummary, inf_mass):
     Scaling every mass up instead raises every bin (delta never drops, the safe side) by the same
     relative amount the round-off left them short.
     """
-    short = jnp.log1p(-inf_mass) - jnp.log(jnp.maximum(summary.mass, 1e-300))
-    return jnp.clip(short, 0.0, summary.points * UNIT_ROUNDOFF)
+    xp = array_module(summary.mass)
+    short = xp.log1p(-inf_mass) - xp.log(xp.maximum(summary.mass, 1e-300))
+    return xp.clip(short, 0.0, summary.points * UNIT_ROUNDOFF)
 
 
 def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
@@ -376,16 +405,16 @@ def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
     bool, or data.
 
     ``exponents``: the rows' :func:`chernoff_exponents` for ``count`` when the caller has them
-    (computed here otherwise).
+    (computed here otherwise). NumPy rows (with a bool ``pessimistic``) are composed in NumPy.
     """
+    xp = array_module(probs)
     rows = probs.shape[0]
-    count, tail = (jnp.broadcast_to(jnp.asarray(a, jnp.float64), (rows,)) for a in (count, tail))
-    summary = jax.vmap(pmf_summary)(probs)
+    count, tail = (xp.broadcast_to(xp.asarray(a, xp.float64), (rows,)) for a in (count, tail))
+    summary = map_rows(pmf_summary)(probs)
     if exponents is None:
-        stand_in = jnp.where((summary.mass > 0)[:, None], probs,
-                             jnp.zeros_like(probs).at[:, 0].set(1.0))
-        exponents = jax.vmap(chernoff_exponents)(stand_in, offset, step, count, tail)
-    return compose_wrapped_rows(wrap_rows(jnp, probs, size), summary, inf_mass, offset, step,
+        stand_in = xp.where((summary.mass > 0)[:, None], probs, xp.arange(probs.shape[1]) == 0)
+        exponents = map_rows(chernoff_exponents)(stand_in, offset, step, count, tail)
+    return compose_wrapped_rows(wrap_rows(xp, probs, size), summary, inf_mass, offset, step,
                                 count, exponents, tail=tail, pessimistic=pessimistic)
 
 
@@ -407,88 +436,102 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
     (:func:`wrap_rows`, rows x size), their :func:`pmf_summary` and :func:`chernoff_exponents`
     (one per row, as every other argument): nothing here has the PMFs' own length (one compiled
     shape per (rows, window size), whatever the mechanisms' grids). Returns (probs, inf_mass,
-    offset) per row."""
+    offset) per row. NumPy rows (with a bool ``pessimistic``) are composed in NumPy, row by
+    row."""
+    xp = array_module(wrapped)
     rows, size = wrapped.shape
-    count, tail = (jnp.broadcast_to(jnp.asarray(a, jnp.float64), (rows,)) for a in (count, tail))
+    count, tail = (xp.broadcast_to(xp.asarray(a, xp.float64), (rows,)) for a in (count, tail))
 
     def prepare(w, s, m, o, h, c, e, t):
         # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
         live = s.mass > 0
-        folded = jnp.where(live, jnp.roll(w, -s.center), jnp.zeros_like(w).at[0].set(1.0))
-        s = PMFSummary(*(jnp.where(live, value, stand_in) for value, stand_in
+        folded = xp.where(live, xp.roll(w, -s.center), xp.arange(size) == 0)
+        s = PMFSummary(*(xp.where(live, value, stand_in) for value, stand_in
                          in zip(s, (1.0, 0, 0, 0, s.points), strict=True)))
         lo, hi = summary_window(s, o, h, c, t, e)
-        start = _window_start(lo.astype(jnp.int64), hi.astype(jnp.int64), size, pessimistic)
+        start = _window_start(lo.astype(xp.int64), hi.astype(xp.int64), size, pessimistic)
         spectrum, low = _spectrum(folded, s.mass)
-        shift = jnp.where(pessimistic, _restored_log_mass(s, m), 0.0)
-        magnitude = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+        shift = xp.where(pessimistic, _restored_log_mass(s, m), 0.0)
+        magnitude = xp.real(spectrum) ** 2 + xp.imag(spectrum) ** 2
         # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
-        kept = magnitude >= jnp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
-        last = jnp.max(jnp.where(kept, jnp.arange(spectrum.shape[0]), 0))
+        kept = magnitude >= xp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
+        last = xp.max(xp.where(kept, xp.arange(spectrum.shape[0]), 0))
         return live, s, start, spectrum, low, shift, last
 
-    live, summary, start, spectrum, low, shift, last = jax.vmap(prepare)(
+    live, summary, start, spectrum, low, shift, last = map_rows(prepare)(
         wrapped, summary, inf_mass, offset, step, count, exponents, tail)
     frequencies = size // 2 + 1
     widths = sorted({max(frequencies // f, low.shape[1]) for f in _POWER_FRACTIONS}
                     | {frequencies})
-    needed = jnp.max(last) + 1
-    branch = jnp.sum(jnp.asarray(widths[:-1]) < needed)  # the first width >= needed
+    needed = xp.max(last) + 1
+    branch = xp.sum(xp.asarray(widths[:-1]) < needed)  # the first width >= needed
     powers = [functools.partial(_powered, width=w) for w in widths]
-    powered = early_exit_on_cpu(  # elsewhere every frequency
-        (spectrum, low, shift, count), cpu=lambda *args: jax.lax.switch(branch, powers, *args),
-        elsewhere=powers[-1])
+    if xp is np:
+        powered = powers[int(branch)](spectrum, low, shift, count)
+    else:
+        powered = early_exit_on_cpu(  # elsewhere every frequency
+            (spectrum, low, shift, count), cpu=lambda *args: jax.lax.switch(branch, powers, *args),
+            elsewhere=powers[-1])
 
     def finish(p, live, s, start, m, o, h, c, e):
-        raw = jnp.fft.irfft(p, size)
-        raw = jnp.roll(raw, -((start - c * (o + s.center)) % size))
+        raw = xp.fft.irfft(p, size)
+        shift = -((start - c * (o + s.center)) % size)
+        raw = xp.roll(raw, int(shift) if xp is np else shift)
         above, below = tail_bounds(s, o, h, c, start, start + size - 1, e)
-        composed_inf = jnp.where(c == 1, m, _safe_atom(-jnp.expm1(c * jnp.log1p(-m)), pessimistic))
+        composed_inf = xp.where(c == 1, m, _safe_atom(-xp.expm1(c * xp.log1p(-m)), pessimistic))
         # bins beyond the sum's support hold no mass: what they read is round-off, or mass
         # folded in from outside the window (which above + below already charge)
         first, last = _support(s, o, c)
-        index = start + jnp.arange(size)
+        index = start + xp.arange(size)
         supported = (index >= first) & (index <= last)
         out, out_inf = settle(
-            jnp.where(supported, jnp.maximum(raw, 0.0), 0.0), composed_inf,
-            jnp.where(supported, fft_roundoff(raw), 0.0), above + below, pessimistic
+            xp.where(supported, xp.maximum(raw, 0.0), 0.0), composed_inf,
+            xp.where(supported, fft_roundoff(raw), 0.0), above + below, pessimistic, xp
         )
-        return jnp.where(live, out, 0.0), jnp.where(live, out_inf, composed_inf), start
+        return xp.where(live, out, 0.0), xp.where(live, out_inf, composed_inf), start
 
-    return jax.vmap(finish)(powered, live, summary, start, inf_mass, offset, step, count,
+    return map_rows(finish)(powered, live, summary, start, inf_mass, offset, step, count,
                             exponents)
 
 
 def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic):
     """Keep ``size`` points: the window holding all but ``tail`` mass, centred, top first;
-    ``pessimistic``: a bool, or data."""
+    ``pessimistic``: a bool, or data. NumPy arrays (with a bool flag) are cut in NumPy."""
+    xp = array_module(probs)
     length = probs.shape[0]
     if size >= length:
-        return jnp.pad(probs, (0, size - length)), inf_mass, offset
+        return xp.pad(probs, (0, size - length)), inf_mass, offset
     lo_need, hi_need = _bulk(probs, tail)
-    start = jnp.clip(_window_start(lo_need, hi_need, size, pessimistic), 0, length - size)
-    kept = jax.lax.dynamic_slice(probs, (start,), (size,))
-    below = jnp.sum(jnp.where(jnp.arange(length) < start, probs, 0.0))
-    above = jnp.sum(jnp.where(jnp.arange(length) >= start + size, probs, 0.0))
-    kept = kept.at[0].add(below).at[-1].add(jnp.where(pessimistic, 0.0, above))
-    return kept, inf_mass + jnp.where(pessimistic, above, 0.0), offset + start
+    start = xp.clip(_window_start(lo_need, hi_need, size, pessimistic), 0, length - size)
+    if xp is np:
+        kept = probs[int(start):int(start) + size]
+    else:
+        kept = jax.lax.dynamic_slice(probs, (start,), (size,))
+    below = xp.sum(xp.where(xp.arange(length) < start, probs, 0.0))
+    above = xp.sum(xp.where(xp.arange(length) >= start + size, probs, 0.0))
+    ends = xp.arange(size)
+    kept = (kept + xp.where(ends == 0, below, 0.0)
+            + xp.where(ends == size - 1, xp.where(pessimistic, 0.0, above), 0.0))
+    return kept, inf_mass + xp.where(pessimistic, above, 0.0), offset + start
 
 
 def _window_start(lo, hi, size: int, pessimistic):
     """First index of a ``size``-point window for the bulk [lo, hi]: centred when it fits;
     otherwise a pessimistic window keeps the top (the cut-off top goes to +inf) and an optimistic
     one keeps the bottom (the cut-off top moves down into the top bin)."""
+    xp = array_module(lo)
     need = hi - lo + 1
-    keep = jnp.where(pessimistic, hi - size + 1, lo)
-    return jnp.where(need <= size, lo - (size - need) // 2, keep)
+    keep = xp.where(pessimistic, hi - size + 1, lo)
+    return xp.where(need <= size, lo - (size - need) // 2, keep)
 
 
 def _bulk(probs, tail):
     """First and last index of the window outside which each side holds at most tail/2 mass."""
+    xp = array_module(probs)
     length = probs.shape[0]
-    lo = jnp.argmax(jnp.cumsum(probs) > tail / 2)
-    hi = length - 1 - jnp.argmax(jnp.cumsum(probs[::-1]) > tail / 2)
-    return lo, jnp.maximum(hi, lo)
+    lo = xp.argmax(xp.cumsum(probs) > tail / 2)
+    hi = length - 1 - xp.argmax(xp.cumsum(probs[::-1]) > tail / 2)
+    return lo, xp.maximum(hi, lo)
 
 
 def needed_size(probs, tail) -> jax.Array:
@@ -519,7 +562,7 @@ def _self_compose_batch(probs, inf_mass, offset, step, count, tail, pessimistic,
 
 
 _needed_size_batch = kernel_jit(jax.vmap(needed_size, in_axes=(0, None)))
-_tail_window_batch = kernel_jit(jax.vmap(tail_window, in_axes=(0, 0, 0, None, None)))
+_tail_window_batch = kernel_jit(jax.vmap(tail_window))
 
 
 #: What a :class:`CompositionTooWide` tells a caller who chose the grid to change.
@@ -554,6 +597,8 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
             f"compose needs an FFT of {fft} points for PLDs of {a.size} and {b.size} points (more "
             f"than 2 * grid.MAX_SIZE = {2 * grid_lib.MAX_SIZE}, a memory guard); use coarser grids"
         )
+    if computed_on_host([a, b], fft):
+        return _compose_pair_on_host(a, b, size, tail, shape)
     probs, inf_mass, offset = _convolve_batch(a.probs, a.inf_mass, a.offset, b.probs,
                                               b.inf_mass, b.offset, a.step, a.pessimistic)
     if size is None and not is_traced(probs):
@@ -565,6 +610,24 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
             size=checked_size(size, "compose", "plds"),
         )
     return from_rows(probs, inf_mass, offset, a.step, shape, a.pessimistic)
+
+
+def _compose_pair_on_host(a: PLD, b: PLD, size: int | None, tail: float, shape) -> PLD:
+    """:func:`_compose_pair` of two aligned single-direction PLDs of flat rows in host memory,
+    in NumPy row by row: the same kernels, no program to compile."""
+    a_rows, b_rows = ([np.asarray(x) for x in (p.probs, p.inf_mass, p.offset)] for p in (a, b))
+    step = np.asarray(a.step)
+    with np.errstate(all="ignore"):  # the kernels' masked branches, as under jit
+        rows = [convolve_kernel(*(x[i] for x in a_rows), *(x[i] for x in b_rows), step[i],
+                                a.pessimistic) for i in range(step.shape[0])]
+        if size is None:
+            need = max(int(needed_size(probs, tail)) for probs, _, _ in rows)
+            size = min(grid_lib.next_pow2(need), rows[0][0].shape[-1])
+        size = checked_size(size, "compose", "plds")
+        rows = [truncate_kernel(*row, size=size, tail=tail, pessimistic=a.pessimistic)
+                for row in rows]
+    probs, inf_mass, offset = (np.stack(column) for column in zip(*rows, strict=True))
+    return from_rows(probs, inf_mass, offset, step, shape, a.pessimistic)
 
 
 def _both_directions(fn, plds: Sequence[PLD]) -> PLD:
@@ -664,16 +727,29 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
             if n is None:
                 raise ValueError("self_compose under jit needs an explicit size=")
         else:
-            lo, hi, summary = _tail_window_batch(
-                flat.probs, flat.offset, flat.step, float(count), grid_lib.TAIL_MASS
-            )
+            if computed_on_host([flat], flat.size):
+                flat = PLD(*(np.asarray(a) for a in (flat.probs, flat.inf_mass, flat.offset,
+                                                      flat.step)), p.pessimistic)
+                window = map_rows(tail_window)
+            else:
+                window = _tail_window_batch
+            with np.errstate(all="ignore"):  # NumPy: the kernels' masked branches, as under jit
+                lo, hi, summary = window(flat.probs, flat.offset, flat.step,
+                                         np.broadcast_to(float(count), flat.step.shape),
+                                         np.broadcast_to(grid_lib.TAIL_MASS, flat.step.shape))
             widths = window_widths(summary, flat.offset, count, lo, hi)
             if n is None:
                 n = checked_size(grid_lib.next_pow2(int(np.max(widths))), "self_compose", "count")
-        probs, inf_mass, offset = _self_compose_batch(
-            flat.probs, flat.inf_mass, flat.offset, flat.step, np.float64(count),
-            grid_lib.TAIL_MASS, p.pessimistic, size=n,
-        )
+        if computed_on_host([flat], n):
+            with np.errstate(all="ignore"):
+                probs, inf_mass, offset = self_compose_rows(
+                    *(np.asarray(a) for a in (flat.probs, flat.inf_mass, flat.offset, flat.step)),
+                    np.float64(count), size=n, tail=grid_lib.TAIL_MASS, pessimistic=p.pessimistic)
+        else:
+            probs, inf_mass, offset = _self_compose_batch(
+                flat.probs, flat.inf_mass, flat.offset, flat.step, np.float64(count),
+                grid_lib.TAIL_MASS, p.pessimistic, size=n,
+            )
         return from_rows(probs, inf_mass, offset, flat.step, shape, p.pessimistic)
 
     return _both_directions(power, [pld])

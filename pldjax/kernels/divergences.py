@@ -21,9 +21,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import array_module, kernel_jit
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64, host_result
 from pldjax.core.validation import check_range
@@ -31,10 +32,20 @@ from pldjax.kernels.hockey_stick import per_direction, stored_length
 
 
 def _log_masses(probs, offset, step):
-    z = (offset + jnp.arange(probs.shape[-1], dtype=jnp.float64)) * step
+    xp = array_module(probs)
+    z = (offset + xp.arange(probs.shape[-1], dtype=xp.float64)) * step
     positive = probs > 0
-    log_p = jnp.where(positive, jnp.log(jnp.where(positive, probs, 1.0)), -jnp.inf)
+    log_p = xp.where(positive, xp.log(xp.where(positive, probs, 1.0)), -xp.inf)
     return z, log_p
+
+
+def _logsumexp(values, axis):
+    """logsumexp of NumPy values with SciPy's, of JAX ones with JAX's."""
+    if array_module(values) is np:
+        import scipy.special  # on first use: importing SciPy slows `import pldjax`
+
+        return scipy.special.logsumexp(values, axis=axis)
+    return logsumexp(values, axis=axis)
 
 
 def _on_its_side(pessimistic, upper, lower):
@@ -54,21 +65,22 @@ def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic=True):
     1 - alpha e^{-z0} (so beta(0) = 1, as for every mechanism whose two distributions share
     their support).
     """
+    xp = array_module(probs)
     z, log_p = _log_masses(probs, offset, step)
-    q = jnp.exp(jnp.minimum(log_p - z, 0.0))
-    type_one = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(probs)])
-    type_two = jnp.concatenate([jnp.cumsum(q[::-1])[::-1], jnp.zeros((1,))])
-    beta = jnp.interp(alphas, type_one, type_two, right=0.0)
+    q = xp.exp(xp.minimum(log_p - z, 0.0))
+    type_one = xp.concatenate([xp.zeros((1,)), xp.cumsum(probs)])
+    type_two = xp.concatenate([xp.cumsum(q[::-1])[::-1], xp.zeros((1,))])
+    beta = xp.interp(alphas, type_one, type_two, right=0.0)
     # the two running sums and the interpolation are each a few ulps per term off: beta moves by
     # that bound to its safe side (down for a pessimistic PLD; on a grid where the estimate is
     # exact, G_1's curve read 4e-13 above the truth without it)
-    roundoff = (4 * stored_length(probs) + 16) * jnp.finfo(jnp.float64).eps
+    roundoff = (4 * stored_length(probs) + 16) * xp.finfo(xp.float64).eps
 
     def lower():
-        below = jnp.where(alphas > 0, 1.0 - alphas * jnp.exp(-z[0]), 1.0)
-        return jnp.maximum(beta + roundoff, below)
+        below = xp.where(alphas > 0, 1.0 - alphas * xp.exp(-z[0]), 1.0)
+        return xp.maximum(beta + roundoff, below)
 
-    return jnp.clip(_on_its_side(pessimistic, lambda: beta - roundoff, lower), 0.0, 1.0 - alphas)
+    return xp.clip(_on_its_side(pessimistic, lambda: beta - roundoff, lower), 0.0, 1.0 - alphas)
 
 
 def _log_below_window(probs, inf_mass, z, log_p, orders):
@@ -84,63 +96,66 @@ def _log_below_window(probs, inf_mass, z, log_p, orders):
     differences of sums (round-off n u each): taken high where a larger value lowers D_a (both
     below order 1, ``missing`` above it) and ``lost`` low above order 1.
     """
+    xp = array_module(probs)
     roundoff = stored_length(probs) * 2.0**-53
-    lost = 1.0 - jnp.sum(probs) - inf_mass
-    missing = 1.0 - jnp.sum(jnp.exp(log_p - z)) + roundoff
+    lost = 1.0 - xp.sum(probs) - inf_mass
+    missing = 1.0 - xp.sum(xp.exp(log_p - z)) + roundoff
     # a cell above z0 (beyond round-off) would not keep the curve below the truth's: NaN, which
     # renyi_kernel turns into the trivial lower bound 0
-    above = lost > (missing + roundoff) * jnp.exp(z[0]) + roundoff
-    lost = jnp.where(orders < 1.0, lost + roundoff, lost - roundoff)
+    above = lost > (missing + roundoff) * xp.exp(z[0]) + roundoff
+    lost = xp.where(orders < 1.0, lost + roundoff, lost - roundoff)
     # no cell unless both masses are positive (then no 0 * log 0 either)
     live = (lost > 0) & (missing > 0)
-    log_lost = jnp.log(jnp.where(live, lost, 1.0))
-    log_missing = jnp.log(jnp.where(missing > 0, missing, 1.0))
-    cell = jnp.where(live, orders * log_lost + (1.0 - orders) * log_missing, -jnp.inf)
-    return jnp.where(above, jnp.nan, cell)
+    log_lost = xp.log(xp.where(live, lost, 1.0))
+    log_missing = xp.log(xp.where(missing > 0, missing, 1.0))
+    cell = xp.where(live, orders * log_lost + (1.0 - orders) * log_missing, -xp.inf)
+    return xp.where(above, xp.nan, cell)
 
 
 def log_mgf_kernel(probs, inf_mass, offset, step, ts, pessimistic=True):
     """log E_P[e^{t L}] of one direction for each t (Chourasia et al. 2024, eq. (19)): the atom at
     +inf makes it infinite for t > 0 and contributes nothing for t < 0. An optimistic PLD adds
     the cell below its window (see :func:`_log_below_window`)."""
+    xp = array_module(probs)
     z, log_p = _log_masses(probs, offset, step)
-    finite = logsumexp(log_p[None, :] + ts[:, None] * z[None, :], axis=1)
+    finite = _logsumexp(log_p[None, :] + ts[:, None] * z[None, :], axis=1)
 
     def with_cell():  # (a cell that cannot be placed is left out)
         cell = _log_below_window(probs, inf_mass, z, log_p, ts + 1.0)
-        return jnp.logaddexp(finite, jnp.where(jnp.isnan(cell), -jnp.inf, cell))
+        return xp.logaddexp(finite, xp.where(xp.isnan(cell), -xp.inf, cell))
 
     finite = _on_its_side(pessimistic, lambda: finite, with_cell)
-    with_atom = jnp.logaddexp(finite, jnp.where(ts == 0, jnp.log(inf_mass), -jnp.inf))
-    return jnp.where((ts > 0) & (inf_mass > 0), jnp.inf, with_atom)
+    with_atom = xp.logaddexp(finite, xp.where(ts == 0, xp.log(inf_mass), -xp.inf))
+    return xp.where((ts > 0) & (inf_mass > 0), xp.inf, with_atom)
 
 
 def renyi_kernel(probs, inf_mass, offset, step, orders, pessimistic=True):
     """Rényi divergence D_a(P || Q) of one direction for each order a > 0 (a = 1: KL); an upper
     bound if ``pessimistic``, else a lower bound (with the cell below the window, see
     :func:`_log_below_window`)."""
+    xp = array_module(probs)
     z, log_p = _log_masses(probs, offset, step)
     a = orders[:, None]
-    safe = jnp.where(a == 1.0, 2.0, a)
-    terms = logsumexp(log_p[None, :] + (safe - 1.0) * z[None, :], axis=1)
-    kl = jnp.sum(probs * z)
+    safe = xp.where(a == 1.0, 2.0, a)
+    terms = _logsumexp(log_p[None, :] + (safe - 1.0) * z[None, :], axis=1)
+    kl = xp.sum(probs * z)
 
     def with_cell():
         # the cell adds lost log(lost / missing) >= -missing / e to the KL divergence (at order
         # 0 the cell's term is its Q-mass; lost's round-off leaves the sign open)
-        cell = _log_below_window(probs, inf_mass, z, log_p, jnp.zeros(()))
-        return (jnp.logaddexp(terms, _log_below_window(probs, inf_mass, z, log_p, safe[:, 0])),
-                kl - jnp.exp(cell) / jnp.e)
+        cell = _log_below_window(probs, inf_mass, z, log_p, xp.zeros(()))
+        return (xp.logaddexp(terms, _log_below_window(probs, inf_mass, z, log_p, safe[:, 0])),
+                kl - xp.exp(cell) / xp.e)
 
     terms, kl = _on_its_side(pessimistic, lambda: (terms, kl), with_cell)
     general = terms / (safe[:, 0] - 1.0)
-    value = jnp.where(orders == 1.0, kl, general)
+    value = xp.where(orders == 1.0, kl, general)
     # D_a >= 0 for distributions: a value below 0 is round-off (clamped), -inf or NaN a failed
     # evaluation (e.g. overflow at huge orders), reported as inf (an upper bound) or 0 (a lower
     # bound)
-    failed = _on_its_side(pessimistic, lambda: jnp.inf, lambda: 0.0)
-    value = jnp.where(jnp.isnan(value) | jnp.isneginf(value), failed, jnp.maximum(value, 0.0))
-    return jnp.where((orders >= 1.0) & (inf_mass > 0), jnp.inf, value)
+    failed = _on_its_side(pessimistic, lambda: xp.inf, lambda: 0.0)
+    value = xp.where(xp.isnan(value) | xp.isneginf(value), failed, xp.maximum(value, 0.0))
+    return xp.where((orders >= 1.0) & (inf_mass > 0), xp.inf, value)
 
 
 @float64
@@ -216,7 +231,8 @@ def tradeoff(pld: PLD, alpha) -> jax.Array:
     """The f-DP tradeoff curve beta(alpha), alpha in [0, 1] (see :meth:`PLD.tradeoff`)."""
     check_range("alpha", alpha, 0.0, 1.0)
     kernel = functools.partial(_tradeoff_jit, pessimistic=pld.pessimistic)
-    return per_direction(pld, alpha, kernel, "minimum")
+    on_host = functools.partial(tradeoff_kernel, pessimistic=pld.pessimistic)
+    return per_direction(pld, alpha, kernel, "minimum", host_kernel=on_host)
 
 
 @float64
@@ -224,7 +240,8 @@ def renyi(pld: PLD, order) -> jax.Array:
     """Rényi divergence of the given order(s) > 0 (see :meth:`PLD.renyi`)."""
     check_range("order", order, 0.0, low_open=True)
     kernel = functools.partial(_renyi_jit, pessimistic=pld.pessimistic)
-    return per_direction(pld, order, kernel, "maximum")
+    on_host = functools.partial(renyi_kernel, pessimistic=pld.pessimistic)
+    return per_direction(pld, order, kernel, "maximum", host_kernel=on_host)
 
 
 @float64
@@ -232,4 +249,5 @@ def log_mgf(pld: PLD, t) -> jax.Array:
     """log E_P[e^{t L}] (see :meth:`PLD.log_mgf`); the larger of two directions."""
     check_range("t", t, allow_inf=False)
     kernel = functools.partial(_log_mgf_jit, pessimistic=pld.pessimistic)
-    return per_direction(pld, t, kernel, "maximum")
+    on_host = functools.partial(log_mgf_kernel, pessimistic=pld.pessimistic)
+    return per_direction(pld, t, kernel, "maximum", host_kernel=on_host)

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import computed_once, kernel_jit, on_host
-from pldjax.core.pld import PLD, batched
+from pldjax.core.compilation import (
+    array_module,
+    computed_once,
+    kernel_jit,
+    map_rows,
+    on_host,
+    reverse_cumsum,
+)
+from pldjax.core.pld import PLD, batched, computed_on_host
 from pldjax.core.precision import float64, host_result
 from pldjax.core.validation import check_range, is_traced
 
@@ -32,13 +40,14 @@ _BLOCK = 128
 _DIRECT_TARGETS = 4
 
 
-def _powers(decay, size: int, dtype):
+def _powers(decay, size: int, dtype, xp=jnp):
     """The size x size matrix of decay^(i-k) at row k, column i >= k (0 below the diagonal):
     ``size`` powers, each placed along its diagonal (a power per entry would be 16,384 for a
     block of 128, in every evaluation of every row)."""
-    lag = jnp.arange(size)[None, :] - jnp.arange(size)[:, None]  # i - k
-    column = computed_once(decay ** jnp.arange(size).astype(dtype))
-    return jnp.where(lag >= 0, column[jnp.maximum(lag, 0)], 0.0)
+    lag = xp.arange(size)[None, :] - xp.arange(size)[:, None]  # i - k
+    column = decay ** xp.arange(size).astype(dtype)
+    column = computed_once(column) if xp is jnp else column
+    return xp.where(lag >= 0, column[xp.maximum(lag, 0)], 0.0)
 
 
 def _reverse_recurrence(decay, terms, block: int = _BLOCK):
@@ -51,15 +60,16 @@ def _reverse_recurrence(decay, terms, block: int = _BLOCK):
     most ``block`` points: one triangular product. All terms are non-negative for the sums used
     here, so no digits cancel; it compiles much faster than an associative scan.
     """
+    xp = array_module(terms)
     n = terms.shape[0]
     if n <= block:
-        return _powers(decay, n, terms.dtype) @ terms
+        return _powers(decay, n, terms.dtype, xp) @ terms
     blocks = -(-n // block)
-    padded = jnp.pad(terms, (0, blocks * block - n)).reshape(blocks, block)
-    inner = padded @ _powers(decay, block, terms.dtype).T  # sum_{i >= k in its block}
+    padded = xp.pad(terms, (0, blocks * block - n)).reshape(blocks, block)
+    inner = padded @ _powers(decay, block, terms.dtype, xp).T  # sum_{i >= k in its block}
     starts = _block_starts(decay**block, inner[:, 0])
-    after = jnp.concatenate([starts[1:], jnp.zeros((1,), terms.dtype)])
-    to_end = decay ** (block - jnp.arange(block)).astype(terms.dtype)  # decay^(block end - k)
+    after = xp.concatenate([starts[1:], xp.zeros((1,), terms.dtype)])
+    to_end = decay ** (block - xp.arange(block)).astype(terms.dtype)  # decay^(block end - k)
     return (inner + after[:, None] * to_end[None, :]).reshape(-1)[:n]
 
 
@@ -77,18 +87,18 @@ def _block_level_sums(probs, step):
     (l: the index inside the block), then recurrences over the blocks only, with non-negative
     terms (no cancellation). Returns them (each of length blocks + 1, a trailing 0) and the
     masses in rows of _BLOCK."""
+    xp = array_module(probs)
     blocks = -(-probs.shape[0] // _BLOCK)
-    padded = jnp.pad(probs, (0, blocks * _BLOCK - probs.shape[0])).reshape(blocks, _BLOCK)
-    lag = jnp.arange(_BLOCK, dtype=probs.dtype) * step
-    mass, decayed, grown = (padded @ jnp.stack([jnp.ones_like(lag), jnp.exp(-lag), -jnp.expm1(-lag)],
-                                               axis=1)).T
-    zero = jnp.zeros((1,), probs.dtype)
-    s = jnp.concatenate([jax.lax.cumsum(mass, reverse=True), zero])
-    r = jnp.concatenate([_block_starts(jnp.exp(-_BLOCK * step), decayed), zero])
+    padded = xp.pad(probs, (0, blocks * _BLOCK - probs.shape[0])).reshape(blocks, _BLOCK)
+    lag = xp.arange(_BLOCK, dtype=probs.dtype) * step
+    mass, decayed, grown = (padded @ xp.stack([xp.ones_like(lag), xp.exp(-lag), -xp.expm1(-lag)],
+                                              axis=1)).T
+    zero = xp.zeros((1,), probs.dtype)
+    s = xp.concatenate([reverse_cumsum(mass), zero])
+    r = xp.concatenate([_block_starts(xp.exp(-_BLOCK * step), decayed), zero])
     # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
     # (1 - e^{-(i - (b+1)B)h}) + e^{-(i - (b+1)B)h} (1 - e^{-Bh})
-    d = jnp.concatenate([jax.lax.cumsum(grown - jnp.expm1(-_BLOCK * step) * r[1:], reverse=True),
-                         zero])
+    d = xp.concatenate([reverse_cumsum(grown - xp.expm1(-_BLOCK * step) * r[1:]), zero])
     return s, r, d, padded
 
 
@@ -97,42 +107,47 @@ def _crossing_sums(probs, inf_mass, step, deltas, scale=1.0):
     ``scale`` D_k, non-increasing in k) is above it, at most n - 1, and S_j and R_j (see
     :func:`tail_sums`). One pass over the masses (:func:`_block_level_sums`), then inside the
     block where delta crosses the target only: O(n + len(deltas) _BLOCK^2)."""
+    xp = array_module(probs)
     n = probs.shape[-1]
     s, r, d, padded = _block_level_sums(probs, step)
     blocks = padded.shape[0]
     # block b holds the crossing, where b + 1 block starts lie above the target
-    block = jnp.clip(jnp.searchsorted(-(inf_mass + d[:-1] * scale), -deltas, side="left") - 1,
-                     0, blocks - 1)
+    block = xp.clip(xp.searchsorted(-(inf_mass + d[:-1] * scale), -deltas, side="left") - 1,
+                    0, blocks - 1)
     inside = padded[block]  # (targets, _BLOCK)
     s_next, r_next, d_next = s[block + 1], r[block + 1], d[block + 1]
-    local = jnp.arange(_BLOCK)
+    local = xp.arange(_BLOCK)
     # 1 - e^{-(i - k) h} for i > k: _BLOCK values placed along their diagonals
     lag = local[None, :] - local[:, None]  # i - k
-    grown = computed_once(-jnp.expm1(-local.astype(probs.dtype) * step))
-    grown = jnp.where(lag > 0, grown[jnp.maximum(lag, 0)], 0.0)
+    grown = -xp.expm1(-local.astype(probs.dtype) * step)
+    grown = computed_once(grown) if xp is jnp else grown
+    grown = xp.where(lag > 0, grown[xp.maximum(lag, 0)], 0.0)
     to_end = (_BLOCK - local).astype(probs.dtype) * step
     d_inside = (inside @ grown.T + d_next[:, None]
-                - jnp.expm1(-to_end)[None, :] * r_next[:, None])
+                - xp.expm1(-to_end)[None, :] * r_next[:, None])
     index = block[:, None] * _BLOCK + local[None, :]
     above = (inf_mass + d_inside * scale > deltas[:, None]) & (index < n)
-    j = jnp.minimum(block * _BLOCK + jnp.sum(above, axis=1), n - 1)
+    j = xp.minimum(block * _BLOCK + xp.sum(above, axis=1), n - 1)
     first = j - block * _BLOCK  # in [0, _BLOCK]: the block's points from it on are in S_j, R_j
     later = local[None, :] >= first[:, None]
     shift = (local[None, :] - first[:, None]).astype(probs.dtype) * step
-    s_j = s_next + jnp.sum(jnp.where(later, inside, 0.0), axis=1)
-    r_j = (jnp.exp(-(_BLOCK - first).astype(probs.dtype) * step) * r_next
-           + jnp.sum(jnp.where(later, inside * jnp.exp(-jnp.maximum(shift, 0.0)), 0.0), axis=1))
+    s_j = s_next + xp.sum(xp.where(later, inside, 0.0), axis=1)
+    r_j = (xp.exp(-(_BLOCK - first).astype(probs.dtype) * step) * r_next
+           + xp.sum(xp.where(later, inside * xp.exp(-xp.maximum(shift, 0.0)), 0.0), axis=1))
     return j, s_j, r_j
 
 
-def tail_sums(probs, step):
-    """(S, R, D), each of length n + 1 with a trailing 0, as defined in the module docstring
-    (under jit, the ones a caller leaves unused are not computed)."""
-    zero = jnp.zeros((1,), probs.dtype)
-    s = jnp.concatenate([jax.lax.cumsum(probs, reverse=True), zero])
-    r = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), probs), zero])
+def tail_sums(probs, step, *, with_r: bool = True):
+    """(S, R, D), each of length n + 1 with a trailing 0, as defined in the module docstring; R
+    None unless ``with_r`` (NumPy computes whatever it is asked for)."""
+    xp = array_module(probs)
+    zero = xp.zeros((1,), probs.dtype)
+    s = xp.concatenate([reverse_cumsum(probs), zero])
+    r = None
+    if with_r:
+        r = xp.concatenate([_reverse_recurrence(xp.exp(-step), probs), zero])
     # D_k = e^{-h} D_{k+1} + (1 - e^{-h}) S_{k+1}
-    d = jnp.concatenate([_reverse_recurrence(jnp.exp(-step), -jnp.expm1(-step) * s[1:]), zero])
+    d = xp.concatenate([_reverse_recurrence(xp.exp(-step), -xp.expm1(-step) * s[1:]), zero])
     return s, r, d
 
 
@@ -148,8 +163,9 @@ def curve_roundoff(n):
 def stored_length(probs):
     """The number of masses up to the last nonzero one (0 if none): zeros above it, such as a
     kernel's padding, add nothing to any sum, and no round-off either."""
-    index = jnp.arange(1, probs.shape[-1] + 1)
-    return jnp.max(jnp.where(probs != 0, index, 0), axis=-1, initial=0)
+    xp = array_module(probs)
+    index = xp.arange(1, probs.shape[-1] + 1)
+    return xp.max(xp.where(probs != 0, index, 0), axis=-1, initial=0)
 
 
 def _finite_scale(probs, pessimistic):
@@ -160,31 +176,32 @@ def _finite_scale(probs, pessimistic):
     if pessimistic is None:
         return 1.0
     roundoff = curve_roundoff(stored_length(probs))
-    return jnp.where(pessimistic, 1.0 + roundoff, 1.0 - roundoff)
+    return array_module(probs).where(pessimistic, 1.0 + roundoff, 1.0 - roundoff)
 
 
 def grid_deltas(probs, inf_mass, step, finite_scale=1.0):
     """delta at every grid point z_k, shape (n,): non-increasing in k, at most 1. The finite
     masses' part is multiplied by ``finite_scale`` (a caller's round-off allowance; the atom at
     +inf is exact)."""
-    _, _, d = tail_sums(probs, step)
-    return jnp.minimum(inf_mass + d[:-1] * finite_scale, 1.0)
+    _, _, d = tail_sums(probs, step, with_r=False)
+    return array_module(probs).minimum(inf_mass + d[:-1] * finite_scale, 1.0)
 
 
 def delta_kernel(probs, inf_mass, offset, step, epsilons, pessimistic: bool | None = None):
     """delta(eps) for an array of eps on one single-direction PLD: its finite part moved by
     its round-off (:func:`curve_roundoff`) up for a ``pessimistic`` PLD, down for an optimistic
     one; None: the discrete PLD's own curve (to round-off)."""
+    xp = array_module(probs)
     n = probs.shape[-1]
-    s, _, d = tail_sums(probs, step)
-    u = jnp.clip(epsilons / step - offset, -1.0, n + 1.0)
-    j = jnp.clip(jnp.ceil(u), 0, n).astype(jnp.int32)
-    t = jnp.maximum((offset + j) * step - epsilons, 0.0)
-    finite = (jnp.exp(-t) * d[j] - jnp.expm1(-t) * s[j]) * _finite_scale(probs, pessimistic)
-    finite = jnp.where(j >= n, 0.0, finite)
+    s, _, d = tail_sums(probs, step, with_r=False)
+    u = xp.clip(epsilons / step - offset, -1.0, n + 1.0)
+    j = xp.clip(xp.ceil(u), 0, n).astype(xp.int32)
+    t = xp.maximum((offset + j) * step - epsilons, 0.0)
+    finite = (xp.exp(-t) * d[j] - xp.expm1(-t) * s[j]) * _finite_scale(probs, pessimistic)
+    finite = xp.where(j >= n, 0.0, finite)
     # in [0, 1] as every delta is: round-off in the masses (which sum to 1 only up to it) can
     # push the sum an ulp or two above 1, and 1 bounds every true delta from above
-    return jnp.clip(inf_mass + finite, 0.0, 1.0)
+    return xp.clip(inf_mass + finite, 0.0, 1.0)
 
 
 def _grid_point_rounded_up(index, step):
@@ -198,12 +215,14 @@ def _grid_point_rounded_up(index, step):
     index_low, step_low = index - index_high, step - step_high
     round_off = (((index_high * step_high - product) + index_high * step_low)
                  + index_low * step_high) + index_low * step_low
-    return jnp.where(round_off > 0, jnp.nextafter(product, jnp.inf), product)
+    xp = array_module(product)
+    return xp.where(round_off > 0, xp.nextafter(product, xp.inf), product)
 
 
 def epsilon_kernel(probs, inf_mass, offset, step, deltas, pessimistic: bool | None = None):
     """Smallest eps >= 0 with delta(eps) <= target, on :func:`delta_kernel`'s curve (the same
     ``pessimistic``); inf if impossible."""
+    xp = array_module(probs)
     n = probs.shape[-1]
     scale = _finite_scale(probs, pessimistic)
     if deltas.shape[0] <= _DIRECT_TARGETS:
@@ -213,18 +232,19 @@ def epsilon_kernel(probs, inf_mass, offset, step, deltas, pessimistic: bool | No
     else:
         s, r, d = tail_sums(probs, step)
         # grid deltas > target
-        j = jnp.searchsorted(-(inf_mass + d[:-1] * scale), -deltas, side="left")
-        j = jnp.minimum(j, n - 1)
+        j = xp.searchsorted(-(inf_mass + d[:-1] * scale), -deltas, side="left")
+        j = xp.minimum(j, n - 1)
         s_j, r_j = s[j], r[j]
     z_j = _grid_point_rounded_up(offset + j, step)
     # on (z_{j-1}, z_j]: delta(z_j - t) = m + scale (S_j - e^{-t} R_j), increasing in t >= 0
     room = s_j - (deltas - inf_mass) / scale
-    t = jnp.log(r_j) - jnp.log(room)
-    eps = jnp.where(room <= 0, -jnp.inf, z_j - jnp.maximum(t, 0.0))
-    eps = jnp.maximum(eps, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # NumPy: room <= 0 is handled below
+        t = xp.log(r_j) - xp.log(room)
+    eps = xp.where(room <= 0, -xp.inf, z_j - xp.maximum(t, 0.0))
+    eps = xp.maximum(eps, 0.0)
     # every mechanism is (0, 1)-DP: delta >= 1 needs no epsilon, whatever round-off left in
     # masses summing to 1 + ulp (this also keeps epsilon(delta) non-increasing up to delta = 1)
-    return jnp.where(deltas >= 1.0, 0.0, jnp.where(inf_mass > deltas, jnp.inf, eps))
+    return xp.where(deltas >= 1.0, 0.0, xp.where(inf_mass > deltas, xp.inf, eps))
 
 
 _delta_jit = kernel_jit(delta_kernel)
@@ -251,14 +271,19 @@ def padded_to_a_power_of_two(array, axis: int, fill):
     return np.pad(array, widths, constant_values=fill)
 
 
-def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Array:
+def per_direction(pld: PLD, values, kernel, combine: str = "maximum",
+                  host_kernel: Callable | None = None) -> jax.Array:
     """``kernel(probs, inf_mass, offset, step, flat_values)`` over the PLD's batch axes for each
     direction, combined across directions (the worse one by default); shape batch + values.
 
     On concrete PLDs the kernel sees power-of-two shapes only (a few compiled programs for every
     PLD): the masses padded with zero masses above the window (which add nothing to any of the
     kernels' sums), the values and the flattened batch rows with repeats, cut off again after.
-    Inside a trace the shapes are the caller's."""
+    Inside a trace the shapes are the caller's. ``host_kernel``: the same function for NumPy
+    arrays, run instead where :func:`~pldjax.core.pld.computed_on_host` says (no program to
+    compile)."""
+    if host_kernel is not None and computed_on_host([pld], pld.size):
+        return host_result(_per_direction_on_host(pld, values, host_kernel, combine))
     if is_traced((pld, values)):
         values = jnp.asarray(values, jnp.float64)
         flat = values.reshape(-1)
@@ -288,12 +313,29 @@ def per_direction(pld: PLD, values, kernel, combine: str = "maximum") -> jax.Arr
     return host_result(result.reshape(pld.batch_shape + values.shape))
 
 
+def _per_direction_on_host(pld: PLD, values, kernel, combine: str) -> np.ndarray:
+    """:func:`per_direction` in NumPy, row by row, on the PLD's own shapes."""
+    values = np.asarray(values, np.float64)
+    flat = values.reshape(-1)
+    result = None
+    for direction in pld.directions():
+        shape = direction.batch_shape
+        probs = np.asarray(direction.probs, np.float64).reshape((-1, direction.size))
+        scalars = [np.broadcast_to(np.asarray(a), shape).reshape(-1)
+                   for a in (direction.inf_mass, direction.offset, direction.step)]
+        with np.errstate(all="ignore"):  # the kernels' masked branches, as under jit
+            out = map_rows(lambda p, m, o, h: kernel(p, m, o, h, flat))(probs, *scalars)
+        result = out if result is None else getattr(np, combine)(result, out)
+    return result.reshape(pld.batch_shape + values.shape)
+
+
 @float64
 def delta(pld: PLD, epsilon) -> jax.Array:
     """delta(epsilon) of ``pld`` (see :meth:`PLD.delta`)."""
     check_range("epsilon", epsilon, 0.0, allow_inf=True)
     return per_direction(pld, epsilon,
-                         functools.partial(_delta_jit, pessimistic=pld.pessimistic))
+                         functools.partial(_delta_jit, pessimistic=pld.pessimistic),
+                         host_kernel=functools.partial(delta_kernel, pessimistic=pld.pessimistic))
 
 
 @float64
@@ -301,4 +343,6 @@ def epsilon(pld: PLD, delta) -> jax.Array:
     """epsilon(delta) of ``pld`` (see :meth:`PLD.epsilon`)."""
     check_range("delta", delta, 0.0, 1.0)
     return per_direction(pld, delta,
-                         functools.partial(_epsilon_jit, pessimistic=pld.pessimistic))
+                         functools.partial(_epsilon_jit, pessimistic=pld.pessimistic),
+                         host_kernel=functools.partial(epsilon_kernel,
+                                                       pessimistic=pld.pessimistic))

@@ -1,8 +1,11 @@
-"""The PLD type: its directions."""
+"""The PLD type: its directions, and where small computations on it run."""
 
 import numpy as np
+from compiled_programs import compiled_programs
+from reference import gaussian_delta
 
 import pldjax as pj
+from pldjax.core import pld as pld_module
 from pldjax.core.pld import PLD
 
 
@@ -27,3 +30,52 @@ def test_direction_helpers():
     assert np.all(np.asarray(probs[1, backward.size:]) == 0)
     batch = pj.gaussian(np.array([1.0, 2.0]))
     assert batch.stack_directions()[0].shape == (2, 1, batch.size)
+
+
+def _compiled_path(monkeypatch):
+    """Small PLDs go through the compiled kernels, as large ones do."""
+    monkeypatch.setattr(pld_module, "HOST_ROWS", 0)
+
+
+def test_small_plds_in_host_memory_are_read_and_composed_without_compiling():
+    gauss, sub = pj.gaussian(1.0), pj.gaussian(0.8, sampling_prob=0.1)
+    optimistic = pj.gaussian(1.0, pessimistic=False)
+    assert pld_module.computed_on_host([gauss, sub], 2 * sub.size)
+
+    def work():
+        composed = pj.compose([gauss, sub]).self_compose(50)
+        low = optimistic.self_compose(50)
+        return (composed.epsilon(1e-6), composed.delta([0.5, 2.0]), composed.tradeoff(0.01),
+                composed.renyi(2.0), low.log_mgf(-1.0), low.epsilon([1e-3, 1e-6]))
+
+    _, names = compiled_programs(work)
+    assert names == []
+
+
+def test_plds_on_the_host_and_in_compiled_kernels_agree_and_bracket_the_gaussian(monkeypatch):
+    """G(1) composed 100 times is 10-GDP: both paths' pessimistic delta at or above the closed
+    form, the optimistic at or below, and the two paths within round-off of each other."""
+    eps = np.array([10.0, 40.0, 70.0])
+    exact = np.array([gaussian_delta(10.0, e) for e in eps])
+
+    def readings():
+        upper = pj.compose([pj.gaussian(1.0)] * 4).self_compose(25)
+        lower = pj.gaussian(1.0, pessimistic=False).self_compose(100)
+        return (np.asarray(upper.delta(eps)), np.asarray(lower.delta(eps)),
+                upper.epsilon(1e-6), lower.epsilon(1e-6))
+
+    on_host = readings()
+    _compiled_path(monkeypatch)
+    compiled = readings()
+    for host, kernel in zip(on_host, compiled, strict=True):
+        np.testing.assert_allclose(host, kernel, rtol=1e-9, atol=1e-300)
+    for upper, lower, *_ in (on_host, compiled):
+        assert np.all(upper >= exact) and np.all(lower <= exact)
+        np.testing.assert_allclose(upper, exact, rtol=1e-2)
+        np.testing.assert_allclose(lower, exact, rtol=1e-2)
+
+
+def test_large_batches_run_in_compiled_kernels():
+    batch = pj.gaussian(np.linspace(0.8, 2.0, pld_module.HOST_ROWS + 1))
+    assert not pld_module.computed_on_host([batch], batch.size)
+    assert pld_module.computed_on_host([pj.gaussian(1.0)], pj.gaussian(1.0).size)
