@@ -25,6 +25,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import (
     array_module,
     computed_once,
+    early_exit_on_cpu,
     kernel_jit,
     map_rows,
     on_host,
@@ -94,11 +95,28 @@ def _block_level_sums(probs, step):
     mass, decayed, grown = (padded @ xp.stack([xp.ones_like(lag), xp.exp(-lag), -xp.expm1(-lag)],
                                               axis=1)).T
     zero = xp.zeros((1,), probs.dtype)
-    s = xp.concatenate([reverse_cumsum(mass), zero])
-    r = xp.concatenate([_block_starts(xp.exp(-_BLOCK * step), decayed), zero])
+    decay, gain = xp.exp(-_BLOCK * step), -xp.expm1(-_BLOCK * step)
     # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
     # (1 - e^{-(i - (b+1)B)h}) + e^{-(i - (b+1)B)h} (1 - e^{-Bh})
-    d = xp.concatenate([reverse_cumsum(grown - xp.expm1(-_BLOCK * step) * r[1:]), zero])
+
+    def blocked(mass, decayed, grown):
+        r = xp.concatenate([_block_starts(decay, decayed), zero])
+        return reverse_cumsum(mass), r[:-1], reverse_cumsum(grown + gain * r[1:])
+
+    def sequential(mass, decayed, grown):  # one loop over the blocks: little to compile
+        def back(carry, block):
+            s, r, d = carry
+            m, dec, gr = block
+            carry = (m + s, dec + decay * r, gr + d + gain * r)
+            return carry, carry
+
+        return jax.lax.scan(back, (zero[0],) * 3, (mass, decayed, grown), reverse=True)[1]
+
+    if xp is np:
+        sums = blocked(mass, decayed, grown)
+    else:  # on a CPU the loop (one row's blocks take microseconds); elsewhere no loop
+        sums = early_exit_on_cpu((mass, decayed, grown), cpu=sequential, elsewhere=blocked)
+    s, r, d = (xp.concatenate([a, zero]) for a in sums)
     return s, r, d, padded
 
 
@@ -111,9 +129,10 @@ def _crossing_sums(probs, inf_mass, step, deltas, scale=1.0):
     n = probs.shape[-1]
     s, r, d, padded = _block_level_sums(probs, step)
     blocks = padded.shape[0]
-    # block b holds the crossing, where b + 1 block starts lie above the target
-    block = xp.clip(xp.searchsorted(-(inf_mass + d[:-1] * scale), -deltas, side="left") - 1,
-                    0, blocks - 1)
+    # block b holds the crossing, where b + 1 block starts lie above the target (a count: the
+    # starts' deltas do not increase, and a count compiles faster than a search)
+    above_starts = xp.sum(inf_mass + d[None, :-1] * scale > deltas[:, None], axis=1)
+    block = xp.clip(above_starts - 1, 0, blocks - 1)
     inside = padded[block]  # (targets, _BLOCK)
     s_next, r_next, d_next = s[block + 1], r[block + 1], d[block + 1]
     local = xp.arange(_BLOCK)
