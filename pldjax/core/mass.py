@@ -12,11 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.compilation import cumulative_sum
+
 
 def take_from_bottom(probs, amount, xp=jnp):
     """``probs`` less ``amount`` of mass taken from its lowest bins (never below zero); ``xp``:
     jax.numpy, or NumPy for host arrays."""
-    below = xp.cumsum(probs) - probs
+    below = cumulative_sum(probs) - probs
     return probs - xp.clip(amount - below, 0.0, probs)
 
 

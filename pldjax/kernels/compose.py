@@ -45,7 +45,13 @@ from jax import export
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.align import align
-from pldjax.core.compilation import array_module, early_exit_on_cpu, kernel_jit, map_rows, reverse_cumsum
+from pldjax.core.compilation import (
+    array_module,
+    cumulative_sum,
+    early_exit_on_cpu,
+    kernel_jit,
+    map_rows,
+)
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows
 from pldjax.core.precision import float64
@@ -346,8 +352,8 @@ def _spectrum(folded, mass):
     size = folded.shape[0]
     half = size // 2
     upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
-    upper_tails = reverse_cumsum(upper)  # sum_{i >= j}, from the top down
-    lower_heads = xp.cumsum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
+    upper_tails = cumulative_sum(upper, reverse=True)  # sum_{i >= j}, from the top down
+    lower_heads = cumulative_sum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
     tails = xp.concatenate([-xp.sum(lower)[None], upper_tails[1:], -lower_heads])
     freqs = min(size // 2 + 1, _ACCURATE_FREQS)
     theta = (2.0 * xp.pi / size) * xp.arange(freqs, dtype=xp.float64)
@@ -529,8 +535,8 @@ def _bulk(probs, tail):
     """First and last index of the window outside which each side holds at most tail/2 mass."""
     xp = array_module(probs)
     length = probs.shape[0]
-    lo = xp.argmax(xp.cumsum(probs) > tail / 2)
-    hi = length - 1 - xp.argmax(xp.cumsum(probs[::-1]) > tail / 2)
+    lo = xp.argmax(cumulative_sum(probs) > tail / 2)
+    hi = length - 1 - xp.argmax(cumulative_sum(probs[::-1]) > tail / 2)
     return lo, xp.maximum(hi, lo)
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.core.compilation import array_module, kernel_jit
+from pldjax.core.compilation import array_module, cumulative_sum, kernel_jit
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64, host_result
 from pldjax.core.validation import check_range
@@ -68,8 +68,8 @@ def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic=True):
     xp = array_module(probs)
     z, log_p = _log_masses(probs, offset, step)
     q = xp.exp(xp.minimum(log_p - z, 0.0))
-    type_one = xp.concatenate([xp.zeros((1,)), xp.cumsum(probs)])
-    type_two = xp.concatenate([xp.cumsum(q[::-1])[::-1], xp.zeros((1,))])
+    type_one = xp.concatenate([xp.zeros((1,)), cumulative_sum(probs)])
+    type_two = xp.concatenate([cumulative_sum(q, reverse=True), xp.zeros((1,))])
     beta = xp.interp(alphas, type_one, type_two, right=0.0)
     # the two running sums and the interpolation are each a few ulps per term off: beta moves by
     # that bound to its safe side (down for a pessimistic PLD; on a grid where the estimate is

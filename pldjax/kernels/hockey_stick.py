@@ -25,11 +25,11 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import (
     array_module,
     computed_once,
+    cumulative_sum,
     early_exit_on_cpu,
     kernel_jit,
     map_rows,
     on_host,
-    reverse_cumsum,
 )
 from pldjax.core.pld import PLD, batched, computed_on_host
 from pldjax.core.precision import float64, host_result
@@ -101,7 +101,7 @@ def _block_level_sums(probs, step):
 
     def blocked(mass, decayed, grown):
         r = xp.concatenate([_block_starts(decay, decayed), zero])
-        return reverse_cumsum(mass), r[:-1], reverse_cumsum(grown + gain * r[1:])
+        return cumulative_sum(mass, reverse=True), r[:-1], cumulative_sum(grown + gain * r[1:], reverse=True)
 
     def sequential(mass, decayed, grown):  # one loop over the blocks: little to compile
         def back(carry, block):
@@ -161,7 +161,7 @@ def tail_sums(probs, step, *, with_r: bool = True):
     None unless ``with_r`` (NumPy computes whatever it is asked for)."""
     xp = array_module(probs)
     zero = xp.zeros((1,), probs.dtype)
-    s = xp.concatenate([reverse_cumsum(probs), zero])
+    s = xp.concatenate([cumulative_sum(probs, reverse=True), zero])
     r = None
     if with_r:
         r = xp.concatenate([_reverse_recurrence(xp.exp(-step), probs), zero])
