@@ -1,11 +1,12 @@
-"""The XLA programs a piece of code compiles, read from JAX's compile log (what
-``jax_log_compiles`` prints: "Finished XLA compilation of jit(NAME) in ..."), in this process or
-in a new one."""
+"""The XLA programs a piece of code compiles, as JAX's monitoring reports them (each
+``/jax/core/compile/backend_compile_duration`` event names its program, ``jit(NAME)``), in this
+process or in a new one. A program loaded from the persistent compilation cache is reported as
+one compiled: a first call counts every program it needs, whether compiled or loaded; a call
+that needs nothing new reports none."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -14,31 +15,24 @@ from pathlib import Path
 
 import jax
 
-
-class _Names(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.names: list[str] = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if message.startswith("Finished XLA compilation of"):
-            self.names.append(message.split(" of ")[1].split(" in ")[0])
+#: JAX's monitoring event of one XLA program compiled (or loaded from the persistent cache).
+COMPILED = "/jax/core/compile/backend_compile_duration"
 
 
 def compiled_programs(fn):
     """(fn's result, the names of the XLA programs compiled while it ran, in order)."""
-    handler, log = _Names(), logging.getLogger("jax._src.dispatch")
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
+    names: list[str] = []
+
+    def record(event: str, duration: float, **kwargs) -> None:
+        if event == COMPILED:
+            names.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(record)
     try:
-        with jax.log_compiles(True):
-            result = fn()
+        result = fn()
     finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
-    return result, handler.names
+        jax.monitoring.unregister_event_duration_listener(record)
+    return result, names
 
 
 def programs_of_a_new_process(code: str, cache: Path | None = None) -> tuple[list[str], str]:
