@@ -133,7 +133,7 @@ def _window(family: Family, rounds: int, budget: PLD | None = None) -> Window:
 
 #: Queries with at most this many grid points are composed by direct sums (exact zeros stay
 #: zero); wider ones by FFT, whose absolute round-off (~1e-13) is then below the tolerances.
-_DIRECT_WIDTH = 128
+DIRECT_WIDTH = 128
 
 #: Rows (curves, moves) handled together inside the level kernels.
 _CHUNK = 4
@@ -173,7 +173,7 @@ class _Plan(NamedTuple):
 
 def _plan(family: Family, window: Window) -> _Plan:
     n = family.probs.shape[1]
-    if n <= _DIRECT_WIDTH:
+    if n <= DIRECT_WIDTH:
         return _Plan(window, family.offset, n, 0)
     extended = window.left + window.size + window.right
     begin = window.left - family.offset

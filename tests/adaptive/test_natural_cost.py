@@ -7,6 +7,7 @@ import itertools
 import mpmath
 import numpy as np
 import pytest
+from compiled_programs import compiled_programs
 from reference import gaussian_delta_mp
 
 import pldjax as pj
@@ -316,11 +317,13 @@ def test_recursion_is_thm6(case):
     else:  # Gaussians on the lattice: hundreds of points, FFT; G_1 (+) G_1 (+) G_1 is illegal
         queries = [pj.gdp(0.5, grid=GRID), pj.gdp(1.0, grid=GRID)]
         budget, rounds = pj.gdp(1.6, grid=GRID, pessimistic=False), 3
-    assert (adversary._family(queries).probs.shape[1] > adversary._DIRECT_WIDTH) == (case == "fft")
-    sizes = [adversary._forward_level._cache_size(), adversary._backward_level._cache_size()]
-    bounds = pj.natural_filter_bounds(queries, budget=budget, rounds=rounds)
-    assert adversary._forward_level._cache_size() <= sizes[0] + 1
-    assert adversary._backward_level._cache_size() <= sizes[1] + 1
+    # the grid points the queries' masses span together, against the direct sums' limit
+    spans = [int(q.offset) + np.flatnonzero(np.asarray(q.probs)) for q in queries]
+    width = max(s[-1] for s in spans) - min(s[0] for s in spans) + 1
+    assert (width > adversary.DIRECT_WIDTH) == (case == "fft")
+    bounds, names = compiled_programs(
+        lambda: pj.natural_filter_bounds(queries, budget=budget, rounds=rounds))
+    assert names.count("jit(_forward_level)") <= 1 and names.count("jit(_backward_level)") <= 1
     lattice, expected, reachable = literal_vk(queries, budget, rounds)
     assert not all(reachable.values())  # some moves are illegal: the pruning is exercised
     index = np.round(bounds.epsilons / STEP).astype(int) - lattice[0]
