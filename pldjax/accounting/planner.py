@@ -85,13 +85,13 @@ def mechanism_points(sigma, q):
 
 
 #: Integer Renyi orders of :func:`rdp_epsilon` (a coarse set: it only sizes grids).
-_RDP_ORDERS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)
+RDP_ORDERS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 @functools.lru_cache(maxsize=16)
 def _rdp_terms(orders: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """The terms k = 0 .. a of the binomial expansion at each integer order a of ``orders``,
-    flat (944 terms for _RDP_ORDERS, not 18 x 257): for each term log C(a, k) and the
+    flat (944 terms for RDP_ORDERS, not 18 x 257): for each term log C(a, k) and the
     coefficients a - k, k and k^2 - k of log(1 - q), log q and 1 / (2 sigma^2); and where each
     order's terms start."""
     counts = np.asarray(orders) + 1
@@ -104,7 +104,7 @@ def _rdp_terms(orders: tuple[int, ...]) -> tuple[np.ndarray, ...]:
 
 
 #: Configurations per block of :func:`poisson_gaussian_rdp` (each takes 944 terms for
-#: _RDP_ORDERS; 32 to 128 were alike).
+#: RDP_ORDERS; 32 to 128 were alike).
 _RDP_BLOCK = 64
 
 
@@ -177,13 +177,13 @@ def event_renyi_bound(event: Event, orders: np.ndarray) -> np.ndarray:
 
 
 def rdp_epsilon(sigma, q, steps, delta):
-    """An estimate of epsilon (nats) from :func:`poisson_gaussian_rdp` at _RDP_ORDERS and the
+    """An estimate of epsilon (nats) from :func:`poisson_gaussian_rdp` at RDP_ORDERS and the
     standard conversion: an upper bound, about 10% loose, used only to choose a grid step (never
     reported); flat."""
     sigma, q, steps, delta = (a.reshape(-1) for a in np.broadcast_arrays(
         *(np.asarray(a, np.float64) for a in (sigma, q, steps, delta))))
-    orders = np.asarray(_RDP_ORDERS, np.float64)
-    divergence = poisson_gaussian_rdp(sigma, q, _RDP_ORDERS)
+    orders = np.asarray(RDP_ORDERS, np.float64)
+    divergence = poisson_gaussian_rdp(sigma, q, RDP_ORDERS)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         eps = steps[:, None] * divergence + np.log(1.0 / delta[:, None]) / (orders - 1)
     return np.nan_to_num(np.min(eps, axis=-1), nan=np.inf)

@@ -1,5 +1,6 @@
 """DP-SGD accounting: batched configurations, schedules, sharding, CLI."""
 
+import collections
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ import jax
 import mpmath as mp
 import numpy as np
 import pytest
-from compiled_programs import programs_of_a_new_process
+from compiled_programs import compiled_programs, programs_of_a_new_process
 from reference import (
     RR_CASES,
     around_atom,
@@ -26,6 +27,28 @@ import pldjax as pj
 
 SIGMAS = np.array([[0.8], [1.5]])
 QS = np.array([0.02, 1.0])
+
+
+def _kernel_calls(monkeypatch) -> dict[str, list]:
+    """Every call of an accounting kernel (a pldjax.core.compilation.ExportedKernel) from now
+    on, as (kernel, args, kwargs), listed under the name of the kernel's program (as JAX names
+    it in its compile log: "jit(NAME)")."""
+    from pldjax.core import compilation
+
+    calls = collections.defaultdict(list)
+    run = compilation.ExportedKernel.__call__
+
+    def spy(self, *args, **kwargs):
+        calls[self.__name__].append((self, args, kwargs))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(compilation.ExportedKernel, "__call__", spy)
+    return calls
+
+
+def _configurations_done(err: str) -> list[int]:
+    """The counts of configurations done that a progress bar on stderr reported, in order."""
+    return [int(report.split("] ")[1].split("/")[0]) for report in err.split("\r")[1:]]
 
 
 @pytest.mark.slow
@@ -131,25 +154,20 @@ def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
     sweep met 336 shapes before, one per mechanism size too)."""
     from pldjax.accounting import engine as dpsgd
 
-    wraps, shapes = [], []
-    wrap, kernel = dpsgd.wrap_rows, dpsgd._compose_and_evaluate
+    wraps, wrap = [], dpsgd.wrap_rows
 
     def spy_wrap(xp, probs, size):
         wraps.append((probs.shape[1], size))
         return wrap(xp, probs, size)
 
-    def spy_kernel(wrapped, *args, **kwargs):
-        shapes.append(wrapped.shape)
-        return kernel(wrapped, *args, **kwargs)
-
     monkeypatch.setattr(dpsgd, "wrap_rows", spy_wrap)
-    monkeypatch.setattr(dpsgd, "_compose_and_evaluate", spy_kernel)
-    before = kernel._cache_size()
+    calls = _kernel_calls(monkeypatch)
     # sigma 0.6 and 2.0 at q = 0.01, T = 1000: mechanism grids of 16,384 and 4,096 points, both
     # composed on windows of 20,480
-    got = pj.dpsgd_epsilon([0.6, 2.0], 0.01, 1000, 1e-5)
-    assert len(set(shapes)) < len(set(wraps))
-    assert kernel._cache_size() - before <= len(set(shapes))
+    got, names = compiled_programs(lambda: pj.dpsgd_epsilon([0.6, 2.0], 0.01, 1000, 1e-5))
+    shapes = {args[0].shape for _, args, _ in calls["_compose_and_evaluate"]}
+    assert 0 < len(shapes) < len(set(wraps))
+    assert names.count("jit(_compose_and_evaluate)") <= len(shapes)
     np.testing.assert_allclose(got, [pj.dpsgd_epsilon(s, 0.01, 1000, 1e-5) for s in (0.6, 2.0)],
                                rtol=1e-9)
 
@@ -157,7 +175,7 @@ def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
 @pytest.mark.parametrize("target", ["epsilon", pytest.param("delta", marks=pytest.mark.slow)])
 def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
     """On an accelerator a chunk stays on the device and each composition call's rows are
-    gathered and wrapped there (dpsgd._gather_rows), always a full call of rows (or, for a call
+    gathered and wrapped there (a kernel of its own), always a full call of rows (or, for a call
     of few configurations, the power of two of their rows) on a window of a power of two (one
     compiled composition per octave); forced here on a CPU, it must give the values of the host
     path, for a repeated configuration and rows of several window sizes (the delta target,
@@ -169,19 +187,15 @@ def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
     sigma, q, steps = [1.0, 1.0, 1.0, 1e-6], [0.02, 0.02, 0.02, 0.01], [1000, 10, 1000, 1000]
     account, at = ((pj.dpsgd_epsilon, 1e-5) if target == "epsilon" else (pj.dpsgd_delta, 1.0))
     want = account(sigma, q, steps, at)
-    calls = []
-    gather = dpsgd._gather_rows
-
-    def spy(probs, index, scalars, *, size):
-        calls.append((len(index), size))
-        return gather(probs, index, scalars, size=size)
-
     monkeypatch.setattr(dpsgd, "_keeps_chunks_on_device", lambda: True)
-    monkeypatch.setattr(dpsgd, "_gather_rows", spy)
+    calls = _kernel_calls(monkeypatch)
     got = account(sigma, q, steps, at)
-    assert len({size for _, size in calls}) > 2
-    # 4 configurations, 8 rows
-    assert all(rows == min(dpsgd._rows_per_call(size, 1), 8) for rows, size in calls)
+    composed = [args[0].shape for _, args, _ in calls["_compose_and_evaluate"]]
+    assert len(calls["_gather_rows"]) == len(composed)  # each call's rows gathered on the device
+    assert len({size for _, size in composed}) > 2
+    # 4 configurations, 8 rows: every call a full one of them (the most a call of these windows
+    # takes is far more)
+    assert all(rows == 8 for rows, _ in composed)
     # there windows are rounded up to powers of two: a wider window leaves less of the tail
     # (charged to delta) outside, which moves epsilon by about 1e-8 and a tiny delta by round-off
     np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-14)
@@ -199,7 +213,7 @@ def _host_round_trips_on_a_gpu(kernel, args, kwargs) -> list[str]:
     compile_ = getattr(client, "compile_and_load", None)
     if compile_ is None:
         pytest.skip("this jaxlib's client has no compile_and_load")
-    text = kernel._jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",)).as_text()
+    text = kernel.kernel.trace(*args, **kwargs).lower(lowering_platforms=("cuda",)).as_text()
     hlo = compile_(text, client.devices()[:1]).hlo_modules()[0].to_string()
     return [line.strip()[:100] for line in hlo.splitlines()
             if re.search(r" conditional\(", line)
@@ -214,28 +228,18 @@ def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
     conditional and no loop of unknown length, so the host queues a sweep's chunks while the
     device works (on the CPU the same kernels keep their early exits, as this check shows)."""
     from pldjax.accounting import engine as dpsgd
-    from pldjax.core import compilation
 
     monkeypatch.setattr(dpsgd, "_keeps_chunks_on_device", lambda: True)
-    calls, compositions = {}, []
-    run = compilation.ExportedKernel.__call__
-
-    def spy(self, *args, **kwargs):
-        calls.setdefault(self.__name__, (self, args, kwargs))
-        if self.__name__ == "_compose_and_evaluate":
-            compositions.append((self, args, kwargs))
-        return run(self, *args, **kwargs)
-
-    monkeypatch.setattr(compilation.ExportedKernel, "__call__", spy)
+    calls = _kernel_calls(monkeypatch)
     pj.dpsgd_epsilon([1.0, 2.0], [0.01, 0.1], [1000, 30], 1e-5, rtol=rtol)
     monkeypatch.undo()
     assert {"_curve_kernel", "_masses_kernel", "_gather_rows", "_compose_and_evaluate"} <= set(calls)
-    for name, call in calls.items():
-        assert _host_round_trips_on_a_gpu(*call) == [], name
+    for name, (first, *_) in calls.items():
+        assert _host_round_trips_on_a_gpu(*first) == [], name
     # the check sees them where they are: the composition's power width on the CPU (a window
     # too small for the short width has none)
-    assert any(" conditional(" in kernel._jitted.trace(*args, **kwargs).lower().compile().as_text()
-               for kernel, args, kwargs in compositions)
+    assert any(" conditional(" in kernel.kernel.trace(*args, **kwargs).lower().compile().as_text()
+               for kernel, args, kwargs in calls["_compose_and_evaluate"])
 
 
 def test_cli_dpsgd_and_sweep(tmp_path, capsys):
@@ -396,15 +400,15 @@ def test_renyi_estimate_behind_rtol_matches_dp_accounting():
     extremes (q = 1, q = 0, sigma 1e-6 and 1e17) give numbers, never NaN."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    from pldjax.accounting.planner import _RDP_ORDERS, rdp_epsilon
+    from pldjax.accounting.planner import RDP_ORDERS, rdp_epsilon
 
     cases = [(1.0, 0.01, 10_000, 1e-5), (2.659, 0.00101, 157, 1e-5), (0.6, 0.05, 100_000, 1e-9),
              (5.0, 1.0, 10, 1e-3), (1.147, 0.3, 1, 0.5)]
     sigma, q, steps, delta = (np.array(column) for column in zip(*cases, strict=True))
     got = rdp_epsilon(sigma, q, steps, delta)
     for (s, p, t, d), value in zip(cases, got, strict=True):
-        divergence = rdp._compute_rdp_poisson_subsampled_gaussian(p, s, np.array(_RDP_ORDERS))
-        expected = np.min(t * divergence + np.log(1 / d) / (np.array(_RDP_ORDERS) - 1))
+        divergence = rdp._compute_rdp_poisson_subsampled_gaussian(p, s, np.array(RDP_ORDERS))
+        expected = np.min(t * divergence + np.log(1 / d) / (np.array(RDP_ORDERS) - 1))
         np.testing.assert_allclose(value, expected, rtol=1e-10)
     extremes = rdp_epsilon(np.array([1.0, 1.0, 1e-6, 1e17]), np.array([1.0, 0.0, 0.01, 0.01]),
                             np.full(4, 1e9), np.full(4, 1e-5))
@@ -412,26 +416,20 @@ def test_renyi_estimate_behind_rtol_matches_dp_accounting():
 
 
 @pytest.mark.slow
-def test_rtol_configurations_of_one_size_share_a_chunk_across_grid_steps(monkeypatch):
+def test_rtol_configurations_of_one_size_share_a_chunk_across_grid_steps(monkeypatch, capsys):
     """rtol gives each configuration its own grid step; those of one mechanism grid size share
     a chunk whatever their steps (one discretization, each row on its own step; a chunk of one
     step each was many small chunks, on a GPU each a few ms of launches), and each gets its
     single call's value."""
-    from pldjax.accounting import engine as dpsgd
-
-    chunks = []
-    run = dpsgd._account_chunk
-
-    def spy(*args, **kwargs):
-        chunks.append(np.unique(kwargs["grid_steps"]))
-        return run(*args, **kwargs)
-
-    monkeypatch.setattr(dpsgd, "_account_chunk", spy)
+    calls = _kernel_calls(monkeypatch)
     sigma, q = np.array([0.8, 1.0, 1.0, 2.0, 1.5]), np.array([0.01, 0.01, 0.02, 0.05, 0.003])
     steps = np.array([100, 1000, 10000, 300, 3000])
-    got = pj.dpsgd_epsilon(sigma, q, steps, 1e-5, rtol=1e-2)
+    got = pj.dpsgd_epsilon(sigma, q, steps, 1e-5, rtol=1e-2, progress=True)
     monkeypatch.undo()
-    assert len(chunks) == 2 and max(len(grid_steps) for grid_steps in chunks) == 3
+    # two chunks (a progress report after each), each one discretization: its curves' grid steps
+    assert _configurations_done(capsys.readouterr().err) == [1, 5]
+    grid_steps = [np.unique(np.asarray(args[2])) for _, args, _ in calls["_curve_kernel"]]
+    assert [len(chunk) for chunk in grid_steps] == [1, 3]
     singles = [pj.dpsgd_epsilon(*config, 1e-5, rtol=1e-2)
                for config in zip(sigma, q, steps, strict=True)]
     np.testing.assert_allclose(got, singles, rtol=1e-12)
@@ -766,20 +764,16 @@ def test_rows_of_different_chunks_share_a_composition_call(monkeypatch):
     with repeats only at the end, at most once per window size (it was once per chunk)."""
     from pldjax.accounting import engine as dpsgd
 
-    rows, sizes, kernel = [], set(), dpsgd._compose_and_evaluate
-
-    def spy(wrapped, *args, **kwargs):
-        rows.append(wrapped.shape[0])
-        sizes.add(wrapped.shape[1])
-        return kernel(wrapped, *args, **kwargs)
-
-    monkeypatch.setattr(dpsgd, "_compose_and_evaluate", spy)
+    calls = _kernel_calls(monkeypatch)
     monkeypatch.setattr(dpsgd, "CHUNK", 1)
-    monkeypatch.setattr(dpsgd, "_rows_per_call", lambda size, devices: 2)
+    # two rows a call: the points of two windows of 16,384
+    monkeypatch.setattr(dpsgd, "COMPOSE_ELEMENTS", 2 * 16_384)
     # q = 0.3: the two directions need windows of different sizes (10,240 and 14,336 points)
     sigmas = np.array([1.0, 1.001, 1.002, 1.003, 1.004])
     got = pj.dpsgd_epsilon(sigmas, 0.3, 100, 1e-5)
-    assert len(sizes) == 2
+    rows = [args[0].shape[0] for _, args, _ in calls["_compose_and_evaluate"]]
+    sizes = {args[0].shape[1] for _, args, _ in calls["_compose_and_evaluate"]}
+    assert len(sizes) == 2 and max(rows) == 2
     assert sum(rows) - 2 * sigmas.size <= len(sizes)
     np.testing.assert_allclose(got, [pj.dpsgd_epsilon(s, 0.3, 100, 1e-5) for s in sigmas],
                                rtol=1e-12)
@@ -789,7 +783,7 @@ def test_progress_counts_every_configuration_once(capsys):
     """``progress=True``: a bar on stderr after each chunk, ending at all configurations (here
     three mechanism grids, so three chunks; zero steps count as nothing to do)."""
     pj.dpsgd_epsilon([0.6, 2.0, 8.0, 1.0], 0.01, [1000, 100, 10, 0], 1e-5, progress=True)
-    reports = capsys.readouterr().err.split("\r")[1:]
-    assert reports[-1].endswith("] 3/3 configurations\n")
-    assert [int(r.split("] ")[1].split("/")[0]) for r in reports] == sorted(
-        int(r.split("] ")[1].split("/")[0]) for r in reports)
+    err = capsys.readouterr().err
+    assert err.endswith("] 3/3 configurations\n")
+    done = _configurations_done(err)
+    assert done == sorted(done)
