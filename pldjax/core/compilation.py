@@ -49,8 +49,10 @@ from jax import export
 
 from pldjax.core.validation import is_traced
 
-#: Where :func:`exported_jit` kernels keep their programs (set by enable_compilation_cache).
-_exported_dir: Path | None = None
+#: Where :func:`exported_jit` kernels keep their programs: set by
+#: :func:`enable_compilation_cache`; None (nowhere: the kernels run as plain jitted functions)
+#: until then, with the cache off, or where the directory cannot be created.
+exported_dir: Path | None = None
 
 
 def default_cache_dir() -> Path:
@@ -78,7 +80,7 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     """
     if os.environ.get("PLDJAX_COMPILATION_CACHE") == "0" or jax.config.jax_compilation_cache_dir:
         return None
-    global _exported_dir
+    global exported_dir
     directory = Path(path) if path is not None else default_cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
@@ -87,9 +89,9 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     exported = directory.with_name(directory.name + "-exported")
     try:
         exported.mkdir(exist_ok=True)
-        _exported_dir = exported
+        exported_dir = exported
     except OSError:  # the kernels are then traced in every process, as without the cache
-        _exported_dir = None
+        exported_dir = None
     return directory
 
 
@@ -112,7 +114,7 @@ def package_root() -> Path:
 
 
 @functools.cache
-def _program_version() -> str | None:
+def program_version() -> str | None:
     """What an exported program depends on besides its kernel and inputs: pldjax's source, the
     jax and jaxlib versions, the backend and device; None where the source cannot be read (no
     exports then: nothing would tell an upgraded pldjax's programs from the old ones)."""
@@ -272,17 +274,18 @@ class Kernel:
         self.static_argnames = frozenset((static,) if isinstance(static, str) else static)
         functools.update_wrapper(self, fn)
 
-    def _options(self) -> dict | None:
+    @property
+    def compiler_options(self) -> dict | None:
         """The XLA options this kernel compiles with here: its ``cpu_options`` on a CPU whose
-        XLA knows them (:func:`_supported`), else none."""
+        XLA knows them (:func:`_supported`), else None."""
         if self._tuned is None or jax.default_backend() != "cpu":
             return None
         return self._cpu_options if _supported(self._option_key) else None
 
     @property
     def kernel(self):
-        """The jitted kernel for a call at top level (compiled with :meth:`_options`)."""
-        return self._jitted if self._options() is None else self._tuned
+        """The jitted kernel for a call at top level (compiled with :attr:`compiler_options`)."""
+        return self._jitted if self.compiler_options is None else self._tuned
 
     def _cache_size(self) -> int:
         """Compiled shapes held in memory (for :func:`compiled_count`)."""
@@ -340,17 +343,20 @@ class ExportedKernel(Kernel):
         leaves, tree = jax.tree_util.tree_flatten(args)
         if is_traced((leaves, kwargs)):  # a nested jit, which takes no compiler options
             return self._jitted(*args, **kwargs)
-        if (_exported_dir is None or not self.static_argnames.issuperset(kwargs)
-                or not _can_serialize() or len(jax.devices()) != 1 or _program_version() is None):
+        directory = exported_dir
+        if (directory is None or not self.static_argnames.issuperset(kwargs)
+                or not _can_serialize() or len(jax.devices()) != 1 or program_version() is None):
             return self.kernel(*args, **kwargs)
         statics = self._static_tokens(kwargs)
         if statics is None:
             return self.kernel(*args, **kwargs)
         # the x64 setting decides the program's dtypes for the same NumPy inputs
         key = (tree, tuple(map(_signature, leaves)), statics, jax.config.jax_enable_x64)
-        call = self._calls.get(key)
+        # remembered with the directory it was read from or written to: another directory (a
+        # cache enabled elsewhere) gets its own entry
+        call = self._calls.get((directory, key))
         if call is None:
-            call = self._calls[key] = self._program(key, args, kwargs)
+            call = self._calls[directory, key] = self._program(directory, key, args, kwargs)
         return call(*args)
 
     def _static_tokens(self, kwargs) -> tuple | None:
@@ -364,11 +370,12 @@ class ExportedKernel(Kernel):
                 self._tokens[statics] = None
         return self._tokens[statics]
 
-    def _program(self, key, args, statics) -> Callable:
-        """The exported program for ``key``, read from disk or exported now (and written)."""
+    def _program(self, directory: Path, key, args, statics) -> Callable:
+        """The exported program for ``key``, read from ``directory`` or exported now (and
+        written there)."""
         name = f"{self.__module__}.{self.__qualname__}"
-        digest = hashlib.sha256(f"{_program_version()} {name} {key}".encode()).hexdigest()[:40]
-        path = _exported_dir / f"{self.__name__}-{digest}.jaxexport"
+        digest = hashlib.sha256(f"{program_version()} {name} {key}".encode()).hexdigest()[:40]
+        path = directory / f"{self.__name__}-{digest}.jaxexport"
         try:
             program = export.deserialize(bytearray(path.read_bytes()))
         except Exception:  # absent, unreadable or stale: exported again below
@@ -385,7 +392,7 @@ class ExportedKernel(Kernel):
                 os.replace(pending, path)  # atomic: readers see the whole entry or none
             except OSError:
                 pending.unlink(missing_ok=True)
-        return jax.jit(program.call, compiler_options=self._options())
+        return jax.jit(program.call, compiler_options=self.compiler_options)
 
 
 def exported_jit(*, static_argnames: Iterable[str] = (),

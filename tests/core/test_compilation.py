@@ -4,6 +4,7 @@ test_api.py, the compiled-program count in test_dpsgd.py."""
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,8 +16,8 @@ import numpy as np
 import pytest
 
 import pldjax as pj
-from pldjax.accounting import engine
 from pldjax.core import compilation
+from pldjax.kernels import discretize
 
 
 def test_import_leaves_scipy_out():
@@ -37,7 +38,7 @@ def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
     # stays compiled, and a sweep that drops them after every chunk gets the same values
     square = jax.jit(lambda x: x * x)
     square(jnp.ones(3))
-    kernels = engine._MAPPINGS.kernels
+    kernels = discretize.MECHANISM_KERNELS  # the discretization's, among the sweep's
     compilation.release_compiled_kernels(kernels, limit=0)  # none held from earlier tests
     before = compilation.mapping_count()
     sigmas, steps = np.linspace(0.6, 3.0, 4), np.geomspace(100, 3000, 4).round()
@@ -49,10 +50,16 @@ def test_compiled_kernels_are_released_before_the_mapping_limit(monkeypatch):
     assert compilation.release_compiled_kernels(kernels, limit=0)
     assert compilation.compiled_count(kernels) == 0
     assert compilation.mapping_count() < during  # ... which dropping gives back
-    assert square._cache_size() == 1
+    assert compilation.compiled_count([square]) == 1
     monkeypatch.setattr(compilation, "MAPPING_FRACTION", 0.0)  # drop after every chunk
-    monkeypatch.setattr(engine._MAPPINGS, "first", 0)
-    monkeypatch.setattr(engine._MAPPINGS, "every", 0)
+    check = compilation.MappingGuard.check
+
+    def after_every_chunk(guard):  # the sweep's guard, reading the mappings every time
+        monkeypatch.setattr(guard, "first", 0)
+        monkeypatch.setattr(guard, "every", 0)
+        return check(guard)
+
+    monkeypatch.setattr(compilation.MappingGuard, "check", after_every_chunk)
     drops, release = [], compilation.release_compiled_kernels
     monkeypatch.setattr(compilation, "release_compiled_kernels",
                         lambda chosen: drops.append(release(chosen)) or drops[-1])
@@ -104,38 +111,30 @@ def _accounting_values():
             pj.dpsgd_delta(1.0, 0.05, 200, 2.0, neighboring="replace_one", pessimistic=False)]
 
 
-def _exported_kernels():
-    from pldjax.accounting import engine as dpsgd
-    from pldjax.kernels import discretize
-
-    return (*discretize.MECHANISM_KERNELS, discretize._half_widths, dpsgd._compose_and_evaluate)
+def _exporting_to(directory: Path, monkeypatch) -> Path:
+    """Exported kernels on, kept in ``directory`` (a new one: nothing read from it is in memory
+    yet, as in a new process)."""
+    monkeypatch.setattr(compilation, "exported_dir", directory)
+    return directory
 
 
 @pytest.fixture
 def exported_to(tmp_path, monkeypatch):
-    """Exported kernels on, kept in tmp_path, with nothing remembered in memory."""
-    from pldjax.core import compilation
-
-    for kernel in _exported_kernels():
-        monkeypatch.setattr(kernel, "_calls", {})
-    monkeypatch.setattr(compilation, "_exported_dir", tmp_path)
-    return tmp_path
+    """Exported kernels on, kept in tmp_path."""
+    return _exporting_to(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-def test_exported_kernels_give_the_values_of_jit(exported_to):
+def test_exported_kernels_give_the_values_of_jit(exported_to, monkeypatch):
     """The kernels' programs exported to disk (jax.export) and read back give the values of the
     jitted kernels, bit for bit; an unreadable entry is exported again."""
-    from pldjax.core import compilation
-
     written = _accounting_values()
-    files = sorted(exported_to.glob("*.jaxexport"))
+    copy = _exporting_to(shutil.copytree(exported_to, exported_to.parent / "copy"), monkeypatch)
+    files = sorted(copy.glob("*.jaxexport"))
     assert len(files) >= 5
-    for kernel in _exported_kernels():
-        kernel._calls.clear()  # read back from disk
     files[0].write_bytes(b"not a program")
-    read = _accounting_values()
-    compilation._exported_dir = None  # the jitted kernels themselves (the fixture restores it)
+    read = _accounting_values()  # read back from disk
+    monkeypatch.setattr(compilation, "exported_dir", None)  # the jitted kernels themselves
     plain = _accounting_values()
     for a, b, c in zip(written, read, plain, strict=True):
         np.testing.assert_array_equal(a, c)
@@ -160,7 +159,7 @@ def test_exported_kernel_falls_back_to_jit_where_it_cannot_export(exported_to):
     assert len(list(exported_to.glob("scaled-*"))) == 1
 
 
-def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to):
+def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to, monkeypatch):
     """A kernel called without jax_enable_x64 (float32 programs for float64 NumPy inputs) and
     then with it gets two programs: the float32 one, read back from disk, failed the float64
     call with a dtype mismatch in every later process."""
@@ -173,10 +172,11 @@ def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to):
     argument = np.ones(3, np.float64)
     with jax.enable_x64(False):
         assert doubled(argument).dtype == jnp.float32
-    doubled._calls.clear()  # a later process: read back from disk
+    # a later process: reads what the first one wrote from disk
+    later = _exporting_to(shutil.copytree(exported_to, exported_to.parent / "later"), monkeypatch)
     with jax.enable_x64(True):
         assert doubled(argument).dtype == jnp.float64
-    assert len(list(exported_to.glob("doubled-*"))) == 2
+    assert len(list(later.glob("doubled-*"))) == 2
 
 
 @pytest.mark.slow
@@ -214,7 +214,7 @@ def test_exported_programs_depend_on_every_module_of_the_package(monkeypatch, tm
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(source.read_bytes())
     monkeypatch.setattr(compilation, "package_root", lambda: copy)
-    version = compilation._program_version.__wrapped__  # the digest itself, not the cached one
+    version = compilation.program_version.__wrapped__  # the digest itself, not the cached one
     before = version()
     assert before == version()
     kernel = copy / "kernels" / "discretize.py"
@@ -225,16 +225,14 @@ def test_exported_programs_depend_on_every_module_of_the_package(monkeypatch, tm
 def test_kernels_compile_with_their_cpu_options_only_where_xla_knows_them():
     """A kernel given ``cpu_options`` compiles with them on a CPU; with an option this XLA does
     not know (a later jaxlib may drop one) it compiles as a plain jitted kernel, same values."""
-    from pldjax.core import compilation
-
     def curve(x):
         return jnp.exp(-x) * jnp.log1p(x)
 
     fast = compilation.exported_jit(cpu_options=compilation.FAST_COMPILE)(curve)
     unknown = compilation.exported_jit(cpu_options={"xla_no_such_option": True})(curve)
     assert jax.default_backend() == "cpu"
-    assert fast.kernel is fast._tuned
-    assert unknown.kernel is unknown._jitted
+    assert fast.compiler_options == dict(compilation.FAST_COMPILE)
+    assert unknown.compiler_options is None
     x = jnp.linspace(0.0, 5.0, 101)
     np.testing.assert_allclose(fast(x), unknown(x), rtol=1e-15)
     np.testing.assert_allclose(fast(x), np.exp(-np.asarray(x)) * np.log1p(np.asarray(x)),
@@ -243,11 +241,11 @@ def test_kernels_compile_with_their_cpu_options_only_where_xla_knows_them():
 
 def test_values_computed_once_are_unchanged_and_not_recomputed_per_use():
     """computed_once leaves its values in place (batched, and a tuple of more values than it
-    sorts, too), and the 128 x 128 matrix of 128 powers (pldjax.kernels.hockey_stick._powers, on every grid
-    evaluation's path) computes each power once: XLA's CPU fusion put the pow into the gather
-    that places the powers, 16,384 of them."""
+    sorts, too), and the 128 x 128 matrices of 128 powers of the blocked recurrence (on every grid
+    evaluation's path, here through its tail sums) compute each power once: XLA's CPU fusion put
+    the pow into the gather that places the powers, 16,384 of them."""
     from pldjax.core.compilation import computed_once
-    from pldjax.kernels.hockey_stick import _powers
+    from pldjax.kernels.hockey_stick import tail_sums
 
     values = jnp.asarray([[3.0, -1.0, jnp.nan, 2.0], [0.5, 0.5, -jnp.inf, 7.0]])
     np.testing.assert_array_equal(jax.jit(computed_once)(values), values)
@@ -255,11 +253,14 @@ def test_values_computed_once_are_unchanged_and_not_recomputed_per_use():
     many = jnp.tile(values, (1, 100)), -jnp.tile(values, (1, 100))  # a tuple, past the sort's 256
     for got, want in zip(jax.jit(jax.vmap(computed_once))(many), many, strict=True):
         np.testing.assert_array_equal(got, want)
-    np.testing.assert_allclose(_powers(0.5, 128, jnp.float64)[3, 5:8], [0.25, 0.125, 0.0625],
-                               rtol=1e-15)
-    # as the blocked recurrence uses it: a product, for a batch of decays
-    products = jax.jit(jax.vmap(lambda decay, rows: rows @ _powers(decay, 128, jnp.float64).T))
+    # R_k = sum_{i >= k} e^{-(i - k) h} p_i of 8 blocks of unit masses, for a batch of steps h:
+    # geometric sums of the n - k masses from k on
+    recurrences = jax.jit(jax.vmap(lambda probs, step: tail_sums(probs, step)[1][:-1]))
+    probs, steps = jnp.ones((4, 8 * 128)), jnp.linspace(0.1, 0.7, 4)
+    h, terms = np.asarray(steps)[:, None], 8 * 128 - np.arange(8 * 128)
+    np.testing.assert_allclose(recurrences(probs, steps), np.expm1(-terms * h) / np.expm1(-h),
+                               rtol=1e-13)
     if jax.default_backend() == "cpu":
-        program = products.lower(jnp.full(4, 0.5), jnp.ones((4, 8, 128))).compile().as_text()
+        program = recurrences.lower(probs, steps).compile().as_text()
         fused = [part for part in program.split("\n\n") if part.startswith("%fused")]
         assert not [part for part in fused if " power(" in part and " gather(" in part]
