@@ -19,14 +19,14 @@ largest ratio of the curve to its bound (of what each exceeds the slack by): the
 monotone, so a search with a bracket needs a few tests where bisection took 32-64, and only
 values that passed the test are returned. gdp_mu runs a secant (:func:`_search`) on a few of the
 curve's intervals and tests the answer on all of them (two such tests where the secant took
-11-25); the residue takes Newton steps (:func:`_newton_search`) with the score's exact slope at
+11-25); the residue takes Newton steps (:func:`newton_search`) with the score's exact slope at
 its worst check (3-7 tests).
 
 Soundness: every "below" certifies delta <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps >= 0
 in every direction, which for the symmetric G_mu is the full order (see :func:`_verdict`
 and :mod:`pldjax.kernels.divergences`); a filter charges that slack to its delta budget. G_mu's curve is
-computed with erfc and the Mills ratio (:func:`_gdp_parts`, relative error bounded by
-:func:`_gdp_error`, checked against mpmath) and the bound is widened by that error on each side,
+computed with erfc and the Mills ratio (:func:`gdp_parts`, relative error bounded by
+:func:`gdp_error`, checked against mpmath) and the bound is widened by that error on each side,
 then lowered by 4 ulps (_SUM_MARGIN) for the rounding of the sums on either side.
 """
 
@@ -84,7 +84,7 @@ MAX_RESIDUE_SIZE = 2**15
 MAX_MU = 1e100
 #: From here on e^x Phi(-t) is phi(mu/2 - x/mu) times the Mills ratio's asymptotic series (erfc
 #: would underflow soon after; before it, exp(x) erfc(t / sqrt 2) loses about t^2 ulps, within
-#: _gdp_error); the series' error there is below 1e-18 relative.
+#: gdp_error); the series' error there is below 1e-18 relative.
 _MILLS_FROM = 36.0
 _SQRT_HALF = 0.7071067811865476
 _LOG_SQRT_2PI = 0.9189385332046728
@@ -104,9 +104,9 @@ def _phi(a):
     return jnp.exp(-0.5 * a * a - _LOG_SQRT_2PI)
 
 
-def _gdp_parts(mu, x):
+def gdp_parts(mu, x):
     """(delta_mu(x), e^x Phi(-mu/2 - x/mu)) for every real x (the second is -x d delta / dx), each
-    within :func:`_gdp_error` of the exact value (relative); mu = 0 gives the identity's (1 - e^x)_+.
+    within :func:`gdp_error` of the exact value (relative); mu = 0 gives the identity's (1 - e^x)_+.
 
     With a = mu/2 - x/mu and t = mu/2 + x/mu: delta = Phi(a) - e^x Phi(-t). Phi(a) comes from one
     erfc; e^x Phi(-t) from exp(x) erfc(t / sqrt 2) while t < _MILLS_FROM, else as phi(a) M(t)
@@ -122,17 +122,17 @@ def _gdp_parts(mu, x):
     return jnp.maximum(p1 - p2, 0.0), p2
 
 
-def _gdp_error(mu):
-    """Relative error bound of :func:`_gdp_parts`'s delta at ``mu``: 2^-32 (1 + 1/mu), at most 1
+def gdp_error(mu):
+    """Relative error bound of :func:`gdp_parts`'s delta at ``mu``: 2^-32 (1 + 1/mu), at most 1
     (the curve is a difference of two nearby terms when mu is small; checked against mpmath in
-    tests/test_gaussian_dp.py, whose worst case is 6.4e-12 (1 + 1/mu)). The computed G_mu curve
-    is raised by it where it bounds a query from above and lowered where it is the budget."""
+    tests/kernels/test_gaussian_dp.py, whose worst case is 6.4e-12 (1 + 1/mu)). The computed G_mu
+    curve is raised by it where it bounds a query from above and lowered where it is the budget."""
     return jnp.minimum(2.0**-32 * (1.0 + 1.0 / jnp.maximum(mu, 1e-300)), 1.0)
 
 
 def _gdp_delta(mu, eps):
-    """delta_mu(eps) for every real eps (within :func:`_gdp_error`); mu = 0 gives (1 - e^eps)_+."""
-    return _gdp_parts(mu, eps)[0]
+    """delta_mu(eps) for every real eps (within :func:`gdp_error`); mu = 0 gives (1 - e^eps)_+."""
+    return gdp_parts(mu, eps)[0]
 
 
 def _with_lead(z, d):
@@ -166,8 +166,8 @@ def _budget_bounds(z, mu, delta_slack, widths):
     Between two points a curve convex in x = e^eps is below its chord and G_mu's convex curve
     above both tangents at the ends; chord minus the larger tangent is concave, so comparing at
     the ends and at the tangents' crossing (position t in [0, 1]) suffices."""
-    g, tail = _gdp_parts(mu, z)
-    g = (g * (1.0 - _gdp_error(mu)) + delta_slack + ROUNDOFF) * _SUM_MARGIN
+    g, tail = gdp_parts(mu, z)
+    g = (g * (1.0 - gdp_error(mu)) + delta_slack + ROUNDOFF) * _SUM_MARGIN
     slope = -tail  # x times d delta / dx at the points
     # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
     g, slope = computed_once((g, slope))
@@ -301,7 +301,7 @@ def _search(evaluate, good, bad, points, steps: int, tol, score_tol):
     return end[2], end[4], end[3]
 
 
-def _newton_search(evaluate, good, bad, first, steps: int, tol):
+def newton_search(evaluate, good, bad, first, steps: int, tol):
     """Largest value passing a monotone test on the bracket (good, bad), good < bad, by Newton
     steps on the test's score; ``evaluate(x)`` -> (ok, score, slope, value): ok moves the good end
     up, otherwise the bad end down; the score is about 0 at the boundary (< 0 on the good side) and
@@ -505,11 +505,11 @@ def gdp_mu_below_kernel(epsilons, deltas):
     anything).
 
     delta_mu(eps) grows with mu, so each point's mu is found by bisection in log mu, keeping the
-    lower end only where delta_mu(eps) raised by :func:`_gdp_error` is at most the point's delta: a
+    lower end only where delta_mu(eps) raised by :func:`gdp_error` is at most the point's delta: a
     mu certified there is below any mu whose curve reaches that delta."""
     def one(eps, delta):
         def certified(mu):
-            return (_gdp_delta(mu, eps) * (1.0 + _gdp_error(mu)) <= delta) & (delta > 0)
+            return (_gdp_delta(mu, eps) * (1.0 + gdp_error(mu)) <= delta) & (delta > 0)
 
         def halve(_, bracket):
             low, high = bracket
@@ -546,7 +546,7 @@ def gdp_mu_below(pld: PLD, epsilons):
 
 
 # -- residue --------------------------------------------------------------------------------------
-def _size_class(n):
+def size_class(n):
     """The smallest m 2^k >= n (and >= 16) with m in {8, 9, 10, 12, 15}: five sizes an octave, all
     5-smooth, so that static shapes stay few while a window or an FFT is at most 25% (12.5% on
     average) longer than it needs to be. Elementwise on an array of counts; an int for an int."""
@@ -576,7 +576,7 @@ def _window_plans(mu_max, step, n: int):
     coarse = np.zeros(factor.shape, np.int64)
     for each in np.unique(factor):
         coarse[factor == each] = _coarse_points(n, int(each))
-    return factor, _size_class(coarse - 1 + points.astype(np.int64)) - coarse + 1
+    return factor, size_class(coarse - 1 + points.astype(np.int64)) - coarse + 1
 
 
 def _coarse_points(n: int, factor: int) -> int:
@@ -587,7 +587,7 @@ def _coarse_points(n: int, factor: int) -> int:
 def _fft_length(n: int, size: int) -> int:
     """FFT length of a residue test on ``n`` query points and ``size`` check points: outputs
     n-1 .. n-2+size of a cyclic convolution of that length are exact."""
-    return _size_class(n - 1 + size)
+    return size_class(n - 1 + size)
 
 
 def query_mu(probs, inf_mass, offset, step, delta_slack, mu_max):
@@ -608,7 +608,7 @@ def _tilt(mu, reach_lags, reach_points):
     most delta_mu(0) (log-concave), so a curve near the budget's is no larger tilted than at
     eps = 0 and the round-off there is as before; at most 300 over the largest |lag| and |z|, so
     no factor overflows and nothing that matters underflows."""
-    g, tail = _gdp_parts(mu, jnp.zeros(()))
+    g, tail = gdp_parts(mu, jnp.zeros(()))
     slope = tail / jnp.maximum(g, 1e-300)
     return jnp.minimum(slope, 300.0 / jnp.maximum(jnp.maximum(reach_lags, reach_points), 1e-300))
 
@@ -619,7 +619,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     axis (1 or 2 directions, all of which must fit). The query fits when nu = gdp_mu(query) <= mu
     (certified on the query's own grid, rounded up: :func:`query_mu`, or ``nu`` when the caller
     has it), and mu' >= the naive update sqrt(mu^2 - nu^2) (the theorem's: it is not tested).
-    From there a bracketed Newton search (:func:`_newton_search` in s = mu'^2, at most ``steps``
+    From there a bracketed Newton search (:func:`newton_search` in s = mu'^2, at most ``steps``
     tests after the first, stopping when the bracket is narrower than 1e-5 s + 1e-7 mu^2) looks
     for larger values with G_mu' (+) L below G_mu plus the slack, on the query's grid coarsened
     ``factor``-fold (pessimistically, by connect-the-dots: :func:`pldjax.core.align.regrid_kernel`) so
@@ -674,7 +674,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
         # curve's relative error (which also covers the tilt's few ulps): an upper bound on the
         # exact composed curve
         curves = ((raw[:, n - 1:n - 1 + size] + jax.vmap(fft_roundoff)(raw)[:, None]) * untilt
-                  * (1.0 + _gdp_error(mu_residue)) + inf_mass[:, None])
+                  * (1.0 + gdp_error(mu_residue)) + inf_mass[:, None])
         ok, score, at, along = verdict(checks, curves, bounds, delta_slack)
         slopes = jax.vmap(slope, in_axes=(None, 0, 0, 0, 0, 0))(mu_residue, curves, at, along,
                                                                probs, lags)
@@ -685,9 +685,9 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     # the naive update is the theorem's (certified with nu), not tested; the first test 30% of the
     # way up (the gains over it are typically 30-95% of the way up); nothing to search where the
     # query does not fit
-    low = _newton_search(evaluate, (s_naive, naive), jnp.where(accepted, s_top, s_naive),
-                         s_naive + 0.3 * (s_top - s_naive), steps,
-                         lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top)
+    low = newton_search(evaluate, (s_naive, naive), jnp.where(accepted, s_top, s_naive),
+                        s_naive + 0.3 * (s_top - s_naive), steps,
+                        lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top)
     return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
 
 
@@ -707,7 +707,7 @@ def _pad_rows(array, padding: int):
     return jnp.pad(array, [(0, padding)] + [(0, 0)] * (array.ndim - 1), mode="edge")
 
 
-def _map_chunks(fn, xs, count, fill, *, batch_size: int):
+def map_chunks(fn, xs, count, fill, *, batch_size: int):
     """``jax.lax.map(fn, xs, batch_size=batch_size)`` run on the first ``count`` rows only (a
     traced count, so that calls padded to one shape share a program): the chunks past it are not
     run, and their rows are ``fill`` (a pytree like ``fn``'s output, of scalars)."""
@@ -733,8 +733,8 @@ def _queries_nu(queries, slack, mu_max, count, *, batch_size: int):
     """nu = gdp_mu (the naive update's) of the first ``count`` queries (a leading axis of
     ``queries``) with their ``slack``, searched up to their ``mu_max``, ``batch_size`` queries at
     a time; inf for the others, which are not searched."""
-    return _map_chunks(lambda args: query_mu(*args), (*queries, slack, mu_max), count, jnp.inf,
-                       batch_size=batch_size)
+    return map_chunks(lambda args: query_mu(*args), (*queries, slack, mu_max), count, jnp.inf,
+                      batch_size=batch_size)
 
 
 def _residue_pairs(queries, slack, nu, which, mu, count, *, size: int, steps: int,
@@ -749,7 +749,7 @@ def _residue_pairs(queries, slack, nu, which, mu, count, *, size: int, steps: in
         return residue_kernel(p, m, o, h, u, slack[w], size=size, steps=steps, factor=factor,
                               nu=nu[w])
 
-    return _map_chunks(one, (which, mu), count, (0.0, False), batch_size=batch_size)
+    return map_chunks(one, (which, mu), count, (0.0, False), batch_size=batch_size)
 
 
 _queries_nu_jit = kernel_jit(_queries_nu, static_argnames=("batch_size",))
@@ -759,12 +759,12 @@ _residue_pairs_jit = kernel_jit(_residue_pairs,
 
 def _padded_count(count: int, batch_size: int) -> int:
     """What ``count`` queries or pairs are padded to: whole chunks of ``batch_size``, a power of
-    two of them up to 16 chunks and a :func:`_size_class` beyond (at most 25% more memory), so
+    two of them up to 16 chunks and a :func:`size_class` beyond (at most 25% more memory), so
     that calls whose counts vary compile a few shapes, not one each (a new count recompiled
     every kernel of its call: 11-14 s for 60, 63 and 64 subsampled-Gaussian queries on a 2-core
-    CPU). The chunks past ``count`` are not run (:func:`_map_chunks`)."""
+    CPU). The chunks past ``count`` are not run (:func:`map_chunks`)."""
     chunks = -(-count // batch_size)
-    return batch_size * (next_pow2(chunks) if chunks <= 16 else _size_class(chunks))
+    return batch_size * (next_pow2(chunks) if chunks <= 16 else size_class(chunks))
 
 
 #: Pairs :func:`gdp_residue` searches together by default on a CPU. A vmapped search runs until
