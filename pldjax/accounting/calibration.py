@@ -16,7 +16,7 @@ in a batch could exceed it alone by 1e-11 (relative).
 One predicate decides everywhere whether a configuration meets its target (:func:`_meets`): a
 computed epsilon that is NaN or +inf never does, so a numerical failure can only make an answer
 more conservative (or raise), never accept a configuration. Every loop is bounded by a count that
-follows from the validated limits and tolerance (:func:`_iterations`); running past it raises
+follows from the validated limits and tolerance (:func:`iterations`); running past it raises
 RuntimeError instead of hanging.
 """
 
@@ -83,7 +83,7 @@ def _fail(name: str, bad, targets, epsilons, reason: str) -> None:
                          f"{reason}")
 
 
-def _iterations(limit: int, what: str):
+def iterations(limit: int, what: str):
     """range(limit), then RuntimeError: the loop it drives cannot hang."""
     yield from range(limit)
     raise RuntimeError(f"{what} did not converge in {limit} iterations (a bug: please report it)")
@@ -117,7 +117,7 @@ def _each_alone(answers, target, alone: Callable, toward_less: Callable, limit, 
         return answers
     flat, goals = answers.reshape(-1), np.broadcast_to(target, answers.shape).reshape(-1)
     for i in range(flat.size):
-        for k in _iterations(moves, f"calibration of the {name} (each answer alone)"):
+        for k in iterations(moves, f"calibration of the {name} (each answer alone)"):
             eps = alone(i, flat[i])
             if _meets(eps, goals[i]):
                 break
@@ -153,7 +153,7 @@ def _search(epsilons: Callable, target, low: float, high: float, *, increasing: 
     ok = _meets(eps, target)
     moved = np.zeros(np.shape(target), bool)
     bad = good.copy()
-    for _ in _iterations(moves, f"calibration of the {name} (bracket)"):
+    for _ in iterations(moves, f"calibration of the {name} (bracket)"):
         if np.all(ok):
             break
         _fail(name, ~ok & (good == safe_limit), target, eps, hint)
@@ -168,7 +168,7 @@ def _search(epsilons: Callable, target, low: float, high: float, *, increasing: 
     probe = ~moved & (bad != good)
     if np.any(probe):
         bad_ok = probe & _meets(epsilons(bad), target)
-    for _ in _iterations(moves, f"calibration of the {name} (bracket towards more loss)"):
+    for _ in iterations(moves, f"calibration of the {name} (bracket towards more loss)"):
         if not np.any(bad_ok & (bad != loss_limit)):
             break
         good = np.where(bad_ok, bad, good)
@@ -176,7 +176,7 @@ def _search(epsilons: Callable, target, low: float, high: float, *, increasing: 
         bad_ok = bad_ok & _meets(epsilons(bad), target)
     good = np.where(bad_ok, bad, good)  # the limit meets the target
     bad = np.where(bad_ok, good, bad)
-    for _ in _iterations(_bisection_limit(low, high, rtol), f"calibration of the {name} (bisection)"):
+    for _ in iterations(_bisection_limit(low, high, rtol), f"calibration of the {name} (bisection)"):
         if not np.any(np.maximum(good, bad) / np.minimum(good, bad) > 1 + rtol):
             break
         mid = np.sqrt(good) * np.sqrt(bad)
@@ -377,7 +377,7 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
           "one step already exceeds it; raise noise_multiplier or lower sampling_prob")
     limit = max_steps.bit_length() + 2
     high = np.full(target.shape, min(2, max_steps), np.int64)
-    for _ in _iterations(limit, "calibrate_steps (doubling)"):
+    for _ in iterations(limit, "calibrate_steps (doubling)"):
         high_ok = meets(high)  # double until high exceeds the target (or reaches max_steps)
         grow = high_ok & (high < max_steps)
         if not np.any(grow):
@@ -386,7 +386,7 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
         high = np.where(grow, np.minimum(2 * high, max_steps), high)
     low = np.where(high_ok, high, low)  # max_steps within the target
     high = np.where(high_ok, high + 1, high)
-    for _ in _iterations(limit, "calibrate_steps (bisection)"):
+    for _ in iterations(limit, "calibrate_steps (bisection)"):
         if not np.any(high - low > 1):
             break
         mid = (low + high) // 2

@@ -33,13 +33,22 @@ def linear(sigma, q, steps):
 
 @pytest.fixture
 def linear_epsilon(monkeypatch):
-    monkeypatch.setattr(calibrate, "_epsilons", fake(linear))
+    monkeypatch.setattr(calibrate, "event_epsilon", fake(linear))
 
 
 # -- NaN and inf never meet a target --------------------------------------------------------------
-def test_meets_rejects_nan_and_inf():
-    eps = np.array([0.5, 1.0, 1.5, np.nan, np.inf, -np.inf])
-    assert calibrate._meets(eps, 1.0).tolist() == [True, True, False, False, False, False]
+def test_nan_and_inf_never_meet_a_target(monkeypatch):
+    # the same epsilon at every number of steps, against the target 1.0: every step allowed (up
+    # to max_steps), or none (one step already exceeds it)
+    for epsilon, meets in ((0.5, True), (1.0, True), (1.5, False), (np.nan, False),
+                           (np.inf, False), (-np.inf, False)):
+        monkeypatch.setattr(calibrate, "event_epsilon",
+                            fake(lambda s, q, t, value=epsilon: np.full(np.shape(t), value)))
+        if meets:
+            assert pj.calibrate_steps(1.0, DELTA, 1.0, 0.1, max_steps=10) == 10
+        else:
+            with pytest.raises(ValueError, match="one step already exceeds"):
+                pj.calibrate_steps(1.0, DELTA, 1.0, 0.1, max_steps=10)
 
 
 def test_steps_stop_where_epsilon_turns_nan(linear_epsilon):
@@ -83,19 +92,19 @@ def test_one_step_of_tiny_noise_costs_thousands():
     (0.025, 3, 2),
 ])
 def test_steps_largest_within_target_and_max_steps(monkeypatch, target, max_steps, expected):
-    monkeypatch.setattr(calibrate, "_epsilons", fake(lambda s, q, t: t / 100))
+    monkeypatch.setattr(calibrate, "event_epsilon", fake(lambda s, q, t: t / 100))
     assert pj.calibrate_steps(target, DELTA, 1.0, 1.0, max_steps=max_steps) == expected
 
 
 def test_steps_vectorized_contract(monkeypatch):
-    monkeypatch.setattr(calibrate, "_epsilons", fake(lambda s, q, t: t / 100))
+    monkeypatch.setattr(calibrate, "event_epsilon", fake(lambda s, q, t: t / 100))
     got = pj.calibrate_steps(np.array([0.01, 0.5, 7.77, 1e9]), DELTA, 1.0, 1.0, max_steps=10**6)
     assert got.tolist() == [1, 50, 777, 10**6]
 
 
 @pytest.mark.parametrize("max_steps", [0, -5, float("nan"), float("inf"), 2.5, "10", 2**60])
 def test_steps_reject_bad_max_steps(monkeypatch, max_steps):
-    monkeypatch.setattr(calibrate, "_epsilons", fake(lambda s, q, t: t / 100))
+    monkeypatch.setattr(calibrate, "event_epsilon", fake(lambda s, q, t: t / 100))
     with pytest.raises(ValueError, match="max_steps"):
         pj.calibrate_steps(1.0, DELTA, 1.0, 1.0, max_steps=max_steps)
 
@@ -139,7 +148,7 @@ def test_bad_q_min_is_refused(linear_epsilon, q_min):
 
 def test_extreme_valid_limits_converge(monkeypatch):
     # epsilon = 1 / sigma and q: the answers are closed forms, from the widest float64 limits
-    monkeypatch.setattr(calibrate, "_epsilons", fake(lambda s, q, t: q / s))
+    monkeypatch.setattr(calibrate, "event_epsilon", fake(lambda s, q, t: q / s))
     sigma = pj.calibrate_noise_multiplier(4.0, DELTA, 1.0, 1, sigma_min=1e-300, sigma_max=1e300,
                                           rtol=calibrate.MIN_RTOL)
     assert 0.25 <= sigma <= 0.25 * (1 + 2 * calibrate.MIN_RTOL)
@@ -158,7 +167,7 @@ def test_adversarial_epsilon_never_hangs(monkeypatch, seed):
     # answer that met its target when evaluated, or a ValueError
     rng = np.random.default_rng(seed)
     noise = fake(lambda s, q, t: rng.choice([0.5, 2.0, np.nan, np.inf], size=np.shape(s)))
-    monkeypatch.setattr(calibrate, "_epsilons", noise)
+    monkeypatch.setattr(calibrate, "event_epsilon", noise)
     for call in (
         lambda: pj.calibrate_noise_multiplier(np.ones(4), DELTA, 0.1, 10, sigma_min=1e-300,
                                               sigma_max=1e300, rtol=calibrate.MIN_RTOL),
@@ -174,7 +183,7 @@ def test_adversarial_epsilon_never_hangs(monkeypatch, seed):
 
 def test_iterations_raise_past_their_bound():
     with pytest.raises(RuntimeError, match="did not converge in 3"):
-        for _ in calibrate._iterations(3, "loop"):
+        for _ in calibrate.iterations(3, "loop"):
             pass
 
 
@@ -255,7 +264,7 @@ def _batch_below_alone(formula):
 
 @pytest.mark.parametrize("rtol", [calibrate.MIN_RTOL, 1e-4])
 def test_answers_of_a_batch_meet_their_targets_alone(monkeypatch, rtol):
-    monkeypatch.setattr(calibrate, "_epsilons", _batch_below_alone(lambda s, q, t: q * t / s))
+    monkeypatch.setattr(calibrate, "event_epsilon", _batch_below_alone(lambda s, q, t: q * t / s))
     targets = np.array([1.0, 3.0, 7.0])
     sigmas = pj.calibrate_noise_multiplier(targets, DELTA, 0.5, 10, rtol=rtol)
     assert np.all(0.5 * 10 / sigmas <= targets)  # alone, as a caller evaluates each
@@ -263,7 +272,7 @@ def test_answers_of_a_batch_meet_their_targets_alone(monkeypatch, rtol):
     assert np.all(0.5 * 10 / (sigmas / (1 + 2 * rtol + 1e-8)) > targets)
     qs = pj.calibrate_sampling_prob(targets / 10, DELTA, 2.0, 10, rtol=rtol)
     assert np.all(qs * 10 / 2.0 <= targets / 10)
-    monkeypatch.setattr(calibrate, "_epsilons", _batch_below_alone(lambda s, q, t: t / 100))
+    monkeypatch.setattr(calibrate, "event_epsilon", _batch_below_alone(lambda s, q, t: t / 100))
     steps = pj.calibrate_steps(np.array([0.5, 2.0, 7.77]), DELTA, 1.0, 1.0, max_steps=10**6)
     assert steps.tolist() == [50, 200, 777]
 
