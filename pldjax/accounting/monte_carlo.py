@@ -138,8 +138,10 @@ def _loss_samples(key, mu, sampling_prob, steps, warm_start, *, min_sep: int, po
     return jax.nn.logsumexp(jnp.concatenate([eligible[None], pending[None], previous]), axis=0)
 
 
-def _draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive):
-    """``samples`` privacy losses (NumPy), CHUNK at a time."""
+def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive):
+    """``samples`` privacy losses L(y) of b-min-sep sampling (a NumPy array), y drawn under P
+    (``positive``) or Q from the integer seed ``key``, CHUNK at a time; ``mu``: the clip norm
+    over the noise's standard deviation (1 / noise_multiplier)."""
     chunks = -(-samples // CHUNK)
     base = jax.random.fold_in(jax.random.key(key), int(positive))
     out = [np.asarray(_loss_samples(jax.random.fold_in(base, i), np.float64(mu),
@@ -190,7 +192,7 @@ def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_p
 def _directions(mu, sampling_prob, steps, min_sep, warm_start, samples, key):
     """(losses, sign) of the remove direction (drawn under P) and of the add direction (under
     Q, whose loss is -L)."""
-    return [(_draws(mu, sampling_prob, steps, min_sep, bool(warm_start), samples, key, positive),
+    return [(draws(mu, sampling_prob, steps, min_sep, bool(warm_start), samples, key, positive),
              sign) for positive, sign in ((True, 1.0), (False, -1.0))]
 
 

@@ -28,7 +28,7 @@ def test_losses_agree_with_jax_privacys_sampler(positive):
         batch_selection.BMinSepSampling(p, steps, min_sep), sigma, np.array([1.0]), seed=1,
         positive_sample=positive, num_samples=SAMPLES)
     with jax.enable_x64(True):
-        mine = monte_carlo._draws(1 / sigma, p, steps, min_sep, True, SAMPLES, 7, positive)
+        mine = monte_carlo.draws(1 / sigma, p, steps, min_sep, True, SAMPLES, 7, positive)
     mine = mine if positive else -mine  # theirs is the loss of the direction sampled from
     for eps in (0.2, 0.5, 1.0):
         a, a_error = _mean_and_error(-np.expm1(np.minimum(eps - theirs, 0.0)))
