@@ -80,7 +80,7 @@ def log_ndtr_pair(x):
 
 #: log k! - log(sqrt(2 pi k) (k / e)^k) for k = 1 .. 15 (mpmath, 40 digits; beyond 15 its
 #: asymptotic series is as accurate).
-_STIRLING_ERRORS = (
+STIRLING_ERRORS = (
     0.08106146679532726, 0.0413406959554093, 0.02767792568499834, 0.020790672103765093,
     0.016644691189821193, 0.013876128823070748, 0.01189670994589177, 0.010411265261972096,
     0.009255462182712733, 0.00833056343336287, 0.007573675487951841, 0.00694284010720953,
@@ -91,7 +91,7 @@ _STIRLING_ERRORS = (
 def _stirling_error(n, xp):
     """log n! - log(sqrt(2 pi n) (n / e)^n) for whole n >= 1 (a float array): the table to 15,
     then 1/(12 n) - 1/(360 n^3) + 1/(1260 n^5) - 1/(1680 n^7) + 1/(1188 n^9)."""
-    table = xp.asarray((0.0, *_STIRLING_ERRORS))
+    table = xp.asarray((0.0, *STIRLING_ERRORS))
     m = xp.maximum(n, 16.0)
     nn = m * m
     series = (1 / 12 - (1 / 360 - (1 / 1260 - (1 / 1680 - 1 / (1188 * nn)) / nn) / nn) / nn) / m

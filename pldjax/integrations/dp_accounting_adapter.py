@@ -186,7 +186,7 @@ def k_randomized_response(noise_parameter: float, num_buckets: int, neighboring:
 
 
 @functools.lru_cache(maxsize=256)
-def _event_pld(key, relation: Neighboring) -> PLD:
+def event_pld(key, relation: Neighboring) -> PLD:
     """One event's PLD, cached by its description (a hashable :class:`pldjax.Event`, or k-ary
     randomized response's parameters)."""
     if isinstance(key, Event):
@@ -576,7 +576,7 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         steps = [(_step_pld(sigma, q, relation), count) for sigma, q, count in self._segments]
         if self._zcdp != (0.0, 0.0):
             steps.append((_zcdp_pld(*self._zcdp), 1))
-        return steps + [(_event_pld(key, relation), count) for key, count in self._parts]
+        return steps + [(event_pld(key, relation), count) for key, count in self._parts]
 
     def events(self) -> list[tuple[Event, int]] | None:
         """Everything composed so far as (pldjax event, count) pairs (the DP-SGD segments as
@@ -615,7 +615,7 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
         if self._zcdp != (0.0, 0.0):
             parts.append(_zcdp_pld(*self._zcdp))
         for key, count in self._parts:
-            single = _event_pld(key, relation) if pessimistic else key.pld(pessimistic=False)
+            single = event_pld(key, relation) if pessimistic else key.pld(pessimistic=False)
             parts.append(single.self_compose(count))
         if not parts:
             return identity(pessimistic=pessimistic)

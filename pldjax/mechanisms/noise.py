@@ -527,7 +527,7 @@ def _discrete_gaussian(support: int) -> LossTails:
 
 #: Integers either side of the discrete Gaussian's centre, in standard deviations: the mass beyond
 #: 38.6 sigma is below 1e-324, zero in float64, so truncating there loses nothing representable.
-_DGAUSS_SIGMAS = 40
+DGAUSS_SIGMAS = 40
 _DGAUSS_MAX_SUPPORT = 2**22
 #: Below this sigma the loss scale 1 / (2 sigma^2) overflows float64 (a smaller sigma is refused,
 #: not rounded up: a larger sigma would understate the loss).
@@ -555,7 +555,7 @@ class DiscreteGaussian(Noise):
             raise ValueError("discrete_gaussian needs concrete sigma and sensitivity (its support "
                              "is a static size)")
         sigma, sensitivity = float(np.max(self.sigma)), float(np.max(self.sensitivity))
-        needed = 2 * (_DGAUSS_SIGMAS * sigma + 2 * sensitivity + 2)  # inf beyond float64's range
+        needed = 2 * (DGAUSS_SIGMAS * sigma + 2 * sensitivity + 2)  # inf beyond float64's range
         if needed <= _DGAUSS_MAX_SUPPORT:
             support = grid_lib.next_pow2(int(np.ceil(needed)))
             if support <= _DGAUSS_MAX_SUPPORT:

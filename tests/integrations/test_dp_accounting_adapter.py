@@ -313,7 +313,7 @@ def test_results_do_not_depend_on_the_callers_x64_setting(x64_off):
         return acct.get_epsilon(DELTA), acct.get_delta(1.0)
 
     def fresh():  # the event PLDs are cached by their parameters: build them again
-        pj.dp_accounting._event_pld.cache_clear()
+        pj.dp_accounting.event_pld.cache_clear()
         pj.dp_accounting.k_randomized_response.cache_clear()
 
     fresh()

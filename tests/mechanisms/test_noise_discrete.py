@@ -187,7 +187,7 @@ def test_discrete_laplace_chi2_closed_form():
     import jax.numpy as jnp
     import mpmath as mp
 
-    from pldjax.mechanisms.noise import _dlap_chi2
+    from pldjax.mechanisms.noise import DISCRETE_LAPLACE
 
     mp.mp.dps = 50
     for t, d in [(1e-8, 1), (1e-7, 1), (1e-3, 3), (0.5, 1), (2.0, 4), (30.0, 2)]:
@@ -197,7 +197,7 @@ def test_discrete_laplace_chi2_closed_form():
             + mp.e ** (tm * d) * mp.fsum(mp.e ** (-3 * tm * k) for k in range(1, d))
         )
         with jax.enable_x64(True):
-            got = float(_dlap_chi2((jnp.float64(t), jnp.float64(d))))
+            got = float(DISCRETE_LAPLACE.chi2((jnp.float64(t), jnp.float64(d))))
         assert got == pytest.approx(float(total - 1), rel=1e-6, abs=0.0)
 
 
@@ -207,12 +207,12 @@ def test_discrete_gaussian_truncation_below_float64():
     as an atom would change nothing)."""
     import mpmath as mp
 
-    from pldjax.mechanisms.noise import _DGAUSS_SIGMAS
+    from pldjax.mechanisms.noise import DGAUSS_SIGMAS
 
     mp.mp.dps = 30
     for sigma in [0.01, 0.3, 1.0, 7.0, 1000.0, 50000.0]:
         s = mp.mpf(sigma)
-        a = mp.ceil(_DGAUSS_SIGMAS * s)  # first integer left out on either side (or beyond)
+        a = mp.ceil(DGAUSS_SIGMAS * s)  # first integer left out on either side (or beyond)
         # sum_{k >= a} e^{-k^2/(2 s^2)} <= e^{-a^2/(2 s^2)} / (1 - e^{-a/s^2}); normalizer >= 1
         outside = 2 * mp.e ** (-(a**2) / (2 * s**2)) / -mp.expm1(-a / s**2)
         assert outside < mp.mpf(2) ** -1075
