@@ -213,11 +213,12 @@ def test_event_accountant_rounds_float32_parameters_to_the_safe_side(x64_off):
 
 
 def test_files_of_the_dpsgd_accountant_before_events_still_load(tmp_path):
-    from pldjax.accounting import accountant
     from pldjax.core import serialization as io
     from pldjax.core.precision import pack
-    old = pack(accountant._Legacy(jnp.array([1.1, 1.0]), jnp.array([0.01, 0.0]),
-                                  jnp.array([100, 0]), jnp.array(1), jnp.array(False)))
+
+    # such a file's leaves: noise multipliers, sampling probabilities, steps, count, overflow
+    old = pack((jnp.array([1.1, 1.0]), jnp.array([0.01, 0.0]), jnp.array([100, 0]), jnp.array(1),
+                jnp.array(False)))
     io.save(tmp_path / "old.json", old, kind="accountant", params={"capacity": 2})
     restored = pj.accountant.load(tmp_path / "old.json", capacity=2)
     assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]

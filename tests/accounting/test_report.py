@@ -229,13 +229,13 @@ def test_a_report_that_runs_for_seconds_says_so_once(monkeypatch, capsys):
     monkeypatch.delenv("PLDJAX_QUIET", raising=False)
     monkeypatch.setattr(notice, "NOTICE_AFTER", 0.05)
     monkeypatch.setattr(notice, "_POLL", 0.01)
-    grid = report_module._grid
+    gdp_mu = report_module.gdp_mu
 
-    def slow_grid(*args, **kwargs):
-        time.sleep(0.1)
-        return grid(*args, **kwargs)
+    def slow_gdp_mu(*args, **kwargs):
+        time.sleep(0.3)
+        return gdp_mu(*args, **kwargs)
 
-    monkeypatch.setattr(report_module, "_grid", slow_grid)
+    monkeypatch.setattr(report_module, "gdp_mu", slow_gdp_mu)
     pj.privacy_report(upper, lower)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2, err

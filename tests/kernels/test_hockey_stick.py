@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from reference import brute_force_delta
 
 import pldjax as pj
+from pldjax.kernels.hockey_stick import tail_sums
 
 
 def _random_pld(seed: int, n: int, inf_mass: float) -> pj.PLD:
@@ -96,7 +97,7 @@ def test_delta_capped_at_one_and_epsilon_zero_at_delta_one():
 @pytest.mark.parametrize("n", [127, 128, 129, 1000, 4099])
 @pytest.mark.parametrize("target", [1e-10, 1e-4, 0.05, 0.4])
 def test_epsilon_over_many_blocks_inverts_the_brute_force_delta(n, target):
-    # epsilon of one target locates its crossing block by block (profile._crossings)
+    # epsilon of one target locates its crossing block by block
     pld = _random_pld(n, n, 1e-12)
     losses, probs = np.asarray(pld.losses), np.asarray(pld.probs)
     eps = float(pld.epsilon(target))
@@ -105,19 +106,24 @@ def test_epsilon_over_many_blocks_inverts_the_brute_force_delta(n, target):
         assert brute_force_delta(losses, probs, 1e-12, eps * (1 - 1e-6) - 1e-9) > target * (1 - 1e-9)
 
 
+@jax.jit
+def _decayed_tail_sums(probs, step):
+    """R_k = sum_{i >= k} e^{-(i - k) h} p_i for every k (:func:`tail_sums`'s R, its trailing 0
+    left out)."""
+    return tail_sums(probs, step)[1][:-1]
+
+
 @pytest.mark.parametrize("n", [1, 128, 16_385, 40_000, 2**21 + 7])
 @pytest.mark.parametrize("step", [1e-4, 0.01, 3.0])
 def test_reverse_recurrence_matches_a_sequential_filter(n, step):
-    # blocks of 128 points, then blocks of blocks (profile._block_starts) down to one: from 16,385
-    # points on, two levels and more; the reference runs x_k = t_k + e^-h x_{k+1} point by point
-    # (scipy's IIR filter)
+    # R by the blocked recurrence: blocks of 128 points, then blocks of blocks down to one (from
+    # 16,385 points on, two levels and more); the reference runs x_k = p_k + e^-h x_{k+1} point
+    # by point (scipy's IIR filter)
     from scipy.signal import lfilter
-
-    from pldjax.kernels import hockey_stick as profile
 
     terms = np.random.default_rng(n).exponential(size=n)
     want = lfilter([1.0], [1.0, -np.exp(-step)], terms[::-1])[::-1]
-    got = np.asarray(jax.jit(profile._reverse_recurrence)(jnp.exp(-step), jnp.asarray(terms)))
+    got = np.asarray(_decayed_tail_sums(jnp.asarray(terms), step))
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 

@@ -1,5 +1,6 @@
 """Subsampled mechanisms: exact single-step profiles (both directions), peers, adjacency relations."""
 
+import dataclasses
 import logging
 
 import jax
@@ -354,19 +355,28 @@ def test_dpsgd_windows_follow_steps_and_delta():
 
 
 def test_threshold_matches_mpmath():
-    """log((e^x - 1 + q) / q), the base loss where the subsampled loss crosses x, from one log
-    with Goldberg's log1p correction (x > 0) or without it (x <= 0): against mpmath, also where
-    1 + (q - 1) e^-x rounds (q tiny, x tiny) and where e^x - 1 + q cancels."""
+    """log((e^x - 1 + q) / q), the base loss where the subsampled loss crosses x (where the
+    remove direction reads its base's tails: a base that gives back the loss it is asked at
+    shows it), from one log with Goldberg's log1p correction (x > 0) or without it (x <= 0):
+    against mpmath, also where 1 + (q - 1) e^-x rounds (q tiny, x tiny) and where e^x - 1 + q
+    cancels."""
     import jax
     import mpmath
 
     from pldjax.core.precision import float64
-    from pldjax.mechanisms.subsampling import _threshold
+    from pldjax.kernels.discretize import LossTails
+    from pldjax.mechanisms.subsampling import REMOVE, poisson
 
+    def unused(params):
+        raise AssertionError("only the tails are read")
+
+    asked = poisson(LossTails(tails=lambda params, loss: (loss,) * 4, spread=unused,
+                              center=unused, half_width=unused))
     mpmath.mp.dps = 50
     xs = np.array([-0.5, -1e-3, -1e-9, 0.0, 1e-12, 1e-9, 1e-6, 1e-3, 0.3, 1.0, 5.0, 40.0, 800.0])
     for q in (1e-9, 1e-3, 0.3, 1.0):
-        got = np.asarray(jax.jit(float64(_threshold))(xs, q, np.log(q)))
+        # the remove direction's log Q(L > x): its base's at the threshold, unmixed
+        got = np.asarray(jax.jit(float64(lambda x, q: asked.tails((q, REMOVE), x)[1]))(xs, q))
         for x, value in zip(xs, got, strict=True):
             inner = mpmath.expm1(mpmath.mpf(x)) + mpmath.mpf(q)
             if inner <= 0:
@@ -388,17 +398,18 @@ def test_side_tails_are_the_tails_on_each_side(sampled):
     import jax.numpy as jnp
 
     from pldjax.core.precision import float64
-    from pldjax.kernels.discretize import _one_side
+    from pldjax.kernels import discretize
     from pldjax.mechanisms.noise import GAUSSIAN
     from pldjax.mechanisms.subsampling import ADD, REMOVE, poisson
 
     mechanism = poisson(GAUSSIAN) if sampled else GAUSSIAN
+    four_only = dataclasses.replace(mechanism, side_tails=None)  # its sides read from its tails
     eps = jnp.asarray(np.concatenate([-np.geomspace(1e3, 1e-6, 40), [0.0],
                                       np.geomspace(1e-6, 1e3, 40)]))
     upper = eps >= 0
     # the parameters are data: one program for each function, whatever their values
     side_tails = jax.jit(float64(lambda e, u, p: mechanism.side_tails(p, e, u)))
-    four_tails = jax.jit(float64(lambda e, u, p: _one_side(mechanism.tails(p, e), u)))
+    four_tails = jax.jit(float64(lambda e, u, p: discretize.side_tails(four_only, p, e, u)))
     for mu in (0.0, 0.3, 1.0, 5.0):
         cases = [(mu, q, d) for q in (1e-4, 0.1, 1.0) for d in (REMOVE, ADD)] if sampled else [(mu,)]
         for params in cases:
