@@ -1,6 +1,6 @@
 """The package's layers, read from its source: each layer imports only from the layers below it,
 no private name crosses modules, and no module is named like a standard-library module or a
-package that pldjax wraps."""
+package that pldjax wraps. The tests, read the same way, reach no private name of pldjax."""
 
 import ast
 import sys
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pldjax"
+TESTS = Path(__file__).resolve().parent
+PACKAGE = TESTS.parent / "pldjax"
 
 #: Bottom to top. Modules directly in pldjax/ (the package's front, the CLI, plotting) are the top.
 LAYERS = ("core", "kernels", "mechanisms", "accounting", "adaptive", "integrations")
@@ -110,3 +111,113 @@ def test_every_public_name_resolves():
             assert missing.name.split(".")[0] in OPTIONAL, name
         else:
             assert value is not None, name
+
+
+#: Names with a leading underscore that are public API elsewhere: a NamedTuple's (a state's
+#: ``_replace``).
+NAMED_TUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in NAMED_TUPLE_API
+
+
+def _is_pldjax(name) -> bool:
+    return isinstance(name, str) and name.split(".")[0] == "pldjax"
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """Where a test file reaches a private name of pldjax ("line: what"): a private name imported
+    from pldjax, or an attribute with a private name (read, or by getattr / hasattr with the
+    name written out) of anything that comes from pldjax: a module (imported, or by
+    importlib.import_module), a name imported from one, and what is derived from those (their
+    attributes, items, calls' results, names assigned or looped over, functions they decorate
+    or that return them)."""
+    tree = ast.parse(path.read_text())
+    reached, from_pldjax = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _is_pldjax(node.module):
+            for alias in node.names:
+                if _private(alias.name):
+                    reached.append(f"{node.lineno}: from {node.module} import {alias.name}")
+                from_pldjax.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _is_pldjax(alias.name):
+                    if any(_private(part) for part in alias.name.split(".")):
+                        reached.append(f"{node.lineno}: import {alias.name}")
+                    from_pldjax.add(alias.asname or "pldjax")
+
+    def derived(node) -> bool:
+        if isinstance(node, ast.Tuple | ast.List):
+            return any(derived(element) for element in node.elts)
+        while isinstance(node, ast.Attribute | ast.Subscript | ast.Call | ast.Starred):
+            if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                    and _is_pldjax(node.args[0].value)):  # importlib.import_module("pldjax...")
+                return True
+            node = node.func if isinstance(node, ast.Call) else node.value
+        return isinstance(node, ast.Name) and node.id in from_pldjax
+
+    def bound(node):  # (target, value) pairs that bind names
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            for target in getattr(node, "targets", [getattr(node, "target", None)]):
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    yield from zip(target.elts, node.value.elts, strict=False)
+                else:
+                    yield target, node.value
+        elif isinstance(node, ast.For | ast.comprehension):
+            values = node.iter.elts if isinstance(node.iter, ast.Tuple | ast.List) else [node.iter]
+            yield from ((node.target, value) for value in values)
+        elif isinstance(node, ast.FunctionDef):  # decorated by it, or returning it
+            yield from ((ast.Name(node.name), decorator) for decorator in node.decorator_list)
+            yield from ((ast.Name(node.name), inner.value) for inner in ast.walk(node)
+                        if isinstance(inner, ast.Return) and inner.value is not None)
+
+    grown = True
+    while grown:  # until no assignment binds another name
+        grown = False
+        for node in ast.walk(tree):
+            for target, value in bound(node):
+                if isinstance(target, ast.Name) and target.id not in from_pldjax and derived(value):
+                    from_pldjax.add(target.id)
+                    grown = True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and derived(node.value):
+            reached.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and _private(node.args[1].value) and derived(node.args[0])):
+            reached.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(reached, key=lambda where: int(where.split(":")[0]))
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.rglob("*.py")), ids=lambda p: str(p.relative_to(TESTS)))
+def test_tests_reach_no_private_name_of_pldjax(path):
+    """Tests exercise pldjax's public behaviour: a private name they reach (a helper, a
+    constant, a kernel's internals) ties them to code that may change without notice."""
+    reached = _private_reaches(path)
+    assert not reached, f"{path.relative_to(TESTS.parent)} reaches private names of pldjax:\n" + \
+        "\n".join(reached)
+
+
+def test_private_reaches_are_found_through_imports_aliases_and_derived_names(tmp_path):
+    source = tmp_path / "test_example.py"
+    source.write_text(
+        "import importlib\n"
+        "import pldjax as pj\n"
+        "from pldjax.kernels import compose, hockey_stick as profile\n"
+        "from pldjax.core.special import _helper\n"
+        "module = importlib.import_module('pldjax.kernels.compose')\n"
+        "kernel = profile.tail_sums\n"
+        "state = pj.accountant.init()\n"
+        "def kernels():\n"
+        "    return (compose.compose, kernel)\n"
+        "for each in kernels():\n"
+        "    each._cache_size()\n"
+        "module._coarse, kernel._jitted, pj.dp_accounting._event_pld, getattr(profile, '_BLOCK')\n"
+        "state._replace(count=1), len(profile.__name__), other._private\n")
+    assert sorted(_private_reaches(source)) == [
+        "11: each._cache_size", "12: getattr(profile, '_BLOCK')", "12: kernel._jitted",
+        "12: module._coarse", "12: pj.dp_accounting._event_pld",
+        "4: from pldjax.core.special import _helper"]
