@@ -194,7 +194,7 @@ def _private_reaches(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", sorted(TESTS.rglob("*.py")), ids=lambda p: str(p.relative_to(TESTS)))
 def test_tests_reach_no_private_name_of_pldjax(path):
-    """Tests exercise pldjax's public behaviour: a private name they reach (a helper, a
+    """Tests exercise pldjax's public behaviour: a private name they reach (a function, a
     constant, a kernel's internals) ties them to code that may change without notice."""
     reached = _private_reaches(path)
     assert not reached, f"{path.relative_to(TESTS.parent)} reaches private names of pldjax:\n" + \

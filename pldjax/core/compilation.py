@@ -524,7 +524,7 @@ def array_module(array):
 
 
 def map_rows(fn: Callable) -> Callable:
-    """``jax.vmap(fn)`` over the leading axis of its arguments (pytrees), or for NumPy ones (as
+    """``jax.vmap(fn)`` over the first axis of its arguments (pytrees), or for NumPy ones (as
     the first leaf says: see :func:`array_module`) ``fn`` on each row in turn, its outputs
     stacked."""
     vmapped = jax.vmap(fn)

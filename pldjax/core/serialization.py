@@ -223,7 +223,7 @@ def load_filter_state(path, filter_):
       filter_: the filter that saved it (the same kind and parameters).
 
     Returns:
-      The filter's state, a pytree of JAX arrays, with the leading batch axes it was saved with,
+      The filter's state, a pytree of JAX arrays, with the batch axes (in front) it was saved with,
       if any.
     """
     state = load(path, filter_.init(), kind=filter_.kind, params=filter_.params, batched=True)
@@ -268,7 +268,7 @@ def load_odometer_state(path, odometer):
       odometer: the odometer that saved it (the same kind and parameters).
 
     Returns:
-      The odometer's state, a pytree of JAX arrays, with the leading batch axes it was saved
+      The odometer's state, a pytree of JAX arrays, with the batch axes (in front) it was saved
       with, if any.
     """
     state = load(path, odometer.init(), kind=odometer.kind, params=odometer.params, batched=True)
