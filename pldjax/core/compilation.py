@@ -540,36 +540,15 @@ def map_rows(fn: Callable) -> Callable:
     return mapped
 
 
-#: Width of the blocks that :func:`cumulative_sum` adds up by triangular products on a CPU.
-_PREFIX_BLOCK = 16
-
-
 def cumulative_sum(values, reverse: bool = False):
-    """Running sums of the 1-D ``values``: sum_{i <= k}, or sum_{i >= k} when ``reverse``.
-
-    NumPy's for NumPy values. In a kernel on a CPU, products with a triangular matrix of
-    _PREFIX_BLOCK x _PREFIX_BLOCK ones, over blocks of the values, then over the blocks' totals,
-    level by level: XLA's CPU cumulative sum (a reduce-window) compiled in 0.21-0.25 CPU-seconds
-    and ran 1.3-2.5 ms on 49,152-98,304 points, these products in 0.15 s and 0.7-1.4 ms
-    (2-core CPU; the same round-off, about 1e-14 relative). Elsewhere ``jax.lax.cumsum``."""
+    """Running sums of the 1-D ``values``: sum_{i <= k}, or sum_{i >= k} when ``reverse``;
+    NumPy's for NumPy values, else ``jax.lax.cumsum``. (Products with a triangular matrix of
+    ones over blocks compiled faster on a CPU, but their additions' order changed with the
+    number of rows vmapped together: a configuration's epsilon then moved by 1e-11 between a
+    batch and a call of its own.)"""
     if array_module(values) is np:
         return np.cumsum(values[::-1])[::-1] if reverse else np.cumsum(values)
-    if reverse:
-        return cumulative_sum(values[::-1])[::-1]
-    return jax.lax.platform_dependent(values, cpu=_blocked_cumsum, default=jnp.cumsum)
-
-
-def _blocked_cumsum(values):
-    n = values.shape[0]
-    width = min(n, _PREFIX_BLOCK)
-    row = jnp.arange(width)
-    ones = (row[:, None] <= row[None, :]).astype(values.dtype)  # a @ ones: a's running sums
-    if n <= _PREFIX_BLOCK:
-        return values @ ones
-    blocks = jnp.pad(values, (0, -n % width)).reshape(-1, width) @ ones
-    totals = blocks[:, -1]
-    before = _blocked_cumsum(totals) - totals  # the sums of the blocks before each one
-    return (blocks + before[:, None]).reshape(-1)[:n]
+    return jax.lax.cumsum(values, reverse=reverse)
 
 
 def glue_module(arrays):
