@@ -711,9 +711,6 @@ TRUNCATED = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.TruncatedPoisson(0.05, 
 def test_truncated_poisson_events_are_accounted_through_their_pld():
     """TruncatedPoisson's PLD is built by its sampling's pld(), not from one mechanism: the
     batched accounting refused it ("not one mechanism"), although it takes any event."""
-    from dp_accounting import NeighboringRelation
-    from dp_accounting.pld import privacy_loss_distribution as dpa_pld
-
     one = TRUNCATED.pld()
     steps = np.array([[0], [1], [5]])
     deltas = np.array([1e-5, 1e-3])
@@ -728,12 +725,22 @@ def test_truncated_poisson_events_are_accounted_through_their_pld():
     assert np.array_equal(pj.event_epsilon(batch, 5, 1e-5),
                           [float(one.self_compose(5).epsilon(1e-5)),
                            float(two.self_compose(5).epsilon(1e-5))])
-    # at or below dp_accounting's PLD accountant (the tighter of two analyses), within 1e-3
-    theirs = dpa_pld.from_truncated_subsampled_gaussian_mechanism(
-        1000, 0.05, 55, 1.0, neighboring_relation=NeighboringRelation.REPLACE_SPECIAL)
-    assert got[2, 0] <= theirs.self_compose(5).get_epsilon_for_delta(1e-5) + 1e-3
     with pytest.raises(ValueError, match="rtol needs"):
         pj.event_epsilon(TRUNCATED, 5, 1e-5, rtol=1e-2)
+
+
+@pytest.mark.slow
+def test_truncated_poisson_event_epsilon_is_at_or_below_dp_accounting():
+    """At or below dp_accounting's PLD accountant (the tighter of two analyses), within 1e-3,
+    after five steps (its PLD takes about 7 s to build; the default run compares the truncated
+    Poisson PLD with it in test_truncated_poisson.py)."""
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+
+    theirs = dpa_pld.from_truncated_subsampled_gaussian_mechanism(
+        1000, 0.05, 55, 1.0, neighboring_relation=NeighboringRelation.REPLACE_SPECIAL)
+    assert pj.event_epsilon(TRUNCATED, 5, 1e-5) <= (
+        theirs.self_compose(5).get_epsilon_for_delta(1e-5) + 1e-3)
 
 
 def test_schedule_takes_truncated_poisson_segments():

@@ -155,7 +155,9 @@ def test_pairs_without_an_analysis_are_refused():
         pj.Event(pj.noise.Laplace(1.0), scheme).pld()
 
 
-@pytest.mark.parametrize(("sigma", "steps"), [(1e-6, 10), (1e17, 10), (2.0, 10**9), (0.3, 100)])
+@pytest.mark.parametrize(("sigma", "steps"), [
+    (1e-6, 10), pytest.param(1e17, 10, marks=pytest.mark.slow), (2.0, 10**9),
+    pytest.param(0.3, 100, marks=pytest.mark.slow)])
 def test_extremes_give_sound_finite_bounds(sigma, steps):
     event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps))
     with np.errstate(all="raise"):
