@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import os
 import sys
 from collections.abc import Callable
 
@@ -45,7 +44,7 @@ from pldjax.accounting.planner import (
     spends,
 )
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import MappingGuard, exported_jit
+from pldjax.core.compilation import MappingGuard, compiling_ahead, cores, exported_jit
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
@@ -177,7 +176,7 @@ def _keeps_chunks_on_device() -> bool:
 
 
 def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_size, both,
-                   pessimistic, grid, grid_steps, evaluate, sharding, remedy):
+                   pessimistic, grid, grid_steps, evaluate, sharding, remedy, ahead=False):
     """Values for one chunk of configurations (all steps >= 1), once ``compositions`` (a
     :class:`_Compositions`) has run: ``params`` are the flat parameters of ``mechanism``
     (:meth:`~pldjax.mechanisms.events.Event.directions`); ``grid_steps``: each one's mechanism grid
@@ -189,7 +188,9 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     (:meth:`_Compositions.window_size`) and returns a function giving the chunk's values. A
     caller queues the next chunk's discretization before it places this one, so that on an
     accelerator the device has work while the host places. ``remedy``: what an error about a
-    window that cannot be placed tells the caller to change.
+    window that cannot be placed tells the caller to change. ``ahead``: only start compiling the
+    chunk's discretization programs (:func:`~pldjax.core.compilation.compiling_ahead`); returns
+    None.
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
     # small program to compile, or to load from the cache, per process)
@@ -206,10 +207,15 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         row_counts, row_targets = _place([counts, targets], sharding)
     elif not compositions.host_glue:
         row_counts, row_targets = jax.device_put(counts), jax.device_put(targets)
-    probs, inf_mass, offset, step, lo, hi, exponents, summary = direction_arrays(
-        Directions(mechanism, tuple(params), both), grid, pessimistic,
+    discretize = functools.partial(
+        direction_arrays, Directions(mechanism, tuple(params), both), grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size,
         then=_placement(directions, evaluate), extra=(row_counts, row_targets), steps=grid_steps)
+    if ahead:
+        with compiling_ahead():
+            discretize()
+        return None
+    probs, inf_mass, offset, step, lo, hi, exponents, summary = discretize()
     # off the host glue (xp = jnp) these wait for nothing; on a CPU, where the chunk is placed
     # at once, they wait for the call as place() would
     probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
@@ -229,8 +235,11 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
             _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
         values = np.zeros(sizes.shape[0])
         scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
-        for size in np.unique(sizes[first]):
-            size = checked_size(int(size), "dpsgd accounting", "steps", remedy)
+        needed = [checked_size(int(size), "dpsgd accounting", "steps", remedy)
+                  for size in np.unique(sizes[first])]
+        for size in needed:  # every new composition shape starts compiling at once
+            compositions.compile_ahead(size, probs, scalars, int(np.sum(sizes[first] == size)))
+        for size in needed:
             compositions.add(size, probs, scalars, first[sizes[first] == size], values)
 
         def finish():
@@ -267,9 +276,35 @@ class _Compositions:
         #: seconds each there, for at most twice the points)
         self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
         self._rows = grid_lib.next_pow2(rows)
+        self._all_rows = rows
+        self._sizes_seen: set[int] = set()
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         self._pending: dict[int, list] = {}
         self._results: list = []
+
+    def compile_ahead(self, size: int, probs, scalars, rows: int) -> None:
+        """Start compiling the composition program that a chunk's ``rows`` rows of ``size`` will
+        run, unless one started before (arguments as :meth:`add`'s): on the host, the one of a
+        full call where they are more than two (a call of two rows is the last one of a size
+        that gets no more), or of two rows where the whole accounting call has no more. Not when
+        sharded."""
+        if size in self._sizes_seen or self._sharding is not None:
+            return
+        if not self._gathers and self._all_rows > 2 and rows <= 2:
+            return  # perhaps a call of two rows at the end, perhaps a full one: not known yet
+        self._sizes_seen.add(size)
+        most = _rows_per_call(size, self._devices)
+        with compiling_ahead():
+            if self._gathers:
+                most = min(most, self._rows)
+                index = jax.ShapeDtypeStruct((most,), np.asarray(0).dtype)
+                wrapped, columns = _gather_rows(probs, index, scalars, size=size)
+            else:
+                batch = min(most, 2) if self._all_rows <= 2 else most
+                wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
+                columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
+            _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
+                                  tuple(columns[10:]), **self._options)
 
     def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray) -> None:
         """Queue the rows ``rows`` of a chunk (on one accelerator: start their composition) from
@@ -350,16 +385,9 @@ def _rows_per_call(size: int, devices: int) -> int:
     fixed cost then weighs: the sweep of 1,024 took 7.5 -> 6.8 s, at rtol 1e-2 2.05 -> 1.66 s)."""
     most = max(1, min(CALL_ROWS, COMPOSE_ELEMENTS // size))
     if not _keeps_chunks_on_device():
-        most = min(most, max(grid_lib.next_pow2(_cores()), CPU_CALL_ELEMENTS // size))
+        most = min(most, max(grid_lib.next_pow2(cores()), CPU_CALL_ELEMENTS // size))
     most = 1 << (most.bit_length() - 1)
     return max(devices, most // devices * devices)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _progress(total: int, enabled: bool) -> Callable[[int], None]:
@@ -380,7 +408,7 @@ _MAPPINGS = MappingGuard((*MECHANISM_KERNELS, _compose_and_evaluate, _gather_row
 
 
 def _account_group(order, params, steps, target, *, sharding, mechanism_size, grid_steps,
-                   **kwargs):
+                   ahead=False, **kwargs):
     """The configurations ``order`` (one mechanism grid size; ``grid_steps``: every
     configuration's own grid step, or None: ``grid``'s), in chunks: yields each chunk's
     (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`)."""
@@ -406,10 +434,13 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
         padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
-        yield idx, _account_chunk([p[padded] for p in params], steps[padded], target[padded],
-                                  sharding=sharding, mechanism_size=mechanism_size,
-                                  grid_steps=None if grid_steps is None else grid_steps[padded],
-                                  **kwargs)
+        placed = _account_chunk([p[padded] for p in params], steps[padded], target[padded],
+                                sharding=sharding, mechanism_size=mechanism_size,
+                                grid_steps=None if grid_steps is None else grid_steps[padded],
+                                ahead=ahead, **kwargs)
+        if ahead:  # every chunk of the group has the first one's shapes
+            return
+        yield idx, placed
 
 
 def account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
@@ -493,7 +524,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     grid_steps = np.zeros(steps_arr.shape[0])
     grid_steps[active] = group_steps
 
-    def chunks():  # each chunk's discretization queued as the loop below asks for it
+    def chunks(ahead=False):  # each chunk's discretization queued as the loop asks for it
         # configurations of one size share chunks: on the automatic grid, or each on its own
         # step (rtol's, a lattice's). Chunks of one step each were 48 for bench/dpsgd.py's 10^4
         # configurations at rtol=1e-2 on an accelerator, 14 now (23 mechanism shapes, 7 now)
@@ -513,7 +544,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
                     order, params, steps_arr, target, mechanism=mechanism,
                     mechanism_size=int(size), both=both, pessimistic=pessimistic,
                     grid=grid, grid_steps=grid_steps if own_steps else None, evaluate=evaluate,
-                    sharding=sharding, compositions=compositions, remedy=remedy)
+                    sharding=sharding, compositions=compositions, remedy=remedy, ahead=ahead)
 
     report = _progress(len(active), progress)
     finishers = []
@@ -533,6 +564,9 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     # one is placed, so that the device works while the host places (on a CPU, which computes
     # as fast either way, it would only hold two chunks at once)
     ahead = 0 if compositions.host_glue else 1
+    if sharding is None:  # every group's discretization programs start compiling at once
+        for _ in chunks(ahead=True):
+            pass
     for chunk in chunks():
         queued.append(chunk)
         if len(queued) > ahead:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiled_programs import compiled_programs
 
 import pldjax as pj
 from pldjax.core import compilation
@@ -177,6 +178,43 @@ def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to, monkey
     with jax.enable_x64(True):
         assert doubled(argument).dtype == jnp.float64
     assert len(list(later.glob("doubled-*"))) == 2
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["jitted", "exported"])
+def test_compiling_ahead_gives_the_shapes_and_the_call_compiles_nothing_more(exported, tmp_path,
+                                                                             monkeypatch):
+    """Under compiling_ahead a kernel call returns its outputs' shapes and starts its compile in
+    a worker thread (a pipeline's next kernel starts from the shapes alone); the real calls on
+    arrays of those shapes wait for those programs: each is compiled once."""
+    from pldjax.core.compilation import compiling_ahead, exported_jit
+
+    monkeypatch.setattr(compilation, "exported_dir", tmp_path if exported else None)
+
+    @exported_jit(static_argnames=("power",))
+    def powers(x, *, power):
+        return jnp.cumsum(x**power), jnp.sum(x)
+
+    @exported_jit()
+    def scaled(running, total):
+        return running / total
+
+    x = np.linspace(0.0, 1.0, 1001)
+
+    def ahead_then_run():
+        with compiling_ahead():
+            shapes = powers(x, power=3)
+            after = scaled(*shapes)
+        assert [(a.shape, a.dtype) for a in (*shapes, after)] == [
+            ((1001,), jnp.float64), ((), jnp.float64), ((1001,), jnp.float64)]
+        return scaled(*powers(x, power=3))
+
+    with jax.enable_x64(True):
+        got, names = compiled_programs(ahead_then_run)
+    # (and the one-op probe of the CPU compiler options, where this process had not run it yet)
+    programs = sorted(name for name in names if name != "jit(option_probe)")
+    assert programs == (["jit(call)"] * 2 if exported else ["jit(powers)", "jit(scaled)"])
+    np.testing.assert_allclose(got, np.cumsum(x**3) / np.sum(x), rtol=1e-14)
+    assert len(list(tmp_path.glob("*.jaxexport"))) == (2 if exported else 0)
 
 
 @pytest.mark.slow
