@@ -188,14 +188,16 @@ def _rr_composition_delta(m: int, eps_rr: float, epsilon: float) -> float:
 
 def _most_compositions(eps_rr: float, epsilon: float, bound: float) -> int:
     """Largest m with H_{e^epsilon}(RR_eps_rr^{(x) m}) <= bound (the curve grows with m)."""
+    # checked first: the search below would take over a hundred binomial tails near 2^62, each
+    # slow at such counts (5 s before the refusal of epsilon = 1e-300)
+    if _rr_composition_delta(2**62, eps_rr, epsilon) <= bound:
+        raise ValueError(
+            f"additive_profile: the band of losses up to {eps_rr:.3g} nats would take more than "
+            f"2^62 queries: epsilon = {epsilon!r} is too small (or rounds too large) for "
+            "Eq. (1)'s bands")
     high = 1
     while _rr_composition_delta(high, eps_rr, epsilon) <= bound:
         high *= 2
-        if high > 2**62:
-            raise ValueError(
-                f"additive_profile: the band of losses up to {eps_rr:.3g} nats would take more than "
-                f"2^62 queries: epsilon = {epsilon!r} is too small (or rounds too large) for "
-                "Eq. (1)'s bands")
     low = high // 2 if high > 1 else 0
     while high - low > 1:
         mid = (low + high) // 2
