@@ -272,12 +272,18 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+#: Most programs compiled at once (each compile holds a few hundred MB while it runs).
+COMPILE_WORKERS = 8
+
+
 def _compile_pool() -> ThreadPoolExecutor:
-    """The worker threads that compile ahead, one a core (XLA's compiler releases the GIL: four
-    of the discretization's programs compiled in 2.7 s on 2 cores, 4.5 s one after another)."""
+    """The worker threads that compile ahead, one a core up to COMPILE_WORKERS (XLA's compiler
+    releases the GIL: four of the discretization's programs compiled in 2.7 s on 2 cores, 4.5 s
+    one after another)."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=cores(), thread_name_prefix="pldjax-compile")
+        _pool = ThreadPoolExecutor(max_workers=min(cores(), COMPILE_WORKERS),
+                                   thread_name_prefix="pldjax-compile")
     return _pool
 
 
