@@ -275,8 +275,7 @@ class _Compositions:
         #: on one accelerator the power of two (a quarter of the compiled shapes, compiled for
         #: seconds each there, for at most twice the points)
         self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
-        self._rows = grid_lib.next_pow2(rows)
-        self._all_rows = rows
+        self._total_rows = rows
         self._sizes_seen: set[int] = set()
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         self._pending: dict[int, list] = {}
@@ -290,30 +289,33 @@ class _Compositions:
         sharded."""
         if size in self._sizes_seen or self._sharding is not None:
             return
-        if not self._gathers and self._all_rows > 2 and rows <= 2:
+        if not self._gathers and self._total_rows > 2 and rows <= 2:
             return  # perhaps a call of two rows at the end, perhaps a full one: not known yet
         self._sizes_seen.add(size)
-        most = _rows_per_call(size, self._devices)
+        most = self._call_rows(size)
         with compiling_ahead():
             if self._gathers:
-                most = min(most, self._rows)
                 index = jax.ShapeDtypeStruct((most,), np.asarray(0).dtype)
                 wrapped, columns = _gather_rows(probs, index, scalars, size=size)
             else:
-                batch = min(most, 2) if self._all_rows <= 2 else most
+                batch = min(most, 2) if self._total_rows <= 2 else most
                 wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
                 columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
             _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
                                   tuple(columns[10:]), **self._options)
+
+    def _call_rows(self, size: int) -> int:
+        """The rows of one composition call of ``size`` (see the class docstring)."""
+        most = _rows_per_call(size, self._devices)
+        return min(most, grid_lib.next_pow2(self._total_rows)) if self._gathers else most
 
     def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray) -> None:
         """Queue the rows ``rows`` of a chunk (on one accelerator: start their composition) from
         its PMFs ``probs`` (rows, mechanism grid) and ``scalars`` (summary, inf_mass, offset,
         step, count, target, exponents; each with a leading rows axis); their values go to
         values[rows] by :meth:`flush` at the latest."""
-        most = _rows_per_call(size, self._devices)
+        most = self._call_rows(size)
         if self._gathers:
-            most = min(most, self._rows)
             for begin in range(0, len(rows), most):
                 part = rows[begin:begin + most]
                 index = np.concatenate([part, np.full(most - len(part), part[-1])])

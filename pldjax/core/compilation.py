@@ -463,7 +463,7 @@ class ExportedKernel(Kernel):
                 jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=device)
                 for a in program.out_avals])
             if slot not in self._calls and slot not in self._pending:
-                call = jax.jit(program.call, compiler_options=self.compiler_options)
+                call = self._exported_call(program)
                 self._pending[slot] = _compile_pool().submit(
                     _lower_and_compile, call.trace(*args), x64, call)
         return shapes
@@ -485,6 +485,10 @@ class ExportedKernel(Kernel):
         program = self._exported(directory, key, args, statics)
         if program is None:
             return functools.partial(self.kernel, **statics)
+        return self._exported_call(program)
+
+    def _exported_call(self, program: export.Exported) -> Callable:
+        """An exported program's call, jitted with this kernel's compiler options."""
         return jax.jit(program.call, compiler_options=self.compiler_options)
 
     def _exported(self, directory: Path, key, args, statics) -> export.Exported | None:
