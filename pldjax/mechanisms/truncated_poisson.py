@@ -160,11 +160,13 @@ def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
     # x relative to the window's centre (scaling x keeps convexity and avoids overflow), with the
     # curve's value 1 at x = 0
     xs = jnp.concatenate([jnp.zeros((1,)), jnp.exp(z - z[size // 2])])
-    curve = lower_hull_at(xs, jnp.concatenate([jnp.ones((1,)), jnp.min(curves, axis=0)]))[1:]
-    # the same envelope less the line 1 - e^z (a lower convex envelope commutes with subtracting
-    # a line in x): from the excesses, which keep their digits at z < 0; its value at x = 0 is 0
+    # and the same envelope less the line 1 - e^z (a lower convex envelope commutes with
+    # subtracting a line in x): from the excesses, which keep their digits at z < 0; its value
+    # at x = 0 is 0. Both hulls in one call (one copy of the hull in the program, not two)
     excesses = jax.vmap(_excess_on_grid, in_axes=(0, None, None))(probs, z, step)
-    excess = lower_hull_at(xs, jnp.concatenate([jnp.zeros((1,)), jnp.min(excesses, axis=0)]))[1:]
+    ys = jnp.stack([jnp.concatenate([jnp.ones((1,)), jnp.min(curves, axis=0)]),
+                    jnp.concatenate([jnp.zeros((1,)), jnp.min(excesses, axis=0)])])
+    curve, excess = jax.vmap(lower_hull_at, in_axes=(None, 0))(xs, ys)[:, 1:]
     excess = jnp.where((z < 0) & jnp.isfinite(excess), excess, curve + jnp.expm1(z))
     out, out_inf = masses_from_curve(curve, step, excess, z)
     # round-off in the masses may leave the rebuilt curve a little below the envelope: move that
