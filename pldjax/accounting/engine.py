@@ -277,6 +277,7 @@ class _Compositions:
         self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
         self._total_rows = rows
         self._sizes_seen: set[int] = set()
+        self._full_sizes: set[int] = set()  # sizes whose full call has its program (see _run)
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         self._pending: dict[int, list] = {}
         self._results: list = []
@@ -299,6 +300,8 @@ class _Compositions:
                 wrapped, columns = _gather_rows(probs, index, scalars, size=size)
             else:
                 batch = min(most, 2) if self._total_rows <= 2 else most
+                if batch == most:
+                    self._full_sizes.add(size)
                 wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
                 columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
             _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
@@ -355,8 +358,11 @@ class _Compositions:
             else:
                 blocks.pop(0)
         # two rows (a single configuration's directions), or a full call padded with repeats:
-        # two compiled shapes per window size at most
-        batch = min(most, 2) if len(sinks) <= 2 else most
+        # two compiled shapes per window size at most, and one where a full call's program is
+        # there already (a sweep's last rows of a size: a few rows padded, not one more program)
+        batch = min(most, 2) if len(sinks) <= 2 and size not in self._full_sizes else most
+        if batch == most:
+            self._full_sizes.add(size)
         batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
         if batch > len(sinks):
             repeat = batch - len(sinks)

@@ -572,21 +572,24 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     call returns instead; a static argument, so it must hash the same across calls (a
     module-level function, or one cached partial of it).
 
-    The pessimistic connect-the-dots estimate is two compiled calls, queued one after the other
-    without waiting: the curve (the mechanism's tails, nearly all of the work, one value a point)
-    and its masses. Given both in one program, XLA on a CPU recomputed the tails in several of
-    the masses' loops (3.0-3.4 ms against 2.2 ms for 2 x 16,384 points); with the curve computed
-    once (:func:`~pldjax.core.compilation.computed_once`) the one program ran 0.2-0.7 ms faster but
+    The pessimistic connect-the-dots estimate is two compiled kernels, queued one after the
+    other without waiting: the curve (the mechanism's tails, nearly all of the work, one value a
+    point; in tiles, one program a mechanism whatever the size, see :func:`_curve_tiles`) and its
+    masses (a program a shape, whatever the mechanism). Given both in one program, XLA on a CPU
+    recomputed the tails in several of the masses' loops (3.0-3.4 ms against 2.2 ms for 2 x
+    16,384 points); with the curve computed once
+    (:func:`~pldjax.core.compilation.computed_once`) the one program ran 0.2-0.7 ms faster but
     compiled in 1.6 s against 0.9 s for the two (DP-SGD's first call: the curve runs 2.9x slower
     with the masses' compiler options, and the masses compile slower with the curve's). The other
     estimates are two calls likewise: the mechanism's tails, and the masses from them, one
     program per shape whatever the mechanism (in one program they compiled in 2.2 s a shape)."""
-    options = dict(mechanism=mechanism, size=size, pessimistic=pessimistic, fixed=fixed)
+    options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
     then = then or _grid_masses
     if pessimistic and rounding == "connect_dots":
-        values, offset, h = _curve_kernel(params, tail, step, **options)
-        return _masses_kernel(values, offset, h, extra, then=then)
-    at_points, offset, h, atom, top = _tails_kernel(params, tail, step, **options)
+        values, offset, h = _curve_tiles(params, tail, step, size=size, **options)
+        return _masses_kernel(values, offset, h, extra, size=size, rows=tail.shape[0],
+                              then=then)
+    at_points, offset, h, atom, top = _tails_kernel(params, tail, step, size=size, **options)
     return _tails_masses_kernel(at_points, offset, h, atom, top, extra, pessimistic=pessimistic,
                                 rounding=rounding, then=then)
 
@@ -598,14 +601,56 @@ def _grid_masses(probs, inf_mass, offset, step):
 
 _STATIC = ("mechanism", "size", "pessimistic", "fixed")
 
+#: Points of one tile of a pessimistic curve: each row's curve is computed in tiles of this many
+#: points (each tile knowing its place in its row's window), so that one compiled curve program
+#: serves every grid size (a sweep's mechanisms on five sizes compiled five, 2-2.5 s each).
+CURVE_TILE = grid_lib.MECHANISM_SIZE
+#: Most tiles in one compiled curve call: a call holds the power of two at or above its tiles, up
+#: to this many, as often as needed (a grid of a power-of-two size has a power of two of tiles:
+#: no points computed in vain; at most seven programs a mechanism, one for a sweep's chunks).
+CURVE_CALL_TILES = 64
+
+
+def _curve_tiles(params, tail, step, *, size: int, mechanism: LossTails, pessimistic: bool,
+                 fixed: bool):
+    """(values, offset, step) of each row's curve (:func:`curve_values` on its grid of ``size``
+    points), as :func:`_curve_kernel` computes them in tiles (see CURVE_TILE): tuples of the
+    calls' outputs, one per row of tiles, which :func:`_masses_kernel` puts back together. At
+    top level each call has a power of two of tiles, at most CURVE_CALL_TILES (padded with
+    repeats); inside a trace one call holds them all."""
+    tiles = -(-size // CURVE_TILE)
+    rows = tail.shape[0]
+    options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
+    if is_traced((params, tail, step)):
+        index = jnp.repeat(jnp.arange(rows), tiles)
+        tile = jnp.tile(jnp.arange(tiles), rows)
+        out = _curve_kernel(tuple(p[index] for p in params), tail[index], step[index],
+                            jnp.asarray(size, jnp.int64), tile, **options)
+        return tuple((a,) for a in out)
+    count = rows * tiles
+    per_call = min(grid_lib.next_pow2(count), CURVE_CALL_TILES)
+    padded = -(-count // per_call) * per_call
+    index = np.minimum(np.arange(padded), count - 1)  # repeats of the last tile
+    tile, index = index % tiles, index // tiles
+    params, tail, step = ([np.asarray(a)[index] for a in params], np.asarray(tail)[index],
+                          np.asarray(step)[index])
+    size = np.asarray(size, np.int64)
+    calls = [_curve_kernel(tuple(p[begin:begin + per_call] for p in params),
+                           tail[begin:begin + per_call], step[begin:begin + per_call], size,
+                           tile[begin:begin + per_call], **options)
+             for begin in range(0, padded, per_call)]
+    return tuple(zip(*calls, strict=True))
+
 
 # XLA's defaults: its tails (erfc, logs) ran 3x slower with FAST_COMPILE
-@exported_jit(static_argnames=_STATIC, cpu_options=None)
-def _curve_kernel(params, tail, step, **options):
-    """(values, offset, step) of a batch: :func:`curve_values` on each one's grid."""
-    def one(single, single_tail, single_step):
-        offset, h = _window_grid(single, single_tail, single_step, **options)
-        z = grid_points(offset, h, options["size"])
+@exported_jit(static_argnames=("mechanism", "pessimistic", "fixed"), cpu_options=None)
+def _curve_kernel(params, tail, step, size, tile, **options):
+    """(values, offset, step) of a batch of tiles: each one's CURVE_TILE values of
+    :func:`curve_values`, from the ``tile``-th tile of its grid of ``size`` points (data: one
+    program for every size), and its grid's offset and step."""
+    def one(single, single_tail, single_step, k):
+        offset, h = _window_grid(single, single_tail, single_step, size=size, **options)
+        z = grid_points(offset + k * CURVE_TILE, h, CURVE_TILE)
         mechanism = options["mechanism"]
         values = curve_values(*side_tails(mechanism, single, z, z >= 0), z)
         if mechanism.max_loss is not None:
@@ -613,7 +658,7 @@ def _curve_kernel(params, tail, step, **options):
             values = beyond_losses(z, mechanism.max_loss(single), atom, values)
         return values, offset, h
 
-    return jax.vmap(one)(params, tail, step)
+    return jax.vmap(one)(params, tail, step, tile)
 
 
 def masses_rows(values, offset, step):
@@ -625,9 +670,15 @@ def masses_rows(values, offset, step):
     return jax.vmap(one)(values, offset, step)
 
 
-@exported_jit(static_argnames=("then",))
-def _masses_kernel(values, offset, step, extra, *, then):
-    """``then`` of a batch of :func:`curve_values` rows' masses (:func:`masses_rows`)."""
+@exported_jit(static_argnames=("size", "rows", "then"))
+def _masses_kernel(values, offset, step, extra, *, size, rows, then):
+    """``then`` of a batch of :func:`curve_values` rows' masses (:func:`masses_rows`), from the
+    tiles of :func:`_curve_tiles` (``values``, ``offset`` and ``step``: tuples of the curve
+    calls' outputs, ``rows`` rows of ``size`` points in tiles, padded)."""
+    tiles = -(-size // CURVE_TILE)
+    values, offset, step = (jnp.concatenate(parts) for parts in (values, offset, step))
+    values = values[:rows * tiles].reshape(rows, tiles * CURVE_TILE)[:, :size]
+    offset, step = offset[:rows * tiles:tiles], step[:rows * tiles:tiles]
     return then(*masses_rows(values, offset, step), offset, step, *extra)
 
 
@@ -669,8 +720,8 @@ MECHANISM_KERNELS = (_curve_kernel, _masses_kernel, _tails_kernel, _tails_masses
 
 def _window_grid(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
                  fixed: bool):
-    """(offset, step) of one (unbatched) mechanism's grid of ``size`` points: ``step`` when
-    ``fixed``, else the automatic one."""
+    """(offset, step) of one (unbatched) mechanism's grid of ``size`` points (an int, or for a
+    pessimistic grid an integer array: data): ``step`` when ``fixed``, else the automatic one."""
     center, half_width = window(mechanism, params, tail)
     if not fixed:
         h = grid_lib.auto_step(mechanism.spread(params), half_width, size)
