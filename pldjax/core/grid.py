@@ -139,9 +139,10 @@ def auto_step(spread, half_width, size: int):
 
 
 def optimistic_step_limit(size):
-    """The largest power-of-two step (nats) whose window of ``size`` points (an int, or a NumPy
-    array of them) spans <= OPTIMISTIC_SPAN."""
-    return np.exp2(np.floor(np.log2(OPTIMISTIC_SPAN / (np.asarray(size, np.float64) - 1))))
+    """The largest power-of-two step (nats) whose window of ``size`` points (an int, a NumPy
+    array of them, or a JAX array inside a kernel) spans <= OPTIMISTIC_SPAN."""
+    xp = np if isinstance(size, int | np.ndarray | np.integer) else jnp
+    return xp.exp2(xp.floor(xp.log2(OPTIMISTIC_SPAN / (xp.asarray(size, xp.float64) - 1))))
 
 
 def window_offset(center, step, size: int, pessimistic: bool = True):

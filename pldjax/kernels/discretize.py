@@ -574,7 +574,7 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
 
     The pessimistic connect-the-dots estimate is two compiled kernels, queued one after the
     other without waiting: the curve (the mechanism's tails, nearly all of the work, one value a
-    point; in tiles, one program a mechanism whatever the size, see :func:`_curve_tiles`) and its
+    point; in tiles, one program a mechanism whatever the size, see :func:`_in_tiles`) and its
     masses (a program a shape, whatever the mechanism). Given both in one program, XLA on a CPU
     recomputed the tails in several of the masses' loops (3.0-3.4 ms against 2.2 ms for 2 x
     16,384 points); with the curve computed once
@@ -586,12 +586,14 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
     then = then or _grid_masses
     if pessimistic and rounding == "connect_dots":
-        values, offset, h = _curve_tiles(params, tail, step, size=size, **options)
+        values, offset, h = _in_tiles(_curve_kernel, params, tail, step, size=size, **options)
         return _masses_kernel(values, offset, h, extra, size=size, rows=tail.shape[0],
                               then=then)
-    at_points, offset, h, atom, top = _tails_kernel(params, tail, step, size=size, **options)
-    return _tails_masses_kernel(at_points, offset, h, atom, top, extra, pessimistic=pessimistic,
-                                rounding=rounding, then=then)
+    at_points, offset, h, atom, top = _in_tiles(_tails_kernel, params, tail, step, size=size,
+                                                **options)
+    return _tails_masses_kernel(at_points, offset, h, atom, top, extra, size=size,
+                                rows=tail.shape[0], pessimistic=pessimistic, rounding=rounding,
+                                then=then)
 
 
 def _grid_masses(probs, inf_mass, offset, step):
@@ -599,58 +601,70 @@ def _grid_masses(probs, inf_mass, offset, step):
     return probs, inf_mass, offset, step
 
 
-_STATIC = ("mechanism", "size", "pessimistic", "fixed")
-
-#: Points of one tile of a pessimistic curve: each row's curve is computed in tiles of this many
-#: points (each tile knowing its place in its row's window), so that one compiled curve program
+#: Points of one tile: each row's curve (or tails) is computed in tiles of this many points,
+#: each tile knowing its place in its row's window, so that one compiled program a mechanism
 #: serves every grid size (a sweep's mechanisms on five sizes compiled five, 2-2.5 s each).
-CURVE_TILE = grid_lib.MECHANISM_SIZE
-#: Most tiles in one compiled curve call: a call holds the power of two at or above its tiles, up
-#: to this many, as often as needed (a grid of a power-of-two size has a power of two of tiles:
-#: no points computed in vain; at most seven programs a mechanism, one for a sweep's chunks).
-CURVE_CALL_TILES = 64
+TILE = grid_lib.MECHANISM_SIZE
+#: Most tiles in one compiled call: a call holds the power of two at or above its tiles, up to
+#: this many, as often as needed (a grid of a power-of-two size has a power of two of tiles: no
+#: points computed in vain; at most seven programs a mechanism, one for a sweep's chunks).
+CALL_TILES = 64
 
 
-def _curve_tiles(params, tail, step, *, size: int, mechanism: LossTails, pessimistic: bool,
-                 fixed: bool):
-    """(values, offset, step) of each row's curve (:func:`curve_values` on its grid of ``size``
-    points), as :func:`_curve_kernel` computes them in tiles (see CURVE_TILE): tuples of the
-    calls' outputs, one per row of tiles, which :func:`_masses_kernel` puts back together. At
-    top level each call has a power of two of tiles, at most CURVE_CALL_TILES (padded with
-    repeats); inside a trace one call holds them all."""
-    tiles = -(-size // CURVE_TILE)
+def _in_tiles(kernel, params, tail, step, *, size: int, **options):
+    """The outputs of ``kernel`` (:func:`_curve_kernel` or :func:`_tails_kernel`) for every tile
+    of each row's grid of ``size`` points, as tuples of the calls' outputs (one per output),
+    which :func:`_from_tiles` puts back together. At top level each call has a power of two of
+    tiles, at most CALL_TILES (padded with repeats); inside a trace one call holds them all."""
+    tiles = -(-size // TILE)
     rows = tail.shape[0]
-    options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
     if is_traced((params, tail, step)):
         index = jnp.repeat(jnp.arange(rows), tiles)
         tile = jnp.tile(jnp.arange(tiles), rows)
-        out = _curve_kernel(tuple(p[index] for p in params), tail[index], step[index],
-                            jnp.asarray(size, jnp.int64), tile, **options)
+        out = kernel(tuple(p[index] for p in params), tail[index], step[index],
+                     jnp.asarray(size, jnp.int64), tile, **options)
         return tuple((a,) for a in out)
     count = rows * tiles
-    per_call = min(grid_lib.next_pow2(count), CURVE_CALL_TILES)
+    per_call = min(grid_lib.next_pow2(count), CALL_TILES)
     padded = -(-count // per_call) * per_call
     index = np.minimum(np.arange(padded), count - 1)  # repeats of the last tile
     tile, index = index % tiles, index // tiles
     params, tail, step = ([np.asarray(a)[index] for a in params], np.asarray(tail)[index],
                           np.asarray(step)[index])
     size = np.asarray(size, np.int64)
-    calls = [_curve_kernel(tuple(p[begin:begin + per_call] for p in params),
-                           tail[begin:begin + per_call], step[begin:begin + per_call], size,
-                           tile[begin:begin + per_call], **options)
+    calls = [kernel(tuple(p[begin:begin + per_call] for p in params),
+                    tail[begin:begin + per_call], step[begin:begin + per_call], size,
+                    tile[begin:begin + per_call], **options)
              for begin in range(0, padded, per_call)]
     return tuple(zip(*calls, strict=True))
+
+
+def _from_tiles(parts, size: int, rows: int):
+    """One output of :func:`_in_tiles` (a tuple of the calls' arrays, a tile's values along the
+    last axis) as ``rows`` rows of ``size`` values, inside a kernel."""
+    tiles = -(-size // TILE)
+    tiled = jnp.concatenate(parts)[:rows * tiles]
+    tiled = tiled.reshape((rows, tiles) + tiled.shape[1:])
+    return jnp.moveaxis(tiled, 1, -2).reshape(tiled.shape[:1] + tiled.shape[2:-1] + (-1,))[
+        ..., :size]
+
+
+def _row_firsts(parts, size: int, rows: int):
+    """One output of :func:`_in_tiles` at each of the ``rows`` rows' first tile (a row's scalars,
+    which each of its tiles repeats), inside a kernel."""
+    tiles = -(-size // TILE)
+    return jnp.concatenate(parts)[:rows * tiles:tiles]
 
 
 # XLA's defaults: its tails (erfc, logs) ran 3x slower with FAST_COMPILE
 @exported_jit(static_argnames=("mechanism", "pessimistic", "fixed"), cpu_options=None)
 def _curve_kernel(params, tail, step, size, tile, **options):
-    """(values, offset, step) of a batch of tiles: each one's CURVE_TILE values of
+    """(values, offset, step) of a batch of tiles: each one's TILE values of
     :func:`curve_values`, from the ``tile``-th tile of its grid of ``size`` points (data: one
     program for every size), and its grid's offset and step."""
     def one(single, single_tail, single_step, k):
         offset, h = _window_grid(single, single_tail, single_step, size=size, **options)
-        z = grid_points(offset + k * CURVE_TILE, h, CURVE_TILE)
+        z = grid_points(offset + k * TILE, h, TILE)
         mechanism = options["mechanism"]
         values = curve_values(*side_tails(mechanism, single, z, z >= 0), z)
         if mechanism.max_loss is not None:
@@ -673,41 +687,53 @@ def masses_rows(values, offset, step):
 @exported_jit(static_argnames=("size", "rows", "then"))
 def _masses_kernel(values, offset, step, extra, *, size, rows, then):
     """``then`` of a batch of :func:`curve_values` rows' masses (:func:`masses_rows`), from the
-    tiles of :func:`_curve_tiles` (``values``, ``offset`` and ``step``: tuples of the curve
-    calls' outputs, ``rows`` rows of ``size`` points in tiles, padded)."""
-    tiles = -(-size // CURVE_TILE)
-    values, offset, step = (jnp.concatenate(parts) for parts in (values, offset, step))
-    values = values[:rows * tiles].reshape(rows, tiles * CURVE_TILE)[:, :size]
-    offset, step = offset[:rows * tiles:tiles], step[:rows * tiles:tiles]
+    tiles of :func:`_in_tiles` (``values``, ``offset`` and ``step``: the curve calls' outputs,
+    ``rows`` rows of ``size`` points)."""
+    values = _from_tiles(values, size, rows)
+    offset, step = (_row_firsts(parts, size, rows) for parts in (offset, step))
     return then(*masses_rows(values, offset, step), offset, step, *extra)
 
 
 # FAST_COMPILE, unlike the curve: the four tails ran 8x slower with XLA's defaults (64
 # subsampled Gaussians' optimistic sweep: 2.9 s against 0.35 s)
-@exported_jit(static_argnames=_STATIC)
-def _tails_kernel(params, tail, step, **options):
-    """(tails, offset, step, atom, largest finite loss) of a batch: :func:`estimate_tails` on each
-    one's grid, with what :func:`masses_from_tails` needs of the mechanism besides."""
+@exported_jit(static_argnames=("mechanism", "pessimistic", "fixed"))
+def _tails_kernel(params, tail, step, size, tile, **options):
+    """(tails, offset, step, atom, largest finite loss) of a batch of tiles: :func:`estimate_tails`
+    on the ``tile``-th tile of each one's grid of ``size`` points (data: one program for every
+    size), its point in the middle of the row's interval holding x = 1 last, with what
+    :func:`masses_from_tails` needs of the mechanism besides."""
     mechanism = options["mechanism"]
 
-    def one(single, single_tail, single_step):
-        offset, h = _window_grid(single, single_tail, single_step, **options)
-        z = grid_points(offset, h, options["size"])
+    def one(single, single_tail, single_step, k):
+        offset, h = _window_grid(single, single_tail, single_step, size=size, **options)
+        z = grid_points(offset + k * TILE, h, TILE)
+        # the row's _middle_point: the last grid point below 0 (its first: the row's points
+        # below 0 are the first -offset), half a step up
+        below = jnp.clip(-offset, 0, size) - 1
+        middle = grid_points(offset + jnp.clip(below, 0, size - 1), h, 1) + h / 2
         atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
         top = jnp.inf if mechanism.max_loss is None else mechanism.max_loss(single)
-        return (estimate_tails(functools.partial(mechanism.tails, single), z, h), offset, h,
+        at = jnp.concatenate([z, middle])
+        return (jnp.stack(jnp.broadcast_arrays(*mechanism.tails(single, at))), offset, h,
                 jnp.asarray(atom, jnp.float64), jnp.asarray(top, jnp.float64))
 
-    return jax.vmap(one)(params, tail, step)
+    return jax.vmap(one)(params, tail, step, tile)
 
 
-@exported_jit(static_argnames=("pessimistic", "rounding", "then"))
-def _tails_masses_kernel(at_points, offset, step, atom, top, extra, *, pessimistic, rounding,
-                         then):
-    """``then`` of a batch's masses (:func:`masses_from_tails`) and grids: one compiled program
-    per shape for every mechanism."""
+@exported_jit(static_argnames=("size", "rows", "pessimistic", "rounding", "then"))
+def _tails_masses_kernel(at_points, offset, step, atom, top, extra, *, size, rows, pessimistic,
+                         rounding, then):
+    """``then`` of a batch's masses (:func:`masses_from_tails`) and grids, from the tiles of
+    :func:`_in_tiles` (``rows`` rows of ``size`` points): one compiled program per shape for
+    every mechanism."""
+    middle = _row_firsts(tuple(part[..., -1:] for part in at_points), size, rows)
+    at_points = jnp.concatenate(
+        [_from_tiles(tuple(part[..., :-1] for part in at_points), size, rows), middle], axis=-1)
+    offset, step, atom, top = (_row_firsts(parts, size, rows)
+                               for parts in (offset, step, atom, top))
+
     def one(single, single_offset, h, single_atom, single_top):
-        z = grid_points(single_offset, h, single.shape[-1] - 1)
+        z = grid_points(single_offset, h, size)
         return masses_from_tails(single, z, h, pessimistic, rounding, single_atom, single_top)
 
     probs, inf_mass = jax.vmap(one)(at_points, offset, step, atom, top)
