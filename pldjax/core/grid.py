@@ -142,7 +142,8 @@ def optimistic_step_limit(size):
     """The largest power-of-two step (nats) whose window of ``size`` points (an int, a NumPy
     array of them, or a JAX array inside a kernel) spans <= OPTIMISTIC_SPAN."""
     xp = np if isinstance(size, int | np.ndarray | np.integer) else jnp
-    return xp.exp2(xp.floor(xp.log2(OPTIMISTIC_SPAN / (xp.asarray(size, xp.float64) - 1))))
+    exponent = xp.floor(xp.log2(OPTIMISTIC_SPAN / (xp.asarray(size, xp.float64) - 1)))
+    return xp.ldexp(1.0, exponent.astype(xp.int32))  # exactly a power of two (XLA's exp2 is not)
 
 
 def window_offset(center, step, size: int, pessimistic: bool = True):

@@ -142,3 +142,18 @@ def test_a_shift_beyond_float64_is_sound(make):
     upper, lower = np.asarray(make(True).delta(eps)), np.asarray(make(False).delta(eps))
     assert np.all(np.isfinite(upper)) and np.all(np.isfinite(lower))
     assert np.all(upper >= 0.5) and np.all(upper <= 1.0) and np.all((lower >= 0) & (lower <= 0.5))
+
+
+def test_optimistic_window_of_a_loss_beyond_its_span_sits_on_a_power_of_two_step():
+    """sigma = 1e-6: the loss (about 5e11 nats) lies far beyond what an optimistic window may
+    span, whose step is then capped at the largest power of two that keeps the span within
+    grid.OPTIMISTIC_SPAN: exactly a power of two, also where that cap is computed inside a kernel
+    (XLA's exp2 of -8 is 2^-8 and an ulp, which moved the window by a point)."""
+    from pldjax.core import grid
+
+    pld = pj.gaussian(1e-6, pessimistic=False)
+    for direction in pld.directions():
+        step = float(np.asarray(direction.step))
+        assert np.frexp(step)[0] == 0.5
+        assert (direction.size - 1) * step <= grid.OPTIMISTIC_SPAN
+    assert 0.0 < pld.epsilon(1e-5) <= 1e12
