@@ -605,17 +605,22 @@ def _grid_masses(probs, inf_mass, offset, step):
 #: each tile knowing its place in its row's window, so that one compiled program a mechanism
 #: serves every grid size (a sweep's mechanisms on five sizes compiled five, 2-2.5 s each).
 TILE = grid_lib.MECHANISM_SIZE
-#: Most tiles in one compiled call: a call holds the power of two at or above its tiles, up to
-#: this many, as often as needed (a grid of a power-of-two size has a power of two of tiles: no
-#: points computed in vain; at most seven programs a mechanism, one for a sweep's chunks).
+#: Most tiles in one compiled call on a CPU: a call holds the power of two at or above its tiles,
+#: up to this many, as often as needed (a grid of a power-of-two size has a power of two of
+#: tiles: no points computed in vain; at most seven programs a mechanism, one for a sweep's
+#: chunks).
 CALL_TILES = 64
+#: The same on an accelerator, where a call costs mostly its launch: a chunk of the accounting
+#: (up to 2^24 points) in at most 8 calls.
+ACCELERATOR_CALL_TILES = 2048
 
 
 def _in_tiles(kernel, params, tail, step, *, size: int, **options):
     """The outputs of ``kernel`` (:func:`_curve_kernel` or :func:`_tails_kernel`) for every tile
     of each row's grid of ``size`` points, as tuples of the calls' outputs (one per output),
     which :func:`_from_tiles` puts back together. At top level each call has a power of two of
-    tiles, at most CALL_TILES (padded with repeats); inside a trace one call holds them all."""
+    tiles, at most CALL_TILES (ACCELERATOR_CALL_TILES off the CPU), padded with repeats; inside a
+    trace one call holds them all."""
     tiles = -(-size // TILE)
     rows = tail.shape[0]
     if is_traced((params, tail, step)):
@@ -625,7 +630,8 @@ def _in_tiles(kernel, params, tail, step, *, size: int, **options):
                      jnp.asarray(size, jnp.int64), tile, **options)
         return tuple((a,) for a in out)
     count = rows * tiles
-    per_call = min(grid_lib.next_pow2(count), CALL_TILES)
+    most = CALL_TILES if jax.default_backend() == "cpu" else ACCELERATOR_CALL_TILES
+    per_call = min(grid_lib.next_pow2(count), most)
     padded = -(-count // per_call) * per_call
     index = np.minimum(np.arange(padded), count - 1)  # repeats of the last tile
     tile, index = index % tiles, index // tiles

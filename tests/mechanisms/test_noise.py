@@ -157,3 +157,21 @@ def test_optimistic_window_of_a_loss_beyond_its_span_sits_on_a_power_of_two_step
         assert np.frexp(step)[0] == 0.5
         assert (direction.size - 1) * step <= grid.OPTIMISTIC_SPAN
     assert 0.0 < pld.epsilon(1e-5) <= 1e12
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_a_grid_in_tiles_gives_the_same_pld_however_the_tiles_are_called(monkeypatch, pessimistic):
+    """A mechanism's curve (or tails) is computed in tiles of a few thousand points, several
+    tiles a compiled call: how many a call holds never changes a mass (here one a call, a size
+    that is no whole number of tiles, two directions)."""
+    from pldjax.kernels import discretize
+
+    def build():
+        pld = pj.gaussian(0.9, sampling_prob=0.03, grid=pj.Grid(size=5000), pessimistic=pessimistic)
+        return [np.asarray(a) for d in pld.directions()
+                for a in (d.probs, d.inf_mass, d.offset, d.step)]
+
+    every = build()
+    monkeypatch.setattr(discretize, "CALL_TILES", 1)
+    for got, want in zip(build(), every, strict=True):
+        np.testing.assert_array_equal(got, want)
