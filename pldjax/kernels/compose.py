@@ -359,8 +359,23 @@ def _spectrum(folded, mass):
     theta = (2.0 * xp.pi / size) * xp.arange(freqs, dtype=xp.float64)
     factor = 2.0 * xp.sin(theta / 2) ** 2 - 1j * xp.sin(theta)
     deviation = factor * xp.fft.rfft(tails)[:freqs]
-    low = xp.log(mass) + xp.log1p(deviation / mass)
+    low = xp.log(mass) + _log1p(deviation / mass)
     return xp.fft.rfft(folded), low
+
+
+def _log1p(z):
+    """log(1 + z) of complex ``z``, accurate for small |z| in NumPy too: NumPy's complex log1p
+    is log(1 + z), which drops what z holds below an ulp of 1 (the real part of log1p(1e-17 +
+    3e-17j) came out 0, of log1p(2e-13 - 1e-12j) 3e-4 off), and a count-fold power multiplies
+    that error by the count. log|1 + z| = log1p(x (2 + x) + y^2) / 2 for z = x + iy."""
+    xp = array_module(z)
+    if xp is not np:
+        return xp.log1p(z)
+    x, y = z.real, z.imag
+    with np.errstate(divide="ignore", invalid="ignore"):  # z = -1: log 0 = -inf, as log1p
+        real = np.where(np.abs(z) < 0.5, 0.5 * np.log1p(x * (2.0 + x) + y * y),
+                        np.log(np.abs(1.0 + z)))
+    return _complex(real, np.arctan2(y, 1.0 + x))
 
 
 def _powered(spectrum, low, shift, count, width: int):

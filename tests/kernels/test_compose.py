@@ -12,9 +12,12 @@ import pldjax as pj
 DELTAS = [1e-3, 1e-5, 1e-8, 1e-12]
 
 
-@pytest.mark.parametrize("sigma,count", [(1.0, 1), (2.0, 1000), *(
-    pytest.param(*case, marks=pytest.mark.slow) for case in ((1.0, 100), (0.7, 10), (4.0, 3000)))])
+@pytest.mark.parametrize("sigma,count", [(1.0, 1), (2.0, 1000), (4.0, 3000), *(
+    pytest.param(*case, marks=pytest.mark.slow) for case in ((1.0, 100), (0.7, 10)))])
 def test_gaussian_composition_matches_gdp_closed_form(sigma, count):
+    """Both estimates bracket G_mu's closed form. At sigma 4, 3000 runs the optimistic one's far
+    tail is round-off, which must not lift it above the truth (2.7e-19): NumPy's own complex
+    log1p, inaccurate for small arguments, lifted the host's composition to 2.8e-15 there."""
     mu = math.sqrt(count) / sigma
     upper = pj.gaussian(sigma).self_compose(count)
     lower = pj.gaussian(sigma, pessimistic=False).self_compose(count)
