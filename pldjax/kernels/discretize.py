@@ -752,8 +752,8 @@ MECHANISM_KERNELS = (_curve_kernel, _masses_kernel, _tails_kernel, _tails_masses
 
 def _window_grid(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
                  fixed: bool):
-    """(offset, step) of one (unbatched) mechanism's grid of ``size`` points (an int, or for a
-    pessimistic grid an integer array: data): ``step`` when ``fixed``, else the automatic one."""
+    """(offset, step) of one (unbatched) mechanism's grid of ``size`` points (an int, or an
+    integer array inside a kernel: data): ``step`` when ``fixed``, else the automatic one."""
     center, half_width = window(mechanism, params, tail)
     if not fixed:
         h = grid_lib.auto_step(mechanism.spread(params), half_width, size)
