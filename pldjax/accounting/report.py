@@ -7,7 +7,10 @@ tighten), and gives both for
 * epsilon at a grid of deltas and delta at a grid of epsilons (the privacy profile);
 * the membership-inference attacker's true-positive rate at a grid of false-positive rates,
   TPR = 1 - beta(FPR), beta the f-DP tradeoff curve (the worse direction of the neighbouring
-  relation; Dong, Roth and Su's f-DP);
+  relation; Dong, Roth and Su's f-DP). Where the run is known to be one mechanism (one event
+  run once, or Gaussian events without sampling) the TPR is also read from that mechanism's exact
+  loss tails (:func:`~pldjax.kernels.divergences.tradeoff_from_tails`, a bracket 2e-12 wide),
+  and the tighter of each bound is reported;
 * the Gaussian-DP mu: the smallest mu with the mechanism mu-GDP (up to the pessimistic PLD's
   atom at +inf and 1e-14 of round-off, reported as ``gdp_delta``), and a mu it provably needs at
   least;
@@ -40,9 +43,12 @@ from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import six_digits
 from pldjax.core.validation import check_count, check_range
+from pldjax.kernels.divergences import tradeoff_from_tails
 from pldjax.kernels.dominance import ROUNDOFF
 from pldjax.kernels.gaussian_dp import gdp_mu, gdp_mu_below
 from pldjax.mechanisms.events import Event
+from pldjax.mechanisms.noise import GAUSSIAN
+from pldjax.mechanisms.subsampling import ADD, REMOVE
 
 DELTAS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 1e-10)
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -140,6 +146,43 @@ def true_positive_rates(pld: PLD | None, false_positive_rates) -> np.ndarray:
     if pld is None:
         return np.ones_like(fprs)
     return 1.0 - np.asarray(pld.tradeoff(fprs), np.float64)
+
+
+def _one_mechanism(run, pessimistic: bool):
+    """(mechanism, params) of a run of (event, count) pairs that is one mechanism, as
+    :func:`~pldjax.kernels.divergences.tradeoff_from_tails` takes them: one event run once whose
+    sampling scheme is one mechanism, or Gaussian events without sampling in any numbers (they
+    compose to the Gaussian of mu = sqrt(sum count mu_i^2)). None for any other run."""
+    described = [(event.directions(pessimistic), count) for event, count in run
+                 if event.sampling is None or event.sampling.one_mechanism]
+    if len(described) != len(run) or not described:
+        return None
+    params = [tuple(np.asarray(p, np.float64).reshape(-1) for p in directions.params)
+              for directions, _ in described]
+    if any(p.size != 1 for row in params for p in row):
+        return None
+    if all(d.mechanism is GAUSSIAN and not d.both for d, _ in described):
+        mu = math.sqrt(sum(count * float(row[0][0]) ** 2
+                           for (_, count), row in zip(described, params, strict=True)))
+        return GAUSSIAN, (np.array([mu]),)
+    if len(described) > 1 or described[0][1] != 1:
+        return None
+    (mechanism, _, both), _ = described[0]
+    if not both:
+        return mechanism, params[0]
+    return mechanism, tuple(np.repeat(p, 2) for p in params[0]) + (np.array([REMOVE, ADD]),)
+
+
+def _tpr_from_tails(run, fprs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(lower, upper) bounds on the attacker's TPR at ``fprs`` read from the exact loss tails of
+    a run that is one mechanism (see :func:`_one_mechanism`): within 1e-12 of the truth,
+    whatever the grid. None for any other run."""
+    pessimistic, optimistic = _one_mechanism(run, True), _one_mechanism(run, False)
+    if pessimistic is None or optimistic is None:
+        return None
+    beta_lower, _ = tradeoff_from_tails(*pessimistic, fprs)
+    _, beta_upper = tradeoff_from_tails(*optimistic, fprs)
+    return 1.0 - beta_upper, 1.0 - beta_lower
 
 
 def _describe(record) -> str:
@@ -299,6 +342,9 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
                      tpr=true_positive_rates(optimistic, fprs),
                      renyi=read(optimistic, "renyi", orders),
                      mu=gdp_mu_below(optimistic, profile[np.isfinite(profile) & (profile >= 0)]))
+    exact = None if run is None else _tpr_from_tails(run, fprs)
+    if exact is not None:  # both are bounds: the tighter of each (NaN from neither)
+        lower["tpr"], upper["tpr"] = np.fmax(lower["tpr"], exact[0]), np.fmin(upper["tpr"], exact[1])
     return PrivacyReport(
         deltas=deltas, epsilon_upper=upper["epsilon"], epsilon_lower=lower["epsilon"],
         epsilons=epsilons, delta_upper=upper["delta"], delta_lower=lower["delta"],

@@ -40,6 +40,42 @@ def host_result(x):
     return np.asarray(x)[()]
 
 
+_SIGN = np.int64(-(2**63))
+_MAGNITUDE = np.int64(2**63 - 1)
+FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def _ordered(x):
+    """float64 -> int64 in the same order (-0.0 and +0.0 both 0)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int64)
+    return jnp.where(bits >= 0, bits, -(bits & _MAGNITUDE))
+
+
+def _unordered(key):
+    """The inverse of :func:`_ordered`."""
+    bits = jnp.where(key >= 0, key, (-key) | _SIGN)
+    return jax.lax.bitcast_convert_type(bits, jnp.float64)
+
+
+def last_float_before(rises: Callable, shape) -> jax.Array:
+    """The largest float64 x in [-FLOAT_MAX, FLOAT_MAX] with ``rises(x)`` False, for a predicate
+    that is False below some point and True from it on (elementwise, an array of ``shape``):
+    64 halvings of the floats' ordered bit patterns, which reach adjacent floats whatever the
+    range. -FLOAT_MAX where ``rises`` is True everywhere; FLOAT_MAX where it is never True (both
+    ends are taken as they are, never evaluated). A traceable jnp function."""
+    lo = jnp.broadcast_to(_ordered(jnp.asarray(-FLOAT_MAX)), shape)
+    hi = jnp.broadcast_to(_ordered(jnp.asarray(FLOAT_MAX)), shape)
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
+        up = rises(_unordered(mid))
+        return jnp.where(up, lo, mid), jnp.where(up, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, 64, halve, (lo, hi))
+    return _unordered(lo)
+
+
 def add_up(a, b):
     """a + b rounded up: the float sum, moved one ulp up when it fell below the exact sum (the
     two-sum error term is positive). Exact sums stay exact, so budgets spent in representable

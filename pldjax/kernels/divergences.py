@@ -26,7 +26,7 @@ from jax.scipy.special import logsumexp
 
 from pldjax.core.compilation import array_module, cumulative_sum, kernel_jit
 from pldjax.core.pld import PLD
-from pldjax.core.precision import float64, host_result
+from pldjax.core.precision import FLOAT_MAX, float64, host_result, last_float_before
 from pldjax.core.validation import check_range
 from pldjax.kernels.hockey_stick import per_direction, stored_length
 
@@ -81,6 +81,88 @@ def tradeoff_kernel(probs, inf_mass, offset, step, alphas, pessimistic=True):
         return xp.maximum(beta + roundoff, below)
 
     return xp.clip(_on_its_side(pessimistic, lambda: beta - roundoff, lower), 0.0, 1.0 - alphas)
+
+
+#: Absolute allowance on a tradeoff bound read from a mechanism's loss tails: each tail (in
+#: [0, 1]) is a few ulps off, and a bound adds up a few terms of at most 2.
+TAILS_ROUNDOFF = 1e-12
+#: Below this type I error the tails' vertices may be subnormal floats (a few significant bits,
+#: and the lines through them scale them by up to e^745): the bounds there are the trivial ones.
+SMALLEST_ALPHA = 2.0**-1000
+
+
+def _tradeoff_bracket(mechanism, params, alphas):
+    """(lower, upper) bounds on beta(alpha) of one direction of ``mechanism`` (a
+    :class:`~pldjax.kernels.discretize.LossTails`) with ``params``, from its exact tails.
+
+    The test rejecting P where L <= t has type I error a_t = P(L <= t) and type II error
+    b_t = Q(L > t). For each alpha the float t_lo with a_t <= alpha < a_t at the next float t_hi
+    is found by bisection. The tradeoff curve is convex, so it lies below the chord through
+    (a_lo, b_lo) and (a_hi, b_hi) (the upper bound; exact across an atom of the loss) and above
+    the line of slope -e^{-t} through each of the two points (Neyman-Pearson: threshold t
+    minimizes beta + e^{-t} alpha): the lower bound. Where a bisection end is not a valid
+    vertex, the curve's own ends (0, 1) and (1, 0) replace it. Below SMALLEST_ALPHA (and at 0)
+    the bounds are the trivial [0, 1 - alpha].
+    """
+    log_alphas = jnp.log(alphas)
+
+    def tails(t):  # log P(L <= t), log Q(L > t)
+        _, log_sf_q, log_cdf_p, _ = mechanism.tails(params, t)
+        return log_cdf_p, log_sf_q
+
+    t_lo = last_float_before(lambda t: tails(t)[0] > log_alphas, alphas.shape)
+    t = jnp.stack([t_lo, jnp.minimum(jnp.nextafter(t_lo, jnp.inf), FLOAT_MAX)])
+    log_a, log_b = tails(t)
+    a, b = jnp.exp(log_a), jnp.exp(log_b)
+    left = a[0] <= alphas
+    a_left, b_left = jnp.where(left, a[0], 0.0), jnp.where(left, b[0], 1.0)
+    right = a[1] >= alphas
+    a_right, b_right = jnp.where(right, a[1], 1.0), jnp.where(right, b[1], 0.0)
+    span = a_right - a_left
+    weight = jnp.where(span > 0, (alphas - a_left) / jnp.where(span > 0, span, 1.0), 0.0)
+    chord = b_left + jnp.clip(weight, 0.0, 1.0) * (b_right - b_left)
+    # b_t + e^{-t} (a_t - alpha), the product in logs (e^{-t} alone overflows far out); a line
+    # that round-off makes infinite or NaN is left out
+    gap = a - alphas
+    tangents = b + jnp.sign(gap) * jnp.exp(jnp.log(jnp.abs(gap)) - t)
+    tangents = jnp.where(jnp.isfinite(tangents), tangents, 0.0)
+    resolved = alphas >= SMALLEST_ALPHA
+    upper = jnp.minimum(jnp.where(resolved, chord + TAILS_ROUNDOFF, 1.0), 1.0 - alphas)
+    lower = jnp.where(resolved, jnp.clip(jnp.max(tangents, axis=0) - TAILS_ROUNDOFF, 0.0, upper), 0.0)
+    return lower, upper
+
+
+@functools.partial(kernel_jit, static_argnames=("mechanism",))
+def _tradeoff_from_tails_kernel(params, alphas, *, mechanism):
+    lower, upper = jax.vmap(lambda p: _tradeoff_bracket(mechanism, p, alphas))(params)
+    return jnp.min(lower, axis=0), jnp.min(upper, axis=0)
+
+
+@float64
+def tradeoff_from_tails(mechanism, params, alphas) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on a mechanism's tradeoff curve beta(alpha) read from its exact loss tails (no
+    grid): within round-off of the truth, for every alpha.
+
+    Args:
+      mechanism: a :class:`~pldjax.kernels.discretize.LossTails`.
+      params: its parameters, a tuple of 1-D arrays whose leading axis runs over the directions
+        of the neighbouring relation (length 1, or 2 with the direction as the last
+        parameter); each direction's pair one mechanism (scalars otherwise).
+      alphas: type I errors in [0, 1], a 1-D array.
+
+    Returns:
+      (lower, upper), NumPy arrays like ``alphas``: the worse direction's beta(alpha) lies in
+      [lower, upper] (lower pessimistic, upper optimistic), up to TAILS_ROUNDOFF of which each
+      is moved to its safe side.
+    """
+    alphas = np.asarray(alphas, np.float64)
+    check_range("alphas", alphas, 0.0, 1.0)
+    # the alphas padded to a power of two (at least 8) with repeats: few compiled shapes
+    size = max(8, 1 << (alphas.size - 1).bit_length())
+    padded = np.concatenate([alphas, np.full(size - alphas.size, alphas[-1])])
+    params = tuple(np.asarray(p, np.float64) for p in params)
+    lower, upper = _tradeoff_from_tails_kernel(params, padded, mechanism=mechanism)
+    return np.asarray(lower)[:alphas.size], np.asarray(upper)[:alphas.size]
 
 
 def _log_below_window(probs, inf_mass, z, log_p, orders):

@@ -33,6 +33,7 @@ from pldjax.mechanisms.sampling import Directions, Sampling
 from pldjax.mechanisms.subsampling import ADD, REMOVE
 
 
+@float64
 def _directions(
     noise: Noise,
     sampling: Sampling | None = None,

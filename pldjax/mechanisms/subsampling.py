@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
+from pldjax.core.precision import last_float_before
 from pldjax.core.special import log1p_parts, log_ndtr_pair
 from pldjax.kernels.discretize import LossTails, side_tails, window
 from pldjax.mechanisms.noise import GAUSSIAN, MAX_SHIFT, Location
@@ -259,23 +260,6 @@ REPLACE_ONE = {GAUSSIAN: GAUSSIAN_REPLACE_ONE}
 
 
 # -- mixture of shifts ------------------------------------------------------------------------------
-_SIGN = np.int64(-(2**63))
-_MAGNITUDE = np.int64(2**63 - 1)
-_FLOAT_MAX = float(np.finfo(np.float64).max)
-
-
-def _ordered(x):
-    """float64 -> int64 in the same order (-0.0 and +0.0 both 0)."""
-    bits = jax.lax.bitcast_convert_type(x, jnp.int64)
-    return jnp.where(bits >= 0, bits, -(bits & _MAGNITUDE))
-
-
-def _unordered(key):
-    """The inverse of :func:`_ordered`."""
-    bits = jnp.where(key >= 0, key, (-key) | _SIGN)
-    return jax.lax.bitcast_convert_type(bits, jnp.float64)
-
-
 def _components(values, x):
     """``values`` (one per component, on the first axis) shaped to broadcast against ``x``."""
     return values.reshape(values.shape + (1,) * jnp.ndim(x))
@@ -291,17 +275,8 @@ def _mixture_threshold(location: Location, shifts, log_probs, eps):
     """The largest float x with l(x) <= eps (l non-decreasing): L > eps is the event X > x up to
     the one float between x and its successor. -FLOAT_MAX when l > eps everywhere, FLOAT_MAX
     when l <= eps everywhere (their tails are 1 and 0 to float64's resolution)."""
-    lo = jnp.broadcast_to(_ordered(jnp.asarray(-_FLOAT_MAX)), eps.shape)
-    hi = jnp.broadcast_to(_ordered(jnp.asarray(_FLOAT_MAX)), eps.shape)
-
-    def halve(_, bounds):
-        lo, hi = bounds
-        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
-        above = _mixture_loss(location, _unordered(mid), shifts, log_probs) > eps
-        return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
-
-    lo, _ = jax.lax.fori_loop(0, 64, halve, (lo, hi))
-    return _unordered(lo)
+    return last_float_before(lambda x: _mixture_loss(location, x, shifts, log_probs) > eps,
+                             eps.shape)
 
 
 def _mixture_parts(params):

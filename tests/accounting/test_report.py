@@ -3,6 +3,7 @@ default grid."""
 
 import json
 
+import jax
 import mpmath
 import numpy as np
 import pytest
@@ -34,13 +35,14 @@ def _renyi_divergence(p, q, order) -> float:
     return float(mpmath.log(integral) / (a - 1))
 
 
-def _subsampled_gaussian_tpr(sigma, q, alpha):
-    """The attacker's best TPR at FPR alpha against one Poisson-subsampled Gaussian step (add or
-    remove: the worse direction), at 40 digits. Remove: P = (1 - q) N(0, 1) + q N(1/sigma, 1)
-    against Q = N(0, 1), the test rejects P below a threshold t; add: the roles swap."""
+def _mixture_tpr(sigma, shifts, weights, alpha):
+    """The attacker's best TPR at FPR alpha against one step of a Gaussian whose mean moves by
+    shifts[k] / sigma with probability weights[k] (Poisson sampling: shifts (0, 1), weights
+    (1 - q, q)), the worse of add and remove, at 40 digits. Remove: P = the mixture against
+    Q = N(0, 1), the test rejects P below a threshold t; add: the roles swap."""
     mpmath.mp.dps = 40
-    mu = mpmath.mpf(1) / sigma
-    mix = lambda t: (1 - q) * mpmath.ncdf(t) + q * mpmath.ncdf(t - mu)  # noqa: E731
+    mix = lambda t: sum(w * mpmath.ncdf(t - mpmath.mpf(a) / sigma)  # noqa: E731
+                        for a, w in zip(shifts, weights, strict=True))
     # remove: alpha = P(X < t), TPR = 1 - beta = 1 - Q(X >= t) = Phi(t)
     t = mpmath.findroot(lambda t: mix(t) - alpha, mpmath.mpf(norm.ppf(alpha)))
     remove = mpmath.ncdf(t)
@@ -48,6 +50,59 @@ def _subsampled_gaussian_tpr(sigma, q, alpha):
     s = mpmath.findroot(lambda s: 1 - mpmath.ncdf(s) - alpha, mpmath.mpf(norm.isf(alpha)))
     add = 1 - mix(s)
     return float(max(remove, add))
+
+
+def _laplace_tpr(eps, alpha):
+    """Laplace(1 / eps) against its shift by 1 (Dong, Roth and Su's f_eps): beta is
+    1 - e^eps a below e^-eps / 2, e^-eps / (4 a) up to 1/2, e^-eps (1 - a) beyond."""
+    beta = np.where(alpha < np.exp(-eps) / 2, 1 - np.exp(eps) * alpha,
+                    np.where(alpha <= 0.5, np.exp(-eps) / (4 * alpha), np.exp(-eps) * (1 - alpha)))
+    return 1 - beta
+
+
+def _randomized_response_tpr(eps, alpha):
+    """R_eps's tradeoff curve is max(0, 1 - e^eps a, e^-eps (1 - a))."""
+    return 1 - np.maximum.reduce([np.zeros_like(alpha), 1 - np.exp(eps) * alpha,
+                                  np.exp(-eps) * (1 - alpha)])
+
+
+ONE_MECHANISM = {
+    "gdp": ((pj.Event(pj.noise.GDP(1.0)), 1), lambda a: _gdp_tpr(1.0, a)),
+    "gaussian_composed": ((pj.Event(pj.noise.Gaussian(2.0)), 4), lambda a: _gdp_tpr(1.0, a)),
+    "gaussian_replace_one": ((pj.Event(pj.noise.Gaussian(6.0), None, "replace_one"), 9),
+                             lambda a: _gdp_tpr(1.0, a)),
+    "subsampled_gaussian": ((pj.Event(pj.noise.Gaussian(0.8), pj.sampling.Poisson(0.2)), 1),
+                            lambda a: np.array([_mixture_tpr(0.8, (0, 1), (0.8, 0.2), x)
+                                                for x in a])),
+    "mixture": ((pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Mixture([0, 1, 2], [0.9, 0.06, 0.04])),
+                 1), lambda a: np.array([_mixture_tpr(1.0, (0, 1, 2), (0.9, 0.06, 0.04), x)
+                                         for x in a])),
+    "laplace": ((pj.Event(pj.noise.Laplace(1.0)), 1), lambda a: _laplace_tpr(1.0, a)),
+    "randomized_response": ((pj.Event(pj.noise.RandomizedResponse(1.0)), 1),
+                            lambda a: _randomized_response_tpr(1.0, a)),
+}
+
+
+@pytest.mark.parametrize("name", ONE_MECHANISM)
+def test_tpr_of_one_mechanism_is_within_round_off_of_the_truth_on_the_default_grid(name):
+    """A run that is one mechanism reads its TPR from the mechanism's loss tails: a bracket of
+    width 2e-12 around the closed form or mpmath for FPRs in (0, 1] (at 0, the PLDs' bracket),
+    whatever the grid."""
+    (event, count), truth_of = ONE_MECHANISM[name]
+    fprs = np.concatenate([[0.0], FPRS, [0.9, 1.0]])
+    report = pj.privacy_report(event, count=count, fprs=fprs)
+    truth = np.concatenate([[0.0], truth_of(FPRS), [float(truth_of(np.array([0.9]))[0]), 1.0]])
+    assert np.all(report.tpr_lower <= truth) and np.all(truth <= report.tpr_upper)
+    assert np.max((report.tpr_upper - report.tpr_lower)[1:]) <= 1e-11
+
+
+def test_tpr_of_one_mechanism_does_not_depend_on_the_callers_x64(x64_off):
+    (event, _), _ = ONE_MECHANISM["mixture"]
+    off = pj.privacy_report(event, count=1, fprs=FPRS)
+    jax.config.update("jax_enable_x64", True)
+    on = pj.privacy_report(event, count=1, fprs=FPRS)
+    np.testing.assert_array_equal(off.tpr_lower, on.tpr_lower)
+    np.testing.assert_array_equal(off.tpr_upper, on.tpr_upper)
 
 
 @pytest.mark.parametrize("grid, error", [(None, 1e-4), pytest.param(pj.Grid(step=2**-10), 1e-6,
@@ -68,23 +123,13 @@ def test_gaussian_dp_report_brackets_the_closed_forms(grid, error):
     assert np.all(report.renyi_lower <= report.orders * mu**2 / 2 * (1 + 1e-12))
 
 
-@pytest.mark.parametrize("sigma, q", [pytest.param(1.0, 0.01, marks=pytest.mark.slow), (0.8, 0.2)])
-def test_subsampled_gaussian_tpr_against_mpmath(sigma, q):
-    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.Poisson(q))
-    report = pj.privacy_report(event, count=1, fprs=FPRS)
-    truth = np.array([_subsampled_gaussian_tpr(sigma, q, a) for a in FPRS])
-    assert np.all(report.tpr_lower <= truth) and np.all(truth <= report.tpr_upper)
-    assert np.max(report.tpr_upper - report.tpr_lower) <= 1e-4
-
-
-def test_randomized_response_tpr_is_exact():
-    """R_eps's tradeoff curve is max(0, 1 - e^eps a, e^-eps (1 - a)); eps = 1 lies on the grid,
-    so the pessimistic PLD is exact (only round-off separates it from the truth)."""
+def test_randomized_response_pld_tpr_upper_bound_is_exact():
+    """eps = 1 lies on the grid, so the pessimistic PLD is exact (only round-off separates it
+    from the truth); a PLD's report reads its TPR from the PLDs' tradeoff curves."""
     eps = 1.0
     report = pj.privacy_report(pj.randomized_response(eps),
                                pj.randomized_response(eps, pessimistic=False), fprs=FPRS)
-    truth = 1 - np.maximum.reduce([np.zeros_like(FPRS), 1 - np.exp(eps) * FPRS,
-                                   np.exp(-eps) * (1 - FPRS)])
+    truth = _randomized_response_tpr(eps, FPRS)
     assert np.all(report.tpr_lower <= truth) and np.all(truth <= report.tpr_upper)
     np.testing.assert_allclose(report.tpr_upper, truth, rtol=0, atol=1e-11)
     assert np.max(truth - report.tpr_lower) <= 5e-3

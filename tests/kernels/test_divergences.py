@@ -166,3 +166,27 @@ def test_optimistic_renyi_and_log_mgf_are_lower_bounds_below_order_one(mu):
     mgf = np.asarray(pj.gdp(mu, pessimistic=False).log_mgf(ts))
     assert np.all(mgf >= (ts + ts**2) * mu**2 / 2 - 1e-12)
 
+
+
+@pytest.mark.parametrize("eps", [1.0, 30.0, 740.0, 1e5])
+def test_tradeoff_from_tails_brackets_randomized_response_at_extreme_errors(eps):
+    """R_eps's beta(alpha) = max(0, 1 - e^eps alpha, e^-eps (1 - alpha)) (exact in mpmath). At
+    eps = 1e5 the tails hold the mass e^-eps as 0 and at 740 as a subnormal float; the bracket
+    still holds the truth, and is trivial only at the smallest alphas (0 among them)."""
+    import mpmath
+
+    from pldjax.kernels.divergences import SMALLEST_ALPHA, tradeoff_from_tails
+    from pldjax.mechanisms.neighboring import Neighboring
+    from pldjax.mechanisms.noise import RandomizedResponse
+
+    mechanism, params = RandomizedResponse(eps).pair(Neighboring.ADD_REMOVE, True)
+    alphas = np.array([0.0, 1e-322, 1e-300, 1e-40, 1e-6, 0.3, 0.5, 1.0])
+    lower, upper = tradeoff_from_tails(mechanism, tuple(np.reshape(p, 1) for p in params), alphas)
+    mpmath.mp.dps = 60
+    e = mpmath.mpf(eps)
+    truth = [float(max(0, 1 - mpmath.exp(e) * mpmath.mpf(a), mpmath.exp(-e) * (1 - mpmath.mpf(a))))
+             for a in alphas]
+    assert np.all(lower <= truth) and np.all(truth <= upper)
+    resolved = alphas >= SMALLEST_ALPHA
+    assert np.all(upper[resolved] - lower[resolved] <= 3e-12)
+    np.testing.assert_array_equal(lower[~resolved], 0.0)
