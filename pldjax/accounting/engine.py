@@ -63,6 +63,7 @@ from pldjax.kernels.compose import (
 from pldjax.kernels.discretize import MECHANISM_KERNELS
 from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
 from pldjax.mechanisms.events import Event, direction_arrays
+from pldjax.mechanisms.noise import Noise
 from pldjax.mechanisms.sampling import Directions
 
 #: Most configurations discretized together (per device when sharded), the most mechanism grid
@@ -496,6 +497,13 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         raise ValueError(_RTOL_NEEDS_GAUSSIAN)
     out = np.zeros(steps_arr.shape[0])  # zero steps: epsilon 0 and delta 0
     active = np.nonzero((steps_arr > 0) & spends(event, shape))[0]
+    if evaluate == "epsilon" and type(event.noise).top_loss is not Noise.top_loss:
+        pure = target[active] == 0
+        out[active[pure]] = _pure_epsilons(event, shape, active[pure], steps_arr,
+                                           pessimistic=pessimistic, grid=grid)
+        active = active[~pure]
+        if not len(active):
+            return _finished(out, shape, evaluate, pessimistic)
     # configurations on one grid step share a chunk (one Grid per call): rtol's steps, or each
     # one's exact lattice (integer-valued noise), or the automatic steps (one group)
     half_widths = None
@@ -511,7 +519,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         if not pessimistic:
             group_steps = optimistic_steps(group_steps, half_widths, grid)
     else:
-        lattice = lattice_steps(event, params, shape, pessimistic) if grid is None else None
+        lattice = lattice_steps(event, shape, pessimistic) if grid is None else None
         group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
     sharding = _sharding()
     compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate,
@@ -586,6 +594,33 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         out[idx] = finish()[: len(idx)]
 
     return _finished(out, shape, evaluate, pessimistic)
+
+
+def _pure_epsilons(event: Event, shape, members, steps, *, pessimistic, grid) -> np.ndarray:
+    """Epsilon at delta = 0 of ``steps`` runs for each of the configurations ``members`` (flat
+    indices) of an event with bounded noise: the number of runs times one run's epsilon(0), read
+    from that configuration's own PLD (on its lattice, :func:`pldjax.mechanisms.events.lattice`,
+    which holds the largest loss on a grid point: exact to round-off, from above if pessimistic).
+    A run's largest loss is an atom, so the runs' largest losses occur together with positive
+    probability and add up; a composition would read inf wherever its window cut that corner
+    off to the atom at +inf."""
+    leaves, treedef = jax.tree.flatten(event)
+    flat = [np.broadcast_to(np.asarray(leaf), shape).reshape(-1) for leaf in leaves]
+    one_run: dict[tuple, float] = {}
+    out = np.empty(len(members))
+    for k, i in enumerate(members):
+        row = tuple(leaf[i].item() for leaf in flat)
+        if row not in one_run:
+            pld = jax.tree.unflatten(treedef, row).pld(pessimistic=pessimistic, grid=grid)
+            one_run[row] = float(pld.epsilon(0.0))
+        out[k] = steps[i] * one_run[row]
+    # moved by a few ulps to the safe side: the product's rounding, and the parameters' (a
+    # lattice holds the float sensitivity / scale, which may be half an ulp below the ratio)
+    return out * (1 + _PURE_ROUNDOFF if pessimistic else 1 - _PURE_ROUNDOFF)
+
+
+#: Relative round-off allowance of :func:`_pure_epsilons`.
+_PURE_ROUNDOFF = 2.0**-50
 
 
 def _finished(out, shape, evaluate: str, pessimistic: bool):

@@ -25,7 +25,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.validation import check_range
 from pldjax.kernels.discretize import mechanism_half_widths, mechanism_sizes
 from pldjax.mechanisms import sampling as sampling_lib
-from pldjax.mechanisms.events import Event
+from pldjax.mechanisms.events import Event, lattice
 from pldjax.mechanisms.neighboring import Neighboring
 from pldjax.mechanisms.noise import Gaussian, Noise
 from pldjax.mechanisms.subsampling import REMOVE
@@ -331,22 +331,30 @@ def spends(event: Event, shape) -> np.ndarray:
     return np.broadcast_to(np.asarray(q, np.float64) > 0, shape).reshape(-1)
 
 
-def lattice_steps(event: Event, params, shape, pessimistic: bool) -> np.ndarray | None:
-    """Each configuration's exact lattice step (0: the automatic grid) for an integer-valued noise
-    without sampling, as :func:`~pldjax.mechanisms.events.privacy_loss` picks it for each alone (flat;
-    ``params``: the flat mechanism parameters, ``shape``: the batch's); None when the event has
-    no lattice."""
-    noise = event.noise
-    if event.sampling is not None or type(noise).lattice is Noise.lattice:
+def lattice_steps(event: Event, shape, pessimistic: bool) -> np.ndarray | None:
+    """Each configuration's lattice step (0: the automatic grid), as
+    :func:`~pldjax.mechanisms.events.privacy_loss` picks it for each alone
+    (:func:`~pldjax.mechanisms.events.lattice`; flat, ``shape``: the batch's); None when the
+    event's noise and sampling offer none (Gaussian noise, say)."""
+    noise, sampling = event.noise, event.sampling
+    if type(noise).lattice is Noise.lattice and type(noise).top_loss is Noise.top_loss:
         return None
-    names = [field.name for field in dataclasses.fields(noise)]
-    rows = np.stack([np.broadcast_to(np.asarray(getattr(noise, name), np.float64),
-                                     shape).reshape(-1) for name in names] + list(params), axis=-1)
+    if sampling is not None and type(sampling).lattice is sampling_lib.Sampling.lattice:
+        return None
+    records = [record for record in (noise, sampling) if record is not None]
+    names = [[field.name for field in dataclasses.fields(record)] for record in records]
+    rows = np.stack([np.broadcast_to(np.asarray(getattr(record, name), np.float64),
+                                     shape).reshape(-1)
+                     for record, fields in zip(records, names, strict=True) for name in fields],
+                    axis=-1)
     unique, inverse = np.unique(rows, axis=0, return_inverse=True)
     steps = np.zeros(unique.shape[0])
     for i, row in enumerate(unique):
-        one = type(noise)(**dict(zip(names, row[:len(names)], strict=True)))
-        grid = one.lattice(tuple(row[len(names):]), pessimistic)
+        values = iter(row)
+        one = [type(record)(**{name: next(values) for name in fields})
+               for record, fields in zip(records, names, strict=True)]
+        grid = lattice(one[0], one[1] if sampling is not None else None, event.neighboring,
+                       pessimistic)
         steps[i] = 0.0 if grid is None else grid.step
     return steps[inverse.reshape(-1)]
 

@@ -119,9 +119,23 @@ def _privacy_loss(noise, sampling, neighboring, pessimistic, grid) -> PLD:
         if built is not None:
             return built
     directions = _directions(noise, sampling, neighboring, pessimistic)
-    if sampling is None and grid is None:
-        grid = noise.lattice(directions.params, pessimistic)
+    if grid is None:
+        grid = lattice(noise, sampling, neighboring, pessimistic)
     return discretize_directions(directions, grid, pessimistic)
+
+
+def lattice(noise: Noise, sampling: Sampling | None, neighboring: Neighboring | str,
+            pessimistic: bool) -> Grid | None:
+    """The grid a description's PLD is built on when none is given: for one configuration of
+    integer-valued noise without sampling, one on which the PLD is exact; for bounded noise
+    (Laplace, randomized response, discrete Laplace; subsampled or not) one that holds its
+    largest loss on a grid point, so that epsilon at delta = 0 is exact (see
+    :meth:`pldjax.mechanisms.noise.Noise.lattice`, :meth:`pldjax.mechanisms.sampling.Sampling.lattice`);
+    None (the automatic grid) otherwise, and for a batch."""
+    neighboring = Neighboring.parse(neighboring)
+    if sampling is None:
+        return noise.lattice(noise.pair(neighboring, pessimistic)[1], pessimistic)
+    return sampling.lattice(noise, neighboring, pessimistic)
 
 
 def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: bool, tail=None,

@@ -171,8 +171,15 @@ class Noise(Parameters, abc.ABC):
         below float64's resolution are rounded on the safe side (:func:`resolvable`)."""
 
     def lattice(self, params: tuple, pessimistic: bool) -> Grid | None:
-        """A grid on which the PLD without sampling is exact (losses on a lattice), or None for
-        the automatic one. ``params``: as returned by :meth:`pair`."""
+        """A grid on which the PLD without sampling is exact (losses on a lattice) or holds its
+        largest loss on a grid point (bounded losses), or None for the automatic one.
+        ``params``: as returned by :meth:`pair`."""
+        return None
+
+    def top_loss(self, params: tuple):
+        """For a pair whose loss lies in [-top, top] with an atom at top (bounded noise): top
+        (nats, as the parameters' array); None where the loss is unbounded. ``params``: as
+        returned by :meth:`pair`."""
         return None
 
 
@@ -329,6 +336,14 @@ class Laplace(Noise):
         eps0 = _ratio(self.sensitivity, self.scale)
         return LAPLACE, (_shift(resolvable(eps0, pessimistic), neighboring),)
 
+    def lattice(self, params: tuple, pessimistic: bool) -> Grid | None:
+        # the atoms at +-eps0 (each of mass 1/2) on grid points: epsilon at delta = 0 is eps0
+        # to round-off, where a grid step between them read up to a step more
+        return top_loss_lattice(self.top_loss(params), LAPLACE, params, pessimistic)
+
+    def top_loss(self, params: tuple):
+        return params[0]
+
 
 # -- randomized response -------------------------------------------------------------------------------
 def _rr_tails(params, eps):
@@ -375,6 +390,13 @@ class RandomizedResponse(Noise):
                              "to double: pass neighboring='add_remove' (the default)")
         return RANDOMIZED_RESPONSE, (resolvable(self.epsilon, pessimistic), self.delta)
 
+    def lattice(self, params: tuple, pessimistic: bool) -> Grid | None:
+        # both losses, +-epsilon, on grid points: the PLD is exact
+        return top_loss_lattice(self.top_loss(params), RANDOMIZED_RESPONSE, params, pessimistic)
+
+    def top_loss(self, params: tuple):
+        return params[0]
+
 
 # -- integer-valued noise: discrete Laplace and discrete Gaussian ----------------------------------
 def _lattice(unit, points_per_unit: float, mechanism: LossTails, params: tuple,
@@ -395,6 +417,15 @@ def _lattice(unit, points_per_unit: float, mechanism: LossTails, params: tuple,
         if step > grid_lib.optimistic_step_limit(grid_lib.size_for_half_width(half / step)):
             return None
     return Grid(step=step)
+
+
+def top_loss_lattice(top, mechanism: LossTails, params: tuple, pessimistic: bool) -> Grid | None:
+    """For a mechanism whose largest loss ``top`` is an atom: a grid step of top / 64, so that
+    it sits on a grid point (see :func:`_lattice`); None (the automatic grid) for a batch or
+    where ``top`` is 0."""
+    if np.size(top) != 1 or is_traced(top) or not float(np.asarray(top).reshape(())) > 0:
+        return None
+    return _lattice(top, 64, mechanism, params, pessimistic)
 
 
 def _dlap_log_cdf(t, k):
@@ -476,6 +507,9 @@ class DiscreteLaplace(Noise):
         # losses t (D - 2k): multiples of t; about 64 grid points across the loss range [-tD, tD]
         return _lattice(params[0], 64 / float(np.max(self.sensitivity)), DISCRETE_LAPLACE, params,
                         pessimistic)
+
+    def top_loss(self, params: tuple):
+        return params[0] * params[1]  # t D (twice that under replace-one)
 
 
 def _dgauss_log_pmf(support: int, sigma, offset=0.0):

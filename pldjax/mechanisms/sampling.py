@@ -39,13 +39,21 @@ from typing import Any, ClassVar, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, is_traced, within
 from pldjax.kernels.discretize import LossTails
 from pldjax.mechanisms import subsampling
 from pldjax.mechanisms.neighboring import Neighboring
-from pldjax.mechanisms.noise import Noise, Parameters, check_parameter, record, resolvable
+from pldjax.mechanisms.noise import (
+    Noise,
+    Parameters,
+    check_parameter,
+    record,
+    resolvable,
+    top_loss_lattice,
+)
 
 
 class Directions(NamedTuple):
@@ -77,6 +85,11 @@ class Sampling(Parameters, abc.ABC):
         :func:`pldjax.mechanisms.events.privacy_loss` discretize :meth:`directions`."""
         return None
 
+    def lattice(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Grid | None:
+        """The grid :meth:`directions` is discretized on when none is given (see
+        :meth:`pldjax.mechanisms.noise.Noise.lattice`); None (the default): the automatic one."""
+        return None
+
 
 def _everyone_sampled(sampling_prob) -> bool:
     """A concrete sampling probability of 1 everywhere: every record takes part in every step."""
@@ -89,6 +102,37 @@ def _unsampled(base: LossTails, params: tuple, sampling_prob) -> Directions:
     subsampled one stops at subsampling.BASE_REACH_MAX)."""
     shape = np.shape(sampling_prob)
     return Directions(base, tuple(p + np.zeros(shape) for p in params), False)
+
+
+#: The subsampled largest loss is put on a grid point moved up by this much of itself: above
+#: the round-off of its float value and of the subsampled tails that place the atom.
+TOP_LOSS_MARGIN = 2.0**-40
+
+
+def _subsampled_lattice(noise: Noise, base: LossTails, base_params: tuple, sampling_prob,
+                        pessimistic: bool) -> Grid | None:
+    """For bounded noise (:meth:`~pldjax.mechanisms.noise.Noise.top_loss` = t) subsampled with
+    probability q (:func:`_poisson_pair`): a grid with the remove direction's largest loss,
+    log(1 + q (e^t - 1)), on a grid point (moved up by TOP_LOSS_MARGIN), so that epsilon at
+    delta = 0 reads it to that margin from above. The add direction's largest loss,
+    -log(1 + q (e^-t - 1)), is smaller: (1 + q (e^t - 1)) (1 + q (e^-t - 1)) >= 1. None for a
+    batch, traced parameters or unbounded noise."""
+    if is_traced(sampling_prob):
+        return None
+    top = noise.top_loss(base_params)
+    if top is None or is_traced(top) or np.size(top) != 1 or np.size(sampling_prob) != 1:
+        return None
+    q, t = (float(np.asarray(x).reshape(())) for x in (resolvable(sampling_prob, pessimistic), top))
+    if not (q > 0 and 0 < t < math.inf):
+        return None
+    # log(1 - q + q e^t), from e^-t beyond where e^t overflows
+    subsampled = (math.log1p(q * math.expm1(t)) if t < 700
+                  else t + math.log(q + (1 - q) * math.exp(-t)))
+    directions = _poisson_pair(noise, base, base_params, q)
+    params = tuple(np.full(2, p, np.float64) for p in directions.params)
+    params += (np.array([subsampling.REMOVE, subsampling.ADD]),)
+    return top_loss_lattice(subsampled * (1 + TOP_LOSS_MARGIN), directions.mechanism, params,
+                            pessimistic)
 
 
 def _poisson_pair(noise: Noise, base: LossTails, params: tuple, q) -> Directions:
@@ -128,6 +172,14 @@ class Poisson(Sampling):
         undoubled = params[:-1] + (params[-1] / 2,)  # the replace-one kernel takes one shift
         return Directions(kernel, undoubled + (q,), False)
 
+    def lattice(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Grid | None:
+        base, params = noise.pair(neighboring, pessimistic)
+        if _everyone_sampled(self.sampling_prob):
+            return noise.lattice(params, pessimistic)
+        if neighboring == Neighboring.REPLACE_ONE:
+            return None
+        return _subsampled_lattice(noise, base, params, self.sampling_prob, pessimistic)
+
 
 @record
 class FixedBatch(Sampling):
@@ -152,6 +204,13 @@ class FixedBatch(Sampling):
         if _everyone_sampled(self.sampling_prob):
             return _unsampled(base, params, self.sampling_prob)
         return _poisson_pair(noise, base, params, resolvable(self.sampling_prob, pessimistic))
+
+    def lattice(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Grid | None:
+        self.directions(noise, neighboring, pessimistic)  # the relation is checked there
+        base, params = noise.pair(Neighboring.REPLACE_ONE, pessimistic)
+        if _everyone_sampled(self.sampling_prob):
+            return noise.lattice(params, pessimistic)
+        return _subsampled_lattice(noise, base, params, self.sampling_prob, pessimistic)
 
 
 #: Mixture probabilities must add up to 1 within this (they are then divided by their sum).

@@ -249,9 +249,10 @@ def test_gdp_residue_chunks_are_no_wider_than_their_pairs(monkeypatch):
         return run(kernel, *args, **kwargs)
 
     monkeypatch.setattr(compilation.Kernel, "__call__", spy)
-    one = pj.gdp_residue(1.0, pj.randomized_response(0.3))
+    grid = pj.Grid()  # the automatic grid for one and for a batch (one alone gets its lattice)
+    one = pj.gdp_residue(1.0, pj.randomized_response(0.3, grid=grid))
     assert widths == [("_queries_nu", 1), ("_residue_pairs", 1)]
-    three = pj.gdp_residue(np.full(3, 1.0), pj.randomized_response(jnp.full(3, 0.3)))
+    three = pj.gdp_residue(np.full(3, 1.0), pj.randomized_response(jnp.full(3, 0.3), grid=grid))
     assert widths[2:] == [("_queries_nu", 4), ("_residue_pairs", 4)]
     np.testing.assert_array_equal(three, np.full(3, one))
 

@@ -175,3 +175,45 @@ def test_a_grid_in_tiles_gives_the_same_pld_however_the_tiles_are_called(monkeyp
     monkeypatch.setattr(discretize, "CALL_TILES", 1)
     for got, want in zip(build(), every, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def _pure_epsilon(eps0: float, q: float, runs: int) -> float:
+    """runs * log(1 + q (e^eps0 - 1)): the largest loss of Poisson-subsampled (or, under
+    replace-one, fixed-batch) bounded noise whose own largest loss is eps0, at 40 digits."""
+    import mpmath
+
+    mpmath.mp.dps = 40
+    return float(runs * mpmath.log1p(q * mpmath.expm1(mpmath.mpf(eps0))))
+
+
+@pytest.mark.parametrize("event, runs, truth", [
+    (pj.Event(pj.noise.Laplace(0.7)), 1, _pure_epsilon(1 / 0.7, 1.0, 1)),
+    (pj.Event(pj.noise.Laplace(0.7)), 1000, _pure_epsilon(1 / 0.7, 1.0, 1000)),
+    (pj.Event(pj.noise.RandomizedResponse(0.3)), 7, 2.1),
+    (pj.Event(pj.noise.Laplace(0.1), pj.sampling.Poisson(1e-4)), 10, _pure_epsilon(10.0, 1e-4, 10)),
+    (pj.Event(pj.noise.DiscreteLaplace(0.7), pj.sampling.Poisson(0.1)), 3,
+     _pure_epsilon(1 / 0.7, 0.1, 3)),
+    (pj.Event(pj.noise.Laplace(1.0), pj.sampling.FixedBatch(0.1), "replace_one"), 20,
+     _pure_epsilon(2.0, 0.1, 20)),
+])
+def test_pure_dp_epsilon_is_exact_from_above(event, runs, truth):
+    """Bounded noise's epsilon at delta = 0 adds up over runs (the largest losses are atoms,
+    which occur together): within 1e-12 above the truth, where a grid step between the atoms
+    read up to a step more and a composition's window could cut the top off to inf. The
+    optimistic value is a lower bound."""
+    upper = pj.event_epsilon(event, runs, 0.0)
+    assert truth <= upper <= truth * (1 + 1e-12)
+    assert pj.event_epsilon(event, runs, 0.0, pessimistic=False) <= truth
+    if runs == 1:
+        assert truth * (1 - 1e-15) <= float(event.pld().epsilon(0.0)) <= truth * (1 + 1e-12)
+
+
+def test_randomized_response_pld_is_exact_on_its_lattice():
+    """Both losses, +-epsilon, lie on the grid (a step of epsilon / 64): delta(eps) is
+    (e^epsilon - e^eps) / (1 + e^epsilon) for eps in [0, epsilon], up to the round-off allowance
+    it adds (before, epsilon = 0.3 sat between grid points and read 0.30078 at delta = 0)."""
+    eps = np.array([0.0, 0.1, 0.25, 0.3, 0.5])
+    truth = np.maximum(np.expm1(0.3) - np.expm1(eps), 0.0) / (1 + np.exp(0.3))
+    got = np.asarray(pj.randomized_response(0.3).delta(eps))
+    assert np.all(got >= truth) and np.all(got <= truth + 1e-13)
+    assert float(pj.randomized_response(0.3).epsilon(0.0)) == 0.3
