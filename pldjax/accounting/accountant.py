@@ -41,6 +41,7 @@ from pldjax.core.compilation import kernel_jit
 from pldjax.core.namespace import public_dir
 from pldjax.core.precision import float64, lower_of_rounded, pack, unpack, upper_of_rounded
 from pldjax.core.validation import check_count, check_range, is_traced
+from pldjax.kernels import chernoff
 from pldjax.mechanisms.events import Event
 from pldjax.mechanisms.named import identity
 from pldjax.mechanisms.neighboring import Neighboring
@@ -433,7 +434,14 @@ def epsilon(state: AccountantState, delta, *, neighboring: str | None = None):
       upper bound on the run's true epsilon.
     """
     check_range("delta", delta, 0.0, 1.0)
-    return pld(state, neighboring=neighboring).epsilon(delta)
+    eps = pld(state, neighboring=neighboring).epsilon(delta)
+    run = events(state)
+    if not np.any(np.asarray(delta) == 0) or not run or _is_dpsgd(state):
+        return eps
+    # pure DP: the events' largest losses add up, where the composed PLD's window may have cut
+    # them off to its atom at +inf (Gaussian noise, whose loss is unbounded, reads inf either way)
+    pure = chernoff.pure_epsilon([(event.pld(), count) for event, count in run])
+    return np.where(np.asarray(delta) == 0, np.minimum(eps, pure), eps)[()]
 
 
 @float64

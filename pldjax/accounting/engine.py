@@ -47,8 +47,10 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import MappingGuard, compiling_ahead, cores, exported_jit
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
+from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range, refuse_traced
+from pldjax.kernels.chernoff import pure_epsilon
 from pldjax.kernels.compose import (
     COARSER_GRID,
     PMFSummary,
@@ -598,29 +600,20 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
 
 def _pure_epsilons(event: Event, shape, members, steps, *, pessimistic, grid) -> np.ndarray:
     """Epsilon at delta = 0 of ``steps`` runs for each of the configurations ``members`` (flat
-    indices) of an event with bounded noise: the number of runs times one run's epsilon(0), read
-    from that configuration's own PLD (on its lattice, :func:`pldjax.mechanisms.events.lattice`,
-    which holds the largest loss on a grid point: exact to round-off, from above if pessimistic).
-    A run's largest loss is an atom, so the runs' largest losses occur together with positive
-    probability and add up; a composition would read inf wherever its window cut that corner
-    off to the atom at +inf."""
+    indices) of an event with bounded noise (:func:`pldjax.kernels.chernoff.pure_epsilon`: the
+    number of runs times one run's largest loss), read from that configuration's own PLD (on
+    its lattice, :func:`pldjax.mechanisms.events.lattice`, which holds the largest loss on a
+    grid point: exact to round-off, from above if pessimistic)."""
     leaves, treedef = jax.tree.flatten(event)
     flat = [np.broadcast_to(np.asarray(leaf), shape).reshape(-1) for leaf in leaves]
-    one_run: dict[tuple, float] = {}
+    one_run: dict[tuple, PLD] = {}
     out = np.empty(len(members))
     for k, i in enumerate(members):
         row = tuple(leaf[i].item() for leaf in flat)
         if row not in one_run:
-            pld = jax.tree.unflatten(treedef, row).pld(pessimistic=pessimistic, grid=grid)
-            one_run[row] = float(pld.epsilon(0.0))
-        out[k] = steps[i] * one_run[row]
-    # moved by a few ulps to the safe side: the product's rounding, and the parameters' (a
-    # lattice holds the float sensitivity / scale, which may be half an ulp below the ratio)
-    return out * (1 + _PURE_ROUNDOFF if pessimistic else 1 - _PURE_ROUNDOFF)
-
-
-#: Relative round-off allowance of :func:`_pure_epsilons`.
-_PURE_ROUNDOFF = 2.0**-50
+            one_run[row] = jax.tree.unflatten(treedef, row).pld(pessimistic=pessimistic, grid=grid)
+        out[k] = pure_epsilon([(one_run[row], int(steps[i]))], pessimistic=pessimistic)
+    return out
 
 
 def _finished(out, shape, evaluate: str, pessimistic: bool):

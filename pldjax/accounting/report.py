@@ -43,6 +43,7 @@ from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import six_digits
 from pldjax.core.validation import check_count, check_range
+from pldjax.kernels import chernoff
 from pldjax.kernels.divergences import tradeoff_from_tails
 from pldjax.kernels.dominance import ROUNDOFF
 from pldjax.kernels.gaussian_dp import gdp_mu, gdp_mu_below
@@ -342,6 +343,18 @@ def privacy_report(mechanism: PLD | Event | accountant.AccountantState,
                      tpr=true_positive_rates(optimistic, fprs),
                      renyi=read(optimistic, "renyi", orders),
                      mu=gdp_mu_below(optimistic, profile[np.isfinite(profile) & (profile >= 0)]))
+    if run is not None and np.any(deltas == 0):
+        # pure DP: the runs' largest losses add up, where the composed PLD's window may have
+        # cut them off to its atom at +inf
+        def pure(pessimistic: bool) -> float:
+            return chernoff.pure_epsilon([(event.pld(pessimistic=pessimistic, grid=grid), steps)
+                                          for event, steps in run], pessimistic=pessimistic)
+
+        upper["epsilon"] = np.where(deltas == 0, np.minimum(upper["epsilon"], pure(True)),
+                                    upper["epsilon"])
+        if optimistic is not None:
+            lower["epsilon"] = np.where(deltas == 0, np.maximum(lower["epsilon"], pure(False)),
+                                        lower["epsilon"])
     exact = None if run is None else _tpr_from_tails(run, fprs)
     if exact is not None:  # both are bounds: the tighter of each (NaN from neither)
         lower["tpr"], upper["tpr"] = np.fmax(lower["tpr"], exact[0]), np.fmin(upper["tpr"], exact[1])

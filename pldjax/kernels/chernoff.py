@@ -16,6 +16,9 @@ privacy", 2020, Prop. 12, and of Asoodeh et al. 2021) and P(some part at +inf) <
 The PMFs are exact (no FFT), and a pessimistic PLD dominates its mechanism, so its composition does
 too: every lambda gives an upper bound, and the smallest over a geometric grid of lambdas is taken.
 Each direction is bounded and the worse one is reported. Pessimistic PLDs only; concrete, unbatched.
+
+At delta = 0 (pure DP) no lambda helps; epsilon(0) of the composition is the sum of the parts'
+largest losses, read exactly (a composed PLD reads inf wherever its window cut that corner off).
 """
 
 from __future__ import annotations
@@ -46,30 +49,65 @@ _ROUNDOFF = 1e-12
 _log_mgf = kernel_jit(jax.vmap(log_mgf_kernel, in_axes=(None, None, None, None, 0)))
 
 
-def _exponents(parts: Sequence[tuple[PLD, int]]) -> list[tuple[np.ndarray, float]]:
-    """Per direction: (sum_k count_k log E[e^{lambda L_k}; L_k finite] at each LAMBDAS,
-    sum_k count_k m_k)."""
+def _by_direction(parts: Sequence[tuple[PLD, int]],
+                  pessimistic: bool = True) -> list[list[tuple[PLD, int]]]:
+    """For each direction of the composition, its (one-direction PLD, count) parts (checked:
+    each unbatched, of the estimate ``pessimistic`` asks for; parts of count 0 left out, none
+    for an empty composition)."""
     checked = []
+    estimate = "pessimistic" if pessimistic else "optimistic"
     for i, (pld, count) in enumerate(parts):
-        if not isinstance(pld, PLD) or pld.batch_shape or not pld.pessimistic:
-            raise ValueError(f"parts[{i}] must be an unbatched, pessimistic PLD")
+        if not isinstance(pld, PLD) or pld.batch_shape or pld.pessimistic != pessimistic:
+            raise ValueError(f"parts[{i}] must be an unbatched, {estimate} PLD")
         count = check_count(f"parts[{i}] count", count)
         if count > 0:
             checked.append((pld, count))
-    if not checked:  # nothing composed: the identity, delta = 0 at every epsilon
-        return []
     two = any(not p.symmetric for p, _ in checked)
+    return [[(pld.directions()[min(d, len(pld.directions()) - 1)], count) for pld, count in checked]
+            for d in range(2 if two else 1)] if checked else []
+
+
+def _exponents(parts: Sequence[tuple[PLD, int]]) -> list[tuple[np.ndarray, float]]:
+    """Per direction: (sum_k count_k log E[e^{lambda L_k}; L_k finite] at each LAMBDAS,
+    sum_k count_k m_k)."""
     out = []
-    for d in range(2 if two else 1):
+    for direction in _by_direction(parts):
         total, atoms = np.zeros(LAMBDAS.shape), 0.0
-        for pld, count in checked:
-            direction = pld.directions()[min(d, len(pld.directions()) - 1)]
-            mgf = np.asarray(_log_mgf(direction.probs, jnp.float64(0.0), direction.offset,
-                                      direction.step, jnp.asarray(LAMBDAS[:, None])))[:, 0]
+        for pld, count in direction:
+            mgf = np.asarray(_log_mgf(pld.probs, jnp.float64(0.0), pld.offset, pld.step,
+                                      jnp.asarray(LAMBDAS[:, None])))[:, 0]
             total += count * mgf
-            atoms += count * float(direction.inf_mass)
+            atoms += count * float(pld.inf_mass)
         out.append((total, min(atoms, 1.0)))
     return out
+
+
+#: Relative allowance for the round-off of :func:`pure_epsilon`'s sum (each product and the
+#: sum round by half an ulp; the parts' largest losses are grid points, exact).
+PURE_ROUNDOFF = 2.0**-50
+
+
+def pure_epsilon(parts: Sequence[tuple[PLD, int]], *, pessimistic: bool = True) -> float:
+    """epsilon at delta = 0 (pure DP) of the composition of ``count`` runs of each ``(pld,
+    count)`` in ``parts``: the worse direction's sum of count times the largest loss its PLD
+    holds (inf with an atom at +inf). Each part's largest loss has positive probability, so the
+    parts' occur together and add up: the composition's own epsilon(0), which a composed PLD
+    reads as inf wherever its window cut that corner off.
+
+    Args:
+      parts: (PLD, count) pairs, each PLD unbatched and of the estimate ``pessimistic`` names,
+        each count an integer >= 0.
+      pessimistic: True (default) for pessimistic parts, False for optimistic ones.
+
+    Returns:
+      epsilon(0) in nats (0 for an empty composition), moved by PURE_ROUNDOFF of itself to
+      its safe side: an upper bound on the mechanisms' when the parts are pessimistic, a lower
+      bound when they are optimistic.
+    """
+    worst = 0.0
+    for direction in _by_direction(parts, pessimistic):
+        worst = max(worst, math.fsum(count * float(pld.epsilon(0.0)) for pld, count in direction))
+    return worst * (1.0 + PURE_ROUNDOFF if pessimistic else 1.0 - PURE_ROUNDOFF)
 
 
 def _log_c(lam):
@@ -80,10 +118,12 @@ def _log_c(lam):
 def epsilon(parts: Sequence[tuple[PLD, int]], delta: float) -> float:
     """An upper bound on epsilon at ``delta`` in [0, 1] of the composition of ``count`` runs of
     each ``(pld, count)`` in ``parts`` (see the module docstring); inf when the parts' atoms at
-    +inf alone reach delta."""
+    +inf alone reach delta. At delta = 0, :func:`pure_epsilon`."""
     check_range("delta", delta, 0.0, 1.0)
     if delta >= 1.0:  # every mechanism is (0, 1)-DP
         return 0.0
+    if delta == 0.0:
+        return pure_epsilon(parts)
     worst = 0.0
     for total, atoms in _exponents(parts):
         if delta <= atoms:
@@ -112,4 +152,4 @@ def delta(parts: Sequence[tuple[PLD, int]], epsilon: float) -> float:
     return min(worst, 1.0)
 
 
-__all__ = ["LAMBDAS", "RESOLVED_DELTA", "delta", "epsilon"]
+__all__ = ["LAMBDAS", "PURE_ROUNDOFF", "RESOLVED_DELTA", "delta", "epsilon", "pure_epsilon"]

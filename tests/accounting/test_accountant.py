@@ -1,5 +1,7 @@
 """The accountant (pj.accountant): exact composition of changing steps, jit, checkpoints, x64."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -265,3 +267,20 @@ def test_loading_refuses_a_state_no_steps_reach(tmp_path, edit, match):
         A.load(path, capacity=4)
     A.save(path, state)  # the state as recorded still loads
     assert A.segments(A.load(path, capacity=4)) == [(1.0, 0.01, 100), (2.0, 0.02, 50)]
+
+
+def test_pure_dp_epsilon_of_a_mixed_run_is_exact_and_reported():
+    """Bounded events' largest losses add up (each an atom): 600 / 0.7 + 400 log(1 + 0.1 (e - 1))
+    within 1e-12 above, where the composed PLD's window cut them off to inf; the report's
+    epsilon at delta = 0 is the same."""
+    laplace = pj.Event(pj.noise.Laplace(0.7), pj.sampling.Poisson(1.0))
+    state = pj.accountant.init(event=laplace)
+    state = pj.accountant.step(state, event=laplace, steps=600)
+    state = pj.accountant.step(state, event=pj.Event(pj.noise.Laplace(1.0), pj.sampling.Poisson(0.1)),
+                               steps=400)
+    truth = 600 / 0.7 + 400 * math.log1p(0.1 * math.expm1(1.0))
+    both = pj.accountant.epsilon(state, np.array([0.0, 1e-5]))
+    assert truth <= both[0] <= truth * (1 + 1e-12) and both[1] < truth
+    report = pj.privacy_report(state, deltas=[0.0])
+    assert truth <= report.epsilon_upper[0] <= truth * (1 + 1e-12)
+    assert report.epsilon_lower[0] <= truth

@@ -557,3 +557,13 @@ def test_far_unlikely_copies_of_a_record_do_not_coarsen_the_grid():
                           for add in (False, True)) for e in eps])
     upper = np.asarray(pld.delta(eps))
     assert np.all(upper >= exact - 1e-15) and np.all(upper <= exact * (1 + 1e-3))
+
+
+def test_pure_dp_epsilon_of_a_ledger_is_exact():
+    """epsilon at delta = 0 adds up the events' largest losses (dp-accounting's LaplaceDpEvent
+    takes the scale): 100 + 1000 log(1 + 0.1 (e^{1/0.7} - 1)), within 1e-12 above."""
+    acct = pj.dp_accounting.PLDAccountant()
+    acct.compose(ev.LaplaceDpEvent(1.0), 100)
+    acct.compose(ev.PoissonSampledDpEvent(0.1, ev.LaplaceDpEvent(0.7)), 1000)
+    truth = 100 + 1000 * math.log1p(0.1 * math.expm1(1 / 0.7))
+    assert truth <= acct.get_epsilon(0.0) <= truth * (1 + 1e-12)
