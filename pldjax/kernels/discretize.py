@@ -443,8 +443,8 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     if pessimistic and rounding == "connect_dots":
         values = curve_values(*_one_side(tails(z), z >= 0), z)
         return masses_from_values(beyond_losses(z, max_loss, atom, values), step, z)
-    return masses_from_tails(estimate_tails(tails, z, step), z, step, pessimistic, rounding, atom,
-                             max_loss)
+    return masses_from_tails(estimate_tails(tails, z, step, pessimistic), z, step, pessimistic,
+                             rounding, atom, max_loss)
 
 
 def _middle_point(z, step):
@@ -454,12 +454,23 @@ def _middle_point(z, step):
     return z[jnp.clip(jnp.searchsorted(z, 0.0, side="left") - 1, 0, n - 1)][None] + step / 2
 
 
-def estimate_tails(tails, z, step):
+def tail_points(z, pessimistic: bool):
+    """Where an estimate reads a mechanism's tails for the grid points ``z``: at z itself, but
+    for an optimistic estimate at the float below each z > 0. The tangent at such a point
+    extends to the left (:func:`optimistic_curve`), so it takes the curve's left derivative
+    there, -Q(L >= z): with the right one, -Q(L > z), an atom of the loss on a grid point (the
+    largest loss of a randomized response or a Laplace mechanism on its lattice) lost its
+    tangent and went down a step. Optimistic privacy buckets so hold [z_i, z_{i+1}) at z_i."""
+    return z if pessimistic else jnp.where(z > 0, jnp.nextafter(z, -jnp.inf), z)
+
+
+def estimate_tails(tails, z, step, pessimistic: bool):
     """What every estimate but the pessimistic connect-the-dots one needs of a mechanism: its
     ``tails`` (log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)) at the grid points
-    ``z`` and, last, at the middle of the interval holding x = 1 (see :func:`optimistic_curve`):
-    a (4, n + 1) array, in one evaluation (the mechanism's whole share of the work)."""
-    at = jnp.concatenate([z, _middle_point(z, step)])
+    ``z`` (:func:`tail_points`) and, last, at the middle of the interval holding x = 1 (see
+    :func:`optimistic_curve`): a (4, n + 1) array, in one evaluation (the mechanism's whole share
+    of the work)."""
+    at = jnp.concatenate([tail_points(z, pessimistic), _middle_point(z, step)])
     return jnp.stack(jnp.broadcast_arrays(*tails(at)))
 
 
@@ -719,7 +730,7 @@ def _tails_kernel(params, tail, step, size, tile, **options):
         middle = grid_points(offset + jnp.clip(below, 0, size - 1), h, 1) + h / 2
         atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
         top = jnp.inf if mechanism.max_loss is None else mechanism.max_loss(single)
-        at = jnp.concatenate([z, middle])
+        at = jnp.concatenate([tail_points(z, options["pessimistic"]), middle])
         return (jnp.stack(jnp.broadcast_arrays(*mechanism.tails(single, at))), offset, h,
                 jnp.asarray(atom, jnp.float64), jnp.asarray(top, jnp.float64))
 

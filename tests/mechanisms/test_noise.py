@@ -217,3 +217,22 @@ def test_randomized_response_pld_is_exact_on_its_lattice():
     got = np.asarray(pj.randomized_response(0.3).delta(eps))
     assert np.all(got >= truth) and np.all(got <= truth + 1e-13)
     assert float(pj.randomized_response(0.3).epsilon(0.0)) == 0.3
+
+
+def test_optimistic_estimate_keeps_an_atom_on_a_grid_point():
+    """Randomized response's losses +-epsilon sit on its lattice: the optimistic PLD is the
+    exact one (its largest loss, with mass e^eps / (1 + e^eps), no longer went down a step), and
+    Laplace keeps its atom of 1/2 at 1/b."""
+    eps = 0.3
+    rr = pj.randomized_response(eps, pessimistic=False)
+    probs = np.asarray(rr.probs)
+    held = probs > 1e-12  # elsewhere round-off, about 1e-17 a point
+    losses = (int(rr.offset) + np.nonzero(held)[0]) * float(rr.step)
+    np.testing.assert_allclose(losses, [-eps, eps], rtol=1e-15)
+    np.testing.assert_allclose(probs[held], [1 / (1 + np.exp(eps)), 1 / (1 + np.exp(-eps))],
+                               rtol=1e-12)
+    assert float(rr.epsilon(0.0)) == eps
+    laplace = pj.laplace(0.7, pessimistic=False)
+    assert float(laplace.epsilon(0.0)) == 1 / 0.7
+    top = np.asarray(laplace.probs)[round((1 / 0.7) / float(laplace.step)) - int(laplace.offset)]
+    assert abs(float(top) - 0.5) < 1e-12
