@@ -431,12 +431,16 @@ def epsilon(state: AccountantState, delta, *, neighboring: str | None = None):
     Returns:
       Epsilon in nats, a float for a scalar ``delta``, else a NumPy float64 array of its shape
       (inf where no finite epsilon is certified; 0 for a run with no steps); pessimistic, an
-      upper bound on the run's true epsilon.
+      upper bound on the run's true epsilon. At delta = 0 for bounded noise (pure DP), the sum
+      of the events' largest losses (:func:`pldjax.kernels.chernoff.pure_epsilon`: exact to
+      round-off).
     """
     check_range("delta", delta, 0.0, 1.0)
     eps = pld(state, neighboring=neighboring).epsilon(delta)
+    if not np.any(np.asarray(delta) == 0) or _is_dpsgd(state):
+        return eps
     run = events(state)
-    if not np.any(np.asarray(delta) == 0) or not run or _is_dpsgd(state):
+    if not run:
         return eps
     # pure DP: the events' largest losses add up, where the composed PLD's window may have cut
     # them off to its atom at +inf (Gaussian noise, whose loss is unbounded, reads inf either way)

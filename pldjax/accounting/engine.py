@@ -707,7 +707,9 @@ def event_epsilon(
     Configurations are grouped by the grid each gets alone, so a batch gives the values of one
     call per configuration. An event whose PLD is not one mechanism (its sampling builds it:
     ``TruncatedPoisson``) is composed from :meth:`~pldjax.mechanisms.events.Event.pld`, one distinct
-    configuration at a time.
+    configuration at a time. At delta = 0, bounded noise (Laplace, randomized response, discrete
+    Laplace; subsampled or not) gives pure DP's epsilon: the runs times one run's largest loss,
+    exact to round-off (no composition is built).
     """
     return account(event, steps, delta, "delta", pessimistic=pessimistic, grid=grid,
                     evaluate="epsilon", progress=progress, rtol=rtol)
