@@ -215,4 +215,4 @@ class Event:
 
 jax.tree_util.register_dataclass(Event, data_fields=["noise", "sampling"], meta_fields=["neighboring"])
 
-__all__ = ["Event", "direction_arrays", "discretize_directions", "privacy_loss"]
+__all__ = ["Event", "direction_arrays", "discretize_directions", "lattice", "privacy_loss"]
