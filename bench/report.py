@@ -9,8 +9,7 @@ can of the same: the same epsilons and deltas, and the TPR bound of its 2026 rel
 to 1 log-spaced, of min(e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR)); computed here from its
 ``get_epsilon_for_delta``, as dp-accounting 0.6 has no such method). Each runs in a fresh process:
 a first call (compilation included) and a second (warm). The TPR at FPR 1e-3 is compared with the
-exact value where there is one (G_1: Phi(Phi^-1(FPR) + 1)). G_1 is also reported as an event run
-once, whose report reads the TPR from the mechanism's exact loss tails.
+exact value where there is one (G_1: Phi(Phi^-1(FPR) + 1)).
 """
 
 from __future__ import annotations
@@ -46,18 +45,6 @@ def pldjax_call(mechanism):
     return call
 
 
-def pldjax_event_call(mechanism):
-    """G_1 as an event run once: its report reads the TPR from the mechanism's exact tails."""
-    import pldjax as pj
-
-    def call():
-        report = pj.privacy_report(pj.Event(pj.noise.GDP(1.0)), count=1, fprs=[FPR])
-        return (float(report.tpr_upper[0]), float(report.tpr_lower[0]),
-                float(report.epsilon_upper[list(report.deltas).index(1e-5)]))
-
-    return call
-
-
 def dp_accounting_call(mechanism):
     import numpy as np
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -83,8 +70,6 @@ def dp_accounting_call(mechanism):
 
 METHODS = {
     "pldjax": ("pldjax", "privacy_report, default grid", "import pldjax", "pldjax_call"),
-    "pldjax_event": ("pldjax", "privacy_report of the event (G_1 run once: exact tails)",
-                     "import pldjax", "pldjax_event_call"),
     "dpa": ("dp-accounting", "PLD 1e-4, 3,001 (eps, delta) pairs",
             "from dp_accounting.pld import privacy_loss_distribution", "dp_accounting_call"),
 }
@@ -95,26 +80,21 @@ def run(args, report) -> None:
 
     names = ["G_1"] if args.quick else list(MECHANISMS)
     rows = report.table(["mechanism", "library", "setting", "TPR upper", "TPR lower", "exact TPR",
-                         "upper - exact", "exact - lower", "eps(1e-5) upper", "first s",
-                         "warm s"])
+                         "upper - exact", "eps(1e-5) upper", "first s", "warm s"])
     for name in names:
         mechanism = MECHANISMS[name]
         exact = float(norm.cdf(norm.ppf(FPR) + 1.0)) if mechanism is None else None
-        for key, (library, setting, imports, factory) in METHODS.items():
-            if key == "pldjax_event" and mechanism is not None:
-                continue
+        for library, setting, imports, factory in METHODS.values():
             harness.log(f"report: {name} {library}")
             res = harness.fresh_process("bench.report", factory, dict(mechanism=mechanism),
                                         imports=imports, calls=2, timeout=args.timeout)
             head = [name, library, setting]
             if "error" in res:
-                rows.append(head + [res["error"]] + [None] * 7)
+                rows.append(head + [res["error"]] + [None] * 6)
                 continue
             upper, lower, eps = res["value"]
             rows.append(head + [f"{upper:.7f}", harness.fmt(lower, ".7f"), harness.fmt(exact, ".7f"),
                                 harness.fmt(None if exact is None else upper - exact, "+.1e"),
-                                harness.fmt(None if exact is None or lower is None
-                                            else exact - lower, "+.1e"),
                                 f"{eps:.5f}", f"{res['wall_s'][0]:.3f}", f"{res['wall_s'][1]:.3f}"])
             report.flush()
     report.text(f"TPR at FPR {FPR:g}: the membership-inference attacker's true-positive rate; upper "
