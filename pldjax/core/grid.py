@@ -14,6 +14,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.compilation import array_module
 from pldjax.core.validation import check_count, check_range
 
 #: LossTails steps lie in [spread / 2^(k+1), spread / 2^k] with k = STEP_FRACTION_LOG2.
@@ -101,8 +102,9 @@ def half_octave_size(n: int) -> int:
 
 def fine_step(spread):
     """The largest power of two <= spread / 2^STEP_FRACTION_LOG2: the step accuracy asks for."""
-    spread = jnp.clip(spread, MIN_SPREAD, 2.0**STEP_FRACTION_LOG2 * MAX_STEP)
-    return jnp.ldexp(1.0, (jnp.floor(jnp.log2(spread)) - STEP_FRACTION_LOG2).astype(jnp.int32))
+    xp = array_module(spread)
+    spread = xp.clip(spread, MIN_SPREAD, 2.0**STEP_FRACTION_LOG2 * MAX_STEP)
+    return xp.ldexp(1.0, (xp.floor(xp.log2(spread)) - STEP_FRACTION_LOG2).astype(xp.int32))
 
 
 def sizes_for_half_widths(half_widths_in_steps, smallest: int = MECHANISM_SIZE) -> np.ndarray:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
+from pldjax.core.compilation import array_module
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import log_ndtr, log_ndtr_pair
@@ -184,7 +186,7 @@ class Noise(Parameters, abc.ABC):
 
 
 def _positive_or_one(x):
-    return jnp.where(x > 0, x, 1.0)
+    return array_module(x).where(x > 0, x, 1.0)
 
 
 # -- Gaussian ---------------------------------------------------------------------------------------
@@ -310,13 +312,23 @@ def _laplace_tails(params, eps):
     )
 
 
+def _laplace_chi2(params):
+    # E_Q[(P/Q)^2] = (2/3) e^eps0 + (1/3) e^(-2 eps0), integrating over the three pieces of L
+    (eps0,) = params
+    xp = array_module(eps0)
+    return (2 * xp.expm1(eps0) + xp.expm1(-2 * eps0)) / 3
+
+
+def _zeros_like_first(params):
+    return array_module(params[0]).zeros_like(params[0])
+
+
 LAPLACE = LossTails(
     tails=_laplace_tails,
     spread=lambda p: _positive_or_one(p[0]),
-    center=lambda p: jnp.zeros_like(p[0]),
+    center=_zeros_like_first,
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
-    # E_Q[(P/Q)^2] = (2/3) e^eps0 + (1/3) e^(-2 eps0), integrating over the three pieces of L
-    chi2=lambda p: (2 * jnp.expm1(p[0]) + jnp.expm1(-2 * p[0])) / 3,
+    chi2=_laplace_chi2,
 )
 
 
@@ -362,7 +374,7 @@ def _rr_tails(params, eps):
 RANDOMIZED_RESPONSE = LossTails(
     tails=_rr_tails,
     spread=lambda p: _positive_or_one(p[0]),
-    center=lambda p: jnp.zeros_like(p[0]),
+    center=_zeros_like_first,
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
     inf_mass=lambda p: p[1],  # delta: the output only P can produce
     max_loss=lambda p: p[0],
@@ -419,13 +431,16 @@ def _lattice(unit, points_per_unit: float, mechanism: LossTails, params: tuple,
     return Grid(step=step)
 
 
-def top_loss_lattice(top, mechanism: LossTails, params: tuple, pessimistic: bool) -> Grid | None:
-    """For a mechanism whose largest loss ``top`` is an atom: a grid step of top / 64, so that
-    it sits on a grid point (see :func:`_lattice`); None (the automatic grid) for a batch or
-    where ``top`` is 0."""
+def top_loss_lattice(top, mechanism: LossTails, params: tuple, pessimistic: bool,
+                     step_at_most: float = math.inf) -> Grid | None:
+    """For a mechanism whose largest loss ``top`` is an atom: a grid step of top / 2^j, so that
+    it sits on a grid point (see :func:`_lattice`), with at least 64 points up to it and no
+    larger than ``step_at_most`` (nats); None (the automatic grid) for a batch or where ``top``
+    is 0."""
     if np.size(top) != 1 or is_traced(top) or not float(np.asarray(top).reshape(())) > 0:
         return None
-    return _lattice(top, 64, mechanism, params, pessimistic)
+    top = float(np.asarray(top).reshape(()))
+    return _lattice(top, max(64.0, top / step_at_most), mechanism, params, pessimistic)
 
 
 def _dlap_log_cdf(t, k):
@@ -463,15 +478,16 @@ def _dlap_chi2(params):
     #   outer = (e^{tD} + e^{-2tD} - 1 - e^-t) / (1 + e^-t)   (written with expm1: order t^2, not 1 - 1)
     #   inner = tanh(t/2) e^{tD} e^{-3t} (1 - e^{-3t(D-1)}) / (1 - e^{-3t})   (0 for D = 1, no inf * 0)
     t, shift = params
-    outer = (jnp.expm1(t * shift) + jnp.expm1(-2 * t * shift) - jnp.expm1(-t)) / (1 + jnp.exp(-t))
-    log_inner = t * shift - 3 * t + jnp.log(-jnp.expm1(-3 * t * (shift - 1))) - jnp.log(-jnp.expm1(-3 * t))
-    return outer + jnp.tanh(t / 2) * jnp.exp(log_inner)
+    xp = array_module(t)
+    outer = (xp.expm1(t * shift) + xp.expm1(-2 * t * shift) - xp.expm1(-t)) / (1 + xp.exp(-t))
+    log_inner = t * shift - 3 * t + xp.log(-xp.expm1(-3 * t * (shift - 1))) - xp.log(-xp.expm1(-3 * t))
+    return outer + xp.tanh(t / 2) * xp.exp(log_inner)
 
 
 DISCRETE_LAPLACE = LossTails(
     tails=_dlap_tails,
     spread=lambda p: _positive_or_one(p[0] * p[1]),
-    center=lambda p: jnp.zeros_like(p[0]),
+    center=_zeros_like_first,
     half_width=lambda p: 1.01 * _positive_or_one(p[0] * p[1]),
     chi2=_dlap_chi2,
 )

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core import grid as grid_lib
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import binomial_pmf
@@ -114,7 +115,9 @@ def _subsampled_lattice(noise: Noise, base: LossTails, base_params: tuple, sampl
     """For bounded noise (:meth:`~pldjax.mechanisms.noise.Noise.top_loss` = t) subsampled with
     probability q (:func:`_poisson_pair`): a grid with the remove direction's largest loss,
     log(1 + q (e^t - 1)), on a grid point (moved up by TOP_LOSS_MARGIN), so that epsilon at
-    delta = 0 reads it to that margin from above. The add direction's largest loss,
+    delta = 0 reads it to that margin from above, and a step no coarser than the automatic
+    grid's accuracy step (:func:`pldjax.core.grid.fine_step` of the subsampled spread), so that
+    the bounds at delta > 0 are as tight. The add direction's largest loss,
     -log(1 + q (e^-t - 1)), is smaller: (1 + q (e^t - 1)) (1 + q (e^-t - 1)) >= 1. None for a
     batch, traced parameters or unbounded noise."""
     if is_traced(sampling_prob):
@@ -131,8 +134,11 @@ def _subsampled_lattice(noise: Noise, base: LossTails, base_params: tuple, sampl
     directions = _poisson_pair(noise, base, base_params, q)
     params = tuple(np.full(2, p, np.float64) for p in directions.params)
     params += (np.array([subsampling.REMOVE, subsampling.ADD]),)
+    with np.errstate(all="ignore"):  # overflow to inf is the spread's intended limit, as in jnp
+        spread = directions.mechanism.spread(params)
+    accurate = float(np.min(grid_lib.fine_step(spread)))
     return top_loss_lattice(subsampled * (1 + TOP_LOSS_MARGIN), directions.mechanism, params,
-                            pessimistic)
+                            pessimistic, step_at_most=accurate)
 
 
 def _poisson_pair(noise: Noise, base: LossTails, params: tuple, q) -> Directions:

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
+from pldjax.core.compilation import array_module
 from pldjax.core.precision import last_float_before
 from pldjax.core.special import log1p_parts, log_ndtr_pair
 from pldjax.kernels.discretize import LossTails, side_tails, window
@@ -87,11 +88,12 @@ def _subsampled_spread(base: LossTails, params):
     the base's own spread, nor than sqrt(q) times the base's loss scale (a rare, large loss)."""
     *base_params, q = params
     base_params = tuple(base_params)
+    xp = array_module(q)
     base_spread = base.spread(base_params)
-    small_q = q * jnp.sqrt(base.chi2(base_params))
-    rare = jnp.sqrt(q) * (jnp.abs(base.center(base_params)) + base_spread)
-    spread = jnp.minimum(jnp.minimum(small_q, rare), base_spread)
-    return jnp.where(spread > 0, spread, 1.0)
+    small_q = q * xp.sqrt(base.chi2(base_params))
+    rare = xp.sqrt(q) * (xp.abs(base.center(base_params)) + base_spread)
+    spread = xp.minimum(xp.minimum(small_q, rare), base_spread)
+    return xp.where(spread > 0, spread, 1.0)
 
 
 #: Base losses beyond this many nats are left out of the subsampled window (so that it stays
