@@ -47,7 +47,6 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import MappingGuard, compiling_ahead, cores, exported_jit
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
-from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range, refuse_traced
 from pldjax.kernels.chernoff import pure_epsilon
@@ -64,7 +63,7 @@ from pldjax.kernels.compose import (
 )
 from pldjax.kernels.discretize import MECHANISM_KERNELS
 from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
-from pldjax.mechanisms.events import Event, direction_arrays
+from pldjax.mechanisms.events import Event, direction_arrays, distinct_configurations
 from pldjax.mechanisms.noise import Noise
 from pldjax.mechanisms.sampling import Directions
 
@@ -604,16 +603,12 @@ def _pure_epsilons(event: Event, shape, members, steps, *, pessimistic, grid) ->
     number of runs times one run's largest loss), read from that configuration's own PLD (on
     its lattice, :func:`pldjax.mechanisms.events.lattice`, which holds the largest loss on a
     grid point: exact to round-off, from above if pessimistic)."""
-    leaves, treedef = jax.tree.flatten(event)
-    flat = [np.broadcast_to(np.asarray(leaf), shape).reshape(-1) for leaf in leaves]
-    one_run: dict[tuple, PLD] = {}
-    out = np.empty(len(members))
-    for k, i in enumerate(members):
-        row = tuple(leaf[i].item() for leaf in flat)
-        if row not in one_run:
-            one_run[row] = jax.tree.unflatten(treedef, row).pld(pessimistic=pessimistic, grid=grid)
-        out[k] = pure_epsilon([(one_run[row], int(steps[i]))], pessimistic=pessimistic)
-    return out
+    out = np.empty(steps.shape[0])
+    for one, chosen in distinct_configurations(event, shape, members):
+        one_run = one.pld(pessimistic=pessimistic, grid=grid)
+        for i in chosen:
+            out[i] = pure_epsilon([(one_run, int(steps[i]))], pessimistic=pessimistic)
+    return out[members]
 
 
 def _finished(out, shape, evaluate: str, pessimistic: bool):
@@ -634,22 +629,16 @@ def _account_by_pld(event: Event, steps, target, evaluate: str, *, pessimistic, 
     TruncatedPoisson does): each distinct configuration's PLD (:meth:`Event.pld`, scalar
     parameters) built once, composed once per distinct number of steps, and read at every target
     of those (0 for no steps)."""
-    leaves, treedef = jax.tree.flatten(event)
-    arrays = np.broadcast_arrays(*(np.asarray(leaf) for leaf in leaves), steps,
-                                 np.asarray(target, np.float64))
-    shape = arrays[0].shape
-    *values, steps, target = (a.reshape(-1) for a in arrays)
-    rows = list(zip(*(v.tolist() for v in values), strict=True)) or [()] * steps.shape[0]
-    groups: dict[tuple, list[int]] = {}
-    for i, row in enumerate(rows):
-        if steps[i] > 0:
-            groups.setdefault(row, []).append(i)
+    shape = np.broadcast_shapes(*(np.shape(leaf) for leaf in jax.tree.leaves(event)),
+                                np.shape(steps), np.shape(target))
+    steps, target = (np.broadcast_to(np.asarray(a, np.float64), shape).reshape(-1)
+                     for a in (steps, target))
+    active = np.nonzero(steps > 0)[0]
     out = np.zeros(steps.shape[0])
-    report = _progress(sum(len(members) for members in groups.values()), progress)
+    report = _progress(len(active), progress)
     done = 0
-    for row, members in groups.items():
-        pld = jax.tree.unflatten(treedef, row).pld(pessimistic=pessimistic, grid=grid)
-        members = np.asarray(members)
+    for one, members in distinct_configurations(event, shape, active):
+        pld = one.pld(pessimistic=pessimistic, grid=grid)
         for count in np.unique(steps[members]):
             chosen = members[steps[members] == count]
             composed = pld.self_compose(int(count))

@@ -12,7 +12,6 @@ only decides how tight and how fast.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.validation import check_range
 from pldjax.kernels.discretize import mechanism_half_widths, mechanism_sizes
 from pldjax.mechanisms import sampling as sampling_lib
-from pldjax.mechanisms.events import Event, lattice
+from pldjax.mechanisms.events import Event, distinct_configurations, lattice
 from pldjax.mechanisms.neighboring import Neighboring
 from pldjax.mechanisms.noise import Gaussian, Noise
 from pldjax.mechanisms.subsampling import REMOVE
@@ -341,20 +340,8 @@ def lattice_steps(event: Event, shape, pessimistic: bool) -> np.ndarray | None:
         return None
     if sampling is not None and type(sampling).lattice is sampling_lib.Sampling.lattice:
         return None
-    records = [record for record in (noise, sampling) if record is not None]
-    names = [[field.name for field in dataclasses.fields(record)] for record in records]
-    rows = np.stack([np.broadcast_to(np.asarray(getattr(record, name), np.float64),
-                                     shape).reshape(-1)
-                     for record, fields in zip(records, names, strict=True) for name in fields],
-                    axis=-1)
-    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
-    steps = np.zeros(unique.shape[0])
-    for i, row in enumerate(unique):
-        values = iter(row)
-        one = [type(record)(**{name: next(values) for name in fields})
-               for record, fields in zip(records, names, strict=True)]
-        grid = lattice(one[0], one[1] if sampling is not None else None, event.neighboring,
-                       pessimistic)
-        steps[i] = 0.0 if grid is None else grid.step
-    return steps[inverse.reshape(-1)]
-
+    steps = np.zeros(math.prod(shape))
+    for one, members in distinct_configurations(event, shape):
+        grid = lattice(one.noise, one.sampling, one.neighboring, pessimistic)
+        steps[members] = 0.0 if grid is None else grid.step
+    return steps

@@ -13,6 +13,7 @@ constructors are in :mod:`pldjax.mechanisms.named`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -179,6 +180,24 @@ def discretize_directions(directions: Directions, grid: Grid | None, pessimistic
     return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add[0])
 
 
+def distinct_configurations(event: Event, shape: tuple[int, ...],
+                            indices: np.ndarray | None = None) -> list[tuple[Event, np.ndarray]]:
+    """The distinct configurations of ``event``, its parameters broadcast to ``shape`` and
+    flattened: each as an event of scalar parameters, with the flat indices (among ``indices``;
+    None: all) of the configurations equal to it, in order of first appearance. For accounting
+    that builds one PLD or one grid per configuration."""
+    leaves, treedef = jax.tree.flatten(event)
+    flat = [np.broadcast_to(np.asarray(leaf), shape).reshape(-1) for leaf in leaves]
+    if indices is None:
+        indices = np.arange(math.prod(shape))
+    rows = zip(*(leaf[indices].tolist() for leaf in flat), strict=True) if flat else None
+    groups: dict[tuple, list[int]] = {}
+    for i, row in zip(indices.tolist(), rows or [()] * len(indices), strict=True):
+        groups.setdefault(row, []).append(i)
+    return [(jax.tree.unflatten(treedef, row), np.asarray(members, np.int64))
+            for row, members in groups.items()]
+
+
 @dataclasses.dataclass(frozen=True)
 class Event:
     """A mechanism's description: ``noise`` (:mod:`pldjax.mechanisms.noise`), ``sampling``
@@ -215,4 +234,5 @@ class Event:
 
 jax.tree_util.register_dataclass(Event, data_fields=["noise", "sampling"], meta_fields=["neighboring"])
 
-__all__ = ["Event", "direction_arrays", "discretize_directions", "lattice", "privacy_loss"]
+__all__ = ["Event", "direction_arrays", "discretize_directions", "distinct_configurations", "lattice",
+           "privacy_loss"]
