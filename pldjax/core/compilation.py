@@ -643,11 +643,16 @@ HOST_POINTS = 2**20
 HOST_ROWS = 16
 
 
-def array_module(array):
-    """NumPy for a NumPy array or scalar, ``jax.numpy`` for anything else (a JAX array, a
-    tracer): for the kernels that also run on the host, where one small evaluation costs less
-    in NumPy than compiling its program."""
-    return np if isinstance(array, np.ndarray | np.generic) else jnp
+def array_module(*arrays):
+    """NumPy for NumPy arrays or scalars, ``jax.numpy`` where any of ``arrays`` is something
+    else (a JAX array, a tracer; Python numbers go with the others, and alone give
+    ``jax.numpy``): for the kernels that also run on the host, where one small evaluation costs
+    less in NumPy than compiling its program."""
+    numpy = [isinstance(a, np.ndarray | np.generic) for a in arrays]
+    neutral = [isinstance(a, int | float | bool) for a in arrays]
+    if any(numpy) and all(n or m for n, m in zip(numpy, neutral, strict=True)):
+        return np
+    return jnp
 
 
 def map_rows(fn: Callable) -> Callable:

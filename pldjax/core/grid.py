@@ -137,7 +137,8 @@ def auto_step(spread, half_width, size: int):
     smallest power of two that does (:func:`cover_step`).
     Never above MAX_STEP (a wider loss is then not covered: its tails go to the window's ends).
     """
-    return jnp.minimum(jnp.maximum(fine_step(spread), cover_step(half_width, size)), MAX_STEP)
+    xp = array_module(spread, half_width)
+    return xp.minimum(xp.maximum(fine_step(spread), cover_step(half_width, size, xp)), MAX_STEP)
 
 
 def optimistic_step_limit(size):
@@ -151,8 +152,9 @@ def optimistic_step_limit(size):
 def window_offset(center, step, size: int, pessimistic: bool = True):
     """Grid index of the first point of a window of ``size`` points centred on ``center`` (kept
     within +-CENTER_MAX; an optimistic window also ends below OPTIMISTIC_Z_MAX, see above)."""
-    center = jnp.clip(jnp.nan_to_num(center), -CENTER_MAX, CENTER_MAX)
+    xp = array_module(center, step)
+    center = xp.clip(xp.nan_to_num(center), -CENTER_MAX, CENTER_MAX)
     if not pessimistic:
-        center = jnp.minimum(center, OPTIMISTIC_Z_MAX - (size - size // 2) * step)
-    return jnp.floor(center / step).astype(jnp.int64) - size // 2
+        center = xp.minimum(center, OPTIMISTIC_Z_MAX - (size - size // 2) * step)
+    return xp.floor(center / step).astype(xp.int64) - size // 2
 

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.compilation import array_module
+
 #: From this |x| on, Phi(-|x|) comes from its asymptotic series (erfc is still a normal float
 #: there, 1e-197; the series' first omitted term is below 1e-17 relative).
 _SERIES_FROM = 30.0
@@ -22,19 +24,30 @@ _SERIES_FROM = 30.0
 _SERIES = (1.0, -1.0, 3.0, -15.0, 105.0, -945.0, 10395.0, -135135.0)
 
 
+def _erfc(x):
+    """erfc, SciPy's for NumPy arrays (imported on first use: ``import pldjax`` leaves SciPy
+    out)."""
+    if array_module(x) is np:
+        import scipy.special
+
+        return scipy.special.erfc(x)
+    return jax.lax.erfc(x)
+
+
 def _lower_tail(a):
     """(Phi(-a), s, far) for a = |x| >= 0 from one ``erfc``: where ``far`` (a >= 30, Phi(-a) tiny),
     log Phi(-a) is log(s) - a^2 / 2 (s from the asymptotic series, no erfc needed); elsewhere
-    s = Phi(-a)."""
-    lower = 0.5 * jax.lax.erfc(a * math.sqrt(0.5))
+    s = Phi(-a). NumPy in, NumPy out (as the functions below)."""
+    xp = array_module(a)
+    lower = 0.5 * _erfc(a * math.sqrt(0.5))
     far = a >= _SERIES_FROM
-    safe = jnp.maximum(a, _SERIES_FROM)
+    safe = xp.maximum(a, _SERIES_FROM)
     r = 1.0 / (safe * safe)
     series = _SERIES[-1]
     for c in _SERIES[-2::-1]:
         series = c + r * series
     scaled = series / (safe * math.sqrt(2 * math.pi))  # Phi(-a) e^{a^2/2} for a >= 30
-    return lower, jnp.where(far, scaled, lower), far
+    return lower, xp.where(far, scaled, lower), far
 
 
 def log1p_parts(y):
@@ -42,10 +55,11 @@ def log1p_parts(y):
     r = y / (u - 1) corrects log(u) for that rounding (Goldberg's log1p); where u rounds to 1,
     u = e and r = y. One ``log``, which a caller may share with another branch, where XLA's
     float64 log1p costs more and loses digits below -0.3 (2.5e-14 relative at -0.41)."""
+    xp = array_module(y)
     u = 1.0 + y
     exact = u == 1.0
     # 1 - u, not u - 1: XLA rewrites (1 + y) - 1 to y, which would drop the correction
-    return jnp.where(exact, math.e, u), jnp.where(exact, y, -y / jnp.where(exact, 1.0, 1.0 - u))
+    return xp.where(exact, math.e, u), xp.where(exact, y, -y / xp.where(exact, 1.0, 1.0 - u))
 
 
 def log_ndtr(x):
@@ -55,27 +69,31 @@ def log_ndtr(x):
     for x < 0, log(lower) (from the asymptotic series times e^{-a^2/2} beyond a = 30); for x >= 0,
     log(1 - lower) (see :func:`log1p_parts`).
     """
-    x = jnp.asarray(x, jnp.float64)
-    a = jnp.abs(x)
-    lower, scaled, far = _lower_tail(a)
-    u, r = log1p_parts(-lower)
-    negative = x < 0
-    logged = jnp.log(jnp.where(negative, scaled, u))
-    return jnp.where(negative, jnp.where(far, logged - 0.5 * a * a, logged), logged * r)
+    xp = array_module(x)
+    with np.errstate(all="ignore"):  # NumPy: log(0) = -inf and the like, as in XLA
+        x = xp.asarray(x, xp.float64)
+        a = xp.abs(x)
+        lower, scaled, far = _lower_tail(a)
+        u, r = log1p_parts(-lower)
+        negative = x < 0
+        logged = xp.log(xp.where(negative, scaled, u))
+        return xp.where(negative, xp.where(far, logged - 0.5 * a * a, logged), logged * r)
 
 
 def log_ndtr_pair(x):
     """(log Phi(x), log Phi(-x)), each as :func:`log_ndtr`, from one ``erfc`` per point (half the
     cost of two calls): one of the two is log Phi(-|x|), the other log(1 - Phi(-|x|))."""
-    x = jnp.asarray(x, jnp.float64)
-    a = jnp.abs(x)
-    lower, scaled, far = _lower_tail(a)
-    logged = jnp.log(scaled)
-    log_lower = jnp.where(far, logged - 0.5 * a * a, logged)
-    u, r = log1p_parts(-lower)
-    log_upper = jnp.log(u) * r
-    negative = x < 0
-    return jnp.where(negative, log_lower, log_upper), jnp.where(negative, log_upper, log_lower)
+    xp = array_module(x)
+    with np.errstate(all="ignore"):  # NumPy: log(0) = -inf and the like, as in XLA
+        x = xp.asarray(x, xp.float64)
+        a = xp.abs(x)
+        lower, scaled, far = _lower_tail(a)
+        logged = xp.log(scaled)
+        log_lower = xp.where(far, logged - 0.5 * a * a, logged)
+        u, r = log1p_parts(-lower)
+        log_upper = xp.log(u) * r
+        negative = x < 0
+        return xp.where(negative, log_lower, log_upper), xp.where(negative, log_upper, log_lower)
 
 
 #: log k! - log(sqrt(2 pi k) (k / e)^k) for k = 1 .. 15 (mpmath, 40 digits; beyond 15 its

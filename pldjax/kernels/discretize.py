@@ -39,7 +39,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import early_exit_on_cpu, exported_jit, kernel_jit, on_host
+from pldjax.core.compilation import (
+    HOST_POINTS,
+    HOST_ROWS,
+    array_module,
+    early_exit_on_cpu,
+    exported_jit,
+    kernel_jit,
+    map_rows,
+    on_host,
+)
 from pldjax.core.grid import Grid
 from pldjax.core.validation import is_traced
 
@@ -47,9 +56,10 @@ from pldjax.core.validation import is_traced
 def _difference(log_larger, log_smaller):
     """e^a - e^b from a = ``log_larger`` >= b = ``log_smaller`` (b may be -inf), as
     e^a (1 - e^{b - a}): no cancellation, and no 0 * inf where e^a underflows; 0 where a is -inf."""
-    none = jnp.isneginf(log_larger)
-    safe = jnp.where(none, 0.0, log_larger)
-    return jnp.where(none, 0.0, jnp.exp(safe) * -jnp.expm1(jnp.minimum(log_smaller - safe, 0.0)))
+    xp = array_module(log_larger, log_smaller)
+    none = xp.isneginf(log_larger)
+    safe = xp.where(none, 0.0, log_larger)
+    return xp.where(none, 0.0, xp.exp(safe) * -xp.expm1(xp.minimum(log_smaller - safe, 0.0)))
 
 
 def hockey_stick(log_sf_p, log_sf_q, eps):
@@ -66,7 +76,8 @@ def _one_side(tails, upper):
     """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere, from the four ``tails``
     (log P(L > eps), log Q(L > eps), log P(L <= eps), log Q(L <= eps))."""
     lsp, lsq, lcp, lcq = tails
-    return jnp.where(upper, lsp, lcp), jnp.where(upper, lsq, lcq)
+    xp = array_module(*tails)
+    return xp.where(upper, lsp, lcp), xp.where(upper, lsq, lcq)
 
 
 def side_tails(mechanism: LossTails, params, eps, upper):
@@ -87,21 +98,23 @@ def curve_values(log_p, log_q, eps):
     :func:`hockey_stick`, and e^eps Q - P below, as :func:`hockey_stick_excess`.
     """
     upper = eps >= 0
-    return _difference(jnp.where(upper, log_p, eps + log_q), jnp.where(upper, eps + log_q, log_p))
+    xp = array_module(log_p, log_q, eps)
+    return _difference(xp.where(upper, log_p, eps + log_q), xp.where(upper, eps + log_q, log_p))
 
 
 def masses_from_values(values, step, z):
     """:func:`masses_from_curve` (pessimistic) of the curve given by :func:`curve_values` at
     the grid points z: the curve where z >= 0, the excess where z < 0."""
+    xp = array_module(values)
     upper = z >= 0
     # delta - excess = -expm1(z), added as a sum of two non-negative terms: 1 - e^z and e^z - 1
     # lose the digits of a loss near 0 (a loss of spread 1e-7 lost its masses to round-off); the
     # curve is 1 where the excess is e^z to a few ulps (all of P's mass at +inf: a curve a
     # rounding below 1 would leave round-off masses and an atom below 1; rounding up is safe)
-    linear = jnp.expm1(z)
-    full = values >= (linear + 1.0) * (1.0 - 4.0 * jnp.finfo(jnp.float64).eps)
-    curve = jnp.where(upper, values, jnp.where(full, 1.0, values - linear))
-    excess = jnp.where(upper, values + linear, values)
+    linear = xp.expm1(z)
+    full = values >= (linear + 1.0) * (1.0 - 4.0 * np.finfo(np.float64).eps)
+    curve = xp.where(upper, values, xp.where(full, 1.0, values - linear))
+    excess = xp.where(upper, values + linear, values)
     return masses_from_curve(curve, step, excess, z)
 
 
@@ -111,6 +124,16 @@ def masses_from_values(values, step, z):
 #: 0.05, q = 0.01 at 2^-12), a step far too fine for the curve's digits 5e-3 or more (sigma = 1 at
 #: 1e-8, 0.49 for sigma = 1e13, q = 0.01 at 2^-46).
 _SURPLUS_TOLERANCE = 1e-6
+
+
+def _cummin(x):
+    """The running minimum along the last axis, in NumPy for NumPy arrays."""
+    return np.minimum.accumulate(x, axis=-1) if array_module(x) is np else jax.lax.cummin(x, x.ndim - 1)
+
+
+def _cummax(x):
+    """The running maximum along the last axis, in NumPy for NumPy arrays."""
+    return np.maximum.accumulate(x, axis=-1) if array_module(x) is np else jax.lax.cummax(x, x.ndim - 1)
 
 
 def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: bool = True):
@@ -131,54 +154,55 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     A surplus larger than the masses at losses <= 0 means the masses are round-off (a step far
     finer than the curve's digits allow): the pessimistic estimate is then all mass at +inf.
     """
-    curve = jax.lax.cummin(jnp.clip(curve, 0.0, 1.0))
+    xp = array_module(curve)
+    curve = _cummin(xp.clip(curve, 0.0, 1.0))
     n = curve.shape[0]
     if n == 1:
         return 1.0 - curve, curve[0]
     huge = step > 700.0  # e^h overflows: divide first (1 / expm1(h) -> 0, e^h / expm1(h) -> 1)
-    em1 = jnp.expm1(jnp.minimum(step, 700.0))
-    grow = jnp.exp(jnp.minimum(step, 700.0))
+    em1 = xp.expm1(xp.minimum(step, 700.0))
+    grow = xp.exp(xp.minimum(step, 700.0))
 
     def masses(values, first):
         d = values[:-1] - values[1:]
-        interior = jnp.where(huge, d[:-1] / -jnp.expm1(-step) - d[1:] / jnp.expm1(step),
-                             (grow * d[:-1] - d[1:]) / em1)
-        last = jnp.where(huge, d[-1] / -jnp.expm1(-step), grow * d[-1] / em1)
-        return jnp.concatenate([(first - d[0] / jnp.expm1(step))[None], interior, last[None]])
+        interior = xp.where(huge, d[:-1] / -xp.expm1(-step) - d[1:] / xp.expm1(step),
+                            (grow * d[:-1] - d[1:]) / em1)
+        last = xp.where(huge, d[-1] / -xp.expm1(-step), grow * d[-1] / em1)
+        return xp.concatenate([(first - d[0] / xp.expm1(step))[None], interior, last[None]])
 
     target = 1.0 - below - curve[-1]
-    probs = jnp.maximum(masses(curve, 1.0 - below - curve[0]), 0.0)
+    probs = xp.maximum(masses(curve, 1.0 - below - curve[0]), 0.0)
     if excess is not None:
-        excess = jax.lax.cummax(excess)
+        excess = _cummax(excess)
         low = masses(excess, -below - excess[0])
-        low = low.at[-1].add(jnp.exp(jnp.minimum(z[-1], 0.0)))  # only used when z[-1] < 0
-        mixed = jnp.maximum(jnp.where(z < 0, low, probs), 0.0)
+        low = xp.concatenate([low[:-1], low[-1:] + xp.exp(xp.minimum(z[-1], 0.0))])  # z[-1] < 0
+        mixed = xp.maximum(xp.where(z < 0, low, probs), 0.0)
         # the excess keeps digits where the curve is close to 1, but where the window lies far
         # below the loss (x = e^z underflows) it has lost the masses: then the curve's own
         # masses, which telescope to the right total, are used. Where both are off by more
         # than 1e-9 (a loss of spread 1e-4 or less: round-off of order u / step each mass), the
         # one closer to the total: the curve's masses at z < 0 are then round-off alone
-        mismatch = jnp.abs(jnp.sum(mixed) - target)
-        probs = jnp.where(mismatch <= jnp.maximum(1e-9, jnp.abs(jnp.sum(probs) - target)), mixed,
-                          probs)
-    total = jnp.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
-    ratio = target / jnp.where(total > 0, total, 1.0)
+        mismatch = xp.abs(xp.sum(mixed) - target)
+        probs = xp.where(mismatch <= xp.maximum(1e-9, xp.abs(xp.sum(probs) - target)), mixed,
+                         probs)
+    total = xp.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
+    ratio = target / xp.where(total > 0, total, 1.0)
     if not pessimistic:
         return probs * ratio, curve[-1]
     # a deficit is spread proportionally (raising delta everywhere); a surplus is taken
     # proportionally from the losses <= 0, which delta(eps) at eps >= 0 does not see
-    low = jnp.ones_like(probs, bool) if z is None else z <= 0
-    low_mass = jnp.sum(jnp.where(low, probs, 0.0))
+    low = xp.ones_like(probs, bool) if z is None else z <= 0
+    low_mass = xp.sum(xp.where(low, probs, 0.0))
     surplus = total - target
-    keep = jnp.clip(1.0 - surplus / jnp.where(low_mass > 0, low_mass, 1.0), 0.0, 1.0)
-    probs = jnp.where(low & (surplus > 0), probs * keep, probs)
+    keep = xp.clip(1.0 - surplus / xp.where(low_mass > 0, low_mass, 1.0), 0.0, 1.0)
+    probs = xp.where(low & (surplus > 0), probs * keep, probs)
     # a surplus beyond the masses at losses <= 0 is round-off, not mass: on a step so fine that
     # the values' round-off (about u / step a mass, clipped at 0) outweighs the masses, e.g.
     # Grid(step=1e-9) for the Gaussian of sigma 1, whose masses summed to 1.07. Nothing can be
     # certified from such values: all of the mass goes to the +inf atom (delta = 1, an upper bound)
     lost = surplus - low_mass > _SURPLUS_TOLERANCE
-    return (jnp.where(lost, 0.0, probs * jnp.maximum(ratio, 1.0)),
-            jnp.where(lost, 1.0, curve[-1]))
+    return (xp.where(lost, 0.0, probs * xp.maximum(ratio, 1.0)),
+            xp.where(lost, 1.0, curve[-1]))
 
 
 #: Rounds of :func:`lower_hull_at`'s parallel peeling before the rows left unsettled go through
@@ -418,14 +442,16 @@ def privacy_buckets(log_sf_p, pessimistic: bool, atom=0.0, beyond=False):
 
 def grid_points(offset, step, n: int):
     """The losses z_i = (offset + i) * step, i < n (nats)."""
-    return (offset + jnp.arange(n, dtype=jnp.float64)) * step
+    xp = array_module(offset, step)
+    return (offset + xp.arange(n, dtype=xp.float64)) * step
 
 
 def beyond_losses(z, max_loss, atom, values):
     """``values`` of the curve delta at the grid points ``z``, with those at z >= ``max_loss``
     (the mechanism's largest finite loss, see :class:`LossTails`) set to ``atom``, P(L = +inf),
     which they equal exactly there."""
-    return jnp.where(z >= jnp.maximum(max_loss, 0.0), atom, values)
+    xp = array_module(z)
+    return xp.where(z >= xp.maximum(max_loss, 0.0), atom, values)
 
 
 def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "connect_dots",
@@ -553,6 +579,10 @@ class LossTails:
     # exactly, which the tails give only up to round-off (e^{log delta} is not delta, and an
     # optimistic estimate left that round-off as masses up to the window's top). None: unbounded
     max_loss: Callable | None = None
+    # whether every function above also runs in NumPy on NumPy arrays (and returns NumPy), so
+    # that a small pessimistic discretization on the host compiles nothing (see
+    # :func:`_mechanism_kernel`)
+    host: bool = False
 
 
 def window(mechanism: LossTails, params, tail):
@@ -593,8 +623,19 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     compiled in 1.6 s against 0.9 s for the two (DP-SGD's first call: the curve runs 2.9x slower
     with the masses' compiler options, and the masses compile slower with the curve's). The other
     estimates are two calls likewise: the mechanism's tails, and the masses from them, one
-    program per shape whatever the mechanism (in one program they compiled in 2.2 s a shape)."""
+    program per shape whatever the mechanism (in one program they compiled in 2.2 s a shape).
+
+    Small pessimistic connect-the-dots work (at most HOST_ROWS rows and HOST_POINTS points in
+    all, NumPy inputs, no ``then``) of a mechanism whose functions run in NumPy (``host``) is
+    computed on the host row by row (:func:`_host_row`): no program to compile."""
     options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
+    rows = tail.shape[0]
+    if (then is None and pessimistic and rounding == "connect_dots" and mechanism.host
+            and rows <= HOST_ROWS and rows * size <= HOST_POINTS
+            and all(array_module(a) is np for a in (*params, tail, step))):
+        with np.errstate(all="ignore"):  # log(0) = -inf and the like, as in XLA
+            return map_rows(functools.partial(_host_row, size=size, **options))(params, tail,
+                                                                                step)
     then = then or _grid_masses
     if pessimistic and rounding == "connect_dots":
         values, offset, h = _in_tiles(_curve_kernel, params, tail, step, size=size, **options)
@@ -605,6 +646,22 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     return _tails_masses_kernel(at_points, offset, h, atom, top, extra, size=size,
                                 rows=tail.shape[0], pessimistic=pessimistic, rounding=rounding,
                                 then=then)
+
+
+def _host_row(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
+              fixed: bool):
+    """(probs, inf_mass, offset, step) of one row's pessimistic connect-the-dots estimate in
+    NumPy: the work of :func:`_curve_kernel` and :func:`_masses_kernel` for concrete parameters
+    in host memory (a mechanism with ``host`` set), with no program to compile."""
+    offset, h = _window_grid(params, tail, step, mechanism=mechanism, size=size,
+                             pessimistic=pessimistic, fixed=fixed)
+    z = grid_points(offset, h, size)
+    values = curve_values(*side_tails(mechanism, params, z, z >= 0), z)
+    if mechanism.max_loss is not None:
+        atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(params)
+        values = beyond_losses(z, mechanism.max_loss(params), atom, values)
+    probs, inf_mass = masses_from_values(values, h, z)
+    return probs, np.float64(inf_mass), np.int64(offset), np.float64(h)
 
 
 def _grid_masses(probs, inf_mass, offset, step):
@@ -765,13 +822,14 @@ def _window_grid(params, tail, step, *, mechanism: LossTails, size: int, pessimi
                  fixed: bool):
     """(offset, step) of one (unbatched) mechanism's grid of ``size`` points (an int, or an
     integer array inside a kernel: data): ``step`` when ``fixed``, else the automatic one."""
+    xp = array_module(step)
     center, half_width = window(mechanism, params, tail)
     if not fixed:
         h = grid_lib.auto_step(mechanism.spread(params), half_width, size)
         if not pessimistic:
-            h = jnp.minimum(h, grid_lib.optimistic_step_limit(size))
+            h = xp.minimum(h, grid_lib.optimistic_step_limit(size))
     else:
-        h = jnp.asarray(step, jnp.float64)
+        h = xp.asarray(step, xp.float64)
     return grid_lib.window_offset(center, h, size, pessimistic), h
 
 
@@ -780,11 +838,13 @@ def _half_widths(params, tail, step, *, mechanism: LossTails):
     """Each element's half-width in units of ``step``. With no fixed step, in units of twice the
     fine step, so that a range of parameters shares one size (one compiled kernel); auto_step
     then picks the finest step that covers the loss."""
-    def one(single, single_tail):
-        h = 2 * grid_lib.fine_step(mechanism.spread(single)) if step is None else step
-        return window(mechanism, single, single_tail)[1] / h
+    return jax.vmap(functools.partial(_half_width_in_steps, mechanism, step=step))(params, tail)
 
-    return jax.vmap(one)(params, tail)
+
+def _half_width_in_steps(mechanism: LossTails, params, tail, step):
+    """:func:`_half_widths` of one element, or elementwise of NumPy arrays."""
+    h = 2 * grid_lib.fine_step(mechanism.spread(params)) if step is None else step
+    return window(mechanism, params, tail)[1] / h
 
 
 def _broadcast_flat(params, tail, xp):
@@ -805,6 +865,10 @@ def mechanism_half_widths(mechanism: LossTails, params, tail=None,
     count = tail.size
     if count == 0:
         return lambda: np.zeros(0)
+    if mechanism.host:  # elementwise in NumPy: nothing to compile
+        with np.errstate(all="ignore"):
+            widths = np.asarray(_half_width_in_steps(mechanism, params, tail, step), np.float64)
+        return lambda: widths
     # padded (repeating the last element) to a power of two >= 8 elements: one compiled shape
     # for a configuration's one or two directions and few for a sweep
     repeat_last = np.minimum(np.arange(max(8, grid_lib.next_pow2(count))), count - 1)

@@ -192,19 +192,20 @@ def _positive_or_one(x):
 # -- Gaussian ---------------------------------------------------------------------------------------
 def _gaussian_tails(params, eps):
     (mu,) = params
+    xp = array_module(mu, eps)
     pos = mu > 0
-    safe = jnp.where(pos, mu, 1.0)
-    sf = jnp.where(eps < 0, 0.0, -jnp.inf)  # mu = 0: the loss is 0 with certainty
-    cdf = jnp.where(eps < 0, -jnp.inf, 0.0)
+    safe = xp.where(pos, mu, 1.0)
+    sf = xp.where(eps < 0, 0.0, -xp.inf)  # mu = 0: the loss is 0 with certainty
+    cdf = xp.where(eps < 0, -xp.inf, 0.0)
     # L = mu X - mu^2 / 2 with X ~ N(mu, 1) under P and N(0, 1) under Q; each tail and its
     # complement from one erfc (log_ndtr_pair)
     sf_p, cdf_p = log_ndtr_pair(safe / 2 - eps / safe)
     sf_q, cdf_q = log_ndtr_pair(-safe / 2 - eps / safe)
     return (
-        jnp.where(pos, sf_p, sf),
-        jnp.where(pos, sf_q, sf),
-        jnp.where(pos, cdf_p, cdf),
-        jnp.where(pos, cdf_q, cdf),
+        xp.where(pos, sf_p, sf),
+        xp.where(pos, sf_q, sf),
+        xp.where(pos, cdf_p, cdf),
+        xp.where(pos, cdf_q, cdf),
     )
 
 
@@ -212,14 +213,15 @@ def _gaussian_side_tails(params, eps, upper):
     """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
     :func:`_gaussian_tails`): one ``log_ndtr`` each."""
     (mu,) = params
+    xp = array_module(mu, eps)
     pos = mu > 0
-    safe = jnp.where(pos, mu, 1.0)
-    sign = jnp.where(upper, 1.0, -1.0)
+    safe = xp.where(pos, mu, 1.0)
+    sign = xp.where(upper, 1.0, -1.0)
     # mu = 0: the loss is 0 with certainty
-    certain = jnp.where(upper == (eps < 0), 0.0, -jnp.inf)
+    certain = xp.where(upper == (eps < 0), 0.0, -xp.inf)
     log_p = log_ndtr(sign * (safe / 2 - eps / safe))
     log_q = log_ndtr(sign * (-safe / 2 - eps / safe))
-    return jnp.where(pos, log_p, certain), jnp.where(pos, log_q, certain)
+    return xp.where(pos, log_p, certain), xp.where(pos, log_q, certain)
 
 
 #: The Gaussian's default window reaches this many standard deviations of the loss on either
@@ -229,9 +231,13 @@ GAUSSIAN_REACH = 10.0
 
 def gaussian_reach(tail):
     """k with P(|N(0, 1)| > k) = ``tail``, at most GAUSSIAN_REACH (which a tail of 0 gives)."""
-    floor = 2 * jax.scipy.special.ndtr(-GAUSSIAN_REACH)
-    return jnp.where(tail > floor, -jax.scipy.special.ndtri(jnp.maximum(tail, floor) / 2),
-                     GAUSSIAN_REACH)
+    xp = array_module(tail)
+    if xp is np:  # imported on first use: ``import pldjax`` leaves SciPy out
+        import scipy.special as special
+    else:
+        special = jax.scipy.special
+    floor = 2 * special.ndtr(-GAUSSIAN_REACH)
+    return xp.where(tail > floor, -special.ndtri(xp.maximum(tail, floor) / 2), GAUSSIAN_REACH)
 
 
 def _gaussian_bulk(params, tail):
@@ -247,8 +253,9 @@ GAUSSIAN = LossTails(
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: p[0] ** 2 / 2,
     half_width=lambda p: GAUSSIAN_REACH * _positive_or_one(p[0]),
-    chi2=lambda p: jnp.expm1(p[0] ** 2),
+    chi2=lambda p: array_module(p[0]).expm1(p[0] ** 2),
     bulk=_gaussian_bulk,
+    host=True,
 )
 
 #: N(0, 1): log f(x - a) / f(x) = a (x - a/2), and E[f(X-a) f(X-b) / f(X)^2] = e^{ab}.
@@ -299,16 +306,17 @@ def _laplace_tails(params, eps):
     # P = Lap(0, b), Q = Lap(1, b), eps0 = 1/b: L = eps0 for x <= 0, eps0 (1 - 2x) on (0, 1),
     # -eps0 for x >= 1; so L > eps iff x < (1 - eps/eps0) / 2 for eps in [-eps0, eps0).
     (eps0,) = params
+    xp = array_module(eps0, eps)
     inside = (eps >= -eps0) & (eps < eps0)
     below = eps < -eps0
-    half = -jnp.log(2.0)
-    sf = jnp.where(below, 0.0, -jnp.inf)
-    cdf = jnp.where(below, -jnp.inf, 0.0)
+    half = -xp.log(2.0)
+    sf = xp.where(below, 0.0, -xp.inf)
+    cdf = xp.where(below, -xp.inf, 0.0)
     return (
-        jnp.where(inside, jnp.log1p(-0.5 * jnp.exp(-(eps0 - eps) / 2)), sf),
-        jnp.where(inside, half - (eps0 + eps) / 2, sf),
-        jnp.where(inside, half - (eps0 - eps) / 2, cdf),
-        jnp.where(inside, jnp.log1p(-0.5 * jnp.exp(-(eps0 + eps) / 2)), cdf),
+        xp.where(inside, xp.log1p(-0.5 * xp.exp(-(eps0 - eps) / 2)), sf),
+        xp.where(inside, half - (eps0 + eps) / 2, sf),
+        xp.where(inside, half - (eps0 - eps) / 2, cdf),
+        xp.where(inside, xp.log1p(-0.5 * xp.exp(-(eps0 + eps) / 2)), cdf),
     )
 
 
@@ -329,6 +337,7 @@ LAPLACE = LossTails(
     center=_zeros_like_first,
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
     chi2=_laplace_chi2,
+    host=True,
 )
 
 
@@ -358,16 +367,24 @@ class Laplace(Noise):
 
 
 # -- randomized response -------------------------------------------------------------------------------
+def _numpy_sigmoid(x):
+    import scipy.special  # on first use: ``import pldjax`` leaves SciPy out
+
+    return scipy.special.expit(x)
+
+
 def _rr_tails(params, eps):
     e, d = params
-    low = (1 - d) * jax.nn.sigmoid(-e)  # mass at loss -e under P (and at +e under Q)
-    high = (1 - d) * jax.nn.sigmoid(e)  # mass at loss +e under P (and at -e under Q)
+    xp = array_module(e, eps)
+    sigmoid = _numpy_sigmoid if xp is np else jax.nn.sigmoid
+    low = (1 - d) * sigmoid(-e)  # mass at loss -e under P (and at +e under Q)
+    high = (1 - d) * sigmoid(e)  # mass at loss +e under P (and at -e under Q)
     above_low, above_high = eps < -e, eps < e
     return (
-        jnp.log(d + high * above_high + low * above_low),
-        jnp.log(low * above_high + high * above_low),
-        jnp.log(low * ~above_low + high * ~above_high),
-        jnp.log(d + high * ~above_low + low * ~above_high),
+        xp.log(d + high * above_high + low * above_low),
+        xp.log(low * above_high + high * above_low),
+        xp.log(low * ~above_low + high * ~above_high),
+        xp.log(d + high * ~above_low + low * ~above_high),
     )
 
 
@@ -378,6 +395,7 @@ RANDOMIZED_RESPONSE = LossTails(
     half_width=lambda p: 1.01 * _positive_or_one(p[0]),
     inf_mass=lambda p: p[1],  # delta: the output only P can produce
     max_loss=lambda p: p[0],
+    host=True,
 )
 
 
@@ -445,10 +463,11 @@ def top_loss_lattice(top, mechanism: LossTails, params: tuple, pessimistic: bool
 
 def _dlap_log_cdf(t, k):
     """log P(K <= k) for P(K = j) proportional to e^{-t |j|}; k integer-valued (or +-inf)."""
-    log_norm = jnp.log1p(jnp.exp(-t))
-    safe = jnp.where(jnp.isfinite(k), k, 0.0)
-    value = jnp.where(safe <= 0, t * safe - log_norm, jnp.log1p(-jnp.exp(-t * (safe + 1) - log_norm)))
-    return jnp.where(k == jnp.inf, 0.0, jnp.where(k == -jnp.inf, -jnp.inf, value))
+    xp = array_module(t, k)
+    log_norm = xp.log1p(xp.exp(-t))
+    safe = xp.where(xp.isfinite(k), k, 0.0)
+    value = xp.where(safe <= 0, t * safe - log_norm, xp.log1p(-xp.exp(-t * (safe + 1) - log_norm)))
+    return xp.where(k == xp.inf, 0.0, xp.where(k == -xp.inf, -xp.inf, value))
 
 
 def _dlap_log_sf(t, k):
@@ -458,7 +477,8 @@ def _dlap_log_sf(t, k):
 
 def _loss_threshold(below_top, above_bottom, position):
     """The largest integer k with loss(k) > eps: +inf when every k qualifies, -inf when none."""
-    return jnp.where(above_bottom, jnp.inf, jnp.where(below_top, jnp.ceil(position) - 1, -jnp.inf))
+    xp = array_module(below_top, above_bottom, position)
+    return xp.where(above_bottom, xp.inf, xp.where(below_top, xp.ceil(position) - 1, -xp.inf))
 
 
 def _dlap_tails(params, eps):
@@ -490,6 +510,7 @@ DISCRETE_LAPLACE = LossTails(
     center=_zeros_like_first,
     half_width=lambda p: 1.01 * _positive_or_one(p[0] * p[1]),
     chi2=_dlap_chi2,
+    host=True,
 )
 
 
@@ -514,7 +535,8 @@ class DiscreteLaplace(Noise):
         with np.errstate(over="ignore"):  # a subnormal scale: inf, lowered to MAX_SHIFT below
             t = 1.0 / (jnp.asarray(scale, jnp.float64) if is_traced(scale) else np.asarray(scale, np.float64))
         shift = sensitivity if is_traced(sensitivity) else np.asarray(sensitivity, np.float64)
-        t, shift = jnp.minimum(jnp.asarray(t, jnp.float64), MAX_SHIFT), jnp.asarray(shift, jnp.float64)
+        xp = array_module(t, shift)  # NumPy on the host: no program per operation
+        t, shift = xp.minimum(xp.asarray(t, xp.float64), MAX_SHIFT), xp.asarray(shift, xp.float64)
         return DISCRETE_LAPLACE, (t, _shift(shift, neighboring))
 
     def lattice(self, params: tuple, pessimistic: bool) -> Grid | None:

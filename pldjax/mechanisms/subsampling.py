@@ -53,7 +53,8 @@ from pldjax.mechanisms.noise import GAUSSIAN, MAX_SHIFT, Location
 
 def _log_mix(log_weight_b, log_b, log_q, log_a):
     """log((1 - q) b + q a) given log(1 - q), log b, log q, log a."""
-    return jnp.logaddexp(log_weight_b + log_b, log_q + log_a)
+    xp = array_module(log_weight_b, log_b, log_q, log_a)
+    return xp.logaddexp(log_weight_b + log_b, log_q + log_a)
 
 
 def _threshold(x, q, log_q):
@@ -61,26 +62,28 @@ def _threshold(x, q, log_q):
     loss crosses (for the remove direction x = eps, for add x = -eps). For x > 0 it is written as
     x + log1p((q - 1) e^-x) - log q, which does not overflow for x beyond 709; for x <= 0 and
     q >= 1/2 as x + log1p(-(1 - q) e^-x) - log q, which keeps a large -x (exact at q = 1)."""
-    m = jnp.expm1(-jnp.abs(x))  # e^x - 1 for x <= 0, e^-x - 1 for x > 0
+    xp = array_module(x, q)
+    m = xp.expm1(-xp.abs(x))  # e^x - 1 for x <= 0, e^-x - 1 for x > 0
     above = x > 0
     u, r = log1p_parts((q - 1.0) * (1.0 + m))  # (q - 1) e^-x for x > 0
-    argument = jnp.where(above, u, m + q)  # m + q = e^x - 1 + q for x <= 0
+    argument = xp.where(above, u, m + q)  # m + q = e^x - 1 + q for x <= 0
     positive = argument > 0
-    logged = jnp.log(jnp.where(positive, argument, 1.0))
-    below = jnp.where(positive, logged - log_q, -jnp.inf)
+    logged = xp.log(xp.where(positive, argument, 1.0))
+    below = xp.where(positive, logged - log_q, -xp.inf)
     # from q = 1/2 (1 - q exact) x <= 0 is taken as x + log(1 - (1 - q) e^-x): expm1(x) + q
     # rounded to 0 below x = -37 at q = 1 (and e^x underflows below -745), which put the add
     # direction's losses above 37 nats at -inf; for small q, m + q keeps the digits of x near 0
-    scaled = jnp.where(q < 1.0, (1.0 - q) * jnp.exp(jnp.minimum(-x, 709.0)), 0.0)
+    scaled = xp.where(q < 1.0, (1.0 - q) * xp.exp(xp.minimum(-x, 709.0)), 0.0)
     inside = scaled < 1.0
-    near_one = jnp.where(inside, x + jnp.log1p(-jnp.where(inside, scaled, 0.0)) - log_q, -jnp.inf)
-    below = jnp.where(q >= 0.5, near_one, below)
-    return jnp.where(above, x + logged * r - log_q, below)
+    near_one = xp.where(inside, x + xp.log1p(-xp.where(inside, scaled, 0.0)) - log_q, -xp.inf)
+    below = xp.where(q >= 0.5, near_one, below)
+    return xp.where(above, x + logged * r - log_q, below)
 
 
 def _log1p_q_expm1(q, loss):
     """log(1 - q + q e^loss) without overflow (used for window placement only)."""
-    return jnp.logaddexp(jnp.log1p(-q), jnp.log(q) + loss)
+    xp = array_module(q, loss)
+    return xp.logaddexp(xp.log1p(-q), xp.log(q) + loss)
 
 
 def _subsampled_spread(base: LossTails, params):
@@ -110,8 +113,9 @@ def _base_range(base: LossTails, params, tail):
     ``tail`` outside, and so does either direction's P, a mixture of them."""
     *base_params, q = params
     base_params = tuple(base_params)
+    xp = array_module(q, tail)
     center, half = window(base, base_params, tail)
-    reach = jnp.minimum(jnp.maximum(jnp.abs(center - half), jnp.abs(center + half)), BASE_REACH_MAX)
+    reach = xp.minimum(xp.maximum(xp.abs(center - half), xp.abs(center + half)), BASE_REACH_MAX)
     return q, -reach, reach
 
 
@@ -119,24 +123,26 @@ def _loss_range(base: LossTails, params, tail=0.0):
     """(low, high) of the subsampled loss: L = log(1 - q + q e^l) is monotone in the base loss;
     P's mass outside is at most ``tail`` (0: the default window)."""
     *rest, adding = params
+    xp = array_module(adding, tail)
     q, low, high = _base_range(base, tuple(rest), tail)
     remove = (_log1p_q_expm1(q, low), _log1p_q_expm1(q, high))
     add = (-_log1p_q_expm1(q, high), -_log1p_q_expm1(q, low))
-    return tuple(jnp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
+    return tuple(xp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
 
 
 def _tails(base: LossTails, params, eps):
     """Tails of the remove or add direction (see the module docstring), from one evaluation of
     the base's tails per point: remove needs them at the threshold of eps, add at that of -eps."""
     *base_params, q, adding = params
+    xp = array_module(q, eps)
     add = adding > 0
-    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
-    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(jnp.where(add, -eps, eps), q, log_q))
+    log_q, log_1mq = xp.log(q), xp.log1p(-q)
+    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(xp.where(add, -eps, eps), q, log_q))
     mixed_sf, mixed_cdf = _log_mix(log_1mq, sq, log_q, sp), _log_mix(log_1mq, cq, log_q, cp)
     remove = (mixed_sf, sq, mixed_cdf, cq)
     # add: L > eps  <=>  l < threshold, so the "above" tails of L are the "at most" tails of l
     added = (cq, mixed_cdf, sq, mixed_sf)
-    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
+    return tuple(xp.where(add, a, r) for r, a in zip(remove, added, strict=True))
 
 
 def _side_tails(base: LossTails, params, eps, upper):
@@ -144,12 +150,13 @@ def _side_tails(base: LossTails, params, eps, upper):
     :func:`pldjax.kernels.discretize.side_tails`): one side of the base's tails and one mixture a point.
     For add, L > eps is the base loss below its threshold, so the base's other side is read."""
     *base_params, q, adding = params
+    xp = array_module(q, eps)
     add = adding > 0
-    log_q = jnp.log(q)
+    log_q = xp.log(q)
     base_p, base_q = side_tails(base, tuple(base_params),
-                                _threshold(jnp.where(add, -eps, eps), q, log_q), upper != add)
-    mixed = _log_mix(jnp.log1p(-q), base_q, log_q, base_p)
-    return jnp.where(add, base_q, mixed), jnp.where(add, mixed, base_q)
+                                _threshold(xp.where(add, -eps, eps), q, log_q), upper != add)
+    mixed = _log_mix(xp.log1p(-q), base_q, log_q, base_p)
+    return xp.where(add, base_q, mixed), xp.where(add, mixed, base_q)
 
 
 def _center(base: LossTails, params):
@@ -180,6 +187,7 @@ def poisson(base: LossTails) -> LossTails:
         center=functools.partial(_center, base),
         half_width=functools.partial(_half_width, base),
         bulk=functools.partial(_loss_range, base),
+        host=base.host,
     )
 
 
@@ -192,26 +200,28 @@ def _replace_one_threshold(mu, q, eps):
     cancellation for either sign of D = (1 - q) expm1(eps), wholly in logs (c underflows for
     mu beyond about 38, and expm1(eps) overflows beyond 709).
     """
-    log_2qc = jnp.log(2 * q) - mu**2 / 2
+    xp = array_module(mu, q, eps)
+    log_2qc = xp.log(2 * q) - mu**2 / 2
     log_w = log_2qc + eps / 2  # w = 2 q c e^(eps/2): 4 q^2 c^2 e^eps = w^2
     # log |D|, -inf at eps = 0
-    log_abs_expm1 = jnp.where(eps > 0, eps + jnp.log(-jnp.expm1(-jnp.abs(eps))),
-                              jnp.log(-jnp.expm1(-jnp.abs(eps))))
-    log_d = jnp.log1p(-q) + log_abs_expm1
-    log_root = jnp.logaddexp(2 * log_d, 2 * log_w) / 2  # log hypot(D, w)
-    log_sum = jnp.logaddexp(log_d, log_root)  # log(root + |D|)
-    log_v = jnp.where(eps >= 0, log_sum - log_2qc, 2 * log_w - log_2qc - log_sum)
+    log_abs_expm1 = xp.where(eps > 0, eps + xp.log(-xp.expm1(-xp.abs(eps))),
+                              xp.log(-xp.expm1(-xp.abs(eps))))
+    log_d = xp.log1p(-q) + log_abs_expm1
+    log_root = xp.logaddexp(2 * log_d, 2 * log_w) / 2  # log hypot(D, w)
+    log_sum = xp.logaddexp(log_d, log_root)  # log(root + |D|)
+    log_v = xp.where(eps >= 0, log_sum - log_2qc, 2 * log_w - log_2qc - log_sum)
     return -log_v / mu
 
 
 def _replace_one_tails(params, eps):
     mu, q = params
+    xp = array_module(mu, q, eps)
     active = (q > 0) & (mu > 0)
     # mu^2 must stay finite; beyond mu = 1e150 the curve no longer changes in float64 (the losses
     # away from 0 exceed 1e299 nats, far beyond any window)
-    mu, q = jnp.where(active, jnp.minimum(mu, 1e150), 1.0), jnp.where(active, q, 0.5)
+    mu, q = xp.where(active, xp.minimum(mu, 1e150), 1.0), xp.where(active, q, 0.5)
     x = _replace_one_threshold(mu, q, eps)
-    log_q, log_1mq = jnp.log(q), jnp.log1p(-q)
+    log_q, log_1mq = xp.log(q), xp.log1p(-q)
     # P = (1-q) N(0,1) + q N(-mu,1), Q = (1-q) N(0,1) + q N(mu,1); L > eps <=> output < x
     # each log Phi(y) and log Phi(-y) from one erfc (log_ndtr_pair)
     at_x, at_minus_x = log_ndtr_pair(x)
@@ -224,13 +234,14 @@ def _replace_one_tails(params, eps):
         _log_mix(log_1mq, at_minus_x, log_q, shifted_down_c),
     )
     # q = 0 or mu = 0: P = Q, the loss is 0 with certainty
-    sf = jnp.where(eps < 0, 0.0, -jnp.inf)
-    cdf = jnp.where(eps < 0, -jnp.inf, 0.0)
-    return tuple(jnp.where(active, t, i) for t, i in zip(tails, (sf, sf, cdf, cdf), strict=True))
+    sf = xp.where(eps < 0, 0.0, -xp.inf)
+    cdf = xp.where(eps < 0, -xp.inf, 0.0)
+    return tuple(xp.where(active, t, i) for t, i in zip(tails, (sf, sf, cdf, cdf), strict=True))
 
 
 def _replace_one_half_width(params):
     mu, q = params
+    xp = array_module(mu, q)
     # the loss at output -(mu + 10), below which P holds under 1e-23 (the loss decreases in the
     # output): log(1 - q + q e^(mu^2/2 + 10 mu)) - log(1 - q + q e^(-3 mu^2/2 - 10 mu)). The
     # second term is at most log(1 / (1 - q)) while q < 1, but at q = 1 the loss is linear,
@@ -238,21 +249,23 @@ def _replace_one_half_width(params):
     # loss) out of the window, into the +inf atom
     top = _log1p_q_expm1(q, mu**2 / 2 + 10 * mu) - _log1p_q_expm1(q, -1.5 * mu**2 - 10 * mu)
     reach = 1.01 * top + 2 * q * mu + 1e-300
-    return jnp.minimum(reach, BASE_REACH_MAX)
+    return xp.minimum(reach, BASE_REACH_MAX)
 
 
 def _replace_one_spread(params):
     mu, q = params
+    xp = array_module(mu, q)
     # sd of the loss: about 2 q sqrt(sinh(mu^2)) for small q, 2 mu at q = 1
-    spread = jnp.minimum(2 * q * jnp.sqrt(jnp.sinh(mu**2)), 2 * mu)
-    return jnp.where(spread > 0, spread, 1.0)
+    spread = xp.minimum(2 * q * xp.sqrt(xp.sinh(mu**2)), 2 * mu)
+    return xp.where(spread > 0, spread, 1.0)
 
 
 GAUSSIAN_REPLACE_ONE = LossTails(
     tails=_replace_one_tails,
     spread=_replace_one_spread,
-    center=lambda p: jnp.zeros_like(p[0]),
+    center=lambda p: array_module(p[0]).zeros_like(p[0]),
     half_width=_replace_one_half_width,
+    host=True,
 )
 
 

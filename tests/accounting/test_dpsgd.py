@@ -139,15 +139,15 @@ def test_sharded_sweep_agrees_with_unsharded():
 
 def test_first_call_compiles_only_the_kernels():
     """A new process's first dpsgd_epsilon (no persistent cache) compiles its three kernels (the
-    curve, its masses with their windows placed, the composition), the sizing one and the one-op
-    probe of their XLA options, and nothing else: host glue in NumPy, no small program per eager
-    jnp operation (each costs tens of ms to compile, and a cache look-up, in every new
+    curve, its masses with their windows placed, the composition) and the one-op probe of their
+    XLA options, and nothing else: host glue in NumPy (the windows' sizes too), no small program
+    per eager jnp operation (each costs tens of ms to compile, and a cache look-up, in every new
     process)."""
     names, _ = programs_of_a_new_process("""
         import pldjax as pj
         pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
     """)
-    assert sorted(names) == sorted(["jit(_half_widths)", "jit(_curve_kernel)", "jit(_masses_kernel)",
+    assert sorted(names) == sorted(["jit(_curve_kernel)", "jit(_masses_kernel)",
                                     "jit(_compose_and_evaluate)", "jit(option_probe)"]), names
 
 

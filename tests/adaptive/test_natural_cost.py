@@ -11,6 +11,7 @@ from compiled_programs import compiled_programs
 from reference import gaussian_delta_mp
 
 import pldjax as pj
+from pldjax.kernels.dominance import ROUNDOFF
 
 STEP = 1 / 16
 GRID = pj.Grid(step=STEP)
@@ -62,8 +63,9 @@ def composed(indices, family):
 
 def check_witness(witness, queries, budget_curve, points):
     """prefix (+) sup(options) exceeds the budget at the witness's eps, and every path is legal
-    (below the budget at every lattice point of the window and beyond: both curves are
-    piecewise linear in e^eps between lattice points when the budget is on the lattice)."""
+    up to ROUNDOFF, as the search promises (below the budget at every lattice point of the
+    window and beyond: both curves are piecewise linear in e^eps between lattice points when the
+    budget is on the lattice)."""
     family = [atoms(q) for q in queries]
     prefix = composed(witness["prefix"], family)
     for option in witness["options"]:
@@ -71,7 +73,7 @@ def check_witness(witness, queries, budget_curve, points):
         for i in option:
             path.append(i)
             current = composed(path, family)
-            assert all(curve(current, e) <= budget_curve(e) + mpmath.mpf(1e-30) for e in points)
+            assert all(curve(current, e) <= budget_curve(e) + mpmath.mpf(ROUNDOFF) for e in points)
 
     def sup_then_prefix(eps):
         # delta_{prefix (+) S}(eps) = sum over prefix atoms p * delta_S(eps - z) + inf mass

@@ -7,6 +7,7 @@ from reference import gaussian_delta
 import pldjax as pj
 from pldjax.core import pld as pld_module
 from pldjax.core.pld import PLD
+from pldjax.kernels import discretize
 
 
 def test_direction_helpers():
@@ -33,8 +34,44 @@ def test_direction_helpers():
 
 
 def _compiled_path(monkeypatch):
-    """Small PLDs go through the compiled kernels, as large ones do."""
+    """Small PLDs are built and go through the compiled kernels, as large ones do."""
     monkeypatch.setattr(pld_module, "HOST_ROWS", 0)
+    monkeypatch.setattr(discretize, "HOST_ROWS", 0)
+
+
+#: Small pessimistic PLDs of the mechanisms whose tails also run in NumPy.
+SMALL_ON_HOST = (
+    lambda: pj.gaussian(1.0),
+    lambda: pj.gaussian(0.8, sampling_prob=0.1),
+    lambda: pj.gaussian(np.array([0.5, 3.0]), sampling_prob=1e-3),
+    lambda: pj.laplace(2.0),
+    lambda: pj.laplace(0.5, sampling_prob=0.05),
+    lambda: pj.randomized_response(1.0, 1e-6),
+    lambda: pj.gaussian(1.0, sampling_prob=0.05, neighboring="replace_one"),
+    lambda: pj.Event(pj.noise.DiscreteLaplace(0.7)).pld(),
+    lambda: pj.Event(pj.noise.DiscreteLaplace(0.7), pj.sampling.Poisson(0.1)).pld(),
+)
+
+
+def test_small_pessimistic_plds_are_built_on_the_host_without_compiling():
+    _, names = compiled_programs(lambda: [make() for make in SMALL_ON_HOST])
+    assert names == []
+
+
+def test_plds_built_on_the_host_are_the_compiled_kernels_to_round_off(monkeypatch):
+    """The same grids, and masses within their round-off, 64 ulps over the step each (masses
+    are second differences of the curve over the step; NumPy's and XLA's erfc, logs and sums
+    round differently)."""
+    on_host = [make() for make in SMALL_ON_HOST]
+    _compiled_path(monkeypatch)
+    compiled = [make() for make in SMALL_ON_HOST]
+    for host, kernel in zip(on_host, compiled, strict=True):
+        for a, b in zip(host.directions(), kernel.directions(), strict=True):
+            np.testing.assert_array_equal(a.offset, b.offset)
+            np.testing.assert_array_equal(a.step, b.step)
+            roundoff = 64 * np.finfo(np.float64).eps / np.asarray(a.step)[..., None]
+            assert np.all(np.abs(np.asarray(a.probs) - np.asarray(b.probs)) <= 1e-14 + roundoff)
+            np.testing.assert_allclose(a.inf_mass, b.inf_mass, rtol=1e-9, atol=1e-15)
 
 
 def test_small_plds_in_host_memory_are_read_and_composed_without_compiling():
