@@ -241,19 +241,36 @@ def _on_or_above(ax, ay, bx, by, cx, cy):
     return (bx - ax) * (cy - ay) - (by - ay) * (cx - ax) <= 0.0
 
 
-#: values at per-row indices (along the last axis)
-_take = functools.partial(jnp.take_along_axis, axis=-1)
+def _take(values, index):
+    """Values at per-row indices (along the last axis)."""
+    return array_module(values).take_along_axis(values, index, axis=-1)
 
 
 def _nearest_kept(kept):
     """The nearest kept point at or left of each point (-1 if none) and at or right of it (m if
     none), along the last axis: one cumulative max for both (XLA compiles each as a scan)."""
-    m = kept.shape[-1]
-    idx = jnp.arange(m)
-    scans = jax.lax.cummax(jnp.stack([jnp.where(kept, idx, -1),
-                                      jnp.flip(jnp.where(kept, m - 1 - idx, -1), -1)]),
-                           axis=kept.ndim)
-    return scans[0], m - 1 - jnp.flip(scans[1], -1)
+    m, xp = kept.shape[-1], array_module(kept)
+    idx = xp.arange(m)
+    scans = _cummax(xp.stack([xp.where(kept, idx, -1),
+                              xp.flip(xp.where(kept, m - 1 - idx, -1), -1)]))
+    return scans[0], m - 1 - xp.flip(scans[1], -1)
+
+
+def _peel(xs, ys, kept):
+    """One peeling round of :func:`_hull_vertices`: (the points still kept, whether each row
+    dropped one)."""
+    rows, m = xs.shape
+    xp = array_module(xs, ys)
+    before, after = _nearest_kept(kept)
+    a = xp.concatenate([xp.full((rows, 1), -1), before[:, :-1]], axis=1)  # kept, left of i
+    c = xp.concatenate([after[:, 1:], xp.full((rows, 1), m)], axis=1)
+    inner = kept & (a >= 0) & (c < m)
+    a, c = xp.maximum(a, 0), xp.minimum(c, m - 1)
+    ax, ay, cx, cy = _take(xs, a), _take(ys, a), _take(xs, c), _take(ys, c)
+    drop = inner & (_on_or_above(ax, ay, xs, ys, cx, cy)
+                    | _on_or_above(xs[:, :1], ys[:, :1], xs, ys, cx, cy)
+                    | _on_or_above(ax, ay, xs, ys, xs[:, -1:], ys[:, -1:]))
+    return kept & ~drop, xp.any(drop, axis=1)
 
 
 def _hull_vertices(xs, ys, peel_rounds: int):
@@ -272,16 +289,7 @@ def _hull_vertices(xs, ys, peel_rounds: int):
 
     def peel(state):
         kept, _, rounds = state
-        before, after = _nearest_kept(kept)
-        a = jnp.concatenate([jnp.full((rows, 1), -1), before[:, :-1]], axis=1)  # kept, left of i
-        c = jnp.concatenate([after[:, 1:], jnp.full((rows, 1), m)], axis=1)
-        inner = kept & (a >= 0) & (c < m)
-        a, c = jnp.maximum(a, 0), jnp.minimum(c, m - 1)
-        ax, ay, cx, cy = _take(xs, a), _take(ys, a), _take(xs, c), _take(ys, c)
-        drop = inner & (_on_or_above(ax, ay, xs, ys, cx, cy)
-                        | _on_or_above(xs[:, :1], ys[:, :1], xs, ys, cx, cy)
-                        | _on_or_above(ax, ay, xs, ys, xs[:, -1:], ys[:, -1:]))
-        return kept & ~drop, jnp.any(drop, axis=1), rounds + 1
+        return *_peel(xs, ys, kept), rounds + 1
 
     def until_settled(state):
         return jax.lax.while_loop(lambda s: jnp.any(s[1]) & (s[2] < peel_rounds), peel, state)
@@ -299,21 +307,46 @@ def _hull_vertices(xs, ys, peel_rounds: int):
     return jax.lax.cond(jnp.any(dropping), chain, lambda kept: kept, kept)
 
 
+def _hull_vertices_on_host(xs, ys):
+    """:func:`_hull_vertices` in NumPy: the same peeling rounds, then the monotone chain (a
+    Python loop over the points kept) for the rows still dropping points."""
+    kept, dropping = np.ones(xs.shape, bool), np.ones(xs.shape[0], bool)
+    for _ in range(_PEEL_ROUNDS):
+        if not dropping.any():
+            break
+        kept, dropping = _peel(xs, ys, kept)
+    for row in np.flatnonzero(dropping):
+        chain: list[int] = []
+        for i in np.flatnonzero(kept[row]):
+            while len(chain) >= 2 and _on_or_above(xs[row, chain[-2]], ys[row, chain[-2]],
+                                                   xs[row, chain[-1]], ys[row, chain[-1]],
+                                                   xs[row, i], ys[row, i]):
+                chain.pop()
+            chain.append(i)
+        kept[row] = False
+        kept[row, chain] = True
+    return kept
+
+
 def _interpolate(xs, ys, left, right):
     """Values at xs of the chords from point ``left`` to point ``right`` (per row), as jnp.interp
     computes them."""
     lx, ly = _take(xs, left), _take(ys, left)
     width = _take(xs, right) - lx
-    return ly + ((xs - lx) / jnp.where(width > 0, width, 1.0)) * (_take(ys, right) - ly)
+    return ly + ((xs - lx) / array_module(xs).where(width > 0, width, 1.0)) * (_take(ys, right) - ly)
+
+
+def _hull_values(xs, ys, kept):
+    """Values at xs of the chords between the ``kept`` points (the hull's vertices)."""
+    left, right = _nearest_kept(kept)
+    right = array_module(xs).minimum(right, xs.shape[-1] - 1)
+    return array_module(xs).where(kept, ys, _interpolate(xs, ys, left, right))
 
 
 @jax.custom_batching.custom_vmap
 def _hull_rows(xs, ys):
     """Values at xs of the lower convex hull of each row of (xs, ys) (rows x m)."""
-    kept = _hull_vertices(xs, ys, _PEEL_ROUNDS)
-    left, right = _nearest_kept(kept)
-    right = jnp.minimum(right, xs.shape[-1] - 1)
-    return jnp.where(kept, ys, _interpolate(xs, ys, left, right))
+    return _hull_values(xs, ys, _hull_vertices(xs, ys, _PEEL_ROUNDS))
 
 
 @_hull_rows.def_vmap
@@ -329,7 +362,10 @@ def lower_hull_at(xs, ys):
     """Values at ``xs`` of the lower convex hull of the points (xs, ys); xs strictly increasing.
 
     By peeling rounds over whole arrays (:func:`_hull_vertices`): the sequential monotone chain
-    costs a loop step a point, 88 ms for two curves of 16,385 points on a CPU."""
+    costs a loop step a point, 88 ms for two curves of 16,385 points on a CPU); in NumPy for
+    NumPy arrays."""
+    if array_module(xs, ys) is np:
+        return _hull_values(xs[None], ys[None], _hull_vertices_on_host(xs[None], ys[None]))[0]
     return _hull_rows(xs[None], ys[None])[0]
 
 
@@ -337,6 +373,15 @@ def lower_hull_at(xs, ys):
 #: concrete curves (one program a size; called eagerly, each of their operations compiled apart)
 compiled_masses_from_curve = kernel_jit(masses_from_curve, static_argnames=("pessimistic",))
 compiled_lower_hull_at = kernel_jit(lower_hull_at)
+
+
+def _set(values, index, value):
+    """``values`` with ``values[index]`` set to ``value`` (a copy; NumPy or JAX arrays)."""
+    if array_module(values) is np:
+        values = values.copy()
+        values[index] = value
+        return values
+    return values.at[index].set(value)
 
 
 def _raised_at_one(cand, values, log_slopes, sign, z, split, middle, next_bound):
@@ -355,34 +400,34 @@ def _raised_at_one(cand, values, log_slopes, sign, z, split, middle, next_bound)
     less than a tenth of the curve's value there, both ends follow the middle tangent instead.
     Either way each segment lies below one line below the curve: sound."""
     z_mid, mid_value, mid_log_slope = middle
-    n = z.shape[0]
-    left, right = jnp.maximum(split - 1, 0), jnp.minimum(split, n - 1)
-    points = jnp.stack([z[left], z_mid, z[right]])
-    at = jnp.stack([values[left], mid_value, values[right]])
-    slope = sign * jnp.exp(jnp.stack([log_slopes[left], mid_log_slope, log_slopes[right]]) - points)
+    n, xp = z.shape[0], array_module(cand)
+    left, right = xp.maximum(split - 1, 0), xp.minimum(split, n - 1)
+    points = xp.stack([z[left], z_mid, z[right]])
+    at = xp.stack([values[left], mid_value, values[right]])
+    slope = sign * xp.exp(xp.stack([log_slopes[left], mid_log_slope, log_slopes[right]]) - points)
 
     def tangents(x):  # the three tangent lines at x (in x = e^z)
-        return at + slope * (x - jnp.exp(points))
+        return at + slope * (x - xp.exp(points))
 
-    x_left, x_right = jnp.exp(z[left]), jnp.exp(z[right])
+    x_left, x_right = xp.exp(z[left]), xp.exp(z[right])
     a = cand[left]
-    bound = jnp.minimum(values[right], next_bound[right])
+    bound = xp.minimum(values[right], next_bound[right])
     for first in (0, 1):  # the kinks: where consecutive tangents cross
         gap = slope[first] - slope[first + 1]
-        cross = (at[first + 1] - at[first] + slope[first] * jnp.exp(points[first])
-                 - slope[first + 1] * jnp.exp(points[first + 1])) / jnp.where(gap != 0, gap, 1.0)
-        kink = jnp.clip(jnp.where(gap != 0, cross, x_left), x_left, x_right)
-        envelope = jnp.max(tangents(kink))
+        cross = (at[first + 1] - at[first] + slope[first] * xp.exp(points[first])
+                 - slope[first + 1] * xp.exp(points[first + 1])) / xp.where(gap != 0, gap, 1.0)
+        kink = xp.clip(xp.where(gap != 0, cross, x_left), x_left, x_right)
+        envelope = xp.max(tangents(kink))
         reach = (kink - x_left) / (x_right - x_left)  # the segment's position at the kink
-        bound = jnp.minimum(bound, jnp.where(reach > 0, a + (envelope - a) / jnp.where(
-            reach > 0, reach, 1.0), jnp.inf))
-    kept_left = cand.at[right].set(jnp.maximum(cand[right], bound))
+        bound = xp.minimum(bound, xp.where(reach > 0, a + (envelope - a) / xp.where(
+            reach > 0, reach, 1.0), xp.inf))
+    kept_left = _set(cand, right, xp.maximum(cand[right], bound))
     # where even so less than a tenth of the curve's value at the right end is left (the
     # collapse), both ends follow the middle's tangent instead: the left end gives up some of
     # its value, and x = 1 keeps most of its own
-    on_middle = (cand.at[left].set(jnp.minimum(cand[left], tangents(x_left)[1]))
-                 .at[right].set(jnp.minimum(next_bound[right], tangents(x_right)[1])))
-    return jnp.where(kept_left[right] < values[right] / 10, on_middle, kept_left)
+    on_middle = _set(_set(cand, left, xp.minimum(cand[left], tangents(x_left)[1])), right,
+                     xp.minimum(next_bound[right], tangents(x_right)[1]))
+    return xp.where(kept_left[right] < values[right] / 10, on_middle, kept_left)
 
 
 def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last, middle=None):
@@ -403,25 +448,26 @@ def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last, mi
     None: the candidates at that interval's ends then use a third tangent, there
     (:func:`_raised_at_one`), so that a coarse step no longer reads an optimistic epsilon of 0.
     """
-    n = z.shape[0]
-    log_up = step + jnp.log(-jnp.expm1(-step))  # log(e^h - 1), finite for any step
-    log_down = jnp.log(-jnp.expm1(-step))  # log(1 - e^-h)
-    from_left = jnp.concatenate([first[None], values[:-1] + sign * jnp.exp(log_slopes[:-1] + log_up)])
-    from_right = jnp.concatenate([values[1:] - sign * jnp.exp(log_slopes[1:] + log_down), last[None]])
-    split = jnp.searchsorted(z, 0.0, side="left")  # first grid point with z >= 0 (x >= 1)
-    idx = jnp.arange(n)
-    cand = jnp.where(
-        idx < split, from_left, jnp.where(idx > split, from_right, jnp.minimum(from_left, from_right))
+    n, xp = z.shape[0], array_module(values)
+    log_up = step + xp.log(-xp.expm1(-step))  # log(e^h - 1), finite for any step
+    log_down = xp.log(-xp.expm1(-step))  # log(1 - e^-h)
+    from_left = xp.concatenate([first[None], values[:-1] + sign * xp.exp(log_slopes[:-1] + log_up)])
+    from_right = xp.concatenate([values[1:] - sign * xp.exp(log_slopes[1:] + log_down), last[None]])
+    split = xp.searchsorted(z, 0.0, side="left")  # first grid point with z >= 0 (x >= 1)
+    idx = xp.arange(n)
+    cand = xp.where(
+        idx < split, from_left, xp.where(idx > split, from_right, xp.minimum(from_left, from_right))
     )
-    cand = cand.at[-1].set(last)
+    cand = xp.concatenate([cand[:-1], xp.reshape(last, (1,))])
     if middle is not None:
-        cand = jnp.where((split >= 1) & (split <= n - 1),
+        cand = xp.where((split >= 1) & (split <= n - 1),
                          _raised_at_one(cand, values, log_slopes, sign, z, split, middle,
-                                        from_right.at[-1].set(last)), cand)
+                                        xp.concatenate([from_right[:-1], xp.reshape(last, (1,))])),
+                         cand)
     # x measured relative to the window centre: scaling x keeps convexity and avoids overflow
-    xs = jnp.exp(z - z[n // 2])
-    points = jnp.concatenate([jnp.full((1,), at_zero, values.dtype), cand])
-    return lower_hull_at(jnp.concatenate([jnp.zeros((1,)), xs]), points)[1:]
+    xs = xp.exp(z - z[n // 2])
+    points = xp.concatenate([xp.full((1,), at_zero, values.dtype), cand])
+    return lower_hull_at(xp.concatenate([xp.zeros((1,)), xs]), points)[1:]
 
 
 def privacy_buckets(log_sf_p, pessimistic: bool, atom=0.0, beyond=False):
@@ -476,8 +522,8 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
 def _middle_point(z, step):
     """The middle of the grid interval holding x = 1 (eps = 0), as a (1,) array (the first
     interval's middle when every point is at or above 0, the last's when every one is below)."""
-    n = z.shape[0]
-    return z[jnp.clip(jnp.searchsorted(z, 0.0, side="left") - 1, 0, n - 1)][None] + step / 2
+    n, xp = z.shape[0], array_module(z)
+    return z[xp.clip(xp.searchsorted(z, 0.0, side="left") - 1, 0, n - 1)][None] + step / 2
 
 
 def tail_points(z, pessimistic: bool):
@@ -487,7 +533,8 @@ def tail_points(z, pessimistic: bool):
     there, -Q(L >= z): with the right one, -Q(L > z), an atom of the loss on a grid point (the
     largest loss of a randomized response or a Laplace mechanism on its lattice) lost its
     tangent and went down a step. Optimistic privacy buckets so hold [z_i, z_{i+1}) at z_i."""
-    return z if pessimistic else jnp.where(z > 0, jnp.nextafter(z, -jnp.inf), z)
+    xp = array_module(z)
+    return z if pessimistic else xp.where(z > 0, xp.nextafter(z, -xp.inf), z)
 
 
 def estimate_tails(tails, z, step, pessimistic: bool):
@@ -505,11 +552,11 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
     """(probs, inf_mass) on the grid ``z`` from the mechanism's :func:`estimate_tails`
     ``at_points``: the optimistic connect-the-dots estimate, or privacy buckets (either
     direction of rounding); see :func:`discretize`. Independent of the mechanism."""
-    n = z.shape[0]
+    n, xp = z.shape[0], array_module(z)
     lsp, lsq, lcp, lcq = at_points[:, :n]
     lsp_mid, lsq_mid, lcp_mid, lcq_mid = at_points[:, n:]
     if rounding == "privacy_buckets":
-        return privacy_buckets(lsp, pessimistic, atom, z >= jnp.maximum(max_loss, 0.0))
+        return privacy_buckets(lsp, pessimistic, atom, z >= xp.maximum(max_loss, 0.0))
     # past the largest finite loss the finite part's curve delta - atom is 0 exactly: computed as
     # a difference, its round-off left masses up to the window's top, an optimistic delta above
     # the atom there and so epsilon(atom) at the top of the window
@@ -519,35 +566,35 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
     # Left of the window the estimate follows the tangent at x_0 = e^{z_0}: it reaches
     # P(L > z_0) = 1 - lost at x = 0, i.e. P's mass at losses <= z_0 is dropped (moved down to
     # -inf), where rounding it up to z_0 would overstate delta below z_0.
-    lost = jnp.exp(lcp[0])
-    delta, excess = jax.lax.cummin(delta), jax.lax.cummax(excess)
+    lost = xp.exp(lcp[0])
+    delta, excess = _cummin(delta), _cummax(excess)
     # the finite part: delta - atom tends to 0 beyond the window (no Q mass at +inf: the slopes
     # and the excess e^eps Q(L <= eps) - P(L <= eps) are those of the finite part already)
-    atom = jnp.clip(jnp.minimum(atom, delta[-1]), 0.0, 1.0 - lost)
-    delta = jnp.maximum(delta - atom, 0.0)
+    atom = xp.clip(xp.minimum(atom, delta[-1]), 0.0, 1.0 - lost)
+    delta = xp.maximum(delta - atom, 0.0)
     excess = excess - atom
     # both curves at the middle of the interval holding x = 1
     z_mid = _middle_point(z, step)
     delta_mid = beyond_losses(z_mid, max_loss, raw_atom, hockey_stick(lsp_mid, lsq_mid, z_mid))
-    delta_mid = jnp.maximum(delta_mid[0] - atom, 0.0)
+    delta_mid = xp.maximum(delta_mid[0] - atom, 0.0)
     excess_mid = hockey_stick_excess(lcp_mid, lcq_mid, z_mid)[0] - atom
     # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0:
     # both estimates in one vmapped call (one traced hull, not two: its program compiled about
     # 15% faster)
-    stacked = [jnp.stack(pair) for pair in (
+    stacked = [xp.stack(pair) for pair in (
         (delta, excess), (lsq + z, lcq + z), (-1.0, 1.0), (1.0 - lost - atom, -lost - atom),
-        (delta[0], excess[0]), (0.0, jnp.expm1(z[-1])), (delta_mid, excess_mid),
+        (delta[0], excess[0]), (0.0, xp.expm1(z[-1])), (delta_mid, excess_mid),
         ((lsq_mid + z_mid)[0], (lcq_mid + z_mid)[0]))]
     values, log_slopes, sign, at_zero, first, last, mid_value, mid_log_slope = stacked
-    curve, excess = jax.vmap(
+    curve, excess = map_rows(
         lambda v, ls, sg, a0, f, la, mv, ml: optimistic_curve(
             v, ls, sg, z, step, a0, f, la, (z_mid[0], mv, ml)))(
         values, log_slopes, sign, at_zero, first, last, mid_value, mid_log_slope)
     probs, _ = masses_from_curve(
-        jnp.clip(curve, 0.0, 1.0), step, jnp.maximum(excess, -lost - atom), z, below=lost + atom,
+        xp.clip(curve, 0.0, 1.0), step, xp.maximum(excess, -lost - atom), z, below=lost + atom,
         pessimistic=False,
     )
-    return probs, atom * jnp.ones((), probs.dtype)
+    return probs, atom * xp.ones((), probs.dtype)
 
 
 # -- mechanisms -----------------------------------------------------------------------------------
@@ -580,7 +627,7 @@ class LossTails:
     # optimistic estimate left that round-off as masses up to the window's top). None: unbounded
     max_loss: Callable | None = None
     # whether every function above also runs in NumPy on NumPy arrays (and returns NumPy), so
-    # that a small pessimistic discretization on the host compiles nothing (see
+    # that a small connect-the-dots discretization on the host compiles nothing (see
     # :func:`_mechanism_kernel`)
     host: bool = False
 
@@ -625,12 +672,12 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     estimates are two calls likewise: the mechanism's tails, and the masses from them, one
     program per shape whatever the mechanism (in one program they compiled in 2.2 s a shape).
 
-    Small pessimistic connect-the-dots work (at most HOST_ROWS rows and HOST_POINTS points in
-    all, NumPy inputs, no ``then``) of a mechanism whose functions run in NumPy (``host``) is
-    computed on the host row by row (:func:`_host_row`): no program to compile."""
+    Small connect-the-dots work (at most HOST_ROWS rows and HOST_POINTS points in all, NumPy
+    inputs, no ``then``) of a mechanism whose functions run in NumPy (``host``) is computed on
+    the host row by row (:func:`_host_row`): no program to compile."""
     options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
     rows = tail.shape[0]
-    if (then is None and pessimistic and rounding == "connect_dots" and mechanism.host
+    if (then is None and rounding == "connect_dots" and mechanism.host
             and rows <= HOST_ROWS and rows * size <= HOST_POINTS
             and all(array_module(a) is np for a in (*params, tail, step))):
         with np.errstate(all="ignore"):  # log(0) = -inf and the like, as in XLA
@@ -650,17 +697,24 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
 
 def _host_row(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
               fixed: bool):
-    """(probs, inf_mass, offset, step) of one row's pessimistic connect-the-dots estimate in
-    NumPy: the work of :func:`_curve_kernel` and :func:`_masses_kernel` for concrete parameters
-    in host memory (a mechanism with ``host`` set), with no program to compile."""
+    """(probs, inf_mass, offset, step) of one row's connect-the-dots estimate in NumPy: the work
+    of :func:`_curve_kernel` and :func:`_masses_kernel` (pessimistic), or of
+    :func:`_tails_kernel` and :func:`_tails_masses_kernel` (optimistic), for concrete
+    parameters in host memory (a mechanism with ``host`` set), with no program to compile."""
     offset, h = _window_grid(params, tail, step, mechanism=mechanism, size=size,
                              pessimistic=pessimistic, fixed=fixed)
     z = grid_points(offset, h, size)
-    values = curve_values(*side_tails(mechanism, params, z, z >= 0), z)
-    if mechanism.max_loss is not None:
-        atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(params)
-        values = beyond_losses(z, mechanism.max_loss(params), atom, values)
-    probs, inf_mass = masses_from_values(values, h, z)
+    atom = np.float64(0.0 if mechanism.inf_mass is None else mechanism.inf_mass(params))
+    top = np.float64(np.inf if mechanism.max_loss is None else mechanism.max_loss(params))
+    if pessimistic:
+        values = beyond_losses(z, top, atom, curve_values(*side_tails(mechanism, params, z,
+                                                                      z >= 0), z))
+        probs, inf_mass = masses_from_values(values, h, z)
+    else:
+        at = np.concatenate([tail_points(z, pessimistic), _middle_point(z, h)])
+        at_points = np.stack(np.broadcast_arrays(*mechanism.tails(params, at)))
+        probs, inf_mass = masses_from_tails(at_points, z, h, pessimistic, "connect_dots", atom,
+                                            top)
     return probs, np.float64(inf_mass), np.int64(offset), np.float64(h)
 
 

@@ -39,7 +39,7 @@ def _compiled_path(monkeypatch):
     monkeypatch.setattr(discretize, "HOST_ROWS", 0)
 
 
-#: Small pessimistic PLDs of the mechanisms whose tails also run in NumPy.
+#: Small PLDs (pessimistic, and optimistic below) of the mechanisms whose tails also run in NumPy.
 SMALL_ON_HOST = (
     lambda: pj.gaussian(1.0),
     lambda: pj.gaussian(0.8, sampling_prob=0.1),
@@ -50,10 +50,17 @@ SMALL_ON_HOST = (
     lambda: pj.gaussian(1.0, sampling_prob=0.05, neighboring="replace_one"),
     lambda: pj.Event(pj.noise.DiscreteLaplace(0.7)).pld(),
     lambda: pj.Event(pj.noise.DiscreteLaplace(0.7), pj.sampling.Poisson(0.1)).pld(),
+    lambda: pj.gaussian(1.0, pessimistic=False),
+    lambda: pj.gaussian(0.8, sampling_prob=0.1, pessimistic=False),
+    lambda: pj.laplace(2.0, pessimistic=False),
+    lambda: pj.randomized_response(1.0, 1e-6, pessimistic=False),
+    lambda: pj.gaussian(1.0, sampling_prob=0.05, neighboring="replace_one", pessimistic=False),
+    lambda: pj.Event(pj.noise.DiscreteLaplace(0.7), pj.sampling.Poisson(0.1)).pld(
+        pessimistic=False),
 )
 
 
-def test_small_pessimistic_plds_are_built_on_the_host_without_compiling():
+def test_small_plds_are_built_on_the_host_without_compiling():
     _, names = compiled_programs(lambda: [make() for make in SMALL_ON_HOST])
     assert names == []
 

@@ -294,18 +294,20 @@ def _hull_shapes(rng, m):
                (np.arange(m) % 2) + 1e-3 * x**2, level]
 
 
-@pytest.mark.parametrize("off_the_cpu", [False, True])
-def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(off_the_cpu, monkeypatch):
+@pytest.mark.parametrize("where", ["cpu", "off_the_cpu", "numpy"])
+def test_lower_hull_by_peeling_finds_the_monotone_chains_vertices(where, monkeypatch):
     # the optimistic construction's hull (Alg. 2): peeling rounds, then the sequential chain for
     # rows still changing; shapes that settle in one round, in more rounds than it runs (a low
     # point far from its tangent points drops one neighbour a round), and with the chain
-    # finishing; off the CPU every round runs (compilation.early_exit_on_cpu), forced here. The
-    # hull keeps the values of the reference chain's vertices, and is the reference's between
-    if off_the_cpu:
+    # finishing; off the CPU every round runs (compilation.early_exit_on_cpu), forced here; on
+    # NumPy arrays the same rounds and chain run on the host. The hull keeps the values of the
+    # reference chain's vertices, and is the reference's between
+    if where == "off_the_cpu":
         monkeypatch.setattr(discretize, "early_exit_on_cpu",
                             lambda args, *, cpu, elsewhere: elsewhere(*args))
     rng = np.random.default_rng(7)
-    hull = jax.jit(lambda xs, ys: discretize.lower_hull_at(xs, ys))  # traced with the patch
+    hull = (discretize.lower_hull_at if where == "numpy"
+            else jax.jit(lambda xs, ys: discretize.lower_hull_at(xs, ys)))  # traced with the patch
     for m in (2, 3, 17, 1500):
         x, shapes = _hull_shapes(rng, m)
         for y in shapes:
