@@ -126,6 +126,15 @@ def masses_from_values(values, step, z):
 _SURPLUS_TOLERANCE = 1e-6
 
 
+def _set(values, index, value):
+    """``values`` with ``values[index]`` set to ``value`` (a copy; NumPy or JAX arrays)."""
+    if array_module(values) is np:
+        values = values.copy()
+        values[index] = value
+        return values
+    return values.at[index].set(value)
+
+
 def _cummin(x):
     """The running minimum along the last axis, in NumPy for NumPy arrays."""
     return np.minimum.accumulate(x, axis=-1) if array_module(x) is np else jax.lax.cummin(x, x.ndim - 1)
@@ -175,7 +184,7 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     if excess is not None:
         excess = _cummax(excess)
         low = masses(excess, -below - excess[0])
-        low = xp.concatenate([low[:-1], low[-1:] + xp.exp(xp.minimum(z[-1], 0.0))])  # z[-1] < 0
+        low = _set(low, -1, low[-1] + xp.exp(xp.minimum(z[-1], 0.0)))  # used when z[-1] < 0
         mixed = xp.maximum(xp.where(z < 0, low, probs), 0.0)
         # the excess keeps digits where the curve is close to 1, but where the window lies far
         # below the loss (x = e^z underflows) it has lost the masses: then the curve's own
@@ -375,15 +384,6 @@ compiled_masses_from_curve = kernel_jit(masses_from_curve, static_argnames=("pes
 compiled_lower_hull_at = kernel_jit(lower_hull_at)
 
 
-def _set(values, index, value):
-    """``values`` with ``values[index]`` set to ``value`` (a copy; NumPy or JAX arrays)."""
-    if array_module(values) is np:
-        values = values.copy()
-        values[index] = value
-        return values
-    return values.at[index].set(value)
-
-
 def _raised_at_one(cand, values, log_slopes, sign, z, split, middle, next_bound):
     """``cand`` with its value at the right end of the interval [z_(split-1), z_split] holding
     x = 1 raised as far as soundness allows given the value at its left end.
@@ -458,12 +458,11 @@ def optimistic_curve(values, log_slopes, sign, z, step, at_zero, first, last, mi
     cand = xp.where(
         idx < split, from_left, xp.where(idx > split, from_right, xp.minimum(from_left, from_right))
     )
-    cand = xp.concatenate([cand[:-1], xp.reshape(last, (1,))])
+    cand = _set(cand, -1, last)
     if middle is not None:
         cand = xp.where((split >= 1) & (split <= n - 1),
-                         _raised_at_one(cand, values, log_slopes, sign, z, split, middle,
-                                        xp.concatenate([from_right[:-1], xp.reshape(last, (1,))])),
-                         cand)
+                        _raised_at_one(cand, values, log_slopes, sign, z, split, middle,
+                                       _set(from_right, -1, last)), cand)
     # x measured relative to the window centre: scaling x keeps convexity and avoids overflow
     xs = xp.exp(z - z[n // 2])
     points = xp.concatenate([xp.full((1,), at_zero, values.dtype), cand])
