@@ -450,15 +450,19 @@ def _lattice(unit, points_per_unit: float, mechanism: LossTails, params: tuple,
 
 
 def top_loss_lattice(top, mechanism: LossTails, params: tuple, pessimistic: bool,
-                     step_at_most: float = math.inf) -> Grid | None:
+                     step_at_most: float = math.inf, step_at_least: float = 0.0) -> Grid | None:
     """For a mechanism whose largest loss ``top`` is an atom: a grid step of top / 2^j, so that
-    it sits on a grid point (see :func:`_lattice`), with at least 64 points up to it and no
-    larger than ``step_at_most`` (nats); None (the automatic grid) for a batch or where ``top``
-    is 0."""
+    it sits on a grid point (see :func:`_lattice`), with at least 64 points up to it, no larger
+    than ``step_at_most`` (nats) unless that would take it below ``step_at_least`` (where the
+    largest window no longer holds the losses); None (the automatic grid) for a batch or where
+    ``top`` is 0."""
     if np.size(top) != 1 or is_traced(top) or not float(np.asarray(top).reshape(())) > 0:
         return None
     top = float(np.asarray(top).reshape(()))
-    return _lattice(top, max(64.0, top / step_at_most), mechanism, params, pessimistic)
+    halvings = math.ceil(math.log2(top / step_at_most)) if step_at_most < math.inf else 0
+    if step_at_least > 0:
+        halvings = min(halvings, math.floor(math.log2(top / step_at_least)))
+    return _lattice(top, 2.0 ** max(6, halvings), mechanism, params, pessimistic)
 
 
 def _dlap_log_cdf(t, k):

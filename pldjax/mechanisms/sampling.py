@@ -44,7 +44,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, is_traced, within
-from pldjax.kernels.discretize import LossTails
+from pldjax.kernels.discretize import LossTails, window
 from pldjax.mechanisms import subsampling
 from pldjax.mechanisms.neighboring import Neighboring
 from pldjax.mechanisms.noise import (
@@ -117,7 +117,8 @@ def _subsampled_lattice(noise: Noise, base: LossTails, base_params: tuple, sampl
     log(1 + q (e^t - 1)), on a grid point (moved up by TOP_LOSS_MARGIN), so that epsilon at
     delta = 0 reads it to that margin from above, and a step no coarser than the automatic
     grid's accuracy step (:func:`pldjax.core.grid.fine_step` of the subsampled spread), so that
-    the bounds at delta > 0 are as tight. The add direction's largest loss,
+    the bounds at delta > 0 are as tight, unless the largest mechanism grid's window would then
+    no longer hold a direction's losses (tiny noise at a tiny q). The add direction's largest loss,
     -log(1 + q (e^-t - 1)), is smaller: (1 + q (e^t - 1)) (1 + q (e^-t - 1)) >= 1. None for a
     batch, traced parameters or unbounded noise."""
     if is_traced(sampling_prob):
@@ -136,9 +137,13 @@ def _subsampled_lattice(noise: Noise, base: LossTails, base_params: tuple, sampl
     params += (np.array([subsampling.REMOVE, subsampling.ADD]),)
     with np.errstate(all="ignore"):  # overflow to inf is the spread's intended limit, as in jnp
         spread = directions.mechanism.spread(params)
+        half_width = np.asarray(window(directions.mechanism, params, 0.0)[1])
     accurate = float(np.min(grid_lib.fine_step(spread)))
+    # the window of the largest mechanism grid must still hold each direction's losses
+    covering = float(np.max(grid_lib.cover_step(np.nan_to_num(half_width, posinf=0.0),
+                                                grid_lib.MAX_MECHANISM_SIZE, np)))
     return top_loss_lattice(subsampled * (1 + TOP_LOSS_MARGIN), directions.mechanism, params,
-                            pessimistic, step_at_most=accurate)
+                            pessimistic, step_at_most=accurate, step_at_least=covering)
 
 
 def _poisson_pair(noise: Noise, base: LossTails, params: tuple, q) -> Directions:

@@ -250,3 +250,16 @@ def test_subsampled_bounded_noise_lattice_is_as_tight_as_the_automatic_grid():
     assert on_lattice[0] <= automatic[0]
     assert on_lattice[1] >= automatic[1]
     assert on_lattice[1] <= on_lattice[0] <= on_lattice[1] * (1 + 1e-3)
+
+
+def test_tiny_noise_at_a_tiny_sampling_prob_keeps_its_losses_in_the_window():
+    """A lattice fine enough for accuracy would need a window wider than the largest mechanism
+    grid for Laplace(1e-3) at q = 1e-9 (losses up to 979 nats): it stops at the step whose
+    window still holds them. Then nothing is lost to +inf: delta(0) is at most q = 1e-9, so
+    epsilon at 1e-6 is 0, and epsilon at 0 is the largest loss (before, every add-direction
+    mass went to +inf and epsilon read inf)."""
+    pld = pj.laplace(1e-3, sampling_prob=1e-9)
+    assert all(float(d.inf_mass) == 0.0 for d in pld.directions())
+    assert float(pld.epsilon(1e-6)) == 0.0
+    truth = _pure_epsilon(1e3, 1e-9, 1)
+    assert truth <= float(pld.epsilon(0.0)) <= truth * (1 + 1e-12)
