@@ -24,14 +24,15 @@ _SERIES_FROM = 30.0
 _SERIES = (1.0, -1.0, 3.0, -15.0, 105.0, -945.0, 10395.0, -135135.0)
 
 
-def _erfc(x):
-    """erfc, SciPy's for NumPy arrays (imported on first use: ``import pldjax`` leaves SciPy
-    out)."""
-    if array_module(x) is np:
+def special_functions(xp):
+    """``scipy.special`` for NumPy (``xp`` as :func:`~pldjax.core.compilation.array_module`
+    gives it; imported on first use: ``import pldjax`` leaves SciPy out), else
+    ``jax.scipy.special``."""
+    if xp is np:
         import scipy.special
 
-        return scipy.special.erfc(x)
-    return jax.lax.erfc(x)
+        return scipy.special
+    return jax.scipy.special
 
 
 def _lower_tail(a):
@@ -39,7 +40,7 @@ def _lower_tail(a):
     log Phi(-a) is log(s) - a^2 / 2 (s from the asymptotic series, no erfc needed); elsewhere
     s = Phi(-a). NumPy in, NumPy out (as the functions below)."""
     xp = array_module(a)
-    lower = 0.5 * _erfc(a * math.sqrt(0.5))
+    lower = 0.5 * special_functions(xp).erfc(a * math.sqrt(0.5))
     far = a >= _SERIES_FROM
     safe = xp.maximum(a, _SERIES_FROM)
     r = 1.0 / (safe * safe)

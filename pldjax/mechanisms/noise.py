@@ -45,7 +45,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import array_module
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
-from pldjax.core.special import log_ndtr, log_ndtr_pair
+from pldjax.core.special import log_ndtr, log_ndtr_pair, special_functions
 from pldjax.core.validation import check_range, is_traced, within
 from pldjax.kernels.discretize import LossTails
 from pldjax.mechanisms.neighboring import Neighboring
@@ -232,10 +232,7 @@ GAUSSIAN_REACH = 10.0
 def gaussian_reach(tail):
     """k with P(|N(0, 1)| > k) = ``tail``, at most GAUSSIAN_REACH (which a tail of 0 gives)."""
     xp = array_module(tail)
-    if xp is np:  # imported on first use: ``import pldjax`` leaves SciPy out
-        import scipy.special as special
-    else:
-        special = jax.scipy.special
+    special = special_functions(xp)
     floor = 2 * special.ndtr(-GAUSSIAN_REACH)
     return xp.where(tail > floor, -special.ndtri(xp.maximum(tail, floor) / 2), GAUSSIAN_REACH)
 
@@ -367,18 +364,12 @@ class Laplace(Noise):
 
 
 # -- randomized response -------------------------------------------------------------------------------
-def _numpy_sigmoid(x):
-    import scipy.special  # on first use: ``import pldjax`` leaves SciPy out
-
-    return scipy.special.expit(x)
-
-
 def _rr_tails(params, eps):
     e, d = params
     xp = array_module(e, eps)
-    sigmoid = _numpy_sigmoid if xp is np else jax.nn.sigmoid
-    low = (1 - d) * sigmoid(-e)  # mass at loss -e under P (and at +e under Q)
-    high = (1 - d) * sigmoid(e)  # mass at loss +e under P (and at -e under Q)
+    expit = special_functions(xp).expit  # the logistic sigmoid
+    low = (1 - d) * expit(-e)  # mass at loss -e under P (and at +e under Q)
+    high = (1 - d) * expit(e)  # mass at loss +e under P (and at -e under Q)
     above_low, above_high = eps < -e, eps < e
     return (
         xp.log(d + high * above_high + low * above_low),
