@@ -45,7 +45,6 @@ from pldjax.core.compilation import (
     array_module,
     early_exit_on_cpu,
     exported_jit,
-    kernel_jit,
     map_rows,
     on_host,
 )
@@ -376,12 +375,6 @@ def lower_hull_at(xs, ys):
     if array_module(xs, ys) is np:
         return _hull_values(xs[None], ys[None], _hull_vertices_on_host(xs[None], ys[None]))[0]
     return _hull_rows(xs[None], ys[None])[0]
-
-
-#: :func:`masses_from_curve` and :func:`lower_hull_at` as compiled kernels, for host code with
-#: concrete curves (one program a size; called eagerly, each of their operations compiled apart)
-compiled_masses_from_curve = kernel_jit(masses_from_curve, static_argnames=("pessimistic",))
-compiled_lower_hull_at = kernel_jit(lower_hull_at)
 
 
 def _raised_at_one(cand, values, log_slopes, sign, z, split, middle, next_bound):

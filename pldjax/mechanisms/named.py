@@ -19,7 +19,7 @@ from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, check_range, is_traced, within
-from pldjax.kernels.discretize import compiled_lower_hull_at, compiled_masses_from_curve
+from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
 from pldjax.mechanisms import sampling as sampling_lib
 from pldjax.mechanisms.events import privacy_loss
 from pldjax.mechanisms.neighboring import Neighboring
@@ -236,7 +236,8 @@ def _curve_to_pld(delta_fn, step: float, offset: int, size: int, name: str) -> P
     if size > 2 and np.any(kinks < 0):
         raise ValueError(f"{name} is not a privacy curve: it must be convex in e^eps")
     excess = curve + np.expm1(z)
-    probs, inf_mass = compiled_masses_from_curve(curve, step, excess, z)
+    with np.errstate(all="ignore"):  # in NumPy, as XLA: e^h overflows to inf for huge steps
+        probs, inf_mass = masses_from_curve(curve, step, excess, z)
     return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step, jnp.float64), True)
 
 
@@ -357,7 +358,7 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
     step = float(np.ldexp(1.0, int(np.ceil(np.log2(top / (_ZCDP_POINTS - 1))))))
     grid = np.arange(int(np.ceil(top / step)) + 1) * step
     values = _zcdp_bound(grid, rho, xi)
-    hull = np.asarray(compiled_lower_hull_at(np.exp(grid - grid[-1]), values))
+    hull = lower_hull_at(np.exp(grid - grid[-1]), values)
     hull = np.minimum(np.maximum.accumulate(hull[::-1])[::-1], values)  # non-increasing, below
     return from_privacy_curve(lambda eps: np.interp(eps, grid, hull), epsilon_min=0.0,
                               epsilon_max=float(grid[-1]), step=step)
