@@ -35,6 +35,23 @@ settings.register_profile("pldjax-slow", deadline=None, database=None, print_blo
                           suppress_health_check=_UNHEALTHY)
 
 
+#: The marker expression of the README's test command (pyproject's addopts).
+DEFAULT_RUN = "not slow and not notebook and not docs"
+
+
+def pytest_configure(config):
+    # The default run is mostly compilation: its thousands of programs compile about a third
+    # faster without LLVM's optimizations (the XLA programs are the same; their machine code is
+    # less optimized and may round differently in the last bits, e.g. where -O2 fuses a multiply
+    # and an add), and each in one piece rather than split for parallel code generation (a
+    # quarter fewer memory mappings, so the fixture below drops the caches less often). The
+    # slow, notebook and docs runs compile as users do. Set before the first compilation, which
+    # reads XLA_FLAGS; a caller's own XLA_FLAGS win.
+    if config.getoption("markexpr") == DEFAULT_RUN:
+        os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                                           "--xla_cpu_parallel_codegen_split_count=1")
+
+
 @pytest.fixture
 def x64_off():
     """Run a test with the user's jax_enable_x64 switched off."""
@@ -61,8 +78,8 @@ SLOW_NOTEBOOKS = {"02_gdp_residue_filter.ipynb", "03_natural_filter_cost.ipynb"}
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    # every notebook is marked `notebook`: they run as their own command (README, .ci/run), on the
-    # compiled-kernel cache the unit tests filled, which keeps the default run well inside its time
+    # every notebook is marked `notebook`: they run as their own command (README, .ci/run), which
+    # keeps the default run well inside its time
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebook)

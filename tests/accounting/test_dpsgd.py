@@ -175,15 +175,15 @@ def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
                                rtol=1e-9)
 
 
-@pytest.mark.parametrize("target", ["epsilon", pytest.param("delta", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["epsilon", "delta"])
 def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
     """On an accelerator a chunk stays on the device and each composition call's rows are
     gathered and wrapped there (a kernel of its own), always a full call of rows (or, for a call
     of few configurations, the power of two of their rows) on a window of a power of two (one
     compiled composition per octave); forced here on a CPU, it must give the values of the host
-    path, for a repeated configuration and rows of several window sizes (the delta target,
-    which gathers the same way, with the slow tests: each target compiles its own kernels,
-    about 25 s from an empty cache)."""
+    path, for a repeated configuration and rows of several window sizes (with the slow tests:
+    each target compiles its own kernels, about 25 s from an empty cache)."""
     from pldjax.accounting import engine as dpsgd
 
     # sigma 1e-6: windows of 2 and 64 points (a full call of 2-point rows once asked for 567 GB)
@@ -380,8 +380,8 @@ def test_rtol_coarse_is_sound_against_dp_accounting(sigma, q, count):
     np.testing.assert_allclose(both, coarse, rtol=1e-12)  # batched: the same grid as alone
 
 
-@pytest.mark.parametrize("sigma,q,count", [(1.147, 0.00104, 139),
-                                           pytest.param(2.659, 0.00101, 157, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma,q,count", [(1.147, 0.00104, 139), (2.659, 0.00101, 157)])
 def test_rtol_is_about_as_accurate_as_asked_at_small_epsilon(sigma, q, count):
     """Few steps at a small sampling probability: epsilon is tiny (0.05, 0.013) and Renyi DP
     overestimates it 10-17x; a step sized from that estimate was 4x rtol off (bench/dpsgd.py's

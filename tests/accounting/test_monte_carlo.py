@@ -10,7 +10,8 @@ import pytest
 import pldjax as pj
 from pldjax.accounting import monte_carlo
 
-SAMPLES = 100_000
+#: One chunk of samples (monte_carlo.CHUNK): every check below allows for its sampling error.
+SAMPLES = monte_carlo.CHUNK
 
 
 def _mean_and_error(values):

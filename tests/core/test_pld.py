@@ -1,6 +1,7 @@
 """The PLD type: its directions, and where small computations on it run."""
 
 import numpy as np
+import pytest
 from compiled_programs import compiled_programs
 from reference import gaussian_delta
 
@@ -65,20 +66,28 @@ def test_small_plds_are_built_on_the_host_without_compiling():
     assert names == []
 
 
-def test_plds_built_on_the_host_are_the_compiled_kernels_to_round_off(monkeypatch):
+#: One PLD of each path through the host discretization (pessimistic and optimistic, bounded
+#: noise, subsampling) in the default run; every one of SMALL_ON_HOST with the slow tests (each
+#: compiles kernels of its own).
+HOST_PATHS = {1, 4, 10, 12}
+
+
+@pytest.mark.parametrize("index", [
+    index if index in HOST_PATHS else pytest.param(index, marks=pytest.mark.slow)
+    for index in range(len(SMALL_ON_HOST))])
+def test_plds_built_on_the_host_are_the_compiled_kernels_to_round_off(monkeypatch, index):
     """The same grids, and masses within their round-off, 64 ulps over the step each (masses
     are second differences of the curve over the step; NumPy's and XLA's erfc, logs and sums
     round differently)."""
-    on_host = [make() for make in SMALL_ON_HOST]
+    host = SMALL_ON_HOST[index]()
     _compiled_path(monkeypatch)
-    compiled = [make() for make in SMALL_ON_HOST]
-    for host, kernel in zip(on_host, compiled, strict=True):
-        for a, b in zip(host.directions(), kernel.directions(), strict=True):
-            np.testing.assert_array_equal(a.offset, b.offset)
-            np.testing.assert_array_equal(a.step, b.step)
-            roundoff = 64 * np.finfo(np.float64).eps / np.asarray(a.step)[..., None]
-            assert np.all(np.abs(np.asarray(a.probs) - np.asarray(b.probs)) <= 1e-14 + roundoff)
-            np.testing.assert_allclose(a.inf_mass, b.inf_mass, rtol=1e-9, atol=1e-15)
+    kernel = SMALL_ON_HOST[index]()
+    for a, b in zip(host.directions(), kernel.directions(), strict=True):
+        np.testing.assert_array_equal(a.offset, b.offset)
+        np.testing.assert_array_equal(a.step, b.step)
+        roundoff = 64 * np.finfo(np.float64).eps / np.asarray(a.step)[..., None]
+        assert np.all(np.abs(np.asarray(a.probs) - np.asarray(b.probs)) <= 1e-14 + roundoff)
+        np.testing.assert_allclose(a.inf_mass, b.inf_mass, rtol=1e-9, atol=1e-15)
 
 
 def test_small_plds_in_host_memory_are_read_and_composed_without_compiling():

@@ -78,6 +78,7 @@ def test_user_level_accountant_passes_its_pld_type_check():
     assert ours == pytest.approx(theirs, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_bandmf_plan_with_truncated_poisson_calibrates_with_pldjax():
     config = execution_plan.BandMFExecutionPlanConfig(
         iterations=20, strategy=np.array([1.0]), epsilon=4.0, delta=DELTA, sampling_prob=0.05,

@@ -437,6 +437,7 @@ def _exact_composed_excess(query, mu_residue, mu, count=3):
     return worst
 
 
+@pytest.mark.slow
 def test_residue_certificate_holds_in_the_far_tail_despite_fft_round_off():
     """A subsampled Gaussian's residue binds where its composed curve is about 1e-12 (eps ~ 7),
     while an FFT computes every output to a few 1e-16 of the largest: this pair's residue passed

@@ -238,6 +238,7 @@ def test_optimistic_estimate_keeps_an_atom_on_a_grid_point():
     assert abs(float(top) - 0.5) < 1e-12
 
 
+@pytest.mark.slow
 def test_subsampled_bounded_noise_lattice_is_as_tight_as_the_automatic_grid():
     """The lattice that puts subsampled Laplace's largest loss on a grid point is no coarser
     than the automatic grid's accuracy step: over 1,000 runs at delta = 1e-5 both bounds are at
