@@ -8,9 +8,12 @@ replace-one; cyclic Poisson of cycle length 4 (a record eligible every fourth st
 ``CyclicPoissonSampling``, ceil(T E / 4) Poisson steps); balls-in-bins (random allocation: each
 record in exactly one of an epoch's T batches, drawn afresh each epoch,
 ``pj.sampling.RandomAllocation(T)`` composed over E epochs) under add/remove, which dp-accounting's
-release has no accountant for; and shuffled batches, for which only a lower bound exists
-(``pj.shuffling_lower_bound``, Chua et al.'s input), under replace-one. Seconds: pldjax's second
-(warm) call in this process, both bounds; dp-accounting's one call.
+release has no accountant for: beside it, Feldman and Shenfeld's random-allocation accountant (the
+``PLD_accounting`` package, ``gaussian_allocation_epsilon_range`` at its default accuracy: the
+epsilons of its dominating and dominated PLDs, and its time; one-epoch runs only); and shuffled
+batches, for which only a lower bound exists (``pj.shuffling_lower_bound``, Chua et al.'s input),
+under replace-one. Seconds: pldjax's second (warm) call in this process, both bounds; a peer's
+one call. A second table sets random allocation of several steps beside the same peer.
 """
 
 from __future__ import annotations
@@ -24,11 +27,17 @@ QUICK = "the first run, without dp-accounting"
 DELTA = 1e-5
 #: (sigma, batches an epoch, epochs)
 RUNS = [(1.0, 1000, 1), (1.0, 1000, 5), (0.8, 100, 1), (2.0, 100, 10)]
+#: Random allocation of k of t steps in one epoch: (sigma, t, k, delta)
+ALLOCATIONS = [(2.0, 100, 10, 1e-6), (2.0, 100, 1, 1e-6)]
 CYCLE = 4
+#: Most epochs Feldman and Shenfeld's accountant is run for: it took 3.5 minutes for one epoch of
+#: 1,000 steps at sigma 1 and had not answered five of them after 15.
+PEER_EPOCHS = 1
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--no-peer", action="store_true", help="skip dp-accounting")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="skip dp-accounting and PLD_accounting")
 
 
 def _dp_accounting_epsilon(sigma, q, steps, relation) -> float:
@@ -57,6 +66,23 @@ def _balls_in_bins_bounds(sigma, batches, epochs):
             pj.event_epsilon(event, epochs, DELTA))
 
 
+def _random_allocation_bounds(sigma, steps, selected, delta):
+    import pldjax as pj
+
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps, selected))
+    return (pj.event_epsilon(event, 1, delta, pessimistic=False),
+            pj.event_epsilon(event, 1, delta))
+
+
+def _random_allocation_peer(sigma, steps, selected, epochs, delta):
+    """Feldman and Shenfeld's accountant: (lower, upper) epsilon."""
+    from PLD_accounting.random_allocation_api import gaussian_allocation_epsilon_range
+
+    upper, lower = gaussian_allocation_epsilon_range(delta=delta, sigma=sigma, num_steps=steps,
+                                                     num_selected=selected, num_epochs=epochs)
+    return lower, upper
+
+
 def _shuffled_lower_bound(sigma, batches, epochs):
     import pldjax as pj
 
@@ -67,7 +93,8 @@ def run(args, report) -> None:
     runs = RUNS[:1] if args.quick else RUNS
     peer = not (args.quick or args.no_peer)
     rows = report.table(["sigma", "T", "E", "batch selection", "neighboring", "pldjax lower",
-                         "pldjax upper", "dp-accounting 1e-4", "pldjax s (warm)", "dp-accounting s"])
+                         "pldjax upper", "dp-accounting 1e-4", "Feldman-Shenfeld [lower, upper]",
+                         "pldjax s (warm)", "peer s"])
     for sigma, batches, epochs in runs:
         head = [f"{sigma:g}", f"{batches:,}", f"{epochs}"]
         cases = [("Poisson", relation, 1.0 / batches, batches * epochs)
@@ -82,27 +109,53 @@ def run(args, report) -> None:
             peer_s, reference = (harness.timed(functools.partial(
                 _dp_accounting_epsilon, sigma, q, steps, relation)) if peer else (None, None))
             rows.append(head + [name, relation, f"{float(lower):.4f}", f"{float(upper):.4f}",
-                                harness.fmt(reference, ".4f"), f"{seconds:.3f}",
+                                harness.fmt(reference, ".4f"), None, f"{seconds:.3f}",
                                 harness.fmt(peer_s, ".2f")])
             report.flush()
         harness.log(f"batch_selection: balls-in-bins sigma={sigma} T={batches} E={epochs}")
         call = functools.partial(_balls_in_bins_bounds, sigma, batches, epochs)
         call()
         seconds, (lower, upper) = harness.timed(call)
+        peer_s, bracket = (harness.timed(functools.partial(
+            _random_allocation_peer, sigma, batches, 1, epochs, DELTA))
+            if peer and epochs <= PEER_EPOCHS else (None, None))
         rows.append(head + ["balls-in-bins", "add_remove", f"{float(lower):.4f}",
-                            f"{float(upper):.4f}", None, f"{seconds:.3f}", None])
+                            f"{float(upper):.4f}", None,
+                            None if bracket is None else f"[{bracket[0]:.4f}, {bracket[1]:.4f}]",
+                            f"{seconds:.3f}", harness.fmt(peer_s, ".2f")])
         report.flush()
         harness.log(f"batch_selection: shuffled sigma={sigma} T={batches} E={epochs}")
         call = functools.partial(_shuffled_lower_bound, sigma, batches, epochs)
         call()
         seconds, lower = harness.timed(call)
         rows.append(head + ["shuffled", "replace_one", f"{float(lower):.4f}", "none known", None,
-                            f"{seconds:.3f}", None])
+                            None, f"{seconds:.3f}", None])
         report.flush()
     report.text("lower and upper: bounds on the true epsilon at delta 1e-5 (pldjax's optimistic and "
                 "pessimistic PLDs; for shuffled batches the lower bound alone: no upper bound is "
                 "known, and the Poisson value is not one). At one expected batch size (N / T records), "
                 "a shuffled run's epsilon can lie far above its Poisson accounting under the same "
                 "relation. Balls-in-bins has no dp-accounting value: its random-allocation accountant is "
-                "not in the release. B-min-sep and sampling with replacement are not accounted "
-                "for yet.")
+                "not in the release. B-min-sep is accounted for by Monte Carlo alone "
+                "(`python -m bench monte_carlo`).")
+    rows = report.table(["sigma", "t", "k", "delta", "pldjax lower", "pldjax upper",
+                         "Feldman-Shenfeld lower", "Feldman-Shenfeld upper", "pldjax s (warm)",
+                         "Feldman-Shenfeld s"])
+    for sigma, steps, selected, delta in ALLOCATIONS[:1] if args.quick else ALLOCATIONS:
+        harness.log(f"batch_selection: random allocation {selected} of {steps}, sigma={sigma}")
+        call = functools.partial(_random_allocation_bounds, sigma, steps, selected, delta)
+        call()
+        seconds, (lower, upper) = harness.timed(call)
+        peer_s, bracket = (harness.timed(functools.partial(
+            _random_allocation_peer, sigma, steps, selected, 1, delta)) if peer
+            else (None, (None, None)))
+        rows.append([f"{sigma:g}", f"{steps:,}", f"{selected}", f"{delta:g}", f"{float(lower):.4f}",
+                     f"{float(upper):.4f}", harness.fmt(bracket[0], ".4f"),
+                     harness.fmt(bracket[1], ".4f"), f"{seconds:.3f}", harness.fmt(peer_s, ".2f")])
+        report.flush()
+    report.text("Random allocation of k of t steps, one epoch, add/remove. pldjax's bounds hold the "
+                "true epsilon between them (for k > 1 the upper bound composes k allocations of one "
+                "step in t / k, the lower one reads the sum of all outputs). Feldman and Shenfeld's "
+                "are the epsilons of their dominating and dominated PLDs at the package's default "
+                "accuracy; for k > 1 both are of the same k-fold composition of one-step "
+                "allocations, so their lower value bounds that composition, not the true epsilon.")

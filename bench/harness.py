@@ -27,7 +27,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 
 #: Distributions whose versions a result file states, where installed.
 VERSIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "numpy", "scipy", "dp-accounting",
-            "prv-accountant", "opacus", "torch", "mpmath")
+            "prv-accountant", "PLD_accounting", "opacus", "torch", "mpmath")
 
 _START = time.perf_counter()
 
