@@ -346,9 +346,10 @@ def _interpolate(xs, ys, left, right):
 
 def _hull_values(xs, ys, kept):
     """Values at xs of the chords between the ``kept`` points (the hull's vertices)."""
+    xp = array_module(xs)
     left, right = _nearest_kept(kept)
-    right = array_module(xs).minimum(right, xs.shape[-1] - 1)
-    return array_module(xs).where(kept, ys, _interpolate(xs, ys, left, right))
+    right = xp.minimum(right, xs.shape[-1] - 1)
+    return xp.where(kept, ys, _interpolate(xs, ys, left, right))
 
 
 @jax.custom_batching.custom_vmap
