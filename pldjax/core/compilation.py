@@ -202,9 +202,9 @@ def computed_once(values):
     more go through a while loop that runs once and whose body XLA cannot prove to be the
     identity (which slowed the DP-SGD composition's 128-value matrices by 15%). Elsewhere (an
     accelerator) the values as they are."""
-    if jax.default_backend() != "cpu":
-        return values
     leaves, tree = jax.tree_util.tree_flatten(values)
+    if jax.default_backend() != "cpu" or array_module(*leaves) is np:  # NumPy: computed already
+        return values
     shape = leaves[0].shape
     if shape[-1] <= _SORTED_VALUES:
         keys = jax.lax.broadcasted_iota(np.int32, shape, len(shape) - 1)
@@ -648,11 +648,13 @@ def array_module(*arrays):
     else (a JAX array, a tracer; Python numbers go with the others, and alone give
     ``jax.numpy``): for the kernels that also run on the host, where one small evaluation costs
     less in NumPy than compiling its program."""
-    numpy = [isinstance(a, np.ndarray | np.generic) for a in arrays]
-    neutral = [isinstance(a, int | float | bool) for a in arrays]
-    if any(numpy) and all(n or m for n, m in zip(numpy, neutral, strict=True)):
-        return np
-    return jnp
+    found = False
+    for a in arrays:
+        if isinstance(a, np.ndarray | np.generic):
+            found = True
+        elif not isinstance(a, int | float | bool):
+            return jnp
+    return np if found else jnp
 
 
 def map_rows(fn: Callable) -> Callable:
@@ -670,6 +672,16 @@ def map_rows(fn: Callable) -> Callable:
         return jax.tree.map(lambda *column: np.stack(column), *rows)
 
     return mapped
+
+
+def while_loop(cond: Callable, body: Callable, carry):
+    """``jax.lax.while_loop(cond, body, carry)``, or for a carry of NumPy values (as its leaves
+    say: see :func:`array_module`) the same loop in Python, on the host."""
+    if array_module(*jax.tree_util.tree_leaves(carry)) is not np:
+        return jax.lax.while_loop(cond, body, carry)
+    while bool(cond(carry)):
+        carry = body(carry)
+    return carry
 
 
 def cumulative_sum(values, reverse: bool = False):

@@ -130,20 +130,23 @@ class PLD:
 
         return self.map_directions(one)
 
-    def stack_directions(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    def stack_directions(self) -> tuple:
         """(probs, inf_mass, offset, step) with a direction axis (length 1 or 2) right after the
-        batch axes; the shorter direction is padded with zero mass above its window."""
+        batch axes; the shorter direction is padded with zero mass above its window. NumPy
+        arrays for a PLD of concrete arrays in host memory."""
         directions = self.directions()
         n = max(d.size for d in directions)
         nb = len(self.batch_shape)
+        # NumPy for concrete arrays in host memory (no eager jnp operation, no program)
+        xp = glue_module(jax.tree_util.tree_leaves(self))
 
         def pad(d: PLD):
-            return jnp.pad(d.probs, [(0, 0)] * nb + [(0, n - d.size)])
+            return xp.pad(d.probs, [(0, 0)] * nb + [(0, n - d.size)])
 
-        return (jnp.stack([pad(d) for d in directions], axis=nb),
-                jnp.stack([jnp.asarray(d.inf_mass, jnp.float64) for d in directions], axis=nb),
-                jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions], axis=nb),
-                jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions], axis=nb))
+        return (xp.stack([pad(d) for d in directions], axis=nb),
+                xp.stack([xp.asarray(d.inf_mass, xp.float64) for d in directions], axis=nb),
+                xp.stack([xp.asarray(d.offset, xp.int64) for d in directions], axis=nb),
+                xp.stack([xp.asarray(d.step, xp.float64) for d in directions], axis=nb))
 
     def __getitem__(self, index) -> PLD:
         """Index the batch axes (``pld[2]``, ``pld[:, 0]``)."""

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core.compilation import array_module
+
 F = TypeVar("F", bound=Callable)
 
 
@@ -83,7 +85,8 @@ def add_up(a, b):
     total = a + b
     b_part = total - a
     error = (a - (total - b_part)) + (b - b_part)
-    return jnp.where(error > 0, jnp.nextafter(total, jnp.inf), total)
+    xp = array_module(a, b)
+    return xp.where(error > 0, xp.nextafter(total, np.inf), total)
 
 
 def square_up(x):
@@ -91,17 +94,18 @@ def square_up(x):
     (Dekker's two-product error term, from Veltkamp's split of x, is positive). Exact squares stay
     exact; a square below the smallest normal float (which XLA may flush to 0) is charged that
     normal; only x = 0 gives 0."""
-    x = jnp.asarray(x, jnp.float64)
+    xp = array_module(x)
+    x = xp.asarray(x, xp.float64)
     square = x * x
     split = 134217729.0 * x  # 2^27 + 1
     high = split - (split - x)
     low = x - high
     error = ((high * high - square) + 2.0 * high * low) + low * low
     tiny = float(np.finfo(np.float64).tiny)
-    up = jnp.where(error > 0, jnp.nextafter(square, jnp.inf), square)
+    up = xp.where(error > 0, xp.nextafter(square, np.inf), square)
     # beyond 2^996 the split overflows: the product alone is then moved up
-    up = jnp.where(jnp.isfinite(split), up, jnp.nextafter(square, jnp.inf))
-    return jnp.where(x == 0, 0.0, jnp.where(square < tiny, tiny, up))
+    up = xp.where(xp.isfinite(split), up, xp.nextafter(square, np.inf))
+    return xp.where(x == 0, 0.0, xp.where(square < tiny, tiny, up))
 
 
 def square_down(x: float) -> float:
@@ -225,8 +229,9 @@ def root_of_difference_down(mu, nu):
     sqrt((mu - nu)(mu + nu)) is within 2 ulps of the exact value (three roundings of relative
     size <= 2^-53 each under the root, halved by it, plus the root's own), so two steps toward 0
     put it below. 0 where nu >= mu."""
-    root = jnp.sqrt(jnp.maximum((mu - nu) * (mu + nu), 0.0))
-    return jnp.maximum(jnp.nextafter(jnp.nextafter(root, 0.0), 0.0), 0.0)
+    xp = array_module(mu, nu)
+    root = xp.sqrt(xp.maximum((mu - nu) * (mu + nu), 0.0))
+    return xp.maximum(xp.nextafter(xp.nextafter(root, 0.0), 0.0), 0.0)
 
 
 def six_digits(value: float, up: bool) -> str:

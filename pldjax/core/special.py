@@ -21,7 +21,7 @@ from pldjax.core.compilation import array_module
 #: there, 1e-197; the series' first omitted term is below 1e-17 relative).
 _SERIES_FROM = 30.0
 #: Coefficients of Phi(-a) a sqrt(2 pi) e^{a^2/2} = sum_k c_k a^{-2k}: (-1)^k (2k - 1)!!.
-_SERIES = (1.0, -1.0, 3.0, -15.0, 105.0, -945.0, 10395.0, -135135.0)
+MILLS_SERIES = (1.0, -1.0, 3.0, -15.0, 105.0, -945.0, 10395.0, -135135.0)
 
 
 def special_functions(xp):
@@ -44,8 +44,8 @@ def _lower_tail(a):
     far = a >= _SERIES_FROM
     safe = xp.maximum(a, _SERIES_FROM)
     r = 1.0 / (safe * safe)
-    series = _SERIES[-1]
-    for c in _SERIES[-2::-1]:
+    series = MILLS_SERIES[-1]
+    for c in MILLS_SERIES[-2::-1]:
         series = c + r * series
     scaled = series / (safe * math.sqrt(2 * math.pi))  # Phi(-a) e^{a^2/2} for a >= 30
     return lower, xp.where(far, scaled, lower), far

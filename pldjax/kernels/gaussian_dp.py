@@ -37,13 +37,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import ndtri
 
 from pldjax.core.align import regrid_kernel, regrid_size
-from pldjax.core.compilation import computed_once, kernel_jit
+from pldjax.core.compilation import array_module, computed_once, kernel_jit, map_rows, while_loop
 from pldjax.core.grid import MAX_SIZE, check_size, next_pow2
 from pldjax.core.pld import PLD, batched
 from pldjax.core.precision import float64, host_result, root_of_difference_down
+from pldjax.core.special import MILLS_SERIES, special_functions
 from pldjax.core.validation import check_count, check_range, is_traced
 from pldjax.kernels.compose import fft_roundoff
 from pldjax.kernels.dominance import ROUNDOFF
@@ -94,14 +94,14 @@ def _mills(t):
     """Phi(-t) / phi(t) for t >= _MILLS_FROM: (1/t) sum_k (-1)^k (2k-1)!! / t^(2k), k < 8."""
     u = 1.0 / (t * t)
     series = 0.0
-    for k in range(7, -1, -1):
-        series = float((-1) ** k * np.prod(np.arange(1, 2 * k, 2))) + u * series
+    for coefficient in MILLS_SERIES[::-1]:
+        series = coefficient + u * series
     return series / t
 
 
 def _phi(a):
     """The standard normal density."""
-    return jnp.exp(-0.5 * a * a - _LOG_SQRT_2PI)
+    return array_module(a).exp(-0.5 * a * a - _LOG_SQRT_2PI)
 
 
 def gdp_parts(mu, x):
@@ -112,14 +112,16 @@ def gdp_parts(mu, x):
     erfc; e^x Phi(-t) from exp(x) erfc(t / sqrt 2) while t < _MILLS_FROM, else as phi(a) M(t)
     (e^x phi(t) = phi(a)) with the Mills ratio M: no log_ndtr, no overflow, no underflow of a
     term that matters. Two erfc and two exp per point (log_ndtr costs about four times that)."""
-    safe = jnp.maximum(mu, 1e-300)
+    xp = array_module(mu, x)
+    erfc = jax.lax.erfc if xp is jnp else special_functions(xp).erfc
+    safe = xp.maximum(mu, 1e-300)
     a = safe / 2 - x / safe
     t = safe / 2 + x / safe
-    p1 = 0.5 * jax.lax.erfc(-a * _SQRT_HALF)
-    direct = 0.5 * jnp.exp(jnp.minimum(x, 700.0)) * jax.lax.erfc(jnp.minimum(t, _MILLS_FROM) * _SQRT_HALF)
-    mills = _phi(a) * _mills(jnp.maximum(t, _MILLS_FROM))
-    p2 = jnp.where(t < _MILLS_FROM, direct, mills)
-    return jnp.maximum(p1 - p2, 0.0), p2
+    p1 = 0.5 * erfc(-a * _SQRT_HALF)
+    direct = 0.5 * xp.exp(xp.minimum(x, 700.0)) * erfc(xp.minimum(t, _MILLS_FROM) * _SQRT_HALF)
+    mills = _phi(a) * _mills(xp.maximum(t, _MILLS_FROM))
+    p2 = xp.where(t < _MILLS_FROM, direct, mills)
+    return xp.maximum(p1 - p2, 0.0), p2
 
 
 def gdp_error(mu):
@@ -127,7 +129,8 @@ def gdp_error(mu):
     (the curve is a difference of two nearby terms when mu is small; checked against mpmath in
     tests/kernels/test_gaussian_dp.py, whose worst case is 6.4e-12 (1 + 1/mu)). The computed G_mu
     curve is raised by it where it bounds a query from above and lowered where it is the budget."""
-    return jnp.minimum(2.0**-32 * (1.0 + 1.0 / jnp.maximum(mu, 1e-300)), 1.0)
+    xp = array_module(mu)
+    return xp.minimum(2.0**-32 * (1.0 + 1.0 / xp.maximum(mu, 1e-300)), 1.0)
 
 
 def _gdp_delta(mu, eps):
@@ -138,9 +141,10 @@ def _gdp_delta(mu, eps):
 def _with_lead(z, d):
     """The points and curve values with eps = 0 added in front when the points start above it
     (the curve is linear in x = e^eps below its first point)."""
-    lead = jnp.minimum(z[0], 0.0)
-    return (jnp.concatenate([lead[None], z]),
-            jnp.concatenate([(1.0 - (1.0 - d[0]) * jnp.exp(lead - z[0]))[None], d]))
+    xp = array_module(z, d)
+    lead = xp.minimum(z[0], 0.0)
+    return (xp.concatenate([xp.reshape(lead, (1,)), z]),
+            xp.concatenate([xp.reshape(1.0 - (1.0 - d[0]) * xp.exp(lead - z[0]), (1,)), d]))
 
 
 def _flat_bound(delta_slack):
@@ -153,8 +157,9 @@ def _widths(z):
     """(e^h - 1, e^-h) of each interval's width h = z_{i+1} - z_i: what :func:`_budget_bounds`
     needs of the points besides their values, the same for every mu (a scalar pair for points a
     constant step apart)."""
+    xp = array_module(z)
     width = z[1:] - z[:-1]
-    return jnp.expm1(width), jnp.exp(-width)
+    return xp.expm1(width), xp.exp(-width)
 
 
 def _budget_bounds(z, mu, delta_slack, widths):
@@ -166,6 +171,7 @@ def _budget_bounds(z, mu, delta_slack, widths):
     Between two points a curve convex in x = e^eps is below its chord and G_mu's convex curve
     above both tangents at the ends; chord minus the larger tangent is concave, so comparing at
     the ends and at the tangents' crossing (position t in [0, 1]) suffices."""
+    xp = array_module(z, mu)
     g, tail = gdp_parts(mu, z)
     g = (g * (1.0 - gdp_error(mu)) + delta_slack + ROUNDOFF) * _SUM_MARGIN
     slope = -tail  # x times d delta / dx at the points
@@ -177,9 +183,9 @@ def _budget_bounds(z, mu, delta_slack, widths):
     g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
     denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
     numerator = g1 - g0 - s1 * back * grow
-    t = jnp.clip(numerator / jnp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
-    t = jnp.where(denominator < 0, t, 0.0)
-    envelope = jnp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
+    t = xp.clip(numerator / xp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
+    t = xp.where(denominator < 0, t, 0.0)
+    envelope = xp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
     return g, t, envelope
 
 
@@ -187,7 +193,8 @@ def _ratio(value, bound, floor, used):
     """(value - floor) / (bound - floor) where ``used`` (0 elsewhere), the denominator at least
     2^-40 floor: differences from the floor below that are its round-off (a curve an ulp above a
     bound an ulp above the floor read 1, "at the boundary", whatever mu)."""
-    return jnp.where(used, (value - floor) / jnp.maximum(bound - floor, 2.0**-40 * floor), 0.0)
+    xp = array_module(value, bound)
+    return xp.where(used, (value - floor) / xp.maximum(bound - floor, 2.0**-40 * floor), 0.0)
 
 
 def _checks(z, d, bounds, delta_slack):
@@ -206,14 +213,16 @@ def _checks(z, d, bounds, delta_slack):
 
 def _score(worst):
     """A search's score from the largest ratio of :func:`_checks`: its log, kept finite."""
-    return jnp.log(jnp.clip(worst, 1e-300, 1e300))
+    xp = array_module(worst)
+    return xp.log(xp.clip(worst, 1e-300, 1e300))
 
 
 def _comparisons(z, d, bounds, delta_slack):
     """:func:`_checks` per interval [z_i, z_{i+1}]: (ok, ratio) of its chord and its two ends."""
+    xp = array_module(z, d)
     chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
     return (chord_ok & point_ok[:-1] & point_ok[1:],
-            jnp.maximum(chord_ratio, jnp.maximum(point_ratio[:-1], point_ratio[1:])))
+            xp.maximum(chord_ratio, xp.maximum(point_ratio[:-1], point_ratio[1:])))
 
 
 def _verdict(z, d, bounds, delta_slack):
@@ -230,22 +239,24 @@ def _verdict(z, d, bounds, delta_slack):
     coarsening, 1e-6 after composition) and would fail a comparison that says nothing about DP.
     Right of the points the curve is at most its last value while G_mu tends to 0.
     """
+    xp = array_module(z, d)
     # reduced apart, not per interval (:func:`_comparisons`): the residue's tests ran 10% faster
     chord_ok, point_ok, chord_ratio, point_ratio = _checks(z, d, bounds, delta_slack)
     flat = d[-1] <= _flat_bound(delta_slack)  # whatever mu: no ratio of its own
-    ok = jnp.all(chord_ok) & jnp.all(point_ok) & flat
-    top_chord, top_point = jnp.max(chord_ratio), jnp.max(point_ratio)
-    worst = jnp.maximum(jnp.maximum(top_chord, top_point), jnp.where(flat, 0.0, 1e300))
+    ok = xp.all(chord_ok) & xp.all(point_ok) & flat
+    top_chord, top_point = xp.max(chord_ratio), xp.max(point_ratio)
+    worst = xp.maximum(xp.maximum(top_chord, top_point), xp.where(flat, 0.0, 1e300))
     chord = top_chord > top_point
-    at = jnp.where(chord, _first_index(chord_ratio, top_chord), _first_index(point_ratio, top_point))
-    return ok, _score(worst), at, jnp.where(chord, bounds[1][at], 0.0)
+    at = xp.where(chord, _first_index(chord_ratio, top_chord), _first_index(point_ratio, top_point))
+    return ok, _score(worst), at, xp.where(chord, bounds[1][at], 0.0)
 
 
 def _first_index(values, target):
     """Index of the first of ``values`` equal to ``target`` (an argmax from a max; jnp.argmax of
     float64 under vmap fails to trace with x64 off)."""
+    xp = array_module(values)
     n = values.shape[0]
-    return jnp.min(jnp.where(values == target, jnp.arange(n, dtype=jnp.int32), n - 1))
+    return xp.min(xp.where(values == target, xp.arange(n, dtype=xp.int32), n - 1))
 
 
 def _grid_curve(probs, inf_mass, offset, step):
@@ -253,7 +264,8 @@ def _grid_curve(probs, inf_mass, offset, step):
     :func:`~pldjax.kernels.hockey_stick.curve_roundoff` (an upper bound on the exact curve of the
     grid PLD; the atom at +inf is exact, so a slack of exactly the atom covers the curve's flat
     tail) and led by eps = 0 if the grid starts above it."""
-    z = (offset + jnp.arange(probs.shape[0], dtype=jnp.float64)) * step
+    xp = array_module(probs)
+    z = (offset + xp.arange(probs.shape[0], dtype=xp.float64)) * step
     return _with_lead(z, grid_deltas(probs, inf_mass, step, 1.0 + curve_roundoff(probs.shape[0])))
 
 
@@ -271,33 +283,34 @@ def _search(evaluate, good, bad, points, steps: int | jax.Array, tol, score_tol)
     -``score_tol`` (a while loop, at most ``steps`` tests). ``good`` = (v, value, score).
     Returns the good end's value (the third output of ``evaluate``, or the initial one), the bad
     end (where the test failed, or the initial one) and the good end's score."""
+    xp = array_module(good[0], bad)
     (x0, f0), (x1, f1) = points
 
     def body(carry):
         k, gv, gval, gf, bv, x0, f0, x1, f1, ref, stall = carry
-        lo, hi = jnp.minimum(gv, bv), jnp.maximum(gv, bv)
+        lo, hi = xp.minimum(gv, bv), xp.maximum(gv, bv)
         width = hi - lo
-        secant = x1 - f1 * (x1 - x0) / jnp.where(f1 != f0, f1 - f0, 1.0)
-        nudge = jnp.minimum(tol(gv) / 2, width / 2)
+        secant = x1 - f1 * (x1 - x0) / xp.where(f1 != f0, f1 - f0, 1.0)
+        nudge = xp.minimum(tol(gv) / 2, width / 2)
         usable = (f1 != f0) & (secant > lo) & (secant < hi) & (stall < 5)
         # the midpoint: geometric across a wide bracket of positive values
-        middle = jnp.where((lo > 0) & (hi > 4 * lo), jnp.sqrt(lo) * jnp.sqrt(hi), lo + width / 2)
-        x = jnp.where(usable, jnp.clip(secant, lo + nudge, hi - nudge), middle)
+        middle = xp.where((lo > 0) & (hi > 4 * lo), xp.sqrt(lo) * xp.sqrt(hi), lo + width / 2)
+        x = xp.where(usable, xp.clip(secant, lo + nudge, hi - nudge), middle)
         ok, f, value = evaluate(x)
-        gv, gval, gf = jnp.where(ok, x, gv), jnp.where(ok, value, gval), jnp.where(ok, f, gf)
-        bv = jnp.where(ok, bv, x)
-        new_width = jnp.abs(gv - bv)
+        gv, gval, gf = xp.where(ok, x, gv), xp.where(ok, value, gval), xp.where(ok, f, gf)
+        bv = xp.where(ok, bv, x)
+        new_width = xp.abs(gv - bv)
         halved = new_width <= ref / 2
-        return (k + 1, gv, gval, gf, bv, x1, f1, x, f, jnp.where(halved, new_width, ref),
-                jnp.where(halved, 0, stall + 1).astype(jnp.int32))
+        return (k + 1, gv, gval, gf, bv, x1, f1, x, f, xp.where(halved, new_width, ref),
+                xp.where(halved, 0, stall + 1).astype(xp.int32))
 
     def cond(carry):
         k, gv, _, gf, bv = carry[:5]
-        return (k < steps) & (jnp.abs(gv - bv) > tol(gv)) & (gf < -score_tol)
+        return (k < steps) & (xp.abs(gv - bv) > tol(gv)) & (gf < -score_tol)
 
-    start = (jnp.zeros((), jnp.int32), *good, bad, x0, f0, x1, f1, jnp.abs(good[0] - bad),
-             jnp.zeros((), jnp.int32))
-    end = jax.lax.while_loop(cond, body, start)
+    start = (xp.zeros((), xp.int32), *good, bad, x0, f0, x1, f1, xp.abs(good[0] - bad),
+             xp.zeros((), xp.int32))
+    end = while_loop(cond, body, start)
     return end[2], end[4], end[3]
 
 
@@ -319,10 +332,11 @@ def newton_search(evaluate, good, bad, first, steps: int, tol):
     or where the bracket has not halved in four tests: the midpoint (geometric across a wide
     bracket of positive values). Stops when the bracket is at most tol wide or after ``steps``
     tests after the first; returns the good end's value."""
-    nan = jnp.asarray(jnp.nan, jnp.float64)
+    xp = array_module(good[0], bad)
+    nan = xp.asarray(xp.nan, xp.float64)
 
     def root(end, score, slope):
-        return jnp.where(jnp.isfinite(score) & (slope > 0), end - score / slope, nan)
+        return xp.where(xp.isfinite(score) & (slope > 0), end - score / slope, nan)
 
     def body(carry):
         k, g, value, fg, dg, b, fb, db, b0, fb0, ref, stall = carry
@@ -330,24 +344,24 @@ def newton_search(evaluate, good, bad, first, steps: int, tol):
         # from the bad end: the secant through the last two failures where there are two (it
         # follows the binding comparison's curvature), else the slope
         secant = (fb - fb0) / (b - b0)
-        from_bad = root(b, fb, jnp.where(jnp.isfinite(secant) & (secant > 0), secant, db))
+        from_bad = root(b, fb, xp.where(xp.isfinite(secant) & (secant > 0), secant, db))
         from_good = root(g, fg, dg)
-        r = jnp.where((from_bad > g) & (from_bad < b), from_bad,
-                      jnp.where((from_good > g) & (from_good < b), from_good, nan))
-        x = jnp.where(r - g < 0.65 * t, jnp.minimum(r + t / 4, g + 0.9 * t),
-                      jnp.where(b - r < 0.65 * t, jnp.maximum(r - t / 4, b - 0.9 * t), r - t / 4))
-        middle = jnp.where((g > 0) & (b > 4 * g), jnp.sqrt(g) * jnp.sqrt(b), g + width / 2)
-        x = jnp.where(jnp.isfinite(r) & (stall < 4), x, middle)
-        nudge = jnp.minimum(t, width) / 4
-        x = jnp.where(k == 0, first, jnp.clip(x, g + nudge, b - nudge))
+        r = xp.where((from_bad > g) & (from_bad < b), from_bad,
+                      xp.where((from_good > g) & (from_good < b), from_good, nan))
+        x = xp.where(r - g < 0.65 * t, xp.minimum(r + t / 4, g + 0.9 * t),
+                      xp.where(b - r < 0.65 * t, xp.maximum(r - t / 4, b - 0.9 * t), r - t / 4))
+        middle = xp.where((g > 0) & (b > 4 * g), xp.sqrt(g) * xp.sqrt(b), g + width / 2)
+        x = xp.where(xp.isfinite(r) & (stall < 4), x, middle)
+        nudge = xp.minimum(t, width) / 4
+        x = xp.where(k == 0, first, xp.clip(x, g + nudge, b - nudge))
         ok, f, d, v = evaluate(x)
-        g, value, fg, dg = (jnp.where(ok, new, old) for new, old in ((x, g), (v, value), (f, fg),
+        g, value, fg, dg = (xp.where(ok, new, old) for new, old in ((x, g), (v, value), (f, fg),
                                                                         (d, dg)))
-        b0, fb0 = jnp.where(ok, b0, b), jnp.where(ok, fb0, fb)
-        b, fb, db = (jnp.where(ok, old, new) for new, old in ((x, b), (f, fb), (d, db)))
+        b0, fb0 = xp.where(ok, b0, b), xp.where(ok, fb0, fb)
+        b, fb, db = (xp.where(ok, old, new) for new, old in ((x, b), (f, fb), (d, db)))
         halved = b - g <= ref / 2
-        return (k + 1, g, value, fg, dg, b, fb, db, b0, fb0, jnp.where(halved, b - g, ref),
-                jnp.where(halved, 0, stall + 1).astype(jnp.int32))
+        return (k + 1, g, value, fg, dg, b, fb, db, b0, fb0, xp.where(halved, b - g, ref),
+                xp.where(halved, 0, stall + 1).astype(xp.int32))
 
     def cond(carry):
         k, g = carry[:2]
@@ -355,10 +369,10 @@ def newton_search(evaluate, good, bad, first, steps: int, tol):
         return (k <= steps) & (b - g > tol(g))
 
     g, value = good
-    bad = jnp.asarray(bad, jnp.float64)
-    start = (jnp.zeros((), jnp.int32), g, value, nan, nan, bad, nan, nan, bad, nan, bad - g,
-             jnp.zeros((), jnp.int32))
-    return jax.lax.while_loop(cond, body, start)[2]
+    bad = xp.asarray(bad, xp.float64)
+    start = (xp.zeros((), xp.int32), g, value, nan, nan, bad, nan, nan, bad, nan, bad - g,
+             xp.zeros((), xp.int32))
+    return while_loop(cond, body, start)[2]
 
 
 def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_RTOL):
@@ -375,16 +389,17 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     eps = 0: one; its add direction, G_nu, randomized response: two). The last of _MU_ROUNDS
     rounds tests mu_max, and bisection on the whole curve finishes what the rounds (or a search
     on a flat score) left open."""
-    mu_max = jnp.asarray(mu_max, jnp.float64)
+    xp = array_module(probs)
+    mu_max = xp.asarray(mu_max, xp.float64)
     z, d = _grid_curve(probs, inf_mass, offset, step)
     # right of the points the curve stays at its last value, which no mu covers beyond the slack
     flat_ok = d[-1] <= _flat_bound(delta_slack)
     # a start below: G_mu(0) must reach the curve at the first point >= 0 (less the slack)
-    reach = jnp.max(jnp.where(z >= 0, d, 0.0)) - delta_slack - ROUNDOFF
-    start = 2.0 * ndtri(jnp.clip((1.0 + reach) / 2, 0.5, 1.0 - 1e-16))
+    reach = xp.max(xp.where(z >= 0, d, 0.0)) - delta_slack - ROUNDOFF
+    start = 2.0 * special_functions(xp).ndtri(xp.clip((1.0 + reach) / 2, 0.5, 1.0 - 1e-16))
     # never above that lower bound (a floor of mu_max * 1e-30 passed, and was returned, for
     # gaussian(1) at mu_max = 1e31: 10); positive, for the search's geometric midpoints
-    floor = jnp.clip(start * (1 - 1e-9), _TINY_MU, mu_max)
+    floor = xp.clip(start * (1 - 1e-9), _TINY_MU, mu_max)
 
     widths = _widths(z)
 
@@ -394,7 +409,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
     def on_set(intervals):
         # the intervals' ends one after the other: every other interval of these points is one
         # of the set's, those between (from one's end back to the next one's start) are ignored
-        ends = jnp.stack([intervals, intervals + 1], axis=-1).reshape(-1)
+        ends = xp.stack([intervals, intervals + 1], axis=-1).reshape(-1)
         z_set, d_set = z[ends], d[ends]
         widths_set = _widths(z_set)
 
@@ -402,7 +417,7 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
             ok, ratio = _comparisons(z_set, d_set,
                                      _budget_bounds(z_set, mu, delta_slack, widths_set),
                                      delta_slack)
-            return jnp.all(ok[::2]), _score(jnp.max(ratio[::2])), mu
+            return xp.all(ok[::2]), _score(xp.max(ratio[::2])), mu
 
         return evaluate
 
@@ -410,12 +425,12 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
         k, intervals, low, answer, rounds_done = carry
         evaluate = on_set(intervals)
         # both ends in one test (one copy of its program, not two: 10% less to compile)
-        (ok_max, ok_low), (f_max, f_low), _ = jax.vmap(evaluate)(jnp.stack([mu_max, low]))
+        (ok_max, ok_low), (f_max, f_low), _ = map_rows(evaluate)(xp.stack([mu_max, low]))
         # low passing the set (the floor may): an empty bracket, nothing to search
-        top = jnp.where(ok_low, low, mu_max)
-        found, below, f_found = _search(evaluate, (top, top, jnp.where(ok_low, f_low, f_max)),
+        top = xp.where(ok_low, low, mu_max)
+        found, below, f_found = _search(evaluate, (top, top, xp.where(ok_low, f_low, f_max)),
                                         low, ((mu_max, f_max), (low, f_low)),
-                                        jnp.where(rounds_done, 0, _MU_STEPS),
+                                        xp.where(rounds_done, 0, _MU_STEPS),
                                         lambda good: rtol * good, rtol)
         # the search ended where it should: its bracket closed, or at the boundary's score
         closed = (found - below <= rtol * found) | (f_found >= -rtol)
@@ -423,43 +438,54 @@ def gdp_mu_kernel(probs, inf_mass, offset, step, delta_slack, mu_max, rtol=_MU_R
         # once the rounds are done, where they ran out (mu_max passed) or the last search did (a
         # flat score): bisection on the whole curve from the last failure, in the same loop (one
         # copy of the whole curve's test in the program, not two: 15% less to compile)
-        middle = jnp.where((low > 0) & (answer > 4 * low), jnp.sqrt(low) * jnp.sqrt(answer),
+        middle = xp.where((low > 0) & (answer > 4 * low), xp.sqrt(low) * xp.sqrt(answer),
                            low + (answer - low) / 2)
-        candidate = jnp.where(rounds_done, middle, jnp.where(last, mu_max, found))
+        candidate = xp.where(rounds_done, middle, xp.where(last, mu_max, found))
         ok, ratio = whole(candidate)
-        passed = jnp.all(ok)
+        passed = xp.all(ok)
         # the worst interval, failed ones first (a failed comparison's ratio is below 1 where its
         # bound is within round-off of the slack), and its neighbours (XLA's top_k on a CPU costs
         # 50 whole tests; argmax of float64 with x64 off fails to trace under vmap)
-        key = jnp.where(ok, jnp.minimum(ratio, 1.0), 2.0 + jnp.maximum(ratio, -1.0))
-        worst = _first_index(key, jnp.max(key))
-        worst = jnp.clip(worst + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2, 0, n - 1)
-        grown = jax.lax.dynamic_update_slice(intervals, worst.astype(intervals.dtype),
-                                             (_MU_SPREAD + (k + 1) * _MU_CANDIDATES,))
+        key = xp.where(ok, xp.minimum(ratio, 1.0), 2.0 + xp.maximum(ratio, -1.0))
+        worst = _first_index(key, xp.max(key))
+        worst = xp.clip(worst + xp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2, 0, n - 1)
+        grown = _placed(intervals, worst.astype(intervals.dtype),
+                        _MU_SPREAD + (k + 1) * _MU_CANDIDATES)
         # failing on the working set, mu_max fails the curve: nothing fits; a value that fails
         # the set (the search's bad end) fails the curve, and bounds what is left open
         searched = (k + 1, grown,
-                    jnp.where(passed & closed & ~last, candidate,
-                              jnp.where(passed, below, candidate)),
-                    jnp.where(passed, candidate, answer), passed | ~ok_max | last)
-        halved = (k, intervals, jnp.where(passed, low, candidate),
-                  jnp.where(passed, candidate, answer), rounds_done)
-        return tuple(jnp.where(rounds_done, h, r) for h, r in zip(halved, searched, strict=True))
+                    xp.where(passed & closed & ~last, candidate,
+                              xp.where(passed, below, candidate)),
+                    xp.where(passed, candidate, answer), passed | ~ok_max | last)
+        halved = (k, intervals, xp.where(passed, low, candidate),
+                  xp.where(passed, candidate, answer), rounds_done)
+        return tuple(xp.where(rounds_done, h, r) for h, r in zip(halved, searched, strict=True))
 
     def open_(carry):
         _, _, low, answer, rounds_done = carry
         return ~rounds_done | (answer - low > rtol * answer)
 
     n = z.shape[0] - 1
-    spread = jnp.linspace(0, n - 1, _MU_SPREAD).astype(jnp.int32)
+    spread = xp.linspace(0, n - 1, _MU_SPREAD).astype(xp.int32)
     # and the intervals around eps = 0, where a direction of small loss binds (the remove
     # direction of a subsampled Gaussian): its first round then passes
-    zero = _first_index(z >= 0, True) - 1 + jnp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2
-    intervals = jnp.concatenate([spread, jnp.clip(zero, 0, n - 1).astype(jnp.int32),
-                                 jnp.zeros(_MU_CANDIDATES * _MU_ROUNDS, jnp.int32)])
-    start_carry = (jnp.zeros((), jnp.int32), intervals, floor, jnp.asarray(jnp.inf, jnp.float64),
+    zero = _first_index(z >= 0, True) - 1 + xp.arange(_MU_CANDIDATES) - _MU_CANDIDATES // 2
+    intervals = xp.concatenate([spread, xp.clip(zero, 0, n - 1).astype(xp.int32),
+                                 xp.zeros(_MU_CANDIDATES * _MU_ROUNDS, xp.int32)])
+    start_carry = (xp.zeros((), xp.int32), intervals, floor, xp.asarray(xp.inf, xp.float64),
                    ~flat_ok)
-    return jax.lax.while_loop(open_, round_, start_carry)[3]
+    return while_loop(open_, round_, start_carry)[3]
+
+
+def _placed(array, values, start):
+    """``array`` with ``values`` written from index ``start`` on (clamped so that all of them fit,
+    as ``jax.lax.dynamic_update_slice`` does)."""
+    if array_module(array) is not np:
+        return jax.lax.dynamic_update_slice(array, values, (start,))
+    start = int(np.clip(start, 0, array.shape[0] - values.shape[0]))
+    placed = array.copy()
+    placed[start:start + values.shape[0]] = values
+    return placed
 
 
 _gdp_mu_jit = kernel_jit(gdp_mu_kernel)
@@ -594,8 +620,10 @@ def _fft_length(n: int, size: int) -> int:
 def query_mu(probs, inf_mass, offset, step, delta_slack, mu_max):
     """gdp_mu of one query whose arrays carry a leading direction axis (the largest of its
     directions'), inf above ``mu_max``."""
-    return jnp.max(jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None, None))(
-        probs, inf_mass, offset, step, delta_slack, jnp.maximum(mu_max, 1e-300), _MU_RTOL))
+    xp = array_module(probs)
+    mu_max = xp.maximum(mu_max, 1e-300)
+    return xp.max(map_rows(lambda p, m, o, h: gdp_mu_kernel(p, m, o, h, delta_slack, mu_max,
+                                                           _MU_RTOL))(probs, inf_mass, offset, step))
 
 
 def _tilt(mu, reach_lags, reach_points):
@@ -609,9 +637,10 @@ def _tilt(mu, reach_lags, reach_points):
     most delta_mu(0) (log-concave), so a curve near the budget's is no larger tilted than at
     eps = 0 and the round-off there is as before; at most 300 over the largest |lag| and |z|, so
     no factor overflows and nothing that matters underflows."""
-    g, tail = gdp_parts(mu, jnp.zeros(()))
-    slope = tail / jnp.maximum(g, 1e-300)
-    return jnp.minimum(slope, 300.0 / jnp.maximum(jnp.maximum(reach_lags, reach_points), 1e-300))
+    xp = array_module(mu, reach_lags, reach_points)
+    g, tail = gdp_parts(mu, xp.zeros(()))
+    slope = tail / xp.maximum(g, 1e-300)
+    return xp.minimum(slope, 300.0 / xp.maximum(xp.maximum(reach_lags, reach_points), 1e-300))
 
 
 def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int, steps: int,
@@ -626,70 +655,70 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     ``factor``-fold (pessimistically, by connect-the-dots: :func:`pldjax.core.align.regrid_kernel`) so
     that the check window of ``size`` points reaches the tail of G_mu (0 if rejected). Every test
     is one FFT convolution and one sum over the query's points (the score's slope); G_mu's side
-    of the comparison is computed once."""
-    mu = jnp.asarray(mu, jnp.float64)
+    of the comparison is computed once. Traced, or in NumPy (on the host) for NumPy arrays."""
+    xp = array_module(probs)
+    mu = xp.asarray(mu, xp.float64)
     if nu is None:
         nu = query_mu(probs, inf_mass, offset, step, delta_slack, mu)
     accepted = nu <= mu
-    naive = jnp.where(accepted, root_of_difference_down(mu, nu), 0.0)
+    naive = xp.where(accepted, root_of_difference_down(mu, nu), 0.0)
     if factor > 1:
         coarse = functools.partial(regrid_kernel, size=_coarse_points(probs.shape[-1], factor),
                                    pessimistic=True)
         step_coarse = step * float(factor)  # a float: the factor may exceed int64 for huge mu
-        probs, offset = jax.vmap(coarse)(probs, offset, step, step_coarse)
+        probs, offset = map_rows(coarse)(probs, offset, step, step_coarse)
         step = step_coarse
     n = probs.shape[-1]
     nfft = _fft_length(n, size)
-    checks = jnp.arange(size)[None, :] * step[:, None]  # eps_j = j h, per direction (from 0)
+    checks = xp.arange(size)[None, :] * step[:, None]  # eps_j = j h, per direction (from 0)
     # lags k = j - i for check j and grid point i: eps_j - z_i = (k - offset) h; all nfft of them,
     # the tilt 0 past the n - 1 + size used (the transform's zero padding: G_mu' fused into a pad
     # ran about 2x slower a point on XLA's CPU backend)
-    lags = (jnp.arange(-(n - 1), nfft - (n - 1))[None, :] - offset[:, None]) * step[:, None]
-    used = jnp.arange(nfft) < n - 1 + size
-    points = (offset[:, None] + jnp.arange(n)[None, :]) * step[:, None]
-    tilt = _tilt(mu, jnp.max(jnp.where(used, jnp.abs(lags), 0.0)), jnp.max(jnp.abs(points)))
-    spectra = jnp.fft.rfft(probs * jnp.exp(tilt * points), nfft)
-    lag_tilt, untilt = jnp.where(used, jnp.exp(tilt * lags), 0.0), jnp.exp(-tilt * checks)
+    lags = (xp.arange(-(n - 1), nfft - (n - 1))[None, :] - offset[:, None]) * step[:, None]
+    used = xp.arange(nfft) < n - 1 + size
+    points = (offset[:, None] + xp.arange(n)[None, :]) * step[:, None]
+    tilt = _tilt(mu, xp.max(xp.where(used, xp.abs(lags), 0.0)), xp.max(xp.abs(points)))
+    spectra = xp.fft.rfft(probs * xp.exp(tilt * points), nfft)
+    lag_tilt, untilt = xp.where(used, xp.exp(tilt * lags), 0.0), xp.exp(-tilt * checks)
     # the checks are a step apart: two scalars per direction for their widths
-    bounds = jax.vmap(_budget_bounds, in_axes=(0, None, None, 0))(
-        checks, mu, delta_slack, (jnp.expm1(step), jnp.exp(-step)))
-    verdict = jax.vmap(_verdict, in_axes=(0, 0, 0, None))
+    bounds = map_rows(lambda z, widths: _budget_bounds(z, mu, delta_slack, widths))(
+        checks, (xp.expm1(step), xp.exp(-step)))
+    verdict = map_rows(lambda z, d, bounds: _verdict(z, d, bounds, delta_slack))
     floor = delta_slack + ROUNDOFF
 
     def slope(mu_residue, curve, at, along, probs, lags):
         # d/ds of log(curve - floor) (s = mu'^2) at the worst check, a point or along a chord
         # (the derivative taken at its nearer end): d delta_mu / d mu = phi(mu/2 - x/mu), summed
         # over the query's points at their lags eps - z_i
-        near = jnp.minimum(at + (along > 0.5), size - 1)
-        x = jax.lax.dynamic_slice(lags, (near,), (n,))[::-1]
-        safe = jnp.maximum(mu_residue, 1e-300)
-        change = jnp.sum(probs * _phi(safe / 2 - x / safe)) / (2 * safe)
-        value = curve[at] + (curve[jnp.minimum(at + 1, size - 1)] - curve[at]) * along
+        near = xp.minimum(at + (along > 0.5), size - 1)
+        x = (lags[near:near + n] if xp is np else jax.lax.dynamic_slice(lags, (near,), (n,)))[::-1]
+        safe = xp.maximum(mu_residue, 1e-300)
+        change = xp.sum(probs * _phi(safe / 2 - x / safe)) / (2 * safe)
+        value = curve[at] + (curve[xp.minimum(at + 1, size - 1)] - curve[at]) * along
         excess = value - floor
-        return jnp.where(excess > 0, change / jnp.where(excess > 0, excess, 1.0), jnp.nan)
+        return xp.where(excess > 0, change / xp.where(excess > 0, excess, 1.0), xp.nan)
 
     def evaluate(s):
-        mu_residue = jnp.sqrt(s)
-        raw = jnp.fft.irfft(spectra * jnp.fft.rfft(_gdp_delta(mu_residue, lags) * lag_tilt), nfft)
+        mu_residue = xp.sqrt(s)
+        raw = xp.fft.irfft(spectra * xp.fft.rfft(_gdp_delta(mu_residue, lags) * lag_tilt), nfft)
         # raised by the FFT's round-off (as a composition's bins are), untilted, and by the lag
         # curve's relative error (which also covers the tilt's few ulps): an upper bound on the
         # exact composed curve
-        curves = ((raw[:, n - 1:n - 1 + size] + jax.vmap(fft_roundoff)(raw)[:, None]) * untilt
+        curves = ((raw[:, n - 1:n - 1 + size] + map_rows(fft_roundoff)(raw)[:, None]) * untilt
                   * (1.0 + gdp_error(mu_residue)) + inf_mass[:, None])
-        ok, score, at, along = verdict(checks, curves, bounds, delta_slack)
-        slopes = jax.vmap(slope, in_axes=(None, 0, 0, 0, 0, 0))(mu_residue, curves, at, along,
-                                                               probs, lags)
-        top = jnp.max(score)
-        return jnp.all(ok), top, jnp.max(jnp.where(score == top, slopes, -jnp.inf)), mu_residue
+        ok, score, at, along = verdict(checks, curves, bounds)
+        slopes = map_rows(functools.partial(slope, mu_residue))(curves, at, along, probs, lags)
+        top = xp.max(score)
+        return xp.all(ok), top, xp.max(xp.where(score == top, slopes, -xp.inf)), mu_residue
 
     s_naive, s_top = naive * naive, mu * mu
     # the naive update is the theorem's (certified with nu), not tested; the first test 30% of the
     # way up (the gains over it are typically 30-95% of the way up); nothing to search where the
     # query does not fit
-    low = newton_search(evaluate, (s_naive, naive), jnp.where(accepted, s_top, s_naive),
+    low = newton_search(evaluate, (s_naive, naive), xp.where(accepted, s_top, s_naive),
                         s_naive + 0.3 * (s_top - s_naive), steps,
                         lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top)
-    return jnp.where(accepted, jnp.maximum(low, naive), 0.0), accepted
+    return xp.where(accepted, xp.maximum(low, naive), 0.0), accepted
 
 
 def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:

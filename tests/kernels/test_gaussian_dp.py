@@ -87,19 +87,23 @@ def test_residue_for_huge_budgets(mu):
         pj.gdp_residue(1e200, pj.gdp(0.05))
 
 
-def test_gdp_curve_within_its_error_bound_by_mpmath():
+@pytest.mark.parametrize("xp", ["jax", "numpy"])
+def test_gdp_curve_within_its_error_bound_by_mpmath(xp):
     # G_mu's curve from erfc and the Mills ratio (no log_ndtr); the residue and gdp_mu
-    # certificates widen it by gdp_error on each side, so that bound must hold
+    # certificates widen it by gdp_error on each side, so that bound must hold, compiled (XLA's
+    # erfc) and on the host (SciPy's)
     import jax.numpy as jnp
 
     from pldjax.kernels.gaussian_dp import gdp_error, gdp_parts
+
+    xp = jnp if xp == "jax" else np
 
     mp.mp.dps = 40
     worst = 0.0
     for mu in (1e-3, 0.05, 0.7, 3.0, 40.0, 500.0):
         xs = np.concatenate([np.linspace(-mu * mu - 5 * mu, mu * mu / 2 + 30 * mu, 40),
                              np.linspace(-2.0, 2.0, 9)])
-        delta, tail = (np.asarray(v) for v in gdp_parts(mu, jnp.asarray(xs)))
+        delta, tail = (np.asarray(v) for v in gdp_parts(np.float64(mu), xp.asarray(xs)))
         bound = float(gdp_error(mu))
         for x, d, t in zip(xs, delta, tail, strict=True):
             m, xm = mp.mpf(mu), mp.mpf(float(x))

@@ -25,6 +25,10 @@ once for all filters:
   program of its own in every new process; the spend is one program (per query structure and
   static options), traced as before under a caller's jit or vmap, and shared by every filter of
   its kind: a new filter (another budget) compiles nothing its kind has compiled.
+* **No program at all on the host** for the filters built with ``host=True`` (pure DP, GDP,
+  GDP residue): their cores run on NumPy values as well, and a spend of a concrete state and
+  query in host memory runs there (a first residue spend in milliseconds instead of seconds; a
+  warm one 3-4x the compiled one's time, which a caller's ``jax.jit(spend)`` gets back).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import array_module, kernel_jit, on_host
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64, host_result, pack, unpack, upper_of_rounded
@@ -63,7 +67,8 @@ class Filter(NamedTuple):
 
 def keep_if(accepted, new, old):
     """``new`` where accepted, else ``old`` (leaf by leaf): a rejected query changes nothing."""
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(accepted, a, b), new, old)
+    xp = array_module(accepted)
+    return jax.tree_util.tree_map(lambda a, b: xp.where(accepted, a, b), new, old)
 
 
 def query_directions(query: PLD, filter_name: str):
@@ -80,7 +85,8 @@ def query_directions(query: PLD, filter_name: str):
 def pld_cost(cost):
     """A cost computed from a valid query PLD, made safe to charge: NaN (a failed computation)
     becomes inf (rejected); a value below 0 (round-off: the true costs here are >= 0) becomes 0."""
-    return jnp.where(jnp.isnan(cost), jnp.inf, jnp.maximum(cost, 0.0))
+    xp = array_module(cost)
+    return xp.where(xp.isnan(cost), np.inf, xp.maximum(cost, 0.0))
 
 
 def _log_q_mass(probs, offset, step, xp=jnp):
@@ -255,10 +261,32 @@ def _guarded_spend(core: Callable, static: tuple[str, ...], structure: tuple) ->
     return kernel_jit(guarded, static_argnames=static)
 
 
+def _runs_on_host(state, query) -> bool:
+    """Whether a spend can run in NumPy: concrete state and query in host memory, outside any
+    trace."""
+    leaves = jax.tree_util.tree_leaves((state, query))
+    return all(on_host(leaf) for leaf in leaves) and not _under_trace()
+
+
+@np.errstate(all="ignore")  # NaN and inf are values the searches handle, as XLA's do
+def _host_spend(core: Callable, settings: tuple, like, state, query, options: dict):
+    """The spend of :func:`_guarded_spend` in NumPy, for a concrete state and a query that
+    :func:`_canonical` has checked (a degenerate one raised there): ``core`` on NumPy values,
+    a new state with a NaN rejected, the state packed as the compiled spend packs it."""
+    plain = unpack(state, like, host=True)
+    query = jax.tree_util.tree_map(np.asarray, query)
+    new, accepted = core(settings, plain, query, **options)
+    sane = all(not np.any(np.isnan(leaf)) for leaf in jax.tree_util.tree_leaves(new)
+               if np.issubdtype(np.asarray(leaf).dtype, np.floating))
+    accepted = bool(accepted) and sane
+    return (pack(new) if accepted else state), jax.device_put(np.bool_(accepted))
+
+
 def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
                 core: Callable, remaining: Callable[[Any], Any], settings: tuple = (),
                 prepare: Callable | None = None, static: tuple[str, ...] = (),
-                cost_shape: tuple[int, ...] = (), cost_pair: bool = False) -> Filter:
+                cost_shape: tuple[int, ...] = (), cost_pair: bool = False,
+                host: bool = False) -> Filter:
     """A :class:`Filter` from its float64 parts.
 
     ``init() -> state`` and ``core(settings, state, query, **static) -> (state, accepted)`` work on
@@ -268,7 +296,9 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
     ``remaining(state)`` reads a state. ``prepare(state, query) -> (query, static values)`` may
     adapt a query on the host before tracing. ``cost_shape``: the shape a cost given in numbers
     broadcasts to; ``cost_pair``: such a cost may also be a tuple of two (the filter's cost,
-    delta_n)."""
+    delta_n). ``host``: ``core`` also runs on NumPy values, and a spend of a concrete state and
+    query in host memory runs it there (:func:`_host_spend`), compiling nothing."""
+    host_settings = jax.tree_util.tree_map(np.asarray, settings)
     with jax.enable_x64(True):
         like = jax.eval_shape(init)
         settings = jax.tree_util.tree_map(lambda x: jax.device_put(np.asarray(x)), settings)
@@ -280,6 +310,8 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
         options = {}
         if prepare is not None:
             query, options = prepare(state, query)
+        if host and _runs_on_host(state, query):
+            return _host_spend(core, host_settings, like, state, query, options)
         with slow_call_notice(f"pldjax.filters.{kind}_filter(...).spend"):
             return compiled(settings, state, query, **options)
 

@@ -17,7 +17,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
 
 from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, query_directions
 from pldjax.core.align import STEP_RTOL, onto_step, regrid_kernel
@@ -181,6 +180,8 @@ def _rr_composition_delta(m: int, eps_rr: float, epsilon: float) -> float:
     last = math.ceil((m - epsilon / eps_rr) / 2) - 1  # largest count of flips with loss > epsilon
     if last < 0:
         return 0.0
+    from scipy import stats  # here: scipy.stats takes 1-2 s to import, and only this needs it
+
     under_p = stats.binom.logcdf(last, m, 1.0 - truthful)
     under_q = stats.binom.logcdf(last, m, truthful)
     return float(math.exp(under_p) - math.exp(epsilon + under_q))

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
+from pldjax.core.compilation import array_module, map_rows
 from pldjax.core.pld import PLD
 from pldjax.core.precision import add_up, float64, root_of_difference_down, square_down, square_up
 from pldjax.core.validation import check_count, check_range, is_traced
@@ -35,8 +36,9 @@ from pldjax.mechanisms.named import gaussian
 def _max_loss(probs, offset, step):
     """Largest finite grid loss carrying mass, per direction (>= 0; a pessimistic grid PLD's losses
     are rounded up, so this bounds the true largest loss)."""
-    z = (offset[:, None] + jnp.arange(probs.shape[-1])) * step[:, None]
-    return jnp.maximum(jnp.max(jnp.where(probs > 0, z, -jnp.inf), axis=-1), 0.0)
+    xp = array_module(probs)
+    z = (offset[:, None] + xp.arange(probs.shape[-1])) * step[:, None]
+    return xp.maximum(xp.max(xp.where(probs > 0, z, -np.inf), axis=-1), 0.0)
 
 
 # -- pure DP --------------------------------------------------------------------------------------
@@ -49,10 +51,10 @@ def _pure_dp_core(settings, state, query):
     epsilon, delta = settings
     if isinstance(query, PLD):
         probs, inf_mass, offset, step = query_directions(query, "pure_dp")
-        cost = pld_cost(jnp.max(_max_loss(probs, offset, step)))
-        cost_delta = pld_cost(jnp.max(inf_mass))
+        cost = pld_cost(_max_loss(probs, offset, step).max())
+        cost_delta = pld_cost(inf_mass.max())
     else:
-        cost, cost_delta = query, jnp.zeros(())
+        cost, cost_delta = query, array_module(query).zeros(())
     new = PureDPState(add_up(state.epsilon_spent, cost), add_up(state.delta_spent, cost_delta))
     accepted = (new.epsilon_spent <= epsilon) & (new.delta_spent <= delta)
     return keep_if(accepted, new, state), accepted
@@ -90,7 +92,8 @@ def pure_dp_filter(epsilon: float, *, delta: float = 0.0) -> Filter:
 
     return make_filter("pure_dp", {"epsilon": float(epsilon), "delta": float(delta)},
                        {"epsilon": epsilon, "delta": delta}, init=init, core=_pure_dp_core,
-                       remaining=remaining, settings=(np.float64(epsilon), np.float64(delta)))
+                       remaining=remaining, settings=(np.float64(epsilon), np.float64(delta)),
+                       host=True)
 
 
 # -- GDP ------------------------------------------------------------------------------------------
@@ -102,10 +105,10 @@ class GDPState(NamedTuple):
 def _nu(query: PLD, mu_max: float):
     """(nu, delta charged): the smallest nu with the query below G_nu, with the query's own slack."""
     probs, inf_mass, offset, step = query_directions(query, "gdp")
-    slack = jnp.max(inf_mass)
-    nus = jax.vmap(gdp_mu_kernel, in_axes=(0, 0, 0, 0, None, None))(
-        probs, inf_mass, offset, step, slack, mu_max)
-    return pld_cost(jnp.max(nus)), pld_cost(slack) + ROUNDOFF
+    slack = inf_mass.max()
+    nus = map_rows(lambda p, m, o, h: gdp_mu_kernel(p, m, o, h, slack, mu_max))(
+        probs, inf_mass, offset, step)
+    return pld_cost(nus.max()), pld_cost(slack) + ROUNDOFF
 
 
 def _gdp_core(settings, state, query):
@@ -113,7 +116,7 @@ def _gdp_core(settings, state, query):
     if isinstance(query, PLD):
         nu, cost_delta = _nu(query, mu_max)
     else:
-        nu, cost_delta = query, jnp.zeros(())
+        nu, cost_delta = query, array_module(query).zeros(())
     new = GDPState(add_up(state.mu_squared_spent, square_up(nu)),
                    add_up(state.delta_spent, cost_delta))
     accepted = (new.mu_squared_spent <= budget) & (new.delta_spent <= delta)
@@ -157,7 +160,7 @@ def gdp_filter(mu: float, *, delta: float = 1e-10) -> Filter:
     return make_filter("gdp", {"mu": float(mu), "delta": float(delta)},
                        {"mu": mu, "delta": delta}, init=init, core=_gdp_core, remaining=remaining,
                        settings=(np.float64(budget), np.float64(delta),
-                                 np.float64(max(float(mu), 1e-300))))
+                                 np.float64(max(float(mu), 1e-300))), host=True)
 
 
 # -- GDP residue ----------------------------------------------------------------------------------
@@ -169,7 +172,7 @@ class ResidueState(NamedTuple):
 def _gdp_residue_core(settings, state, query, window, factor, steps):
     if isinstance(query, PLD):
         probs, inf_mass, offset, step = query_directions(query, "gdp_residue")
-        slack = jnp.max(inf_mass)
+        slack = inf_mass.max()
         cost_delta = slack + ROUNDOFF
         left, fits = residue_kernel(probs, inf_mass, offset, step, state.mu, slack,
                                     size=window, steps=steps, factor=factor)
@@ -177,7 +180,7 @@ def _gdp_residue_core(settings, state, query, window, factor, steps):
         nu = query
         fits = nu <= state.mu
         left = root_of_difference_down(state.mu, nu)
-        cost_delta = jnp.zeros(())
+        cost_delta = array_module(nu).zeros(())
     accepted = fits & (cost_delta <= state.delta_left)
     new = ResidueState(left, -add_up(-state.delta_left, cost_delta))  # rounded down
     return keep_if(accepted, new, state), accepted
@@ -233,7 +236,8 @@ def gdp_residue_filter(mu: float, *, delta: float = 1e-10, steps: int = RESIDUE_
     return make_filter("gdp_residue",
                        {"mu": float(mu), "delta": float(delta), "steps": steps, "size": size},
                        {"mu": mu, "delta": delta}, init=init, core=_gdp_residue_core,
-                       remaining=remaining, prepare=prepare, static=("window", "factor", "steps"))
+                       remaining=remaining, prepare=prepare, static=("window", "factor", "steps"),
+                       host=True)
 
 
 # -- Rényi ----------------------------------------------------------------------------------------
