@@ -661,12 +661,10 @@ def map_rows(fn: Callable) -> Callable:
     """``jax.vmap(fn)`` over the first axis of its arguments (pytrees), or for NumPy ones (as
     the first leaf says: see :func:`array_module`) ``fn`` on each row in turn, its outputs
     stacked."""
-    vmapped = jax.vmap(fn)
-
     def mapped(*args):
         leaves, tree = jax.tree_util.tree_flatten(args)
         if array_module(leaves[0]) is not np:
-            return vmapped(*args)
+            return jax.vmap(fn)(*args)
         rows = [fn(*tree.unflatten([leaf[i] for leaf in leaves]))
                 for i in range(leaves[0].shape[0])]
         return jax.tree.map(lambda *column: np.stack(column), *rows)

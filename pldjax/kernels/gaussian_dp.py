@@ -119,8 +119,10 @@ def gdp_parts(mu, x):
     t = safe / 2 + x / safe
     p1 = 0.5 * erfc(-a * _SQRT_HALF)
     direct = 0.5 * xp.exp(xp.minimum(x, 700.0)) * erfc(xp.minimum(t, _MILLS_FROM) * _SQRT_HALF)
-    mills = _phi(a) * _mills(xp.maximum(t, _MILLS_FROM))
-    p2 = xp.where(t < _MILLS_FROM, direct, mills)
+    if xp is np and not np.any(t >= _MILLS_FROM):  # on the host: no series where none is needed
+        p2 = direct
+    else:
+        p2 = xp.where(t < _MILLS_FROM, direct, _phi(a) * _mills(xp.maximum(t, _MILLS_FROM)))
     return xp.maximum(p1 - p2, 0.0), p2
 
 
