@@ -28,7 +28,7 @@ once for all filters:
 * **No program at all on the host** for the filters built with ``host=True`` (pure DP, GDP,
   GDP residue): their cores run on NumPy values as well, and a spend of a concrete state and
   query in host memory runs there (a first residue spend in milliseconds instead of seconds; a
-  warm one 3-4x the compiled one's time, which a caller's ``jax.jit(spend)`` gets back).
+  warm one 2.5-3.5x the compiled one's time, which a caller's ``jax.jit(spend)`` gets back).
 """
 
 from __future__ import annotations
