@@ -27,8 +27,8 @@ once for all filters:
   its kind: a new filter (another budget) compiles nothing its kind has compiled.
 * **No program at all on the host** for the filters built with ``host=True`` (pure DP, GDP,
   GDP residue): their cores run on NumPy values as well, and a spend of a concrete state and
-  query in host memory runs there (a first residue spend in milliseconds instead of seconds; a
-  warm one 2.5-3.5x the compiled one's time, which a caller's ``jax.jit(spend)`` gets back).
+  query in host memory runs there (a first residue spend in milliseconds instead of seconds of
+  compiling; a warm one a few milliseconds slower than the compiled one).
 """
 
 from __future__ import annotations
