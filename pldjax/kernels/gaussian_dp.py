@@ -39,9 +39,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core.align import regrid_kernel, regrid_size
-from pldjax.core.compilation import array_module, computed_once, kernel_jit, map_rows, while_loop
+from pldjax.core.compilation import (
+    HOST_ROWS,
+    array_module,
+    computed_once,
+    kernel_jit,
+    map_rows,
+    on_host,
+    while_loop,
+)
 from pldjax.core.grid import MAX_SIZE, check_size, next_pow2
-from pldjax.core.pld import PLD, batched
+from pldjax.core.pld import PLD, batched, broadcast_rows, computed_on_host
 from pldjax.core.precision import float64, host_result, root_of_difference_down
 from pldjax.core.special import MILLS_SERIES, special_functions
 from pldjax.core.validation import check_count, check_range, is_traced
@@ -501,23 +509,35 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
     curve, sound between grid points (tangent lines); it certifies
     delta_L <= delta_{G_mu} + delta_slack + ROUNDOFF at every eps. Both directions of a
     two-direction PLD must be dominated. inf when no mu <= ``mu_max`` works (e.g. an atom at +inf
-    above the slack). Batched over the PLD's batch axes.
+    above the slack). Batched over the PLD's batch axes. A small PLD in host memory (see
+    :func:`~pldjax.core.pld.computed_on_host`) is searched in NumPy: no program to compile.
     """
     if not pld.pessimistic:
         raise ValueError("gdp_mu needs a pessimistic PLD (an upper bound) for a sound answer")
     check_range("delta_slack", delta_slack, 0.0, 1.0)
     check_range("mu_max", mu_max, 0.0, low_open=True)
+    host = not is_traced((delta_slack, mu_max)) and computed_on_host([pld], pld.size)
     result = None
     for direction in pld.directions():
-        fn = batched(lambda p, m, o, h: _gdp_mu_jit(p, m, o, h, delta_slack, mu_max),
-                     len(direction.batch_shape))
-        probs = direction.probs
-        if not is_traced(probs):
-            # zero masses above the window (the curve there is the atom, already compared at
-            # every eps): the sizes of a short ladder, a few compiled programs for every PLD
-            probs = padded_to_a_power_of_two(probs, -1, 0.0)
-        out = fn(probs, direction.inf_mass, direction.offset, direction.step)
-        result = out if result is None else jnp.maximum(result, out)
+        if host:
+            rows = broadcast_rows(direction, direction.batch_shape)
+            search = functools.partial(gdp_mu_kernel, delta_slack=np.float64(delta_slack),
+                                       mu_max=np.float64(mu_max))
+            with np.errstate(all="ignore"):  # NaN and inf are values the search handles
+                out = map_rows(search)(*(np.asarray(a) for a in (rows.probs, rows.inf_mass,
+                                                                 rows.offset, rows.step)))
+            out = out.reshape(direction.batch_shape)
+        else:
+            fn = batched(lambda p, m, o, h: _gdp_mu_jit(p, m, o, h, delta_slack, mu_max),
+                         len(direction.batch_shape))
+            probs = direction.probs
+            if not is_traced(probs):
+                # zero masses above the window (the curve there is the atom, already compared
+                # at every eps): the sizes of a short ladder, a few compiled programs for every
+                # PLD
+                probs = padded_to_a_power_of_two(probs, -1, 0.0)
+            out = fn(probs, direction.inf_mass, direction.offset, direction.step)
+        result = out if result is None else array_module(out).maximum(result, out)
     return host_result(result)
 
 
@@ -723,6 +743,21 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     return xp.where(accepted, xp.maximum(low, naive), 0.0), accepted
 
 
+@np.errstate(all="ignore")  # NaN and inf are values the searches handle
+def _residues_on_host(queries, slack, which, mus, mu_max, factors, windows, steps: int):
+    """:func:`gdp_residue`'s residues of the pairs (``which`` query, budget ``mus``) in NumPy,
+    each query's nu searched once up to its ``mu_max``; -inf where a query does not fit."""
+    nus = [query_mu(*(a[w] for a in queries), slack[w], np.float64(mu_max[w]))
+           for w in range(slack.shape[0])]
+    residue = np.full(which.shape[0], -np.inf)
+    for i, (w, budget) in enumerate(zip(which, mus, strict=True)):
+        found, fits = residue_kernel(*(a[w] for a in queries), np.float64(budget), slack[w],
+                                     size=int(windows[w]), steps=steps, factor=int(factors[w]),
+                                     nu=nus[w])
+        residue[i] = found if fits else -np.inf
+    return residue
+
+
 def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
     """(factor, size): how many-fold the query's grid is coarsened for the residue search so that
     its check window fits, and the static window size, for budgets up to ``mu_max`` (its largest)
@@ -860,20 +895,22 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         raise ValueError("gdp_residue under jit needs size=")
     if size is not None:
         _, size = residue_plan(mu, query, size)  # checks the window given
-    mu = jnp.asarray(mu, jnp.float64)
+    xp = jnp if traced else np  # concrete glue in NumPy: no small program per operation
+    mu = xp.asarray(mu, xp.float64)
     # the distinct (query, slack) pairs, each searched for its nu once: a query broadcast
     # against many budgets (a residue table) does not repeat it
-    queries_shape = jnp.broadcast_shapes(query.batch_shape, jnp.shape(delta_slack))
-    shape = jnp.broadcast_shapes(mu.shape, queries_shape)
+    queries_shape = np.broadcast_shapes(query.batch_shape, np.shape(delta_slack))
+    shape = np.broadcast_shapes(mu.shape, queries_shape)
     stacked = query.stack_directions()
+    on_the_host = not traced and all(on_host(a) for a in stacked)
     nb = len(query.batch_shape)
     directions, n = stacked[0].shape[nb:]
-    queries = tuple(jnp.broadcast_to(a, queries_shape + a.shape[nb:]).reshape((-1,) + a.shape[nb:])
-                    for a in stacked)
-    slack = jnp.broadcast_to(jnp.asarray(delta_slack, jnp.float64), queries_shape).reshape(-1)
+    queries = tuple(xp.broadcast_to(xp.asarray(a), queries_shape + a.shape[nb:])
+                    .reshape((-1,) + a.shape[nb:]) for a in stacked)
+    slack = xp.broadcast_to(xp.asarray(delta_slack, xp.float64), queries_shape).reshape(-1)
     count = int(np.prod(queries_shape, dtype=np.int64))
     which = np.broadcast_to(np.arange(count).reshape(queries_shape), shape).reshape(-1)
-    mus = jnp.broadcast_to(mu, shape).reshape(-1)
+    mus = xp.broadcast_to(mu, shape).reshape(-1)
 
     def chunk(factor, window, rows):
         # never wider than the rows (a vmapped chunk computes its padding too)
@@ -898,6 +935,9 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
             mu_max, np.min(np.asarray(queries[3]).reshape(count, -1), axis=1), n)
     else:
         factors, windows = np.ones(count), np.full(count, size)
+    if on_the_host and which.shape[0] <= HOST_ROWS:  # a few pairs: searched in NumPy
+        return _residues_on_host(queries, slack, which, mus, mu_max, factors, windows,
+                                 steps).reshape(shape)
     # padded (with copies of the last query, and of a group's last pair) to _padded_count, every
     # group to its call's number of pairs (the pairs past a group's are not searched)
     queries_batch = chunk(1, 0, count)

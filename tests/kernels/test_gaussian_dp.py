@@ -168,15 +168,26 @@ def test_residue_search_of_subsampled_gaussian_queries_converges_in_a_few_tests(
 
 
 @pytest.mark.slow  # each chunk size compiles the search once: 25-30 s from an empty cache
-def test_gdp_residue_does_not_depend_on_its_batch_size():
+def test_gdp_residue_does_not_depend_on_its_batch_size_and_numpy_agrees(monkeypatch):
     """Pairs are searched in chunks (4 on a CPU by default, where a chunk runs as long as its
-    slowest pair): every chunking gives the same residues, bit for bit."""
+    slowest pair): every chunking gives the same residues, bit for bit. At most HOST_ROWS pairs
+    in host memory are searched in NumPy instead (no program to compile): the same certificates
+    and search steps, so the same residues up to round-off and the search's path; gdp_mu
+    likewise."""
+    from pldjax.core import pld as pld_module
+
     sigmas = jnp.linspace(1.0, 2.0, 5)
     queries = pj.gaussian(sigmas, sampling_prob=0.1)
     mus = np.linspace(0.75, 1.0, 5)
+    host, host_mu = np.asarray(pj.gdp_residue(mus, queries)), np.asarray(pj.gdp_mu(queries))
+    monkeypatch.setattr(gaussian_dp, "HOST_ROWS", 0)  # the compiled searches from here on
+    monkeypatch.setattr(pld_module, "HOST_ROWS", 0)
     default = np.asarray(pj.gdp_residue(mus, queries))  # two chunks of 4, the last padded
     # three chunks, the last padded
     np.testing.assert_array_equal(np.asarray(pj.gdp_residue(mus, queries, batch_size=2)), default)
+    np.testing.assert_allclose(host, default, rtol=1e-6)
+    np.testing.assert_allclose(host_mu, np.asarray(pj.gdp_mu(queries)), rtol=1e-12)
+    assert np.all(host >= np.sqrt(mus**2 - host_mu**2) * (1 - 1e-15))
 
 
 @pytest.mark.slow
@@ -194,11 +205,13 @@ def test_gdp_residue_of_a_pair_does_not_depend_on_the_other_pairs_of_its_call():
 
 
 @pytest.mark.slow
-def test_gdp_residue_calls_of_other_counts_share_their_programs():
+def test_gdp_residue_calls_of_other_counts_share_their_programs(monkeypatch):
     """The numbers of queries and of pairs are padded to a power of two of chunks, whose chunks
     past the count are not run: a call with a new count compiled every kernel of the call anew
     (11-14 s for 60, 63 and 64 subsampled-Gaussian queries on a 2-core CPU); 5, 7 and 8
     queries of one window now share them, and each pair gets the residue of a call of its own."""
+    monkeypatch.setattr(gaussian_dp, "HOST_ROWS", 0)  # the compiled search, not NumPy's
+
     def residues(count):
         return np.asarray(pj.gdp_residue(np.full(count, 1.0),
                                          pj.randomized_response(jnp.full(count, 0.3))))
@@ -254,6 +267,7 @@ def test_gdp_residue_chunks_are_no_wider_than_their_pairs(monkeypatch):
         return run(kernel, *args, **kwargs)
 
     monkeypatch.setattr(compilation.Kernel, "__call__", spy)
+    monkeypatch.setattr(gaussian_dp, "HOST_ROWS", 0)  # the compiled search, not NumPy's
     grid = pj.Grid()  # the automatic grid for one and for a batch (one alone gets its lattice)
     one = pj.gdp_residue(1.0, pj.randomized_response(0.3, grid=grid))
     assert widths == [("_queries_nu", 1), ("_residue_pairs", 1)]
