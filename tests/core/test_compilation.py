@@ -232,7 +232,7 @@ def test_a_new_process_reads_the_exported_kernels(tmp_path):
     first = run()
     assert first.returncode == 0, first.stderr
     entries = {p: p.stat().st_mtime_ns for p in (tmp_path / "xla-exported").glob("*.jaxexport")}
-    assert len(entries) == 4  # the three kernels of one configuration and the sizing one
+    assert len(entries) == 3  # the three kernels of one configuration (its sizing runs in NumPy)
     second = run()
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
