@@ -405,8 +405,10 @@ class RandomAllocation(Sampling):
     batches with each record in ``selected`` of them. One event is one epoch of ``steps`` steps
     (``pj.event_epsilon(event, epochs, delta)`` composes epochs). For
     :class:`pldjax.mechanisms.noise.Gaussian` noise under add/remove or zero-out
-    (``"replace_special"``, the same pair); replace-one is refused. Parameters are scalars,
-    concrete (not traced).
+    (``"replace_special"``, the same pair); replace-one is refused. Parameters are concrete (not
+    traced); ``steps`` and ``selected`` may be integer arrays (broadcasting with the noise's
+    parameters) in :func:`pldjax.event_epsilon` and :func:`pldjax.event_delta`, which account
+    for each configuration in turn, a sweep in one call; :meth:`Event.pld` takes one of each.
 
     Pessimistic PLD: the exact pair for one selection, its lattice law made larger in the convex
     order; for more, the composition over ``selected`` blocks of about steps / selected steps with
@@ -421,11 +423,19 @@ class RandomAllocation(Sampling):
     def __post_init__(self):
         if any(type(v) is object or is_traced(v) for v in (self.steps, self.selected)):
             return  # a pytree placeholder (see pldjax.mechanisms.noise), or traced leaves
-        steps = check_count("steps", self.steps, minimum=1)
-        selected = check_count("selected", self.selected, minimum=1)
-        if selected > steps:
-            raise ValueError(f"selected must be an integer in [1, steps = {steps}] (each record "
-                             f"takes part in that many of the epoch's steps), got {selected}")
+        try:
+            pairs = np.broadcast_arrays(np.asarray(self.steps, object), np.asarray(self.selected,
+                                                                                    object))
+        except ValueError:
+            raise ValueError(f"steps and selected must broadcast together, got shapes "
+                             f"{np.shape(self.steps)} and {np.shape(self.selected)}") from None
+        for steps, selected in zip(*(a.reshape(-1).tolist() for a in pairs), strict=True):
+            steps = check_count("steps", steps, minimum=1)
+            selected = check_count("selected", selected, minimum=1)
+            if selected > steps:
+                raise ValueError(f"selected must be an integer in [1, steps = {steps}] (each "
+                                 f"record takes part in that many of the epoch's steps), got "
+                                 f"{selected}")
 
     def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
         raise ValueError("RandomAllocation's PLD is not one discretized mechanism: build it "
@@ -446,7 +456,12 @@ class RandomAllocation(Sampling):
         if is_traced((noise, self)):
             raise ValueError("RandomAllocation's parameters (and its noise's) must be concrete, "
                              "not traced")
-        return random_allocation_pld(noise, int(self.steps), int(self.selected),
+        if np.size(self.steps) != 1 or np.size(self.selected) != 1:
+            raise ValueError(f"a RandomAllocation PLD takes one steps and one selected, got "
+                             f"shapes {np.shape(self.steps)} and {np.shape(self.selected)}: "
+                             f"pj.event_epsilon and pj.event_delta take arrays of them")
+        steps, selected = (int(np.reshape(v, ())) for v in (self.steps, self.selected))
+        return random_allocation_pld(noise, steps, selected,
                                      pessimistic=pessimistic, grid=grid)
 
 

@@ -170,6 +170,31 @@ def test_bad_counts_are_refused_by_name(arguments, named):
         pj.sampling.RandomAllocation(*arguments)
 
 
+@pytest.mark.parametrize(("steps", "selected", "named"), [
+    ([10, 0], 1, "steps"), ([10, 20], [11, 2], "selected"), ([10.5], 1, "steps"),
+    ([10, 20, 30], [1, 2], "broadcast"), ([4, float("nan")], 1, "steps"),
+])
+def test_bad_counts_in_arrays_are_refused_by_name(steps, selected, named):
+    with pytest.raises(ValueError, match=named):
+        pj.sampling.RandomAllocation(np.asarray(steps), np.asarray(selected))
+
+
+def test_arrays_of_steps_and_selected_are_a_sweep_of_single_configurations():
+    # sigma (rows) against (steps, selected) pairs (columns): each value as its own call's, bit
+    # for bit, both bounds; one PLD takes one of each
+    sigmas, steps, selected = np.array([[1.5], [3.0]]), np.array([8, 12]), np.array([1, 3])
+    event = pj.Event(pj.noise.Gaussian(sigmas), pj.sampling.RandomAllocation(steps, selected))
+    for pessimistic in (True, False):
+        swept = pj.event_epsilon(event, 2, 1e-6, pessimistic=pessimistic)
+        assert swept.shape == (2, 2)
+        for (i, j), value in np.ndenumerate(swept):
+            one = pj.Event(pj.noise.Gaussian(float(sigmas[i, 0])),
+                           pj.sampling.RandomAllocation(int(steps[j]), int(selected[j])))
+            assert value == pj.event_epsilon(one, 2, 1e-6, pessimistic=pessimistic)
+    with pytest.raises(ValueError, match="one steps and one selected"):
+        event.pld()
+
+
 def test_pairs_without_an_analysis_are_refused():
     scheme = pj.sampling.RandomAllocation(10)
     with pytest.raises(ValueError, match="replace_one"):
