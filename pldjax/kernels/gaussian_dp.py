@@ -143,6 +143,17 @@ def gdp_error(mu):
     return xp.minimum(2.0**-32 * (1.0 + 1.0 / xp.maximum(mu, 1e-300)), 1.0)
 
 
+def _complement_upper(mu, x, tail):
+    """An upper bound on 1 - delta_mu(x) = Phi(-mu/2 + x/mu) + e^x Phi(-mu/2 - x/mu), from
+    :func:`gdp_parts`'s ``tail`` (the second term) and one erfc: both terms positive, so no
+    cancellation; raised by :func:`gdp_error` and by 1e-300 for an erfc that underflowed."""
+    xp = array_module(mu, x)
+    erfc = jax.lax.erfc if xp is jnp else special_functions(xp).erfc
+    safe = xp.maximum(mu, 1e-300)
+    below = 0.5 * erfc((safe / 2 - x / safe) * _SQRT_HALF)
+    return (below + tail) * (1.0 + gdp_error(mu)) + 1e-300
+
+
 def _gdp_delta(mu, eps):
     """delta_mu(eps) for every real eps (within :func:`gdp_error`); mu = 0 gives (1 - e^eps)_+."""
     return gdp_parts(mu, eps)[0]
@@ -184,19 +195,26 @@ def _budget_bounds(z, mu, delta_slack, widths):
     xp = array_module(z, mu)
     g, tail = gdp_parts(mu, z)
     g = (g * (1.0 - gdp_error(mu)) + delta_slack + ROUNDOFF) * _SUM_MARGIN
+    # where 1 - G_mu (computed without cancellation) is below ROUNDOFF / 2, G_mu + ROUNDOFF
+    # exceeds 1, which bounds every curve: 1 there (the widened value falls short of it, and
+    # no curve near 1 passed a point of a mu above 10)
+    g = xp.where(_complement_upper(mu, z, tail) <= ROUNDOFF / 2, xp.maximum(g, 1.0), g)
     slope = -tail  # x times d delta / dx at the points
     # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
     g, slope = computed_once((g, slope))
-    # on [x_i, x_{i+1}], x = x_i (1 + grow t): tangent i is g_i + s_i grow t, tangent i+1 is
-    # g_{i+1} + s_{i+1} e^-h grow (t - 1), h = z_{i+1} - z_i
+    # on [x_i, x_{i+1}], x = x_i (1 + u), u in [0, grow] (t = u / grow): tangent i is
+    # g_i + s_i u, tangent i+1 is g_{i+1} + s_{i+1} (e^-h u - shrink), h = z_{i+1} - z_i and
+    # shrink = e^-h grow = 1 - e^-h; in u every term stays finite where grow overflows (a first
+    # point thousands of nats above eps = 0)
     grow, back = widths
+    shrink = xp.where(xp.isfinite(grow), back * grow, 1.0)
     g0, g1, s0, s1 = g[:-1], g[1:], slope[:-1], slope[1:]
-    denominator = grow * (s0 - s1 * back)  # <= 0: the curve is convex
-    numerator = g1 - g0 - s1 * back * grow
-    t = xp.clip(numerator / xp.where(denominator < 0, denominator, -1.0), 0.0, 1.0)
-    t = xp.where(denominator < 0, t, 0.0)
-    envelope = xp.maximum(g0 + s0 * grow * t, g1 + s1 * back * grow * (t - 1.0))
-    return g, t, envelope
+    denominator = s0 - s1 * back  # <= 0: the curve is convex
+    numerator = g1 - g0 - s1 * shrink
+    u = xp.clip(numerator / xp.where(denominator < 0, denominator, -1.0), 0.0, grow)
+    u = xp.where(denominator < 0, u, 0.0)
+    envelope = xp.maximum(g0 + s0 * u, g1 + s1 * (back * u - shrink))
+    return g, xp.where(grow > 0, u / xp.where(grow > 0, grow, 1.0), 0.0), envelope
 
 
 def _ratio(value, bound, floor, used):
@@ -217,8 +235,10 @@ def _checks(z, d, bounds, delta_slack):
     g, t, envelope = bounds
     floor = delta_slack + ROUNDOFF
     chord = d[:-1] + (d[1:] - d[:-1]) * t
+    # a bound of 1 or more holds for every curve: it does not steer
     return ((chord <= envelope) | (z[1:] <= 0.0), (d <= g) | (z < 0.0),
-            _ratio(chord, envelope, floor, z[1:] > 0.0), _ratio(d, g, floor, z >= 0.0))
+            _ratio(chord, envelope, floor, (z[1:] > 0.0) & (envelope < 1.0)),
+            _ratio(d, g, floor, (z >= 0.0) & (g < 1.0)))
 
 
 def _score(worst):

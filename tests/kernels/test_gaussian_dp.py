@@ -94,7 +94,7 @@ def test_gdp_curve_within_its_error_bound_by_mpmath(xp):
     # erfc) and on the host (SciPy's)
     import jax.numpy as jnp
 
-    from pldjax.kernels.gaussian_dp import gdp_error, gdp_parts
+    from pldjax.kernels.gaussian_dp import _complement_upper, gdp_error, gdp_parts
 
     xp = jnp if xp == "jax" else np
 
@@ -103,12 +103,16 @@ def test_gdp_curve_within_its_error_bound_by_mpmath(xp):
     for mu in (1e-3, 0.05, 0.7, 3.0, 40.0, 500.0):
         xs = np.concatenate([np.linspace(-mu * mu - 5 * mu, mu * mu / 2 + 30 * mu, 40),
                              np.linspace(-2.0, 2.0, 9)])
-        delta, tail = (np.asarray(v) for v in gdp_parts(np.float64(mu), xp.asarray(xs)))
+        parts = gdp_parts(np.float64(mu), xp.asarray(xs))
+        complement = np.asarray(_complement_upper(np.float64(mu), xp.asarray(xs), parts[1]))
+        delta, tail = (np.asarray(v) for v in parts)
         bound = float(gdp_error(mu))
-        for x, d, t in zip(xs, delta, tail, strict=True):
+        for x, d, t, c in zip(xs, delta, tail, complement, strict=True):
             m, xm = mp.mpf(mu), mp.mpf(float(x))
             exact_tail = mp.exp(xm) * mp.ncdf(-m / 2 - xm / m)
             exact = mp.ncdf(m / 2 - xm / m) - exact_tail
+            # 1 - delta from above, where the bounds near 1 read it
+            assert c >= mp.ncdf(-m / 2 + xm / m) + exact_tail
             if exact > mp.mpf(1e-290):
                 worst = max(worst, float(abs(d - exact) / exact) / bound)
             else:
@@ -305,6 +309,16 @@ def test_gdp_residue_chunks_fill_an_accelerator(monkeypatch):
     assert size(2 * 16_384) == 1024  # a subsampled Gaussian's two directions
     assert size(2 * 2**17) == 128
     assert size(2**40) == 1
+
+
+@pytest.mark.parametrize("sigma", [0.07, 0.01, 1e-4])
+def test_gdp_mu_of_a_revealing_gaussian_is_finite_and_above_its_mu(sigma):
+    """pj.gaussian(sigma) is exactly (1 / sigma)-GDP. Where both curves round to 1 (eps far below
+    mu^2 / 2) the widened budget fell short of them, and every mu above about 12 read inf; the
+    bound is now 1 where 1 - G_mu, computed without cancellation, is below ROUNDOFF / 2, and the
+    tangents between points thousands of nats apart stay finite."""
+    got = float(pj.gdp_mu(pj.gaussian(sigma), mu_max=1e6))
+    assert 1 / sigma <= got <= 1.25 / sigma
 
 
 def test_gdp_mu_does_not_depend_on_a_large_mu_max():
