@@ -143,7 +143,7 @@ def gdp_error(mu):
     return xp.minimum(2.0**-32 * (1.0 + 1.0 / xp.maximum(mu, 1e-300)), 1.0)
 
 
-def _complement_upper(mu, x, tail):
+def gdp_complement_upper(mu, x, tail):
     """An upper bound on 1 - delta_mu(x) = Phi(-mu/2 + x/mu) + e^x Phi(-mu/2 - x/mu), from
     :func:`gdp_parts`'s ``tail`` (the second term) and one erfc: both terms positive, so no
     cancellation; raised by :func:`gdp_error` and by 1e-300 for an erfc that underflowed."""
@@ -198,7 +198,7 @@ def _budget_bounds(z, mu, delta_slack, widths):
     # where 1 - G_mu (computed without cancellation) is below ROUNDOFF / 2, G_mu + ROUNDOFF
     # exceeds 1, which bounds every curve: 1 there (the widened value falls short of it, and
     # no curve near 1 passed a point of a mu above 10)
-    g = xp.where(_complement_upper(mu, z, tail) <= ROUNDOFF / 2, xp.maximum(g, 1.0), g)
+    g = xp.where(gdp_complement_upper(mu, z, tail) <= ROUNDOFF / 2, xp.maximum(g, 1.0), g)
     slope = -tail  # x times d delta / dx at the points
     # computed once: the slices below would otherwise each be fused with (and redo) the erfc's
     g, slope = computed_once((g, slope))

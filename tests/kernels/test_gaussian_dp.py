@@ -94,7 +94,7 @@ def test_gdp_curve_within_its_error_bound_by_mpmath(xp):
     # erfc) and on the host (SciPy's)
     import jax.numpy as jnp
 
-    from pldjax.kernels.gaussian_dp import _complement_upper, gdp_error, gdp_parts
+    from pldjax.kernels.gaussian_dp import gdp_complement_upper, gdp_error, gdp_parts
 
     xp = jnp if xp == "jax" else np
 
@@ -104,7 +104,7 @@ def test_gdp_curve_within_its_error_bound_by_mpmath(xp):
         xs = np.concatenate([np.linspace(-mu * mu - 5 * mu, mu * mu / 2 + 30 * mu, 40),
                              np.linspace(-2.0, 2.0, 9)])
         parts = gdp_parts(np.float64(mu), xp.asarray(xs))
-        complement = np.asarray(_complement_upper(np.float64(mu), xp.asarray(xs), parts[1]))
+        complement = np.asarray(gdp_complement_upper(np.float64(mu), xp.asarray(xs), parts[1]))
         delta, tail = (np.asarray(v) for v in parts)
         bound = float(gdp_error(mu))
         for x, d, t, c in zip(xs, delta, tail, complement, strict=True):
