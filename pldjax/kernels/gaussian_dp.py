@@ -107,6 +107,11 @@ def _mills(t):
     return series / t
 
 
+def _erfc(xp):
+    """XLA's erfc for ``jax.numpy``, SciPy's for NumPy (both within :func:`gdp_error`)."""
+    return jax.lax.erfc if xp is jnp else special_functions(xp).erfc
+
+
 def _phi(a):
     """The standard normal density."""
     return array_module(a).exp(-0.5 * a * a - _LOG_SQRT_2PI)
@@ -121,7 +126,7 @@ def gdp_parts(mu, x):
     (e^x phi(t) = phi(a)) with the Mills ratio M: no log_ndtr, no overflow, no underflow of a
     term that matters. Two erfc and two exp per point (log_ndtr costs about four times that)."""
     xp = array_module(mu, x)
-    erfc = jax.lax.erfc if xp is jnp else special_functions(xp).erfc
+    erfc = _erfc(xp)
     safe = xp.maximum(mu, 1e-300)
     a = safe / 2 - x / safe
     t = safe / 2 + x / safe
@@ -148,7 +153,7 @@ def gdp_complement_upper(mu, x, tail):
     :func:`gdp_parts`'s ``tail`` (the second term) and one erfc: both terms positive, so no
     cancellation; raised by :func:`gdp_error` and by 1e-300 for an erfc that underflowed."""
     xp = array_module(mu, x)
-    erfc = jax.lax.erfc if xp is jnp else special_functions(xp).erfc
+    erfc = _erfc(xp)
     safe = xp.maximum(mu, 1e-300)
     below = 0.5 * erfc((safe / 2 - x / safe) * _SQRT_HALF)
     return (below + tail) * (1.0 + gdp_error(mu)) + 1e-300
