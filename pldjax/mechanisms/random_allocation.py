@@ -40,7 +40,10 @@ the mass left on it, since every term is >= 0).
   is the t-fold convolution of the floored untilted lognormal; under P one coordinate (k of
   them, for k selections) has the tilted law, log Z ~ N(+mu^2 / 2, mu^2). The PLD of that pair
   (loss log(p_j / q_j) at lattice point j, the mass beyond the lattice merged into its last
-  point, another post-processing) has its losses rounded down onto the grid.
+  point, another post-processing) is merged onto the grid: the atoms between two grid points
+  are merged, and each grid point takes a share of the cell below it as large as keeps the
+  merger's loss at or above the point (post-processing again, then a loss lowered), which
+  loses far less than rounding each loss down (about half a grid step of epsilon).
 
 Several selections (k > 1). Cut the t steps into k blocks of sizes m_1..m_k (each floor(t / k)
 or one more) and allocate one step in each block: its pair is the composition of k one-selection
@@ -48,7 +51,12 @@ pairs. A uniformly random permutation of the steps turns any law on k-subsets in
 one, and Q is invariant under it, so the random-allocation pair is a mixture (over
 permutations) of pairs, each a relabelling of the blocked pair; hockey-stick divergences are
 jointly convex, so the blocked composition dominates (the pessimistic PLD). The optimistic PLD
-stays the lattice statistic T above, now with k tilted coordinates: a lower bound for every k.
+is a lattice statistic again, with k tilted coordinates, but not of the sum: the pair's
+likelihood ratio is now the mean over k-subsets A of prod_{i in A} Z_i, close to Poisson
+sampling's at rate q = k / t, prod_i (1 - q + q Z_i) = (1 - q)^t prod_i (1 + c Z_i) with
+c = k / (t - k). So the statistic is G = sum_i log(1 + c Z_i) (a function of the output, so
+dominated by (P, Q)), on a lattice of its own; for sigma 2 and 10 of 100 steps its epsilon at
+delta 1e-6 is within 0.9% of the pessimistic one, where the sum's was 1.5% below.
 
 Round-off. Cell masses are integrated free of cancellation (:func:`_cell_masses`: relative
 round-off of order 1e-15); each FFT product is clipped at zero and its round-off bounded
@@ -118,22 +126,39 @@ def _cdf_differences(lower, upper):
     return jnp.maximum(jnp.where(upper <= 0.0, from_cdf, from_sf), 0.0)
 
 
-def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool):
-    """A lattice law (:func:`_product`) of Z / width on the points 0..size-1, Z a lognormal
-    with log Z ~ N(-mu^2 / 2, mu^2) (``tilted``: N(+mu^2 / 2, mu^2)): floored (the mass of
-    [j, j + 1) at j), or ``spread`` keeping the mean (the module docstring). Mass beyond the
+def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None):
+    """A lattice law (:func:`_product`) of one term on the points 0..size-1, Z a lognormal with
+    log Z ~ N(-mu^2 / 2, mu^2) (``tilted``: N(+mu^2 / 2, mu^2)): the term is Z / width, or with
+    a ``scale`` c the logarithmic term log(1 + c Z) / width; floored (the mass of [j, j + 1) at
+    j), or ``spread`` keeping the mean (the module docstring; Z / width only). Mass beyond the
     lattice is left out.
 
-    In x, the standardized log Z, cell j is [x_j, x_j + log1p(1 / j) / mu]. A narrow cell (up to
-    _NARROW) is integrated by Gauss-Legendre, with the place of each node in the cell,
-    Z / width - j = j expm1(mu (x - x_j)), free of cancellation: round-off relative to the
-    cell's own mass. A wide one lies near Z = 0 (j below 1 / expm1(mu _NARROW)), where
-    differences of Phi (and of Phi(x - mu), which gives E[Z] over the cell) lose little."""
+    In x, the standardized log Z, cell j is [x_j, x_j + w_j / mu], w_j = log1p(1 / j) for Z /
+    width and log1p(e^{j width} expm1(width) / expm1(j width)) for the logarithmic term. A narrow
+    cell (up to _NARROW) is integrated by Gauss-Legendre, with the place of each node in the
+    cell, Z / width - j = j expm1(mu (x - x_j)), free of cancellation: round-off relative to the
+    cell's own mass. A wide one's mass is a difference of Phi taken on the side of its tail
+    (:func:`_cdf_differences`; with Phi(x - mu), which gives E[Z] over the cell, for the
+    spread)."""
     index = jnp.arange(size, dtype=jnp.float64)
     centre = 0.5 * mu * mu if tilted else -0.5 * mu * mu
-    lower = (jnp.log(index * width) - centre) / mu  # -inf at j = 0
-    upper = (jnp.log((index + 1.0) * width) - centre) / mu
-    half = 0.5 * jnp.log1p(1.0 / index) / mu  # inf at j = 0
+    if scale is None:
+        log_edge = jnp.log(index * width)  # -inf at j = 0
+        next_edge = jnp.log((index + 1.0) * width)
+        log_width = jnp.log1p(1.0 / index)  # inf at j = 0
+        # a wide cell lies below Z / width = 1 / expm1(mu _NARROW), where Phi's differences lose
+        # at most that factor
+        wide_loss = 1.0 / jnp.expm1(mu * _NARROW)
+    else:
+        growth = jnp.expm1(index * width)
+        log_edge = jnp.log(growth) - jnp.log(scale)
+        next_edge = jnp.log(jnp.expm1((index + 1.0) * width)) - jnp.log(scale)
+        log_width = jnp.log1p(jnp.exp(index * width) * jnp.expm1(width) / growth)
+        # Phi's differences over at least _NARROW lose at most 1 / (Phi(_NARROW / 2) - 1 / 2)
+        wide_loss = 1.0 / (ndtr(0.5 * _NARROW) - 0.5)
+    lower = (log_edge - centre) / mu
+    upper = (next_edge - centre) / mu
+    half = 0.5 * log_width / mu
     narrow = half <= 0.5 * _NARROW
     half = jnp.where(narrow, half, 0.0)
     start = jnp.where(narrow, lower, 0.0)
@@ -144,10 +169,10 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool):
         x = start + offset
         density = weight * jnp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
         mass = mass + density
-        moment = moment + density * index * jnp.expm1(mu * offset)
+        if spread:
+            moment = moment + density * index * jnp.expm1(mu * offset)
     probs = jnp.where(narrow, half * mass, _cdf_differences(lower, upper))
-    # a wide cell's relative round-off grows with j, which is below 1 / expm1(mu _NARROW) there
-    relative = 16.0 * UNIT_ROUNDOFF * (_NODES + 4.0 + 1.0 / jnp.expm1(mu * _NARROW))
+    relative = 16.0 * UNIT_ROUNDOFF * (_NODES + 4.0 + wide_loss)
     if not spread:
         return probs, relative, jnp.zeros(())
     # the share a cell sends up, E[Z / width - j; cell], with E[Z; Z <= z] = Phi(x - mu)
@@ -197,21 +222,34 @@ def _power(law, count):
     return jax.lax.while_loop(lambda c: c[0] > 0, step, carry)[1]
 
 
-@kernel_jit(static_argnames=("size", "pessimistic"))
-def _lattice_laws(mu, steps, selected, width, *, size: int, pessimistic: bool):
-    """The lattice laws under P and under Q of the sum of ``steps`` terms Z / width of which
-    ``selected`` have P's law: pessimistic, the spread terms' (S', ``selected`` = 1), P's law
-    being S' times Q's, the convolution of the rest with one size-biased term (its mass at j
-    times j width, so that the FFT's round-off is relative to P's own masses); optimistic, the
-    floored terms' (T), P's ``selected`` terms tilted."""
-    plain = _cell_masses(mu, width, size, spread=pessimistic, tilted=False)
+@kernel_jit(static_argnames=("size", "pessimistic", "logarithmic"))
+def _lattice_laws(mu, steps, selected, width, scale, *, size: int, pessimistic: bool,
+                  logarithmic: bool):
+    """The lattice laws under P and under Q of the sum of ``steps`` terms Z / width (or, when
+    ``logarithmic``, log(1 + scale Z) / width) of which ``selected`` have P's law: pessimistic,
+    the spread terms' (S', ``selected`` = 1), P's law being S' times Q's, the convolution of the
+    rest with one size-biased term (its mass at j times j width, so that the FFT's round-off is
+    relative to P's own masses); optimistic, the floored terms' (T), P's ``selected`` terms
+    tilted."""
+    scale = scale if logarithmic else None
+    plain = _cell_masses(mu, width, size, spread=pessimistic, tilted=False, scale=scale)
     if pessimistic:
         masses, relative, absolute = plain
         moved = (masses * jnp.arange(size) * width, relative, absolute)
     else:
-        moved = _cell_masses(mu, width, size, spread=False, tilted=True)
+        moved = _cell_masses(mu, width, size, spread=False, tilted=True, scale=scale)
     rest = _power(plain, steps - selected)
     return _product(rest, _power(moved, selected)), _product(rest, _power(plain, selected))
+
+
+def _sized(top: float, wanted: float) -> tuple[float, int] | None:
+    """(spacing, points) of a lattice from 0 to ``top`` at about the ``wanted`` spacing, coarser
+    where that takes more than MAX_LATTICE points; None where it would be _MAX_COARSENING times
+    coarser or more."""
+    if top / wanted > _MAX_COARSENING * MAX_LATTICE:
+        return None
+    size = int(np.clip(grid_lib.next_pow2(math.ceil(top / wanted)), MIN_LATTICE, MAX_LATTICE))
+    return top / size, size
 
 
 def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
@@ -227,12 +265,37 @@ def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
     bulk = 1.0 + selected * math.expm1(mu * mu) / steps + _BULK_SPREADS * max(spread_p, spread_q)
     wanted = spread_q / (_RESOLUTION * math.sqrt(steps))
     for quantile in _TAIL_QUANTILES:
-        top = bulk + math.exp(0.5 * mu * mu + quantile * mu) / steps
-        if top / wanted <= _MAX_COARSENING * MAX_LATTICE:
-            size = int(np.clip(grid_lib.next_pow2(math.ceil(top / wanted)), MIN_LATTICE,
-                               MAX_LATTICE))
-            return top / size, size
+        lattice = _sized(bulk + math.exp(0.5 * mu * mu + quantile * mu) / steps, wanted)
+        if lattice is not None:
+            return lattice
     return None
+
+
+def _log_moments(mu: float, scale: float, tilted: bool) -> tuple[float, float]:
+    """Mean and variance of log(1 + scale Z), log Z ~ N(-+mu^2 / 2, mu^2), by Gauss-Hermite
+    quadrature (the function is smooth and grows linearly in log Z: 64 nodes resolve it)."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(64)
+    values = np.log1p(scale * np.exp(mu * nodes + (0.5 if tilted else -0.5) * mu * mu))
+    weights = weights / weights.sum()
+    mean = float(weights @ values)
+    return mean, float(weights @ (values - mean) ** 2)
+
+
+def _log_lattice(mu: float, steps: int, selected: int, scale: float) -> tuple[float, int] | None:
+    """(spacing h, number of points) of the lattice of G = sum_i log(1 + scale Z_i), as
+    :func:`_lattice` for S: its top covers G's bulk under P and one tilted term's tail, its
+    spacing is a term's standard deviation under Q over _RESOLUTION."""
+    if mu > _MAX_SHIFT:
+        return None
+    plain_mean, plain_var = _log_moments(mu, scale, False)
+    tilted_mean, tilted_var = _log_moments(mu, scale, True)
+    mean_p = (steps - selected) * plain_mean + selected * tilted_mean
+    spread = math.sqrt(max((steps - selected) * plain_var + selected * tilted_var,
+                           steps * plain_var))
+    bulk = max(mean_p, steps * plain_mean) + _BULK_SPREADS * spread
+    wanted = math.sqrt(plain_var) / _RESOLUTION
+    tail = math.log1p(scale * math.exp(0.5 * mu * mu + _TAIL_QUANTILES[0] * mu))
+    return _sized(bulk + tail, wanted)
 
 
 def _bulk_lattice(mu: float, steps: int) -> tuple[float, int]:
@@ -255,24 +318,52 @@ def _default_step(mu: float, steps: int, selected: int) -> float:
     return float(grid_lib.fine_step(np.float64(spread)))
 
 
+def _merged_onto_grid(losses, masses, step: float) -> tuple[int, np.ndarray]:
+    """(index of the first grid point, masses on the grid) of an optimistic coarsening of atoms
+    (``losses`` in nats, ``masses`` their P-masses) onto multiples of ``step``: the atoms of
+    each cell [l_i, l_i + step) are merged, then grid point l_i takes the rest of its cell and a
+    share of the cell below, as much of it (from the top down) as keeps their merged loss at or
+    above l_i; naming that merger l_i lowers its loss, and merging is post-processing, so the
+    pair is dominated. Losses land on grid points exactly where shares balance, rather than a
+    step lower on average (rounding every atom down loses about step / 2 in epsilon)."""
+    shifted = losses - _LOSS_MARGIN
+    index = np.floor(shifted / step)
+    low = int(index.min())
+    cells = (index - low).astype(np.int64)
+    mass = np.bincount(cells, weights=masses)
+    # each cell's Q-mass in units of its lower point's e^{-l_i}, between mass e^{-step} and mass
+    q_mass = np.bincount(cells, weights=masses * np.exp(index * step - shifted))
+    # Q-mass over P-mass e^{-l}: a cell moved up adds `excess` at its upper point, a cell kept
+    # at its point leaves `room` (both in units of that point's e^{-l})
+    excess = np.maximum(q_mass * math.exp(step) - mass, 0.0)
+    room = np.maximum(mass - q_mass, 0.0)
+    moved_up = np.zeros(len(mass))
+    for i in range(len(mass) - 2, -1, -1):
+        free = (1.0 - moved_up[i + 1]) * room[i + 1]
+        moved_up[i] = 1.0 if excess[i] <= free else free / excess[i]
+    probs = mass * (1.0 - moved_up)
+    probs[1:] += (mass * moved_up)[:-1]
+    return low, probs
+
+
 def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
     """One direction's PLD from atoms (finite ``losses`` in nats, with ``masses``) and a mass at
     +inf, on multiples of ``step``. Pessimistic: an atom between two grid points is split
     between them keeping its Q-mass (mass m at loss l: m (1 - e^{-(l - l_0)}) / (1 - e^{-step}) at
     l_1, the rest at l_0; the atom is their merger, so the split pair dominates); optimistic:
-    rounded down. Mass within TAIL_MASS of either end of the window is moved to its safe side,
-    then :func:`settle` restores a total of 1 (a pessimistic PLD's masses and +inf atom are upper
-    bounds: the surplus comes off its lowest losses)."""
+    merged onto the grid (:func:`_merged_onto_grid`). Mass within TAIL_MASS of either end of the
+    window is moved to its safe side, then :func:`settle` restores a total of 1 (a pessimistic
+    PLD's masses and +inf atom are upper bounds: the surplus comes off its lowest losses)."""
     if pessimistic:
         shifted = losses + _LOSS_MARGIN
         index = np.floor(shifted / step)
         upper = masses * (np.expm1(index * step - shifted) / np.expm1(-step))
         index = np.concatenate([index, index + 1.0]).astype(np.int64)
         masses = np.concatenate([masses - upper, upper])
+        low = int(index.min())
+        probs = np.bincount(index - low, weights=masses)
     else:
-        index = np.floor((losses - _LOSS_MARGIN) / step).astype(np.int64)
-    low = int(index.min())
-    probs = np.bincount(index - low, weights=masses)
+        low, probs = _merged_onto_grid(losses, masses, step)
     below = np.cumsum(probs)
     above = np.cumsum(probs[::-1])
     first = int(np.searchsorted(below, grid_lib.TAIL_MASS, side="right"))
@@ -298,12 +389,16 @@ def _bounds(law) -> tuple[np.ndarray, np.ndarray]:
             (masses + absolute) / (1.0 - relative))
 
 
-def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None):
+def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None,
+          scale: float | None = None):
     """((lower, upper) bounds on P's lattice law, the same for Q's, the lattice's points) for
-    :func:`_lattice_laws`, on ``lattice`` (spacing, points; default :func:`_lattice`'s)."""
+    :func:`_lattice_laws`, on ``lattice`` (spacing, points; default :func:`_lattice`'s): of S,
+    or with a ``scale`` c of G = sum_i log(1 + c Z_i) (:func:`_log_lattice`'s)."""
     spacing, size = lattice or _lattice(mu, steps, selected)
-    laws = _lattice_laws(np.float64(mu), np.int64(steps), np.int64(selected),
-                         np.float64(steps * spacing), size=size, pessimistic=pessimistic)
+    width = steps * spacing if scale is None else spacing
+    laws = _lattice_laws(np.float64(mu), np.int64(steps), np.int64(selected), np.float64(width),
+                         np.float64(scale or 0.0), size=size, pessimistic=pessimistic,
+                         logarithmic=scale is not None)
     return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
 
 
@@ -324,10 +419,12 @@ def _one_selection(mu: float, steps: int, step: float) -> PLD:
     return PLD.from_directions(remove, add)
 
 
-def _statistic(mu: float, steps: int, selected: int, step: float, lattice) -> PLD:
+def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
+               scale: float | None) -> PLD:
     """The optimistic PLD (both directions): the pair of the lattice statistic T's laws on
-    ``lattice`` (module docstring), T beyond the lattice merged into its last point."""
-    (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False, lattice)
+    ``lattice`` (module docstring; with a ``scale``, the logarithmic statistic), T beyond the
+    lattice merged into its last point."""
+    (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False, lattice, scale)
     for low, high in ((p_low, p_high), (q_low, q_high)):
         low[-1] += max(1.0 - math.fsum(high), 0.0)
         high[-1] += max(1.0 - math.fsum(low[:-1]), 0.0)
@@ -373,10 +470,12 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
     if selected == steps or mu == 0.0:
         return _gaussian_bound(mu, steps, selected, pessimistic, grid)
     if not pessimistic:
-        lattice = _lattice(mu, steps, selected)
+        scale = None if selected == 1 else selected / (steps - selected)
+        lattice = (_lattice(mu, steps, selected) if scale is None
+                   else _log_lattice(mu, steps, selected, scale))
         if lattice is None:
             return _gaussian_bound(mu, steps, selected, pessimistic, grid)
-        return _statistic(mu, steps, selected, step, lattice)
+        return _statistic(mu, steps, selected, step, lattice, scale)
     block, longer = divmod(steps, selected)
     parts = []
     for size, count in ((block, selected - longer), (block + 1, longer)):
