@@ -50,7 +50,11 @@ or one more) and allocate one step in each block: its pair is the composition of
 pairs. A uniformly random permutation of the steps turns any law on k-subsets into the uniform
 one, and Q is invariant under it, so the random-allocation pair is a mixture (over
 permutations) of pairs, each a relabelling of the blocked pair; hockey-stick divergences are
-jointly convex, so the blocked composition dominates (the pessimistic PLD). The optimistic PLD
+jointly convex, so the blocked composition dominates (the pessimistic PLD). Each block's PLD is
+the meet of its lattice PLD and the Gaussian bound of one selection (:func:`_meet`: the lower
+convex hull of their curves' minimum), so that where the lattice's round-off bounds outweigh the
+tail (blocks of 10^5 steps or more, or a tail too heavy for any lattice) the composition over
+thousands of blocks stays finite. The optimistic PLD
 is a lattice statistic again, with k tilted coordinates, but not of the sum: the pair's
 likelihood ratio is now the mean over k-subsets A of prod_{i in A} Z_i, close to Poisson
 sampling's at rate q = k / t, prod_i (1 - q + q Z_i) = (1 - q)^t prod_i (1 + c Z_i) with
@@ -92,6 +96,7 @@ from pldjax.core.mass import settle
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
+from pldjax.kernels.discretize import lower_hull_at
 from pldjax.mechanisms.neighboring import Neighboring
 
 #: Most and fewest points of the lattice of S (powers of two; a product's FFT has twice as many).
@@ -456,6 +461,41 @@ def _gaussian_bound(mu: float, steps: int, selected: int, pessimistic: bool,
     return privacy_loss(Gaussian(1.0 / shift), pessimistic=pessimistic, grid=grid)
 
 
+def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
+    """A pessimistic PLD (both directions) on multiples of ``step`` below both of two that
+    dominate one pair: where the lattice's round-off bounds (about steps times 1e-13 of mass
+    spread over its points) outweigh the tail, the Gaussian bound's curve is the lower one. The
+    pair's curve is convex in e^eps and below both curves, so below the lower convex hull of
+    their minimum, taken at the grid points and joined by chords: connect-the-dots of that hull
+    dominates the pair (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where
+    the first of the two ends (its +inf atom is the hull's value there) and holds at most
+    MAX_MECHANISM_SIZE points (losses below it are moved up into it)."""
+    from pldjax.kernels.hockey_stick import delta_kernel
+    from pldjax.mechanisms.named import from_privacy_curve
+
+    symmetric = gaussian.directions() * (2 // len(gaussian.directions()))
+    pairs = list(zip(lattice.directions(), symmetric, strict=True))
+
+    def end(pld: PLD) -> float:
+        return float(pld.offset + pld.probs.shape[-1]) * float(pld.step)
+
+    top = max(min(end(a), end(b)) for a, b in pairs)
+    bottom = max(min(float(a.offset) * float(a.step) for a, _ in pairs),
+                 top - (grid_lib.MAX_MECHANISM_SIZE - 2) * step)
+
+    def hull_of_minimum(a: PLD, b: PLD):
+        def curve(z):
+            lower = np.minimum(*(delta_kernel(*(np.asarray(part) for part in
+                                                (pld.probs, pld.inf_mass, pld.offset, pld.step)),
+                                              z, pessimistic=True) for pld in (a, b)))
+            return np.clip(lower_hull_at(np.exp(z - z[-1]), lower), 0.0, 1.0)
+        return curve
+
+    forward, backward = (hull_of_minimum(a, b) for a, b in pairs)
+    return from_privacy_curve(forward, epsilon_min=bottom, epsilon_max=top, step=step,
+                              reverse=backward)
+
+
 @float64
 def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool,
                           grid: Grid | None) -> PLD:
@@ -481,9 +521,8 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
     for size, count in ((block, selected - longer), (block + 1, longer)):
         if count == 0:
             continue
-        if size == 1 or _lattice(mu, size, 1) is None:
-            part = _gaussian_bound(mu, size, 1, True, grid)
-        else:
-            part = _one_selection(mu, size, step)
+        part = _gaussian_bound(mu, size, 1, True, grid)
+        if size > 1 and _lattice(mu, size, 1) is not None:
+            part = _meet(_one_selection(mu, size, step), part, step)
         parts.append(part if count == 1 else part.self_compose(count))
     return parts[0] if len(parts) == 1 else parts[0].compose(parts[1])
