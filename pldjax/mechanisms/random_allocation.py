@@ -468,8 +468,9 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
     pair's curve is convex in e^eps and below both curves, so below the lower convex hull of
     their minimum, taken at the grid points and joined by chords: connect-the-dots of that hull
     dominates the pair (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where
-    the first of the two ends (its +inf atom is the hull's value there) and holds at most
-    MAX_MECHANISM_SIZE points (losses below it are moved up into it)."""
+    the first of the two ends (its +inf atom is the hull's value there) and starts where both
+    have begun, within MAX_MECHANISM_SIZE points (losses below it are moved up into it: the
+    lattice's lowest points hold its round-off bounds, not mass)."""
     from pldjax.kernels.hockey_stick import delta_kernel
     from pldjax.mechanisms.named import from_privacy_curve
 
@@ -479,8 +480,11 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
     def end(pld: PLD) -> float:
         return float(pld.offset + pld.probs.shape[-1]) * float(pld.step)
 
+    def start(pld: PLD) -> float:
+        return float(pld.offset) * float(pld.step)
+
     top = max(min(end(a), end(b)) for a, b in pairs)
-    bottom = max(min(float(a.offset) * float(a.step) for a, _ in pairs),
+    bottom = max(min(start(a) for a, _ in pairs), min(start(b) for _, b in pairs),
                  top - (grid_lib.MAX_MECHANISM_SIZE - 2) * step)
 
     def hull_of_minimum(a: PLD, b: PLD):
