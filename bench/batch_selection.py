@@ -2,10 +2,13 @@
 
 For each run (noise multiplier sigma, T batches an epoch, E epochs, delta 1e-5): Poisson sampling
 at q = 1 / T over T E steps (pldjax's optimistic and pessimistic ``pj.dpsgd_epsilon``, and
-dp-accounting's PLD at value discretization 1e-4, connect-the-dots), under add/remove and
-replace-one; cyclic Poisson of cycle length 4 (a record eligible every fourth step, sampled at
-4 / T there: ``pj.dp_accounting.batch_selection_event``'s accounting of jax-privacy's
-``CyclicPoissonSampling``, ceil(T E / 4) Poisson steps); balls-in-bins (random allocation: each
+dp-accounting's PLD at value discretization 1e-4, connect-the-dots), under add/remove, replace-one
+and zero-out; sampling with replacement under zero-out (batches of DRAWS draws with replacement
+from DRAWS T records, the same expected batch size: ``pj.sampling.Mixture.binomial(1 / (DRAWS T),
+DRAWS)`` over T E steps, which neither dp-accounting accountant takes); cyclic Poisson of cycle
+length 4 (a record eligible every fourth step, sampled at 4 / T there:
+``pj.dp_accounting.batch_selection_event``'s accounting of jax-privacy's ``CyclicPoissonSampling``,
+ceil(T E / 4) Poisson steps); balls-in-bins (random allocation: each
 record in exactly one of an epoch's T batches, drawn afresh each epoch,
 ``pj.sampling.RandomAllocation(T)`` composed over E epochs) under add/remove, which dp-accounting's
 release has no accountant for: beside it, Feldman and Shenfeld's random-allocation accountant (the
@@ -30,6 +33,8 @@ RUNS = [(1.0, 1000, 1), (1.0, 1000, 5), (0.8, 100, 1), (2.0, 100, 10)]
 #: Random allocation of k of t steps in one epoch: (sigma, t, k, delta)
 ALLOCATIONS = [(2.0, 100, 10, 1e-6), (2.0, 100, 1, 1e-6)]
 CYCLE = 4
+#: Draws a batch when sampling with replacement (from DRAWS * T records).
+DRAWS = 10
 #: Most epochs Feldman and Shenfeld's accountant is run for: it took 3.5 minutes for one epoch of
 #: 1,000 steps at sigma 1 and had not answered five of them after 15.
 PEER_EPOCHS = 1
@@ -47,7 +52,8 @@ def _dp_accounting_epsilon(sigma, q, steps, relation) -> float:
     pld = pld_lib.from_gaussian_mechanism(
         standard_deviation=sigma, sampling_prob=q, value_discretization_interval=1e-4,
         neighboring_relation={"add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE,
-                              "replace_one": NeighboringRelation.REPLACE_ONE}[relation])
+                              "replace_one": NeighboringRelation.REPLACE_ONE,
+                "replace_special": NeighboringRelation.REPLACE_SPECIAL}[relation])
     return float(pld.self_compose(steps).get_epsilon_for_delta(DELTA))
 
 
@@ -56,6 +62,15 @@ def _pldjax_bounds(sigma, q, steps, relation):
 
     return (pj.dpsgd_epsilon(sigma, q, steps, DELTA, neighboring=relation, pessimistic=False),
             pj.dpsgd_epsilon(sigma, q, steps, DELTA, neighboring=relation))
+
+
+def _with_replacement_bounds(sigma, batches, epochs):
+    import pldjax as pj
+
+    event = pj.Event(pj.noise.Gaussian(sigma),
+                     pj.sampling.Mixture.binomial(1.0 / (DRAWS * batches), DRAWS), "replace_special")
+    return (pj.event_epsilon(event, batches * epochs, DELTA, pessimistic=False),
+            pj.event_epsilon(event, batches * epochs, DELTA))
 
 
 def _balls_in_bins_bounds(sigma, batches, epochs):
@@ -98,7 +113,7 @@ def run(args, report) -> None:
     for sigma, batches, epochs in runs:
         head = [f"{sigma:g}", f"{batches:,}", f"{epochs}"]
         cases = [("Poisson", relation, 1.0 / batches, batches * epochs)
-                 for relation in ("add_remove", "replace_one")]
+                 for relation in ("add_remove", "replace_one", "replace_special")]
         cases.append((f"cyclic Poisson, cycle {CYCLE}", "add_remove", CYCLE / batches,
                       math.ceil(batches * epochs / CYCLE)))
         for name, relation, q, steps in cases:
@@ -112,6 +127,14 @@ def run(args, report) -> None:
                                 harness.fmt(reference, ".4f"), None, f"{seconds:.3f}",
                                 harness.fmt(peer_s, ".2f")])
             report.flush()
+        harness.log(f"batch_selection: with replacement sigma={sigma} T={batches} E={epochs}")
+        call = functools.partial(_with_replacement_bounds, sigma, batches, epochs)
+        call()
+        seconds, (lower, upper) = harness.timed(call)
+        rows.append(head + [f"with replacement, {DRAWS} draws", "replace_special",
+                            f"{float(lower):.4f}", f"{float(upper):.4f}", None, None,
+                            f"{seconds:.3f}", None])
+        report.flush()
         harness.log(f"batch_selection: balls-in-bins sigma={sigma} T={batches} E={epochs}")
         call = functools.partial(_balls_in_bins_bounds, sigma, batches, epochs)
         call()
@@ -135,9 +158,12 @@ def run(args, report) -> None:
                 "pessimistic PLDs; for shuffled batches the lower bound alone: no upper bound is "
                 "known, and the Poisson value is not one). At one expected batch size (N / T records), "
                 "a shuffled run's epsilon can lie far above its Poisson accounting under the same "
-                "relation. Balls-in-bins has no dp-accounting value: its random-allocation accountant is "
-                "not in the release. B-min-sep is accounted for by Monte Carlo alone "
-                "(`python -m bench monte_carlo`).")
+                "relation. Drawing with replacement (replace_special is zero-out) costs more than "
+                "Poisson sampling where a record's two or more copies in one batch matter (small "
+                "sigma). Balls-in-bins and sampling with replacement have no dp-accounting value: "
+                "its random-allocation accountant is not in the release, and neither its PLD nor "
+                "its RDP accountant takes SampledWithReplacementDpEvent. B-min-sep is accounted for "
+                "by Monte Carlo alone (`python -m bench monte_carlo`).")
     rows = report.table(["sigma", "t", "k", "delta", "pldjax lower", "pldjax upper",
                          "Feldman-Shenfeld lower", "Feldman-Shenfeld upper", "pldjax s (warm)",
                          "Feldman-Shenfeld s"])
