@@ -388,7 +388,9 @@ def _masses_and_scaled(probs, inf_mass, offset, step, scale):
 def test_direction_arrays_then_gets_the_flat_rows_in_the_masses_program():
     """``then`` runs on the flat rows, each configuration's directions innermost (remove, add),
     with ``extra`` beside them; its outputs are the call's, the masses those of the plain call
-    (the pessimistic curve's masses and the optimistic estimate's)."""
+    (the pessimistic curve's masses and the optimistic estimate's) to round-off (relative, and
+    1e-15 absolute: masses of a total of 1): the plain call of so few rows runs in NumPy, ``then``
+    in the compiled program."""
     from pldjax.mechanisms.events import direction_arrays
 
     directions = pj.dpsgd_event(np.array([1.0, 2.0]), 0.05).directions(True)
@@ -398,5 +400,7 @@ def test_direction_arrays_then_gets_the_flat_rows_in_the_masses_program():
         probs, scaled = direction_arrays(directions, grid, pessimistic, then=_masses_and_scaled,
                                          extra=(np.arange(1.0, 5.0),))
         # plain: (directions, configurations, ...); then's rows: configuration-major
-        np.testing.assert_array_equal(probs, np.swapaxes(plain[0], 0, 1).reshape(4, -1))
-        np.testing.assert_array_equal(scaled, plain[1].T.reshape(-1) * np.arange(1.0, 5.0))
+        np.testing.assert_allclose(probs, np.swapaxes(plain[0], 0, 1).reshape(4, -1), rtol=1e-9,
+                                   atol=1e-15)
+        np.testing.assert_allclose(scaled, plain[1].T.reshape(-1) * np.arange(1.0, 5.0),
+                                   rtol=1e-9, atol=1e-300)
