@@ -62,7 +62,7 @@ def test_certain_sampling_is_balls_in_bins():
 
 
 def test_epsilon_is_where_the_delta_bound_meets_the_target():
-    args = (1.0, 0.1, 50, 5)
+    args = (1.0, 0.1, 20, 5)
     found = pj.monte_carlo_epsilon(*args, 1e-2, samples=SAMPLES)
     assert 0 < found.epsilon < math.inf and found.delta == 1e-2
     assert pj.monte_carlo_delta(*args, found.epsilon * 1.001, samples=SAMPLES).delta <= 1e-2

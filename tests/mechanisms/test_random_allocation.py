@@ -210,7 +210,8 @@ def test_pairs_without_an_analysis_are_refused():
     pytest.param(0.3, 100, 1, marks=pytest.mark.slow),
     # blocks of 4 steps whose heavy tail no lattice holds (their +inf atoms once summed to
     # inf), and blocks of 10^5 steps whose lattice round-off (2e-8 each) did the same
-    (0.5, 40, 10), pytest.param(2.0, 10**9, 10**4, marks=pytest.mark.slow)])
+    pytest.param(0.5, 40, 10, marks=pytest.mark.slow),
+    pytest.param(2.0, 10**9, 10**4, marks=pytest.mark.slow)])
 def test_extremes_give_sound_finite_bounds(sigma, steps, selected):
     event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps, selected))
     with np.errstate(all="raise"):
