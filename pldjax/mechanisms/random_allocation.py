@@ -247,14 +247,17 @@ def _lattice_laws(mu, steps, selected, width, scale, *, size: int, pessimistic: 
     return _product(rest, _power(moved, selected)), _product(rest, _power(plain, selected))
 
 
-def _sized(top: float, wanted: float) -> tuple[float, int] | None:
-    """(spacing, points) of a lattice from 0 to ``top`` at about the ``wanted`` spacing, coarser
-    where that takes more than MAX_LATTICE points; None where it would be _MAX_COARSENING times
-    coarser or more."""
-    if top / wanted > _MAX_COARSENING * MAX_LATTICE:
-        return None
+def _points(top: float, wanted: float) -> tuple[float, int]:
+    """(spacing, points) of a lattice from 0 to ``top`` at about the ``wanted`` spacing (a power
+    of two of points from MIN_LATTICE to MAX_LATTICE: coarser where more would be needed)."""
     size = int(np.clip(grid_lib.next_pow2(math.ceil(top / wanted)), MIN_LATTICE, MAX_LATTICE))
     return top / size, size
+
+
+def _sized(top: float, wanted: float) -> tuple[float, int] | None:
+    """:func:`_points`, or None where the lattice would be _MAX_COARSENING times coarser than
+    ``wanted`` or more."""
+    return None if top / wanted > _MAX_COARSENING * MAX_LATTICE else _points(top, wanted)
 
 
 def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
@@ -309,9 +312,7 @@ def _bulk_lattice(mu: float, steps: int) -> tuple[float, int]:
     beyond are below -log(top), where they are rounded up to."""
     spread_q = math.sqrt(math.expm1(mu * mu) / steps)
     top = 2.0 + _BULK_SPREADS * spread_q
-    wanted = spread_q / (_RESOLUTION * math.sqrt(steps))
-    size = int(np.clip(grid_lib.next_pow2(math.ceil(top / wanted)), MIN_LATTICE, MAX_LATTICE))
-    return top / size, size
+    return _points(top, spread_q / (_RESOLUTION * math.sqrt(steps)))
 
 
 def _default_step(mu: float, steps: int, selected: int) -> float:
