@@ -242,12 +242,13 @@ def test_extremes_give_sound_finite_bounds(sigma, steps, selected):
 
 
 def test_value_does_not_depend_on_the_callers_x64_setting(x64_off):
-    event = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.RandomAllocation(6, 2))
+    # two configurations: built side by side in threads, each of which switches to 64 bits
+    event = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.RandomAllocation(6, np.array([1, 2])))
     on_off = pj.event_epsilon(event, 2, 1e-6)
     import jax
 
     with jax.enable_x64(True):
-        assert pj.event_epsilon(event, 2, 1e-6) == on_off
+        assert np.array_equal(pj.event_epsilon(event, 2, 1e-6), on_off)
 
 
 def test_batches_the_accountant_and_reports_read_the_same_epochs():
