@@ -130,12 +130,15 @@ _NARROW = 2.0**-4
 _NODES = 8
 
 
-def _cdf_differences(lower, upper):
-    """Phi(upper) - Phi(lower), from the CDF where it is below 1/2 and from the survival function
-    above (no cancellation against 1): accurate relative to the difference unless the interval
+def _cdf_differences(edges):
+    """Phi(edges[j + 1]) - Phi(edges[j]) for each cell between increasing ``edges``, from the CDF
+    where it is below 1/2 and from the survival function above (no cancellation against 1; one
+    Phi an edge, of its smaller tail): accurate relative to the difference unless the interval
     is narrow where Phi is far from 0 and 1."""
-    from_cdf = ndtr(upper) - ndtr(lower)
-    from_sf = ndtr(-lower) - ndtr(-upper)
+    tail = ndtr(-jnp.abs(edges))  # Phi(x) for x <= 0, Phi(-x) = 1 - Phi(x) above
+    lower, upper = edges[:-1], edges[1:]
+    from_cdf = tail[1:] - tail[:-1]
+    from_sf = jnp.where(lower >= 0.0, tail[:-1], 1.0 - tail[:-1]) - tail[1:]
     return jnp.maximum(jnp.where(upper <= 0.0, from_cdf, from_sf), 0.0)
 
 
@@ -154,23 +157,22 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None
     (:func:`_cdf_differences`; with Phi(x - mu), which gives E[Z] over the cell, for the
     spread)."""
     index = jnp.arange(size, dtype=jnp.float64)
+    points = jnp.arange(size + 1, dtype=jnp.float64)  # the cells' edges
     centre = 0.5 * mu * mu if tilted else -0.5 * mu * mu
     if scale is None:
-        log_edge = jnp.log(index * width)  # -inf at j = 0
-        next_edge = jnp.log((index + 1.0) * width)
+        log_edges = jnp.log(points * width)  # -inf at j = 0
         log_width = jnp.log1p(1.0 / index)  # inf at j = 0
         # a wide cell lies below Z / width = 1 / expm1(mu _NARROW), where Phi's differences lose
         # at most that factor
         wide_loss = 1.0 / jnp.expm1(mu * _NARROW)
     else:
-        growth = jnp.expm1(index * width)
-        log_edge = jnp.log(growth) - jnp.log(scale)
-        next_edge = jnp.log(jnp.expm1((index + 1.0) * width)) - jnp.log(scale)
-        log_width = jnp.log1p(jnp.exp(index * width) * jnp.expm1(width) / growth)
+        log_edges = jnp.log(jnp.expm1(points * width)) - jnp.log(scale)
+        log_width = jnp.log1p(jnp.exp(index * width) * jnp.expm1(width)
+                              / jnp.expm1(index * width))
         # Phi's differences over at least _NARROW lose at most 1 / (Phi(_NARROW / 2) - 1 / 2)
         wide_loss = 1.0 / (ndtr(0.5 * _NARROW) - 0.5)
-    lower = (log_edge - centre) / mu
-    upper = (next_edge - centre) / mu
+    edges = (log_edges - centre) / mu
+    lower = edges[:-1]
     half = 0.5 * log_width / mu
     narrow = half <= 0.5 * _NARROW
     half = jnp.where(narrow, half, 0.0)
@@ -184,13 +186,13 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None
         mass = mass + density
         if spread:
             moment = moment + density * index * jnp.expm1(mu * offset)
-    probs = jnp.where(narrow, half * mass, _cdf_differences(lower, upper))
+    probs = jnp.where(narrow, half * mass, _cdf_differences(edges))
     relative = 16.0 * UNIT_ROUNDOFF * (_NODES + 4.0 + wide_loss)
     if not spread:
         return probs, relative, jnp.zeros(())
     # the share a cell sends up, E[Z / width - j; cell], with E[Z; Z <= z] = Phi(x - mu)
     up = jnp.where(narrow, half * moment,
-                   _cdf_differences(lower - mu, upper - mu) / width - index * probs)
+                   _cdf_differences(edges - mu) / width - index * probs)
     up = jnp.clip(up, 0.0, probs)
     return probs - up + jnp.concatenate([jnp.zeros(1), up[:-1]]), relative, jnp.zeros(())
 
@@ -218,21 +220,25 @@ def _product(a, b, a_spectrum=None, b_spectrum=None):
 
 def _power(law, count):
     """The ``count``-fold convolution (``count`` >= 0, traced) of a lattice law, by repeated
-    squaring (each power's spectrum computed once, for its product and its square)."""
+    squaring (each power's spectrum computed once, for its product and its square; the first
+    factor taken as it is, not multiplied into the identity)."""
     identity = (jnp.zeros_like(law[0]).at[0].set(1.0), jnp.zeros(()), jnp.zeros(()))
 
     def step(carry):
-        left, result, base = carry
-        spectrum = _spectrum(base)
-        result = jax.lax.cond(left % 2 == 1, lambda r: _product(r, base, b_spectrum=spectrum),
-                              lambda r: r, result)
-        left = left // 2
-        base = jax.lax.cond(left > 0, lambda b: _product(b, b, spectrum, spectrum),
+        left, started, result, base = carry
+        odd, squared = left % 2 == 1, left // 2 > 0
+        spectrum = jax.lax.cond((odd & started) | squared, _spectrum,
+                                lambda b: jnp.zeros(b[0].shape[0] + 1, jnp.complex128), base)
+        result = jax.lax.cond(
+            odd, lambda r: jax.lax.cond(started, lambda: _product(r, base, b_spectrum=spectrum),
+                                        lambda: base),
+            lambda r: r, result)
+        base = jax.lax.cond(squared, lambda b: _product(b, b, spectrum, spectrum),
                             lambda b: b, base)
-        return left, result, base
+        return left // 2, started | odd, result, base
 
-    carry = (jnp.asarray(count, jnp.int64), identity, law)
-    return jax.lax.while_loop(lambda c: c[0] > 0, step, carry)[1]
+    carry = (jnp.asarray(count, jnp.int64), jnp.asarray(False), identity, law)
+    return jax.lax.while_loop(lambda c: c[0] > 0, step, carry)[2]
 
 
 @kernel_jit(static_argnames=("size", "pessimistic", "logarithmic"))
@@ -252,7 +258,9 @@ def _lattice_laws(mu, steps, selected, width, scale, *, size: int, pessimistic: 
     else:
         moved = _cell_masses(mu, width, size, spread=False, tilted=True, scale=scale)
     rest = _power(plain, steps - selected)
-    return _product(rest, _power(moved, selected)), _product(rest, _power(plain, selected))
+    rest_spectrum = _spectrum(rest)
+    return (_product(rest, _power(moved, selected), rest_spectrum),
+            _product(rest, _power(plain, selected), rest_spectrum))
 
 
 def _points(top: float, wanted: float) -> tuple[float, int]:
