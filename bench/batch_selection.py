@@ -182,8 +182,8 @@ def run(args, report) -> None:
     report.text("Random allocation of k of t steps, one epoch, add/remove. pldjax's bounds hold the "
                 "true epsilon between them (for k > 1 the upper bound composes k allocations of one "
                 "step in t / k; the lower one reads a statistic of the outputs, for k > 1 sum_i "
-                "log(1 + k Z_i / (t - k)) of the steps' likelihood ratios Z_i). Feldman and "
-                "Shenfeld's "
-                "are the epsilons of their dominating and dominated PLDs at the package's default "
+                "log(1 + k Z_i / (t - k)) of the steps' likelihood ratios Z_i, joined with the "
+                "Gaussian of the outputs' sum). Feldman and Shenfeld's are the epsilons of "
+                "their dominating and dominated PLDs at the package's default "
                 "accuracy; for k > 1 both are of the same k-fold composition of one-step "
                 "allocations, so their lower value bounds that composition, not the true epsilon.")
