@@ -16,7 +16,8 @@ release has no accountant for: beside it, Feldman and Shenfeld's random-allocati
 epsilons of its dominating and dominated PLDs, and its time; one-epoch runs only); and shuffled
 batches, for which only a lower bound exists (``pj.shuffling_lower_bound``, Chua et al.'s input),
 under replace-one. Seconds: pldjax's second (warm) call in this process, both bounds; a peer's
-one call. A second table sets random allocation of several steps beside the same peer.
+one call. A second table sets random allocation of several steps beside the same peer; a third
+times a sweep of random-allocation configurations in one call (``--sweep``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ RUNS = [(1.0, 1000, 1), (1.0, 1000, 5), (0.8, 100, 1), (2.0, 100, 10)]
 #: Random allocation of k of t steps in one epoch: (sigma, t, k, delta)
 ALLOCATIONS = [(2.0, 100, 10, 1e-6), (2.0, 100, 1, 1e-6)]
 CYCLE = 4
+#: Random-allocation configurations of the sweep table (seeded: sigma uniform in [1, 3], t
+#: log-uniform integer in [100, 1000], k drawn from SWEEP_SELECTED).
+SWEEP = 32
+SWEEP_SELECTED = (1, 2, 5, 10)
 #: Draws a batch when sampling with replacement (from DRAWS * T records).
 DRAWS = 10
 #: Most epochs Feldman and Shenfeld's accountant is run for: it took 3.5 minutes for one epoch of
@@ -43,6 +48,9 @@ PEER_EPOCHS = 1
 def add_arguments(parser) -> None:
     parser.add_argument("--no-peer", action="store_true",
                         help="skip dp-accounting and PLD_accounting")
+    parser.add_argument("--sweep", type=int, default=SWEEP,
+                        help="random-allocation configurations swept in one call (default "
+                             f"{SWEEP}; 1024 on an accelerator)")
 
 
 def _dp_accounting_epsilon(sigma, q, steps, relation) -> float:
@@ -96,6 +104,27 @@ def _random_allocation_peer(sigma, steps, selected, epochs, delta):
     upper, lower = gaussian_allocation_epsilon_range(delta=delta, sigma=sigma, num_steps=steps,
                                                      num_selected=selected, num_epochs=epochs)
     return lower, upper
+
+
+def _allocation_sweep(count: int):
+    """(event, configurations) of the sweep table: ``count`` seeded random-allocation
+    configurations as one event of array parameters."""
+    import numpy as np
+
+    import pldjax as pj
+
+    rng = np.random.default_rng(0)
+    sigmas = rng.uniform(1.0, 3.0, count)
+    steps = np.round(np.exp(rng.uniform(np.log(100), np.log(1000), count))).astype(np.int64)
+    selected = rng.choice(SWEEP_SELECTED, count)
+    return pj.Event(pj.noise.Gaussian(sigmas), pj.sampling.RandomAllocation(steps, selected))
+
+
+def _swept_epsilons(event, pessimistic: bool):
+    """The sweep table's call: every configuration's epsilon at delta 1e-6, one epoch."""
+    import pldjax as pj
+
+    return pj.event_epsilon(event, 1, 1e-6, pessimistic=pessimistic)
 
 
 def _shuffled_lower_bound(sigma, batches, epochs):
@@ -187,3 +216,19 @@ def run(args, report) -> None:
                 "their dominating and dominated PLDs at the package's default "
                 "accuracy; for k > 1 both are of the same k-fold composition of one-step "
                 "allocations, so their lower value bounds that composition, not the true epsilon.")
+    count = min(args.sweep, 8) if args.quick else args.sweep
+    harness.log(f"batch_selection: a sweep of {count} random-allocation configurations")
+    event = _allocation_sweep(count)
+    rows = report.table(["configurations", "bound", "first call s", "warm s", "configurations/s (warm)"])
+    for pessimistic, bound in ((True, "upper"), (False, "lower")):
+        call = functools.partial(_swept_epsilons, event, pessimistic)
+        first, _ = harness.timed(call)
+        warm, _ = harness.timed(call)
+        rows.append([f"{count:,}", bound, f"{first:.2f}", f"{warm:.2f}", f"{count / warm:.1f}"])
+        report.flush()
+    report.text("A sweep of random allocation in one call (`pj.event_epsilon` of one event whose "
+                "parameters are arrays, delta 1e-6, one epoch): seeded configurations, sigma "
+                f"uniform in [1, 3], t log-uniform in [100, 1000], k drawn from {SWEEP_SELECTED}. "
+                "Each configuration builds its own lattices (their sizes differ); a few are built "
+                "at once, one a CPU core. The first call compiles the lattice sizes it meets that "
+                "the tables above did not.")
