@@ -485,6 +485,13 @@ def _curve_at(pld: PLD, z: np.ndarray) -> np.ndarray:
                         z, pessimistic=bool(pld.pessimistic))
 
 
+def _direction_pairs(lattice: PLD, gaussian: PLD) -> list[tuple[PLD, PLD]]:
+    """Each direction of a two-direction PLD beside the same direction of a Gaussian bound (one
+    direction, both when it is symmetric)."""
+    symmetric = gaussian.directions() * (2 // len(gaussian.directions()))
+    return list(zip(lattice.directions(), symmetric, strict=True))
+
+
 def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
     """A pessimistic PLD (both directions) on multiples of ``step`` below both of two that
     dominate one pair: where the lattice's round-off bounds (about steps times 1e-13 of mass
@@ -497,8 +504,7 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
     lattice's lowest points hold its round-off bounds, not mass)."""
     from pldjax.mechanisms.named import from_privacy_curve
 
-    symmetric = gaussian.directions() * (2 // len(gaussian.directions()))
-    pairs = list(zip(lattice.directions(), symmetric, strict=True))
+    pairs = _direction_pairs(lattice, gaussian)
 
     def end(pld: PLD) -> float:
         return float(pld.offset + pld.probs.shape[-1]) * float(pld.step)
@@ -537,8 +543,7 @@ def _join(statistic: PLD, gaussian: PLD) -> PLD:
     ratio = coarse / step
     if ratio != 2.0 ** round(math.log2(ratio)):
         return statistic
-    symmetric = gaussian.directions() * (2 // len(gaussian.directions()))
-    pairs = list(zip(statistic.directions(), symmetric, strict=True))
+    pairs = _direction_pairs(statistic, gaussian)
     # from the lowest grid point of either (below, both curves are linear in e^eps from their
     # total mass at 0), or _HULL_NATS below the top where that is higher (P-masses at losses
     # below that are at most e^-_HULL_NATS, and e^eps would underflow), to one past the highest
