@@ -150,13 +150,16 @@ class Location:
       exactly 0 for a = 0;
     * ``log_sf(x)``, ``log_cdf(x)``: log P(X > x) and log P(X <= x) for X ~ f;
     * ``cross(a, b)``: E_f[f(X - a) f(X - b) / f(X)^2] - 1 (a chi^2-like moment; it only sets
-      the grid step, never a value).
+      the grid step, never a value);
+    * ``reach(p)``: an x with P(X > x) <= p and P(X < -x) <= p for p in (0, 1] (+inf for p = 0;
+      it only sizes a window, never a value).
     """
 
     log_ratio: Callable
     log_sf: Callable
     log_cdf: Callable
     cross: Callable
+    reach: Callable
 
 
 class Noise(Parameters, abc.ABC):
@@ -261,6 +264,7 @@ GAUSSIAN_LOCATION = Location(
     log_sf=lambda x: log_ndtr(-x),
     log_cdf=log_ndtr,
     cross=lambda a, b: jnp.expm1(a * b),
+    reach=lambda p: -jax.scipy.special.ndtri(p),
 )
 
 

@@ -7,6 +7,7 @@ import logging
 import mpmath as mp
 import numpy as np
 import pytest
+import scipy.special
 from reference import mixture_delta_mp
 
 import pldjax as pj
@@ -79,6 +80,60 @@ def test_negligible_components_fold_into_the_pessimistic_atom_and_stay_in_the_op
         lower = np.asarray(lo.directions()[i].delta(eps))
         assert np.all(upper >= want) and np.all(upper <= want * (1 + 1e-3) + 1e-15)
         assert np.all(lower <= want) and np.all(lower >= want * (1 - 1e-2))
+
+
+def _binomial_mixture_loss(y, shifts, log_probs):
+    """log sum_k p_k e^(a_k y - a_k^2 / 2): the loss of the Gaussian mixture against N(0, 1)."""
+    return scipy.special.logsumexp(log_probs + shifts * y - shifts**2 / 2)
+
+
+@pytest.mark.parametrize("tail", [1e-9, 1e-15])
+def test_binomial_mixture_window_holds_all_but_the_tail_and_leaves_unlikely_copies_out(tail):
+    """The window a step of Mixture.binomial gets for a tail (the mass of P each of many composed
+    steps may leave outside; 1e-15 is 1,000 steps at delta 1e-6) holds all but that mass of P in
+    both directions: the outputs where the loss reaches the window's ends, found by root finding
+    on the closed-form loss, leave at most ``tail`` of the normal mixture (remove) or of N(0, 1)
+    (add) outside (scipy's tails). Ten draws at rate 1e-4 hold up to five copies with
+    probability above 2^-60, whose losses the default window reaches (23 nats); the tail's
+    window reaches only the likely copies' losses (below 3 nats), and the accounting it serves
+    keeps its bounds 1e-3 apart. No tail widens the default window."""
+    from scipy import optimize, stats
+
+    from pldjax.kernels.discretize import window
+    from pldjax.mechanisms.subsampling import ADD, REMOVE
+
+    mixture = pj.sampling.Mixture.binomial(1e-4, 10)
+    event = pj.Event(pj.noise.Gaussian(1.0), mixture, "replace_special")
+    mechanism, params, both = event.directions(pessimistic=False)  # every component, none folded
+    assert both
+    present = mixture.probs > 0
+    shifts, log_probs = mixture.scales[present], np.log(mixture.probs[present])
+    highest = []
+    for direction in (REMOVE, ADD):
+        center, half = (float(v) for v in window(mechanism, (*params, direction), tail))
+        low, high = center - half, center + half
+        if direction == ADD:  # the add direction's loss is -l(y), under P = N(0, 1)
+            low, high = -high, -low
+        y_low, y_high = (optimize.brentq(lambda y, v=v: _binomial_mixture_loss(
+            y, shifts, log_probs) - v, -60.0, 60.0, xtol=1e-13) for v in (low, high))
+        if direction == REMOVE:
+            outside = np.sum(np.exp(log_probs) * (stats.norm.cdf(y_low - shifts)
+                                                  + stats.norm.sf(y_high - shifts)))
+        else:
+            outside = stats.norm.cdf(y_low) + stats.norm.sf(y_high)
+        assert outside <= tail * (1 + 1e-6), (direction, outside)
+        highest.append(high if direction == REMOVE else -low)
+    assert max(highest) < 3.0, highest
+    default_center, default_half = (float(v) for v in window(mechanism, (*params, REMOVE), 0.0))
+    assert default_center + default_half > 20.0
+    for tiny in (tail, 1e-30, 1e-300):
+        center, half = (float(v) for v in window(mechanism, (*params, REMOVE), tiny))
+        assert default_center - default_half - 1e-12 <= center - half  # round-off of the sums
+        assert center + half <= default_center + default_half + 1e-12
+    if tail == 1e-15:  # the accounting that window serves: 10 draws from 10^5 records
+        upper = pj.event_epsilon(event, 1000, 1e-6)
+        assert pj.event_epsilon(event, 1000, 1e-6, pessimistic=False) <= upper
+        assert upper <= pj.event_epsilon(event, 1000, 1e-6, pessimistic=False) * (1 + 1e-3)
 
 
 def test_mixture_of_nothing_and_one_contribution_is_poisson_sampling():
