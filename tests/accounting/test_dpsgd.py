@@ -289,6 +289,20 @@ def test_small_noise_brackets_exact_one_step():
     assert pj.dpsgd_epsilon(0.05, 0.5, 1, 1e-5, pessimistic=False) <= hi
 
 
+@pytest.mark.parametrize("delta, within", [(1e-12, 1e-6), (1e-15, 2e-2)])
+def test_one_step_has_no_fft_round_off_to_charge(delta, within):
+    """One step is the mechanism's PMF itself, with no FFT round-off to charge: both bounds
+    bracket the exact epsilon (mpmath) within 1e-6 at delta = 1e-12 (the upper bound was 2.088
+    against the exact 2.075, held up by the round-off of a one-step power) and within 2% at
+    1e-15 (5.08 against 3.005), where what is left is the round-off of the masses' sum, about
+    1e-16, which the upper bound charges to its +inf atom and the lower one takes off its top."""
+    lo, hi = _one_step_exact_epsilon(1.0, 0.01, delta)
+    upper = pj.dpsgd_epsilon(1.0, 0.01, 1, delta)
+    lower = pj.dpsgd_epsilon(1.0, 0.01, 1, delta, pessimistic=False)
+    assert lo <= upper <= hi * (1 + within), (upper, lo)
+    assert lo * (1 - within) <= lower <= hi, (lower, lo)
+
+
 @pytest.mark.parametrize("q", [pytest.param(0.1, marks=pytest.mark.slow), 0.5, 0.9])
 def test_tiny_noise_is_finite_and_sound(q):
     """sigma <= 0.03 gave NaN: the add direction's window missed its loss."""
