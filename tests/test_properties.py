@@ -598,7 +598,12 @@ def test_dpsgd_monotone(profile, whole):
         if values is None:
             return
         lo, hi = assert_epsilon(values)
-        opt = float(assert_epsilon(pj.dpsgd_epsilon(*small, delta, pessimistic=False)))
+        # the optimistic grid may refuse what the pessimistic one bounds (sigma 1e-300, q 1,
+        # 10^13 steps: inf pessimistic, "steps = 1e+13 is too large for this grid" optimistic)
+        opt = refused(DPSGD_NAMES, lambda: pj.dpsgd_epsilon(*small, delta, pessimistic=False))
+        if opt is None:
+            return
+        opt = float(assert_epsilon(opt))
         gap = max(lo - opt, 0.0)
         assert lo <= hi + gap + allowance(hi) + 1e-9, (small, big, lo, hi, opt)
 
