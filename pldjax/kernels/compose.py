@@ -10,6 +10,7 @@ ones, which take a leading axis of rows and decide some things for the batch as 
   bounded by the same Chernoff bounds. The power is taken only on the frequencies up to the
   batch's last one whose power is not negligible (below 1e-304: at large counts, a small
   fraction); :func:`compose_wrapped_rows` does the same from PMFs already wrapped to the window.
+  A row of count 1 is its PMF itself, with no FFT round-off to charge.
 * :func:`truncate_kernel` -- back to a fixed number of points.
 
 Where mass goes: in a pessimistic PLD, mass above the window goes to the +inf atom and
@@ -495,8 +496,8 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
             elsewhere=powers[-1])
 
     def finish(p, f, live, s, start, m, o, h, c, e, restore):
-        # one run is the PMF itself, scaled as the power would: no FFT round-off to charge (it
-        # held delta at about 1e-12 and above, epsilon(1e-15) of one DP-SGD step at 5.1, not 3.0)
+        # one run is the PMF itself, scaled as the power would scale it: no FFT round-off to
+        # charge (charged, it held one DP-SGD step's epsilon(1e-15) at 5.1 against the exact 3.0)
         once = c == 1
         raw = xp.where(once, f * xp.exp(restore), xp.fft.irfft(p, size))
         shift = -((start - c * (o + s.center)) % size)
