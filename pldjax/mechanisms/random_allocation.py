@@ -485,6 +485,16 @@ def _curve_at(pld: PLD, z: np.ndarray) -> np.ndarray:
                         z, pessimistic=bool(pld.pessimistic))
 
 
+def _window_start(pld: PLD) -> float:
+    """The loss (nats) of one direction's first grid point."""
+    return float(pld.offset) * float(pld.step)
+
+
+def _window_end(pld: PLD) -> float:
+    """The loss (nats) one grid step past one direction's last grid point."""
+    return float(pld.offset + pld.probs.shape[-1]) * float(pld.step)
+
+
 def _direction_pairs(lattice: PLD, gaussian: PLD) -> list[tuple[PLD, PLD]]:
     """Each direction of a two-direction PLD beside the same direction of a Gaussian bound (one
     direction, both when it is symmetric)."""
@@ -505,15 +515,8 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
     from pldjax.mechanisms.named import from_privacy_curve
 
     pairs = _direction_pairs(lattice, gaussian)
-
-    def end(pld: PLD) -> float:
-        return float(pld.offset + pld.probs.shape[-1]) * float(pld.step)
-
-    def start(pld: PLD) -> float:
-        return float(pld.offset) * float(pld.step)
-
-    top = max(min(end(a), end(b)) for a, b in pairs)
-    bottom = max(min(start(a) for a, _ in pairs), min(start(b) for _, b in pairs),
+    top = max(min(_window_end(a), _window_end(b)) for a, b in pairs)
+    bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs),
                  top - (grid_lib.MAX_MECHANISM_SIZE - 2) * step)
 
     def hull_of_minimum(a: PLD, b: PLD):
@@ -548,9 +551,8 @@ def _join(statistic: PLD, gaussian: PLD) -> PLD:
     # total mass at 0), or _HULL_NATS below the top where that is higher (P-masses at losses
     # below that are at most e^-_HULL_NATS, and e^eps would underflow), to one past the highest
     # (where both curves are their +inf atoms, constant above)
-    last = max((int(pld.offset) + pld.probs.shape[-1]) * float(pld.step)
-               for pair in pairs for pld in pair)
-    first = max(min(int(pld.offset) * float(pld.step) for pair in pairs for pld in pair),
+    last = max(_window_end(pld) for pair in pairs for pld in pair)
+    first = max(min(_window_start(pld) for pair in pairs for pld in pair),
                 last - step * math.floor(_HULL_NATS / step))
     size = round((last - first) / step) + 1
     if size > grid_lib.MAX_MECHANISM_SIZE:
