@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -91,6 +91,11 @@ SMALL_WINDOW = 8192
 #: whatever the window (about 0.4 MB a row at its peak), so tiny windows must not fill a call
 #: of COMPOSE_ELEMENTS points (4 million rows of 2 points asked for 567 GB).
 CALL_ROWS = 1024
+#: On a CPU, composition calls run in up to this many worker threads, one a core: XLA spreads a
+#: call's FFTs over the cores unevenly (a call of 2 rows of 98,304 points took 13 ms of CPU time
+#: in 12.8 ms on 2 cores), so a second call in flight, and the host's glue for the next one,
+#: fill the other core.
+COMPOSE_WORKERS = 4
 #: CHUNK and CHUNK_ELEMENTS on an accelerator, where a call's cost is mostly its launch and a
 #: chunk's memory (about 200 bytes a point, 3.4 GB) is small beside the device's.
 ACCELERATOR_CHUNK = 1024
@@ -260,7 +265,11 @@ class _Compositions:
     call (:func:`_rows_per_call`), and :meth:`flush` composes what is left, padded with repeats.
     On a CPU a call of fewer rows than cores takes as long as a full one, so a chunk's odd row
     waits for the next chunk's instead of sharing its call with a repeat (the sweep of 1,024
-    composed 2,298 rows, 250 of them repeats). On one accelerator a chunk's rows are composed
+    sigmas composes 2,056 rows, 8 of them repeats). There the calls run in worker threads
+    (COMPOSE_WORKERS) while the host discretizes and wraps the next rows: each call's rows and
+    values are its own, so the values are those of calls made one after another (the sweep of
+    1,024 sigmas took 12.3-12.8 s warm one call after another, 8.6-9.6 s in threads, on 2
+    cores). On one accelerator a chunk's rows are composed
     straight from the chunk (:func:`_gather_rows`), and their values read back at
     :meth:`flush`, so the device runs ahead of the host; there every call of a size has the
     same number of rows (one compiled shape per size): a full call, or the power of two at or
@@ -284,6 +293,17 @@ class _Compositions:
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         self._pending: dict[int, list] = {}
         self._results: list = []
+        # on a CPU, calls in worker threads (see the class docstring)
+        self._worker_count = min(cores(), COMPOSE_WORKERS) if self.host_glue and rows > 2 else 1
+        self._workers = (ThreadPoolExecutor(self._worker_count, "pldjax-compose")
+                         if self._worker_count > 1 else None)
+        self._running: collections.deque[Future] = collections.deque()
+
+    def close(self) -> None:
+        """Cancel the calls not yet begun (after an error or an interrupt) and end the worker
+        threads."""
+        if self._workers is not None:
+            self._workers.shutdown(cancel_futures=True)
 
     def compile_ahead(self, size: int, probs, scalars, rows: int) -> None:
         """Start compiling the composition program that a chunk's ``rows`` rows of ``size`` will
@@ -341,6 +361,8 @@ class _Compositions:
             most = _rows_per_call(size, self._devices)
             while pending:
                 self._run(size, most)
+        while self._running:
+            self._running.popleft().result()
         for got, values, rows in self._results:
             values[rows] = np.asarray(got)[: len(rows)]
         self._results.clear()
@@ -374,6 +396,15 @@ class _Compositions:
         arrays = [parts[0] if len(parts) == 1 else xp.concatenate(parts)
                   for parts in [wrapped, *zip(*columns, strict=True)]]
         arrays = _place(arrays, self._sharding)
+        if self._workers is None:
+            self._compose(arrays, sinks)
+            return
+        while len(self._running) >= 2 * self._worker_count:  # bounded memory
+            self._running.popleft().result()
+        self._running.append(self._workers.submit(self._compose, arrays, sinks))
+
+    @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
+    def _compose(self, arrays, sinks) -> None:
         got = np.asarray(_compose_and_evaluate(
             arrays[0], PMFSummary(*arrays[1:6]), *arrays[6:11], tuple(arrays[11:]),
             **self._options,
@@ -591,13 +622,16 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     if sharding is None:  # every group's discretization programs start compiling at once
         for _ in chunks(ahead=True):
             pass
-    for chunk in chunks():
-        queued.append(chunk)
-        if len(queued) > ahead:
+    try:
+        for chunk in chunks():
+            queued.append(chunk)
+            if len(queued) > ahead:
+                place_first()
+        while queued:
             place_first()
-    while queued:
-        place_first()
-    compositions.flush()
+        compositions.flush()
+    finally:
+        compositions.close()
     for idx, finish in finishers:
         out[idx] = finish()[: len(idx)]
 

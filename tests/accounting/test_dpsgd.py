@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import mpmath as mp
@@ -68,6 +69,17 @@ def test_arrays_broadcast_and_match_one_at_a_time():
             assert got[i, j] == pytest.approx(one, rel=1e-6)
     lower = pj.dpsgd_epsilon(SIGMAS, QS, 50, 1e-5, pessimistic=False)
     assert np.all(lower <= got) and np.all(got - lower <= 2e-3 * got)
+
+
+def test_a_sweep_composed_in_worker_threads_does_not_depend_on_the_callers_x64(x64_off):
+    sigmas = np.array([0.8, 1.0, 1.3, 2.0])
+    with warnings.catch_warnings():  # a float32 truncation warned of in a worker is an error
+        warnings.simplefilter("error")
+        off = pj.dpsgd_epsilon(sigmas, 0.05, 50, 1e-5)
+    with jax.enable_x64(True):
+        on = pj.dpsgd_epsilon(sigmas, 0.05, 50, 1e-5)
+    assert off.dtype == np.float64
+    np.testing.assert_array_equal(off, on)
 
 
 def test_delta_and_epsilon_are_inverse():
