@@ -394,6 +394,7 @@ class ExportedKernel(Kernel):
         self._pending: dict[tuple, Future] = {}  # compiles started by compiling_ahead
         self._shapes: dict[tuple, object] = {}  # programs' outputs' shapes, by slot
         self._jitted_slots: set[tuple] = set()  # the jitted kernel's programs compiled
+        self._first_calls: dict[tuple, threading.Lock] = {}  # see __call__
 
     def _programs(self) -> Iterable:
         return self._calls.values()
@@ -409,16 +410,26 @@ class ExportedKernel(Kernel):
         slot = self._slot(leaves, tree, kwargs)
         if getattr(_ahead, "on", False):
             return self._compile_ahead(slot, args, kwargs)
-        compiled = _finished(None if slot is None else self._pending.pop(slot, None))
         if slot is None or slot[0] is None:
+            _finished(None if slot is None else self._pending.pop(slot, None))
             out = self.kernel(*args, **kwargs)
             if slot is not None:
                 self._jitted_slots.add(slot)
             return out
         call = self._calls.get(slot)
-        if call is None:
-            call = self._calls[slot] = compiled or self._program(*slot, args, kwargs)
-        return call(*args)
+        if call is not None:
+            return call(*args)
+        # the first call of a program, one thread at a time (the others wait for its compile
+        # instead of exporting and compiling it again)
+        with self._first_calls.setdefault(slot, threading.Lock()):
+            call = self._calls.get(slot)
+            if call is not None:
+                return call(*args)
+            call = (_finished(self._pending.pop(slot, None))
+                    or self._program(*slot, args, kwargs))
+            out = call(*args)
+            self._calls[slot] = call
+            return out
 
     def _slot(self, leaves, tree, kwargs) -> tuple | None:
         """(directory, key) of a call's program: the exported programs' directory (None when

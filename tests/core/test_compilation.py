@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -215,6 +217,35 @@ def test_compiling_ahead_gives_the_shapes_and_the_call_compiles_nothing_more(exp
     assert programs == (["jit(call)"] * 2 if exported else ["jit(powers)", "jit(scaled)"])
     np.testing.assert_allclose(got, np.cumsum(x**3) / np.sum(x), rtol=1e-14)
     assert len(list(tmp_path.glob("*.jaxexport"))) == (2 if exported else 0)
+
+
+def test_threads_calling_a_new_program_at_once_export_and_compile_it_once(exported_to):
+    """A program's first calls from several threads at once (the accounting's composition
+    workers): one exports and compiles it, the others wait for it and share it."""
+    from pldjax.core.compilation import exported_jit
+
+    @exported_jit()
+    def shifted(x):
+        return jnp.sort(x) + 1.0
+
+    x = np.linspace(1.0, 0.0, 777)
+    callers = 4
+    together = threading.Barrier(callers)
+
+    def call(_):
+        together.wait()
+        with jax.enable_x64(True):  # the switch is each thread's own
+            return np.asarray(shifted(x))
+
+    def at_once():
+        with ThreadPoolExecutor(callers) as pool:
+            return list(pool.map(call, range(callers)))
+
+    got, names = compiled_programs(at_once)
+    assert [name for name in names if name != "jit(option_probe)"] == ["jit(call)"]
+    for values in got:
+        np.testing.assert_array_equal(values, np.sort(x) + 1.0)
+    assert len(list(exported_to.glob("shifted-*"))) == 1
 
 
 @pytest.mark.slow
