@@ -397,7 +397,7 @@ class ExportedKernel(Kernel):
         self._first_calls: dict[tuple, threading.Lock] = {}  # see __call__
 
     def _programs(self) -> Iterable:
-        return self._calls.values()
+        return list(self._calls.values())  # a copy: other threads may add programs
 
     def clear_cache(self) -> None:
         super().clear_cache()
@@ -473,7 +473,8 @@ class ExportedKernel(Kernel):
             shapes = self._shapes[slot] = jax.tree.unflatten(program.out_tree, [
                 jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=device)
                 for a in program.out_avals])
-            if slot not in self._calls and slot not in self._pending:
+            # (a first call of the program, in another thread, compiles it already)
+            if slot not in self._first_calls and slot not in self._pending:
                 call = self._exported_call(program)
                 self._pending[slot] = _compile_pool().submit(
                     _lower_and_compile, call.trace(*args), x64, call)

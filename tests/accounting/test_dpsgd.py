@@ -72,12 +72,12 @@ def test_arrays_broadcast_and_match_one_at_a_time():
 
 
 def test_a_sweep_composed_in_worker_threads_does_not_depend_on_the_callers_x64(x64_off):
-    sigmas = np.array([0.8, 1.0, 1.3, 2.0])
+    # (test_delta_and_epsilon_are_inverse's sweep: two configurations, four rows)
     with warnings.catch_warnings():  # a float32 truncation warned of in a worker is an error
         warnings.simplefilter("error")
-        off = pj.dpsgd_epsilon(sigmas, 0.05, 50, 1e-5)
+        off = pj.dpsgd_epsilon(1.2, 0.05, [10, 200], 1e-6)
     with jax.enable_x64(True):
-        on = pj.dpsgd_epsilon(sigmas, 0.05, 50, 1e-5)
+        on = pj.dpsgd_epsilon(1.2, 0.05, [10, 200], 1e-6)
     assert off.dtype == np.float64
     np.testing.assert_array_equal(off, on)
 
