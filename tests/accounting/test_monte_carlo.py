@@ -3,7 +3,9 @@ privacy loss, against the PLDs of its two special cases (Poisson sampling at min
 balls-in-bins at sampling_prob = 1), and for its refusals."""
 
 import math
+import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -20,7 +22,6 @@ def _mean_and_error(values):
 
 @pytest.mark.parametrize("positive", [True, False])
 def test_losses_agree_with_jax_privacys_sampler(positive):
-    import jax
     from jax_privacy import batch_selection
     from jax_privacy.experimental.monte_carlo import sample_generation
 
@@ -35,6 +36,19 @@ def test_losses_agree_with_jax_privacys_sampler(positive):
         a, a_error = _mean_and_error(-np.expm1(np.minimum(eps - theirs, 0.0)))
         b, b_error = _mean_and_error(-np.expm1(np.minimum(eps - mine, 0.0)))
         assert abs(a - b) <= 5 * math.hypot(a_error, b_error)
+
+
+def test_chunks_drawn_at_once_are_the_chunks_drawn_one_after_another(x64_off, monkeypatch):
+    # (the configuration of the jax-privacy comparison: its compiled program)
+    arguments = (1.0, 0.1, 40, 5, True, SAMPLES + 3, 7, True)
+    with warnings.catch_warnings():  # a float32 truncation warned of in a worker is an error
+        warnings.simplefilter("error")
+        at_once = monte_carlo.draws(*arguments)
+    monkeypatch.setattr(monte_carlo, "CHUNK_WORKERS", 1)
+    with jax.enable_x64(True):
+        one_after_another = monte_carlo.draws(*arguments)
+    assert at_once.dtype == np.float64 and at_once.shape == (SAMPLES + 3,)
+    np.testing.assert_array_equal(at_once, one_after_another)
 
 
 def test_one_step_separation_is_poisson_sampling():
