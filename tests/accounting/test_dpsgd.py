@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 
 import jax
@@ -80,6 +81,25 @@ def test_a_sweep_composed_in_worker_threads_does_not_depend_on_the_callers_x64(x
         on = pj.dpsgd_epsilon(1.2, 0.05, [10, 200], 1e-6)
     assert off.dtype == np.float64
     np.testing.assert_array_equal(off, on)
+
+
+def test_a_failed_composition_call_is_raised_and_its_workers_end(monkeypatch):
+    from pldjax.core import compilation
+
+    run, failed_in = compilation.ExportedKernel.__call__, []
+
+    def failing(self, *args, **kwargs):
+        ahead = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(args))
+        if self.__name__ != "_compose_and_evaluate" or ahead:
+            return run(self, *args, **kwargs)
+        failed_in.append(threading.current_thread().name)
+        raise RuntimeError("composition failed")
+
+    monkeypatch.setattr(compilation.ExportedKernel, "__call__", failing)
+    with pytest.raises(RuntimeError, match="composition failed"):
+        pj.dpsgd_epsilon(1.2, 0.05, [10, 200], 1e-6)
+    assert failed_in and all(name.startswith("pldjax-compose") for name in failed_in)
+    assert not [t for t in threading.enumerate() if t.name.startswith("pldjax-compose")]
 
 
 def test_delta_and_epsilon_are_inverse():
