@@ -84,8 +84,10 @@ class MonteCarloBound(NamedTuple):
 
 
 @kernel_jit(static_argnames=("min_sep", "positive"))
-def _loss_samples(key, mu, sampling_prob, steps, warm_start, *, min_sep: int, positive: bool):
-    """CHUNK privacy losses L(y) of b-min-sep sampling, y drawn under P (``positive``) or Q.
+def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep: int,
+                  positive: bool):
+    """CHUNK privacy losses L(y) of b-min-sep sampling, y drawn under P (``positive``) or Q, the
+    ``chunk``-th chunk of the integer ``seed``'s draws (keys made here, not by eager operations).
 
     The forward recursion carries the log weight of the eligible state; the weight that enters
     cooldown at step t (participation) becomes eligible again after min_sep - 1 = L more steps.
@@ -99,6 +101,7 @@ def _loss_samples(key, mu, sampling_prob, steps, warm_start, *, min_sep: int, po
     stationary = 1.0 + cooldown * sampling_prob
     log_eligible = jnp.where(warm_start, -jnp.log(stationary), 0.0)
     log_cooling = jnp.where(warm_start, log_p - jnp.log(stationary), -jnp.inf)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(positive)), chunk)
     start, key = jax.random.split(key)
     # the chain's state under P: 0 eligible, c > 0 steps of cooldown left
     logits = jnp.concatenate([log_eligible[None], jnp.full(cooldown, log_cooling)])
@@ -147,11 +150,10 @@ def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive)
     (``positive``) or Q from the integer seed ``key``, CHUNK at a time; ``mu``: the clip norm
     over the noise's standard deviation (1 / noise_multiplier)."""
     chunks = -(-samples // CHUNK)
-    base = jax.random.fold_in(jax.random.key(key), int(positive))
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def chunk(i: int) -> np.ndarray:
-        return np.asarray(_loss_samples(jax.random.fold_in(base, i), np.float64(mu),
+        return np.asarray(_loss_samples(np.int64(key), np.int64(i), np.float64(mu),
                                         np.float64(sampling_prob), np.int64(steps),
                                         np.bool_(warm_start), min_sep=min_sep, positive=positive))
 
@@ -186,7 +188,8 @@ def _upper_confidence(estimate, samples: int, failure: float):
     return high
 
 
-def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability):
+def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability,
+             key):
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("failure_probability", failure_probability, 0.0, 1.0, low_open=True,
@@ -196,11 +199,17 @@ def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_p
     if min_sep > MAX_MIN_SEP:
         raise ValueError(f"min_sep must be an integer in [1, {MAX_MIN_SEP}] (a memory guard: the "
                          f"cooldown buffer holds min_sep - 1 rows of samples), got {min_sep}")
+    try:
+        key = check_count("key", key, minimum=-2**63)
+        if key >= 2**63:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"key must be an integer seed in [-2^63, 2^63), got {key!r}") from None
     if samples > MAX_SAMPLES or samples * steps > MAX_WORK:
         raise ValueError(f"samples = {samples} over steps = {steps} is more than this sampler "
                          f"takes (at most {MAX_SAMPLES:.0e} samples and {MAX_WORK:.0e} samples "
                          f"times steps): pass fewer samples")
-    return 1.0 / float(noise_multiplier), float(sampling_prob), steps, min_sep, samples
+    return 1.0 / float(noise_multiplier), float(sampling_prob), steps, min_sep, samples, key
 
 
 def _directions(mu, sampling_prob, steps, min_sep, warm_start, samples, key):
@@ -242,7 +251,8 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
         (half of it for each direction); default 1e-3.
       warm_start: True (default): the process starts in its stationary law; False: every record
         starts eligible.
-      key: integer seed of the draws (default 0); a key gives the same samples every time.
+      key: integer seed of the draws, in [-2^63, 2^63) (default 0); a key gives the same samples
+        every time.
 
     Returns:
       A :class:`MonteCarloBound` with ``epsilon`` as given and ``delta`` an upper bound on the
@@ -251,8 +261,8 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
       ``failure_probability`` and ``samples``; plain Python numbers.
     """
     check_range("epsilon", epsilon, 0.0)
-    mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
-                                              samples, failure_probability)
+    mu, p, steps, min_sep, samples, key = _checked(noise_multiplier, sampling_prob, steps,
+                                                   min_sep, samples, failure_probability, key)
     directions = _directions(mu, p, steps, min_sep, warm_start, samples, key)
     bound, estimate = _read(directions, samples, failure_probability, float(epsilon))
     return MonteCarloBound(float(epsilon), bound, estimate, float(failure_probability), samples)
@@ -282,7 +292,8 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
         (half of it for each direction); default 1e-3.
       warm_start: True (default): the process starts in its stationary law; False: every record
         starts eligible.
-      key: integer seed of the draws (default 0); a key gives the same samples every time.
+      key: integer seed of the draws, in [-2^63, 2^63) (default 0); a key gives the same samples
+        every time.
 
     Returns:
       A :class:`MonteCarloBound` with ``epsilon`` in nats, the smallest found (by bisection, the
@@ -293,8 +304,8 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
       plain Python numbers.
     """
     check_range("delta", delta, 0.0, 1.0, low_open=True)
-    mu, p, steps, min_sep, samples = _checked(noise_multiplier, sampling_prob, steps, min_sep,
-                                              samples, failure_probability)
+    mu, p, steps, min_sep, samples, key = _checked(noise_multiplier, sampling_prob, steps,
+                                                   min_sep, samples, failure_probability, key)
     directions = _directions(mu, p, steps, min_sep, warm_start, samples, key)
 
     def result(eps):

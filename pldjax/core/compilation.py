@@ -246,18 +246,25 @@ def early_exit_on_cpu(args, *, cpu: Callable, elsewhere: Callable):
 FAST_COMPILE = types.MappingProxyType({"xla_cpu_use_fusion_emitters": False})
 
 
-@functools.cache
+_probed: dict[tuple, bool] = {}
+_probing = threading.Lock()
+
+
 def _supported(options: tuple) -> bool:
     """Whether this process's XLA compiles with ``options`` ((name, value) pairs): a later
-    jaxlib may drop an option, and its kernels then compile without any."""
+    jaxlib may drop an option, and its kernels then compile without any. Probed once a process
+    (threads that ask at once wait for the one probe)."""
     def option_probe(x):
         return x + 1
 
-    try:
-        jax.jit(option_probe, compiler_options=dict(options)).trace(0.0).lower().compile()
-    except Exception:
-        return False
-    return True
+    with _probing:
+        if options not in _probed:
+            try:
+                jax.jit(option_probe, compiler_options=dict(options)).trace(0.0).lower().compile()
+                _probed[options] = True
+            except Exception:
+                _probed[options] = False
+        return _probed[options]
 
 
 _ahead = threading.local()

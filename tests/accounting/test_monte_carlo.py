@@ -101,3 +101,9 @@ def test_bad_arguments_are_refused_by_name(arguments, named):
         pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, failure_probability=0.0)
     with pytest.raises(ValueError, match="delta"):
         pj.monte_carlo_epsilon(1.0, 0.1, 10, 2, 0.0)
+
+
+@pytest.mark.parametrize("key", [1.5, True, "a", 2**63, -(2**63) - 1])
+def test_a_key_that_is_no_64_bit_integer_is_refused_by_name(key):
+    with pytest.raises(ValueError, match=r"key must be an integer seed in \[-2\^63, 2\^63\)"):
+        pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, key=key)
