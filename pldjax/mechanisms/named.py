@@ -238,7 +238,9 @@ def _curve_to_pld(delta_fn, step: float, offset: int, size: int, name: str) -> P
     excess = curve + np.expm1(z)
     with np.errstate(all="ignore"):  # in NumPy, as XLA: e^h overflows to inf for huge steps
         probs, inf_mass = masses_from_curve(curve, step, excess, z)
-    return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step, jnp.float64), True)
+    # device_put compiles nothing (jnp.asarray of a Python number compiled a conversion)
+    return PLD(probs, inf_mass, jax.device_put(np.int64(offset)),
+               jax.device_put(np.float64(step)), True)
 
 
 @float64

@@ -492,7 +492,7 @@ def _window_start(pld: PLD) -> float:
 
 def _window_end(pld: PLD) -> float:
     """The loss (nats) one grid step past one direction's last grid point."""
-    return float(pld.offset + pld.probs.shape[-1]) * float(pld.step)
+    return (float(pld.offset) + pld.probs.shape[-1]) * float(pld.step)
 
 
 def _direction_pairs(lattice: PLD, gaussian: PLD) -> list[tuple[PLD, PLD]]:
@@ -579,9 +579,9 @@ def _join(statistic: PLD, gaussian: PLD) -> PLD:
         total = max(float(np.sum(pld.probs) + pld.inf_mass) for pld in pair)
         probs, inf_mass = masses_from_curve(curve, step, below=max(1.0 - total, 0.0),
                                             pessimistic=False)
-        joined.append(PLD(jnp.asarray(probs), jnp.asarray(inf_mass),
-                          jnp.asarray(round(first / step), jnp.int64),
-                          jnp.asarray(step, jnp.float64), False))
+        joined.append(PLD(*(jax.device_put(a) for a in (  # device_put compiles nothing
+            np.asarray(probs), np.float64(inf_mass), np.int64(round(first / step)),
+            np.float64(step))), False))
     return PLD.from_directions(*joined)
 
 
