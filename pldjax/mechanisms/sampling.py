@@ -305,18 +305,20 @@ class Mixture(Sampling):
         # smaller shift is a post-processing of the larger (x -> c x + N(0, 1 - c^2))
         _, (shift,) = noise.pair(Neighboring.ADD_REMOVE, pessimistic)
         scales, probs = self._present_components()
-        scales = jnp.asarray(scales, jnp.float64)
-        probs = jnp.asarray(probs, jnp.float64)
-        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+        # concrete parameters on the host: no small compiled program per operation
+        xp = jnp if is_traced((scales, probs)) else np
+        scales = xp.asarray(scales, xp.float64)
+        probs = xp.asarray(probs, xp.float64)
+        probs = probs / xp.sum(probs, axis=-1, keepdims=True)
         # so is the probability q of a shift > 0, as for Poisson sampling: the mixture with a
         # smaller q is a post-processing of the larger (replace the output by a fresh draw of
         # the noise with probability 1 - q/q')
         moves = scales > 0
-        q = jnp.sum(jnp.where(moves, probs, 0.0), axis=-1, keepdims=True)
+        q = xp.sum(xp.where(moves, probs, 0.0), axis=-1, keepdims=True)
         rounded = resolvable(q, pessimistic)
-        still = jnp.where(q < 1, (1 - rounded) / jnp.where(q < 1, 1 - q, 1.0), 1.0)
-        probs = probs * jnp.where(moves, rounded / jnp.where(q > 0, q, 1.0), still)
-        reveal = jnp.zeros(probs.shape[:-1], jnp.float64)
+        still = xp.where(q < 1, (1 - rounded) / xp.where(q < 1, 1 - q, 1.0), 1.0)
+        probs = probs * xp.where(moves, rounded / xp.where(q > 0, q, 1.0), still)
+        reveal = xp.zeros(probs.shape[:-1], xp.float64)
         if pessimistic and not is_traced((scales, probs)):
             scales, probs, reveal = _folded(scales, probs)
         count = scales.shape[-1]
@@ -352,8 +354,7 @@ def _folded(scales, probs) -> tuple:
     negligible = np.all(probs.reshape(-1, probs.shape[-1]) < subsampling.NEGLIGIBLE_COMPONENT,
                         axis=0)
     reveal = np.sum(np.where(negligible, probs, 0.0), axis=-1)
-    return (jnp.asarray(scales[..., ~negligible]), jnp.asarray(probs[..., ~negligible]),
-            jnp.asarray(reveal))
+    return scales[..., ~negligible], probs[..., ~negligible], reveal
 
 
 @record

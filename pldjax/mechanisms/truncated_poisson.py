@@ -195,10 +195,12 @@ def tightest(plds: list[PLD]) -> PLD:
     for d in range(len(plds[0].directions())):
         step, lo, probs, inf = _common_window([p.directions()[d] for p in plds])
         size = probs.shape[1]
-        out, out_inf = _envelope_kernel(jnp.asarray(probs), jnp.asarray(inf), jnp.int64(lo),
-                                        jnp.float64(step), size=size,
+        out, out_inf = _envelope_kernel(jnp.asarray(probs), jnp.asarray(inf), np.int64(lo),
+                                        np.float64(step), size=size,
                                         hull=size * step / 2 <= _HULL_REACH)
-        directions.append(PLD(out, out_inf, jnp.int64(lo), jnp.float64(step), True))
+        # device_put compiles nothing (jnp.int64 of a number compiled a conversion)
+        directions.append(PLD(out, out_inf, jax.device_put(np.int64(lo)),
+                              jax.device_put(np.float64(step)), True))
     return PLD.from_directions(*directions)
 
 
