@@ -45,7 +45,13 @@ from pldjax.accounting.planner import (
     spends,
 )
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import MappingGuard, compiling_ahead, cores, exported_jit
+from pldjax.core.compilation import (
+    MappingGuard,
+    compiling_ahead,
+    cores,
+    exported_jit,
+    map_in_threads,
+)
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
@@ -269,12 +275,12 @@ class _Compositions:
     (COMPOSE_WORKERS) while the host discretizes and wraps the next rows: each call's rows and
     values are its own, so the values are those of calls made one after another (the sweep of
     1,024 sigmas took 12.3-12.8 s warm one call after another, 8.6-9.6 s in threads, on 2
-    cores). On one accelerator a chunk's rows are composed
-    straight from the chunk (:func:`_gather_rows`), and their values read back at
-    :meth:`flush`, so the device runs ahead of the host; there every call of a size has the
-    same number of rows (one compiled shape per size): a full call, or the power of two at or
-    above ``rows``, the most rows the accounting call has (a single configuration's two
-    directions composed 64 rows of 131,072 points otherwise).
+    cores). On one accelerator a chunk's rows are composed straight from the chunk
+    (:func:`_gather_rows`), and their values read back at :meth:`flush`, so the device runs
+    ahead of the host; there every call of a size has the same number of rows (one compiled
+    shape per size): a full call, or the power of two at or above ``rows``, the most rows the
+    accounting call has (a single configuration's two directions composed 64 rows of 131,072
+    points otherwise).
     """
 
     def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int):
@@ -692,15 +698,10 @@ def _account_by_pld(event: Event, steps, target, evaluate: str, *, pessimistic, 
 
     configurations = distinct_configurations(event, shape, active)
     workers = min(len(configurations), cores(), PLD_WORKERS)
-    pool = ThreadPoolExecutor(workers, "pldjax-pld") if workers > 1 else None
-    try:
-        done = 0
-        for accounted in (pool.map if pool else map)(account_one, configurations):
-            done += accounted
-            report(done)
-    finally:  # an error (or an interrupt) leaves the configurations not yet begun undone
-        if pool:
-            pool.shutdown(cancel_futures=True)
+    done = 0
+    for accounted in map_in_threads(account_one, configurations, workers, "pldjax-pld"):
+        done += accounted
+        report(done)
     return _finished(out, shape, evaluate, pessimistic)
 
 

@@ -28,7 +28,6 @@ records, with their failure probability, and are never composed with PLDs.
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import jax
@@ -36,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import rel_entr
 
-from pldjax.core.compilation import cores, kernel_jit
+from pldjax.core.compilation import cores, kernel_jit, map_in_threads
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
@@ -158,13 +157,8 @@ def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive)
                                         np.bool_(warm_start), min_sep=min_sep, positive=positive))
 
     workers = min(chunks, cores(), CHUNK_WORKERS) if jax.default_backend() == "cpu" else 1
-    if workers == 1:
-        return np.concatenate([chunk(i) for i in range(chunks)])[:samples]
-    with ThreadPoolExecutor(workers, "pldjax-monte-carlo") as pool:
-        try:
-            return np.concatenate(list(pool.map(chunk, range(chunks))))[:samples]
-        finally:  # an error (or an interrupt) leaves the chunks not yet begun undone
-            pool.shutdown(cancel_futures=True)
+    drawn = map_in_threads(chunk, range(chunks), workers, "pldjax-monte-carlo")
+    return np.concatenate(list(drawn))[:samples]
 
 
 def _estimate(losses, sign, epsilon) -> float:
@@ -199,12 +193,13 @@ def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_p
     if min_sep > MAX_MIN_SEP:
         raise ValueError(f"min_sep must be an integer in [1, {MAX_MIN_SEP}] (a memory guard: the "
                          f"cooldown buffer holds min_sep - 1 rows of samples), got {min_sep}")
+    refusal = f"key must be an integer seed in [-2^63, 2^63), got {key!r}"
     try:
         key = check_count("key", key, minimum=-2**63)
-        if key >= 2**63:
-            raise ValueError
     except ValueError:
-        raise ValueError(f"key must be an integer seed in [-2^63, 2^63), got {key!r}") from None
+        raise ValueError(refusal) from None
+    if key >= 2**63:
+        raise ValueError(refusal)
     if samples > MAX_SAMPLES or samples * steps > MAX_WORK:
         raise ValueError(f"samples = {samples} over steps = {steps} is more than this sampler "
                          f"takes (at most {MAX_SAMPLES:.0e} samples and {MAX_WORK:.0e} samples "

@@ -41,7 +41,7 @@ import os
 import threading
 import types
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -277,6 +277,20 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def map_in_threads(fn: Callable, items: Iterable, workers: int, name: str) -> Iterator:
+    """``fn`` of each of ``items``, in order, computed in up to ``workers`` threads named
+    ``name`` (in this thread where ``workers`` is 1). An error, or an interrupt, or a caller that
+    stops reading, cancels the items not yet begun."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(workers, name)
+    try:
+        yield from pool.map(fn, items)
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 #: Most programs compiled at once (each compile holds a few hundred MB while it runs).
