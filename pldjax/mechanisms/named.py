@@ -15,7 +15,7 @@ import numpy as np
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, from_rows
 from pldjax.core.precision import float64
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, check_range, is_traced, within
@@ -238,9 +238,7 @@ def _curve_to_pld(delta_fn, step: float, offset: int, size: int, name: str) -> P
     excess = curve + np.expm1(z)
     with np.errstate(all="ignore"):  # in NumPy, as XLA: e^h overflows to inf for huge steps
         probs, inf_mass = masses_from_curve(curve, step, excess, z)
-    # device_put compiles nothing (jnp.asarray of a Python number compiled a conversion)
-    return PLD(probs, inf_mass, jax.device_put(np.int64(offset)),
-               jax.device_put(np.float64(step)), True)
+    return from_rows(probs, inf_mass, np.int64(offset), np.float64(step), (), True)
 
 
 @float64

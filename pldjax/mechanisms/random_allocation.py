@@ -98,7 +98,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, from_rows
 from pldjax.core.precision import float64
 from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
@@ -579,9 +579,8 @@ def _join(statistic: PLD, gaussian: PLD) -> PLD:
         total = max(float(np.sum(pld.probs) + pld.inf_mass) for pld in pair)
         probs, inf_mass = masses_from_curve(curve, step, below=max(1.0 - total, 0.0),
                                             pessimistic=False)
-        joined.append(PLD(*(jax.device_put(a) for a in (  # device_put compiles nothing
-            np.asarray(probs), np.float64(inf_mass), np.int64(round(first / step)),
-            np.float64(step))), False))
+        joined.append(from_rows(probs, np.float64(inf_mass), np.int64(round(first / step)),
+                                np.float64(step), (), False))
     return PLD.from_directions(*joined)
 
 

@@ -67,7 +67,7 @@ from pldjax.core.align import align
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, from_rows
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
@@ -198,9 +198,7 @@ def tightest(plds: list[PLD]) -> PLD:
         out, out_inf = _envelope_kernel(jnp.asarray(probs), jnp.asarray(inf), np.int64(lo),
                                         np.float64(step), size=size,
                                         hull=size * step / 2 <= _HULL_REACH)
-        # device_put compiles nothing (jnp.int64 of a number compiled a conversion)
-        directions.append(PLD(out, out_inf, jax.device_put(np.int64(lo)),
-                              jax.device_put(np.float64(step)), True))
+        directions.append(from_rows(out, out_inf, np.int64(lo), np.float64(step), (), True))
     return PLD.from_directions(*directions)
 
 
