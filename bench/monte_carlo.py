@@ -39,9 +39,8 @@ def _pldjax(sigma, p, steps, min_sep, samples, key):
     from pldjax.accounting import monte_carlo
 
     with jax.enable_x64(True):
-        return [sign * monte_carlo.draws(1.0 / sigma, p, steps, min_sep, True, samples, key,
-                                         positive)
-                for positive, sign in ((True, 1.0), (False, -1.0))]
+        remove, add = monte_carlo.draws(1.0 / sigma, p, steps, min_sep, True, samples, key)
+    return [remove, -add]
 
 
 def _jax_privacy(sigma, p, steps, min_sep, samples):

@@ -41,7 +41,8 @@ from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
 
-#: Samples drawn per compiled call (a fixed shape: one program per min_sep and direction).
+#: Samples drawn per compiled call in each direction up to min_sep = 256 (a fixed shape: one
+#: program per min_sep; see chunk_size).
 CHUNK = 1 << 16
 #: Most chunks drawn at once on a CPU, in threads, one a core (XLA keeps 2 cores about 75% busy
 #: with one chunk).
@@ -49,8 +50,8 @@ CHUNK_WORKERS = 4
 #: Steps a block holds when min_sep = 1 (Poisson sampling: no cooldown sets the block).
 _POISSON_BLOCK = 64
 #: Guards on memory and time: most samples a direction (8 bytes each, kept), most steps times
-#: samples (a few hours of a CPU's time, seconds of a GPU's), largest min_sep (its cooldown
-#: buffer holds min_sep - 1 rows of CHUNK samples).
+#: samples (a few hours of a CPU's time, seconds of a GPU's), largest min_sep (the steps a
+#: sample's state spans, and a call's chunk shrinks as it grows).
 MAX_SAMPLES = 10**8
 MAX_WORK = 10**11
 MAX_MIN_SEP = 4096
@@ -82,83 +83,95 @@ class MonteCarloBound(NamedTuple):
     samples: int
 
 
-@kernel_jit(static_argnames=("min_sep", "positive"))
-def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep: int,
-                  positive: bool):
-    """CHUNK privacy losses L(y) of b-min-sep sampling, y drawn under P (``positive``) or Q, the
-    ``chunk``-th chunk of the integer ``seed``'s draws (keys made here, not by eager operations).
+def chunk_size(min_sep: int) -> int:
+    """Samples a compiled call draws in each direction: CHUNK, halved for every doubling of
+    min_sep past 256, so that a call's cooldown buffer (min_sep - 1 rows of 2 x chunk losses)
+    stays under 256 MiB."""
+    return CHUNK >> max(0, (min_sep - 1).bit_length() - 8)
+
+
+@kernel_jit(static_argnames=("min_sep",))
+def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep: int):
+    """Privacy losses L(y) of b-min-sep sampling, shape (2, chunk_size(min_sep)): row 0 with y
+    drawn under P (the remove direction), row 1 with y drawn under Q (add); the ``chunk``-th
+    chunk of the integer ``seed``'s draws (keys made here, not by eager operations).
+
+    Both rows share their Gaussian noise z (y = z + mu x under P, y = z under Q). A row's
+    samples are independent of one another, which is all its confidence bound needs, and the
+    two bounds are joined by a union bound, which holds whatever their dependence; the sampler
+    then draws half the normals (12-15% faster on a CPU).
 
     The forward recursion carries the log weight of the eligible state; the weight that enters
     cooldown at step t (participation) becomes eligible again after min_sep - 1 = L more steps.
     Steps run in blocks of L: a block reads, row by row, the weights the previous block sent
     into cooldown and writes its own (each buffer read or written whole, so none is copied at
-    every step); steps past the last (padding of the last block) leave the eligible weight as it
-    is and keep what returns in ``pending``."""
+    every step); a step past the last (padding of the last block) leaves the eligible weight as
+    it is and passes the weight returning to it on into the buffer, which the result sums."""
+    size = chunk_size(min_sep)
     cooldown = min_sep - 1
     block = cooldown or _POISSON_BLOCK
     log_p, log_q = jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
     stationary = 1.0 + cooldown * sampling_prob
     log_eligible = jnp.where(warm_start, -jnp.log(stationary), 0.0)
     log_cooling = jnp.where(warm_start, log_p - jnp.log(stationary), -jnp.inf)
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(positive)), chunk)
+    key = jax.random.fold_in(jax.random.key(seed), chunk)
     start, key = jax.random.split(key)
     # the chain's state under P: 0 eligible, c > 0 steps of cooldown left
     logits = jnp.concatenate([log_eligible[None], jnp.full(cooldown, log_cooling)])
-    state = jax.random.categorical(start, logits, shape=(CHUNK,))
+    state = jax.random.categorical(start, logits, shape=(size,))
     # with min_sep = 1 nothing waits: one row, never read
-    previous = jnp.full((block if cooldown else 1, CHUNK), log_cooling if cooldown else -jnp.inf)
+    previous = jnp.full((block if cooldown else 1, 2, size), log_cooling if cooldown else -jnp.inf)
 
     def one_step(first):
         def step(carry, row):
-            eligible, pending, state = carry
+            eligible, state = carry
             offset, returning = row
             t = first + offset
             live = t < steps
             noise_key, choice_key = jax.random.split(jax.random.fold_in(key, t))
-            y = jax.random.normal(noise_key, (CHUNK,), jnp.float64)
-            if positive:
-                taken = (live & (state == 0)
-                         & (jax.random.uniform(choice_key, (CHUNK,), jnp.float64) < sampling_prob))
-                y = y + mu * taken
-                state = jnp.where(taken, cooldown, jnp.where(live, jnp.maximum(state - 1, 0), state))
-            entering = jnp.where(live, log_p + mu * y - 0.5 * mu * mu + eligible, -jnp.inf)
+            z = jax.random.normal(noise_key, (size,), jnp.float64)
+            taken = (live & (state == 0)
+                     & (jax.random.uniform(choice_key, (size,), jnp.float64) < sampling_prob))
+            state = jnp.where(taken, cooldown, jnp.where(live, jnp.maximum(state - 1, 0), state))
+            y = jnp.stack([z + mu * taken, z])
+            entering = log_p + mu * y - 0.5 * mu * mu + eligible
             if cooldown == 0:  # participation leaves the record eligible
-                stays = jnp.logaddexp(log_q + eligible, entering)
-                entering = None
+                stays, entering = jnp.logaddexp(log_q + eligible, entering), None
             else:
                 stays = jnp.logaddexp(log_q + eligible, returning)
-                pending = jnp.where(live, pending, jnp.logaddexp(pending, returning))
-            return (jnp.where(live, stays, eligible), pending, state), entering
+                entering = jnp.where(live, entering, returning)
+            return (jnp.where(live, stays, eligible), state), entering
         return step
 
     def run_block(index, carry):
-        eligible, pending, state, previous = carry
-        (eligible, pending, state), entering = jax.lax.scan(
-            one_step(index * block), (eligible, pending, state),
+        eligible, state, previous = carry
+        (eligible, state), entering = jax.lax.scan(
+            one_step(index * block), (eligible, state),
             (jnp.arange(block), previous if cooldown else None))
-        return eligible, pending, state, entering if cooldown else previous
+        return eligible, state, entering if cooldown else previous
 
     blocks = (steps + block - 1) // block
-    carry = (jnp.full(CHUNK, log_eligible), jnp.full(CHUNK, -jnp.inf), state, previous)
-    eligible, pending, _, previous = jax.lax.fori_loop(0, blocks, run_block, carry)
-    return jax.nn.logsumexp(jnp.concatenate([eligible[None], pending[None], previous]), axis=0)
+    carry = (jnp.full((2, size), log_eligible), state, previous)
+    eligible, _, previous = jax.lax.fori_loop(0, blocks, run_block, carry)
+    return jax.nn.logsumexp(jnp.concatenate([eligible[None], previous]), axis=0)
 
 
-def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key, positive):
-    """``samples`` privacy losses L(y) of b-min-sep sampling (a NumPy array), y drawn under P
-    (``positive``) or Q from the integer seed ``key``, CHUNK at a time; ``mu``: the clip norm
-    over the noise's standard deviation (1 / noise_multiplier)."""
-    chunks = -(-samples // CHUNK)
+def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key) -> np.ndarray:
+    """``samples`` privacy losses L(y) of b-min-sep sampling in each direction, a NumPy array
+    of shape (2, samples): row 0 with y drawn under P, row 1 under Q (see
+    :func:`_loss_samples`), from the integer seed ``key``, chunk_size(min_sep) at a time;
+    ``mu``: the clip norm over the noise's standard deviation (1 / noise_multiplier)."""
+    chunks = -(-samples // chunk_size(min_sep))
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def chunk(i: int) -> np.ndarray:
         return np.asarray(_loss_samples(np.int64(key), np.int64(i), np.float64(mu),
                                         np.float64(sampling_prob), np.int64(steps),
-                                        np.bool_(warm_start), min_sep=min_sep, positive=positive))
+                                        np.bool_(warm_start), min_sep=min_sep))
 
     workers = min(chunks, cores(), CHUNK_WORKERS) if jax.default_backend() == "cpu" else 1
     drawn = map_in_threads(chunk, range(chunks), workers, "pldjax-monte-carlo")
-    return np.concatenate(list(drawn))[:samples]
+    return np.concatenate(list(drawn), axis=1)[:, :samples]
 
 
 def _estimate(losses, sign, epsilon) -> float:
@@ -210,8 +223,8 @@ def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_p
 def _directions(mu, sampling_prob, steps, min_sep, warm_start, samples, key):
     """(losses, sign) of the remove direction (drawn under P) and of the add direction (under
     Q, whose loss is -L)."""
-    return [(draws(mu, sampling_prob, steps, min_sep, bool(warm_start), samples, key, positive),
-             sign) for positive, sign in ((True, 1.0), (False, -1.0))]
+    remove, add = draws(mu, sampling_prob, steps, min_sep, bool(warm_start), samples, key)
+    return [(remove, 1.0), (add, -1.0)]
 
 
 def _read(directions, samples: int, failure_probability: float, epsilon) -> tuple[float, float]:

@@ -30,7 +30,7 @@ def test_losses_agree_with_jax_privacys_sampler(positive):
         batch_selection.BMinSepSampling(p, steps, min_sep), sigma, np.array([1.0]), seed=1,
         positive_sample=positive, num_samples=SAMPLES)
     with jax.enable_x64(True):
-        mine = monte_carlo.draws(1 / sigma, p, steps, min_sep, True, SAMPLES, 7, positive)
+        mine = monte_carlo.draws(1 / sigma, p, steps, min_sep, True, SAMPLES, 7)[0 if positive else 1]
     mine = mine if positive else -mine  # theirs is the loss of the direction sampled from
     for eps in (0.2, 0.5, 1.0):
         a, a_error = _mean_and_error(-np.expm1(np.minimum(eps - theirs, 0.0)))
@@ -40,14 +40,14 @@ def test_losses_agree_with_jax_privacys_sampler(positive):
 
 def test_chunks_drawn_at_once_are_the_chunks_drawn_one_after_another(x64_off, monkeypatch):
     # (the configuration of the jax-privacy comparison: its compiled program)
-    arguments = (1.0, 0.1, 40, 5, True, SAMPLES + 3, 7, True)
+    arguments = (1.0, 0.1, 40, 5, True, SAMPLES + 3, 7)
     with warnings.catch_warnings():  # a float32 truncation warned of in a worker is an error
         warnings.simplefilter("error")
         at_once = monte_carlo.draws(*arguments)
     monkeypatch.setattr(monte_carlo, "CHUNK_WORKERS", 1)
     with jax.enable_x64(True):
         one_after_another = monte_carlo.draws(*arguments)
-    assert at_once.dtype == np.float64 and at_once.shape == (SAMPLES + 3,)
+    assert at_once.dtype == np.float64 and at_once.shape == (2, SAMPLES + 3)
     np.testing.assert_array_equal(at_once, one_after_another)
 
 
@@ -107,3 +107,10 @@ def test_bad_arguments_are_refused_by_name(arguments, named):
 def test_a_key_that_is_no_64_bit_integer_is_refused_by_name(key):
     with pytest.raises(ValueError, match=r"key must be an integer seed in \[-2\^63, 2\^63\)"):
         pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, key=key)
+
+
+@pytest.mark.parametrize("min_sep", [1, 2, 256, 257, 1000, monte_carlo.MAX_MIN_SEP])
+def test_a_calls_cooldown_buffer_stays_under_256_mib(min_sep):
+    size = monte_carlo.chunk_size(min_sep)
+    assert (min_sep - 1) * 2 * size * 8 < 2**28
+    assert size == monte_carlo.CHUNK or size * 2 * min_sep > 2**24  # no smaller than it must be
