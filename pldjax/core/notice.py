@@ -35,8 +35,10 @@ _POLL = 0.25
 
 #: Why a call takes seconds, unless it says otherwise: said where it began to make an XLA program
 #: before the notice, and COMPUTING said instead where it made none.
-COMPILING = ("it compiles XLA programs for shapes this process has not met before (kept in the "
-             "persistent cache for later processes); calls on shapes met before take milliseconds")
+COMPILING = ("it compiles XLA programs for shapes this process has not met before; calls on shapes "
+             "met before take milliseconds")
+#: Added to COMPILING where JAX has a persistent compilation cache (pldjax's by default).
+_KEPT = " (the programs are kept in the persistent cache for later processes)"
 COMPUTING = "it computes (no new XLA program so far: the work itself takes this long)"
 #: JAX's monitoring events of making an XLA program (tracing, lowering, then compiling or loading
 #: it from the persistent cache): the first ones arrive before a long compilation ends.
@@ -74,6 +76,8 @@ def _watch() -> None:
                 why = call.why
                 if why == COMPILING and _compiled == call.compiled_before:
                     why = COMPUTING
+                elif why == COMPILING and jax.config.jax_compilation_cache_dir:
+                    why += _KEPT
                 print(f"{call.what} is still running after {NOTICE_AFTER:g} s: {why}",
                       file=sys.stderr, flush=True)
 

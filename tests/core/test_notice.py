@@ -32,6 +32,22 @@ def test_a_slow_call_says_what_runs_and_then_how_long_it_took(loud, capsys):
     assert err[1].startswith("pldjax.example done in ") and err[1].endswith(" s")
 
 
+@pytest.mark.parametrize("cache", [None, "cache"])
+def test_a_compiling_call_mentions_the_persistent_cache_only_where_there_is_one(
+        loud, capsys, tmp_path, cache):
+    configured = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", cache and str(tmp_path / cache))
+    try:
+        with notice.slow_call_notice("pldjax.example"):
+            jax.jit(lambda y: y * 2.718281)(0.25).block_until_ready()  # a new program
+            time.sleep(0.3)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", configured)
+    said = capsys.readouterr().err.splitlines()[0]
+    assert said.startswith("pldjax.example is still running after 0.05 s: it compiles XLA")
+    assert ("persistent cache" in said) == (cache is not None)
+
+
 def test_a_slow_call_that_compiles_nothing_does_not_say_it_compiles(loud, capsys):
     with notice.slow_call_notice("pldjax.warm"):
         time.sleep(0.3)
