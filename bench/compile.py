@@ -10,8 +10,7 @@ empty one), so a program counts as compiled only where no ``/jax/compilation_cac
 event came with it, and as loaded where one did; ``jaxpr_trace_duration`` and
 ``jaxpr_to_mlir_module_duration`` give the tracing and lowering time (their sums). A program's name
 is the ``fun_name`` of its event (what ``jax_log_compiles`` prints: "Finished XLA compilation of
-jit(NAME)"); pldjax's exported kernels all compile as ``jit(call)``, so ``--names`` adds the kernel
-traced for it just before (none where the cache held the traced program). dp-accounting's PLD
+jit(NAME)"; pldjax's kernels compile under their own names, exported or not). dp-accounting's PLD
 accountant (value discretization 1e-4) runs the same work in a fresh process where it has an
 equivalent; a loop over many configurations is timed on a subset and scaled, as the table says.
 The "goal" column holds the project's targets for these first calls.
@@ -106,7 +105,6 @@ class Monitor:
         self.counts = Counter()
         self.seconds = dict(compile=0.0, load=0.0, trace=0.0, lower=0.0)
         self._hit = False  # a cache hit since the last program
-        self._traced = []  # functions traced whose program has not come yet (exported kernels')
 
     def event(self, event, **kwargs):
         if event == HIT:
@@ -117,17 +115,10 @@ class Monitor:
         if event == TRACE:
             self.counts["traces"] += 1
             self.seconds["trace"] += seconds
-            if name != "call":
-                self._traced.append(name)
         elif event == LOWER:
             self.counts["lowerings"] += 1
             self.seconds["lower"] += seconds
         elif event == BACKEND:
-            if name == "jit(call)":  # an exported kernel: the last function traced for none other
-                name += f" <- {self._traced[-1]}" if self._traced else " <- (traced program from the cache)"
-                self._traced.clear()
-            elif name.startswith("jit(") and name[4:-1] in self._traced:
-                self._traced.remove(name[4:-1])
             kind = "load" if self._hit else "compile"
             (self.loaded if self._hit else self.compiled)[name] += 1
             self.seconds[kind] += seconds
@@ -439,12 +430,12 @@ def _throughput(report, m, peer) -> None:
 
 def _names(report, results) -> None:
     report.heading("Compiled programs by name (empty cache, first call)")
-    report.text("Most compiled first. `jit(call) <- NAME`: one of pldjax's exported kernels, NAME the "
-                "function traced for it just before; another `jit(NAME)`: a jitted function (one of pldjax's "
-                "kernels that are not exported, a jax.numpy function) or a lax operation run eagerly, "
-                "outside any jit (add, log, ...), compiled on its own for its shapes; `jit(option_probe)`: "
-                "pldjax's check that XLA knows its CPU compiler options. XLA compile s: "
-                "the backend-compile events' sum for that name.")
+    report.text("Most compiled first. `jit(NAME)`: a jitted function (one of pldjax's kernels, "
+                "exported or not, a jax.numpy function) or a lax operation run eagerly, outside any "
+                "jit (add, log, ...), "
+                "compiled on its own for its shapes; `jit(option_probe)`: pldjax's check that XLA "
+                "knows its CPU compiler options. XLA compile s: the backend-compile events' sum "
+                "for that name.")
     for path, m in results.items():
         if "values" not in m["empty"]:
             continue

@@ -37,10 +37,9 @@ def compiled_programs(fn):
 
 def programs_of_a_new_process(code: str, cache: Path | None = None) -> tuple[list[str], str]:
     """Run ``code`` in a new Python process: (the names of the XLA programs it compiled, in
-    order; what it printed). ``cache``: pldjax's compilation cache directory (give an empty one
-    to see every program compiled, exported kernels as ``jit(call)``); None: no persistent cache
-    at all (every program compiles under its kernel's name). JAX's own cache settings of this
-    process are not passed on."""
+    order; what it printed; each kernel's program under the kernel's name). ``cache``: pldjax's
+    compilation cache directory (give an empty one to see every program compiled); None: no
+    persistent cache at all. JAX's own cache settings of this process are not passed on."""
     script = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
               "import json\nfrom compiled_programs import compiled_programs\n"
               f"_, names = compiled_programs(lambda: exec({textwrap.dedent(code)!r}, {{}}))\n"

@@ -521,8 +521,14 @@ class ExportedKernel(Kernel):
         return self._exported_call(program)
 
     def _exported_call(self, program: export.Exported) -> Callable:
-        """An exported program's call, jitted with this kernel's compiler options."""
-        return jax.jit(program.call, compiler_options=self.compiler_options)
+        """An exported program's call, jitted with this kernel's compiler options under the
+        kernel's name (what ``jax_log_compiles`` and JAX's monitoring report it as, rather than
+        ``call``)."""
+        def run(*args):
+            return program.call(*args)
+
+        run.__name__ = run.__qualname__ = self.__name__
+        return jax.jit(run, compiler_options=self.compiler_options)
 
     def _exported(self, directory: Path, key, args, statics) -> export.Exported | None:
         """The exported program for ``key``, read from ``directory`` or exported now (and
