@@ -14,12 +14,14 @@ Its privacy loss L(y) = log E_x[exp(mu <x, y> - mu^2 |x| / 2)] is a hidden Marko
 likelihood ratio, computed by the forward recursion over the cooldown state (O(T b) per sample).
 Samples of y are drawn on the accelerator (vmapped over samples, keyed): under P for the remove
 direction, delta(eps) = E_P[(1 - e^{eps - L})_+], and under Q for the add direction,
-delta(eps) = E_Q[(1 - e^{eps + L})_+]. Each is the mean of variables in [0, 1], so its one-sided
-Chernoff bound (P(mean <= a) <= exp(-m KL(a || d)) when the true mean is d > a, the Bernoulli case
-being the worst) gives an upper bound that holds with probability at least 1 - beta / 2 in each
-direction: the reported delta, the larger of the two, fails with probability at most beta. Read
-at a delta, epsilon is the smallest with both bounds at most delta; the bounds fall with
-epsilon, so it too fails with probability at most beta.
+delta(eps) = E_Q[(1 - e^{eps + L})_+] (the two directions share their Gaussian noise, which leaves
+each direction's samples independent of one another). Each is the mean of variables in [0, 1], so
+its one-sided Chernoff bound (P(mean <= a) <= exp(-m KL(a || d)) when the true mean is d > a, the
+Bernoulli case being the worst) gives an upper bound that holds with probability at least
+1 - beta / 2 in each direction: the reported delta, the larger of the two, fails with probability
+at most beta (a union bound, whatever the directions' dependence). Read at a delta, epsilon is the
+smallest with both bounds at most delta; the bounds fall with epsilon, so it too fails with
+probability at most beta.
 
 These are high-probability bounds, not certified ones: they come back as :class:`MonteCarloBound`
 records, with their failure probability, and are never composed with PLDs.
