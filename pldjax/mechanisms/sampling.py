@@ -306,7 +306,8 @@ class Mixture(Sampling):
         _, (shift,) = noise.pair(Neighboring.ADD_REMOVE, pessimistic)
         scales, probs = self._present_components()
         # concrete parameters on the host: no small compiled program per operation
-        xp = jnp if is_traced((scales, probs)) else np
+        traced = is_traced((scales, probs))
+        xp = jnp if traced else np
         scales = xp.asarray(scales, xp.float64)
         probs = xp.asarray(probs, xp.float64)
         probs = probs / xp.sum(probs, axis=-1, keepdims=True)
@@ -319,7 +320,7 @@ class Mixture(Sampling):
         still = xp.where(q < 1, (1 - rounded) / xp.where(q < 1, 1 - q, 1.0), 1.0)
         probs = probs * xp.where(moves, rounded / xp.where(q > 0, q, 1.0), still)
         reveal = xp.zeros(probs.shape[:-1], xp.float64)
-        if pessimistic and not is_traced((scales, probs)):
+        if pessimistic and not traced:
             scales, probs, reveal = _folded(scales, probs)
         count = scales.shape[-1]
         params = (reveal, shift, *(scales[..., k] for k in range(count)),
