@@ -68,6 +68,12 @@ def run(name: str, argv: list[str]) -> str:
     # unless a smoke run; read when pldjax is imported
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     os.environ["PLDJAX_COMPILATION_CACHE"] = harness.DEFAULT_CACHE or "0"
+    # this process's warm calls are the compiled kernels' (a process runs its first small
+    # accounting calls in NumPy, up to pldjax.core.compilation.HOST_WORK grid points); its fresh
+    # processes start as a user's does
+    if "PLDJAX_HOST_WORK" not in os.environ:
+        os.environ["PLDJAX_HOST_WORK"] = "0"
+        harness.PARENT_ONLY.add("PLDJAX_HOST_WORK")
     # on an accelerator, this process allocates memory as it needs it, leaving the rest to its
     # fresh processes (which allocate as a user's process does)
     if "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:

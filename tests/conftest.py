@@ -14,6 +14,11 @@ os.environ.setdefault("PLDJAX_COMPILATION_CACHE", "0")
 # first calls compile for seconds: their notices on stderr would reach the tests that read it
 # (tests/core/test_notice.py turns them back on)
 os.environ.setdefault("PLDJAX_QUIET", "1")
+# small accounting calls run in NumPy until a process has done some host work, then compile:
+# which of the two a test's call gets would depend on the tests run before it in its process
+# (values alike to round-off only), so every call compiles (tests/accounting/test_dpsgd.py turns
+# the host work back on)
+os.environ.setdefault("PLDJAX_HOST_WORK", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

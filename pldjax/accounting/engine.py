@@ -46,11 +46,16 @@ from pldjax.accounting.planner import (
 )
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import (
+    HOST_POINTS,
+    HOST_ROWS,
     MappingGuard,
+    array_module,
     compiling_ahead,
     cores,
     exported_jit,
+    host_work,
     map_in_threads,
+    map_rows,
 )
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
@@ -113,13 +118,14 @@ def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, targe
                           pessimistic, evaluate):
     """Each row's count-fold composition (its PMF wrapped to the window,
     :func:`~pldjax.kernels.compose.wrap_rows`), read at its target: one compiled shape per (rows,
-    window size)."""
+    window size). Its function itself (``_compose_and_evaluate.__wrapped__``) runs on NumPy rows
+    in NumPy (a bool ``pessimistic``)."""
     kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
     probs, composed_inf, start = compose_wrapped_rows(
         wrapped, summary, inf_mass, offset, step, count, exponents,
         tail=composition_tail(target, evaluate), pessimistic=pessimistic,
     )
-    return jax.vmap(lambda p, m, o, h, t: kernel(p, m, o, h, t[None], pessimistic)[0])(
+    return map_rows(lambda p, m, o, h, t: kernel(p, m, o, h, t[None], pessimistic)[0])(
         probs, composed_inf, start, step, target)
 
 
@@ -144,7 +150,7 @@ def _placement_rows(probs, offset, step, count, target, evaluate):
         lo, hi = summary_window(summary, o, h, c, tail, exponents)
         return lo, hi, exponents, summary
 
-    return jax.vmap(one)(probs, offset, step, count, target)
+    return map_rows(one)(probs, offset, step, count, target)
 
 
 def _placed_rows(probs, inf_mass, offset, step, count, target, *, directions: int, evaluate: str):
@@ -153,9 +159,11 @@ def _placed_rows(probs, inf_mass, offset, step, count, target, *, directions: in
     their windows placed (:func:`_placement_rows`; ``count`` and ``target`` in that order):
     (probs, inf_mass, offset, step, lo, hi, exponents, summary). It runs in the program of the
     masses, which is queued behind the curve's without a round trip through the host."""
+    xp = array_module(probs)
+
     def by_direction(a):
         a = a.reshape((-1, directions) + a.shape[1:])
-        return jnp.moveaxis(a, 1, 0).reshape((-1,) + a.shape[2:])
+        return xp.moveaxis(a, 1, 0).reshape((-1,) + a.shape[2:])
 
     probs, inf_mass, offset, step = (by_direction(a) for a in (probs, inf_mass, offset, step))
     return (probs, inf_mass, offset, step,
@@ -204,7 +212,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     accelerator the device has work while the host places. ``remedy``: what an error about a
     window that cannot be placed tells the caller to change. ``ahead``: only start compiling the
     chunk's discretization programs (:func:`~pldjax.core.compilation.compiling_ahead`); returns
-    None.
+    None. Where ``compositions.host``, the chunk is discretized, placed and composed in NumPy.
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
     # small program to compile, or to load from the cache, per process)
@@ -224,7 +232,8 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     discretize = functools.partial(
         direction_arrays, Directions(mechanism, tuple(params), both), grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size,
-        then=_placement(directions, evaluate), extra=(row_counts, row_targets), steps=grid_steps)
+        then=_placement(directions, evaluate), extra=(row_counts, row_targets), steps=grid_steps,
+        host=compositions.host)
     if ahead:
         with compiling_ahead():
             discretize()
@@ -281,12 +290,19 @@ class _Compositions:
     shape per size): a full call, or the power of two at or above ``rows``, the most rows the
     accounting call has (a single configuration's two directions composed 64 rows of 131,072
     points otherwise).
+
+    ``host`` (a small call on a CPU, see :func:`_on_host`): every row is composed in NumPy by
+    the kernel's own function, one row a call, in the worker threads; nothing is compiled.
+    ``host_points`` counts the grid points composed there.
     """
 
-    def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int):
+    def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int,
+                 host: bool = False):
         self._sharding = sharding
         self._devices = 1 if sharding is None else len(jax.devices())
-        self._gathers = sharding is None and _keeps_chunks_on_device()
+        self.host = host and sharding is None
+        self.host_points = 0
+        self._gathers = sharding is None and _keeps_chunks_on_device() and not self.host
         self.host_glue = sharding is None and not self._gathers
         self._xp = np if self.host_glue else jnp
         #: The composition size for a window of ``width`` points (:func:`composition_size`), or
@@ -300,7 +316,8 @@ class _Compositions:
         self._pending: dict[int, list] = {}
         self._results: list = []
         # on a CPU, calls in worker threads (see the class docstring)
-        self._worker_count = min(cores(), COMPOSE_WORKERS) if self.host_glue and rows > 2 else 1
+        self._worker_count = (min(cores(), COMPOSE_WORKERS)
+                              if self.host_glue and rows > (1 if self.host else 2) else 1)
         self._workers = (ThreadPoolExecutor(self._worker_count, "pldjax-compose")
                          if self._worker_count > 1 else None)
         self._running: collections.deque[Future] = collections.deque()
@@ -317,7 +334,7 @@ class _Compositions:
         full call where they are more than two (a call of two rows is the last one of a size
         that gets no more), or of two rows where the whole accounting call has no more. Not when
         sharded."""
-        if size in self._sizes_seen or self._sharding is not None:
+        if size in self._sizes_seen or self._sharding is not None or self.host:
             return
         if not self._gathers and self._total_rows > 2 and rows <= 2:
             return  # perhaps a call of two rows at the end, perhaps a full one: not known yet
@@ -338,6 +355,8 @@ class _Compositions:
 
     def _call_rows(self, size: int) -> int:
         """The rows of one composition call of ``size`` (see the class docstring)."""
+        if self.host:
+            return 1
         most = _rows_per_call(size, self._devices)
         return min(most, grid_lib.next_pow2(self._total_rows)) if self._gathers else most
 
@@ -364,7 +383,7 @@ class _Compositions:
     def flush(self) -> None:
         """Compose every row still queued; read back every value."""
         for size, pending in self._pending.items():
-            most = _rows_per_call(size, self._devices)
+            most = self._call_rows(size)
             while pending:
                 self._run(size, most)
         while self._running:
@@ -392,6 +411,9 @@ class _Compositions:
         # two compiled shapes per window size at most, and one where a full call's program is
         # there already (a sweep's last rows of a size: a few rows padded, not one more program)
         batch = min(most, 2) if len(sinks) <= 2 and size not in self._full_sizes else most
+        if self.host:
+            batch = len(sinks)
+            self.host_points += batch * size
         if batch == most:
             self._full_sizes.add(size)
         batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
@@ -411,10 +433,12 @@ class _Compositions:
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def _compose(self, arrays, sinks) -> None:
-        got = np.asarray(_compose_and_evaluate(
-            arrays[0], PMFSummary(*arrays[1:6]), *arrays[6:11], tuple(arrays[11:]),
-            **self._options,
-        ))
+        compose = _compose_and_evaluate.__wrapped__ if self.host else _compose_and_evaluate
+        with np.errstate(all="ignore"):  # in NumPy: log(0) = -inf and the like, as in XLA
+            got = np.asarray(compose(
+                arrays[0], PMFSummary(*arrays[1:6]), *arrays[6:11], tuple(arrays[11:]),
+                **self._options,
+            ))
         for value, (values, index) in zip(got, sinks, strict=False):
             values[index] = value
 
@@ -459,7 +483,14 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
                    ahead=False, **kwargs):
     """The configurations ``order`` (one mechanism grid size; ``grid_steps``: every
     configuration's own grid step, or None: ``grid``'s), in chunks: yields each chunk's
-    (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`)."""
+    (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`); on the
+    host (``compositions.host``) one chunk of them all."""
+    if kwargs["compositions"].host:  # one chunk, nothing compiled: no padding
+        yield order, _account_chunk(
+            [p[order] for p in params], steps[order], target[order], sharding=sharding,
+            mechanism_size=mechanism_size,
+            grid_steps=None if grid_steps is None else grid_steps[order], **kwargs)
+        return
     devices = 1 if sharding is None else len(jax.devices())
     on_device = _keeps_chunks_on_device()
     configs, elements = ((ACCELERATOR_CHUNK, ACCELERATOR_CHUNK_ELEMENTS) if on_device
@@ -566,10 +597,6 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     else:
         lattice = lattice_steps(event, shape, pessimistic) if grid is None else None
         group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
-    sharding = _sharding()
-    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate,
-                                 rows=(2 if both else 1) * max(len(active), 1))
-
     # the mechanism grid each configuration gets alone: a chunk is discretized at its largest
     # member's size, so no configuration is slower (or on another grid) in a batch
     sizes = np.zeros(active.shape[0], np.int64)
@@ -584,6 +611,10 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
             None if half_widths is None else half_widths[in_group])
     grid_steps = np.zeros(steps_arr.shape[0])
     grid_steps[active] = group_steps
+    rows = (2 if both else 1) * max(len(active), 1)
+    sharding = _sharding()
+    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate,
+                                 rows=rows, host=_on_host(mechanism, grid, rows, sizes))
 
     def chunks(ahead=False):  # each chunk's discretization queued as the loop asks for it
         # configurations of one size share chunks: on the automatic grid, or each on its own
@@ -625,8 +656,8 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     # one is placed, so that the device works while the host places (on a CPU, which computes
     # as fast either way, it would only hold two chunks at once)
     ahead = 0 if compositions.host_glue else 1
-    if sharding is None:  # every group's discretization programs start compiling at once
-        for _ in chunks(ahead=True):
+    if sharding is None and not compositions.host:  # every group's discretization programs
+        for _ in chunks(ahead=True):                  # start compiling at once
             pass
     try:
         for chunk in chunks():
@@ -638,10 +669,24 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         compositions.flush()
     finally:
         compositions.close()
+        if compositions.host:
+            host_work.spend(rows * int(np.max(sizes, initial=0)) + compositions.host_points)
     for idx, finish in finishers:
         out[idx] = finish()[: len(idx)]
 
     return _finished(out, shape, evaluate, pessimistic)
+
+
+def _on_host(mechanism, grid: Grid | None, rows: int, sizes) -> bool:
+    """Whether an accounting call of ``rows`` rows on mechanism grids of ``sizes`` runs in NumPy
+    on the host (:class:`_Compositions`' ``host``): on one device (a CPU, or an accelerator
+    whose compiling would take as long), for a mechanism whose functions run in NumPy,
+    connect-the-dots, small (at most HOST_ROWS rows and HOST_POINTS mechanism grid points),
+    while the process has host work left (:class:`~pldjax.core.compilation.HostWork`). Its
+    values are the compiled kernels' to round-off (the same windows, grids and steps)."""
+    return (len(jax.devices()) == 1 and mechanism.host
+            and (grid or Grid()).rounding == "connect_dots" and rows <= HOST_ROWS
+            and rows * int(np.max(sizes, initial=0)) <= HOST_POINTS and host_work.left())
 
 
 def _pure_epsilons(event: Event, shape, members, steps, *, pessimistic, grid) -> np.ndarray:

@@ -16,10 +16,10 @@ import functools
 import math
 from collections.abc import Callable
 
-import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
+from pldjax.core.compilation import array_module
 from pldjax.core.grid import Grid
 from pldjax.core.validation import check_range
 from pldjax.kernels.discretize import mechanism_half_widths, mechanism_sizes
@@ -60,9 +60,10 @@ def composition_tail(target, evaluate: str):
     """The mass each composition's window may leave outside (see TAIL_FRACTION): a fraction of
     the delta that ``evaluate == "epsilon"`` reads at (never below grid.TAIL_MASS), and
     grid.TAIL_MASS where delta is the unknown result."""
+    xp = array_module(target)
     if evaluate != "epsilon":
-        return jnp.full_like(target, grid_lib.TAIL_MASS)
-    return jnp.maximum(target * TAIL_FRACTION, grid_lib.TAIL_MASS)
+        return xp.full_like(target, grid_lib.TAIL_MASS)
+    return xp.maximum(target * TAIL_FRACTION, grid_lib.TAIL_MASS)
 
 
 def loss_spread(sigma, q):

@@ -642,7 +642,8 @@ def window(mechanism: LossTails, params, tail):
 
 
 def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
-                      fixed: bool, rounding, then: Callable | None = None, extra: tuple = ()):
+                      fixed: bool, rounding, then: Callable | None = None, extra: tuple = (),
+                      host: bool = False):
     """A batch of mechanisms (``params``, ``tail`` and ``step``: flat arrays, see :func:`window`)
     -> (probs, inf_mass, offset, step), each batched; each one's ``step`` (nats; data, so that new
     values compile nothing) is used when ``fixed``, else each one's automatic step. Vmapped
@@ -666,17 +667,19 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     program per shape whatever the mechanism (in one program they compiled in 2.2 s a shape).
 
     Small connect-the-dots work (at most HOST_ROWS rows and HOST_POINTS points in all, NumPy
-    inputs, no ``then``) of a mechanism whose functions run in NumPy (``host``) is computed on
-    the host row by row (:func:`_host_row`): no program to compile."""
+    inputs) of a mechanism whose functions run in NumPy (``mechanism.host``) is computed on the
+    host row by row (:func:`_host_row`): no program to compile. With a ``then``, only where the
+    caller asks for it (``host``: ``then`` runs on NumPy rows, in NumPy)."""
     options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
     rows = tail.shape[0]
-    if (then is None and rounding == "connect_dots" and mechanism.host
+    then = then or _grid_masses
+    if ((then is _grid_masses or host) and rounding == "connect_dots" and mechanism.host
             and rows <= HOST_ROWS and rows * size <= HOST_POINTS
             and all(array_module(a) is np for a in (*params, tail, step))):
         with np.errstate(all="ignore"):  # log(0) = -inf and the like, as in XLA
-            return map_rows(functools.partial(_host_row, size=size, **options))(params, tail,
+            rows = map_rows(functools.partial(_host_row, size=size, **options))(params, tail,
                                                                                 step)
-    then = then or _grid_masses
+            return then(*rows, *extra)
     if pessimistic and rounding == "connect_dots":
         values, offset, h = _in_tiles(_curve_kernel, params, tail, step, size=size, **options)
         return _masses_kernel(values, offset, h, extra, size=size, rows=tail.shape[0],
@@ -963,7 +966,7 @@ def _check_step(step: float, size: int, pessimistic: bool) -> None:
 
 def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimistic: bool,
                       tail=None, size: int | None = None, then: Callable | None = None,
-                      extra: tuple = (), steps=None) -> tuple:
+                      extra: tuple = (), steps=None, host: bool = False) -> tuple:
     """(probs, inf_mass, offset, step) of ``mechanism``'s (single-direction) PLD, batched over
     the broadcast ``params`` and ``tail`` (the mass of P each window may leave outside, see
     :func:`window`; None: 0, the default windows); ``size``: the grid size when the caller has
@@ -973,7 +976,8 @@ def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimist
     instead, computed on the flat rows in the program of their masses and left where they are
     (untrimmed; see :func:`_mechanism_kernel`). ``steps``: concrete grid steps (nats)
     broadcasting with ``params``, each element's own, in place of ``grid.step`` (with ``size``:
-    elements on different steps share one call)."""
+    elements on different steps share one call). ``host``: small work with a ``then`` runs in
+    NumPy too (see :func:`_mechanism_kernel`)."""
     traced = is_traced((params, tail))
     xp = jnp if traced else np
     # on the host: no small compiled kernels for each array operation
@@ -991,7 +995,7 @@ def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimist
     out = _mechanism_kernel(
         flat, flat_tail, fixed_steps, mechanism=mechanism, size=size,
         pessimistic=bool(pessimistic), fixed=fixed, rounding=grid.rounding, then=then,
-        extra=extra,
+        extra=extra, host=host,
     )
     if then is not None:
         return out

@@ -183,6 +183,113 @@ def test_first_call_compiles_only_the_kernels():
                                     "jit(_compose_and_evaluate)", "jit(option_probe)"]), names
 
 
+def _on_the_host(monkeypatch, points: int = 10**15):
+    """Small accounting calls run in NumPy on the host from here on (the test run compiles them,
+    PLDJAX_HOST_WORK=0): a budget of ``points`` grid points, none spent yet."""
+    from pldjax.core import compilation
+
+    monkeypatch.setenv("PLDJAX_HOST_WORK", str(points))
+    monkeypatch.setattr(compilation.host_work, "done", 0)
+
+
+#: Small accounting calls that run on the host where the process has host work left, each with
+#: what it exercises there: both directions, one (replace-one), the optimistic estimate, delta,
+#: a grid step from rtol, an exact lattice (integer noise), bounded noise read at delta = 0 and
+#: above, configurations on mechanism grids of different sizes, and a configuration without steps.
+_HOST_CALLS = {
+    "dpsgd epsilon": lambda: pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5),
+    "optimistic delta, two sizes": lambda: pj.dpsgd_delta(
+        [0.6, 2.0], 0.01, [1000, 0], 2.0, pessimistic=False),
+    "replace-one at rtol": lambda: pj.dpsgd_epsilon(1.5, 0.02, 500, 1e-6, neighboring="replace_one",
+                                                    rtol=1e-2),
+    "lattice": lambda: pj.event_delta(pj.Event(pj.noise.DiscreteLaplace([2.0, 3.0])), 10, 1.0),
+    "laplace, pure and not": lambda: pj.event_epsilon(
+        pj.Event(pj.noise.Laplace(2.0), pj.sampling.Poisson(0.1)), 20, [0.0, 1e-6]),
+}
+
+
+@pytest.mark.parametrize("call", [
+    name if name == "dpsgd epsilon" else pytest.param(name, marks=pytest.mark.slow)
+    for name in _HOST_CALLS])
+def test_small_calls_on_the_host_give_the_compiled_values(monkeypatch, call):
+    """While the process has host work left, a small accounting call runs in NumPy and compiles
+    nothing (no accounting kernel is called): the same windows, grids and steps as its compiled
+    kernels, so the same values to round-off."""
+    compiled = _HOST_CALLS[call]()
+    _on_the_host(monkeypatch)
+    calls = _kernel_calls(monkeypatch)
+    on_host = _HOST_CALLS[call]()
+    assert not calls, list(calls)
+    np.testing.assert_allclose(on_host, compiled, rtol=1e-9, atol=1e-300)
+
+
+def test_host_work_is_spent_then_the_kernels_compile(monkeypatch):
+    """Host work is counted in grid points (the mechanisms' and the composition windows'): once
+    the budget is spent, calls compile their kernels, with the same values to round-off."""
+    from pldjax.core import compilation
+
+    _on_the_host(monkeypatch, points=1)
+    calls = _kernel_calls(monkeypatch)
+    on_host = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+    assert not calls
+    # two directions of 16,384 mechanism points, composed on windows of 98,304
+    assert compilation.host_work.done == 2 * 16_384 + 2 * 98_304
+    assert not compilation.host_work.left()
+    compiled = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+    assert calls["_compose_and_evaluate"]
+    assert compiled == pytest.approx(on_host, rel=1e-9)
+
+
+def test_on_an_accelerator_small_calls_run_on_the_host_too(monkeypatch):
+    from pldjax.accounting import engine
+
+    compiled = pj.dpsgd_epsilon([1.0, 2.0], 0.01, 1000, 1e-5)
+    _on_the_host(monkeypatch)
+    monkeypatch.setattr(engine, "_keeps_chunks_on_device", lambda: True)
+    calls = _kernel_calls(monkeypatch)
+    on_host = pj.dpsgd_epsilon([1.0, 2.0], 0.01, 1000, 1e-5)
+    assert not calls
+    np.testing.assert_allclose(on_host, compiled, rtol=1e-9)
+
+
+def test_host_work_without_a_budget_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("PLDJAX_HOST_WORK", "lots")
+    with pytest.raises(ValueError, match="PLDJAX_HOST_WORK must be a whole number"):
+        pj.dpsgd_epsilon(1.0, 0.01, 100, 1e-5)
+
+
+def test_accounting_on_the_host_ignores_the_callers_x64(monkeypatch):
+    _on_the_host(monkeypatch)
+    with_x64 = pj.dpsgd_epsilon([1.0, 3.0], 0.01, 1000, 1e-5)
+    jax.config.update("jax_enable_x64", False)
+    try:
+        without = pj.dpsgd_epsilon([1.0, 3.0], 0.01, 1000, 1e-5)
+    finally:
+        jax.config.update("jax_enable_x64", True)
+    np.testing.assert_array_equal(without, with_x64)
+
+
+def test_a_new_process_answers_its_first_small_calls_without_compiling(monkeypatch):
+    monkeypatch.delenv("PLDJAX_HOST_WORK", raising=False)
+    names, printed = programs_of_a_new_process("""
+        import pldjax as pj
+        print(pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5), pj.dpsgd_delta(2.0, 0.02, 100, 1.0))
+    """)
+    assert names == []
+    epsilon, delta = map(float, printed.split())
+    assert epsilon == pytest.approx(6.1879, abs=1e-4) and 0 < delta < 1e-3
+
+
+@pytest.mark.slow
+def test_larger_calls_compile_whatever_the_host_work_left(monkeypatch):
+    """More rows than compilation.HOST_ROWS (here 9 configurations of two directions) run
+    compiled, as every call does once the host work is spent."""
+    _on_the_host(monkeypatch)
+    calls = _kernel_calls(monkeypatch)
+    pj.dpsgd_epsilon(np.linspace(1.0, 2.0, 9), 0.01, 1000, 1e-5)
+    assert calls["_compose_and_evaluate"]
+
+
 def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
     """The composition kernel compiles once per (rows, window size): each PMF is wrapped to its
     window on the host first, so mechanisms on grids of different lengths share its shapes (a
