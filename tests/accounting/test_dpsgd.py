@@ -252,6 +252,14 @@ def test_on_an_accelerator_small_calls_run_on_the_host_too(monkeypatch):
     np.testing.assert_allclose(on_host, compiled, rtol=1e-9)
 
 
+def test_on_the_host_a_batch_gives_each_single_calls_value(monkeypatch):
+    _on_the_host(monkeypatch)
+    sigmas, steps = [0.8, 2.0, 1.0], [10_000, 300, 10_000]
+    batch = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    alone = [pj.dpsgd_epsilon(s, 0.01, t, 1e-5) for s, t in zip(sigmas, steps, strict=True)]
+    np.testing.assert_array_equal(batch, alone)
+
+
 def test_host_work_without_a_budget_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("PLDJAX_HOST_WORK", "lots")
     with pytest.raises(ValueError, match="PLDJAX_HOST_WORK must be a whole number"):
