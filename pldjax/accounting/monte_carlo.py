@@ -41,7 +41,7 @@ from pldjax.core.compilation import cores, kernel_jit, map_in_threads
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, check_range
+from pldjax.core.validation import check_count, check_range, check_single
 
 #: Samples drawn per compiled call in each direction up to min_sep = 256 (a fixed shape: one
 #: program per min_sep; see chunk_size).
@@ -197,8 +197,16 @@ def _upper_confidence(estimate, samples: int, failure: float):
     return high
 
 
-def _checked(noise_multiplier, sampling_prob, steps, min_sep, samples, failure_probability,
-             key):
+def _checked(function, target, noise_multiplier, sampling_prob, steps, min_sep, samples,
+             failure_probability, key, warm_start):
+    """The arguments of ``function`` (``target``: its epsilon or delta, (name, value)) checked,
+    as (mu, sampling_prob, steps, min_sep, samples, key) in Python numbers."""
+    for name, value in (target, ("noise_multiplier", noise_multiplier),
+                        ("sampling_prob", sampling_prob), ("steps", steps), ("min_sep", min_sep),
+                        ("samples", samples), ("key", key)):
+        check_single(function, name, value)
+    if not isinstance(warm_start, bool | np.bool_):
+        raise ValueError(f"warm_start must be True or False, got {warm_start!r}")
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("failure_probability", failure_probability, 0.0, 1.0, low_open=True,
@@ -270,9 +278,10 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
       not certified: never compose it with PLDs), beside the plain ``estimate`` (no guarantee),
       ``failure_probability`` and ``samples``; plain Python numbers.
     """
+    mu, p, steps, min_sep, samples, key = _checked(
+        "monte_carlo_delta", ("epsilon", epsilon), noise_multiplier, sampling_prob, steps,
+        min_sep, samples, failure_probability, key, warm_start)
     check_range("epsilon", epsilon, 0.0)
-    mu, p, steps, min_sep, samples, key = _checked(noise_multiplier, sampling_prob, steps,
-                                                   min_sep, samples, failure_probability, key)
     directions = _directions(mu, p, steps, min_sep, warm_start, samples, key)
     bound, estimate = _read(directions, samples, failure_probability, float(epsilon))
     return MonteCarloBound(float(epsilon), bound, estimate, float(failure_probability), samples)
@@ -313,9 +322,10 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
       largest epsilon searched when inf, no guarantee); ``failure_probability`` and ``samples``;
       plain Python numbers.
     """
+    mu, p, steps, min_sep, samples, key = _checked(
+        "monte_carlo_epsilon", ("delta", delta), noise_multiplier, sampling_prob, steps,
+        min_sep, samples, failure_probability, key, warm_start)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
-    mu, p, steps, min_sep, samples, key = _checked(noise_multiplier, sampling_prob, steps,
-                                                   min_sep, samples, failure_probability, key)
     directions = _directions(mu, p, steps, min_sep, warm_start, samples, key)
 
     def result(eps):

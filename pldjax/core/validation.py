@@ -42,6 +42,18 @@ def refuse_traced(function: str, values, inside_jit: str) -> None:
                          f"or vmap; {inside_jit}")
 
 
+def check_single(function: str, name: str, value) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is one concrete number: ``function``
+    reads it on the host (so it cannot run under jit or vmap) and takes one configuration a
+    call. Its range is :func:`check_range`'s to check."""
+    if is_traced(value):
+        raise ValueError(f"{function} reads {name} on the host, so it cannot run under jit or "
+                         "vmap: call it with concrete values")
+    if np.ndim(value) != 0:
+        raise ValueError(f"{name} must be a single number (one configuration a call), got an "
+                         f"array of shape {np.shape(value)}")
+
+
 def check_range(
     name: str,
     value,

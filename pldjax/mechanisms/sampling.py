@@ -43,7 +43,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import binomial_pmf
-from pldjax.core.validation import check_count, is_traced, within
+from pldjax.core.validation import check_count, check_single, is_traced, within
 from pldjax.kernels.discretize import LossTails, window
 from pldjax.mechanisms import subsampling
 from pldjax.mechanisms.neighboring import Neighboring
@@ -288,6 +288,7 @@ class Mixture(Sampling):
         if count > MAX_BINOMIAL_COUNT:
             raise ValueError(f"count must be an integer in [1, {MAX_BINOMIAL_COUNT}] (a memory "
                              f"guard: one component a value of K), got {count}")
+        check_single("Mixture.binomial", "sampling_prob", sampling_prob)
         check_parameter("sampling_prob", sampling_prob, 0.0, high=1.0)
         q = float(sampling_prob)
         k = np.arange(count + 1, dtype=np.float64)

@@ -36,7 +36,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, check_range
+from pldjax.core.validation import check_count, check_range, check_single
 from pldjax.kernels.compose import CompositionTooWide
 from pldjax.mechanisms.neighboring import Neighboring
 
@@ -135,6 +135,7 @@ def shuffling_lower_bound(noise_multiplier: float, steps_per_epoch: int, epochs:
       :class:`~pldjax.kernels.compose.CompositionTooWide` (a ValueError) when its window does not
       fit; a coarser ``grid`` step helps there.
     """
+    check_single("shuffling_lower_bound", "noise_multiplier", noise_multiplier)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     sigma = float(noise_multiplier)
     batches = check_count("steps_per_epoch", steps_per_epoch, minimum=1)

@@ -93,6 +93,9 @@ def test_epsilon_is_where_the_delta_bound_meets_the_target():
     ((1.0, 0.1, 10, 2, -1.0), "epsilon"),
     ((1.0, 0.1, 10, 10**6, 1.0), "min_sep"),
     ((1.0, 0.1, 10**9, 2, 1.0), "samples"),
+    ((np.array([1.0, 2.0]), 0.1, 10, 2, 1.0), "noise_multiplier must be a single number"),
+    ((1.0, np.array([0.1, 0.2]), 10, 2, 1.0), "sampling_prob must be a single number"),
+    ((1.0, 0.1, 10, 2, np.array([1.0, 2.0])), "epsilon must be a single number"),
 ])
 def test_bad_arguments_are_refused_by_name(arguments, named):
     with pytest.raises(ValueError, match=named):
@@ -114,3 +117,16 @@ def test_a_calls_cooldown_buffer_stays_under_256_mib(min_sep):
     size = monte_carlo.chunk_size(min_sep)
     assert (min_sep - 1) * 2 * size * 8 < 2**28
     assert size == monte_carlo.CHUNK or size * 2 * min_sep > 2**24  # no smaller than it must be
+
+
+@pytest.mark.parametrize("warm_start", ["False", None, 0, np.array([True])])
+def test_a_warm_start_that_is_no_bool_is_refused(warm_start):
+    """A string "False" is truthy: read as a bool it would give the warm start's lower delta
+    where the cold start was meant."""
+    with pytest.raises(ValueError, match="warm_start must be True or False"):
+        pj.monte_carlo_epsilon(1.0, 0.1, 10, 2, 1e-3, samples=1000, warm_start=warm_start)
+
+
+def test_inside_jit_the_sampler_refuses_by_name():
+    with pytest.raises(ValueError, match="monte_carlo_epsilon reads noise_multiplier on the host"):
+        jax.jit(lambda s: pj.monte_carlo_epsilon(s, 0.1, 10, 2, 1e-3, samples=1000).epsilon)(1.0)

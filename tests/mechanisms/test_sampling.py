@@ -4,6 +4,7 @@
 import itertools
 import logging
 
+import jax
 import mpmath as mp
 import numpy as np
 import pytest
@@ -177,6 +178,10 @@ def test_mixture_binomial_user_level():
     (lambda: pj.privacy_loss(pj.noise.Laplace(1.0), pj.sampling.Mixture([0, 1], [0.5, 0.5])),
      "location family"),
     (lambda: pj.sampling.Poisson(1.5), "sampling_prob"),
+    (lambda: pj.sampling.Mixture.binomial(np.array([0.1, 0.2]), 3),
+     "sampling_prob must be a single number"),
+    (lambda: jax.jit(lambda q: pj.sampling.Mixture.binomial(q, 3).probs)(0.1),
+     "Mixture.binomial reads sampling_prob on the host"),
     (lambda: pj.sampling.FixedBatch(-0.1), "sampling_prob"),
     (lambda: pj.privacy_loss(pj.noise.RandomizedResponse(1.0), pj.sampling.Poisson(0.1)),
      "no subsampled form"),

@@ -90,6 +90,7 @@ def test_shuffled_training_can_be_far_less_private_than_its_poisson_accounting()
     (dict(epochs=0), "epochs"),
     (dict(neighboring="add_remove"), "neighboring"),
     (dict(neighboring="sideways"), "neighboring"),
+    (dict(noise_multiplier=np.array([1.0, 2.0])), "noise_multiplier must be a single number"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, name):
     arguments = dict(noise_multiplier=1.0, steps_per_epoch=10, epochs=1) | kwargs
@@ -109,3 +110,8 @@ def test_extremes_give_a_sound_bound_or_a_clear_refusal_whatever_the_x64_setting
     off = float(pj.shuffling_lower_bound(1.0, 1000, 2).epsilon(1e-5))
     jax.config.update("jax_enable_x64", True)
     assert off == float(pj.shuffling_lower_bound(1.0, 1000, 2).epsilon(1e-5))
+
+
+def test_inside_jit_the_lower_bound_refuses_by_name():
+    with pytest.raises(ValueError, match="shuffling_lower_bound reads noise_multiplier on the host"):
+        jax.jit(lambda s: pj.shuffling_lower_bound(s, 10).epsilon(1e-5))(1.0)
