@@ -105,6 +105,12 @@ _RELATION = {_NR.ADD_OR_REMOVE_ONE: Neighboring.ADD_REMOVE, _NR.REPLACE_ONE: Nei
              _NR.REPLACE_SPECIAL: Neighboring.REPLACE_SPECIAL}
 
 
+def _check_relation(name: str, value) -> None:
+    """A ValueError naming ``name`` unless ``value`` is a ``dp_accounting.NeighboringRelation``."""
+    if value not in _RELATION:
+        raise ValueError(f"{name} must be one of {list(_RELATION)}, got {value!r}")
+
+
 # -- small exact PLDs -----------------------------------------------------------------------------
 def _discrete_tails(losses, masses):
     """Tails of a PLD with finitely many losses L_i of P-masses m_i (Q-masses m_i e^{-L_i}):
@@ -454,9 +460,7 @@ def to_event(event, neighboring_relation: _NR = _NR.ADD_OR_REMOVE_ONE) -> Event:
     pldjax noise: the accountant builds its PLD with :func:`k_randomized_response`); ValueError
     for a non-private event and for parameters out of range (naming the field).
     """
-    if neighboring_relation not in _RELATION:
-        raise ValueError(f"neighboring_relation must be one of {list(_RELATION)}, "
-                         f"got {neighboring_relation!r}")
+    _check_relation("neighboring_relation", neighboring_relation)
     if isinstance(event, _ev.ComposedDpEvent | _ev.SelfComposedDpEvent):
         raise _dpa.UnsupportedEventError(f"{type(event).__name__} is a composition, not one event")
     described = _describe(event, neighboring_relation)
@@ -490,9 +494,7 @@ class PLDAccountant(_dpa_pld.PLDAccountant):
 
     def __init__(self, neighboring_relation: _NR = _NR.ADD_OR_REMOVE_ONE,
                  value_discretization_interval: float = 1e-4):
-        if neighboring_relation not in _RELATION:
-            raise ValueError(f"neighboring_relation must be one of {list(_RELATION)}, "
-                             f"got {neighboring_relation!r}")
+        _check_relation("neighboring_relation", neighboring_relation)
         check_range("value_discretization_interval", value_discretization_interval, 0.0,
                     low_open=True)
         super().__init__(neighboring_relation, value_discretization_interval)
@@ -745,11 +747,14 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
 
     Refused by name with a ValueError: b-min-sep (Monte Carlo bounds only:
     :func:`pldjax.accounting.monte_carlo.monte_carlo_epsilon`), balls-in-bins (no dp_accounting
-    event: :func:`batch_selection_accounting` accounts for it), and any other object. Requires
-    the ``jax-privacy`` package."""
+    event: :func:`batch_selection_accounting` accounts for it), and any other object. The event
+    does not carry ``neighboring`` (dp_accounting's events hold none): compose it only into an
+    accountant of that relation (jax-privacy's ``DpsgdTrainingAccountant`` is add/remove).
+    Requires the ``jax-privacy`` package."""
     from jax_privacy import batch_selection
     from jax_privacy.experimental import accounting as events
 
+    _check_relation("neighboring", neighboring)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     dataset_size = check_count("dataset_size", dataset_size, minimum=1)
     name = type(strategy).__name__
@@ -819,6 +824,7 @@ def batch_selection_accounting(strategy, noise_multiplier: float, dataset_size: 
     """
     from jax_privacy import batch_selection
 
+    _check_relation("neighboring", neighboring)
     if isinstance(strategy, batch_selection.BallsInBinsSampling):
         check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
         check_count("dataset_size", dataset_size, minimum=1)

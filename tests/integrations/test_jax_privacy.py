@@ -208,9 +208,15 @@ def test_batch_selection_event_names_bad_arguments():
 
     for args, name in (((bs.CyclicPoissonSampling(0.01, 10), -1.0, 100), "noise_multiplier"),
                        ((bs.CyclicPoissonSampling(0.01, 10), 1.0, 0), "dataset_size"),
-                       ((pj.sampling.Poisson(0.01), 1.0, 100), "Poisson")):
+                       ((pj.sampling.Poisson(0.01), 1.0, 100), "Poisson"),
+                       ((bs.CyclicPoissonSampling(0.01, 10), 1.0, 100, "add_remove"),
+                        "neighboring must be one of")):
         with pytest.raises(ValueError, match=name):
             pj.dp_accounting.batch_selection_event(*args)
+    # a relation given as a string, not the strategy, is what is wrong
+    with pytest.raises(ValueError, match="neighboring must be one of"):
+        pj.dp_accounting.batch_selection_accounting(bs.BallsInBinsSampling(5, 2), 1.0, 1000,
+                                                    "add_remove")
 
 
 def test_balls_in_bins_accounting_brackets_jax_privacys_monte_carlo():
