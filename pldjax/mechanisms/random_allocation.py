@@ -54,7 +54,11 @@ jointly convex, so the blocked composition dominates (the pessimistic PLD). Each
 the meet of its lattice PLD and the Gaussian bound of one selection (:func:`_meet`: the lower
 convex hull of their curves' minimum), so that where the lattice's round-off bounds outweigh the
 tail (blocks of 10^5 steps or more, or a tail too heavy for any lattice) the composition over
-thousands of blocks stays finite. The optimistic PLD
+thousands of blocks stays finite. The epoch is then held to the Gaussian bound of k selections
+(sqrt(k) mu, the adversary also told which steps): where its curve lies below the composition's
+somewhere, the meet of the two, or the bound itself where it is the lower one (k of the order of
+t / 2, whose k-fold composition, rounded up at every fold, ended several times above it). The
+optimistic PLD
 is a lattice statistic again, with k tilted coordinates, but not of the sum: the pair's
 likelihood ratio is now the mean over k-subsets A of prod_{i in A} Z_i, close to Poisson
 sampling's at rate q = k / t, prod_i (1 - q + q Z_i) = (1 - q)^t prod_i (1 + c Z_i) with
@@ -502,7 +506,7 @@ def _direction_pairs(lattice: PLD, gaussian: PLD) -> list[tuple[PLD, PLD]]:
     return list(zip(lattice.directions(), symmetric, strict=True))
 
 
-def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
+def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
     """A pessimistic PLD (both directions) on multiples of ``step`` below both of two that
     dominate one pair: where the lattice's round-off bounds (about steps times 1e-13 of mass
     spread over its points) outweigh the tail, the Gaussian bound's curve is the lower one. The
@@ -511,13 +515,16 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD:
     dominates the pair (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where
     the first of the two ends (its +inf atom is the hull's value there) and starts where both
     have begun, within MAX_MECHANISM_SIZE points (losses below it are moved up into it: the
-    lattice's lowest points hold its round-off bounds, not mass)."""
+    lattice's lowest points hold its round-off bounds, not mass). None where that window is
+    empty (one PLD's window lies wholly above the other's end)."""
     from pldjax.mechanisms.named import from_privacy_curve
 
     pairs = _direction_pairs(lattice, gaussian)
     top = max(min(_window_end(a), _window_end(b)) for a, b in pairs)
     bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs),
                  top - (grid_lib.MAX_MECHANISM_SIZE - 2) * step)
+    if top <= bottom:
+        return None
 
     def hull_of_minimum(a: PLD, b: PLD):
         def curve(z):
@@ -614,6 +621,34 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
             continue
         part = _gaussian_bound(mu, size, 1, True, grid)
         if size > 1 and _lattice(mu, size, 1) is not None:
-            part = _meet(_one_selection(mu, size, step), part, step)
+            met = _meet(_one_selection(mu, size, step), part, step)
+            part = part if met is None else met
         parts.append(part if count == 1 else part.self_compose(count))
-    return parts[0] if len(parts) == 1 else parts[0].compose(parts[1])
+    epoch = parts[0] if len(parts) == 1 else parts[0].compose(parts[1])
+    # the blocks' k-fold composition, each fold rounded up on its grid, can end above the
+    # Gaussian bound where k is large (sigma 1, 5 x 10^5 of 10^6 steps: epsilon 1.2e6 against
+    # its 2.5e5); both dominate the pair, so the lower (or their meet) does
+    gaussian = _gaussian_bound(mu, steps, selected, True, grid)
+    below = _below(gaussian, epoch)
+    crossing = np.any(below) and not np.all(below) and len(epoch.directions()) == 2
+    met = _meet(epoch, gaussian, step) if crossing else None
+    if met is not None:
+        return met
+    return gaussian if np.mean(below) > 0.5 else epoch
+
+
+#: Losses at which :func:`_below` compares two curves.
+_COMPARED_POINTS = 64
+
+
+def _below(bound: PLD, pld: PLD) -> np.ndarray:
+    """Where ``bound``'s curve (one symmetric direction) lies below ``pld``'s by more than
+    round-off, at _COMPARED_POINTS losses across each direction's window of ``pld`` (directions x
+    points, bools)."""
+    out = []
+    (b,) = bound.directions()
+    for a in pld.directions():
+        z = np.linspace(_window_start(a), _window_end(a), _COMPARED_POINTS)
+        with np.errstate(under="ignore"):  # far out in a window the curves are 0 or 1 - e^z
+            out.append(_curve_at(b, z) < _curve_at(a, z) * (1.0 - 1e-9))
+    return np.array(out)
