@@ -684,10 +684,11 @@ HOST_ROWS = 16
 #: Grid points (rows x points, of the mechanisms discretized and the windows composed) of small
 #: accounting calls that a process runs in NumPy on the host before it compiles the accounting
 #: kernels (see :class:`HostWork`): a first DP-SGD epsilon (sigma 1, q 0.01, T 10^4: 229,376
-#: points) then takes 0.3 s in a fresh process instead of 3-5 s of compiling, and about 0.1 s
-#: warm, where the compiled call takes 0.02 s. This many points are about 3 s of NumPy work on a
-#: 2-core CPU, about what the compiled kernels take to compile: a loop of many calls spends at
-#: most that on the host before it compiles, a session of a few calls never compiles.
+#: points) then takes 0.2-0.35 s in a fresh process instead of 5-7 s of compiling, and 0.04-0.12 s
+#: warm, where the compiled call takes 0.024-0.03 s (2-core CPU). This many points are a few
+#: seconds of NumPy work there, about what the compiled kernels take to compile: a loop of many
+#: calls spends at most that on the host before it compiles, a session of a few calls never
+#: compiles.
 HOST_WORK = 2**23
 
 
