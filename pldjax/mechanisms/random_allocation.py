@@ -625,6 +625,8 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
             part = part if met is None else met
         parts.append(part if count == 1 else part.self_compose(count))
     epoch = parts[0] if len(parts) == 1 else parts[0].compose(parts[1])
+    if selected == 1:  # its one block has met this Gaussian bound already
+        return epoch
     # the blocks' k-fold composition, each fold rounded up on its grid, can end above the
     # Gaussian bound where k is large (sigma 1, 5 x 10^5 of 10^6 steps: epsilon 1.2e6 against
     # its 2.5e5); both dominate the pair, so the lower (or their meet) does
