@@ -66,7 +66,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.align import align
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
-from pldjax.core.mass import settle
+from pldjax.core.mass import take_from_bottom
 from pldjax.core.pld import PLD, from_rows
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range
@@ -186,8 +186,14 @@ def _envelope(probs, curves, z, step):
     # as excesses at z < 0, where the curve near 1 has lost the digits that differ)
     below = jnp.where(z < 0, excess - _excess_on_grid(out, z, step),
                       curve - grid_deltas(out, out_inf, step))
-    shortfall = jnp.max(below)
-    return settle(out, out_inf, 0.0, jnp.maximum(shortfall, 0.0), True)
+    out_inf = jnp.minimum(out_inf + jnp.maximum(jnp.max(below), 0.0), 1.0)
+    # the mass beyond 1 (that moved, and round-off) comes from the bottom; a deficit, round-off
+    # of about 1e-16, is spread over the masses as masses_from_curve spreads one (raising delta
+    # in proportion): in the +inf atom it was a floor under delta at every epsilon
+    finite = jnp.sum(out)
+    spare = finite + out_inf - 1.0
+    return (jnp.where(spare > 0, take_from_bottom(out, spare),
+                      out * ((1.0 - out_inf) / jnp.where(finite > 0, finite, 1.0))), out_inf)
 
 
 @float64

@@ -271,7 +271,8 @@ def test_one_step_curve_has_no_floor(relation):
     """The one-step curve falls with epsilon as dp_accounting's does, at or below it up to
     float64's round-off: an atom at +inf of 5.6e-9 (add/remove) once held delta(eps) at 5.6e-9 for
     eps = 2, 4 and 8 alike (dp_accounting: 1.3e-9, 3.8e-13, 1.3e-22), the round-off of forming
-    the envelope's values near 1 divided by the step. Above the optimistic estimate throughout."""
+    the envelope's values near 1 divided by the step, and the masses' round-off deficit (1.2e-16,
+    add/remove) once went there too. Above the optimistic estimate throughout."""
     rel = {"replace_special": NeighboringRelation.REPLACE_SPECIAL,
            "replace_one": NeighboringRelation.REPLACE_ONE,
            "add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE}[relation]
@@ -283,9 +284,9 @@ def test_one_step_curve_has_no_floor(relation):
     eps = np.linspace(0.0, 12.0, 25)
     ours = np.asarray(pld.delta(eps), np.float64)
     reference = np.array([theirs.get_delta_for_epsilon(e) for e in eps])
-    assert np.all(ours <= reference * 1.01 + 1e-13)
+    assert np.all(ours <= reference * 1.01 + 1e-16)
     assert np.all(ours >= np.asarray(low.delta(eps), np.float64))
-    assert max(float(d.inf_mass) for d in pld.directions()) < 1e-13
+    assert max(float(d.inf_mass) for d in pld.directions()) < 1e-16
     assert np.isfinite(float(pld.epsilon(1e-12)))
 
 
