@@ -33,22 +33,20 @@ def is_traced(x) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
-def refuse_traced(function: str, values, inside_jit: str) -> None:
-    """Raise a ValueError naming ``function`` when any of ``values`` is traced: an accounting
-    function that picks its grids (shapes) from the values cannot run under jit or vmap;
-    ``inside_jit`` says what to use there instead."""
+def refuse_traced(function: str, values, inside_jit: str,
+                  why: str = "picks its grids from the values") -> None:
+    """Raise a ValueError naming ``function`` when any of ``values`` is traced: ``function``
+    needs them on the host (``why``: by default, it picks its grids, shapes, from them), so it
+    cannot run under jit or vmap; ``inside_jit`` says what to do instead."""
     if is_traced(values):
-        raise ValueError(f"{function} picks its grids from the values and cannot run under jit "
-                         f"or vmap; {inside_jit}")
+        raise ValueError(f"{function} {why} and cannot run under jit or vmap; {inside_jit}")
 
 
 def check_single(function: str, name: str, value) -> None:
     """Raise a ValueError naming ``name`` unless ``value`` is one concrete number: ``function``
     reads it on the host (so it cannot run under jit or vmap) and takes one configuration a
     call. Its range is :func:`check_range`'s to check."""
-    if is_traced(value):
-        raise ValueError(f"{function} reads {name} on the host, so it cannot run under jit or "
-                         "vmap: call it with concrete values")
+    refuse_traced(function, value, "call it with concrete values", f"reads {name} on the host")
     if np.ndim(value) != 0:
         raise ValueError(f"{name} must be a single number (one configuration a call), got an "
                          f"array of shape {np.shape(value)}")
