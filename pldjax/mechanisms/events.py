@@ -22,6 +22,7 @@ import numpy as np
 
 from pldjax.core.compilation import on_host, to_device
 from pldjax.core.grid import Grid
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
 from pldjax.core.validation import is_traced
@@ -50,6 +51,7 @@ def _directions(
     return sampling.directions(noise, neighboring, pessimistic)
 
 
+@announces_slow_calls("pldjax.privacy_loss")
 @float64
 def privacy_loss(
     noise: Noise,

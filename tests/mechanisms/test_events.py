@@ -1,4 +1,5 @@
 import math
+import time
 
 import jax
 import mpmath as mp
@@ -17,7 +18,9 @@ from reference import (
 )
 
 import pldjax as pj
+from pldjax.core import notice
 from pldjax.kernels import discretize
+from pldjax.mechanisms import truncated_poisson
 
 EPS = np.array([0.0, 0.1, 0.5, 1.0, 2.0, 3.0, 4.5])
 
@@ -404,3 +407,25 @@ def test_direction_arrays_then_gets_the_flat_rows_in_the_masses_program():
                                    atol=1e-15)
         np.testing.assert_allclose(scaled, plain[1].T.reshape(-1) * np.arange(1.0, 5.0),
                                    rtol=1e-9, atol=1e-300)
+
+
+def test_a_pld_that_takes_seconds_to_build_says_so(monkeypatch, capsys):
+    """privacy_loss (and Event.pld) speak like the accounting calls when they run long: a
+    truncated-Poisson PLD of 10^8 records took 6-26 s, silent."""
+    monkeypatch.delenv("PLDJAX_QUIET", raising=False)
+    monkeypatch.setattr(notice, "NOTICE_AFTER", 0.05)
+    monkeypatch.setattr(notice, "_POLL", 0.01)
+    tightest = truncated_poisson.tightest
+
+    def slow_tightest(plds):
+        time.sleep(0.3)
+        return tightest(plds)
+
+    monkeypatch.setattr(truncated_poisson, "tightest", slow_tightest)
+    event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.TruncatedPoisson(0.01, 1000, 20),
+                     "replace_special")
+    event.pld()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith("pldjax.privacy_loss is still running after 0.05 s")
+    assert err[1].startswith("pldjax.privacy_loss done in ")
