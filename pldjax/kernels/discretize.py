@@ -49,6 +49,7 @@ from pldjax.core.compilation import (
     on_host,
 )
 from pldjax.core.grid import Grid
+from pldjax.core.mass import take_from_bottom
 from pldjax.core.validation import is_traced
 
 
@@ -144,7 +145,8 @@ def _cummax(x):
     return np.maximum.accumulate(x, axis=-1) if array_module(x) is np else jax.lax.cummax(x, x.ndim - 1)
 
 
-def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: bool = True):
+def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: bool = True,
+                      surplus_from_bottom: bool = False):
     """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points)
     and reaches 1 - ``below`` at x = 0 (``below``: mass dropped to -inf by an optimistic estimate).
 
@@ -161,6 +163,10 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     lowered a pessimistic curve below the truth (by 5e-11 for R_{1.95,0.05} on a 2^-10 grid).
     A surplus larger than the masses at losses <= 0 means the masses are round-off (a step far
     finer than the curve's digits allow): the pessimistic estimate is then all mass at +inf.
+    ``surplus_from_bottom``: a surplus is taken from the lowest losses instead
+    (:func:`~pldjax.core.mass.take_from_bottom`), which lowers the curve only below them, for a
+    caller that checks the curve at every grid point (truncated Poisson's envelope, where the
+    surplus of clipping, 1e-13, taken at all losses <= 0 came back as an atom at +inf).
     """
     xp = array_module(curve)
     curve = _cummin(xp.clip(curve, 0.0, 1.0))
@@ -203,7 +209,10 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     low_mass = xp.sum(xp.where(low, probs, 0.0))
     surplus = total - target
     keep = xp.clip(1.0 - surplus / xp.where(low_mass > 0, low_mass, 1.0), 0.0, 1.0)
-    probs = xp.where(low & (surplus > 0), probs * keep, probs)
+    if surplus_from_bottom:
+        probs = take_from_bottom(probs, xp.maximum(surplus, 0.0), xp)
+    else:
+        probs = xp.where(low & (surplus > 0), probs * keep, probs)
     # a surplus beyond the masses at losses <= 0 is round-off, not mass: on a step so fine that
     # the values' round-off (about u / step a mass, clipped at 0) outweighs the masses, e.g.
     # Grid(step=1e-9) for the Gaussian of sigma 1, whose masses summed to 1.07. Nothing can be

@@ -180,7 +180,7 @@ def _envelope(probs, curves, z, step):
                     jnp.concatenate([jnp.zeros((1,)), jnp.min(excesses, axis=0)])])
     curve, excess = jax.vmap(lower_hull_at, in_axes=(None, 0))(xs, ys)[:, 1:]
     excess = jnp.where((z < 0) & jnp.isfinite(excess), excess, curve + jnp.expm1(z))
-    out, out_inf = masses_from_curve(curve, step, excess, z)
+    out, out_inf = masses_from_curve(curve, step, excess, z, surplus_from_bottom=True)
     # round-off in the masses may leave the rebuilt curve a little below the envelope: move that
     # much mass from the bottom to +inf, which raises delta by it at every grid point (compared
     # as excesses at z < 0, where the curve near 1 has lost the digits that differ)

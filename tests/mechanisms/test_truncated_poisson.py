@@ -284,10 +284,22 @@ def test_one_step_curve_has_no_floor(relation):
     eps = np.linspace(0.0, 12.0, 25)
     ours = np.asarray(pld.delta(eps), np.float64)
     reference = np.array([theirs.get_delta_for_epsilon(e) for e in eps])
-    assert np.all(ours <= reference * 1.01 + 1e-16)
+    assert np.all(ours <= reference * 1.01 + 1e-15)
     assert np.all(ours >= np.asarray(low.delta(eps), np.float64))
-    assert max(float(d.inf_mass) for d in pld.directions()) < 1e-16
+    assert max(float(d.inf_mass) for d in pld.directions()) < 1e-15
     assert np.isfinite(float(pld.epsilon(1e-12)))
+
+
+def test_likely_truncation_leaves_no_floor_either():
+    """Batches cut at their expected size (B = nq, truncated half of the time): the envelope's
+    masses are rebuilt from a curve with long chords, whose round-off clipped at zero left a
+    surplus of mass; taken from every loss <= 0 it lowered the curve there, which came back as an
+    atom at +inf of 6.3e-14 a step (zero-out). Taken from the lowest losses, the atom stays at
+    round-off."""
+    for relation in ("replace_special", "add_remove"):
+        pld = truncated_poisson_gaussian(1.0, 0.01, 100_000, 1000, neighboring=relation)
+        assert max(float(d.inf_mass) for d in pld.directions()) < 1e-15
+        assert np.isfinite(float(pld.epsilon(1e-13)))
 
 
 @pytest.mark.slow
