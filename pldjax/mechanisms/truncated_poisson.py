@@ -317,9 +317,10 @@ def _analysis(parts: list[tuple[float, PLD]]) -> PLD:
     less likely than NEGLIGIBLE_COMPONENT (as for a mixture of shifts) are folded into the +inf
     atom, which raises delta by their weight at every epsilon (their windows, up to +-16 nats at
     twice the sensitivity, stretched the common grid of TruncatedPoisson(1e-4, 10^8, 12,000), with
-    weights of 1e-84, to 2^23 points)."""
-    rare = sum(w for w, _ in parts if w < NEGLIGIBLE_COMPONENT)
-    parts = [(w, pld) for w, pld in parts if w >= NEGLIGIBLE_COMPONENT]
+    weights of 1e-84, to 2^23 points); the identity, on one point, widens nothing and stays."""
+    folded = [w < NEGLIGIBLE_COMPONENT and pld.size > 1 for w, pld in parts]
+    rare = sum(w for (w, _), fold in zip(parts, folded, strict=True) if fold)
+    parts = [part for part, fold in zip(parts, folded, strict=True) if not fold]
     if rare > 0:
         parts.append((rare, PLD(np.zeros(1), np.float64(1.0), np.int64(0), np.float64(1.0), True)))
     if len(parts) == 1:
