@@ -46,8 +46,6 @@ from pldjax.accounting.planner import (
 )
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import (
-    HOST_POINTS,
-    HOST_ROWS,
     MappingGuard,
     array_module,
     compiling_ahead,
@@ -73,7 +71,7 @@ from pldjax.kernels.compose import (
     window_widths,
     wrap_rows,
 )
-from pldjax.kernels.discretize import MECHANISM_KERNELS
+from pldjax.kernels.discretize import MECHANISM_KERNELS, fits_on_host
 from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
 from pldjax.mechanisms.events import Event, direction_arrays, distinct_configurations
 from pldjax.mechanisms.noise import Noise
@@ -680,13 +678,14 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
 def _on_host(mechanism, grid: Grid | None, rows: int, sizes) -> bool:
     """Whether an accounting call of ``rows`` rows on mechanism grids of ``sizes`` runs in NumPy
     on the host (:class:`_Compositions`' ``host``): on one device (a CPU, or an accelerator
-    whose compiling would take as long), for a mechanism whose functions run in NumPy,
-    connect-the-dots, small (at most HOST_ROWS rows and HOST_POINTS mechanism grid points),
-    while the process has host work left (:class:`~pldjax.core.compilation.HostWork`). Its
-    values are the compiled kernels' to round-off (the same windows, grids and steps)."""
-    return (len(jax.devices()) == 1 and mechanism.host
-            and (grid or Grid()).rounding == "connect_dots" and rows <= HOST_ROWS
-            and rows * int(np.max(sizes, initial=0)) <= HOST_POINTS and host_work.left())
+    whose compiling would take as long), for a discretization that is host work
+    (:func:`~pldjax.kernels.discretize.fits_on_host`), while the process has host work left
+    (:class:`~pldjax.core.compilation.HostWork`). Its values are the compiled kernels' to
+    round-off (the same windows, grids and steps)."""
+    return (len(jax.devices()) == 1
+            and fits_on_host(mechanism, (grid or Grid()).rounding, rows,
+                             int(np.max(sizes, initial=0)))
+            and host_work.left())
 
 
 def _pure_epsilons(event: Event, shape, members, steps, *, pessimistic, grid) -> np.ndarray:

@@ -709,8 +709,7 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
     rows = tail.shape[0]
     then = then or _grid_masses
-    if ((then is _grid_masses or host) and rounding == "connect_dots" and mechanism.host
-            and rows <= HOST_ROWS and rows * size <= HOST_POINTS
+    if ((then is _grid_masses or host) and fits_on_host(mechanism, rounding, rows, size)
             and all(array_module(a) is np for a in (*params, tail, step))):
         with np.errstate(all="ignore"):  # log(0) = -inf and the like, as in XLA
             rows = map_rows(functools.partial(_host_row, size=size, **options))(params, tail,
@@ -725,6 +724,14 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     return _tails_masses_kernel(at_points, offset, h, atom, top, extra, size=size,
                                 rows=tail.shape[0], pessimistic=pessimistic, rounding=rounding,
                                 then=then)
+
+
+def fits_on_host(mechanism: LossTails, rounding: str, rows: int, size: int) -> bool:
+    """Whether discretizing ``rows`` rows of ``size`` points of ``mechanism`` with ``rounding``
+    is host work (:func:`_mechanism_kernel`): connect-the-dots, a mechanism whose functions run
+    in NumPy, at most HOST_ROWS rows and HOST_POINTS points in all."""
+    return (rounding == "connect_dots" and mechanism.host and rows <= HOST_ROWS
+            and rows * size <= HOST_POINTS)
 
 
 def _host_row(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
