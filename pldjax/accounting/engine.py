@@ -71,7 +71,7 @@ from pldjax.kernels.compose import (
     window_widths,
     wrap_rows,
 )
-from pldjax.kernels.discretize import MECHANISM_KERNELS, fits_on_host
+from pldjax.kernels.discretize import MECHANISM_KERNELS, runs_on_host
 from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
 from pldjax.mechanisms.events import Event, direction_arrays, distinct_configurations
 from pldjax.mechanisms.noise import Noise
@@ -85,6 +85,18 @@ from pldjax.mechanisms.sampling import Directions
 #: together they bound the memory in use.
 CHUNK = 32
 CHUNK_ELEMENTS = 2**18
+#: The most mechanism grid points of one chunk discretized on the host (see :func:`_on_host`),
+#: where rows are discretized one by one and their masses kept until the call is placed.
+HOST_CHUNK_ELEMENTS = 2**22
+#: Most rows a call discretizes on the host per distinct mechanism grid size: NumPy takes about
+#: 5 ms a row (mostly its per-operation cost, on rows of 2^11-2^17 points; in threads it took
+#: longer), where each size's compiled masses program takes 1-3 s to compile (2-core CPU). The
+#: sweep of 1,024 sigmas (2,048 rows on 5 sizes) took 10.6 s on the host, 8 s compiling.
+HOST_ROWS_PER_SIZE = 256
+#: Most grid points a process composes in NumPy at one composition size, over all its calls
+#: (about 90 ns a point there, 2-core CPU, where compiling that size takes 1-3 s): then, and for
+#: rows that would go beyond, the compiled kernel (see :func:`_account_chunk`).
+HOST_SIZE_POINTS = 2**24
 COMPOSE_ELEMENTS = 2**23
 #: On a CPU, small windows share a composition call up to this many grid points (see
 #: :func:`_rows_per_call`).
@@ -210,7 +222,10 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     accelerator the device has work while the host places. ``remedy``: what an error about a
     window that cannot be placed tells the caller to change. ``ahead``: only start compiling the
     chunk's discretization programs (:func:`~pldjax.core.compilation.compiling_ahead`); returns
-    None. Where ``compositions.host``, the chunk is discretized, placed and composed in NumPy.
+    None. Where ``compositions.host``, the chunk is discretized and placed in NumPy, and so are
+    its rows composed at each size of at most HOST_SIZE_POINTS points that the process may
+    still compose on the host (a size's compiled program is a ski rental's purchase: a process
+    composes that many points at the size in NumPy before it compiles the size's program).
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
     # small program to compile, or to load from the cache, per process)
@@ -256,12 +271,19 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
             _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
         values = np.zeros(sizes.shape[0])
         scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
-        needed = [checked_size(int(size), "dpsgd accounting", "steps", remedy)
-                  for size in np.unique(sizes[first])]
-        for size in needed:  # every new composition shape starts compiling at once
-            compositions.compile_ahead(size, probs, scalars, int(np.sum(sizes[first] == size)))
-        for size in needed:
-            compositions.add(size, probs, scalars, first[sizes[first] == size], values)
+        rows_of_size = {checked_size(int(size), "dpsgd accounting", "steps", remedy):
+                        first[sizes[first] == size] for size in np.unique(sizes[first])}
+        # a host call's sizes, fewest points first, composed in NumPy while they fit in the
+        # process's host work and in their own share of it
+        on_host = {size for size, rows in sorted(rows_of_size.items(),
+                                                 key=lambda item: len(item[1]) * item[0])
+                   if compositions.host and host_work.claim(
+                       len(rows) * size, ("composition", size), HOST_SIZE_POINTS)}
+        for size, rows in rows_of_size.items():  # every new composition shape starts
+            if size not in on_host:                # compiling at once
+                compositions.compile_ahead(size, probs, scalars, len(rows))
+        for size, rows in rows_of_size.items():
+            compositions.add(size, probs, scalars, rows, values, size in on_host)
 
         def finish():
             return np.max(values[first][same.reshape(-1)].reshape(directions, -1), axis=0)
@@ -289,9 +311,9 @@ class _Compositions:
     accounting call has (a single configuration's two directions composed 64 rows of 131,072
     points otherwise).
 
-    ``host`` (a small call on a CPU, see :func:`_on_host`): every row is composed in NumPy by
-    the kernel's own function, one row a call, in the worker threads; nothing is compiled.
-    ``host_points`` counts the grid points composed there.
+    ``host`` (a call discretized on the host, see :func:`_on_host`): the glue runs in NumPy, and
+    the rows of the sizes its caller chooses are composed in NumPy by the kernel's own function,
+    one row a call, in the worker threads, with nothing to compile.
     """
 
     def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int,
@@ -299,7 +321,6 @@ class _Compositions:
         self._sharding = sharding
         self._devices = 1 if sharding is None else len(jax.devices())
         self.host = host and sharding is None
-        self.host_points = 0
         self._gathers = sharding is None and _keeps_chunks_on_device() and not self.host
         self.host_glue = sharding is None and not self._gathers
         self._xp = np if self.host_glue else jnp
@@ -332,7 +353,7 @@ class _Compositions:
         full call where they are more than two (a call of two rows is the last one of a size
         that gets no more), or of two rows where the whole accounting call has no more. Not when
         sharded."""
-        if size in self._sizes_seen or self._sharding is not None or self.host:
+        if size in self._sizes_seen or self._sharding is not None:
             return
         if not self._gathers and self._total_rows > 2 and rows <= 2:
             return  # perhaps a call of two rows at the end, perhaps a full one: not known yet
@@ -353,16 +374,22 @@ class _Compositions:
 
     def _call_rows(self, size: int) -> int:
         """The rows of one composition call of ``size`` (see the class docstring)."""
-        if self.host:
-            return 1
         most = _rows_per_call(size, self._devices)
         return min(most, grid_lib.next_pow2(self._total_rows)) if self._gathers else most
 
-    def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray) -> None:
+    def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray,
+            on_host: bool = False) -> None:
         """Queue the rows ``rows`` of a chunk (on one accelerator: start their composition) from
         its PMFs ``probs`` (rows, mechanism grid) and ``scalars`` (summary, inf_mass, offset,
         step, count, target, exponents; each with a leading rows axis); their values go to
-        values[rows] by :meth:`flush` at the latest."""
+        values[rows] by :meth:`flush` at the latest. ``on_host``: composed in NumPy (a
+        ``host`` call's), one row a call."""
+        if on_host:
+            for row in rows:
+                arrays = [wrap_rows(np, probs[row:row + 1], size),
+                          *(column[row:row + 1] for column in scalars)]
+                self._submit(arrays, [(values, row)], on_host=True)
+            return
         most = self._call_rows(size)
         if self._gathers:
             for begin in range(0, len(rows), most):
@@ -409,9 +436,6 @@ class _Compositions:
         # two compiled shapes per window size at most, and one where a full call's program is
         # there already (a sweep's last rows of a size: a few rows padded, not one more program)
         batch = min(most, 2) if len(sinks) <= 2 and size not in self._full_sizes else most
-        if self.host:
-            batch = len(sinks)
-            self.host_points += batch * size
         if batch == most:
             self._full_sizes.add(size)
         batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
@@ -421,17 +445,20 @@ class _Compositions:
             columns.append([xp.repeat(column[-1:], repeat, axis=0) for column in columns[-1]])
         arrays = [parts[0] if len(parts) == 1 else xp.concatenate(parts)
                   for parts in [wrapped, *zip(*columns, strict=True)]]
-        arrays = _place(arrays, self._sharding)
+        self._submit(_place(arrays, self._sharding), sinks)
+
+    def _submit(self, arrays, sinks, on_host: bool = False) -> None:
+        """Compose one call's ``arrays`` (in a worker thread where there are workers)."""
         if self._workers is None:
-            self._compose(arrays, sinks)
+            self._compose(arrays, sinks, on_host)
             return
         while len(self._running) >= 2 * self._worker_count:  # bounded memory
             self._running.popleft().result()
-        self._running.append(self._workers.submit(self._compose, arrays, sinks))
+        self._running.append(self._workers.submit(self._compose, arrays, sinks, on_host))
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
-    def _compose(self, arrays, sinks) -> None:
-        compose = _compose_and_evaluate.__wrapped__ if self.host else _compose_and_evaluate
+    def _compose(self, arrays, sinks, on_host: bool) -> None:
+        compose = _compose_and_evaluate.__wrapped__ if on_host else _compose_and_evaluate
         with np.errstate(all="ignore"):  # in NumPy: log(0) = -inf and the like, as in XLA
             got = np.asarray(compose(
                 arrays[0], PMFSummary(*arrays[1:6]), *arrays[6:11], tuple(arrays[11:]),
@@ -482,12 +509,15 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     """The configurations ``order`` (one mechanism grid size; ``grid_steps``: every
     configuration's own grid step, or None: ``grid``'s), in chunks: yields each chunk's
     (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`); on the
-    host (``compositions.host``) one chunk of them all."""
-    if kwargs["compositions"].host:  # one chunk, nothing compiled: no padding
-        yield order, _account_chunk(
-            [p[order] for p in params], steps[order], target[order], sharding=sharding,
-            mechanism_size=mechanism_size,
-            grid_steps=None if grid_steps is None else grid_steps[order], **kwargs)
+    host (``compositions.host``) in chunks of up to HOST_CHUNK_ELEMENTS points, unpadded."""
+    if kwargs["compositions"].host:  # nothing compiled: no padding
+        chunk = max(1, HOST_CHUNK_ELEMENTS // mechanism_size)
+        for begin in range(0, len(order), chunk):
+            idx = order[begin:begin + chunk]
+            yield idx, _account_chunk(
+                [p[idx] for p in params], steps[idx], target[idx], sharding=sharding,
+                mechanism_size=mechanism_size,
+                grid_steps=None if grid_steps is None else grid_steps[idx], **kwargs)
         return
     devices = 1 if sharding is None else len(jax.devices())
     on_device = _keeps_chunks_on_device()
@@ -609,10 +639,12 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
             None if half_widths is None else half_widths[in_group])
     grid_steps = np.zeros(steps_arr.shape[0])
     grid_steps[active] = group_steps
-    rows = (2 if both else 1) * max(len(active), 1)
+    directions = 2 if both else 1
+    rows = directions * max(len(active), 1)
     sharding = _sharding()
-    compositions = _Compositions(sharding=sharding, pessimistic=pessimistic, evaluate=evaluate,
-                                 rows=rows, host=_on_host(mechanism, grid, rows, sizes))
+    compositions = _Compositions(
+        sharding=sharding, pessimistic=pessimistic, evaluate=evaluate, rows=rows,
+        host=_on_host(mechanism, grid, rows, sizes, directions * int(np.sum(sizes))))
 
     def chunks(ahead=False):  # each chunk's discretization queued as the loop asks for it
         # configurations of one size share chunks: on the automatic grid, or each on its own
@@ -667,25 +699,25 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         compositions.flush()
     finally:
         compositions.close()
-        if compositions.host:
-            host_work.spend(rows * int(np.max(sizes, initial=0)) + compositions.host_points)
     for idx, finish in finishers:
         out[idx] = finish()[: len(idx)]
 
     return _finished(out, shape, evaluate, pessimistic)
 
 
-def _on_host(mechanism, grid: Grid | None, rows: int, sizes) -> bool:
-    """Whether an accounting call of ``rows`` rows on mechanism grids of ``sizes`` runs in NumPy
-    on the host (:class:`_Compositions`' ``host``): on one device (a CPU, or an accelerator
-    whose compiling would take as long), for a discretization that is host work
-    (:func:`~pldjax.kernels.discretize.fits_on_host`), while the process has host work left
-    (:class:`~pldjax.core.compilation.HostWork`). Its values are the compiled kernels' to
-    round-off (the same windows, grids and steps)."""
+def _on_host(mechanism, grid: Grid | None, rows: int, sizes, points: int) -> bool:
+    """Whether an accounting call of ``rows`` rows on mechanism grids of ``sizes``, ``points``
+    grid points in all, is discretized and placed in NumPy on the host (:class:`_Compositions`'
+    ``host``): on one device (a CPU, or an accelerator whose compiling would take as long), for
+    a discretization that runs there (:func:`~pldjax.kernels.discretize.runs_on_host`), of at
+    most HOST_ROWS_PER_SIZE rows per distinct size, where the process's host work
+    (:class:`~pldjax.core.compilation.HostWork`) still holds those points (counted as spent
+    here). Its values are the compiled kernels' to round-off (the same windows, grids and
+    steps)."""
     return (len(jax.devices()) == 1
-            and fits_on_host(mechanism, (grid or Grid()).rounding, rows,
-                             int(np.max(sizes, initial=0)))
-            and host_work.left())
+            and runs_on_host(mechanism, (grid or Grid()).rounding)
+            and rows <= HOST_ROWS_PER_SIZE * max(len(np.unique(sizes)), 1)
+            and host_work.claim(points))
 
 
 def _pure_epsilons(event: Event, shape, members, steps, *, pessimistic, grid) -> np.ndarray:

@@ -30,6 +30,7 @@ with :data:`FAST_COMPILE` unless the kernel runs slower with it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -41,7 +42,7 @@ import os
 import threading
 import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -681,24 +682,27 @@ def to_device(array):
 HOST_POINTS = 2**20
 HOST_ROWS = 16
 
-#: Grid points (rows x points, of the mechanisms discretized and the windows composed) of small
+#: Grid points (rows x points, of the mechanisms discretized and the windows composed) of
 #: accounting calls that a process runs in NumPy on the host before it compiles the accounting
-#: kernels (see :class:`HostWork`): a first DP-SGD epsilon (sigma 1, q 0.01, T 10^4: 229,376
-#: points) then takes 0.2-0.35 s in a fresh process instead of 5-7 s of compiling, and 0.04-0.12 s
-#: warm, where the compiled call takes 0.024-0.03 s (2-core CPU). This many points are a few
-#: seconds of NumPy work there, about what the compiled kernels take to compile: a loop of many
-#: calls spends at most that on the host before it compiles, a session of a few calls never
-#: compiles.
-HOST_WORK = 2**23
+#: kernels (see :class:`HostWork`): NumPy does about 5 million of them a second on 2 cores, about
+#: 4x slower than the compiled kernels but with nothing to compile, where each new shape of a
+#: kernel takes 1-3 s to compile there. A first DP-SGD epsilon (sigma 1, q 0.01, T 10^4: 229,376
+#: points) takes 0.2-0.35 s in a fresh process instead of 5-7 s; 256 random configurations (41
+#: million points) 8 s instead of 27-30 s. This many points are about 13 s of NumPy work, about
+#: what the programs of a sweep take to compile: a loop of many calls spends at most that on the
+#: host before it compiles, a session of a few calls never compiles.
+HOST_WORK = 2**26
 
 
 class HostWork:
-    """The grid points of small accounting calls this process has run in NumPy on the host
+    """The grid points of accounting calls this process has run in NumPy on the host
     (``done``), against its budget: HOST_WORK, or ``$PLDJAX_HOST_WORK`` where set (a whole
-    number; 0: every accounting call compiles its kernels, from the first)."""
+    number; 0: every accounting call compiles its kernels, from the first); and of that, the
+    points run in place of each compiled program (``rents``)."""
 
     def __init__(self):
         self.done = 0
+        self.rents: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
 
     @property
@@ -711,14 +715,24 @@ class HostWork:
                              f"{configured!r}")
         return int(configured)
 
-    def left(self) -> bool:
-        """Whether a small accounting call may still run on the host."""
-        return self.done < self.budget
+    def left(self) -> int:
+        """Grid points the process may still run on the host."""
+        return max(self.budget - self.done, 0)
 
-    def spend(self, points: int) -> None:
-        """Count ``points`` grid points run on the host."""
+    def claim(self, points: int, program: Hashable = None, price: int = 0) -> bool:
+        """Count ``points`` grid points to be run on the host, if they fit in what is left and,
+        for work done in place of a compiled ``program``, in its ``price`` (the most points run
+        in its place, as long as it stays uncompiled: a ski rental); whether they did."""
+        budget = self.budget
         with self._lock:
+            if self.done + points > budget:
+                return False
+            if program is not None and self.rents[program] + points > price:
+                return False
             self.done += points
+            if program is not None:
+                self.rents[program] += points
+            return True
 
 
 #: This process's :class:`HostWork`.

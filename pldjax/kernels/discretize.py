@@ -702,14 +702,16 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
     estimates are two calls likewise: the mechanism's tails, and the masses from them, one
     program per shape whatever the mechanism (in one program they compiled in 2.2 s a shape).
 
-    Small connect-the-dots work (at most HOST_ROWS rows and HOST_POINTS points in all, NumPy
-    inputs) of a mechanism whose functions run in NumPy (``mechanism.host``) is computed on the
-    host row by row (:func:`_host_row`): no program to compile. With a ``then``, only where the
-    caller asks for it (``host``: ``then`` runs on NumPy rows, in NumPy)."""
+    Connect-the-dots work on NumPy inputs, of a mechanism whose functions run in NumPy
+    (:func:`runs_on_host`), is computed on the host row by row (:func:`_host_row`), with no
+    program to compile: small work (at most HOST_ROWS rows and HOST_POINTS points in all, no
+    ``then``) always, any where the caller asks for it (``host``: ``then`` runs on the NumPy
+    rows, in NumPy)."""
     options = dict(mechanism=mechanism, pessimistic=pessimistic, fixed=fixed)
     rows = tail.shape[0]
     then = then or _grid_masses
-    if ((then is _grid_masses or host) and fits_on_host(mechanism, rounding, rows, size)
+    small = then is _grid_masses and rows <= HOST_ROWS and rows * size <= HOST_POINTS
+    if ((host or small) and runs_on_host(mechanism, rounding)
             and all(array_module(a) is np for a in (*params, tail, step))):
         with np.errstate(all="ignore"):  # log(0) = -inf and the like, as in XLA
             rows = map_rows(functools.partial(_host_row, size=size, **options))(params, tail,
@@ -726,12 +728,11 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
                                 then=then)
 
 
-def fits_on_host(mechanism: LossTails, rounding: str, rows: int, size: int) -> bool:
-    """Whether discretizing ``rows`` rows of ``size`` points of ``mechanism`` with ``rounding``
-    is host work (:func:`_mechanism_kernel`): connect-the-dots, a mechanism whose functions run
-    in NumPy, at most HOST_ROWS rows and HOST_POINTS points in all."""
-    return (rounding == "connect_dots" and mechanism.host and rows <= HOST_ROWS
-            and rows * size <= HOST_POINTS)
+def runs_on_host(mechanism: LossTails, rounding: str) -> bool:
+    """Whether discretizing ``mechanism`` with ``rounding`` can run in NumPy on the host
+    (:func:`_mechanism_kernel`): connect-the-dots, of a mechanism whose functions run in
+    NumPy."""
+    return rounding == "connect_dots" and mechanism.host
 
 
 def _host_row(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,

@@ -190,6 +190,7 @@ def _on_the_host(monkeypatch, points: int = 10**15):
 
     monkeypatch.setenv("PLDJAX_HOST_WORK", str(points))
     monkeypatch.setattr(compilation.host_work, "done", 0)
+    monkeypatch.setattr(compilation.host_work, "rents", collections.Counter())
 
 
 #: Small accounting calls that run on the host where the process has host work left, each with
@@ -228,16 +229,22 @@ def test_host_work_is_spent_then_the_kernels_compile(monkeypatch):
     the budget is spent, calls compile their kernels, with the same values to round-off."""
     from pldjax.core import compilation
 
-    _on_the_host(monkeypatch, points=1)
+    # two directions of 16,384 mechanism points, composed on windows of 98,304
+    _on_the_host(monkeypatch, points=2 * 16_384 + 2 * 98_304)
     calls = _kernel_calls(monkeypatch)
     on_host = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
     assert not calls
-    # two directions of 16,384 mechanism points, composed on windows of 98,304
-    assert compilation.host_work.done == 2 * 16_384 + 2 * 98_304
-    assert not compilation.host_work.left()
+    assert compilation.host_work.left() == 0
     compiled = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
-    assert calls["_compose_and_evaluate"]
+    assert calls["_masses_kernel"] and calls["_compose_and_evaluate"]
     assert compiled == pytest.approx(on_host, rel=1e-9)
+
+
+def test_a_call_larger_than_the_host_work_left_compiles(monkeypatch):
+    _on_the_host(monkeypatch, points=2 * 16_384 + 2 * 98_304 - 1)
+    calls = _kernel_calls(monkeypatch)
+    pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+    assert calls["_compose_and_evaluate"]
 
 
 def test_on_an_accelerator_small_calls_run_on_the_host_too(monkeypatch):
@@ -288,14 +295,56 @@ def test_a_new_process_answers_its_first_small_calls_without_compiling(monkeypat
     assert epsilon == pytest.approx(6.1879, abs=1e-4) and 0 < delta < 1e-3
 
 
-@pytest.mark.slow
-def test_larger_calls_compile_whatever_the_host_work_left(monkeypatch):
-    """More rows than compilation.HOST_ROWS (here 9 configurations of two directions) run
-    compiled, as every call does once the host work is spent."""
+def test_a_composition_size_compiles_once_the_host_has_composed_its_share(monkeypatch):
+    """Each composition size is composed in NumPy until the process has composed
+    engine.HOST_SIZE_POINTS points at it (here one call's), then by its compiled program: a
+    loop of one call pays at most that before it compiles."""
+    from pldjax.accounting import engine
+
     _on_the_host(monkeypatch)
+    monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 2 * 98_304)
     calls = _kernel_calls(monkeypatch)
-    pj.dpsgd_epsilon(np.linspace(1.0, 2.0, 9), 0.01, 1000, 1e-5)
-    assert calls["_compose_and_evaluate"]
+    first = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+    assert not calls
+    second = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+    assert calls["_compose_and_evaluate"] and not calls["_masses_kernel"]
+    assert second == pytest.approx(first, rel=1e-9)
+
+
+def test_many_rows_on_few_grid_sizes_compile_their_discretization(monkeypatch):
+    """More rows per mechanism grid size than engine.HOST_ROWS_PER_SIZE (here 9
+    configurations of two directions on one size, against 8) are discretized by the compiled
+    kernels, whatever the host work left: a row takes milliseconds in NumPy, a size's program
+    seconds to compile."""
+    from pldjax.accounting import engine
+
+    _on_the_host(monkeypatch)
+    monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 8)
+    calls = _kernel_calls(monkeypatch)
+    pj.dpsgd_epsilon(np.linspace(1.0, 1.01, 9), 0.01, 1000, 1e-5)
+    assert calls["_masses_kernel"]
+
+
+def test_a_host_call_composes_its_large_sizes_compiled(monkeypatch):
+    """A call discretized on the host composes in NumPy only the window sizes of at most
+    engine.HOST_SIZE_POINTS points; the others run the compiled composition, with the
+    values of a call compiled throughout (to round-off)."""
+    from pldjax.accounting import engine
+
+    def composed_sizes(calls):
+        return {args[0].shape[1] for _, args, _ in calls["_compose_and_evaluate"]}
+
+    sigmas, steps = [0.8, 2.0, 1.0], [10_000, 300, 10_000]
+    calls = _kernel_calls(monkeypatch)
+    compiled = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    every_size = composed_sizes(calls)
+    _on_the_host(monkeypatch)
+    monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 50_000)
+    calls.clear()
+    mixed = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    assert not calls["_masses_kernel"]
+    assert set() < composed_sizes(calls) < every_size
+    np.testing.assert_allclose(mixed, compiled, rtol=1e-9)
 
 
 def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
