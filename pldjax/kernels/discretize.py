@@ -223,12 +223,15 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
 
 
 #: Rounds of :func:`lower_hull_at`'s parallel peeling before the rows left unsettled go through
-#: the sequential monotone chain. The candidates of Alg. 2 on DP-SGD grids settle in 5-20 rounds;
-#: nearly collinear ones (sampling probability 1e-6) need many more. The chain takes a loop step
-#: for each point still kept, so fewer rounds leave it more work; off the CPU its loop is vmapped
-#: and slow. On a CPU, where it runs row by row, 4 rounds ran a set of optimistic DP-SGD
-#: accounting calls in 2.5-2.7 s against 3.6-4.3 s with these 24.
+#: the sequential monotone chain, off the CPU and in NumPy. The candidates of Alg. 2 on DP-SGD
+#: grids settle in 5-20 rounds; nearly collinear ones (sampling probability 1e-6) need many
+#: more. The chain takes a loop step for each point still kept, so fewer rounds leave it more
+#: work; off the CPU its loop is vmapped and slow, in NumPy a Python loop.
 _PEEL_ROUNDS = 24
+#: The same in a compiled kernel on a CPU, where the chain runs row by row, each row's loop
+#: unbatched (a few nanoseconds a point) and a peeling round costs more than the chain it saves:
+#: a set of optimistic DP-SGD accounting calls took 2.5-2.7 s with 4 rounds, 3.6-4.3 s with 24.
+_CPU_PEEL_ROUNDS = 4
 
 
 def _monotone_chain(xs, ys, kept, steps):
@@ -298,19 +301,19 @@ def _peel(xs, ys, kept):
     return kept & ~drop, xp.any(drop, axis=1)
 
 
-def _hull_vertices(xs, ys, peel_rounds: int):
+def _hull_vertices(xs, ys):
     """The lower hull's vertices of each row of (xs, ys) (shape rows x m), by peeling.
 
     Each round drops, in every row at once, each point that lies on or above a chord between two
     other points still kept: its kept neighbours, or one kept neighbour and an end point. A
     dropped point is no vertex of the hull of the points kept, so the hull never changes; when a
-    round drops none, the points kept are the vertices. Rows still dropping points after
-    ``peel_rounds`` rounds finish with the monotone chain on the points kept: on a CPU row by
-    row, elsewhere every row in one vmapped loop. The peeling loop and that branch look at all
-    rows together, so under ``vmap`` neither runs for rows that settled (a batched
-    ``while_loop`` would carry every row through every step). Off the CPU the loop runs all
-    ``peel_rounds`` rounds (see :func:`~pldjax.core.compilation.early_exit_on_cpu`); the chain,
-    rarely needed and a sequential loop, stays a branch."""
+    round drops none, the points kept are the vertices. Rows still dropping points after the
+    rounds (_CPU_PEEL_ROUNDS on a CPU, _PEEL_ROUNDS elsewhere) finish with the monotone chain on
+    the points kept: on a CPU row by row, elsewhere every row in one vmapped loop. The peeling
+    loop and that branch look at all rows together, so under ``vmap`` neither runs for rows that
+    settled (a batched ``while_loop`` would carry every row through every step). Off the CPU the
+    loop runs all its rounds (see :func:`~pldjax.core.compilation.early_exit_on_cpu`); the
+    chain, rarely needed there and a sequential loop, stays a branch."""
     rows, m = xs.shape
 
     def peel(state):
@@ -318,10 +321,11 @@ def _hull_vertices(xs, ys, peel_rounds: int):
         return *_peel(xs, ys, kept), rounds + 1
 
     def until_settled(state):
-        return jax.lax.while_loop(lambda s: jnp.any(s[1]) & (s[2] < peel_rounds), peel, state)
+        return jax.lax.while_loop(lambda s: jnp.any(s[1]) & (s[2] < _CPU_PEEL_ROUNDS), peel,
+                                  state)
 
     def every_round(state):  # a round after all rows settled drops nothing: the same points
-        return jax.lax.fori_loop(0, peel_rounds, lambda _, s: peel(s), state)
+        return jax.lax.fori_loop(0, _PEEL_ROUNDS, lambda _, s: peel(s), state)
 
     kept, dropping, _ = early_exit_on_cpu(
         [(jnp.ones((rows, m), bool), jnp.ones(rows, bool), 0)], cpu=until_settled,
@@ -391,7 +395,7 @@ def _hull_values(xs, ys, kept):
 @jax.custom_batching.custom_vmap
 def _hull_rows(xs, ys):
     """Values at xs of the lower convex hull of each row of (xs, ys) (rows x m)."""
-    return _hull_values(xs, ys, _hull_vertices(xs, ys, _PEEL_ROUNDS))
+    return _hull_values(xs, ys, _hull_vertices(xs, ys))
 
 
 @_hull_rows.def_vmap
