@@ -88,7 +88,8 @@ CHUNK_ELEMENTS = 2**18
 #: The most mechanism grid points of one chunk discretized on the host (see :func:`_on_host`),
 #: where rows are discretized one by one and their masses kept until the call is placed.
 HOST_CHUNK_ELEMENTS = 2**22
-#: Most rows a call discretizes on the host per distinct mechanism grid size: NumPy takes about
+#: Most rows a call discretizes on the host per distinct mechanism grid size it has (on average:
+#: this many times the number of sizes in all, a call's host and compiled costs): NumPy takes about
 #: 5 ms a row (mostly its per-operation cost, on rows of 2^11-2^17 points; in threads it took
 #: longer), where each size's compiled masses program takes 1-3 s to compile (2-core CPU). The
 #: sweep of 1,024 sigmas (2,048 rows on 5 sizes) took 10.6 s on the host, 8 s compiling.
@@ -710,7 +711,7 @@ def _on_host(mechanism, grid: Grid | None, rows: int, sizes, points: int) -> boo
     grid points in all, is discretized and placed in NumPy on the host (:class:`_Compositions`'
     ``host``): on one device (a CPU, or an accelerator whose compiling would take as long), for
     a discretization that runs there (:func:`~pldjax.kernels.discretize.runs_on_host`), of at
-    most HOST_ROWS_PER_SIZE rows per distinct size, where the process's host work
+    most HOST_ROWS_PER_SIZE rows per distinct size on average, where the process's host work
     (:class:`~pldjax.core.compilation.HostWork`) still holds those points (counted as spent
     here). Its values are the compiled kernels' to round-off (the same windows, grids and
     steps)."""
