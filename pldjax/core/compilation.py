@@ -715,10 +715,6 @@ class HostWork:
                              f"{configured!r}")
         return int(configured)
 
-    def left(self) -> int:
-        """Grid points the process may still run on the host."""
-        return max(self.budget - self.done, 0)
-
     def claim(self, points: int, program: Hashable = None, price: int = 0) -> bool:
         """Count ``points`` grid points to be run on the host, if they fit in what is left and,
         for work done in place of a compiled ``program``, in its ``price`` (the most points run
