@@ -160,14 +160,16 @@ def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
     if not hull:
         best = jnp.argmin(jnp.sum(curves, axis=1))
         return probs[best], inf_mass[best]
-    lowest = jnp.all(curves <= jnp.min(curves, axis=0), axis=1)
+    least = jnp.min(curves, axis=0)
+    lowest = jnp.all(curves <= least, axis=1)
     return jax.lax.cond(jnp.any(lowest),
                         lambda: (probs[jnp.argmax(lowest)], inf_mass[jnp.argmax(lowest)]),
-                        lambda: _envelope(probs, curves, z, step))
+                        lambda: _envelope(probs, least, z, step))
 
 
-def _envelope(probs, curves, z, step):
-    """:func:`_envelope_kernel`'s PLD from the components' masses ``probs`` and ``curves``."""
+def _envelope(probs, least, z, step):
+    """:func:`_envelope_kernel`'s PLD from the components' masses ``probs`` and their curves'
+    pointwise minimum ``least``."""
     size = z.shape[0]
     # x relative to the window's centre (scaling x keeps convexity and avoids overflow), with the
     # curve's value 1 at x = 0
@@ -176,7 +178,7 @@ def _envelope(probs, curves, z, step):
     # subtracting a line in x): from the excesses, which keep their digits at z < 0; its value
     # at x = 0 is 0. Both hulls in one call (one copy of the hull in the program, not two)
     excesses = jax.vmap(_excess_on_grid, in_axes=(0, None, None))(probs, z, step)
-    ys = jnp.stack([jnp.concatenate([jnp.ones((1,)), jnp.min(curves, axis=0)]),
+    ys = jnp.stack([jnp.concatenate([jnp.ones((1,)), least]),
                     jnp.concatenate([jnp.zeros((1,)), jnp.min(excesses, axis=0)])])
     curve, excess = jax.vmap(lower_hull_at, in_axes=(None, 0))(xs, ys)[:, 1:]
     excess = jnp.where((z < 0) & jnp.isfinite(excess), excess, curve + jnp.expm1(z))
