@@ -52,6 +52,7 @@ from pldjax.core.compilation import (
     early_exit_on_cpu,
     kernel_jit,
     map_rows,
+    matmul,
 )
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows
@@ -80,7 +81,8 @@ def fft_roundoff(raw):
     """Round-off level of an inverse-FFT result ``raw`` (see the module docstring)."""
     xp = array_module(raw)
     size = raw.shape[0]
-    rms = UNIT_ROUNDOFF * math.log2(size) * xp.linalg.norm(raw) / math.sqrt(size)
+    # the norm as a sum: NumPy's linalg.norm is a BLAS call (see pldjax.core.compilation.matmul)
+    rms = UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw) / size)
     return _ROUNDOFF_SAFETY * xp.maximum(rms, -xp.min(raw))
 
 
@@ -137,7 +139,7 @@ def _coarse(probs, z, step):
     blocks = -(-n // block)
     p = xp.pad(probs, (0, blocks * block - n)).reshape(blocks, block)
     position = xp.arange(block, dtype=xp.float64)
-    moments = p @ xp.stack([xp.ones(block), position, position * position], axis=1)
+    moments = matmul(p, xp.stack([xp.ones(block), position, position * position], axis=1))
     merged = moments[:, 0]
     held = merged > 0
     safe = xp.where(held, merged, 1.0)

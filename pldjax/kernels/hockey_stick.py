@@ -29,6 +29,7 @@ from pldjax.core.compilation import (
     early_exit_on_cpu,
     kernel_jit,
     map_rows,
+    matmul,
     on_host,
 )
 from pldjax.core.pld import PLD, batched, computed_on_host
@@ -67,7 +68,7 @@ def _reverse_recurrence(decay, terms, block: int = _BLOCK):
         return _powers(decay, n, terms.dtype, xp) @ terms
     blocks = -(-n // block)
     padded = xp.pad(terms, (0, blocks * block - n)).reshape(blocks, block)
-    inner = padded @ _powers(decay, block, terms.dtype, xp).T  # sum_{i >= k in its block}
+    inner = matmul(padded, _powers(decay, block, terms.dtype, xp).T)  # sum_{i >= k in its block}
     starts = _block_starts(decay**block, inner[:, 0])
     after = xp.concatenate([starts[1:], xp.zeros((1,), terms.dtype)])
     to_end = decay ** (block - xp.arange(block)).astype(terms.dtype)  # decay^(block end - k)
@@ -92,8 +93,8 @@ def _block_level_sums(probs, step):
     blocks = -(-probs.shape[0] // _BLOCK)
     padded = xp.pad(probs, (0, blocks * _BLOCK - probs.shape[0])).reshape(blocks, _BLOCK)
     lag = xp.arange(_BLOCK, dtype=probs.dtype) * step
-    mass, decayed, grown = (padded @ xp.stack([xp.ones_like(lag), xp.exp(-lag), -xp.expm1(-lag)],
-                                              axis=1)).T
+    mass, decayed, grown = matmul(
+        padded, xp.stack([xp.ones_like(lag), xp.exp(-lag), -xp.expm1(-lag)], axis=1)).T
     zero = xp.zeros((1,), probs.dtype)
     decay, gain = xp.exp(-_BLOCK * step), -xp.expm1(-_BLOCK * step)
     # D_b = grown_b + D_{b+1} + (1 - e^{-Bh}) R_{b+1}: beyond the block, 1 - e^{-(i - bB)h} =
