@@ -98,6 +98,12 @@ def test_vmap_over_plds():
         (lambda: pj.gaussian(1.0, sampling_prob="0.5"), "sampling_prob must be a real number"),
         (lambda: pj.gaussian(1.0).epsilon("1e-5"), "delta must be a real number"),
         (lambda: pj.dpsgd_epsilon(1.0, 0.01, True, 1e-5), "steps must be a real number"),
+        # a flag is True or False: "no" is truthy, None falsy
+        (lambda: pj.gaussian(1.0, pessimistic="no"), "pessimistic must be True or False"),
+        (lambda: pj.gdp(1.0, pessimistic=None), "pessimistic must be True or False"),
+        (lambda: pj.dpsgd_epsilon(1.0, 0.01, 10, 1e-5, pessimistic="no"),
+         "pessimistic must be True or False"),
+        (lambda: pj.dpsgd_delta(1.0, 0.01, 10, 1.0, pessimistic=0), "pessimistic must be True or False"),
     ],
 )
 def test_bad_input_names_the_argument(call, match):

@@ -58,7 +58,7 @@ from pldjax.core.compilation import (
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_range, refuse_traced
+from pldjax.core.validation import check_flag, check_range, refuse_traced
 from pldjax.kernels.chernoff import pure_epsilon
 from pldjax.kernels.compose import (
     COARSER_GRID,
@@ -578,6 +578,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     if not isinstance(event, Event):
         raise ValueError(f"event must be a pldjax.Event, got {event!r}")
     refuse_traced(function, (event, steps, target), EVENT_INSIDE_JIT)
+    check_flag("pessimistic", pessimistic)
     check_range("steps", steps, 0.0)
     if target_name == "delta":
         check_range("delta", target, 0.0, 1.0)

@@ -25,6 +25,7 @@ import numpy as np
 from pldjax.core.compilation import HOST_POINTS, HOST_ROWS, glue_module, on_host
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
+from pldjax.core.validation import check_flag
 
 
 @jax.tree_util.register_pytree_node_class
@@ -47,7 +48,7 @@ class PLD:
         self.inf_mass = inf_mass
         self.offset = offset
         self.step = step
-        self.pessimistic = bool(pessimistic)
+        self.pessimistic = check_flag("pessimistic", pessimistic)
         self.reverse = reverse
 
     # -- pytree -----------------------------------------------------------------------------

@@ -99,6 +99,14 @@ def check_range(
         raise ValueError(f"{name} must lie in {allowed}, got {float(shown)!r}")
 
 
+def check_flag(name: str, value) -> bool:
+    """``value`` as a bool where it is True or False (a NumPy bool too); else ValueError naming
+    ``name``: a string, None or a number is not read as one ("no" is truthy)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def check_count(name: str, value, *, minimum: int = 0) -> int:
     """An integer count >= ``minimum`` (a Python int, a NumPy integer, a whole float, or a
     concrete 0-d NumPy or JAX array of one), as a Python int; else ValueError."""

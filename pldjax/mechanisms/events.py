@@ -25,7 +25,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import float64
-from pldjax.core.validation import is_traced
+from pldjax.core.validation import check_flag, is_traced
 from pldjax.kernels.discretize import discretize_arrays
 from pldjax.mechanisms.neighboring import Neighboring
 from pldjax.mechanisms.noise import (
@@ -95,6 +95,7 @@ def privacy_loss(
       lower bound; there an invalid traced element is the identity (all of the mass at loss 0).
     """
     _check_records(noise, sampling)
+    pessimistic = check_flag("pessimistic", pessimistic)
     pld = _privacy_loss(noise, sampling, neighboring, pessimistic, grid)
     if is_traced((noise, sampling)):
         valid = noise.valid() if sampling is None else noise.valid() & sampling.valid()
