@@ -150,7 +150,6 @@ def test_extreme_arguments_print_no_runtime_warnings(capsys, sigma, q):
 @pytest.mark.parametrize("args", [
     ["--steps", "1000000000000"],
     ["--noise", "laplace", "--sampling", "none", "--steps", "100000000000"],
-    ["--noise-multiplier", "1e-3", "--sampling-prob", "0.5", "--steps", "1000"],
 ])
 def test_compositions_too_wide_say_what_a_command_line_user_can_do(capsys, args):
     """The message suggested Grid(step=...), which the command line cannot set."""

@@ -267,9 +267,12 @@ def summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
     first, last = _support(summary, offset, count)
     hi = xp.minimum(xp.ceil(a / step), last)
     lo = xp.maximum(xp.floor(b / step), first)
-    # no finite mass (all at +inf): the bounds are -inf and +inf; a one-point window instead
-    empty = summary.mass <= 0
-    hi, lo = xp.where(empty, count * offset, hi), xp.where(empty, count * offset, lo)
+    # no finite mass (all at +inf: the bounds are -inf and +inf), or so little that its count-fold
+    # power is below the tail (mass^count <= tail / 2, which any window leaves out at most; the
+    # bounds then lost their precision: hi < lo): a one-point window at the composed centre
+    empty = count * xp.log(xp.maximum(summary.mass, 1e-300)) <= log_half
+    point = count * (offset + summary.center)
+    hi, lo = xp.where(empty, point, hi), xp.where(empty, point, lo)
     return lo, hi
 
 

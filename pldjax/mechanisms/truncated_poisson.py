@@ -64,7 +64,7 @@ from scipy import stats
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.align import align
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import kernel_jit, matmul
 from pldjax.core.grid import Grid
 from pldjax.core.mass import take_from_bottom
 from pldjax.core.pld import PLD, from_rows
@@ -114,7 +114,7 @@ def mixture(weights, plds: list[PLD]) -> PLD:
     directions = []
     for d in range(len(plds[0].directions())):
         step, lo, probs, inf = _common_window([p.directions()[d] for p in plds])
-        directions.append(PLD(w @ probs, np.float64(w @ inf), np.int64(lo), np.float64(step),
+        directions.append(PLD(matmul(probs.T, w), np.float64(w @ inf), np.int64(lo), np.float64(step),
                               plds[0].pessimistic))
     return PLD.from_directions(*directions)
 

@@ -224,6 +224,23 @@ def test_small_calls_on_the_host_give_the_compiled_values(monkeypatch, call):
     np.testing.assert_allclose(on_host, compiled, rtol=1e-9, atol=1e-300)
 
 
+def test_steps_that_reveal_the_record_half_the_time_compose_to_inf_not_an_error(monkeypatch):
+    """At sigma 1e-6 or 1e-3 and q = 0.5 a step's finite losses hold about half of P's mass, the
+    rest at +inf: after 100 steps the finite part holds 0.5^100 = 8e-31, below any window's tail
+    (its Chernoff bounds had crossed, hi < lo, and the call raised). Nothing finite is certified
+    at delta 1e-5, and delta at any epsilon is at least the chance that the record's batch was
+    drawn at all, 1 - (1 - q)^T. In NumPy (the compiled kernels place windows with the same
+    function)."""
+    _on_the_host(monkeypatch)
+    eps = pj.dpsgd_epsilon(np.array([1e-6, 1e-3, 1.0]), 0.5, 100, 1e-5)
+    assert np.all(np.isinf(eps[:2]))
+    np.testing.assert_allclose(eps[2], pj.dpsgd_epsilon(1.0, 0.5, 100, 1e-5), rtol=1e-9)
+    assert pj.gaussian(1e-6, sampling_prob=0.5).self_compose(100).epsilon(1e-5) == np.inf
+    assert pj.dpsgd_delta(1e-6, 0.5, 100, 1.0) == 1.0
+    assert pj.dpsgd_delta(1e-3, 0.5, 3, 1.0) >= 1 - 0.5**3
+    assert 0.0 <= pj.dpsgd_epsilon(1e-3, 0.5, 100, 1e-5, pessimistic=False) < np.inf
+
+
 def test_host_work_is_spent_then_the_kernels_compile(monkeypatch):
     """Host work is counted in grid points (the mechanisms' and the composition windows'): once
     the budget is spent, calls compile their kernels, with the same values to round-off."""
