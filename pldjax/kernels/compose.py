@@ -269,8 +269,10 @@ def summary_window(summary: PMFSummary, offset, step, count, tail, exponents):
     lo = xp.maximum(xp.floor(b / step), first)
     # no finite mass (all at +inf: the bounds are -inf and +inf), or so little that its count-fold
     # power is below the tail (mass^count <= tail / 2, which any window leaves out at most; the
-    # bounds then lost their precision: hi < lo): a one-point window at the composed centre
-    empty = count * xp.log(xp.maximum(summary.mass, 1e-300)) <= log_half
+    # bounds then lost their precision: hi < lo) even where the composition restores a mass short
+    # by its round-off (see _restored_log_mass): a one-point window at the composed centre
+    restorable = summary.points * UNIT_ROUNDOFF
+    empty = count * (xp.log(xp.maximum(summary.mass, 1e-300)) + restorable) <= log_half
     point = count * (offset + summary.center)
     hi, lo = xp.where(empty, point, hi), xp.where(empty, point, lo)
     return lo, hi
