@@ -473,9 +473,10 @@ def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
                for kernel, args, kwargs in calls["_compose_and_evaluate"])
 
 
-def test_cli_dpsgd_and_sweep(tmp_path, capsys):
+def test_cli_dpsgd_and_sweep(tmp_path, capsys, monkeypatch):
     from pldjax.cli import main
 
+    _on_the_host(monkeypatch)  # the command line's reading and writing, nothing to compile
     assert main(["epsilon", "--noise-multiplier", "1.0", "--sampling-prob", "0.05", "--steps", "30",
                  "--delta", "1e-5"]) == 0
     line = capsys.readouterr().out
