@@ -2,10 +2,12 @@
 ``/jax/core/compile/backend_compile_duration`` event names its program, ``jit(NAME)``), in this
 process or in a new one. A program loaded from the persistent compilation cache is reported as
 one compiled: a first call counts every program it needs, whether compiled or loaded; a call
-that needs nothing new reports none."""
+that needs nothing new reports none. And the switch that lets small accounting calls run in
+NumPy on the host, compiling nothing (the test run compiles them: PLDJAX_HOST_WORK=0)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -51,3 +53,13 @@ def programs_of_a_new_process(code: str, cache: Path | None = None) -> tuple[lis
     assert out.returncode == 0, out.stderr
     *printed, names = out.stdout.strip().splitlines()
     return json.loads(names), "\n".join(printed)
+
+
+def accounting_on_the_host(monkeypatch, points: int = 10**15) -> None:
+    """Small accounting calls run in NumPy on the host from here on: a budget of ``points`` grid
+    points (:class:`pldjax.core.compilation.HostWork`), none spent yet."""
+    from pldjax.core import compilation
+
+    monkeypatch.setenv("PLDJAX_HOST_WORK", str(points))
+    monkeypatch.setattr(compilation.host_work, "done", 0)
+    monkeypatch.setattr(compilation.host_work, "rents", collections.Counter())

@@ -257,6 +257,7 @@ def test_gdp_residue_batch_size_is_a_positive_count():
             pj.gdp_residue(1.0, pj.randomized_response(0.5), batch_size=bad)
 
 
+@pytest.mark.slow
 def test_gdp_residue_chunks_are_no_wider_than_their_pairs(monkeypatch):
     """A vmapped chunk computes its padding too: one pair was searched four times over on a CPU
     (15 ms against 5 for a subsampled Gaussian). A chunk now holds at most the next power of two

@@ -66,6 +66,7 @@ def test_mixture_of_many_components_against_mpmath():
         pj.privacy_loss(pj.noise.Gaussian(sigma), pj.sampling.Mixture.binomial(0.5, 10**4))
 
 
+@pytest.mark.slow
 def test_negligible_components_fold_into_the_pessimistic_atom_and_stay_in_the_optimistic():
     """Binomial(20, 1e-3): the 13 components from 8 copies on (each below 2^-60) leave the
     pessimistic mixture's programs for an output that reveals the record (a dominating pair);
