@@ -115,6 +115,19 @@ def test_delta_and_epsilon_are_inverse():
     assert np.all(back <= 1e-6 + 1e-14)
 
 
+def test_optimistic_delta_and_epsilon_are_inverse_at_small_delta(monkeypatch):
+    """sigma 0.744, q 1.24e-3, T 184,565 at delta 1e-9: the optimistic epsilon read 7.8598 on
+    the host (and 7.8923 compiled at delta 8.6e-10), where the optimistic delta is 1.029e-9:
+    its one-step masses summed to 1 + 2^-52, and the composition took the surplus, 4e-11 after
+    that many steps, from the highest bins (in the epsilon's window; the delta's summed to 1).
+    Both on the host: the compiled kernels share the composition's code."""
+    accounting_on_the_host(monkeypatch)
+    args = (0.744, 1.24e-3, 184_565)
+    eps = pj.dpsgd_epsilon(*args, 1e-9, pessimistic=False)
+    assert pj.dpsgd_delta(*args, eps, pessimistic=False) == pytest.approx(1e-9, rel=1e-6)
+    assert eps <= pj.dpsgd_epsilon(*args, 1e-9)
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="an optimistic step's masses carry about 1e-17 of round-off "
                    "in what they imply, which 10^9 compositions multiply past a step's 1e-18 nats "
