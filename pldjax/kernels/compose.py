@@ -20,8 +20,8 @@ lowest bins -- each step can only raise delta(eps). In an optimistic PLD the sam
 the highest bins and moved to the lowest -- each step can only lower delta(eps) for eps above the
 window's bottom. A self-composition first scales the finite masses to 1 - inf_mass where their
 total is off by round-off alone (:func:`_restored_log_mass`): the power would grow that error
-count-fold. A pessimistic one scales a deficit up, an optimistic one a surplus down (taken from
-its highest bins after the power, a surplus of 4e-11 at 184,565 steps was 4% of delta = 1e-9).
+count-fold. A pessimistic one scales a deficit up, an optimistic one a surplus down (left to the
+power, it would be taken from the highest bins, where delta at small delta lives).
 
 FFT round-off: every result is clipped at zero and a per-bin round-off level E is added to every bin
 of a pessimistic result (subtracted from an optimistic one), so delta(eps) is charged E for each bin
@@ -422,9 +422,10 @@ def _restored_log_mass(summary: PMFSummary, inf_mass, pessimistic):
     raises their total to the count: one unit of round-off short, at count 1e6, is a deficit of
     1.1e-10 that the composition would charge to the +inf atom, i.e. to delta at every epsilon.
     Scaling every mass up instead raises every bin (delta never drops, the safe side) by the same
-    relative amount the round-off left them short. An optimistic surplus, left to the power, was
-    taken from the highest bins, i.e. from delta at large epsilon; scaled down, it lowers every
-    bin by the same relative amount.
+    relative amount the round-off left them short. An optimistic surplus left to the power would be
+    taken from the highest bins, i.e. from delta at large epsilon (one ulp over 1 at count
+    184,565 is 4e-11, 4% of delta = 1e-9); scaled down, it lowers every bin by the same relative
+    amount.
     """
     xp = array_module(summary.mass)
     short = xp.log1p(-inf_mass) - xp.log(xp.maximum(summary.mass, 1e-300))
