@@ -407,6 +407,14 @@ def _hull_rows_vmap(axis_size, in_batched, xs, ys):
     return out.reshape(ys.shape), True
 
 
+def lower_hull_rows(xs, ys):
+    """(values at xs, whether each point is a vertex) of the lower convex hull of each row of
+    (xs, ys) (JAX arrays, rows x m, xs strictly increasing): :func:`lower_hull_at` for rows,
+    with the vertices the chords join."""
+    kept = _hull_vertices(xs, ys)
+    return _hull_values(xs, ys, kept), kept
+
+
 def lower_hull_at(xs, ys):
     """Values at ``xs`` of the lower convex hull of the points (xs, ys); xs strictly increasing.
 
