@@ -415,6 +415,35 @@ def lower_hull_rows(xs, ys):
     return _hull_values(xs, ys, kept), kept
 
 
+def masses_at_vertices(xs, curve, excess, kept, below_zero, rise):
+    """The masses at the points ``xs`` (x = e^(z - centre), ``xs[0]`` = 0) of the PLD whose curve
+    runs along the chords between the ``kept`` points (a lower hull's vertices, see
+    :func:`lower_hull_rows`) of ``curve``, flat beyond the last point, its ``excess`` (the curve
+    less the line 1 - e^z, whose slope in x is -``rise``) given too: a vertex's mass is
+    x (slope right - slope left), every other point's 0 (without ``xs[0]``). JAX arrays.
+
+    Each chord's slope is computed once, from the excess where it starts ``below_zero`` (where
+    the curve, near 1, has lost the digits the excess keeps) and from the curve elsewhere, and
+    both vertices it joins use that one value: the masses then telescope, under Q too (1 - sum
+    p e^-z, Q's mass at -inf, is the first chord's slope)."""
+    m = xs.shape[0]
+    left, right = _nearest_kept(kept)
+    # each point's previous and next vertex (the first point's previous one: itself)
+    before = jnp.concatenate([jnp.zeros(1, left.dtype), left[:-1]])
+    after = jnp.minimum(jnp.concatenate([right[1:], jnp.full(1, m, right.dtype)]), m - 1)
+    width = xs[after] - xs
+    width = jnp.where(width > 0, width, 1.0)
+    from_excess = (excess[after] - excess) / width
+    from_curve = (curve[after] - curve) / width
+    last = jnp.arange(m) == m - 1
+    # each point's chord to the next vertex, in the curve's units and in the excess's
+    chord_curve = jnp.where(last, 0.0, jnp.where(below_zero, from_excess - rise, from_curve))
+    chord_excess = jnp.where(last, rise, jnp.where(below_zero, from_excess, from_curve + rise))
+    turn = jnp.where(below_zero, chord_excess - chord_excess[before],
+                     chord_curve - chord_curve[before])
+    return jnp.maximum(jnp.where(kept, xs * turn, 0.0)[1:], 0.0)
+
+
 def lower_hull_at(xs, ys):
     """Values at ``xs`` of the lower convex hull of the points (xs, ys); xs strictly increasing.
 

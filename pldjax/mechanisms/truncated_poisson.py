@@ -70,7 +70,7 @@ from pldjax.core.mass import take_from_bottom
 from pldjax.core.pld import PLD, from_rows
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range
-from pldjax.kernels.discretize import lower_hull_rows, masses_from_curve
+from pldjax.kernels.discretize import lower_hull_rows, masses_at_vertices, masses_from_curve
 from pldjax.kernels.hockey_stick import delta_kernel, grid_deltas
 from pldjax.mechanisms.events import privacy_loss
 from pldjax.mechanisms.named import identity
@@ -167,36 +167,6 @@ def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
                         lambda: _envelope(probs, least, z, step))
 
 
-def _vertex_masses(xs, curve, excess, kept, below_zero, rise):
-    """The masses at the points ``xs`` (x = e^(z - centre), ``xs[0]`` = 0) of the PLD whose curve
-    runs along the chords between the ``kept`` points (the hull's vertices) of ``curve``, flat
-    beyond the last point, its ``excess`` (the curve less the line 1 - e^z, whose slope in x is
-    -``rise``) given too: a vertex's mass is x (slope right - slope left), every other point's 0
-    (without ``xs[0]``).
-
-    Each chord's slope is computed once, from the excess where it starts ``below_zero`` (where
-    the curve, near 1, has lost the digits the excess keeps) and from the curve elsewhere, and
-    both vertices it joins use that one value: the masses then telescope, under Q too (1 - sum
-    p e^-z, Q's mass at -inf, is the first chord's slope)."""
-    m = xs.shape[0]
-    index = jnp.arange(m)
-    following = m - 1 - jax.lax.cummax(jnp.where(kept, m - 1 - index, -1)[::-1])[::-1]
-    after = jnp.minimum(jnp.concatenate([following[1:], jnp.full(1, m, following.dtype)]), m - 1)
-    width = xs[after] - xs
-    width = jnp.where(width > 0, width, 1.0)
-    from_excess = (excess[after] - excess) / width
-    from_curve = (curve[after] - curve) / width
-    last = index == m - 1
-    # each point's chord to the next vertex, in the curve's units and in the excess's
-    chord_curve = jnp.where(last, 0.0, jnp.where(below_zero, from_excess - rise, from_curve))
-    chord_excess = jnp.where(last, rise, jnp.where(below_zero, from_excess, from_curve + rise))
-    previous = jax.lax.cummax(jnp.where(kept, index, -1))
-    before = jnp.maximum(jnp.concatenate([jnp.zeros(1, previous.dtype), previous[:-1]]), 0)
-    turn = jnp.where(below_zero, chord_excess - chord_excess[before],
-                     chord_curve - chord_curve[before])
-    return jnp.maximum(jnp.where(kept, xs * turn, 0.0)[1:], 0.0)
-
-
 def _envelope(probs, least, z, step):
     """:func:`_envelope_kernel`'s PLD from the components' masses ``probs`` and their curves'
     pointwise minimum ``least``."""
@@ -224,8 +194,8 @@ def _envelope(probs, least, z, step):
     differences, differences_inf = masses_from_curve(curve, step, excess, z,
                                                      surplus_from_bottom=True)
     below_zero = jnp.concatenate([jnp.ones(1, bool), z < 0])
-    slopes = _vertex_masses(xs, ys[0], ys[1], jnp.where(below_zero, kept[1], kept[0]), below_zero,
-                            jnp.exp(jnp.minimum(centre, 700.0)))
+    slopes = masses_at_vertices(xs, ys[0], ys[1], jnp.where(below_zero, kept[1], kept[0]),
+                                below_zero, jnp.exp(jnp.minimum(centre, 700.0)))
     outs = jnp.stack([differences, slopes])
     infs = jnp.stack([differences_inf, jnp.clip(curve[-1], 0.0, 1.0)])
     # round-off in the masses may leave the rebuilt curve a little below the envelope: move that
