@@ -65,7 +65,7 @@ import numpy as np
 from pldjax.core.align import align
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import MAX_SIZE, next_pow2
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
 from pldjax.kernels.discretize import masses_from_curve
@@ -586,7 +586,7 @@ def _bounds(a: Analysis, rounds: int) -> tuple[Bounds, float, float]:
     low = up if same_moves else _recursion(a, rounds, upper=False)
     eps, up, low, probs, inf_mass, offset, step, gap, upper_excess, lower_excess = _summary(
         up, low, p.step, a.limits, window=p.plan.window)
-    pld = PLD(probs, inf_mass, offset, step, True)
+    pld = unchecked_pld(probs, inf_mass, offset, step, True)
     bounds = Bounds(pld, np.asarray(eps), np.asarray(up), np.asarray(low), float(gap))
     return bounds, float(upper_excess), float(lower_excess)
 

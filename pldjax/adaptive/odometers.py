@@ -70,12 +70,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pldjax.adaptive.filters.base import keep_if, pld_problems, state_structure, structure_like
+from pldjax.adaptive.filters.base import keep_if, state_structure, structure_like
 from pldjax.adaptive.filters.residue import GDPState, ResidueState, gdp_filter, gdp_residue_filter
 from pldjax.adaptive.filters.whitehouse import residue_epsilon_squared
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.namespace import public_dir
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, pld_problems
 from pldjax.core.precision import add_up, float64, host_result, pack, square_up, unpack, upper_of_rounded
 from pldjax.core.validation import check_count, check_range, is_traced
 from pldjax.kernels.gaussian_dp import RESIDUE_STEPS
@@ -611,7 +611,7 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
 
     def valid_query(query):
         if isinstance(query, PLD):
-            return ~jnp.any(jnp.stack([bad for _, bad in pld_problems(query)]))
+            return ~jnp.any(jnp.stack([bad for *_, bad in pld_problems(query)]))
         return jnp.all(upper_of_rounded(query) >= 0)  # False for NaN
 
     @float64

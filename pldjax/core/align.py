@@ -38,7 +38,7 @@ import numpy as np
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import array_module, glue_module, kernel_jit, map_rows
-from pldjax.core.pld import PLD, broadcast_rows, computed_on_host, from_rows
+from pldjax.core.pld import PLD, broadcast_rows, computed_on_host, from_rows, unchecked_pld
 from pldjax.core.validation import is_traced
 
 #: Relative tolerance under which two steps are one step, and a ratio of steps an integer.
@@ -107,7 +107,8 @@ def regrid(pld: PLD, target, size: int) -> PLD:
         probs, offset = _regrid_batch(rows.probs, rows.offset, rows.step, target, size=size,
                                       pessimistic=pld.pessimistic)
     regridded = from_rows(probs, rows.inf_mass, offset, target, shape, pld.pessimistic)
-    return PLD(regridded.probs, pld.inf_mass, regridded.offset, regridded.step, pld.pessimistic)
+    return unchecked_pld(regridded.probs, pld.inf_mass, regridded.offset, regridded.step,
+                         pld.pessimistic)
 
 
 def _only_zero_loss(pld: PLD) -> bool:
@@ -148,8 +149,8 @@ def align(plds: Sequence[PLD], name: str) -> list[PLD]:
         if np.allclose(s, target, rtol=STEP_RTOL, atol=0):
             out.append(p)
         elif not m:
-            out.append(PLD(p.probs, p.inf_mass, p.offset,
-                           jnp.broadcast_to(jnp.asarray(target), p.batch_shape), p.pessimistic))
+            out.append(unchecked_pld(p.probs, p.inf_mass, p.offset,
+                                     jnp.broadcast_to(jnp.asarray(target), p.batch_shape), p.pessimistic))
         else:
             size = regrid_size(p.size, float(np.max(s / target)))
             if size > grid_lib.MAX_SIZE:  # coarsening never grows a PLD: only a huge one

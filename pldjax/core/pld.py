@@ -21,11 +21,16 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.special import logsumexp
 
 from pldjax.core.compilation import HOST_POINTS, HOST_ROWS, glue_module, on_host
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_flag
+from pldjax.core.validation import check_flag, is_traced
+
+#: Largest |total mass - 1| of a PLD (its masses plus its atom at +inf) accepted as round-off; an
+#: optimistic PLD may hold less (mass it dropped), never more.
+MASS_TOLERANCE = 1e-9
 
 
 @jax.tree_util.register_pytree_node_class
@@ -44,12 +49,18 @@ class PLD:
     __slots__ = ("probs", "inf_mass", "offset", "step", "pessimistic", "reverse")
 
     def __init__(self, probs, inf_mass, offset, step, pessimistic: bool = True, reverse=None):
-        self.probs = probs
-        self.inf_mass = inf_mass
-        self.offset = offset
-        self.step = step
-        self.pessimistic = check_flag("pessimistic", pessimistic)
-        self.reverse = reverse
+        """A PLD from its parts (see the class attributes; ``inf_mass``, ``offset`` and ``step``
+        broadcast to the batch shape of ``probs``). Concrete parts are checked, and a ValueError
+        names what is wrong: they must be real numbers, the masses and step in float64 (with
+        ``jax_enable_x64`` off, ``jnp`` arrays are float32: pass NumPy arrays), the masses
+        finite and >= 0, summing with the atom to 1 within MASS_TOLERANCE (an optimistic PLD's
+        to at most 1), the offsets whole numbers, the step finite and > 0, and the losses
+        possible (sum p e^-z, the mass of Q, at most 1 within MASS_TOLERANCE). Traced parts
+        (inside ``jit``) are not checked."""
+        _fill(self, probs, inf_mass, offset, step, check_flag("pessimistic", pessimistic),
+              reverse)
+        if not is_traced((probs, inf_mass, offset, step)):
+            _check_parts(self)
 
     # -- pytree -----------------------------------------------------------------------------
     def tree_flatten(self):
@@ -57,8 +68,7 @@ class PLD:
 
     @classmethod
     def tree_unflatten(cls, pessimistic, children):
-        probs, inf_mass, offset, step, reverse = children
-        return cls(probs, inf_mass, offset, step, pessimistic, reverse)
+        return unchecked_pld(*children[:4], pessimistic, children[4])
 
     def __setattr__(self, name, value):
         if hasattr(self, "reverse"):  # all slots set: the object is frozen
@@ -91,7 +101,7 @@ class PLD:
         """The first direction, PLD(P || Q), alone (without ``reverse``)."""
         if self.reverse is None:
             return self
-        return PLD(self.probs, self.inf_mass, self.offset, self.step, self.pessimistic)
+        return unchecked_pld(self.probs, self.inf_mass, self.offset, self.step, self.pessimistic)
 
     @property
     def backward(self) -> PLD:
@@ -101,8 +111,8 @@ class PLD:
     @staticmethod
     def from_directions(forward: PLD, backward: PLD | None = None) -> PLD:
         """The PLD whose directions are ``forward`` and ``backward`` (None: symmetric)."""
-        return PLD(forward.probs, forward.inf_mass, forward.offset, forward.step,
-                   forward.pessimistic, backward)
+        return unchecked_pld(forward.probs, forward.inf_mass, forward.offset, forward.step,
+                             forward.pessimistic, backward)
 
     def map_directions(self, fn: Callable[[PLD], PLD]) -> PLD:
         """``fn`` applied to each direction, the results joined again (once if symmetric)."""
@@ -124,10 +134,10 @@ class PLD:
             nothing = empty if d.pessimistic else empty.at[0].set(1.0)
             step = jnp.asarray(d.step, jnp.float64)
             usable = ok | (jnp.isfinite(step) & (step > 0))
-            return PLD(jnp.where(ok[..., None], d.probs, nothing),
-                       jnp.where(ok, d.inf_mass, 1.0 if d.pessimistic else 0.0),
-                       jnp.where(ok, d.offset, jnp.zeros((), jnp.asarray(d.offset).dtype)),
-                       jnp.where(usable, step, 1.0), d.pessimistic)
+            return unchecked_pld(jnp.where(ok[..., None], d.probs, nothing),
+                                 jnp.where(ok, d.inf_mass, 1.0 if d.pessimistic else 0.0),
+                                 jnp.where(ok, d.offset, jnp.zeros((), jnp.asarray(d.offset).dtype)),
+                                 jnp.where(usable, step, 1.0), d.pessimistic)
 
         return self.map_directions(one)
 
@@ -155,7 +165,7 @@ class PLD:
             raise IndexError("this PLD has no batch axes")
         index = index if isinstance(index, tuple) else (index,)
         reverse = None if self.reverse is None else self.reverse[index]
-        return PLD(
+        return unchecked_pld(
             self.probs[index + (Ellipsis, slice(None))],
             self.inf_mass[index],
             self.offset[index],
@@ -264,6 +274,114 @@ class PLD:
             return self_compose(self, count, size=size)
 
 
+def _fill(pld: PLD, probs, inf_mass, offset, step, pessimistic: bool, reverse) -> None:
+    for name, value in (("probs", probs), ("inf_mass", inf_mass), ("offset", offset),
+                        ("step", step), ("pessimistic", pessimistic), ("reverse", reverse)):
+        object.__setattr__(pld, name, value)
+
+
+def unchecked_pld(probs, inf_mass, offset, step, pessimistic: bool = True,
+                  reverse: PLD | None = None) -> PLD:
+    """A PLD from parts that pldjax computed itself (its kernels' outputs, a pytree's leaves):
+    the constructor's checks of a caller's parts skipped (they would read device arrays back to
+    the host)."""
+    pld = object.__new__(PLD)
+    _fill(pld, probs, inf_mass, offset, step, pessimistic, reverse)
+    return pld
+
+
+def log_q_mass(probs, offset, step, xp=jnp):
+    """log sum_i p_i e^{-z_i}, the log mass of Q where P > 0 (NaN-free for any finite masses;
+    -inf when all are 0), with the array module ``xp`` (jax.numpy, or NumPy on the host)."""
+    z = (xp.asarray(offset) + xp.arange(probs.shape[-1])) * step
+    positive = probs > 0
+    log_p = xp.log(xp.where(positive, probs, 1.0))
+    terms = xp.where(positive, log_p - z, -np.inf)
+    if xp is jnp:
+        return logsumexp(terms)
+    top = np.max(terms, initial=-np.inf)  # as jax's logsumexp: shifted by the largest if finite
+    top = top if np.isfinite(top) else 0.0
+    return np.log(np.sum(np.exp(terms - top))) + top
+
+
+@np.errstate(all="ignore")  # on the host: NaN and inf are what the rules look for
+def pld_problems(pld: PLD) -> list[tuple[str, str, jax.Array]]:
+    """(parts, reason, bad) for each rule a PLD of one row must obey, ``bad`` True where it
+    fails: traced where the PLD is, else computed in NumPy on the host (no compiled program)."""
+    xp = jnp if is_traced(pld) else np
+    rules = []
+    for d in pld.directions():
+        probs = xp.asarray(d.probs)
+        inf_mass = xp.asarray(d.inf_mass)
+        step = xp.asarray(d.step)
+        total = xp.sum(xp.where(xp.isfinite(probs), probs, 0.0)) + inf_mass
+        short = -MASS_TOLERANCE if pld.pessimistic else -np.inf
+        rules += [
+            ("probs, inf_mass", "a mass is NaN or infinite",
+             ~(xp.all(xp.isfinite(probs)) & xp.isfinite(inf_mass))),
+            ("probs, inf_mass", "a mass is negative", xp.any(probs < 0) | (inf_mass < 0)),
+            ("probs, inf_mass", f"the total mass is not 1 (within {MASS_TOLERANCE}"
+             + ("" if pld.pessimistic else "; an optimistic PLD's may be less") + ")",
+             ~((total - 1.0 <= MASS_TOLERANCE) & (total - 1.0 >= short))),
+            ("step", "the step is not finite and > 0", ~(xp.isfinite(step) & (step > 0))),
+            # E_P[e^-L] is the mass of Q where P > 0: at most 1 for any pair of distributions
+            ("offset, step",
+             f"the losses imply a Q mass above 1 (sum of p e^-z > 1 + {MASS_TOLERANCE})",
+             ~(log_q_mass(probs, d.offset, step, xp) <= xp.log1p(MASS_TOLERANCE))),
+        ]
+    return rules
+
+
+def _kind(value) -> np.dtype:
+    dtype = getattr(value, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
+
+
+def _check_parts(pld: PLD) -> None:
+    """The constructor's checks of concrete parts (see :meth:`PLD.__init__`)."""
+    for name in ("probs", "inf_mass", "offset", "step"):
+        dtype = _kind(getattr(pld, name))
+        if dtype.kind not in "biuf":
+            raise ValueError(f"PLD {name} must be real numbers, got dtype {dtype}")
+        if dtype.kind == "f" and dtype.itemsize < 8 and name != "offset":
+            raise ValueError(
+                f"PLD {name} must be float64, got {dtype} (with jax_enable_x64 off, jnp arrays "
+                f"are float32 and have lost digits before pldjax sees them): pass NumPy arrays "
+                f"or enable jax_enable_x64")
+    shape = np.shape(pld.probs)
+    if len(shape) == 0 or shape[-1] == 0:
+        raise ValueError(f"PLD probs must have a last axis of at least one grid point, got shape "
+                         f"{shape}")
+    for name in ("inf_mass", "offset", "step"):
+        part = np.shape(getattr(pld, name))
+        try:
+            fits = np.broadcast_shapes(part, shape[:-1]) == shape[:-1]
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"PLD {name} must broadcast to the batch shape {shape[:-1]} of "
+                             f"probs, got shape {part}")
+    if pld.reverse is not None and (not isinstance(pld.reverse, PLD)
+                                    or pld.reverse.pessimistic != pld.pessimistic
+                                    or pld.reverse.batch_shape != shape[:-1]):
+        raise ValueError("PLD reverse must be None or a PLD of the same batch shape and the same "
+                         "pessimistic flag (the other direction)")
+    offset = np.asarray(pld.offset)
+    if offset.dtype.kind == "f" and not np.all(np.isfinite(offset) & (offset == np.round(offset))):
+        raise ValueError("PLD offset must be whole numbers (grid indices)")
+    rows = np.reshape(np.asarray(pld.probs, np.float64), (-1, shape[-1]))
+    parts = [np.broadcast_to(np.asarray(getattr(pld, name), dtype), shape[:-1]).reshape(-1)
+             for name, dtype in (("inf_mass", np.float64), ("offset", np.float64),
+                                 ("step", np.float64))]
+    for index, (row, inf_mass, row_offset, step) in enumerate(zip(rows, *parts, strict=True)):
+        one = unchecked_pld(row, inf_mass, row_offset, step, pld.pessimistic)
+        for names, reason, bad in pld_problems(one):
+            if bool(bad):
+                row_index = tuple(int(i) for i in np.unravel_index(index, shape[:-1]))
+                where = f" (batch row {row_index})" if shape[:-1] else ""
+                raise ValueError(f"PLD {names}: {reason}{where}")
+
+
 def swap(pld: PLD) -> PLD:
     """PLD(Q || P) from PLD(P || Q): the two directions exchanged (a symmetric PLD is unchanged)."""
     if pld.reverse is None:
@@ -297,7 +415,7 @@ def broadcast_rows(pld: PLD, shape: tuple[int, ...]) -> PLD:
     shapes = (shape + (pld.size,), shape, shape, shape)
     rows = [xp.broadcast_to(xp.asarray(a), s).reshape((flat,) + s[len(shape):])
             for a, s in zip(leaves, shapes, strict=True)]
-    return PLD(*rows, pld.pessimistic)
+    return unchecked_pld(*rows, pld.pessimistic)
 
 
 def computed_on_host(plds: Sequence[PLD], points: int) -> bool:
@@ -319,4 +437,4 @@ def from_rows(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:
     leaves = [xp.asarray(a).reshape(s) for a, s in zip(leaves, shapes, strict=True)]
     if xp is np:  # device_put compiles nothing
         leaves = [jax.device_put(a) for a in leaves]
-    return PLD(*leaves, pessimistic)
+    return unchecked_pld(*leaves, pessimistic)

@@ -88,7 +88,7 @@ from pldjax.accounting.schedule import compose_schedule
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
 from pldjax.kernels import chernoff
@@ -149,7 +149,8 @@ def _pld_from_tails(tails, reverse, lo: float, hi: float, points: int = 4096) ->
 
     def one(fn) -> PLD:
         probs, inf_mass = _connect_the_dots(*fn(z), z, step)
-        return PLD(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step), True)
+        return unchecked_pld(probs, inf_mass, jnp.asarray(offset, jnp.int64), jnp.asarray(step),
+                             True)
 
     return PLD.from_directions(one(tails), None if reverse is None else one(reverse))
 

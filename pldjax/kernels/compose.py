@@ -56,7 +56,7 @@ from pldjax.core.compilation import (
     matmul,
 )
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows
+from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, is_traced
 
@@ -766,8 +766,9 @@ def self_compose(pld: PLD, count: int, *, size: int | None = None) -> PLD:
                 raise ValueError("self_compose under jit needs an explicit size=")
         else:
             if computed_on_host([flat], flat.size):
-                flat = PLD(*(np.asarray(a) for a in (flat.probs, flat.inf_mass, flat.offset,
-                                                      flat.step)), p.pessimistic)
+                flat = unchecked_pld(*(np.asarray(a) for a in (flat.probs, flat.inf_mass,
+                                                               flat.offset, flat.step)),
+                                     p.pessimistic)
                 window = map_rows(tail_window)
             else:
                 window = _tail_window_batch
@@ -827,7 +828,7 @@ def window_widths(summary: PMFSummary, offset, count, lo, hi, name: str = "count
 
 def _identity_like(pld: PLD) -> PLD:
     shape = pld.batch_shape
-    return PLD(
+    return unchecked_pld(
         jnp.ones(shape + (1,)),
         jnp.zeros(shape),
         jnp.zeros(shape, jnp.int64),

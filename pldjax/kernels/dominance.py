@@ -26,7 +26,7 @@ import numpy as np
 from pldjax.core.align import align, regrid
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD, batched, check_same_kind
+from pldjax.core.pld import PLD, batched, check_same_kind, unchecked_pld
 from pldjax.core.precision import float64, host_result
 from pldjax.core.validation import check_range, is_traced
 from pldjax.kernels.discretize import masses_from_curve
@@ -159,7 +159,7 @@ def sup(plds, *, size: int | None = None) -> PLD:
         probs, inf_mass, offset = _sup_jit(
             direction.probs, direction.inf_mass, direction.offset, direction.step[0], size=n
         )
-        return PLD(probs, inf_mass, offset, direction.step[0], True)
+        return unchecked_pld(probs, inf_mass, offset, direction.step[0], True)
 
     return family.map_directions(one)
 
@@ -188,7 +188,7 @@ def _as_family(plds) -> PLD:
     def stack(directions: list[PLD]) -> PLD:
         directions = align(directions, "sup")
         n = max(d.size for d in directions)  # zero mass appended above a window changes nothing
-        return PLD(
+        return unchecked_pld(
             jnp.stack([jnp.pad(d.probs, (0, n - d.size)) for d in directions]),
             jnp.stack([d.inf_mass for d in directions]),
             jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions]),

@@ -23,7 +23,7 @@ import numpy as np
 from pldjax.core.compilation import on_host, to_device
 from pldjax.core.grid import Grid
 from pldjax.core.notice import announces_slow_calls
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_flag, is_traced
 from pldjax.kernels.discretize import discretize_arrays
@@ -178,11 +178,11 @@ def discretize_directions(directions: Directions, grid: Grid | None, pessimistic
     """The PLD of a mechanism before discretization (:meth:`Event.directions`) on ``grid``
     (None: automatic), keeping both directions when it has two (see :func:`direction_arrays`)."""
     rows = direction_arrays(directions, grid, pessimistic)
-    remove, *add = (PLD(*(to_device(a[i]) for a in rows), bool(pessimistic))
+    remove, *add = (unchecked_pld(*(to_device(a[i]) for a in rows), bool(pessimistic))
                     for i in range(rows[0].shape[0]))
     if not add:
         return remove
-    return PLD(remove.probs, remove.inf_mass, remove.offset, remove.step, remove.pessimistic, add[0])
+    return PLD.from_directions(remove, add[0])
 
 
 def distinct_configurations(event: Event, shape: tuple[int, ...],

@@ -15,7 +15,7 @@ import numpy as np
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
-from pldjax.core.pld import PLD, from_rows
+from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, check_range, is_traced, within
@@ -436,19 +436,19 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
         probs, inf_mass = _lattice_masses(epsilon, delta, count=count)
         positive = epsilon > 0
         at_zero = jnp.zeros(2 * count + 1).at[count].set(jnp.sum(probs))
-        pld = PLD(jnp.where(positive, probs, at_zero), inf_mass, jnp.asarray(-count, jnp.int64),
+        pld = unchecked_pld(jnp.where(positive, probs, at_zero), inf_mass, jnp.asarray(-count, jnp.int64),
                   jnp.where(positive, jnp.asarray(epsilon, jnp.float64), 1.0), True)
         return pld.where_valid(within(epsilon, 0.0) & within(delta, 0.0, 1.0))
     probs, inf_mass = _lattice_masses(float(epsilon), float(delta), count=count)
     if grid is None and epsilon > 0:
-        return PLD(probs, inf_mass, jnp.asarray(-count, jnp.int64), jnp.asarray(float(epsilon)),
+        return unchecked_pld(probs, inf_mass, jnp.asarray(-count, jnp.int64), jnp.asarray(float(epsilon)),
                    True)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
     index = np.ceil(losses / step - 1e-12).astype(np.int64)
     on_grid = np.zeros(int(index[-1] - index[0]) + 1)
     np.add.at(on_grid, index - index[0], np.asarray(probs)[::2])
     probs = jnp.asarray(on_grid)
-    return PLD(probs, inf_mass, jnp.asarray(index[0], jnp.int64), jnp.asarray(step), True)
+    return unchecked_pld(probs, inf_mass, jnp.asarray(index[0], jnp.int64), jnp.asarray(step), True)
 
 
 @float64
@@ -464,7 +464,7 @@ def identity(*, pessimistic: bool = True) -> PLD:
       none at +inf. Both an upper and a lower bound; flagged as ``pessimistic`` says.
     """
     one = jnp.ones((1,), jnp.float64)
-    return PLD(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
+    return unchecked_pld(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
 
 
 __all__ = ["approx_dp_composition", "discrete_gaussian", "discrete_laplace", "from_privacy_curve",

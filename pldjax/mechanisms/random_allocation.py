@@ -102,7 +102,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD, from_rows
+from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
@@ -404,7 +404,7 @@ def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
         window[0] += cut
     window = np.pad(window, (0, grid_lib.next_pow2(len(window)) - len(window)))
     window, inf_mass = settle(window, np.float64(inf_mass), 0.0, 0.0, pessimistic, xp=np)
-    return PLD(window, np.float64(inf_mass), np.int64(low + first), np.float64(step),
+    return unchecked_pld(window, np.float64(inf_mass), np.int64(low + first), np.float64(step),
                pessimistic=pessimistic)
 
 

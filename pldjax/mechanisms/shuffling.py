@@ -34,7 +34,7 @@ import numpy as np
 from pldjax.core import grid as grid_lib
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range, check_single
 from pldjax.kernels.compose import CompositionTooWide
@@ -161,7 +161,7 @@ def shuffling_lower_bound(noise_multiplier: float, steps_per_epoch: int, epochs:
     for index, mass in directions:
         probs = np.zeros(size)
         np.add.at(probs, index - lowest, mass)
-        plds.append(PLD(probs, np.float64(0.0), np.int64(lowest), np.float64(step),
+        plds.append(unchecked_pld(probs, np.float64(0.0), np.int64(lowest), np.float64(step),
                         pessimistic=False))
     pld = PLD.from_directions(*plds)
     if epochs == 1:

@@ -67,7 +67,7 @@ from pldjax.core.align import align
 from pldjax.core.compilation import kernel_jit, matmul
 from pldjax.core.grid import Grid
 from pldjax.core.mass import take_from_bottom
-from pldjax.core.pld import PLD, from_rows
+from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range
 from pldjax.kernels.discretize import lower_hull_rows, masses_at_vertices, masses_from_curve
@@ -114,8 +114,8 @@ def mixture(weights, plds: list[PLD]) -> PLD:
     directions = []
     for d in range(len(plds[0].directions())):
         step, lo, probs, inf = _common_window([p.directions()[d] for p in plds])
-        directions.append(PLD(matmul(probs.T, w), np.float64(w @ inf), np.int64(lo), np.float64(step),
-                              plds[0].pessimistic))
+        directions.append(unchecked_pld(matmul(probs.T, w), np.float64(w @ inf), np.int64(lo),
+                                        np.float64(step), plds[0].pessimistic))
     return PLD.from_directions(*directions)
 
 
@@ -342,7 +342,7 @@ def _analysis(parts: list[tuple[float, PLD]]) -> PLD:
     rare = sum(w for (w, _), fold in zip(parts, folded, strict=True) if fold)
     parts = [part for part, fold in zip(parts, folded, strict=True) if not fold]
     if rare > 0:
-        parts.append((rare, PLD(np.zeros(1), np.float64(1.0), np.int64(0), np.float64(1.0), True)))
+        parts.append((rare, unchecked_pld(np.zeros(1), np.float64(1.0), np.int64(0), np.float64(1.0), True)))
     if len(parts) == 1:
         return parts[0][1]
     return mixture(*zip(*parts, strict=True))

@@ -12,6 +12,7 @@ from compiled_programs import compiled_programs, programs_of_a_new_process
 from scipy import stats
 
 import pldjax as pj
+from pldjax.core.pld import unchecked_pld
 from pldjax.kernels.dominance import ROUNDOFF
 
 F = pj.filters
@@ -604,8 +605,10 @@ def test_bad_input_is_refused_with_the_argument_named():
 
 # -- degenerate queries: never accepted, state untouched ---------------------------------
 def _pld(probs, inf_mass=0.0, offset=-1, step=0.5):
-    return pj.PLD(jnp.asarray(probs, jnp.float64), jnp.asarray(inf_mass, jnp.float64),
-                  jnp.asarray(offset, jnp.int64), jnp.asarray(step, jnp.float64))
+    """A query PLD whose parts no constructor checked, as a caller's jit hands one over (the
+    constructor refuses such parts when they are concrete)."""
+    return unchecked_pld(jnp.asarray(probs, jnp.float64), jnp.asarray(inf_mass, jnp.float64),
+                         jnp.asarray(offset, jnp.int64), jnp.asarray(step, jnp.float64))
 
 
 DEGENERATE = {
@@ -646,15 +649,15 @@ def test_degenerate_query_plds_raise_on_the_host(name):
 def test_query_checks_agree_on_the_host_and_in_the_spend():
     """The checks of a concrete query run in NumPy on the host, those in the spend traced: they
     flag the same rules for degenerate and valid queries alike."""
-    from pldjax.adaptive.filters.base import pld_problems
+    from pldjax.core.pld import pld_problems
 
     def traced(query):
-        return jnp.stack([bad for _, bad in pld_problems(query)])
+        return jnp.stack([bad for *_, bad in pld_problems(query)])
 
     degenerate = [make() for make, _ in DEGENERATE.values()]
     valid = [pj.randomized_response(0.5), pj.gaussian(1.0, sampling_prob=0.1)]
     for i, query in enumerate(degenerate + valid):
-        on_host = [bool(bad) for _, bad in pld_problems(query)]
+        on_host = [bool(bad) for *_, bad in pld_problems(query)]
         assert on_host == np.asarray(jax.jit(traced)(query)).tolist()
         assert any(on_host) == (i < len(degenerate))
 

@@ -34,6 +34,74 @@ def test_direction_helpers():
     assert batch.stack_directions()[0].shape == (2, 1, batch.size)
 
 
+def _parts(probs=(0.2, 0.3, 0.5), inf_mass=0.0, offset=-1, step=0.5):
+    return np.asarray(probs, np.float64), inf_mass, offset, step
+
+
+BAD_PARTS = {  # what a caller can get wrong, and the part the error names
+    "nan mass": (_parts(probs=(0.2, np.nan, 0.8)), "probs, inf_mass: a mass is NaN"),
+    "nan atom": (_parts(inf_mass=np.nan), "probs, inf_mass: a mass is NaN"),
+    "negative mass": (_parts(probs=(0.6, -0.1, 0.5)), "probs, inf_mass: a mass is negative"),
+    "surplus": (_parts(probs=(0.5, 0.5, 0.5)), "probs, inf_mass: the total mass is not 1"),
+    "deficit": (_parts(probs=(0.2, 0.3, 0.4)), "probs, inf_mass: the total mass is not 1"),
+    "zero step": (_parts(step=0.0), "step: the step is not finite and > 0"),
+    "negative step": (_parts(step=-0.5), "step: the step is not finite and > 0"),
+    "infinite step": (_parts(step=np.inf), "step: the step is not finite and > 0"),
+    "impossible losses": (_parts(probs=(0.5, 0.0, 0.5), offset=-10, step=1.0),
+                          "offset, step: the losses imply a Q mass above 1"),
+    "fractional offset": (_parts(offset=-1.5), "offset must be whole numbers"),
+    "float32 masses": ((np.float32([0.25, 0.25, 0.5]), 0.0, -1, 0.5), "probs must be float64"),
+    "float32 step": ((*_parts()[:3], np.float32(0.5)), "step must be float64"),
+    "complex masses": ((np.array([0.2, 0.3, 0.5], complex), 0.0, -1, 0.5),
+                       "probs must be real numbers"),
+    "no grid point": ((np.zeros((2, 0)), 0.0, 0, 0.5), "at least one grid point"),
+    "atom of another batch": ((np.full((2, 2), 0.5), np.zeros(3), 0, 0.5),
+                              "inf_mass must broadcast to the batch shape"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PARTS)
+def test_a_pld_from_bad_parts_is_refused_naming_them(case):
+    """Before the checks, a NaN mass read epsilon NaN, a zero step or losses no pair of
+    distributions has (sum p e^-z > 1) read epsilon 0, and float32 masses (a caller's jnp arrays
+    with x64 off) composed to a delta several times the truth."""
+    parts, message = BAD_PARTS[case]
+    with pytest.raises(ValueError, match=message):
+        PLD(*parts)
+
+
+def test_a_pld_from_good_parts_is_built_as_given():
+    assert float(PLD(*_parts()).epsilon(1e-3)) == pytest.approx(0.498, abs=1e-3)
+    optimistic = PLD(*_parts(probs=(0.2, 0.3, 0.4)), pessimistic=False)  # 0.1 dropped to -inf
+    assert float(optimistic.total_mass()) == pytest.approx(0.9)
+    batch = PLD(np.array([[0.5, 0.5], [0.0, 0.9]]), np.array([0.0, 0.1]), 0, 0.5)
+    assert batch.batch_shape == (2,)
+    with pytest.raises(ValueError, match=r"total mass is not 1.*batch row \(1,\)"):
+        PLD(np.array([[0.5, 0.5], [0.0, 0.9]]), 0.0, 0, 0.5)
+    for made in (pj.gaussian(1.0, sampling_prob=0.1), pj.laplace(2.0, pessimistic=False),
+                 pj.gaussian(np.array([0.5, 2.0])).self_compose(100)):
+        for d in made.directions():  # pldjax's own PLDs pass the checks, as parts
+            rebuilt = PLD(np.asarray(d.probs), np.asarray(d.inf_mass), np.asarray(d.offset),
+                          np.asarray(d.step), d.pessimistic)
+            np.testing.assert_array_equal(rebuilt.probs, d.probs)
+
+
+def test_parts_under_jit_are_not_checked_and_leaves_round_trip():
+    import jax
+
+    @jax.jit
+    def rebuilt(probs, step):
+        return PLD(probs, 0.0, -1, step).probs
+
+    np.testing.assert_array_equal(rebuilt(np.array([0.2, 0.3, 0.5]), 0.5), [0.2, 0.3, 0.5])
+    sub = pj.gaussian(1.0, sampling_prob=0.1)
+    leaves, tree = jax.tree_util.tree_flatten(sub)
+    again = jax.tree_util.tree_unflatten(tree, leaves)
+    assert again.reverse is not None and again.pessimistic
+    batch = pj.gaussian(np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(jax.vmap(lambda p: p)(batch).probs, batch.probs)
+
+
 def _compiled_path(monkeypatch):
     """Small PLDs are built and go through the compiled kernels, as large ones do."""
     monkeypatch.setattr(pld_module, "HOST_ROWS", 0)

@@ -6,10 +6,11 @@ numbers (budgets, orders, a budget PLD's arrays) passed in ``settings`` as data.
 once for all filters:
 
 * **Query checks.** A query PLD with a NaN, infinite or negative mass, a total mass other than 1
-  (beyond :data:`MASS_TOLERANCE`) or a step that is not finite and > 0, and a cost given in
-  numbers that is NaN or negative (inf is a valid cost: it is rejected), is never accepted: on the
-  host ``spend`` raises a ValueError naming the query; under a caller's jit or vmap (where values
-  cannot raise) the query is rejected and the state is returned unchanged. A new state with a NaN
+  (beyond :data:`~pldjax.core.pld.MASS_TOLERANCE`), a step that is not finite and > 0 or losses
+  that imply a Q mass above 1, and a cost given in numbers that is NaN or negative (inf is a
+  valid cost: it is rejected), is never accepted: on the host ``spend`` raises a ValueError
+  naming the query; under a caller's jit or vmap (where values cannot raise) the query is
+  rejected and the state is returned unchanged. A new state with a NaN
   anywhere is rejected too, so no cost computation can corrupt a state.
 * **Exact 64-bit states whatever the caller's x64 flag.** State leaves holding float64 / int64
   values are stored as their bits (:func:`pldjax.core.precision.pack`: uint32 pairs), so a state crosses
@@ -40,16 +41,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import logsumexp
 
 from pldjax.core.compilation import array_module, kernel_jit, on_host
 from pldjax.core.notice import slow_call_notice
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, pld_problems
 from pldjax.core.precision import float64, host_result, pack, unpack, upper_of_rounded
 from pldjax.core.validation import is_traced
-
-#: Largest |total mass - 1| of a query PLD (its masses plus its atom at +inf) accepted as round-off.
-MASS_TOLERANCE = 1e-9
 
 
 class Filter(NamedTuple):
@@ -87,45 +84,6 @@ def pld_cost(cost):
     becomes inf (rejected); a value below 0 (round-off: the true costs here are >= 0) becomes 0."""
     xp = array_module(cost)
     return xp.where(xp.isnan(cost), np.inf, xp.maximum(cost, 0.0))
-
-
-def _log_q_mass(probs, offset, step, xp=jnp):
-    """log sum_i p_i e^{-z_i} (NaN-free for any finite masses; -inf when all are 0), with the
-    array module ``xp`` (jax.numpy, or NumPy on the host)."""
-    z = (xp.asarray(offset) + xp.arange(probs.shape[-1])) * step
-    positive = probs > 0
-    log_p = xp.log(xp.where(positive, probs, 1.0))
-    terms = xp.where(positive, log_p - z, -np.inf)
-    if xp is jnp:
-        return logsumexp(terms)
-    top = np.max(terms, initial=-np.inf)  # as jax's logsumexp: shifted by the largest if finite
-    top = top if np.isfinite(top) else 0.0
-    return np.log(np.sum(np.exp(terms - top))) + top
-
-
-@np.errstate(all="ignore")  # on the host: NaN and inf are what the rules look for
-def pld_problems(query: PLD):
-    """(name, bool) pairs, True where the query PLD is degenerate, one per rule: traced where the
-    query is, else computed on the host (NumPy: no compiled program)."""
-    xp = jnp if is_traced(query) else np
-    rules = []
-    for d in query.directions():
-        probs = xp.asarray(d.probs)
-        inf_mass = xp.asarray(d.inf_mass)
-        step = xp.asarray(d.step)
-        total = xp.sum(xp.where(xp.isfinite(probs), probs, 0.0)) + inf_mass
-        rules += [
-            ("a mass is NaN or infinite",
-             ~(xp.all(xp.isfinite(probs)) & xp.isfinite(inf_mass))),
-            ("a mass is negative", xp.any(probs < 0) | (inf_mass < 0)),
-            (f"the total mass is not 1 (within {MASS_TOLERANCE})",
-             ~(xp.abs(total - 1.0) <= MASS_TOLERANCE)),
-            ("the step is not finite and > 0", ~(xp.isfinite(step) & (step > 0))),
-            # E_P[e^-L] is the mass of Q where P > 0: at most 1 for any pair of distributions
-            (f"the losses imply a Q mass above 1 (sum of p e^-z > 1 + {MASS_TOLERANCE})",
-             ~(_log_q_mass(probs, d.offset, step, xp) <= xp.log1p(MASS_TOLERANCE))),
-        ]
-    return rules
 
 
 def _cost_ok(query):
@@ -166,7 +124,7 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
                         f"x64 off, a caller's jit converts PLD arguments to float32): build the "
                         f"query inside the jitted function or enable jax_enable_x64")
         if not is_traced(query):
-            for reason, bad in pld_problems(query):
+            for _, reason, bad in pld_problems(query):
                 # under a caller's jit a closed-over PLD cannot raise (the checks of the jnp
                 # version were traced there): the spend refuses such a query itself
                 # (``guarded``), as it does a traced one
@@ -248,7 +206,7 @@ def _guarded_spend(core: Callable, static: tuple[str, ...], structure: tuple) ->
         plain = unpack(state, like)
         new, accepted = core(settings, plain, query, **options)
         if isinstance(query, PLD):
-            valid = ~jnp.any(jnp.stack([bad for _, bad in pld_problems(query)]))
+            valid = ~jnp.any(jnp.stack([bad for *_, bad in pld_problems(query)]))
         else:
             valid = _cost_ok(query)
         sane = jnp.asarray(True)

@@ -21,7 +21,7 @@ import numpy as np
 from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, query_directions
 from pldjax.core.align import STEP_RTOL, onto_step, regrid_kernel
 from pldjax.core.grid import MAX_SIZE, MAX_STEP, check_size, next_pow2
-from pldjax.core.pld import PLD
+from pldjax.core.pld import PLD, unchecked_pld
 from pldjax.core.precision import add_up, float64
 from pldjax.core.validation import check_count, check_range, is_traced
 from pldjax.kernels.compose import convolve_kernel
@@ -158,8 +158,8 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
         """The composition so far (a pessimistic PLD); compare it with the budget."""
         # placed, not jnp.asarray (a program of its own on the host; traced alike under jit)
         on_step = jax.device_put(np.float64(step))
-        forward = PLD(state.probs[0], state.inf_mass[0], jax.device_put(low[0]), on_step, True)
-        back = PLD(state.probs[1], state.inf_mass[1], jax.device_put(low[1]), on_step, True)
+        forward, back = (unchecked_pld(state.probs[i], state.inf_mass[i], jax.device_put(low[i]),
+                                       on_step, True) for i in (0, 1))
         return PLD.from_directions(forward, back)
 
     return make_filter("natural", {"step": step, "size": size, "delta_slack": float(delta_slack)},
