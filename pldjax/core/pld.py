@@ -56,10 +56,13 @@ class PLD:
         finite and >= 0, summing with the atom to 1 within MASS_TOLERANCE (an optimistic PLD's
         to at most 1), the offsets whole numbers, the step finite and > 0, and the losses
         possible (sum p e^-z, the mass of Q, at most 1 within MASS_TOLERANCE). Traced parts
-        (inside ``jit``) are not checked."""
+        (inside ``jit``) are not checked, nor parts that are all Python ints or None (a
+        ``vmap`` axis specification, ``in_axes=pj.PLD(0, None, 0, 0)``)."""
         _fill(self, probs, inf_mass, offset, step, check_flag("pessimistic", pessimistic),
               reverse)
-        if not is_traced((probs, inf_mass, offset, step)):
+        parts = (probs, inf_mass, offset, step)
+        axes = all(part is None or type(part) is int for part in parts)
+        if not axes and not is_traced(parts):
             _check_parts(self)
 
     # -- pytree -----------------------------------------------------------------------------

@@ -100,6 +100,9 @@ def test_parts_under_jit_are_not_checked_and_leaves_round_trip():
     assert again.reverse is not None and again.pessimistic
     batch = pj.gaussian(np.array([1.0, 2.0]))
     np.testing.assert_array_equal(jax.vmap(lambda p: p)(batch).probs, batch.probs)
+    axes = PLD(0, 0, 0, 0)  # an axis specification, not parts
+    eps = jax.vmap(lambda p: p.epsilon(1e-5), in_axes=(axes,))(batch)
+    np.testing.assert_allclose(eps, batch.epsilon(1e-5), rtol=1e-12)
 
 
 def _compiled_path(monkeypatch):
