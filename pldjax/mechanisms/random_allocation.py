@@ -379,7 +379,12 @@ def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
     l_1, the rest at l_0; the atom is their merger, so the split pair dominates); optimistic:
     merged onto the grid (:func:`_merged_onto_grid`). Mass within TAIL_MASS of either end of the
     window is moved to its safe side, then :func:`settle` restores a total of 1 (a pessimistic
-    PLD's masses and +inf atom are upper bounds: the surplus comes off its lowest losses)."""
+    PLD's masses and +inf atom are upper bounds: the surplus comes off its lowest losses).
+    The window is at most MAX_MECHANISM_SIZE points: atoms further below the highest loss move up
+    to its bottom, as mass below any window does (a lattice's lowest points, far below a narrow
+    loss, asked for 10^9 points at sigma = 10^6)."""
+    losses = np.maximum(losses, np.max(losses, initial=-np.inf)
+                        - (grid_lib.MAX_MECHANISM_SIZE - 4) * step)
     if pessimistic:
         shifted = losses + _LOSS_MARGIN
         index = np.floor(shifted / step)
@@ -528,7 +533,10 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
 
     def hull_of_minimum(a: PLD, b: PLD):
         def curve(z):
-            lower = np.minimum(_curve_at(a, z), _curve_at(b, z))
+            # at least 1 - e^z, as every privacy curve: a lattice's masses are upper bounds,
+            # whose Q mass (sum p e^-z) can exceed 1 by their round-off, and its curve then dips
+            # below 1 - e^z at negative losses (by 6.5e-9 at sigma 1000, 10 of 10^4 steps)
+            lower = np.maximum(np.minimum(_curve_at(a, z), _curve_at(b, z)), -np.expm1(z))
             return np.clip(lower_hull_at(np.exp(z - z[-1]), lower), 0.0, 1.0)
         return curve
 
