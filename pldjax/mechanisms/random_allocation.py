@@ -102,7 +102,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD, from_rows, unchecked_pld
+from pldjax.core.pld import PLD, from_rows, log_q_mass, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
@@ -410,7 +410,48 @@ def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
     window = np.pad(window, (0, grid_lib.next_pow2(len(window)) - len(window)))
     window, inf_mass = settle(window, np.float64(inf_mass), 0.0, 0.0, pessimistic, xp=np)
     return unchecked_pld(window, np.float64(inf_mass), np.int64(low + first), np.float64(step),
-               pessimistic=pessimistic)
+                         pessimistic=pessimistic)
+
+
+def _q_mass_held_to_one(pld: PLD) -> PLD:
+    """A pessimistic PLD whose Q mass, sum p e^-z, exceeds 1 (by the slack of a lattice's upper
+    bounds and of the compositions' round-off charges: 2e-9 to 2e-7), with mass moved in each
+    direction from its lowest losses up to its highest grid point at or below loss 0 until it
+    does not. A move up only raises the curve, at losses below that point (delta(eps >= 0) is
+    unchanged where it is loss 0), so the PLD stays an upper bound, and it becomes a pair's (a
+    filter's query must be one)."""
+    def held(d: PLD) -> PLD:
+        probs = _held_probs(np.asarray(d.probs, np.float64), int(d.offset), float(d.step))
+        return unchecked_pld(probs, np.float64(d.inf_mass), np.int64(d.offset),
+                             np.float64(d.step), True)
+
+    return pld.map_directions(held)
+
+
+def _held_probs(probs: np.ndarray, offset: int, step: float) -> np.ndarray:
+    """The masses of one direction of :func:`_q_mass_held_to_one`."""
+    z = (offset + np.arange(len(probs))) * step
+    below = np.nonzero(z <= 0)[0]
+    excess = math.expm1(float(log_q_mass(probs, offset, step, np)))
+    if not excess > 0 or len(below) < 2:
+        return probs
+    target = below[-1]
+    # the Q mass each bin moved whole removes (p e^-z, 0 where p is; inf past float64, where
+    # nothing is moved)
+    held = probs[:target] > 0
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        gain = np.where(held, np.exp(np.log(np.where(held, probs[:target], 1.0)) - z[:target]),
+                        0.0) - probs[:target] * math.exp(-z[target])
+    reached = np.cumsum(gain)
+    whole = int(np.searchsorted(reached, excess))  # bins [0, whole) move whole
+    if whole == target:
+        return probs  # not enough below: left as it is
+    moved = probs.copy()
+    part = probs[whole] * (excess - (reached[whole - 1] if whole else 0.0)) / gain[whole]
+    moved[:whole] = 0.0
+    moved[whole] -= part
+    moved[target] += math.fsum(probs[:whole]) + part
+    return moved
 
 
 def _bounds(law) -> tuple[np.ndarray, np.ndarray]:
@@ -634,7 +675,7 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
         parts.append(part if count == 1 else part.self_compose(count))
     epoch = parts[0] if len(parts) == 1 else parts[0].compose(parts[1])
     if selected == 1:  # its one block has met this Gaussian bound already
-        return epoch
+        return _q_mass_held_to_one(epoch)
     # the blocks' k-fold composition, each fold rounded up on its grid, can end above the
     # Gaussian bound where k is large (sigma 1, 5 x 10^5 of 10^6 steps: epsilon 1.2e6 against
     # its 2.5e5); both dominate the pair, so the lower (or their meet) does
@@ -643,8 +684,8 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
     crossing = np.any(below) and not np.all(below) and len(epoch.directions()) == 2
     met = _meet(epoch, gaussian, step) if crossing else None
     if met is not None:
-        return met
-    return gaussian if np.mean(below) > 0.5 else epoch
+        return _q_mass_held_to_one(met)
+    return gaussian if np.mean(below) > 0.5 else _q_mass_held_to_one(epoch)
 
 
 #: Losses at which :func:`_below` compares two curves.

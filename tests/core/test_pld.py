@@ -78,8 +78,14 @@ def test_a_pld_from_good_parts_is_built_as_given():
     assert batch.batch_shape == (2,)
     with pytest.raises(ValueError, match=r"total mass is not 1.*batch row \(1,\)"):
         PLD(np.array([[0.5, 0.5], [0.0, 0.9]]), 0.0, 0, 0.5)
+    allocation = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.RandomAllocation(100, 10))
     for made in (pj.gaussian(1.0, sampling_prob=0.1), pj.laplace(2.0, pessimistic=False),
-                 pj.gaussian(np.array([0.5, 2.0])).self_compose(100)):
+                 pj.gaussian(np.array([0.5, 2.0])).self_compose(100),
+                 # optimistic: mass moved to the window's bottom (Q mass 1 + 1e-7)
+                 pj.gaussian(1.0, sampling_prob=0.01, pessimistic=False).self_compose(10_000),
+                 # upper and lower bounds on lattice masses (Q mass 1 + 8e-9 and 1 + 1e-8)
+                 allocation.pld(), allocation.pld(pessimistic=False),
+                 pj.shuffling_lower_bound(1.0, 100)):
         for d in made.directions():  # pldjax's own PLDs pass the checks, as parts
             rebuilt = PLD(np.asarray(d.probs), np.asarray(d.inf_mass), np.asarray(d.offset),
                           np.asarray(d.step), d.pessimistic)

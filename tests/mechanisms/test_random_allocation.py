@@ -235,6 +235,22 @@ def test_pairs_without_an_analysis_are_refused():
         pj.Event(pj.noise.Laplace(1.0), scheme).pld()
 
 
+
+@pytest.mark.parametrize(("sigma", "steps", "selected"), [(2.0, 100, 10), (1.0, 200, 1)])
+def test_upper_bounds_are_pairs_that_a_filter_accepts(sigma, steps, selected):
+    """The lattice's upper-bound masses and the compositions' round-off charges implied a Q mass
+    (sum p e^-z) up to 2e-7 above 1, which no pair has: a filter refused the epoch's PLD as a
+    degenerate query. Mass moved up from the lowest losses to loss 0 restores it (and leaves
+    delta at epsilon >= 0 as it was)."""
+    from pldjax.core.pld import pld_problems
+
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps, selected))
+    pld = event.pld()
+    assert not any(bool(bad) for *_, bad in pld_problems(pld))
+    gdp = pj.filters.gdp_filter(5.0, delta=1e-6)
+    _, accepted = gdp.spend(gdp.init(), pld)
+    assert bool(accepted)
+
 @pytest.mark.parametrize(("sigma", "steps", "selected"), [
     (1e-6, 10, 1), pytest.param(1e17, 10, 1, marks=pytest.mark.slow), (2.0, 10**9, 1),
     pytest.param(0.3, 100, 1, marks=pytest.mark.slow),
