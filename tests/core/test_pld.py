@@ -92,6 +92,31 @@ def test_a_pld_from_good_parts_is_built_as_given():
             np.testing.assert_array_equal(rebuilt.probs, d.probs)
 
 
+PESSIMISTIC_BUILDS = {
+    "subsampled gaussian": lambda: pj.gaussian(1.0, sampling_prob=0.01),
+    "replace-one gaussian": lambda: pj.gaussian(1.0, sampling_prob=0.01,
+                                                neighboring="replace_one"),
+    "subsampled laplace": lambda: pj.laplace(0.5, sampling_prob=0.05),
+    "randomized response": lambda: pj.randomized_response(1.0, 1e-6),
+    "discrete gaussian": lambda: pj.discrete_gaussian(1.0),
+    "fixed batch": lambda: pj.Event(pj.noise.Laplace(2.0), pj.sampling.FixedBatch(0.05),
+                                    "replace_one").pld(),
+    "mixture": lambda: pj.Event(pj.noise.Gaussian(1.0), pj.sampling.Mixture.binomial(0.01, 10),
+                                "replace_special").pld(),
+    "random allocation": lambda: pj.Event(pj.noise.Gaussian(2.0),
+                                          pj.sampling.RandomAllocation(100, 10)).pld(),
+    "composed": lambda: pj.gaussian(1.0, sampling_prob=0.01).self_compose(10_000),
+}
+
+
+@pytest.mark.parametrize("build", PESSIMISTIC_BUILDS)
+def test_pessimistic_plds_pldjax_builds_are_pairs_a_filter_accepts(build):
+    """Total mass 1 and a Q mass (sum p e^-z) at most 1, to MASS_TOLERANCE: the rules of a
+    filter's query."""
+    pld = PESSIMISTIC_BUILDS[build]()
+    assert not [reason for *_, reason, bad in pld_module.pld_problems(pld) if bool(bad)]
+
+
 def test_parts_under_jit_are_not_checked_and_leaves_round_trip():
     import jax
 
