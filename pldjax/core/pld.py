@@ -62,9 +62,9 @@ class PLD:
         finite and >= 0, summing with the atom to 1 within MASS_TOLERANCE (an optimistic PLD's
         to at most 1), the offsets whole numbers, the step finite and > 0, and a pessimistic
         PLD's losses possible (sum p e^-z, the mass of Q, at most 1 within PARTS_Q_TOLERANCE:
-        losses all below 0 would claim epsilon = 0). Traced parts
-        (inside ``jit``) are not checked, nor parts that are all Python ints or None (a
-        ``vmap`` axis specification, ``in_axes=pj.PLD(0, None, 0, 0)``)."""
+        losses all below 0 would claim epsilon = 0). Traced parts (inside ``jit``) are not
+        checked, nor parts that are all Python ints or None (a ``vmap`` axis specification,
+        ``in_axes=pj.PLD(0, None, 0, 0)``)."""
         _fill(self, probs, inf_mass, offset, step, check_flag("pessimistic", pessimistic),
               reverse)
         parts = (probs, inf_mass, offset, step)

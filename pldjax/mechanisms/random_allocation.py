@@ -436,8 +436,8 @@ def _held_probs(probs: np.ndarray, offset: int, step: float) -> np.ndarray:
     if not excess > 0 or len(below) < 2:
         return probs
     target = below[-1]
-    # the Q mass each bin moved whole removes (p e^-z, 0 where p is; inf past float64, where
-    # nothing is moved)
+    # the Q mass each bin removes moved whole, p (e^-z - e^-z_target): 0 where p is 0, inf past
+    # float64 (that bin and the ones above then stay)
     held = probs[:target] > 0
     with np.errstate(over="ignore", under="ignore", divide="ignore"):
         gain = np.where(held, np.exp(np.log(np.where(held, probs[:target], 1.0)) - z[:target]),
