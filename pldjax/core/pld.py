@@ -32,10 +32,11 @@ from pldjax.core.validation import check_flag, is_traced
 #: optimistic PLD may hold less (mass it dropped), never more. Also the most by which the mass of
 #: Q its losses imply (sum p e^-z) may exceed 1 in a filter's query.
 MASS_TOLERANCE = 1e-9
-#: The same for a pessimistic PLD built from its parts: pldjax's own upper bounds on a lattice's
-#: masses (random allocation, one selection of 1,000 steps) imply up to 2e-7. An optimistic PLD's
-#: Q mass is not checked: mass it moves to lower losses (to its window's bottom) raises it, and
-#: losses lower than possible only lower a lower bound.
+#: The same for a pessimistic PLD built from its parts: room for a caller's own upper bounds on
+#: masses, whose slack implies a Q mass above 1 (random allocation's lattice bounds imply up to
+#: 2e-7 before pldjax moves mass up to hold them to 1). An optimistic PLD's Q mass is not
+#: checked: mass it moves to lower losses (to its window's bottom) raises it, and losses lower
+#: than possible only lower a lower bound.
 PARTS_Q_TOLERANCE = 1e-6
 
 

@@ -83,7 +83,7 @@ def test_a_pld_from_good_parts_is_built_as_given():
                  pj.gaussian(np.array([0.5, 2.0])).self_compose(100),
                  # optimistic: mass moved to the window's bottom (Q mass 1 + 1e-7)
                  pj.gaussian(1.0, sampling_prob=0.01, pessimistic=False).self_compose(10_000),
-                 # upper and lower bounds on lattice masses (Q mass 1 + 8e-9 and 1 + 1e-8)
+                 # upper bounds on lattice masses held to a Q mass of 1, lower bounds at 1 + 1e-8
                  allocation.pld(), allocation.pld(pessimistic=False),
                  pj.shuffling_lower_bound(1.0, 100)):
         for d in made.directions():  # pldjax's own PLDs pass the checks, as parts

@@ -10,8 +10,8 @@ once for all filters:
   that imply a Q mass above 1, and a cost given in numbers that is NaN or negative (inf is a
   valid cost: it is rejected), is never accepted: on the host ``spend`` raises a ValueError
   naming the query; under a caller's jit or vmap (where values cannot raise) the query is
-  rejected and the state is returned unchanged. A new state with a NaN
-  anywhere is rejected too, so no cost computation can corrupt a state.
+  rejected and the state is returned unchanged. A new state with a NaN anywhere is rejected too,
+  so no cost computation can corrupt a state.
 * **Exact 64-bit states whatever the caller's x64 flag.** State leaves holding float64 / int64
   values are stored as their bits (:func:`pldjax.core.precision.pack`: uint32 pairs), so a state crosses
   jit, vmap and save/load bit for bit. ``remaining`` unpacks them.
