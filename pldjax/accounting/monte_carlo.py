@@ -49,8 +49,10 @@ CHUNK = 1 << 16
 #: Most chunks drawn at once on a CPU, in threads, one a core (XLA keeps 2 cores about 75% busy
 #: with one chunk).
 CHUNK_WORKERS = 4
-#: Steps a block holds when min_sep = 1 (Poisson sampling: no cooldown sets the block).
-_POISSON_BLOCK = 64
+#: Steps a block holds when min_sep = 1 (Poisson sampling: no cooldown sets the block), and the
+#: fewest steps whose noise is drawn at once (blocks shorter than this are drawn in groups).
+_POISSON_BLOCK = 8
+_DRAWN_STEPS = 8
 #: Guards on memory and time: most samples a direction (8 bytes each, kept), most steps times
 #: samples (a few hours of a CPU's time, seconds of a GPU's), largest min_sep (the steps a
 #: sample's state spans, and a call's chunk shrinks as it grows).
@@ -58,7 +60,7 @@ MAX_SAMPLES = 10**8
 MAX_WORK = 10**11
 MAX_MIN_SEP = 4096
 #: What a long call says it does (pldjax.core.notice).
-_SAMPLING = ("it draws privacy-loss samples, about 30 ns a sample and step on a two-core CPU (its "
+_SAMPLING = ("it draws privacy-loss samples, about 40 ns a sample and step on a two-core CPU (its "
              "first call in a process also compiles)")
 #: Bisection steps of the confidence bound and of epsilon.
 _BISECTIONS = 100
@@ -101,60 +103,107 @@ def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep:
     Both rows share their Gaussian noise z (y = z + mu x under P, y = z under Q). A row's
     samples are independent of one another, which is all its confidence bound needs, and the
     two bounds are joined by a union bound, which holds whatever their dependence; the sampler
-    then draws half the normals (12-15% faster on a CPU).
+    then draws half the normals.
 
-    The forward recursion carries the log weight of the eligible state; the weight that enters
-    cooldown at step t (participation) becomes eligible again after min_sep - 1 = L more steps.
-    Steps run in blocks of L: a block reads, row by row, the weights the previous block sent
-    into cooldown and writes its own (each buffer read or written whole, so none is copied at
-    every step); a step past the last (padding of the last block) leaves the eligible weight as
-    it is and passes the weight returning to it on into the buffer, which the result sums."""
+    Steps are drawn a block at a time (:func:`forward_losses`), a block being min_sep - 1
+    steps (one participation at most), in groups of at least ``_DRAWN_STEPS`` steps. The
+    participation under P takes one uniform draw a record and block rather than one a step:
+    from the offset at which the record is eligible, its next participation comes after a
+    geometric number of steps (the trials until a success of probability p), and one that falls
+    past the block's end is drawn afresh in the next (the geometric law is memoryless). With
+    min_sep = 1 (Poisson sampling) each step's participation is drawn on its own."""
     size = chunk_size(min_sep)
     cooldown = min_sep - 1
-    block = cooldown or _POISSON_BLOCK
+    block, group = block_and_group(min_sep)
     log_p, log_q = jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
     stationary = 1.0 + cooldown * sampling_prob
     log_eligible = jnp.where(warm_start, -jnp.log(stationary), 0.0)
     log_cooling = jnp.where(warm_start, log_p - jnp.log(stationary), -jnp.inf)
     key = jax.random.fold_in(jax.random.key(seed), chunk)
     start, key = jax.random.split(key)
-    # the chain's state under P: 0 eligible, c > 0 steps of cooldown left
+    # the chain's state under P: the offset in the block from which the record is eligible
+    # (0: eligible; c > 0: c steps of cooldown left)
     logits = jnp.concatenate([log_eligible[None], jnp.full(cooldown, log_cooling)])
-    state = jax.random.categorical(start, logits, shape=(size,))
+    eligible_from = jax.random.categorical(start, logits, shape=(size,)).astype(jnp.float64)
+    offsets = jnp.arange(block)
+
+    def draw(first, eligible_from):
+        noise_key, choice_key = jax.random.split(jax.random.fold_in(key, first))
+        z = jax.random.normal(noise_key, (group, block, size), jnp.float64)
+        live = ((first + jnp.arange(group))[:, None] * block + offsets < steps)[..., None]
+        if cooldown == 0:
+            u = jax.random.uniform(choice_key, (group, block, size), jnp.float64)
+            return z, live & (u < sampling_prob), eligible_from
+        u = jax.random.uniform(choice_key, (group, size), jnp.float64)
+        # failures before the first success: P(wait >= k) = P(1 - u <= q^k) = q^k
+        wait = jnp.where(sampling_prob > 0, jnp.floor(jnp.log1p(-u) / log_q), jnp.inf)
+
+        def participation(eligible_from, wait):
+            at = eligible_from + wait
+            return jnp.where(at < block, at + 1.0, 0.0), at
+
+        eligible_from, at = jax.lax.scan(participation, eligible_from, wait)
+        return z, live & (offsets[:, None] == at[:, None, :]), eligible_from
+
+    return forward_losses(draw, eligible_from, mu, sampling_prob, steps, log_eligible,
+                           log_cooling, size=size, min_sep=min_sep)
+
+
+def block_and_group(min_sep: int) -> tuple[int, int]:
+    """(steps of a block, blocks of a group) of :func:`forward_losses` for ``min_sep``."""
+    block = min_sep - 1 or _POISSON_BLOCK
+    return block, -(-_DRAWN_STEPS // block)
+
+
+def forward_losses(draw, state, mu, sampling_prob, steps, log_eligible, log_cooling, *,
+                    size: int, min_sep: int):
+    """The losses L(y) (2, size) of ``size`` samples in each of two rows, by the forward
+    recursion over the cooldown state, in log space: ``draw(first, state)`` gives the noise z
+    of the group of blocks that begins at block ``first`` (group, block, size; see
+    :func:`block_and_group`), each row-0 sample's participation in them (the same shape; 0
+    past the last step) and the next ``state``; row 0's outputs are y = z + mu x, row 1's
+    y = z.
+
+    The recursion carries the log weight of the eligible state; the weight that enters
+    cooldown at a step (participation) becomes eligible again min_sep - 1 steps later. Blocks
+    are that many steps long: a block reads, row by row, the weights the previous block sent
+    into cooldown and writes its own (each buffer read or written whole, so none is copied at
+    every step); a step past the last (padding of the last group) lets the weight returning at
+    it into the eligible state, where the result sums it. Without a cooldown (min_sep = 1) each
+    step multiplies the eligible weight by q + p e^{mu y - mu^2/2}."""
+    cooldown = min_sep - 1
+    block, group = block_and_group(min_sep)
+    offsets = jnp.arange(block)
+    log_p, log_q = jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
+
+    def step(eligible, row):
+        x, taken, live, returning = row
+        ratio = jnp.stack([x + mu * mu * taken, x])  # log dP/dQ of the step's y if x = 1
+        if cooldown == 0:
+            return eligible + jnp.where(live, jnp.logaddexp(log_q, log_p + ratio), 0.0), None
+        entering = jnp.where(live, log_p, -jnp.inf) + ratio + eligible
+        stays = jnp.logaddexp(jnp.where(live, log_q, 0.0) + eligible, returning)
+        return stays, entering
+
+    def run_block(carry, rows):
+        eligible, previous = carry
+        z, taken, live = rows
+        eligible, entering = jax.lax.scan(
+            step, eligible, (mu * z - 0.5 * mu * mu, taken, live, previous if cooldown else None))
+        return (eligible, entering if cooldown else previous), None
+
+    def run_group(index, carry):
+        eligible, state, previous = carry
+        z, taken, state = draw(index * group, state)
+        live = (index * group + jnp.arange(group))[:, None] * block + offsets < steps
+        (eligible, previous), _ = jax.lax.scan(run_block, (eligible, previous), (z, taken, live))
+        return eligible, state, previous
+
     # with min_sep = 1 nothing waits: one row, never read
     previous = jnp.full((block if cooldown else 1, 2, size), log_cooling if cooldown else -jnp.inf)
-
-    def one_step(first):
-        def step(carry, row):
-            eligible, state = carry
-            offset, returning = row
-            t = first + offset
-            live = t < steps
-            noise_key, choice_key = jax.random.split(jax.random.fold_in(key, t))
-            z = jax.random.normal(noise_key, (size,), jnp.float64)
-            taken = (live & (state == 0)
-                     & (jax.random.uniform(choice_key, (size,), jnp.float64) < sampling_prob))
-            state = jnp.where(taken, cooldown, jnp.where(live, jnp.maximum(state - 1, 0), state))
-            y = jnp.stack([z + mu * taken, z])
-            entering = log_p + mu * y - 0.5 * mu * mu + eligible
-            if cooldown == 0:  # participation leaves the record eligible
-                stays, entering = jnp.logaddexp(log_q + eligible, entering), None
-            else:
-                stays = jnp.logaddexp(log_q + eligible, returning)
-                entering = jnp.where(live, entering, returning)
-            return (jnp.where(live, stays, eligible), state), entering
-        return step
-
-    def run_block(index, carry):
-        eligible, state, previous = carry
-        (eligible, state), entering = jax.lax.scan(
-            one_step(index * block), (eligible, state),
-            (jnp.arange(block), previous if cooldown else None))
-        return eligible, state, entering if cooldown else previous
-
-    blocks = (steps + block - 1) // block
+    groups = -(-steps // (block * group))
     carry = (jnp.full((2, size), log_eligible), state, previous)
-    eligible, _, previous = jax.lax.fori_loop(0, blocks, run_block, carry)
+    eligible, _, previous = jax.lax.fori_loop(0, groups, run_group, carry)
     return jax.nn.logsumexp(jnp.concatenate([eligible[None], previous]), axis=0)
 
 

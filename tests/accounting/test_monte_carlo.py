@@ -2,6 +2,7 @@
 privacy loss, against the PLDs of its two special cases (Poisson sampling at min_sep = 1,
 balls-in-bins at sampling_prob = 1), and for its refusals."""
 
+import itertools
 import math
 import warnings
 
@@ -37,6 +38,63 @@ def test_losses_agree_with_jax_privacys_sampler():
             a, a_error = _mean_and_error(-np.expm1(np.minimum(eps - theirs, 0.0)))
             b, b_error = _mean_and_error(-np.expm1(np.minimum(eps - mine, 0.0)))
             assert abs(a - b) <= 5 * math.hypot(a_error, b_error)
+
+
+def _enumerated_loss(y, mu, p, min_sep, warm_start):
+    """log E_x[exp(mu <x, y> - mu^2 |x| / 2)] over every participation pattern x of b-min-sep
+    sampling, each with its probability (Python floats, no recursion)."""
+    cooldown, steps = min_sep - 1, len(y)
+    stationary = 1.0 + cooldown * p
+    starts = ([(0, 1.0 / stationary)] + [(c, p / stationary) for c in range(1, min_sep)]
+              if warm_start else [(0, 1.0)])
+    total = 0.0
+    for barred, weight in starts:  # barred: steps of cooldown left
+        for pattern in itertools.product((0, 1), repeat=steps):
+            probability, left = weight, barred
+            for x in pattern:
+                if left:
+                    probability, left = probability * (1 - x), left - 1
+                else:
+                    probability *= p if x else 1 - p
+                    left = cooldown if x else 0
+            exponent = sum(mu * yt - mu * mu / 2 for x, yt in zip(pattern, y, strict=True) if x)
+            total += probability * math.exp(exponent)
+    return math.log(total)
+
+
+@pytest.mark.parametrize(("min_sep", "steps", "p", "warm_start"), [
+    (3, 7, 0.3, True), (3, 7, 0.3, False), (4, 7, 0.6, True), (1, 5, 0.3, True),
+    (3, 6, 1.0, False), (5, 3, 0.2, True), (2, 6, 0.0, True), (2, 11, 0.4, False),
+])
+def test_the_forward_recursion_is_the_sum_over_participation_patterns(min_sep, steps, p,
+                                                                       warm_start):
+    mu, rows = 1.3, 4
+    cooldown = min_sep - 1
+    block, group = monte_carlo.block_and_group(min_sep)
+    padded = -(-steps // (block * group)) * block * group
+    rng = np.random.default_rng(min_sep * 100 + steps)
+    z = np.full((padded, rows), 40.0)  # past the last step: large, and never read
+    z[:steps] = rng.normal(size=(steps, rows))
+    taken = np.zeros((padded, rows), bool)
+    taken[:steps] = rng.random((steps, rows)) < 0.3
+
+    def draw(first, state):
+        def rows_of(a):
+            return jax.lax.dynamic_slice_in_dim(a, first * block, group * block).reshape(
+                group, block, rows)
+        return rows_of(z), rows_of(taken), state
+
+    stationary = 1.0 + cooldown * p
+    with jax.enable_x64(True):
+        log_eligible = -math.log(stationary) if warm_start else 0.0
+        log_cooling = (math.log(p / stationary) if p > 0 else -math.inf) if warm_start else -math.inf
+        losses = np.asarray(monte_carlo.forward_losses(
+            draw, 0.0, mu, p, steps, log_eligible, log_cooling, size=rows, min_sep=min_sep))
+    for r in range(rows):
+        under_p = z[:steps, r] + mu * taken[:steps, r]
+        for row, y in ((0, under_p), (1, z[:steps, r])):
+            assert losses[row, r] == pytest.approx(
+                _enumerated_loss(y, mu, p, min_sep, warm_start), rel=1e-12, abs=1e-12)
 
 
 def test_chunks_drawn_at_once_are_the_chunks_drawn_one_after_another(x64_off, monkeypatch):
