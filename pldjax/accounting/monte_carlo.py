@@ -43,9 +43,14 @@ from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range, check_single
 
-#: Samples drawn per compiled call in each direction up to min_sep = 256 (a fixed shape: one
-#: program per min_sep; see chunk_size).
+#: Samples drawn per compiled call in each direction on a CPU and on an accelerator (a fixed
+#: shape: one program per min_sep; see chunk_size), and the bytes that a call's cooldown buffer
+#: stays under on each (the chunk halves as min_sep grows). An accelerator's steps take about
+#: as long for 2^20 samples as for 2^16 (their kernels' launches), so it draws more at once.
 CHUNK = 1 << 16
+ACCELERATOR_CHUNK = 1 << 20
+_BUFFER_BYTES = 1 << 28
+_ACCELERATOR_BUFFER_BYTES = 1 << 30
 #: Most chunks drawn at once on a CPU, in threads, one a core (XLA keeps 2 cores about 75% busy
 #: with one chunk).
 CHUNK_WORKERS = 4
@@ -87,18 +92,23 @@ class MonteCarloBound(NamedTuple):
     samples: int
 
 
-def chunk_size(min_sep: int) -> int:
-    """Samples a compiled call draws in each direction: CHUNK, halved for every doubling of
-    min_sep past 256, so that a call's cooldown buffer (min_sep - 1 rows of 2 x chunk losses)
-    stays under 256 MiB."""
-    return CHUNK >> max(0, (min_sep - 1).bit_length() - 8)
+def chunk_size(min_sep: int, accelerator: bool = False) -> int:
+    """Samples a compiled call draws in each direction: CHUNK (ACCELERATOR_CHUNK on an
+    ``accelerator``), halved until a call's cooldown buffer (min_sep - 1 rows of 2 x chunk
+    losses) stays under 256 MiB (1 GiB)."""
+    size = ACCELERATOR_CHUNK if accelerator else CHUNK
+    budget = _ACCELERATOR_BUFFER_BYTES if accelerator else _BUFFER_BYTES
+    while size > 1 and (min_sep - 1) * 2 * size * 8 >= budget:
+        size //= 2
+    return size
 
 
-@kernel_jit(static_argnames=("min_sep",))
-def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep: int):
-    """Privacy losses L(y) of b-min-sep sampling, shape (2, chunk_size(min_sep)): row 0 with y
-    drawn under P (the remove direction), row 1 with y drawn under Q (add); the ``chunk``-th
-    chunk of the integer ``seed``'s draws (keys made here, not by eager operations).
+@kernel_jit(static_argnames=("min_sep", "size"))
+def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep: int,
+                  size: int):
+    """Privacy losses L(y) of b-min-sep sampling, shape (2, size): row 0 with y drawn under P
+    (the remove direction), row 1 with y drawn under Q (add); the ``chunk``-th chunk of
+    ``size`` samples of the integer ``seed``'s draws (keys made here, not by eager operations).
 
     Both rows share their Gaussian noise z (y = z + mu x under P, y = z under Q). A row's
     samples are independent of one another, which is all its confidence bound needs, and the
@@ -112,7 +122,6 @@ def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep:
     geometric number of steps (the trials until a success of probability p), and one that falls
     past the block's end is drawn afresh in the next (the geometric law is memoryless). With
     min_sep = 1 (Poisson sampling) each step's participation is drawn on its own."""
-    size = chunk_size(min_sep)
     cooldown = min_sep - 1
     block, group = block_and_group(min_sep)
     log_p, log_q = jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
@@ -210,17 +219,21 @@ def forward_losses(draw, state, mu, sampling_prob, steps, log_eligible, log_cool
 def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key) -> np.ndarray:
     """``samples`` privacy losses L(y) of b-min-sep sampling in each direction, a NumPy array
     of shape (2, samples): row 0 with y drawn under P, row 1 under Q (see
-    :func:`_loss_samples`), from the integer seed ``key``, chunk_size(min_sep) at a time;
-    ``mu``: the clip norm over the noise's standard deviation (1 / noise_multiplier)."""
-    chunks = -(-samples // chunk_size(min_sep))
+    :func:`_loss_samples`), from the integer seed ``key``, chunk_size(min_sep) at a time
+    (the same samples every time on one kind of device: a CPU's chunks are smaller than an
+    accelerator's); ``mu``: the clip norm over the noise's standard deviation
+    (1 / noise_multiplier)."""
+    on_cpu = jax.default_backend() == "cpu"
+    size = chunk_size(min_sep, accelerator=not on_cpu)
+    chunks = -(-samples // size)
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def chunk(i: int) -> np.ndarray:
         return np.asarray(_loss_samples(np.int64(key), np.int64(i), np.float64(mu),
                                         np.float64(sampling_prob), np.int64(steps),
-                                        np.bool_(warm_start), min_sep=min_sep))
+                                        np.bool_(warm_start), min_sep=min_sep, size=size))
 
-    workers = min(chunks, cores(), CHUNK_WORKERS) if jax.default_backend() == "cpu" else 1
+    workers = min(chunks, cores(), CHUNK_WORKERS) if on_cpu else 1
     drawn = map_in_threads(chunk, range(chunks), workers, "pldjax-monte-carlo")
     return np.concatenate(list(drawn), axis=1)[:, :samples]
 

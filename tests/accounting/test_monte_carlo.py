@@ -172,11 +172,14 @@ def test_a_key_that_is_no_64_bit_integer_is_refused_by_name(key):
         pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, key=key)
 
 
-@pytest.mark.parametrize("min_sep", [1, 2, 256, 257, 1000, monte_carlo.MAX_MIN_SEP])
-def test_a_calls_cooldown_buffer_stays_under_256_mib(min_sep):
-    size = monte_carlo.chunk_size(min_sep)
-    assert (min_sep - 1) * 2 * size * 8 < 2**28
-    assert size == monte_carlo.CHUNK or size * 2 * min_sep > 2**24  # no smaller than it must be
+@pytest.mark.parametrize("min_sep", [1, 2, 20, 256, 257, 1000, monte_carlo.MAX_MIN_SEP])
+@pytest.mark.parametrize(("accelerator", "most", "budget"), [
+    (False, monte_carlo.CHUNK, 2**28), (True, monte_carlo.ACCELERATOR_CHUNK, 2**30)])
+def test_a_calls_cooldown_buffer_stays_under_256_mib_on_a_cpu_and_1_gib_elsewhere(
+        min_sep, accelerator, most, budget):
+    size = monte_carlo.chunk_size(min_sep, accelerator)
+    assert (min_sep - 1) * 2 * size * 8 < budget
+    assert size == most or (min_sep - 1) * 2 * (2 * size) * 8 >= budget  # no smaller than need be
 
 
 @pytest.mark.parametrize("warm_start", ["False", None, 0, np.array([True])])
