@@ -155,7 +155,7 @@ def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep:
         return z, live & (offsets[:, None] == at[:, None, :]), eligible_from
 
     return forward_losses(draw, eligible_from, mu, sampling_prob, steps, log_eligible,
-                           log_cooling, size=size, min_sep=min_sep)
+                          log_cooling, size=size, min_sep=min_sep)
 
 
 def block_and_group(min_sep: int) -> tuple[int, int]:
@@ -165,7 +165,7 @@ def block_and_group(min_sep: int) -> tuple[int, int]:
 
 
 def forward_losses(draw, state, mu, sampling_prob, steps, log_eligible, log_cooling, *,
-                    size: int, min_sep: int):
+                   size: int, min_sep: int):
     """The losses L(y) (2, size) of ``size`` samples in each of two rows, by the forward
     recursion over the cooldown state, in log space: ``draw(first, state)`` gives the noise z
     of the group of blocks that begins at block ``first`` (group, block, size; see
