@@ -54,9 +54,8 @@ _ACCELERATOR_BUFFER_BYTES = 1 << 30
 #: Most chunks drawn at once on a CPU, in threads, one a core (XLA keeps 2 cores about 75% busy
 #: with one chunk).
 CHUNK_WORKERS = 4
-#: Steps a block holds when min_sep = 1 (Poisson sampling: no cooldown sets the block), and the
-#: fewest steps whose noise is drawn at once (blocks shorter than this are drawn in groups).
-_POISSON_BLOCK = 8
+#: The fewest steps whose noise is drawn at once (blocks shorter than this are drawn in
+#: groups), and a block's steps when min_sep = 1 (Poisson sampling: no cooldown sets the block).
 _DRAWN_STEPS = 8
 #: Guards on memory and time: most samples a direction (8 bytes each, kept), most steps times
 #: samples (a few hours of a CPU's time, seconds of a GPU's), largest min_sep (the steps a
@@ -136,10 +135,10 @@ def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep:
     eligible_from = jax.random.categorical(start, logits, shape=(size,)).astype(jnp.float64)
     offsets = jnp.arange(block)
 
-    def draw(first, eligible_from):
+    def draw(first, eligible_from, live):
         noise_key, choice_key = jax.random.split(jax.random.fold_in(key, first))
         z = jax.random.normal(noise_key, (group, block, size), jnp.float64)
-        live = ((first + jnp.arange(group))[:, None] * block + offsets < steps)[..., None]
+        live = live[..., None]
         if cooldown == 0:
             u = jax.random.uniform(choice_key, (group, block, size), jnp.float64)
             return z, live & (u < sampling_prob), eligible_from
@@ -160,18 +159,18 @@ def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep:
 
 def block_and_group(min_sep: int) -> tuple[int, int]:
     """(steps of a block, blocks of a group) of :func:`forward_losses` for ``min_sep``."""
-    block = min_sep - 1 or _POISSON_BLOCK
+    block = min_sep - 1 or _DRAWN_STEPS
     return block, -(-_DRAWN_STEPS // block)
 
 
 def forward_losses(draw, state, mu, sampling_prob, steps, log_eligible, log_cooling, *,
                    size: int, min_sep: int):
     """The losses L(y) (2, size) of ``size`` samples in each of two rows, by the forward
-    recursion over the cooldown state, in log space: ``draw(first, state)`` gives the noise z
-    of the group of blocks that begins at block ``first`` (group, block, size; see
+    recursion over the cooldown state, in log space: ``draw(first, state, live)`` gives the
+    noise z of the group of blocks that begins at block ``first`` (group, block, size; see
     :func:`block_and_group`), each row-0 sample's participation in them (the same shape; 0
-    past the last step) and the next ``state``; row 0's outputs are y = z + mu x, row 1's
-    y = z.
+    where ``live``, (group, block), is False: past the last step) and the next ``state``; row
+    0's outputs are y = z + mu x, row 1's y = z.
 
     The recursion carries the log weight of the eligible state; the weight that enters
     cooldown at a step (participation) becomes eligible again min_sep - 1 steps later. Blocks
@@ -203,8 +202,8 @@ def forward_losses(draw, state, mu, sampling_prob, steps, log_eligible, log_cool
 
     def run_group(index, carry):
         eligible, state, previous = carry
-        z, taken, state = draw(index * group, state)
         live = (index * group + jnp.arange(group))[:, None] * block + offsets < steps
+        z, taken, state = draw(index * group, state, live)
         (eligible, previous), _ = jax.lax.scan(run_block, (eligible, previous), (z, taken, live))
         return eligible, state, previous
 

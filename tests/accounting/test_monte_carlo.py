@@ -78,7 +78,7 @@ def test_the_forward_recursion_is_the_sum_over_participation_patterns(min_sep, s
     taken = np.zeros((padded, rows), bool)
     taken[:steps] = rng.random((steps, rows)) < 0.3
 
-    def draw(first, state):
+    def draw(first, state, live):
         def rows_of(a):
             return jax.lax.dynamic_slice_in_dim(a, first * block, group * block).reshape(
                 group, block, rows)
