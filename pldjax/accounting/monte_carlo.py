@@ -11,7 +11,9 @@ N(mu x, I_T) against Q = N(0, I_T) (the same reduction to a non-adaptive pair as
 allocation, which is b-min-sep with p = 1: balls-in-bins over b steps).
 
 Its privacy loss L(y) = log E_x[exp(mu <x, y> - mu^2 |x| / 2)] is a hidden Markov model's
-likelihood ratio, computed by the forward recursion over the cooldown state (O(T b) per sample).
+likelihood ratio, computed by the forward recursion over the cooldown state: O(T) per sample,
+since a cooldown state only passes its weight on to the next, and only the eligible state's
+weight is computed at each step (the states' weights are kept in a buffer of b - 1 steps).
 Samples of y are drawn on the accelerator (vmapped over samples, keyed): under P for the remove
 direction, delta(eps) = E_P[(1 - e^{eps - L})_+], and under Q for the add direction,
 delta(eps) = E_Q[(1 - e^{eps + L})_+] (the two directions share their Gaussian noise, which leaves
