@@ -46,7 +46,7 @@ PEER_EPOCHS = 1
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--no-peer", action="store_true",
+    parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="skip dp-accounting and PLD_accounting")
     parser.add_argument("--sweep", type=int, default=SWEEP,
                         help="random-allocation configurations swept in one call (default "
@@ -135,7 +135,7 @@ def _shuffled_lower_bound(sigma, batches, epochs):
 
 def run(args, report) -> None:
     runs = RUNS[:1] if args.quick else RUNS
-    peer = not (args.quick or args.no_peer)
+    peer = args.peers and not args.quick
     rows = report.table(["sigma", "T", "E", "batch selection", "neighboring", "pldjax lower",
                          "pldjax upper", "dp-accounting 1e-4", "Feldman-Shenfeld [lower, upper]",
                          "pldjax s (warm)", "peer s"])
