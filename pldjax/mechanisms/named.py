@@ -436,13 +436,14 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
         probs, inf_mass = _lattice_masses(epsilon, delta, count=count)
         positive = epsilon > 0
         at_zero = jnp.zeros(2 * count + 1).at[count].set(jnp.sum(probs))
-        pld = unchecked_pld(jnp.where(positive, probs, at_zero), inf_mass, jnp.asarray(-count, jnp.int64),
-                  jnp.where(positive, jnp.asarray(epsilon, jnp.float64), 1.0), True)
+        pld = unchecked_pld(jnp.where(positive, probs, at_zero), inf_mass,
+                            jnp.asarray(-count, jnp.int64),
+                            jnp.where(positive, jnp.asarray(epsilon, jnp.float64), 1.0), True)
         return pld.where_valid(within(epsilon, 0.0) & within(delta, 0.0, 1.0))
     probs, inf_mass = _lattice_masses(float(epsilon), float(delta), count=count)
     if grid is None and epsilon > 0:
-        return unchecked_pld(probs, inf_mass, jnp.asarray(-count, jnp.int64), jnp.asarray(float(epsilon)),
-                   True)
+        return unchecked_pld(probs, inf_mass, jnp.asarray(-count, jnp.int64),
+                             jnp.asarray(float(epsilon)), True)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
     index = np.ceil(losses / step - 1e-12).astype(np.int64)
     on_grid = np.zeros(int(index[-1] - index[0]) + 1)

@@ -162,7 +162,7 @@ def shuffling_lower_bound(noise_multiplier: float, steps_per_epoch: int, epochs:
         probs = np.zeros(size)
         np.add.at(probs, index - lowest, mass)
         plds.append(unchecked_pld(probs, np.float64(0.0), np.int64(lowest), np.float64(step),
-                        pessimistic=False))
+                                  pessimistic=False))
     pld = PLD.from_directions(*plds)
     if epochs == 1:
         return pld
