@@ -356,23 +356,34 @@ def _hull_vertices(xs, ys):
 
 
 def _hull_vertices_on_host(xs, ys):
-    """:func:`_hull_vertices` in NumPy: the same peeling rounds, then the monotone chain (a
-    Python loop over the points kept) for the rows still dropping points."""
-    kept, dropping = np.ones(xs.shape, bool), np.ones(xs.shape[0], bool)
+    """The vertices of the lower hull of the points (xs, ys) (NumPy, one row: xs strictly
+    increasing), as :func:`_hull_vertices` finds them: the same peeling rounds, each on the points
+    still kept only (gathered after every round: a quarter or less of them are left after three
+    rounds of a random-allocation curve), then the monotone chain (a Python loop, over Python
+    floats) where the last round still dropped points. The same vertices as peeling the whole
+    row: a point's kept neighbours are its neighbours among the points gathered, and the ends
+    are never dropped."""
+    index = np.arange(xs.shape[0])
+    x, y = xs, ys
     for _ in range(_PEEL_ROUNDS):
-        if not dropping.any():
+        if x.shape[0] < 3:
             break
-        kept, dropping = _peel(xs, ys, kept)
-    for row in np.flatnonzero(dropping):
+        drop = (_on_or_above(x[:-2], y[:-2], x[1:-1], y[1:-1], x[2:], y[2:])
+                | _on_or_above(x[0], y[0], x[1:-1], y[1:-1], x[2:], y[2:])
+                | _on_or_above(x[:-2], y[:-2], x[1:-1], y[1:-1], x[-1], y[-1]))
+        if not drop.any():
+            break
+        keep = np.concatenate([[True], ~drop, [True]])
+        index, x, y = index[keep], x[keep], y[keep]
+    else:
         chain: list[int] = []
-        for i in np.flatnonzero(kept[row]):
-            while len(chain) >= 2 and _on_or_above(xs[row, chain[-2]], ys[row, chain[-2]],
-                                                   xs[row, chain[-1]], ys[row, chain[-1]],
-                                                   xs[row, i], ys[row, i]):
+        for i, cx, cy in zip(range(x.shape[0]), x.tolist(), y.tolist(), strict=True):
+            while len(chain) >= 2 and _on_or_above(*chain[-2][1:], *chain[-1][1:], cx, cy):
                 chain.pop()
-            chain.append(i)
-        kept[row] = False
-        kept[row, chain] = True
+            chain.append((i, cx, cy))
+        index = index[[i for i, _, _ in chain]]
+    kept = np.zeros(xs.shape[0], bool)
+    kept[index] = True
     return kept
 
 
@@ -451,7 +462,7 @@ def lower_hull_at(xs, ys):
     costs a loop step a point, 88 ms for two curves of 16,385 points on a CPU); in NumPy for
     NumPy arrays."""
     if array_module(xs, ys) is np:
-        return _hull_values(xs[None], ys[None], _hull_vertices_on_host(xs[None], ys[None]))[0]
+        return _hull_values(xs[None], ys[None], _hull_vertices_on_host(xs, ys)[None])[0]
     return _hull_rows(xs[None], ys[None])[0]
 
 
