@@ -127,6 +127,9 @@ _LOSS_MARGIN = 1e-9
 #: resolution: sigma far from 1, or millions of steps) the PLDs are :func:`_gaussian_bound`'s.
 _MAX_SHIFT = 8.0
 _MAX_COARSENING = 1024.0
+#: Most P-mass :func:`_binned` moves up into its window from below (raising delta by at most
+#: that, and a lower bound's too): more, and the grid's step doubles instead.
+_MOVED_MASS = 1e-12
 #: The widest window (nats) of :func:`_join`'s curves, read in e^eps.
 _HULL_NATS = 700.0
 #: Cells narrower than this in standardized log Z are integrated by Gauss-Legendre on _NODES.
@@ -380,11 +383,16 @@ def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
     merged onto the grid (:func:`_merged_onto_grid`). Mass within TAIL_MASS of either end of the
     window is moved to its safe side, then :func:`settle` restores a total of 1 (a pessimistic
     PLD's masses and +inf atom are upper bounds: the surplus comes off its lowest losses).
-    The window is at most MAX_MECHANISM_SIZE points: atoms further below the highest loss move up
-    to its bottom, as mass below any window does (a lattice's lowest points, far below a narrow
-    loss, asked for 10^9 points at sigma = 10^6)."""
-    losses = np.maximum(losses, np.max(losses, initial=-np.inf)
-                        - (grid_lib.MAX_MECHANISM_SIZE - 4) * step)
+    The window is at most MAX_MECHANISM_SIZE points below the highest loss: atoms further below
+    move up to its bottom, as mass below any window does (a lattice's lowest points, far below a
+    narrow loss, asked for 10^9 points at sigma = 10^6), where they hold at most _MOVED_MASS;
+    else the step doubles until they do (at 3 x 10^6 steps and sigma 1 the add direction's
+    losses span 16 nats, and its bulk, moved up by 6 nats, put one allocation's epsilon(0.1) at
+    5.75, where the Gaussian bound's is 1.16)."""
+    top = np.max(losses, initial=-np.inf)
+    while np.sum(masses[losses < top - (grid_lib.MAX_MECHANISM_SIZE - 4) * step]) > _MOVED_MASS:
+        step *= 2.0
+    losses = np.maximum(losses, top - (grid_lib.MAX_MECHANISM_SIZE - 4) * step)
     if pessimistic:
         shifted = losses + _LOSS_MARGIN
         index = np.floor(shifted / step)
@@ -553,24 +561,26 @@ def _direction_pairs(lattice: PLD, gaussian: PLD) -> list[tuple[PLD, PLD]]:
 
 
 def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
-    """A pessimistic PLD (both directions) on multiples of ``step`` below both of two that
-    dominate one pair: where the lattice's round-off bounds (about steps times 1e-13 of mass
-    spread over its points) outweigh the tail, the Gaussian bound's curve is the lower one. The
-    pair's curve is convex in e^eps and below both curves, so below the lower convex hull of
-    their minimum, taken at the grid points and joined by chords: connect-the-dots of that hull
-    dominates the pair (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where
-    the first of the two ends (its +inf atom is the hull's value there) and starts where both
-    have begun, within MAX_MECHANISM_SIZE points (losses below it are moved up into it: the
-    lattice's lowest points hold its round-off bounds, not mass). None where that window is
-    empty (one PLD's window lies wholly above the other's end)."""
+    """A pessimistic PLD (both directions) below both of two that dominate one pair: where the
+    lattice's round-off bounds (about steps times 1e-13 of mass spread over its points) outweigh
+    the tail, the Gaussian bound's curve is the lower one. The pair's curve is convex in e^eps
+    and below both curves, so below the lower convex hull of their minimum, taken at the grid
+    points and joined by chords: connect-the-dots of that hull dominates the pair
+    (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where the first of the
+    two ends (its +inf atom is the hull's value there) and starts where both have begun; its
+    step is ``step``, or the power of two times it on which that window holds at most
+    MAX_MECHANISM_SIZE points (the window's bottom, raised to fit instead, moved the losses of a
+    one-step allocation of 10^7 steps up by 9.8 nats, twice the Gaussian bound's epsilon). None
+    where that window is empty (one PLD's window lies wholly above the other's end)."""
     from pldjax.mechanisms.named import from_privacy_curve
 
     pairs = _direction_pairs(lattice, gaussian)
     top = max(min(_window_end(a), _window_end(b)) for a, b in pairs)
-    bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs),
-                 top - (grid_lib.MAX_MECHANISM_SIZE - 2) * step)
+    bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs))
     if top <= bottom:
         return None
+    while top - bottom > (grid_lib.MAX_MECHANISM_SIZE - 2) * step:
+        step *= 2.0
 
     def hull_of_minimum(a: PLD, b: PLD):
         def curve(z):

@@ -152,6 +152,21 @@ def test_many_selections_are_never_looser_than_the_gaussian_bound():
     assert pj.event_epsilon(event, 1, delta) <= bound * (1 + 1e-3)
 
 
+
+@pytest.mark.slow
+def test_one_selection_among_millions_of_steps_is_never_looser_than_the_gaussian_bound():
+    """At 3 x 10^6 steps the add direction's losses span 16 nats at its step, more than a
+    window holds: its bulk, moved up by 6 nats into the window, gave epsilon(0.1) = 5.75 and
+    epsilon(1e-6) = 5.86, above the Gaussian bound of one selection (1.16 and 4.89, closed
+    form). The loss of one of 3 x 10^6 steps is nearly Gaussian with mu^2 = log(1 + (e - 1) / t)
+    (its chi-square divergence), whose delta(0) is 3e-4: epsilon(0.1) is 0."""
+    event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.RandomAllocation(3 * 10**6, 1))
+    with mpmath.workdps(30):
+        bounds = [gaussian_epsilon(1.0, delta) for delta in (1e-6, 0.1)]
+    got = pj.event_epsilon(event, 1, np.array([1e-6, 0.1]))
+    assert got[0] <= bounds[0] * (1 + 1e-6)
+    assert got[1] == 0.0 < bounds[1]
+
 @pytest.mark.slow
 @pytest.mark.parametrize("selected", [1, 10])
 def test_bounds_against_feldman_and_shenfelds_accountant(selected):
