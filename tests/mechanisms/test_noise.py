@@ -2,9 +2,10 @@
 
 import jax
 import jax.numpy as jnp
+import mpmath
 import numpy as np
 import pytest
-from reference import gaussian_delta
+from reference import gaussian_delta, gaussian_delta_mp
 
 import pldjax as pj
 from pldjax.mechanisms.neighboring import Neighboring
@@ -264,3 +265,26 @@ def test_tiny_noise_at_a_tiny_sampling_prob_keeps_its_losses_in_the_window():
     assert float(pld.epsilon(1e-6)) == 0.0
     truth = _pure_epsilon(1e3, 1e-9, 1)
     assert truth <= float(pld.epsilon(0.0)) <= truth * (1 + 1e-12)
+
+
+_NEARLY_SILENT = pytest.mark.xfail(strict=True, reason=(
+    "delta(0) comes from the tails' logs as P(L > 0) less Q(L > 0), 8e-9 apart in their logs at "
+    "mu = 1e-8, whose round-off (1e-16 each) moves it by 3e-9 relative, below the truth; a "
+    "margin on the logs fixes it but puts up to 1e-12 of mass where the curve's two formulas meet "
+    "(eps = 0) in every PLD"))
+
+
+@pytest.mark.parametrize("mu", [pytest.param(1e-8, marks=_NEARLY_SILENT),
+                                pytest.param(1e-7, marks=_NEARLY_SILENT),
+                                pytest.param(1e-5, marks=_NEARLY_SILENT), 1e-3, 0.3])
+def test_a_nearly_silent_gaussians_pessimistic_curve_holds_above_the_closed_form(mu):
+    """delta(eps) of one Gaussian release at grid points (eps = 0) and between them, against the
+    closed form at 40 digits: at or above it, within 1e-3 relative."""
+    pld = pj.gdp(mu)
+    epsilons = np.array([0.0, mu / 4, mu, 3 * mu])
+    with mpmath.workdps(40):
+        exact = np.array([float(gaussian_delta_mp(mu, eps)) for eps in epsilons])
+    got = np.asarray(pld.delta(epsilons))
+    assert np.all(got >= exact)
+    assert np.all(got <= exact * (1 + 1e-3))
+    assert pj.dpsgd_delta(1 / mu, 1.0, 1, 0.0) >= exact[0]
