@@ -719,10 +719,12 @@ def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
         size = grid_lib.check_size("size", size, minimum=1, maximum=grid_lib.MAX_SIZE)
 
     def fold(single: list[PLD]) -> PLD:
-        result = single[0]
-        for other in single[1:]:
-            result = _compose_pair(result, other, size, grid_lib.TAIL_MASS)
-        return result
+        # in pairs, then pairs of pairs: n - 1 convolutions as one after another, on windows of
+        # about log2(n) sizes (each a compiled program beyond the host's sizes) rather than n
+        while len(single) > 1:
+            single = [_compose_pair(*single[i:i + 2], size, grid_lib.TAIL_MASS)
+                      if i + 1 < len(single) else single[i] for i in range(0, len(single), 2)]
+        return single[0]
 
     return _both_directions(fold, plds)
 
