@@ -32,7 +32,13 @@ from pldjax.accounting.dpsgd import dpsgd_event
 from pldjax.accounting.engine import event_epsilon
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, check_range, refuse_traced
+from pldjax.core.validation import (
+    broadcast_arguments,
+    check_count,
+    check_range,
+    check_whole,
+    refuse_traced,
+)
 from pldjax.mechanisms.events import Event
 from pldjax.mechanisms.neighboring import Neighboring
 
@@ -240,12 +246,12 @@ def calibrate_event(make_event: Callable[[np.ndarray], Event], target_epsilon, d
     refuse_traced("calibrate_event", (target_epsilon, delta, steps, low, high), _CALIBRATE_OUTSIDE)
     check_range("target_epsilon", target_epsilon, 0.0, low_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True)
-    check_range("steps", steps, 1.0)
+    check_whole("steps", steps, 1.0)
     check_range("low", low, 0.0, low_open=True)
     check_range("high", high, float(low), low_open=True)
     _check_rtol(rtol)
-    target, delta, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
-        target_epsilon, delta, steps)))
+    target, delta, steps = broadcast_arguments(target_epsilon=target_epsilon, delta=delta,
+                                               steps=steps)
 
     def alone(i, x):
         xs = np.full(target.shape, x)
@@ -297,11 +303,12 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_prob, steps, *,
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     Neighboring.parse(neighboring)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
+    check_whole("steps", steps)
     check_range("sigma_min", sigma_min, 0.0, low_open=True)
     check_range("sigma_max", sigma_max, float(sigma_min), low_open=True)
     _check_rtol(rtol)
-    target, delta, q, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
-        target_epsilon, delta, sampling_prob, steps)))
+    target, delta, q, steps = broadcast_arguments(target_epsilon=target_epsilon, delta=delta,
+                                                  sampling_prob=sampling_prob, steps=steps)
     return _search(lambda sigma: _epsilons(dpsgd_event(sigma, q, neighboring), steps, delta),
                    target, float(sigma_min), float(sigma_max), increasing=False, start=1.0,
                    factor=2.0, rtol=rtol, name="noise multiplier <= sigma_max",
@@ -359,8 +366,9 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
     if max_steps > MAX_STEPS:
         raise ValueError(f"max_steps must be an integer in [1, {MAX_STEPS}], got {max_steps}")
     if event is None:
-        target, delta, sigma, q = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
-            target_epsilon, delta, noise_multiplier, sampling_prob)))
+        target, delta, sigma, q = broadcast_arguments(
+            target_epsilon=target_epsilon, delta=delta, noise_multiplier=noise_multiplier,
+            sampling_prob=sampling_prob)
         event = dpsgd_event(sigma, q, neighboring)
     else:
         # the event's batch shape joins the broadcast (its parameters, as it discretizes them)
@@ -441,8 +449,8 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     Neighboring.parse(neighboring)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
-    target, delta, sigma, steps = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
-        target_epsilon, delta, noise_multiplier, steps)))
+    target, delta, sigma, steps = broadcast_arguments(
+        target_epsilon=target_epsilon, delta=delta, noise_multiplier=noise_multiplier, steps=steps)
     check_range("q_min", q_min, 0.0, 1.0, low_open=True)
     _check_rtol(rtol)
     return _search(lambda q: _epsilons(dpsgd_event(sigma, q, neighboring), steps, delta),

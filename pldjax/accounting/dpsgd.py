@@ -8,7 +8,7 @@ from __future__ import annotations
 from pldjax.accounting.engine import account
 from pldjax.core.grid import Grid
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_range, is_traced, refuse_traced
+from pldjax.core.validation import check_broadcast, check_range, is_traced, refuse_traced
 from pldjax.mechanisms import sampling as sampling_lib
 from pldjax.mechanisms.events import Event
 from pldjax.mechanisms.neighboring import Neighboring
@@ -93,6 +93,8 @@ def dpsgd_epsilon(
       failed computation reports inf, or 0 when optimistic).
     """
     refuse_traced("dpsgd_epsilon", (noise_multiplier, sampling_prob, steps, delta), _INSIDE_JIT)
+    check_broadcast(noise_multiplier=noise_multiplier, sampling_prob=sampling_prob, steps=steps,
+                    delta=delta)
     return account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, delta,
                     "delta", pessimistic=pessimistic, grid=grid, evaluate="epsilon",
                     progress=progress, rtol=rtol, function="dpsgd_epsilon")
@@ -138,6 +140,8 @@ def dpsgd_delta(
       ``sampling_prob`` is 0; never NaN (a failed computation reports 1, or 0 when optimistic).
     """
     refuse_traced("dpsgd_delta", (noise_multiplier, sampling_prob, steps, epsilon), _INSIDE_JIT)
+    check_broadcast(noise_multiplier=noise_multiplier, sampling_prob=sampling_prob, steps=steps,
+                    epsilon=epsilon)
     return account(dpsgd_event(noise_multiplier, sampling_prob, neighboring), steps, epsilon,
                     "epsilon", pessimistic=pessimistic, grid=grid, evaluate="delta",
                     progress=progress, rtol=rtol, function="dpsgd_delta")

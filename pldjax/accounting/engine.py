@@ -58,7 +58,13 @@ from pldjax.core.compilation import (
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_flag, check_range, refuse_traced
+from pldjax.core.validation import (
+    check_broadcast,
+    check_flag,
+    check_range,
+    check_whole,
+    refuse_traced,
+)
 from pldjax.kernels.chernoff import pure_epsilon
 from pldjax.kernels.compose import (
     COARSER_GRID,
@@ -579,21 +585,21 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         raise ValueError(f"event must be a pldjax.Event, got {event!r}")
     refuse_traced(function, (event, steps, target), EVENT_INSIDE_JIT)
     check_flag("pessimistic", pessimistic)
-    check_range("steps", steps, 0.0)
+    check_whole("steps", steps)
     if target_name == "delta":
         check_range("delta", target, 0.0, 1.0)
     else:
         check_range("epsilon", target, 0.0, allow_inf=True)
     check_rtol(rtol, grid)
     steps_arr = np.asarray(steps, np.float64)
-    if np.any(steps_arr != np.floor(steps_arr)):
-        raise ValueError(f"steps must be whole numbers >= 0, got {steps!r}")
     if not getattr(event.sampling, "one_mechanism", True):
         if rtol is not None:
             raise ValueError(_RTOL_NEEDS_GAUSSIAN)
         return _account_by_pld(event, steps_arr, target, evaluate, pessimistic=pessimistic,
                                grid=grid, progress=progress)
     mechanism, params, both = event.directions(pessimistic)
+    check_broadcast(**{f"the event's parameter {i}": p for i, p in enumerate(params)},
+                    steps=steps_arr, **{target_name: target})
     arrays = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params), steps_arr,
                                  np.asarray(target, np.float64))
     shape = arrays[0].shape

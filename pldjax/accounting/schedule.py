@@ -78,7 +78,11 @@ def compose_schedule(
       optimistic (lower bounds) with ``pessimistic=False``; the identity where no segment adds
       anything.
     """
-    segments = list(segments)
+    try:
+        segments = list(segments)
+    except TypeError:
+        raise ValueError(f"segments must be a sequence of (event, steps) or (noise_multiplier, "
+                         f"sampling_prob, steps), got {segments!r}") from None
     refuse_traced("compose_schedule", segments, "inside jit, build each segment's PLD with "
                   "grid=pj.Grid(size=...), self_compose(size=...) and pj.compose them")
     if not segments:
@@ -87,6 +91,9 @@ def compose_schedule(
     check_rtol(rtol, grid)
     parts, checked = [], []
     for i, segment in enumerate(segments):
+        if not isinstance(segment, tuple | list):
+            raise ValueError(f"segments[{i}] must be (event, steps) or (noise_multiplier, "
+                             f"sampling_prob, steps), got {segment!r}")
         if len(segment) == 2 and isinstance(segment[0], Event):
             event, steps = segment
             params = (event.directions(pessimistic).params
@@ -96,6 +103,10 @@ def compose_schedule(
                                  f"segment, one mechanism), got {event!r}")
         elif len(segment) == 3:
             sigma, q, steps = segment
+            for name, value in (("noise_multiplier", sigma), ("sampling_prob", q)):
+                if np.ndim(value) != 0:
+                    raise ValueError(f"segments[{i}] {name} must be a single number (one "
+                                     f"segment, one mechanism), got shape {np.shape(value)}")
             check_range(f"segments[{i}] noise_multiplier", sigma, 0.0, low_open=True)
             check_range(f"segments[{i}] sampling_prob", q, 0.0, 1.0)
             event = dpsgd_event(float(sigma), float(q), neighboring)

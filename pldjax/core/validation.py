@@ -127,6 +127,33 @@ def check_count(name: str, value, *, minimum: int = 0) -> int:
     return value
 
 
+def check_whole(name: str, value, minimum: float = 0.0) -> None:
+    """Raise a ValueError naming ``name`` unless every element of ``value`` (a number or an array,
+    concrete) is a whole number >= ``minimum`` (an integer, or a float with no fractional part)."""
+    check_range(name, value, minimum)
+    values = np.asarray(value, np.float64)
+    if np.any(values != np.floor(values)):
+        raise ValueError(f"{name} must be whole numbers >= {minimum:g}, got {value!r}")
+
+
+def check_broadcast(**arguments) -> tuple[int, ...]:
+    """The broadcast shape of the ``arguments`` (by name: numbers, sequences or arrays); a
+    ValueError naming each one's shape where they do not broadcast."""
+    shapes = {name: np.shape(value) for name, value in arguments.items()}
+    try:
+        return np.broadcast_shapes(*shapes.values())
+    except ValueError:
+        listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise ValueError(f"the arguments must broadcast to one shape; got {listed}") from None
+
+
+def broadcast_arguments(**arguments) -> list[np.ndarray]:
+    """The ``arguments`` (by name) as float64 NumPy arrays of their broadcast shape
+    (:func:`check_broadcast`)."""
+    shape = check_broadcast(**arguments)
+    return [np.broadcast_to(np.asarray(value, np.float64), shape) for value in arguments.values()]
+
+
 def within(
     value,
     low: float = -np.inf,

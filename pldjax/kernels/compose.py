@@ -58,7 +58,7 @@ from pldjax.core.compilation import (
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows, unchecked_pld
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, is_traced
+from pldjax.core.validation import check_broadcast, check_count, is_traced
 
 UNIT_ROUNDOFF = 2.0**-53
 #: Grid indices of a self-composition (count times an index of the PLD) must stay below this, so
@@ -715,6 +715,8 @@ def compose(plds: Sequence[PLD], *, size: int | None = None) -> PLD:
     if not all(isinstance(p, PLD) for p in plds):
         raise ValueError("plds must be PLD objects")
     check_same_kind(plds)
+    check_broadcast(**{f"plds[{i}] (batch)": np.broadcast_to(0.0, p.batch_shape)
+                       for i, p in enumerate(plds)})
     if size is not None:
         size = grid_lib.check_size("size", size, minimum=1, maximum=grid_lib.MAX_SIZE)
 

@@ -46,7 +46,7 @@ from pldjax.core.compilation import array_module
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import log_ndtr, log_ndtr_pair, special_functions
-from pldjax.core.validation import check_range, is_traced, within
+from pldjax.core.validation import check_broadcast, check_range, is_traced, within
 from pldjax.kernels.discretize import LossTails
 from pldjax.mechanisms.neighboring import Neighboring
 
@@ -104,6 +104,8 @@ class Parameters:
     def __post_init__(self):
         for name, allowed in self.ranges.items():
             check_parameter(name, getattr(self, name), **allowed)
+        if not is_traced([getattr(self, name) for name in self.ranges]):
+            check_broadcast(**{name: getattr(self, name) for name in self.ranges})
 
     def valid(self):
         """Whether each element of the batch has its parameters in their ranges: True when none

@@ -260,10 +260,11 @@ class Mixture(Sampling):
     def __post_init__(self):
         if any(type(v) is object for v in (self.scales, self.probs)):
             return  # a pytree placeholder (see pldjax.mechanisms.noise)
-        super().__post_init__()
+        # before the fields' common checks, whose broadcast check would not say why
         if np.ndim(self.scales) == 0 or np.shape(self.scales)[-1:] != np.shape(self.probs)[-1:]:
             raise ValueError(f"scales and probs must have one component per entry of their last "
                              f"axis, got shapes {np.shape(self.scales)} and {np.shape(self.probs)}")
+        super().__post_init__()
         if not is_traced(self.probs):
             total = np.sum(np.asarray(self.probs, np.float64), axis=-1)
             if np.any(np.abs(total - 1.0) > PROBS_TOLERANCE):

@@ -162,6 +162,29 @@ def test_bad_input_names_the_argument(args, match):
         pj.dpsgd_epsilon(*args)
 
 
+@pytest.mark.parametrize("call,match", [
+    (lambda: pj.dpsgd_epsilon(np.ones(3), np.full(2, 0.01), 100, 1e-5),
+     r"noise_multiplier \(3,\), sampling_prob \(2,\), steps \(\), delta \(\)"),
+    (lambda: pj.dpsgd_delta(1.0, 0.01, np.array([10, 20]), np.ones(3)),
+     r"steps \(2,\), epsilon \(3,\)"),
+    (lambda: pj.calibrate_noise_multiplier(1.0, 1e-5, np.full(2, 0.01), np.array([10, 20, 30])),
+     r"sampling_prob \(2,\), steps \(3,\)"),
+    (lambda: pj.event_epsilon(pj.dpsgd_event(np.ones(2), 0.01), np.array([10, 20, 30]), 1e-5),
+     r"parameter 0 \(2,\).*steps \(3,\)"),
+    (lambda: pj.compose([pj.gdp(np.ones(3)), pj.gdp(np.ones(2))]),
+     r"plds\[0\] \(batch\) \(3,\), plds\[1\] \(batch\) \(2,\)"),
+    (lambda: pj.gaussian(np.ones(2), sensitivity=np.ones(3)), r"sigma \(2,\), sensitivity \(3,\)"),
+    (lambda: pj.calibrate_noise_multiplier(1.0, 1e-5, 0.01, 2.5), "steps must be whole numbers"),
+    (lambda: pj.compose_schedule(5), "segments must be a sequence"),
+    (lambda: pj.compose_schedule([5]), r"segments\[0\] must be"),
+    (lambda: pj.compose_schedule([(np.ones(2), 0.01, 10)]),
+     r"segments\[0\] noise_multiplier must be a single number"),
+])
+def test_arguments_of_the_wrong_shape_or_kind_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
 def test_schedule_composes_segments_exactly():
     whole = pj.dpsgd_epsilon(1.0, 0.02, 300, 1e-5)
     split = pj.compose_schedule([(1.0, 0.02, 100), (1.0, 0.02, 200)]).epsilon(1e-5)
