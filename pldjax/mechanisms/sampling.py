@@ -387,6 +387,9 @@ class TruncatedPoisson(Sampling):
         for name in ("dataset_size", "truncated_batch_size"):
             value = getattr(self, name)
             if type(value) is not object and not is_traced(value):
+                if np.ndim(value) != 0:
+                    raise ValueError(f"{name} must be a single integer (a batch of truncated "
+                                     f"Poisson schemes shares it), got shape {np.shape(value)}")
                 check_count(name, value, minimum=1 if name == "dataset_size" else 0)
 
     def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:

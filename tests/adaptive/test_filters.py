@@ -590,6 +590,9 @@ def test_bad_input_is_refused_with_the_argument_named():
         F.renyi_filter([0.5], [1.0])
     with pytest.raises(ValueError, match="number >= 0"):
         F.pure_dp_filter(1.0).spend(F.pure_dp_filter(1.0).init(), -0.1)
+    for state in (None, (1, 2, 3), F.pure_dp_filter(1.0).init()):
+        with pytest.raises(ValueError, match="state must be this gdp_residue filter's state"):
+            F.gdp_residue_filter(1.0).spend(state, pj.randomized_response(0.5))
     with pytest.raises(ValueError, match="one query"):
         f = F.gdp_filter(1.0)
         f.spend(f.init(), pj.randomized_response(np.array([0.1, 0.2])))

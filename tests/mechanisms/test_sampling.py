@@ -168,6 +168,8 @@ def test_mixture_binomial_user_level():
 
 
 @pytest.mark.parametrize("call,match", [
+    (lambda: pj.sampling.TruncatedPoisson(0.1, np.array([100, 200]), 10),
+     r"dataset_size must be a single integer .* shape \(2,\)"),
     (lambda: pj.sampling.Mixture([0.0, 1.0], [0.5, 0.6]), "add up to 1"),
     (lambda: pj.sampling.Mixture([0.0, -1.0], [0.5, 0.5]), "scales"),
     (lambda: pj.sampling.Mixture([0.0, float("inf")], [0.5, 0.5]), "scales"),

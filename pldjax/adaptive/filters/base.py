@@ -262,8 +262,15 @@ def make_filter(kind: str, params: dict, guarantee: dict, *, init: Callable[[], 
         settings = jax.tree_util.tree_map(lambda x: jax.device_put(np.asarray(x)), settings)
     compiled = _guarded_spend(core, tuple(static), state_structure(like))
 
+    @functools.cache
+    def state_tree():
+        return jax.tree_util.tree_structure(packed_init())
+
     @float64
     def spend(state, query):
+        if jax.tree_util.tree_structure(state) != state_tree():
+            raise ValueError(f"state must be this {kind} filter's state (from its init() or a "
+                             f"previous spend), got {type(state).__name__}")
         query = _canonical(kind, query, cost_shape, cost_pair)
         options = {}
         if prepare is not None:
