@@ -68,6 +68,7 @@ from pldjax.core.validation import (
 from pldjax.kernels.chernoff import pure_epsilon
 from pldjax.kernels.compose import (
     COARSER_GRID,
+    CompositionTooWide,
     PMFSummary,
     checked_size,
     chernoff_exponents,
@@ -265,9 +266,33 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     exponents = [xp.asarray(e) for e in exponents]
     summary = PMFSummary(*(xp.asarray(s) for s in summary))
 
-    def place():
+    def row_sizes(rows: slice):
+        """The composition sizes of ``rows``, each checked against grid.MAX_SIZE."""
         sizes = np.array([compositions.window_size(int(w)) for w in window_widths(
-            summary, offset, counts, lo, hi, "steps", remedy)])
+            PMFSummary(*(np.asarray(f)[rows] for f in summary)), np.asarray(offset)[rows],
+            counts[rows], np.asarray(lo)[rows], np.asarray(hi)[rows], "steps", remedy)])
+        for size in np.unique(sizes):
+            checked_size(int(size), "dpsgd accounting", "steps", remedy)
+        return sizes
+
+    def place():
+        try:
+            sizes = row_sizes(slice(None))
+        except CompositionTooWide as error:
+            # the first configuration that cannot be placed, named by its values (in a batch,
+            # which one failed)
+            for row in range(counts.shape[0]):
+                try:
+                    row_sizes(slice(row, row + 1))
+                except CompositionTooWide:
+                    k = row % steps.shape[0]
+                    values = ", ".join(f"{float(p[k]):.6g}" for p in params)
+                    given = "delta" if evaluate == "epsilon" else "epsilon"
+                    raise CompositionTooWide(
+                        f"{str(error).removesuffix('; ' + remedy)} (at steps {steps[k]:.6g} and "
+                        f"{given} {target[k]:.6g}, the mechanism's parameters ({values})); "
+                        f"{remedy}") from None
+            raise
         # a row repeated (the chunk's padding, or a configuration given twice) is composed once
         if steps.shape[0] == 1:
             first = same = np.arange(directions)
@@ -278,8 +303,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
             _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
         values = np.zeros(sizes.shape[0])
         scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
-        rows_of_size = {checked_size(int(size), "dpsgd accounting", "steps", remedy):
-                        first[sizes[first] == size] for size in np.unique(sizes[first])}
+        rows_of_size = {int(size): first[sizes[first] == size] for size in np.unique(sizes[first])}
         # a host call's sizes, fewest points first, composed in NumPy while they fit in the
         # process's host work and in their own share of it
         on_host = {size for size, rows in sorted(rows_of_size.items(),

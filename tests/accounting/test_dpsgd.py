@@ -185,6 +185,15 @@ def test_arguments_of_the_wrong_shape_or_kind_are_refused_by_name(call, match):
         call()
 
 
+def test_a_batch_names_the_configuration_no_window_holds():
+    # sigma 0.31, q 0.5, 10^10 steps needs 2^27.6 points, beyond grid.MAX_SIZE: the error says
+    # which of the batch's configurations it is
+    with pytest.raises(ValueError, match=r"at steps 1e\+10 and delta 1e-05, the mechanism's "
+                                         r"parameters \(3\.22581, 0\.5\)"):
+        pj.dpsgd_epsilon(np.array([1.0, 0.31]), np.array([0.01, 0.5]), np.array([1000, 10**10]),
+                         1e-5)
+
+
 def test_schedule_composes_segments_exactly():
     whole = pj.dpsgd_epsilon(1.0, 0.02, 300, 1e-5)
     split = pj.compose_schedule([(1.0, 0.02, 100), (1.0, 0.02, 200)]).epsilon(1e-5)
