@@ -799,7 +799,11 @@ def _account_by_pld(event: Event, steps, target, evaluate: str, *, pessimistic, 
         pld = one.pld(pessimistic=pessimistic, grid=grid)
         for count in np.unique(steps[members]):
             chosen = members[steps[members] == count]
-            composed = pld.self_compose(int(count))
+            try:
+                composed = pld.self_compose(int(count))
+            except CompositionTooWide as error:  # named by the caller's argument and event
+                raise CompositionTooWide(f"steps = {int(count)} of {one!r} (its PLD composed that "
+                                         f"many times): {error}") from None
             read = composed.epsilon if evaluate == "epsilon" else composed.delta
             out[chosen] = np.asarray(read(target[chosen]), np.float64)
         return len(members)

@@ -313,3 +313,9 @@ def test_batches_the_accountant_and_reports_read_the_same_epochs():
     assert pj.accountant.epsilon(state, delta) == pytest.approx(singles[1], rel=1e-12)
     report = pj.privacy_report(event, count=epochs, deltas=[delta])
     assert report.epsilon_lower[0] <= singles[1] == pytest.approx(report.epsilon_upper[0])
+
+
+def test_too_many_epochs_are_refused_naming_the_steps_and_the_event():
+    event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.RandomAllocation(100, 10))
+    with pytest.raises(ValueError, match=r"steps = 1000000000 of Event\(.*RandomAllocation"):
+        pj.event_epsilon(event, 10**9, 1e-6)
