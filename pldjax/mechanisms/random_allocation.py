@@ -128,8 +128,11 @@ _LOSS_MARGIN = 1e-9
 _MAX_SHIFT = 8.0
 _MAX_COARSENING = 1024.0
 #: Most P-mass :func:`_binned` moves up into its window from below (raising delta by at most
-#: that, and a lower bound's too): more, and the grid's step doubles instead.
-_MOVED_MASS = 1e-12
+#: that, and a lower bound's too): more, and the grid's step doubles instead, at most
+#: _MOST_DOUBLINGS times (the default step is the loss's spread / 64: then about the spread),
+#: as does :func:`_meet`'s.
+_MOVED_MASS = 1e-9
+_MOST_DOUBLINGS = 6
 #: The widest window (nats) of :func:`_join`'s curves, read in e^eps.
 _HULL_NATS = 700.0
 #: Cells narrower than this in standardized log Z are integrated by Gauss-Legendre on _NODES.
@@ -375,7 +378,7 @@ def _merged_onto_grid(losses, masses, step: float) -> tuple[int, np.ndarray]:
     return low, probs
 
 
-def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
+def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD | None:
     """One direction's PLD from atoms (finite ``losses`` in nats, with ``masses``) and a mass at
     +inf, on multiples of ``step``. Pessimistic: an atom between two grid points is split
     between them keeping its Q-mass (mass m at loss l: m (1 - e^{-(l - l_0)}) / (1 - e^{-step}) at
@@ -384,15 +387,22 @@ def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD:
     window is moved to its safe side, then :func:`settle` restores a total of 1 (a pessimistic
     PLD's masses and +inf atom are upper bounds: the surplus comes off its lowest losses).
     The window is at most MAX_MECHANISM_SIZE points below the highest loss: atoms further below
-    move up to its bottom, as mass below any window does (a lattice's lowest points, far below a
-    narrow loss, asked for 10^9 points at sigma = 10^6), where they hold at most _MOVED_MASS;
-    else the step doubles until they do (at 3 x 10^6 steps and sigma 1 the add direction's
-    losses span 16 nats, and its bulk, moved up by 6 nats, put one allocation's epsilon(0.1) at
-    5.75, where the Gaussian bound's is 1.16)."""
+    move up to its bottom, as mass below any window does, where they hold at most _MOVED_MASS
+    (a lattice's round-off bounds); else the step doubles until they do, at most
+    _MOST_DOUBLINGS times (at 3 x 10^6 steps and sigma 1 the add direction's losses span 16
+    nats, and its bulk, moved up by 6 nats, put one allocation's epsilon(0.1) at 5.75, where the
+    Gaussian bound's is 1.16). None where that is not enough (sigma = 10^6: a loss 1e-5 nats
+    wide on a lattice whose lowest points lie 14 nats below, 10^9 grid points): the caller
+    takes the Gaussian bound."""
     top = np.max(losses, initial=-np.inf)
-    while np.sum(masses[losses < top - (grid_lib.MAX_MECHANISM_SIZE - 4) * step]) > _MOVED_MASS:
+    for _ in range(_MOST_DOUBLINGS + 1):
+        bottom = top - (grid_lib.MAX_MECHANISM_SIZE - 4) * step
+        if np.sum(masses[losses < bottom]) <= _MOVED_MASS:
+            break
         step *= 2.0
-    losses = np.maximum(losses, top - (grid_lib.MAX_MECHANISM_SIZE - 4) * step)
+    else:
+        return None
+    losses = np.maximum(losses, bottom)
     if pessimistic:
         shifted = losses + _LOSS_MARGIN
         index = np.floor(shifted / step)
@@ -482,28 +492,32 @@ def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None,
     return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
 
 
-def _one_selection(mu: float, steps: int, step: float) -> PLD:
+def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
     """The pessimistic PLD (both directions) of one selection among ``steps`` (module
     docstring: the spread lattice law of S and the pair it defines). The remove direction reads
     P's law on a lattice that reaches S's tail; the add direction reads Q's law on one that
-    reaches only its bulk, finer where S's tail is heavy."""
+    reaches only its bulk, finer where S's tail is heavy. None where a direction's losses fit
+    no window (:func:`_binned`)."""
     (p_low, p_high), _, s = _laws(mu, steps, 1, True)
     # remove: P'-mass at log s, the P'-mass beyond the lattice at +inf
     remove = _binned(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
+    if remove is None:
+        return None
     # add: Q'-mass at -log s, the mass at s = 0 at +inf, the mass beyond the lattice at -log top
     _, (q_low, q_high), s = _laws(mu, steps, 1, True, _bulk_lattice(mu, steps))
     top = s[-1] + s[1]
     beyond = max(1.0 - math.fsum(q_low), 0.0)
     add = _binned(np.append(-np.log(s[1:]), -math.log(top)), np.append(q_high[1:], beyond),
                   q_high[0], step, True)
-    return PLD.from_directions(remove, add)
+    return None if add is None else PLD.from_directions(remove, add)
 
 
 def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
-               scale: float | None) -> PLD:
+               scale: float | None) -> PLD | None:
     """The optimistic PLD (both directions): the pair of the lattice statistic T's laws on
     ``lattice`` (module docstring; with a ``scale``, the logarithmic statistic), T beyond the
-    lattice merged into its last point."""
+    lattice merged into its last point. None where a direction's losses fit no window
+    (:func:`_binned`)."""
     (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False, lattice, scale)
     for low, high in ((p_low, p_high), (q_low, q_high)):
         low[-1] += max(1.0 - math.fsum(high), 0.0)
@@ -516,7 +530,7 @@ def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
         finite = np.isfinite(losses)
         directions.append(_binned(losses[finite], mass[kept][finite],
                                   math.fsum(mass[kept][~finite]), step, False))
-    return PLD.from_directions(*directions)
+    return None if None in directions else PLD.from_directions(*directions)
 
 
 def _gaussian_bound(mu: float, steps: int, selected: int, pessimistic: bool,
@@ -568,10 +582,11 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
     points and joined by chords: connect-the-dots of that hull dominates the pair
     (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where the first of the
     two ends (its +inf atom is the hull's value there) and starts where both have begun; its
-    step is ``step``, or the power of two times it on which that window holds at most
-    MAX_MECHANISM_SIZE points (the window's bottom, raised to fit instead, moved the losses of a
-    one-step allocation of 10^7 steps up by 9.8 nats, twice the Gaussian bound's epsilon). None
-    where that window is empty (one PLD's window lies wholly above the other's end)."""
+    step is ``step``, or the power of two times it (at most 2^_MOST_DOUBLINGS) on which that
+    window holds at most MAX_MECHANISM_SIZE points (the window's bottom, raised to fit instead,
+    moved the losses of a one-step allocation of 10^7 steps up by 9.8 nats, twice the Gaussian
+    bound's epsilon). None where that window is empty (one PLD's window lies wholly above the
+    other's end) or no such step fits it."""
     from pldjax.mechanisms.named import from_privacy_curve
 
     pairs = _direction_pairs(lattice, gaussian)
@@ -579,8 +594,12 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
     bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs))
     if top <= bottom:
         return None
-    while top - bottom > (grid_lib.MAX_MECHANISM_SIZE - 2) * step:
+    for _ in range(_MOST_DOUBLINGS + 1):
+        if top - bottom <= (grid_lib.MAX_MECHANISM_SIZE - 2) * step:
+            break
         step *= 2.0
+    else:
+        return None
 
     def hull_of_minimum(a: PLD, b: PLD):
         def curve(z):
@@ -670,6 +689,8 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
         if lattice is None:
             return _gaussian_bound(mu, steps, selected, pessimistic, grid)
         statistic = _statistic(mu, steps, selected, step, lattice, scale)
+        if statistic is None:
+            return _gaussian_bound(mu, steps, selected, pessimistic, grid)
         if scale is None:  # one selection: the statistic is the likelihood ratio, on a lattice
             return statistic
         return _join(statistic, _gaussian_bound(mu, steps, selected, pessimistic, grid))
@@ -679,9 +700,10 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
         if count == 0:
             continue
         part = _gaussian_bound(mu, size, 1, True, grid)
-        if size > 1 and _lattice(mu, size, 1) is not None:
-            met = _meet(_one_selection(mu, size, step), part, step)
-            part = part if met is None else met
+        lattice = (_one_selection(mu, size, step)
+                   if size > 1 and _lattice(mu, size, 1) is not None else None)
+        met = None if lattice is None else _meet(lattice, part, step)
+        part = part if met is None else met
         parts.append(part if count == 1 else part.self_compose(count))
     epoch = parts[0] if len(parts) == 1 else parts[0].compose(parts[1])
     if selected == 1:  # its one block has met this Gaussian bound already
