@@ -376,7 +376,7 @@ def _hull_vertices_on_host(xs, ys):
         keep = np.concatenate([[True], ~drop, [True]])
         index, x, y = index[keep], x[keep], y[keep]
     else:
-        chain: list[int] = []
+        chain: list[tuple[int, float, float]] = []
         for i, cx, cy in zip(range(x.shape[0]), x.tolist(), y.tolist(), strict=True):
             while len(chain) >= 2 and _on_or_above(*chain[-2][1:], *chain[-1][1:], cx, cy):
                 chain.pop()
