@@ -373,8 +373,8 @@ def calibrate_steps(target_epsilon, delta, noise_multiplier=None, sampling_prob=
     else:
         # the event's batch shape joins the broadcast (its parameters, as it discretizes them)
         batch = np.broadcast_shapes(*(np.shape(p) for p in event.directions().params))
-        target, delta, _ = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in (
-            target_epsilon, delta)), np.zeros(batch))
+        target, delta, _ = broadcast_arguments(target_epsilon=target_epsilon, delta=delta,
+                                               event=np.zeros(batch))
 
     def meets(steps):
         return _meets(_epsilons(event, steps, delta), target)

@@ -59,7 +59,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
 from pldjax.core.validation import (
-    check_broadcast,
+    broadcast_arguments,
     check_flag,
     check_range,
     check_whole,
@@ -622,10 +622,8 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         return _account_by_pld(event, steps_arr, target, evaluate, pessimistic=pessimistic,
                                grid=grid, progress=progress)
     mechanism, params, both = event.directions(pessimistic)
-    check_broadcast(**{f"the event's parameter {i}": p for i, p in enumerate(params)},
-                    steps=steps_arr, **{target_name: target})
-    arrays = np.broadcast_arrays(*(np.asarray(p, np.float64) for p in params), steps_arr,
-                                 np.asarray(target, np.float64))
+    arrays = broadcast_arguments(**{f"the event's parameter {i}": p for i, p in enumerate(params)},
+                                 steps=steps_arr, **{target_name: target})
     shape = arrays[0].shape
     *params, steps_arr, target = (a.reshape(-1) for a in arrays)
     closed_form = gaussian_poisson_parameters(event, shape)
