@@ -2,7 +2,7 @@
 
 For each run (noise multiplier sigma, sampling probability p, T steps, min_sep b, warm start),
 draws N privacy-loss samples of the dominating pair under P and under Q with pldjax (the sampler
-of ``pj.monte_carlo_delta``: compiled chunks of 65,536 samples on a CPU and 2^20 on an
+of ``pj.monte_carlo_delta``: compiled chunks of 2,048 samples on a CPU and 2^20 on an
 accelerator, keyed) and with jax-privacy's
 ``experimental.monte_carlo.sample_generation.get_privacy_loss_sample`` (NumPy), and reads each
 one's plain estimate of delta at one epsilon (the larger direction's, with its standard error):

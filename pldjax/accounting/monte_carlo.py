@@ -47,9 +47,11 @@ from pldjax.core.validation import check_count, check_range, check_single
 
 #: Samples drawn per compiled call in each direction on a CPU and on an accelerator (a fixed
 #: shape: one program per min_sep; see chunk_size), and the bytes that a call's cooldown buffer
-#: stays under on each (the chunk halves as min_sep grows). An accelerator's steps take about
-#: as long for 2^20 samples as for 2^16 (their kernels' launches), so it draws more at once.
-CHUNK = 1 << 16
+#: stays under on each (the chunk halves as min_sep grows). On a CPU a chunk's block of weights
+#: stays in cache: 2^11 samples took 20-24 ns a sample and step, 2^12 22-29 ns, 2^16 38-76 ns
+#: (2 cores; min_sep 1 to 100). An accelerator's steps take about as long for 2^20 samples as
+#: for 2^16 (their kernels' launches), so it draws more at once.
+CHUNK = 1 << 11
 ACCELERATOR_CHUNK = 1 << 20
 _BUFFER_BYTES = 1 << 28
 _ACCELERATOR_BUFFER_BYTES = 1 << 30
@@ -65,8 +67,12 @@ _DRAWN_STEPS = 8
 MAX_SAMPLES = 10**8
 MAX_WORK = 10**11
 MAX_MIN_SEP = 4096
+#: The smallest noise multiplier sampled: a step's log likelihood ratio (about 1 / (2 sigma^2))
+#: stays far inside float64's range; below about 1e-154 its square overflows, and a sum of
+#: infinite losses of both signs has no value.
+MIN_NOISE_MULTIPLIER = 1e-100
 #: What a long call says it does (pldjax.core.notice).
-_SAMPLING = ("it draws privacy-loss samples, about 40 ns a sample and step on a two-core CPU (its "
+_SAMPLING = ("it draws privacy-loss samples, about 25 ns a sample and step on a two-core CPU (its "
              "first call in a process also compiles)")
 #: Bisection steps of the confidence bound and of epsilon.
 _BISECTIONS = 100
@@ -104,12 +110,14 @@ def chunk_size(min_sep: int, accelerator: bool = False) -> int:
     return size
 
 
-@kernel_jit(static_argnames=("min_sep", "size"))
+@kernel_jit(static_argnames=("min_sep", "size", "log_space"))
 def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep: int,
-                  size: int):
+                  size: int, log_space: bool = False):
     """Privacy losses L(y) of b-min-sep sampling, shape (2, size): row 0 with y drawn under P
     (the remove direction), row 1 with y drawn under Q (add); the ``chunk``-th chunk of
-    ``size`` samples of the integer ``seed``'s draws (keys made here, not by eager operations).
+    ``size`` samples of the integer ``seed``'s draws (keys made here, not by eager operations);
+    and whether :func:`forward_losses` underflowed (then the same draws again in
+    ``log_space``).
 
     Both rows share their Gaussian noise z (y = z + mu x under P, y = z under Q). A row's
     samples are independent of one another, which is all its confidence bound needs, and the
@@ -156,7 +164,7 @@ def _loss_samples(seed, chunk, mu, sampling_prob, steps, warm_start, *, min_sep:
         return z, live & (offsets[:, None] == at[:, None, :]), eligible_from
 
     return forward_losses(draw, eligible_from, mu, sampling_prob, steps, log_eligible,
-                          log_cooling, size=size, min_sep=min_sep)
+                          log_cooling, size=size, min_sep=min_sep, log_space=log_space)
 
 
 def block_and_group(min_sep: int) -> tuple[int, int]:
@@ -165,56 +173,114 @@ def block_and_group(min_sep: int) -> tuple[int, int]:
     return block, -(-_DRAWN_STEPS // block)
 
 
-def forward_losses(draw, state, mu, sampling_prob, steps, log_eligible, log_cooling, *,
-                   size: int, min_sep: int):
-    """The losses L(y) (2, size) of ``size`` samples in each of two rows, by the forward
-    recursion over the cooldown state, in log space: ``draw(first, state, live)`` gives the
-    noise z of the group of blocks that begins at block ``first`` (group, block, size; see
-    :func:`block_and_group`), each row-0 sample's participation in them (the same shape; 0
-    where ``live``, (group, block), is False: past the last step) and the next ``state``; row
-    0's outputs are y = z + mu x, row 1's y = z.
+#: A block's total weight, relative to the weights it started with, below which the linear
+#: recursion of :func:`forward_losses` may have lost digits to underflow (its terms are then
+#: within 2^-62 of float64's smallest normal number); the chunk is drawn again in log space.
+_SMALLEST_TOTAL = 2.0**-960
 
-    The recursion carries the log weight of the eligible state; the weight that enters
-    cooldown at a step (participation) becomes eligible again min_sep - 1 steps later. Blocks
-    are that many steps long: a block reads, row by row, the weights the previous block sent
-    into cooldown and writes its own (each buffer read or written whole, so none is copied at
-    every step); a step past the last (padding of the last group) lets the weight returning at
-    it into the eligible state, where the result sums it. Without a cooldown (min_sep = 1) each
-    step multiplies the eligible weight by q + p e^{mu y - mu^2/2}."""
+
+def forward_losses(draw, state, mu, sampling_prob, steps, log_eligible, log_cooling, *,
+                   size: int, min_sep: int, log_space: bool = False):
+    """The losses L(y) (2, size) of ``size`` samples in each of two rows, by the forward
+    recursion over the cooldown state, and whether the linear recursion underflowed (a bool;
+    always False in ``log_space``). ``draw(first, state, live)`` gives the noise z of the group
+    of blocks that begins at block ``first`` (group, block, size; see :func:`block_and_group`),
+    each row-0 sample's participation in them (the same shape; 0 where ``live``, (group,
+    block), is False: past the last step) and the next ``state``; row 0's outputs are
+    y = z + mu x, row 1's y = z. ``log_eligible`` and ``log_cooling``: the log weights that the
+    eligible state and each step of cooldown start with.
+
+    The recursion carries the weight of the eligible state; the weight that enters cooldown at
+    a step (participation) becomes eligible again min_sep - 1 steps later. Blocks are that many
+    steps long: a block reads, row by row, the weights the previous block sent into cooldown
+    and writes its own (each buffer read or written whole, so none is copied at every step); a
+    step past the last (padding of the last group) lets the weight returning at it into the
+    eligible state, where the result sums it. Without a cooldown (min_sep = 1) each step
+    multiplies the eligible weight by q + p e^{r}, r = mu y - mu^2/2 being the step's log
+    likelihood ratio.
+
+    The weights are kept linear, each block's relative to the total it started with (a log
+    scale carried beside them): a step then costs one exponential, of r less the block's
+    largest r (never above 0, so nothing overflows), and a block one logarithm. A block whose
+    total falls below _SMALLEST_TOTAL of its start (a likelihood ratio of e^-665 in one block,
+    as for mu near 40 at p near 1) is flagged, and its caller recomputes the chunk with
+    ``log_space``: every weight a logarithm, one logaddexp a step (about 3x slower on a CPU).
+    """
     cooldown = min_sep - 1
     block, group = block_and_group(min_sep)
     offsets = jnp.arange(block)
-    log_p, log_q = jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
+    p, log_p, log_q = sampling_prob, jnp.log(sampling_prob), jnp.log1p(-sampling_prob)
+    q = 1.0 - p
 
-    def step(eligible, row):
-        x, taken, live, returning = row
-        ratio = jnp.stack([x + mu * mu * taken, x])  # log dP/dQ of the step's y if x = 1
+    def log_block(weights, rows):
+        scale, eligible, previous, low = weights
+        ratio, live = rows
         if cooldown == 0:
-            return eligible + jnp.where(live, jnp.logaddexp(log_q, log_p + ratio), 0.0), None
-        entering = jnp.where(live, log_p, -jnp.inf) + ratio + eligible
-        stays = jnp.logaddexp(jnp.where(live, log_q, 0.0) + eligible, returning)
-        return stays, entering
+            factor = jnp.where(live[:, None, None], jnp.logaddexp(log_q, log_p + ratio), 0.0)
+            return (scale, eligible + jnp.sum(factor, axis=0), previous, low), None
 
-    def run_block(carry, rows):
-        eligible, previous = carry
-        z, taken, live = rows
-        eligible, entering = jax.lax.scan(
-            step, eligible, (mu * z - 0.5 * mu * mu, taken, live, previous if cooldown else None))
-        return (eligible, entering if cooldown else previous), None
+        def step(eligible, row):
+            ratio, live, returning = row
+            entering = jnp.where(live, log_p, -jnp.inf) + ratio + eligible
+            stays = jnp.logaddexp(jnp.where(live, log_q, 0.0) + eligible, returning)
+            return stays, entering
+
+        eligible, entering = jax.lax.scan(step, eligible, (ratio, live, previous))
+        return (scale, eligible, entering, low), None
+
+    def linear_block(weights, rows):
+        scale, eligible, previous, low = weights
+        ratio, live = rows
+        if cooldown == 0:
+            # q + p e^r, divided by e^max(r, 0): at most 1, with one exponential
+            small = jnp.exp(-jnp.abs(ratio))
+            factor = jnp.where(ratio > 0, q * small + p, q + p * small)
+            total = jnp.prod(jnp.where(live[:, None, None], factor, 1.0), axis=0)
+            top = jnp.sum(jnp.maximum(ratio, 0.0), axis=0)
+            return (scale + top + jnp.log(total), eligible, previous,
+                    low | ~jnp.all(total >= _SMALLEST_TOTAL)), None
+        # the weights entering cooldown are kept relative to e^top, the block's largest ratio
+        # (at least 1): each at most 1, as the block starts with weights summing to 1
+        top = jnp.maximum(jnp.max(ratio, axis=0), 0.0)
+        gain = p * jnp.exp(ratio - top)
+        stay = jnp.where(live, q, 1.0)
+
+        def step(eligible, row):
+            gain, stay, returning = row
+            return stay * eligible + returning, gain * eligible
+
+        eligible, entering = jax.lax.scan(step, eligible, (gain, stay, previous))
+        eligible = eligible * jnp.exp(-top)
+        total = eligible + jnp.sum(entering, axis=0)
+        return (scale + top + jnp.log(total), eligible / total, entering / total,
+                low | ~jnp.all(total >= _SMALLEST_TOTAL)), None
 
     def run_group(index, carry):
-        eligible, state, previous = carry
+        weights, state = carry
         live = (index * group + jnp.arange(group))[:, None] * block + offsets < steps
         z, taken, state = draw(index * group, state, live)
-        (eligible, previous), _ = jax.lax.scan(run_block, (eligible, previous), (z, taken, live))
-        return eligible, state, previous
+        # each step's log dP/dQ of its y in the two rows, mu y - mu^2 / 2 with y = z + mu x and
+        # y = z (mu times a sum: mu^2 overflows first for a tiny sigma, and inf - inf is NaN);
+        # -inf past the last step: nothing enters
+        half = 0.5 * mu
+        ratio = mu * jnp.stack([z + jnp.where(taken, half, -half), z - half], axis=-2)
+        ratio = jnp.where(live[..., None, None], ratio, -jnp.inf)
+        weights, _ = jax.lax.scan(log_block if log_space else linear_block, weights,
+                                  (ratio, live))
+        return weights, state
 
     # with min_sep = 1 nothing waits: one row, never read
     previous = jnp.full((block if cooldown else 1, 2, size), log_cooling if cooldown else -jnp.inf)
+    eligible = jnp.full((2, size), log_eligible)
+    if not log_space:
+        eligible, previous = jnp.exp(eligible), jnp.exp(previous)
+    weights = (jnp.zeros((2, size)), eligible, previous, jnp.asarray(False))
     groups = -(-steps // (block * group))
-    carry = (jnp.full((2, size), log_eligible), state, previous)
-    eligible, _, previous = jax.lax.fori_loop(0, groups, run_group, carry)
-    return jax.nn.logsumexp(jnp.concatenate([eligible[None], previous]), axis=0)
+    (scale, eligible, previous, low), _ = jax.lax.fori_loop(0, groups, run_group,
+                                                            (weights, state))
+    if log_space:
+        return jax.nn.logsumexp(jnp.concatenate([eligible[None], previous]), axis=0), low
+    return scale + jnp.log(eligible + jnp.sum(previous, axis=0)), low
 
 
 def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key) -> np.ndarray:
@@ -230,9 +296,12 @@ def draws(mu, sampling_prob, steps, min_sep, warm_start, samples, key) -> np.nda
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def chunk(i: int) -> np.ndarray:
-        return np.asarray(_loss_samples(np.int64(key), np.int64(i), np.float64(mu),
-                                        np.float64(sampling_prob), np.int64(steps),
-                                        np.bool_(warm_start), min_sep=min_sep, size=size))
+        arguments = (np.int64(key), np.int64(i), np.float64(mu), np.float64(sampling_prob),
+                     np.int64(steps), np.bool_(warm_start))
+        losses, underflowed = _loss_samples(*arguments, min_sep=min_sep, size=size)
+        if underflowed:
+            losses, _ = _loss_samples(*arguments, min_sep=min_sep, size=size, log_space=True)
+        return np.asarray(losses)
 
     workers = min(chunks, cores(), CHUNK_WORKERS) if on_cpu else 1
     drawn = map_in_threads(chunk, range(chunks), workers, "pldjax-monte-carlo")
@@ -271,6 +340,10 @@ def _checked(function, target, noise_multiplier, sampling_prob, steps, min_sep, 
     if not isinstance(warm_start, bool | np.bool_):
         raise ValueError(f"warm_start must be True or False, got {warm_start!r}")
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    if noise_multiplier < MIN_NOISE_MULTIPLIER:
+        raise ValueError(f"noise_multiplier must be at least {MIN_NOISE_MULTIPLIER:g} (its privacy "
+                         f"loss squared overflows float64 below about 1e-154), got "
+                         f"{float(noise_multiplier):g}")
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("failure_probability", failure_probability, 0.0, 1.0, low_open=True,
                 high_open=True)
@@ -320,7 +393,8 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
     ``samples`` draws in each direction (``key`` seeds them). See the module docstring.
 
     Args:
-      noise_multiplier: the noise standard deviation over the clip norm, > 0 and finite.
+      noise_multiplier: the noise standard deviation over the clip norm, finite and at least
+        ``MIN_NOISE_MULTIPLIER`` (1e-100).
       sampling_prob: the probability p that an eligible record takes part in a step, in [0, 1].
       steps: the number of steps T, an integer >= 1.
       min_sep: b, the separation between a record's participations (after one it sits out the
@@ -362,7 +436,8 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
     are needed).
 
     Args:
-      noise_multiplier: the noise standard deviation over the clip norm, > 0 and finite.
+      noise_multiplier: the noise standard deviation over the clip norm, finite and at least
+        ``MIN_NOISE_MULTIPLIER`` (1e-100).
       sampling_prob: the probability p that an eligible record takes part in a step, in [0, 1].
       steps: the number of steps T, an integer >= 1.
       min_sep: b, the separation between a record's participations (after one it sits out the

@@ -14,8 +14,8 @@ from compiled_programs import accounting_on_the_host
 import pldjax as pj
 from pldjax.accounting import monte_carlo
 
-#: One chunk of samples (monte_carlo.CHUNK): every check below allows for its sampling error.
-SAMPLES = monte_carlo.CHUNK
+#: Samples a direction: every check below allows for their sampling error.
+SAMPLES = 1 << 16
 
 
 def _mean_and_error(values):
@@ -47,7 +47,7 @@ def _enumerated_loss(y, mu, p, min_sep, warm_start):
     stationary = 1.0 + cooldown * p
     starts = ([(0, 1.0 / stationary)] + [(c, p / stationary) for c in range(1, min_sep)]
               if warm_start else [(0, 1.0)])
-    total = 0.0
+    terms = []  # the log of each pattern's probability times its likelihood ratio
     for barred, weight in starts:  # barred: steps of cooldown left
         for pattern in itertools.product((0, 1), repeat=steps):
             probability, left = weight, barred
@@ -57,18 +57,16 @@ def _enumerated_loss(y, mu, p, min_sep, warm_start):
                 else:
                     probability *= p if x else 1 - p
                     left = cooldown if x else 0
-            exponent = sum(mu * yt - mu * mu / 2 for x, yt in zip(pattern, y, strict=True) if x)
-            total += probability * math.exp(exponent)
-    return math.log(total)
+            if probability > 0:
+                terms.append(math.log(probability) + sum(
+                    mu * yt - mu * mu / 2 for x, yt in zip(pattern, y, strict=True) if x))
+    top = max(terms)
+    return top + math.log(math.fsum(math.exp(t - top) for t in terms))
 
 
-@pytest.mark.parametrize(("min_sep", "steps", "p", "warm_start"), [
-    (3, 7, 0.3, True), (3, 7, 0.3, False), (4, 7, 0.6, True), (1, 5, 0.3, True),
-    (3, 6, 1.0, False), (5, 3, 0.2, True), (2, 6, 0.0, True), (2, 11, 0.4, False),
-])
-def test_the_forward_recursion_is_the_sum_over_participation_patterns(min_sep, steps, p,
-                                                                       warm_start):
-    mu, rows = 1.3, 4
+def _forward(mu, p, min_sep, steps, warm_start, rows, log_space):
+    """(z, taken, losses, underflowed) of forward_losses on ``rows`` seeded rows of noise and
+    participations."""
     cooldown = min_sep - 1
     block, group = monte_carlo.block_and_group(min_sep)
     padded = -(-steps // (block * group)) * block * group
@@ -88,13 +86,44 @@ def test_the_forward_recursion_is_the_sum_over_participation_patterns(min_sep, s
     with jax.enable_x64(True):
         log_eligible = -math.log(stationary) if warm_start else 0.0
         log_cooling = (math.log(p / stationary) if p > 0 else -math.inf) if warm_start else -math.inf
-        losses = np.asarray(monte_carlo.forward_losses(
-            draw, 0.0, mu, p, steps, log_eligible, log_cooling, size=rows, min_sep=min_sep))
+        losses, underflowed = monte_carlo.forward_losses(
+            draw, 0.0, mu, p, steps, log_eligible, log_cooling, size=rows, min_sep=min_sep,
+            log_space=log_space)
+    return z, taken, np.asarray(losses), bool(underflowed)
+
+
+@pytest.mark.parametrize("log_space", [False, True])
+@pytest.mark.parametrize(("min_sep", "steps", "p", "warm_start"), [
+    (3, 7, 0.3, True), (3, 7, 0.3, False), (4, 7, 0.6, True), (1, 5, 0.3, True),
+    (3, 6, 1.0, False), (5, 3, 0.2, True), (2, 6, 0.0, True), (2, 11, 0.4, False),
+])
+def test_the_forward_recursion_is_the_sum_over_participation_patterns(min_sep, steps, p,
+                                                                       warm_start, log_space):
+    mu, rows = 1.3, 4
+    z, taken, losses, underflowed = _forward(mu, p, min_sep, steps, warm_start, rows, log_space)
+    assert not underflowed
     for r in range(rows):
         under_p = z[:steps, r] + mu * taken[:steps, r]
         for row, y in ((0, under_p), (1, z[:steps, r])):
             assert losses[row, r] == pytest.approx(
                 _enumerated_loss(y, mu, p, min_sep, warm_start), rel=1e-12, abs=1e-12)
+
+
+def test_weights_too_small_for_the_linear_recursion_are_flagged_and_held_in_log_space():
+    # mu = 40 with certain participation: each block multiplies the weights by about e^-800
+    mu, p, min_sep, steps, rows = 40.0, 1.0, 3, 8, 4
+    assert _forward(mu, p, min_sep, steps, True, rows, log_space=False)[3]
+    z, taken, losses, underflowed = _forward(mu, p, min_sep, steps, True, rows, log_space=True)
+    assert not underflowed
+    for r in range(rows):
+        under_p = z[:steps, r] + mu * taken[:steps, r]
+        for row, y in ((0, under_p), (1, z[:steps, r])):
+            assert losses[row, r] == pytest.approx(
+                _enumerated_loss(y, mu, p, min_sep, True), rel=1e-12)
+    # the sampler draws such a chunk again in log space: every loss finite
+    with jax.enable_x64(True):
+        drawn = monte_carlo.draws(mu, p, steps, min_sep, True, 64, 0)
+    assert np.all(np.isfinite(drawn)) and np.all(drawn[1] < -500)
 
 
 def test_chunks_drawn_at_once_are_the_chunks_drawn_one_after_another(x64_off, monkeypatch):
@@ -147,6 +176,7 @@ def test_epsilon_is_where_the_delta_bound_meets_the_target():
 
 @pytest.mark.parametrize(("arguments", "named"), [
     ((0.0, 0.1, 10, 2, 1.0), "noise_multiplier"),
+    ((1e-300, 0.1, 10, 2, 1.0), "noise_multiplier must be at least 1e-100"),
     ((1.0, 1.5, 10, 2, 1.0), "sampling_prob"),
     ((1.0, 0.1, 0, 2, 1.0), "steps"),
     ((1.0, 0.1, 10, 0, 1.0), "min_sep"),
