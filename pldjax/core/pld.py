@@ -312,7 +312,8 @@ def log_q_mass(probs, offset, step, xp=jnp):
         return logsumexp(terms)
     top = np.max(terms, initial=-np.inf)  # as jax's logsumexp: shifted by the largest if finite
     top = top if np.isfinite(top) else 0.0
-    with np.errstate(under="ignore"):  # the terms far below the largest add nothing
+    # the terms far below the largest add nothing; no mass at all: log 0 = -inf
+    with np.errstate(under="ignore", divide="ignore"):
         return np.log(np.sum(np.exp(terms - top))) + top
 
 

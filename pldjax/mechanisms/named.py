@@ -306,9 +306,10 @@ def _zcdp_bound(epsilons, rho: float, xi: float) -> np.ndarray:
     (eps, delta)-DP, delta = e^((a - 1)(xi + rho a - eps)) (1 - 1/a)^(a - 1) / a (Canonne,
     Kamath and Steinke 2020, Prop. 12), at most 1, at each of ``epsilons`` (nats, >= 0)."""
     a = _ZCDP_ORDERS[:, None]
-    log_delta = ((a - 1.0) * (xi + rho * a - epsilons[None, :]) - np.log(a)
-                 + (a - 1.0) * np.log1p(-1.0 / a))
-    return np.minimum(np.exp(np.min(log_delta, axis=0)), 1.0)
+    with np.errstate(over="ignore"):  # a huge rho: delta's bound overflows to inf, read as 1
+        log_delta = ((a - 1.0) * (xi + rho * a - epsilons[None, :]) - np.log(a)
+                     + (a - 1.0) * np.log1p(-1.0 / a))
+        return np.minimum(np.exp(np.min(log_delta, axis=0)), 1.0)
 
 
 def zcdp_window(rho: float, xi: float = 0.0) -> float:
@@ -320,10 +321,12 @@ def zcdp_window(rho: float, xi: float = 0.0) -> float:
     rho, xi = float(rho), float(xi)
     # the Gaussian-like tail: delta near e^(-(eps - xi - rho)^2 / (4 rho)) reaches 1e-18 below
     # this top, which the scan below lowers to where the bound does
-    top = xi + rho + 2.0 * np.sqrt(rho * np.log(1e18)) + 8.0 * rho + 1.0
-    scan = np.linspace(0.0, top, 1025)
-    below = scan[_zcdp_bound(scan, rho, xi) <= grid_lib.TAIL_MASS]
-    top = float(below[0]) if below.size else top
+    top = xi + rho
+    if top <= _ZCDP_MAX_WINDOW:  # else already too wide (and the estimate below could overflow)
+        top = xi + rho + 2.0 * np.sqrt(rho * np.log(1e18)) + 8.0 * rho + 1.0
+        scan = np.linspace(0.0, top, 1025)
+        below = scan[_zcdp_bound(scan, rho, xi) <= grid_lib.TAIL_MASS]
+        top = float(below[0]) if below.size else top
     if top > _ZCDP_MAX_WINDOW:
         raise ValueError(f"rho = {rho:g} and xi = {xi:g} need a window of {top:.4g} nats, beyond "
                          f"the {_ZCDP_MAX_WINDOW:g} on which e^eps stays a float64: rho at most "

@@ -290,6 +290,12 @@ def test_extremes_give_sound_finite_bounds(sigma, steps, selected):
     assert upper <= pj.event_epsilon(revealed, 1, 1e-6) * (1 + 1e-3)
 
 
+def test_noise_too_small_for_any_float64_epsilon_reads_inf_without_warnings():
+    event = pj.Event(pj.noise.Gaussian(1e-300), pj.sampling.RandomAllocation(10, 1))
+    with np.errstate(all="raise"):
+        assert pj.event_epsilon(event, 1, 1e-5) == math.inf
+
+
 def test_value_does_not_depend_on_the_callers_x64_setting(x64_off):
     # two configurations: built side by side in threads, each of which switches to 64 bits
     event = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.RandomAllocation(6, np.array([1, 2])))

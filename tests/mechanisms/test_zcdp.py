@@ -42,9 +42,13 @@ def test_xi_shifts_the_renyi_bound_and_bad_parameters_are_named():
         pj.zcdp(-1.0)
     with pytest.raises(ValueError, match="xi"):
         pj.zcdp(0.5, float("nan"))
-    for rho, xi in ((1e6, 0.0), (0.5, 1e6), (math.inf, 0.0)):
-        with pytest.raises(ValueError, match="rho"):
-            pj.zcdp(rho, xi)
+    import warnings
+
+    for rho, xi in ((1e6, 0.0), (0.5, 1e6), (math.inf, 0.0), (1e300, 0.0), (1e308, 1e308)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # refused before any overflow
+            with pytest.raises(ValueError, match="rho"):
+                pj.zcdp(rho, xi)
     acc = pj.dp_accounting.PLDAccountant()
     acc.compose(dpa.ZCDpEvent(math.inf))
     assert acc.get_epsilon(1e-6) == math.inf
