@@ -174,8 +174,10 @@ def block_and_group(min_sep: int) -> tuple[int, int]:
 
 
 #: A block's total weight, relative to the weights it started with, below which the linear
-#: recursion of :func:`forward_losses` may have lost digits to underflow (its terms are then
-#: within 2^-62 of float64's smallest normal number); the chunk is drawn again in log space.
+#: recursion of :func:`forward_losses` may have lost digits to underflow: above it, every term
+#: within 2^-53 of the total is at least 2^-1013, a normal float64, and so is each weight it
+#: came from (a step only multiplies by factors <= 1 and adds). Below it the chunk is drawn
+#: again in log space.
 _SMALLEST_TOTAL = 2.0**-960
 
 
