@@ -43,7 +43,7 @@ from pldjax.core.compilation import cores, kernel_jit, map_in_threads
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, check_range, check_single
+from pldjax.core.validation import check_count, check_noise_multiplier, check_range, check_single
 
 #: Samples drawn per compiled call in each direction on a CPU and on an accelerator (a fixed
 #: shape: one program per min_sep; see chunk_size), and the bytes that a call's cooldown buffer
@@ -67,10 +67,6 @@ _DRAWN_STEPS = 8
 MAX_SAMPLES = 10**8
 MAX_WORK = 10**11
 MAX_MIN_SEP = 4096
-#: The smallest noise multiplier sampled: a step's log likelihood ratio (about 1 / (2 sigma^2))
-#: stays far inside float64's range; below about 1e-154 its square overflows, and a sum of
-#: infinite losses of both signs has no value.
-MIN_NOISE_MULTIPLIER = 1e-100
 #: What a long call says it does (pldjax.core.notice).
 _SAMPLING = ("it draws privacy-loss samples, about 25 ns a sample and step on a two-core CPU (its "
              "first call in a process also compiles)")
@@ -341,11 +337,7 @@ def _checked(function, target, noise_multiplier, sampling_prob, steps, min_sep, 
         check_single(function, name, value)
     if not isinstance(warm_start, bool | np.bool_):
         raise ValueError(f"warm_start must be True or False, got {warm_start!r}")
-    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
-    if noise_multiplier < MIN_NOISE_MULTIPLIER:
-        raise ValueError(f"noise_multiplier must be at least {MIN_NOISE_MULTIPLIER:g} (its privacy "
-                         f"loss squared overflows float64 below about 1e-154), got "
-                         f"{float(noise_multiplier):g}")
+    check_noise_multiplier(noise_multiplier)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
     check_range("failure_probability", failure_probability, 0.0, 1.0, low_open=True,
                 high_open=True)
@@ -396,7 +388,7 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
 
     Args:
       noise_multiplier: the noise standard deviation over the clip norm, finite and at least
-        ``MIN_NOISE_MULTIPLIER`` (1e-100).
+        1e-100 (see :data:`pldjax.core.validation.SMALLEST_NOISE_MULTIPLIER`).
       sampling_prob: the probability p that an eligible record takes part in a step, in [0, 1].
       steps: the number of steps T, an integer >= 1.
       min_sep: b, the separation between a record's participations (after one it sits out the
@@ -439,7 +431,7 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
 
     Args:
       noise_multiplier: the noise standard deviation over the clip norm, finite and at least
-        ``MIN_NOISE_MULTIPLIER`` (1e-100).
+        1e-100 (see :data:`pldjax.core.validation.SMALLEST_NOISE_MULTIPLIER`).
       sampling_prob: the probability p that an eligible record takes part in a step, in [0, 1].
       steps: the number of steps T, an integer >= 1.
       min_sep: b, the separation between a record's participations (after one it sits out the

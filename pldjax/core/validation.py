@@ -42,6 +42,23 @@ def refuse_traced(function: str, values, inside_jit: str,
         raise ValueError(f"{function} {why} and cannot run under jit or vmap; {inside_jit}")
 
 
+#: The smallest noise multiplier (the noise's standard deviation over the sensitivity) of the
+#: computations that draw or bound a step's privacy loss from it directly (Monte Carlo, the
+#: shuffling lower bound): the loss, about 1 / (2 sigma^2) nats, then stays far inside float64's
+#: range (below about 1.5e-154 it overflows, and what is built from it no longer holds).
+SMALLEST_NOISE_MULTIPLIER = 1e-100
+
+
+def check_noise_multiplier(value, name: str = "noise_multiplier") -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` (one number) is finite and at least
+    SMALLEST_NOISE_MULTIPLIER."""
+    if isinstance(value, numbers.Real) and 0 < value < SMALLEST_NOISE_MULTIPLIER:
+        raise ValueError(f"{name} must be at least {SMALLEST_NOISE_MULTIPLIER:g} (a step's privacy "
+                         f"loss, about 1 / (2 {name}^2) nats, overflows float64 below about "
+                         f"1.5e-154), got {float(value):g}")
+    check_range(name, value, SMALLEST_NOISE_MULTIPLIER)
+
+
 def check_single(function: str, name: str, value) -> None:
     """Raise a ValueError naming ``name`` unless ``value`` is one concrete number: ``function``
     reads it on the host (so it cannot run under jit or vmap) and takes one configuration a

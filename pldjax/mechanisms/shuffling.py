@@ -36,7 +36,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD, unchecked_pld
 from pldjax.core.precision import float64
-from pldjax.core.validation import check_count, check_range, check_single
+from pldjax.core.validation import check_count, check_noise_multiplier, check_single
 from pldjax.kernels.compose import CompositionTooWide
 from pldjax.mechanisms.neighboring import Neighboring
 
@@ -119,8 +119,9 @@ def shuffling_lower_bound(noise_multiplier: float, steps_per_epoch: int, epochs:
     2^18 points); its other fields are not used.
 
     Args:
-      noise_multiplier: > 0 and finite, a scalar: the noise's standard deviation over the clip
-        norm.
+      noise_multiplier: finite and at least 1e-100, a scalar: the noise's standard deviation
+        over the clip norm (below, its losses overflow float64; see
+        :data:`pldjax.core.validation.SMALLEST_NOISE_MULTIPLIER`).
       steps_per_epoch: batches per epoch T, a whole number >= 1.
       epochs: number of epochs E, a whole number >= 1; 1 by default.
       neighboring: "replace_one" (default) or "replace_special" (zero-out), or the matching
@@ -136,7 +137,7 @@ def shuffling_lower_bound(noise_multiplier: float, steps_per_epoch: int, epochs:
       fit; a coarser ``grid`` step helps there.
     """
     check_single("shuffling_lower_bound", "noise_multiplier", noise_multiplier)
-    check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    check_noise_multiplier(noise_multiplier)
     sigma = float(noise_multiplier)
     batches = check_count("steps_per_epoch", steps_per_epoch, minimum=1)
     epochs = check_count("epochs", epochs, minimum=1)

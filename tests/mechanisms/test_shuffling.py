@@ -85,6 +85,7 @@ def test_shuffled_training_can_be_far_less_private_than_its_poisson_accounting()
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
     (dict(noise_multiplier=math.nan), "noise_multiplier"),
     (dict(noise_multiplier=math.inf), "noise_multiplier"),
+    (dict(noise_multiplier=1e-200), "noise_multiplier must be at least 1e-100"),
     (dict(steps_per_epoch=0), "steps_per_epoch"),
     (dict(steps_per_epoch=2.5), "steps_per_epoch"),
     (dict(epochs=0), "epochs"),
