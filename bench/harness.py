@@ -344,10 +344,16 @@ def markdown_table(columns, rows) -> list[str]:
     return lines
 
 
+#: The heading that opens a result file's record of a run on an accelerator, which a run on a
+#: CPU keeps (see :meth:`Report.flush`).
+ACCELERATOR_SECTION = "## On a GPU"
+
+
 class Report:
     """A benchmark's result: a title, the command, the machine, then sections of text and
-    tables. :meth:`write` renders it to Markdown (the result file); :meth:`flush` rewrites that
-    file mid-run, so that a run cut short keeps what it measured."""
+    tables. :meth:`markdown` renders it; :meth:`flush` rewrites the result file with it (mid-run
+    too, so that a run cut short keeps what it measured), after which come the file's record of
+    a run on an accelerator, if it had one."""
 
     def __init__(self, name: str, summary: str, command: str, path: Path | None = None):
         self.name, self.summary, self.command, self.path = name, summary, command, path
@@ -382,7 +388,24 @@ class Report:
     def flush(self) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(self.markdown())
+            kept = self._kept_sections()
+            self.path.write_text(self.markdown() + ("\n" + kept if kept else ""))
+
+    def _kept_sections(self) -> str:
+        """The result file's sections from its ACCELERATOR_SECTION heading on, which record a run
+        on an accelerator with its own machine lines: a run without one rewrites the rest of the
+        file and keeps them (a run on an accelerator, or one that writes such a section, does
+        not)."""
+        if self.path is None or not self.path.exists():
+            return ""
+        devices = (self.machine or {}).get("devices", [])
+        if any(not d.startswith("cpu") for d in devices) or any(
+                kind == "text" and content[0].startswith(ACCELERATOR_SECTION)
+                for kind, *content in self.blocks):
+            return ""
+        text = self.path.read_text()
+        start = text.find("\n" + ACCELERATOR_SECTION)
+        return "" if start < 0 else text[start + 1:].rstrip() + "\n"
 
     def finish(self) -> str:
         if self.machine is not None:
