@@ -92,6 +92,7 @@ coarser than aimed and the bounds further apart, never unsound). Where no lattic
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -378,6 +379,15 @@ def _merged_onto_grid(losses, masses, step: float) -> tuple[int, np.ndarray]:
     return low, probs
 
 
+def _doubled_until(step: float, fits: Callable[[float], bool]) -> float | None:
+    """``step`` doubled until ``fits`` it, at most _MOST_DOUBLINGS times; None if none does."""
+    for _ in range(_MOST_DOUBLINGS + 1):
+        if fits(step):
+            return step
+        step *= 2.0
+    return None
+
+
 def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD | None:
     """One direction's PLD from atoms (finite ``losses`` in nats, with ``masses``) and a mass at
     +inf, on multiples of ``step``. Pessimistic: an atom between two grid points is split
@@ -395,14 +405,14 @@ def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD | N
     wide on a lattice whose lowest points lie 14 nats below, 10^9 grid points): the caller
     takes the Gaussian bound."""
     top = np.max(losses, initial=-np.inf)
-    for _ in range(_MOST_DOUBLINGS + 1):
-        bottom = top - (grid_lib.MAX_MECHANISM_SIZE - 4) * step
-        if np.sum(masses[losses < bottom]) <= _MOVED_MASS:
-            break
-        step *= 2.0
-    else:
+
+    def bottom(h: float) -> float:
+        return top - (grid_lib.MAX_MECHANISM_SIZE - 4) * h
+
+    step = _doubled_until(step, lambda h: np.sum(masses[losses < bottom(h)]) <= _MOVED_MASS)
+    if step is None:
         return None
-    losses = np.maximum(losses, bottom)
+    losses = np.maximum(losses, bottom(step))
     if pessimistic:
         shifted = losses + _LOSS_MARGIN
         index = np.floor(shifted / step)
@@ -594,11 +604,8 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
     bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs))
     if top <= bottom:
         return None
-    for _ in range(_MOST_DOUBLINGS + 1):
-        if top - bottom <= (grid_lib.MAX_MECHANISM_SIZE - 2) * step:
-            break
-        step *= 2.0
-    else:
+    step = _doubled_until(step, lambda h: top - bottom <= (grid_lib.MAX_MECHANISM_SIZE - 2) * h)
+    if step is None:
         return None
 
     def hull_of_minimum(a: PLD, b: PLD):
