@@ -80,17 +80,19 @@ from pldjax.kernels.compose import (
 )
 from pldjax.kernels.discretize import MECHANISM_KERNELS, runs_on_host
 from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
+from pldjax.kernels.rows import TILE, TiledRows
 from pldjax.mechanisms.events import Event, direction_arrays, distinct_configurations
 from pldjax.mechanisms.noise import Noise
 from pldjax.mechanisms.sampling import Directions
 
-#: Most configurations discretized together (per device when sharded), the most mechanism grid
-#: points (configurations x points) one chunk discretizes (about 200 bytes each at the peak of
+#: Most configurations discretized together (per device when sharded; enough that a CPU's chunk
+#: of any size fills the tiles of its masses' one program, see :func:`_tiled`), the most mechanism
+#: grid points (configurations x points) one chunk discretizes (about 200 bytes each at the peak of
 #: discretization and window placement: 32 configurations on 131,072 points took the process
 #: from 0.3 to 1.5 GB; bench/dpsgd.py's sweep peaks at 0.9-1.0 GB with 2^18, 1.4 GB without the
 #: limit, equally fast), and the most grid points (rows x size) one composition call handles:
 #: together they bound the memory in use.
-CHUNK = 32
+CHUNK = 128
 CHUNK_ELEMENTS = 2**18
 #: The most mechanism grid points of one chunk discretized on the host (see :func:`_on_host`),
 #: where rows are discretized one by one and their masses kept until the call is placed.
@@ -195,6 +197,34 @@ def _placement(directions: int, evaluate: str) -> Callable:
     return functools.partial(_placed_rows, directions=directions, evaluate=evaluate)
 
 
+def _placed_tiles(probs, inf_mass, offset, step, layout: TiledRows, count, target, *,
+                  evaluate: str):
+    """:func:`_placed_rows` of rows in tiles (see
+    :func:`~pldjax.kernels.discretize._mechanism_kernel`'s ``tiles``): ``count`` and ``target``
+    one a row in the discretization's order (the directions innermost), padded to the tiles;
+    returns the masses in tiles and every row's placement, in that order, the padding rows'
+    last."""
+    per_row = layout.per_row_values
+    count, target = (layout.spread(a) for a in (count, target))
+    exponents = chernoff_exponents(probs, offset, step, count, composition_tail(target, evaluate),
+                                   layout)
+    exponents = [per_row(e)[0][:, None] for e in exponents]
+    summary = PMFSummary(*(per_row(field) for field in pmf_summary(probs, layout)))
+    offset, step, count, target = (per_row(a) for a in (offset, step, count, target))
+
+    def window(s, o, h, c, t, e):
+        return summary_window(s, o, h, c, composition_tail(t, evaluate), e)
+
+    lo, hi = jax.vmap(window)(summary, offset, step, count, target, exponents)
+    return probs, per_row(inf_mass), offset, step, lo, hi, exponents, summary
+
+
+@functools.cache
+def _tiled_placement(evaluate: str) -> Callable:
+    """:func:`_placed_tiles` for ``evaluate`` (one object, see :func:`_placement`)."""
+    return functools.partial(_placed_tiles, evaluate=evaluate)
+
+
 def _sharding() -> NamedSharding | None:
     devices = jax.devices()
     if len(devices) == 1:
@@ -216,7 +246,8 @@ def _keeps_chunks_on_device() -> bool:
 
 
 def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_size, both,
-                   pessimistic, grid, grid_steps, evaluate, sharding, remedy, ahead=False):
+                   pessimistic, grid, grid_steps, evaluate, sharding, remedy, ahead=False,
+                   tiles=None):
     """Values for one chunk of configurations (all steps >= 1), once ``compositions`` (a
     :class:`_Compositions`) has run: ``params`` are the flat parameters of ``mechanism``
     (:meth:`~pldjax.mechanisms.events.Event.directions`); ``grid_steps``: each one's mechanism grid
@@ -234,6 +265,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     its rows composed at each size of at most HOST_SIZE_POINTS points that the process may
     still compose on the host (a size's compiled program is a ski rental's purchase: a process
     composes that many points at the size in NumPy before it compiles the size's program).
+    ``tiles``: the chunk's masses are computed in that many tiles (see :func:`_tiled`).
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
     # small program to compile, or to load from the cache, per process)
@@ -250,16 +282,28 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         row_counts, row_targets = _place([counts, targets], sharding)
     elif not compositions.host_glue:
         row_counts, row_targets = jax.device_put(counts), jax.device_put(targets)
+    then, extra = _placement(directions, evaluate), (row_counts, row_targets)
+    if tiles is not None:  # one a row in the discretization's order, padded to the tiles
+        then = _tiled_placement(evaluate)
+        extra = tuple(np.pad(np.repeat(a, directions), (0, tiles - a.shape[0] * directions),
+                             mode="edge") for a in (steps, target))
     discretize = functools.partial(
         direction_arrays, Directions(mechanism, tuple(params), both), grid, pessimistic,
-        mechanism_tail(steps, target, evaluate), mechanism_size,
-        then=_placement(directions, evaluate), extra=(row_counts, row_targets), steps=grid_steps,
-        host=compositions.host)
+        mechanism_tail(steps, target, evaluate), mechanism_size, then=then, extra=extra,
+        steps=grid_steps, host=compositions.host, tiles=tiles)
     if ahead:
         with compiling_ahead():
             discretize()
         return None
     probs, inf_mass, offset, step, lo, hi, exponents, summary = discretize()
+    if tiles is not None:  # the rows in this module's order (see _placed_rows), padding dropped
+        order = np.arange(counts.shape[0]).reshape(-1, directions).T.reshape(-1)
+        probs = np.asarray(probs)[:counts.shape[0] * mechanism_size // TILE].reshape(
+            -1, mechanism_size)[order]
+        inf_mass, offset, step, lo, hi = (np.asarray(a)[order]
+                                          for a in (inf_mass, offset, step, lo, hi))
+        exponents = [np.asarray(e)[order] for e in exponents]
+        summary = PMFSummary(*(np.asarray(f)[order] for f in summary))
     # off the host glue (xp = jnp) these wait for nothing; on a CPU, where the chunk is placed
     # at once, they wait for the call as place() would
     probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
@@ -569,16 +613,30 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     # was above the target
     chunk = max(chunk, 1 if kwargs["both"] else 2)
     chunk = -(-chunk // devices) * devices
+    # masses in tiles: the chunk's tiles padded instead (one program whatever the size)
+    tiles = None
+    if _tiled(mechanism_size, sharding=sharding, **kwargs):
+        directions = 2 if kwargs["both"] else 1
+        tiles = grid_lib.next_pow2(directions * chunk * mechanism_size // TILE)
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
-        padded = np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
+        padded = idx if tiles else np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
         placed = _account_chunk([p[padded] for p in params], steps[padded], target[padded],
                                 sharding=sharding, mechanism_size=mechanism_size,
                                 grid_steps=None if grid_steps is None else grid_steps[padded],
-                                ahead=ahead, **kwargs)
+                                ahead=ahead, tiles=tiles, **kwargs)
         if ahead:  # every chunk of the group has the first one's shapes
             return
         yield idx, placed
+
+
+def _tiled(mechanism_size: int, *, sharding, compositions, pessimistic, grid, **_) -> bool:
+    """Whether a chunk's masses are computed in tiles (one compiled program for every grid
+    size: :func:`_placed_tiles`): connect-the-dots pessimistic estimates on grids of a multiple
+    of TILE points, placed by the host's glue (on a CPU), compiled."""
+    return (compositions.host_glue and not compositions.host and sharding is None
+            and pessimistic and (grid or Grid()).rounding == "connect_dots"
+            and mechanism_size % TILE == 0)
 
 
 def account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,

@@ -59,6 +59,7 @@ from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_broadcast, check_count, is_traced
+from pldjax.kernels.rows import TILE, Row, TiledRows, row_of
 
 UNIT_ROUNDOFF = 2.0**-53
 #: Grid indices of a self-composition (count times an index of the PLD) must stay below this, so
@@ -73,7 +74,13 @@ _ROUNDOFF_SAFETY = 2.0
 #: coarse copy of the PMF, of about _CHERNOFF_COARSE_POINTS blocks.
 _CHERNOFF_STEPS = 10
 _CHERNOFF_TOLERANCE = 1e-2
-_CHERNOFF_COARSE_POINTS = 2048
+_CHERNOFF_COARSE_POINTS = TILE  # a row in tiles: its blocks are of a point per tile
+#: The fewest points of a block of the coarse copy (see :func:`_coarse_block`; a row of
+#: n < 16 x 2048 points has n / 16 blocks): rows in tiles search TILE / _SMALLEST_BLOCK blocks a
+#: tile whatever their size, so this sets the search's cost (a sweep's masses and window
+#: placement took 25-29 ns a point with blocks of at least 4 points, 20-22 ns with 16, against
+#: 22-24 ns in one program per size; 2-core CPU).
+_SMALLEST_BLOCK = 16
 #: Low frequencies computed without cancellation (see :func:`_spectrum`).
 _ACCURATE_FREQS = 256
 
@@ -88,7 +95,8 @@ def fft_roundoff(raw):
 
 
 # -- tail bounds ----------------------------------------------------------------------------------
-def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
+def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS,
+                       rows: Row | TiledRows | None = None):
     """Chernoff exponents of the count-fold sum S of the PMF's loss Z (finite part only):
     ``(t_up, up, t_down, down)`` with ``up = count log E[e^{t Z}]`` at t = ``t_up`` and
     ``down = count log E[e^{-t Z}]`` at t = ``t_down`` (arrays of one t > 0 each, exact for this
@@ -102,22 +110,38 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS):
     points, each a normal of the block's mass, mean and variance), starting at the Gaussian answer
     sqrt(2 log(2 / tail) / count) / sd; then K is evaluated on the PMF itself at the t found (one
     pass). The bound is flat in t near the tangency, so the coarse copy's t costs little.
-    NumPy masses are searched in NumPy.
+    NumPy masses are searched in NumPy. ``rows``: the layout of ``probs`` (see
+    :mod:`pldjax.kernels.rows`; None: one row); ``offset``, ``step``, ``count`` and ``tail`` are
+    then row scalars, and so is each exponent (after its leading axis of one).
     """
     xp = array_module(probs)
-    z = (offset + xp.arange(probs.shape[0], dtype=xp.float64)) * step
-    mass = xp.maximum(xp.sum(probs), 1e-300)
-    mean = xp.sum(probs * z) / mass
-    sd = xp.sqrt(xp.sum(probs * (z - mean) ** 2) / mass) + step
+    rows = rows or row_of(probs)
+    over = rows.over_points
+    z = (over(offset) + rows.position()) * over(step)
+    mass = xp.maximum(rows.sum(probs), 1e-300)
+    mean = rows.sum(probs * z) / mass
+    sd = xp.sqrt(rows.sum(probs * (z - over(mean)) ** 2) / mass) + step
     target = xp.log(2.0 / tail)
-    sides = xp.array([1.0, -1.0])
-    start = xp.full((2,), xp.log(xp.sqrt(2.0 * target / count) / sd))
-    coarse_probs, coarse_z, coarse_variance = _coarse(probs, z, step)
-    t = xp.exp(_tangency_search(coarse_probs, coarse_z - mean, coarse_variance, count, target,
-                                start))
-    k, _, _ = _cumulants(_log(probs), sides[:, None] * (z - mean)[None, :], 0.0, t)
+    sides = xp.array([1.0, -1.0]).reshape((2,) + (1,) * xp.ndim(mean))
+    start = xp.broadcast_to(xp.log(xp.sqrt(2.0 * target / count) / sd), sides.shape[:1] + xp.shape(sd))
+    coarse_probs, coarse_z, coarse_variance, coarse = _coarse(probs, z, offset, step, rows)
+
+    def to_coarse(values):
+        return _moved(values, rows, coarse)
+
+    t = xp.exp(_moved(_tangency_search(
+        coarse_probs, coarse_z - coarse.over_points(to_coarse(mean)), coarse_variance,
+        to_coarse(count), to_coarse(target), to_coarse(start), coarse), coarse, rows))
+    k, _, _ = _cumulants(_log(probs), over(sides) * (z - over(mean))[None], 0.0, t, rows)
     exponents = count * (k + sides * t * mean)
     return t[:1], exponents[:1], t[1:], exponents[1:]
+
+
+def _moved(values, source, target):
+    """Row scalars of the layout ``source`` as those of ``target`` (the same rows)."""
+    if isinstance(source, Row):
+        return values
+    return target.spread(source.per_row_values(values))
 
 
 def _log(probs):
@@ -126,61 +150,110 @@ def _log(probs):
     return xp.where(probs > 0, xp.log(xp.where(probs > 0, probs, 1.0)), -xp.inf)
 
 
-def _coarse(probs, z, step):
-    """The PMF (probs at the losses z, ``step`` apart) in blocks of consecutive points, each block
-    given by its mass, mean and variance: about _CHERNOFF_COARSE_POINTS blocks, or the points
-    themselves (variance 0) when there are at most 4 times that many. Steers a search only: it is
-    no bound. The moments are of the positions 0 .. block - 1 within each block, all three from
-    one matrix product (a third of the time of sums over the reshaped losses)."""
+def _coarse_block(n):
+    """Points of a block of :func:`_coarse` for a PMF of n points: about
+    _CHERNOFF_COARSE_POINTS blocks of at least 4 points, or single points (0) below that many."""
+    block = n // _CHERNOFF_COARSE_POINTS
+    return 0 if block == 0 else max(block, _SMALLEST_BLOCK)
+
+
+def _coarse(probs, z, offset, step, rows):
+    """The PMF (probs at the losses z, ``step`` apart) in blocks of consecutive points
+    (:func:`_coarse_block`), each block given by its mass, mean and variance (or the points
+    themselves, variance 0, where there are few); and the blocks' layout. Steers a search only:
+    it is no bound. The moments are of the positions 0 .. block - 1 within each block, all three
+    from one matrix product (a third of the time of sums over the reshaped losses)."""
+    if isinstance(rows, TiledRows):
+        return _coarse_tiles(probs, offset, step, rows)
     xp = array_module(probs)
     n = probs.shape[0]
-    block = n // _CHERNOFF_COARSE_POINTS
-    if block < 4:
-        return probs, z, xp.zeros_like(z)
+    block = _coarse_block(n)
+    if block == 0:
+        return probs, z, xp.zeros_like(z), rows
     blocks = -(-n // block)
     p = xp.pad(probs, (0, blocks * block - n)).reshape(blocks, block)
     position = xp.arange(block, dtype=xp.float64)
     moments = matmul(p, xp.stack([xp.ones(block), position, position * position], axis=1))
-    merged = moments[:, 0]
+    merged, z, variance = _block_moments(moments[:, 0], moments[:, 1], moments[:, 2],
+                                         z[::block], step)
+    return merged, z, variance, row_of(merged)
+
+
+def _block_moments(merged, first, second, start, step):
+    """(mass, mean loss, loss variance) of blocks from their moments: mass, and the first and
+    second moments of the positions in the block, whose first loss is ``start``."""
+    xp = array_module(merged)
     held = merged > 0
     safe = xp.where(held, merged, 1.0)
-    mean = moments[:, 1] / safe  # 0 for an empty block: its first point, variance 0
-    variance = xp.maximum(moments[:, 2] / safe - mean * mean, 0.0) * (step * step)
-    return merged, z[::block] + mean * step, variance
+    mean = first / safe  # 0 for an empty block: its first point, variance 0
+    variance = xp.maximum(second / safe - mean * mean, 0.0) * (step * step)
+    return merged, start + mean * step, variance
 
 
-def _cumulants(logp, y, variance, t):
-    """K(t), K'(t), K''(t) of each side's loss (t: (2,), y: (2, n), the sides' losses at the
-    points of log-masses ``logp``), each point a normal of its ``variance`` (0: a point mass)."""
+def _coarse_tiles(probs, offset, step, rows: TiledRows):
+    """:func:`_coarse` of rows in tiles (a row's blocks are of max(n / TILE, _SMALLEST_BLOCK)
+    points, within its tiles), laid out in tiles of
+    TILE / _SMALLEST_BLOCK blocks, as many tiles as ``rows`` has (a row's blocks follow each
+    other). One branch of static shapes a block size, the row's taken (a conditional)."""
+    small = rows.tile // _SMALLEST_BLOCK
+
+    def moments_of(block: int):
+        def laid():
+            position = jnp.arange(block, dtype=jnp.float64)
+            weights = jnp.stack([jnp.ones(block), position, position * position], axis=1)
+            moments = probs.reshape(rows.tiles, rows.tile // block, block) @ weights
+            moments = jnp.moveaxis(moments, -1, 0).reshape(3, -1, small)
+            return jnp.pad(moments, ((0, 0), (0, rows.tiles - moments.shape[1]), (0, 0)))
+        return laid
+
+    sizes = [_SMALLEST_BLOCK]  # up to a row on every tile
+    while sizes[-1] < min(rows.tiles, rows.tile):
+        sizes.append(2 * sizes[-1])
+    block = jnp.maximum(rows.per_row, _SMALLEST_BLOCK)
+    level = jnp.round(jnp.log2(block / _SMALLEST_BLOCK)).astype(jnp.int32)
+    moments = jax.lax.switch(level, [moments_of(size) for size in sizes])
+    coarse = TiledRows(rows.tiles, rows.per_row * rows.tile // block, rows.rows, small)
+    offset, step = (_moved(a, rows, coarse) for a in (offset, step))
+    start = (offset + coarse.position() * block) * step  # each block's first loss
+    return (*_block_moments(*moments, start, step), coarse)
+
+
+def _cumulants(logp, y, variance, t, rows):
+    """K(t), K'(t), K''(t) of each side's loss (t: each side's row scalar, y: each side's loss
+    at the points of log-masses ``logp``), each point a normal of its ``variance`` (0: a point
+    mass), in the layout ``rows``."""
     xp = array_module(logp)
-    w = logp[None, :] + t[:, None] * y + 0.5 * (t * t)[:, None] * variance
-    top = xp.max(w, axis=1, keepdims=True)
-    e = xp.exp(w - top)
-    slope = y + t[:, None] * variance
-    s0, s1 = xp.sum(e, axis=1), xp.sum(e * slope, axis=1)
-    s2 = xp.sum(e * (slope * slope + variance), axis=1)
+    t = rows.over_points(t)
+    w = logp[None] + t * y + 0.5 * (t * t) * variance
+    top = rows.max(w)
+    e = xp.exp(w - rows.over_points(top))
+    slope = y + t * variance
+    s0, s1 = rows.sum(e), rows.sum(e * slope)
+    s2 = rows.sum(e * (slope * slope + variance))
     first = s1 / s0
-    return top[:, 0] + xp.log(s0), first, xp.maximum(s2 / s0 - first**2, 0.0)
+    return top + xp.log(s0), first, xp.maximum(s2 / s0 - first**2, 0.0)
 
 
-def _tangency_search(probs, centred, variance, count, target, start):
+def _tangency_search(probs, centred, variance, count, target, start, rows):
     """The Newton search of :func:`chernoff_exponents` for the loss ``centred`` (its mean
     subtracted) of the PMF ``probs`` (each point a normal of its ``variance``), from log t =
-    ``start`` (one per side, up then down): returns log t of the best iterate, at most
-    _CHERNOFF_STEPS of them."""
+    ``start`` (one per side, up then down), in the layout ``rows``: returns log t of the best
+    iterate, at most _CHERNOFF_STEPS of them. A row stops once both of its sides' conditions
+    hold (its later iterates leave it as it was)."""
     xp = array_module(probs)
     logp = _log(probs)
-    y = xp.array([1.0, -1.0])[:, None] * centred[None, :]  # each side's loss
+    y = xp.array([1.0, -1.0]).reshape((2,) + (1,) * centred.ndim) * centred[None]  # each side's
 
-    def newton(carry):  # one iterate, then a safeguarded step in log t
-        i, _, u, low, high, best, best_gap = carry
+    def newton(state):  # one iterate, then a safeguarded step in log t
+        _, u, low, high, best, best_gap = state
         t = xp.exp(u)
-        k, k1, k2 = _cumulants(logp, y, variance, t)
+        k, k1, k2 = _cumulants(logp, y, variance, t, rows)
         excess = t * k1 - k  # increasing in log t
         gap = count * excess - target
         better = xp.abs(gap) < best_gap
         best, best_gap = xp.where(better, u, best), xp.where(better, xp.abs(gap), best_gap)
-        done = xp.all(xp.abs(gap) <= _CHERNOFF_TOLERANCE * target)
+        holds = xp.abs(gap) <= _CHERNOFF_TOLERANCE * target
+        done = xp.all(holds, axis=0)
         low, high = xp.where(gap < 0, u, low), xp.where(gap < 0, high, u)
         # Newton on log(count excess): linear in log t for small t (excess ~ t^2 K'' / 2), and
         # far less curved than the excess itself where the loss's tail is heavy (the excess
@@ -194,26 +267,36 @@ def _tangency_search(probs, centred, variance, count, target, start):
         bisect = xp.where(xp.isfinite(low) & xp.isfinite(high), (low + high) / 2,
                           xp.where(gap < 0, u + 2.0, u - 2.0))
         u_next = xp.where(inside, step, bisect)
-        u_next = xp.where(xp.isfinite(u_next), u_next, u)  # no mass: stay
-        return i + 1, done, u_next, low, high, best, best_gap
+        # no mass, or a side whose condition holds (while the other's does not): stay (its
+        # gap's sign is round-off there, and a step from it left its bracket, a bisection away)
+        u_next = xp.where(xp.isfinite(u_next) & ~holds, u_next, u)
+        return done, u_next, low, high, best, best_gap
 
-    def until_done(carry):  # a CPU stops as soon as both sides' conditions hold
-        return jax.lax.while_loop(lambda c: (c[0] < _CHERNOFF_STEPS) & ~c[1], newton, carry)
+    def iterate(carry):  # a row that is done keeps its state
+        i, state = carry
+        return i + 1, tuple(xp.where(state[0], old, new) for old, new in zip(state, newton(state),
+                                                                               strict=True))
 
-    def every_step(carry):  # the iterates after done leave the carry as it was
-        def once(_, c):
-            return jax.tree.map(functools.partial(jnp.where, c[1]), c, newton(c))
-        return jax.lax.fori_loop(0, _CHERNOFF_STEPS, once, carry)
+    def until_done(carry):  # a CPU stops as soon as every row's conditions hold
+        return jax.lax.while_loop(lambda c: (c[0] < _CHERNOFF_STEPS) & ~xp.all(c[1][0]), iterate,
+                                  carry)
+
+    def every_step(carry):
+        return jax.lax.fori_loop(0, _CHERNOFF_STEPS, lambda _, c: iterate(c), carry)
 
     # bracket of the root in log t: (-inf, inf) to begin with; a loop (not unrolled): small to
-    # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE
-    infinite = xp.full((2,), xp.inf)
-    carry = (0, False, start, -infinite, infinite, start, infinite)
+    # compile; it stops once both sides' tangency conditions hold to _CHERNOFF_TOLERANCE (rows
+    # beyond a tiled layout's real rows start done)
+    infinite = xp.full(start.shape, xp.inf)
+    done = xp.zeros(start.shape[1:], bool)
+    if isinstance(rows, TiledRows):
+        done = rows.spread(~rows.real())
+    carry = (0, (done, start, -infinite, infinite, start, infinite))
     if xp is np:
-        while carry[0] < _CHERNOFF_STEPS and not carry[1]:
-            carry = newton(carry)
-        return carry[5]
-    *_, best, _ = early_exit_on_cpu([carry], cpu=until_done, elsewhere=every_step)
+        while carry[0] < _CHERNOFF_STEPS and not np.all(carry[1][0]):
+            carry = iterate(carry)
+        return carry[1][4]
+    _, (*_, best, _) = early_exit_on_cpu([carry], cpu=until_done, elsewhere=every_step)
     return best
 
 
@@ -230,17 +313,19 @@ class PMFSummary(NamedTuple):
     points: jax.Array  #: n, the PMF's number of points (float64)
 
 
-def pmf_summary(probs) -> PMFSummary:
-    """The :class:`PMFSummary` of one PMF ``probs`` (n,)."""
+def pmf_summary(probs, rows: Row | TiledRows | None = None) -> PMFSummary:
+    """The :class:`PMFSummary` of one PMF ``probs`` (n,), or of each row of the layout ``rows``
+    (see :mod:`pldjax.kernels.rows`: its row scalars)."""
     xp = array_module(probs)
-    n = probs.shape[0]
-    index = xp.arange(n)
-    mass = xp.sum(probs)
-    center = xp.round(xp.sum(probs * index) / xp.maximum(mass, 1e-300)).astype(xp.int64)
+    rows = rows or row_of(probs)
+    n = rows.points
+    index = rows.index()
+    mass = rows.sum(probs)
+    center = xp.round(rows.sum(probs * index) / xp.maximum(mass, 1e-300)).astype(xp.int64)
     held = probs > 0
-    first = xp.min(xp.where(held, index, n - 1))
-    last = xp.max(xp.where(held, index, 0))
-    return PMFSummary(mass, center, first, last, xp.float64(n))
+    first = rows.min(xp.where(held, index, n - 1))
+    last = rows.max(xp.where(held, index, 0))
+    return PMFSummary(mass, center, first, last, rows.row_scalar(n))
 
 
 def _support(summary: PMFSummary, offset, count):

@@ -51,6 +51,7 @@ from pldjax.core.compilation import (
 from pldjax.core.grid import Grid
 from pldjax.core.mass import take_from_bottom
 from pldjax.core.validation import is_traced
+from pldjax.kernels.rows import Row, TiledRows, row_of
 
 
 def _difference(log_larger, log_smaller):
@@ -102,9 +103,10 @@ def curve_values(log_p, log_q, eps):
     return _difference(xp.where(upper, log_p, eps + log_q), xp.where(upper, eps + log_q, log_p))
 
 
-def masses_from_values(values, step, z):
+def masses_from_values(values, step, z, rows: Row | TiledRows | None = None):
     """:func:`masses_from_curve` (pessimistic) of the curve given by :func:`curve_values` at
-    the grid points z: the curve where z >= 0, the excess where z < 0."""
+    the grid points z: the curve where z >= 0, the excess where z < 0. ``rows``: their layout
+    (see :mod:`pldjax.kernels.rows`; None: one row)."""
     xp = array_module(values)
     upper = z >= 0
     # delta - excess = -expm1(z), added as a sum of two non-negative terms: 1 - e^z and e^z - 1
@@ -115,7 +117,7 @@ def masses_from_values(values, step, z):
     full = values >= (linear + 1.0) * (1.0 - 4.0 * np.finfo(np.float64).eps)
     curve = xp.where(upper, values, xp.where(full, 1.0, values - linear))
     excess = xp.where(upper, values + linear, values)
-    return masses_from_curve(curve, step, excess, z)
+    return masses_from_curve(curve, step, excess, z, rows=rows)
 
 
 #: Mass surplus of a pessimistic estimate (over 1 - inf_mass, beyond its masses at losses <= 0)
@@ -135,18 +137,8 @@ def _set(values, index, value):
     return values.at[index].set(value)
 
 
-def _cummin(x):
-    """The running minimum along the last axis, in NumPy for NumPy arrays."""
-    return np.minimum.accumulate(x, axis=-1) if array_module(x) is np else jax.lax.cummin(x, x.ndim - 1)
-
-
-def _cummax(x):
-    """The running maximum along the last axis, in NumPy for NumPy arrays."""
-    return np.maximum.accumulate(x, axis=-1) if array_module(x) is np else jax.lax.cummax(x, x.ndim - 1)
-
-
 def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: bool = True,
-                      surplus_from_bottom: bool = False):
+                      surplus_from_bottom: bool = False, rows: Row | TiledRows | None = None):
     """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points)
     and reaches 1 - ``below`` at x = 0 (``below``: mass dropped to -inf by an optimistic estimate).
 
@@ -167,46 +159,51 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     (:func:`~pldjax.core.mass.take_from_bottom`), which lowers the curve only below them, for a
     caller that checks the curve at every grid point (truncated Poisson's envelope, where the
     surplus of clipping, 1e-13, taken at all losses <= 0 came back as an atom at +inf).
+    ``rows``: the layout of ``curve`` (see :mod:`pldjax.kernels.rows`; None: one row, a 1-D
+    array); ``step`` and ``below`` are then row scalars.
     """
     xp = array_module(curve)
-    curve = _cummin(xp.clip(curve, 0.0, 1.0))
-    n = curve.shape[0]
-    if n == 1:
+    rows = rows or row_of(curve)
+    curve = rows.cummin(xp.clip(curve, 0.0, 1.0))
+    if isinstance(rows.points, int) and rows.points == 1:
         return 1.0 - curve, curve[0]
     huge = step > 700.0  # e^h overflows: divide first (1 / expm1(h) -> 0, e^h / expm1(h) -> 1)
     em1 = xp.expm1(xp.minimum(step, 700.0))
     grow = xp.exp(xp.minimum(step, 700.0))
+    first_point = rows.is_first()
 
     def masses(values, first):
-        d = values[:-1] - values[1:]
-        interior = xp.where(huge, d[:-1] / -xp.expm1(-step) - d[1:] / xp.expm1(step),
-                            (grow * d[:-1] - d[1:]) / em1)
-        last = xp.where(huge, d[-1] / -xp.expm1(-step), grow * d[-1] / em1)
-        return xp.concatenate([(first - d[0] / xp.expm1(step))[None], interior, last[None]])
+        # d_i = v_i - v_{i+1}, 0 at the last point (whose mass is then e^h d_{i-1} / expm1(h))
+        d = values - rows.following(values, rows.last(values))
+        before = rows.preceding(d, 0.0)
+        interior = xp.where(huge, before / -xp.expm1(-step) - d / xp.expm1(step),
+                            (grow * before - d) / em1)
+        return xp.where(first_point, first - d / xp.expm1(step), interior)
 
-    target = 1.0 - below - curve[-1]
-    probs = xp.maximum(masses(curve, 1.0 - below - curve[0]), 0.0)
+    target = 1.0 - below - rows.last(curve)
+    probs = xp.maximum(masses(curve, 1.0 - below - rows.first(curve)), 0.0)
     if excess is not None:
-        excess = _cummax(excess)
-        low = masses(excess, -below - excess[0])
-        low = _set(low, -1, low[-1] + xp.exp(xp.minimum(z[-1], 0.0)))  # used when z[-1] < 0
+        excess = rows.cummax(excess)
+        low = masses(excess, -below - rows.first(excess))
+        # used when the last point's z < 0
+        low = xp.where(rows.is_last(), low + xp.exp(xp.minimum(rows.last(z), 0.0)), low)
         mixed = xp.maximum(xp.where(z < 0, low, probs), 0.0)
         # the excess keeps digits where the curve is close to 1, but where the window lies far
         # below the loss (x = e^z underflows) it has lost the masses: then the curve's own
         # masses, which telescope to the right total, are used. Where both are off by more
         # than 1e-9 (a loss of spread 1e-4 or less: round-off of order u / step each mass), the
         # one closer to the total: the curve's masses at z < 0 are then round-off alone
-        mismatch = xp.abs(xp.sum(mixed) - target)
-        probs = xp.where(mismatch <= xp.maximum(1e-9, xp.abs(xp.sum(probs) - target)), mixed,
+        mismatch = xp.abs(rows.sum(mixed) - target)
+        probs = xp.where(mismatch <= xp.maximum(1e-9, xp.abs(rows.sum(probs) - target)), mixed,
                          probs)
-    total = xp.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
+    total = rows.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
     ratio = target / xp.where(total > 0, total, 1.0)
     if not pessimistic:
-        return probs * ratio, curve[-1]
+        return probs * ratio, rows.last(curve)
     # a deficit is spread proportionally (raising delta everywhere); a surplus is taken
     # proportionally from the losses <= 0, which delta(eps) at eps >= 0 does not see
     low = xp.ones_like(probs, bool) if z is None else z <= 0
-    low_mass = xp.sum(xp.where(low, probs, 0.0))
+    low_mass = rows.sum(xp.where(low, probs, 0.0))
     surplus = total - target
     keep = xp.clip(1.0 - surplus / xp.where(low_mass > 0, low_mass, 1.0), 0.0, 1.0)
     if surplus_from_bottom:
@@ -219,7 +216,7 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     # certified from such values: all of the mass goes to the +inf atom (delta = 1, an upper bound)
     lost = surplus - low_mass > _SURPLUS_TOLERANCE
     return (xp.where(lost, 0.0, probs * xp.maximum(ratio, 1.0)),
-            xp.where(lost, 1.0, curve[-1]))
+            xp.where(lost, 1.0, rows.last(curve)))
 
 
 #: Rounds of :func:`lower_hull_at`'s parallel peeling before the rows left unsettled go through
@@ -279,8 +276,8 @@ def _nearest_kept(kept):
     none), along the last axis: one cumulative max for both (XLA compiles each as a scan)."""
     m, xp = kept.shape[-1], array_module(kept)
     idx = xp.arange(m)
-    scans = _cummax(xp.stack([xp.where(kept, idx, -1),
-                              xp.flip(xp.where(kept, m - 1 - idx, -1), -1)]))
+    scans = xp.stack([xp.where(kept, idx, -1), xp.flip(xp.where(kept, m - 1 - idx, -1), -1)])
+    scans = row_of(scans).cummax(scans)
     return scans[0], m - 1 - xp.flip(scans[1], -1)
 
 
@@ -648,7 +645,7 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
     # P(L > z_0) = 1 - lost at x = 0, i.e. P's mass at losses <= z_0 is dropped (moved down to
     # -inf), where rounding it up to z_0 would overstate delta below z_0.
     lost = xp.exp(lcp[0])
-    delta, excess = _cummin(delta), _cummax(excess)
+    delta, excess = row_of(delta).cummin(delta), row_of(excess).cummax(excess)
     # the finite part: delta - atom tends to 0 beyond the window (no Q mass at +inf: the slopes
     # and the excess e^eps Q(L <= eps) - P(L <= eps) are those of the finite part already)
     atom = xp.clip(xp.minimum(atom, delta[-1]), 0.0, 1.0 - lost)
@@ -731,7 +728,7 @@ def window(mechanism: LossTails, params, tail):
 
 def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
                       fixed: bool, rounding, then: Callable | None = None, extra: tuple = (),
-                      host: bool = False):
+                      host: bool = False, tiles: int | None = None):
     """A batch of mechanisms (``params``, ``tail`` and ``step``: flat arrays, see :func:`window`)
     -> (probs, inf_mass, offset, step), each batched; each one's ``step`` (nats; data, so that new
     values compile nothing) is used when ``fixed``, else each one's automatic step. Vmapped
@@ -771,6 +768,9 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
             return then(*rows, *extra)
     if pessimistic and rounding == "connect_dots":
         values, offset, h = _in_tiles(_curve_kernel, params, tail, step, size=size, **options)
+        if tiles is not None:
+            return _tiled_masses_kernel(*_padded_parts((values, offset, h), tiles),
+                                        np.int64(size), np.int64(rows), extra, then=then)
         return _masses_kernel(values, offset, h, extra, size=size, rows=tail.shape[0],
                               then=then)
     at_points, offset, h, atom, top = _in_tiles(_tails_kernel, params, tail, step, size=size,
@@ -914,6 +914,31 @@ def _masses_kernel(values, offset, step, extra, *, size, rows, then):
     return then(*masses_rows(values, offset, step), offset, step, *extra)
 
 
+def _padded_parts(outputs, tiles: int):
+    """:func:`_in_tiles`' outputs (tuples of the calls' arrays) with the last call's arrays
+    repeated until they hold ``tiles`` tiles (the repeats are padding: no row reads them)."""
+    held = sum(part.shape[0] for part in outputs[0])
+    per_call = outputs[0][-1].shape[0]
+    if held > tiles or (tiles - held) % per_call:
+        raise ValueError(f"{held} tiles do not pad to {tiles} in calls of {per_call}")
+    more = (tiles - held) // per_call
+    return tuple(parts + (parts[-1],) * more for parts in outputs)
+
+
+@exported_jit(static_argnames=("then",))
+def _tiled_masses_kernel(values, offset, step, points, rows, extra, *, then):
+    """``then`` of a batch of :func:`curve_values` rows' masses (:func:`masses_from_values`) in
+    tiles: ``values``, ``offset`` and ``step`` are the curve calls' outputs (the tiles of
+    :func:`_in_tiles`, padded), ``rows`` rows of ``points`` points (both data: one program for
+    every grid size). ``then(probs, inf_mass, offset, step, layout, *extra)`` gets the masses
+    in tiles, the others as row scalars of the layout (:class:`~pldjax.kernels.rows.TiledRows`)."""
+    values = jnp.concatenate(values)
+    offset, step = (jnp.concatenate(parts)[:, None] for parts in (offset, step))
+    layout = TiledRows(values.shape[0], points, rows)
+    z = (offset + layout.position()) * step
+    return then(*masses_from_values(values, step, z, layout), offset, step, layout, *extra)
+
+
 # FAST_COMPILE, unlike the curve: the four tails ran 8x slower with XLA's defaults (64
 # subsampled Gaussians' optimistic sweep: 2.9 s against 0.35 s)
 @exported_jit(static_argnames=("mechanism", "pessimistic", "fixed"))
@@ -961,7 +986,8 @@ def _tails_masses_kernel(at_points, offset, step, atom, top, extra, *, size, row
 
 
 #: The compiled kernels a discretization runs (for pldjax.core.compilation's counts).
-MECHANISM_KERNELS = (_curve_kernel, _masses_kernel, _tails_kernel, _tails_masses_kernel)
+MECHANISM_KERNELS = (_curve_kernel, _masses_kernel, _tiled_masses_kernel, _tails_kernel,
+                     _tails_masses_kernel)
 
 
 def _window_grid(params, tail, step, *, mechanism: LossTails, size: int, pessimistic: bool,
@@ -1062,7 +1088,8 @@ def _check_step(step: float, size: int, pessimistic: bool) -> None:
 
 def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimistic: bool,
                       tail=None, size: int | None = None, then: Callable | None = None,
-                      extra: tuple = (), steps=None, host: bool = False) -> tuple:
+                      extra: tuple = (), steps=None, host: bool = False,
+                      tiles: int | None = None) -> tuple:
     """(probs, inf_mass, offset, step) of ``mechanism``'s (single-direction) PLD, batched over
     the broadcast ``params`` and ``tail`` (the mass of P each window may leave outside, see
     :func:`window`; None: 0, the default windows); ``size``: the grid size when the caller has
@@ -1073,7 +1100,7 @@ def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimist
     (untrimmed; see :func:`_mechanism_kernel`). ``steps``: concrete grid steps (nats)
     broadcasting with ``params``, each element's own, in place of ``grid.step`` (with ``size``:
     elements on different steps share one call). ``host``: small work with a ``then`` runs in
-    NumPy too (see :func:`_mechanism_kernel`)."""
+    NumPy too; ``tiles``: the masses in tiles (see :func:`_mechanism_kernel`)."""
     traced = is_traced((params, tail))
     xp = jnp if traced else np
     # on the host: no small compiled kernels for each array operation
@@ -1091,7 +1118,7 @@ def discretize_arrays(mechanism: LossTails, params, grid: Grid | None, pessimist
     out = _mechanism_kernel(
         flat, flat_tail, fixed_steps, mechanism=mechanism, size=size,
         pessimistic=bool(pessimistic), fixed=fixed, rounding=grid.rounding, then=then,
-        extra=extra, host=host,
+        extra=extra, host=host, tiles=tiles,
     )
     if then is not None:
         return out

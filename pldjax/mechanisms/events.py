@@ -144,14 +144,14 @@ def lattice(noise: Noise, sampling: Sampling | None, neighboring: Neighboring | 
 
 def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: bool, tail=None,
                      size: int | None = None, then: Callable | None = None,
-                     extra: tuple = (), steps=None, host: bool = False) -> tuple:
+                     extra: tuple = (), steps=None, host: bool = False,
+                     tiles: int | None = None) -> tuple:
     """(probs, inf_mass, offset, step) of each direction of a mechanism before discretization
     (:meth:`Event.directions`) on ``grid`` (None: automatic), stacked on a leading axis (remove
     then add, or the one direction), then the broadcast parameters' axes; both directions in one
     vmapped call (one compiled kernel: the direction is a parameter). ``tail``, ``size``,
-    ``then``, ``extra``, ``steps`` (each configuration's grid step, both directions on it) and
-    ``host``:
-    see :func:`pldjax.kernels.discretize.discretize_arrays` (``then`` gets the
+    ``then``, ``extra``, ``steps`` (each configuration's grid step, both directions on it),
+    ``host`` and ``tiles``: see :func:`pldjax.kernels.discretize.discretize_arrays` (``then`` gets the
     flat rows with the directions innermost: each configuration's remove, then its add). For
     code that discretizes a batch of events itself (:mod:`pldjax.accounting.engine`); concrete results in
     host memory stay NumPy arrays."""
@@ -164,7 +164,7 @@ def direction_arrays(directions: Directions, grid: Grid | None, pessimistic: boo
         tail = None if tail is None else xp.asarray(tail)[..., None]
         steps = None if steps is None else np.asarray(steps)[..., None]
     out = discretize_arrays(mechanism, params, grid, pessimistic, tail, size, then, extra, steps,
-                            host)
+                            host, tiles)
     if then is not None:
         return out
     probs, *rest = out

@@ -243,7 +243,7 @@ def test_first_call_compiles_only_the_kernels():
         import pldjax as pj
         pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
     """)
-    assert sorted(names) == sorted(["jit(_curve_kernel)", "jit(_masses_kernel)",
+    assert sorted(names) == sorted(["jit(_curve_kernel)", "jit(_tiled_masses_kernel)",
                                     "jit(_compose_and_evaluate)", "jit(option_probe)"]), names
 
 
@@ -307,7 +307,7 @@ def test_host_work_is_spent_then_the_kernels_compile(monkeypatch):
     assert not calls
     assert compilation.host_work.done == compilation.host_work.budget
     compiled = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
-    assert calls["_masses_kernel"] and calls["_compose_and_evaluate"]
+    assert calls["_tiled_masses_kernel"] and calls["_compose_and_evaluate"]
     assert compiled == pytest.approx(on_host, rel=1e-9)
 
 
@@ -378,7 +378,7 @@ def test_a_composition_size_compiles_once_the_host_has_composed_its_share(monkey
     first = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
     assert not calls
     second = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
-    assert calls["_compose_and_evaluate"] and not calls["_masses_kernel"]
+    assert calls["_compose_and_evaluate"] and not calls["_tiled_masses_kernel"]
     assert second == pytest.approx(first, rel=1e-9)
 
 
@@ -393,7 +393,7 @@ def test_many_rows_on_few_grid_sizes_compile_their_discretization(monkeypatch):
     monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 8)
     calls = _kernel_calls(monkeypatch)
     pj.dpsgd_epsilon(np.linspace(1.0, 1.01, 9), 0.01, 1000, 1e-5)
-    assert calls["_masses_kernel"]
+    assert calls["_tiled_masses_kernel"]
 
 
 def test_a_host_call_composes_its_large_sizes_compiled(monkeypatch):
@@ -413,7 +413,7 @@ def test_a_host_call_composes_its_large_sizes_compiled(monkeypatch):
     monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 50_000)
     calls.clear()
     mixed = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
-    assert not calls["_masses_kernel"]
+    assert not calls["_tiled_masses_kernel"]
     assert set() < composed_sizes(calls) < every_size
     np.testing.assert_allclose(mixed, compiled, rtol=1e-9)
 

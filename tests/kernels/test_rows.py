@@ -1,0 +1,111 @@
+"""Rows in tiles: every row operation, and the masses, Chernoff exponents and summary computed
+on rows in tiles, agree with the same computed on each row alone."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pldjax as pj
+from pldjax.core.grid import next_pow2
+from pldjax.core.precision import float64
+from pldjax.kernels.compose import chernoff_exponents, pmf_summary
+from pldjax.kernels.discretize import curve_values, grid_points, masses_from_values, side_tails
+from pldjax.kernels.rows import TILE, TiledRows
+
+SMALL_TILE = 8
+
+
+def _in_tiles(rows: np.ndarray, tiles: int, tile: int) -> np.ndarray:
+    """Rows (r, n) as (tiles, tile), the tiles beyond the rows holding noise (padding)."""
+    laid = rows.reshape(-1, tile)
+    noise = np.random.default_rng(1).normal(size=(tiles - laid.shape[0], tile))
+    return np.concatenate([laid, noise])
+
+
+def _per_row(layout_values, per_row: int, count: int) -> np.ndarray:
+    """A row scalar of the layout (tiles, 1), read on each real row's first tile."""
+    return np.asarray(layout_values)[::per_row, 0][:count]
+
+
+@pytest.mark.parametrize("per_row", [1, 2, 4])
+def test_row_operations_in_tiles_agree_with_each_row_alone(per_row):
+    """Sums, extrema, first and last points, running extrema and the shifts along a row, on
+    rows spread over 1, 2 and 4 tiles with padding tiles after them."""
+    tiles, n = 16, per_row * SMALL_TILE
+    count = tiles // per_row - 1
+    rows = np.random.default_rng(per_row).normal(size=(count, n))
+    fill = np.arange(count, dtype=np.float64) + 100.0
+
+    @jax.jit
+    @float64
+    def tiled(x, fill_rows):
+        layout = TiledRows(tiles, jnp.int64(n), jnp.int64(count), SMALL_TILE)
+        fill = layout.spread(jnp.pad(fill_rows, (0, tiles - count)))
+        return (layout.sum(x), layout.max(x), layout.min(x), layout.first(x), layout.last(x),
+                layout.cummin(x), layout.cummax(x), layout.following(x, fill),
+                layout.preceding(x, fill), layout.is_first(), layout.is_last(), layout.index())
+
+    out = tiled(_in_tiles(rows, tiles, SMALL_TILE), fill)
+    scalars = [_per_row(a, per_row, count) for a in out[:5]]
+    np.testing.assert_allclose(scalars[0], rows.sum(axis=1), rtol=1e-14)
+    np.testing.assert_array_equal(scalars[1], rows.max(axis=1))
+    np.testing.assert_array_equal(scalars[2], rows.min(axis=1))
+    np.testing.assert_array_equal(scalars[3], rows[:, 0])
+    np.testing.assert_array_equal(scalars[4], rows[:, -1])
+    points = [np.asarray(a)[:count * per_row].reshape(count, n) for a in out[5:]]
+    np.testing.assert_array_equal(points[0], np.minimum.accumulate(rows, axis=1))
+    np.testing.assert_array_equal(points[1], np.maximum.accumulate(rows, axis=1))
+    np.testing.assert_array_equal(points[2], np.column_stack([rows[:, 1:], fill]))
+    np.testing.assert_array_equal(points[3], np.column_stack([fill, rows[:, :-1]]))
+    first, last = np.zeros((count, n), bool), np.zeros((count, n), bool)
+    first[:, 0], last[:, -1] = True, True
+    np.testing.assert_array_equal(points[4], first)
+    np.testing.assert_array_equal(points[5], last)
+    np.testing.assert_array_equal(points[6], np.tile(np.arange(n), (count, 1)))
+
+
+@pytest.mark.parametrize("n", [TILE, 2 * TILE, 8 * TILE])
+def test_masses_and_placement_in_tiles_agree_with_each_row_alone(n):
+    """DP-SGD's curves (sigma 0.7 to 2, both directions, q = 0.01) on grids of n points: the
+    masses, Chernoff exponents and PMF summaries computed in tiles (padding tiles after the
+    rows) are those of each row alone, to round-off."""
+    sigmas = np.array([0.7, 1.0, 2.0])
+    mechanism, params, _ = pj.dpsgd_event(sigmas[:, None], 0.01).directions()
+    params = [np.broadcast_to(p, (3, 2)).reshape(-1) for p in (*params, np.array([0.0, 1.0]))]
+    count, per_row = params[0].shape[0], n // TILE
+    tiles = next_pow2(count * per_row) * 2
+    step, offset = 2.0**-9, -n // 2
+    z = grid_points(np.float64(offset), step, n)
+    values = np.stack([curve_values(*side_tails(mechanism, [p[i] for p in params], z, z >= 0), z)
+                       for i in range(count)])
+    steps, tail = np.array([1e4, 300.0, 1e4, 300.0, 1e4, 300.0]), 1e-12
+    # each row alone, compiled too (XLA flushes subnormal masses to zero, NumPy keeps them)
+    masses_alone = jax.jit(float64(lambda v: masses_from_values(v, step, jnp.asarray(z))))
+    alone = [masses_alone(values[i]) for i in range(count)]
+    exponents_alone = [jax.jit(float64(chernoff_exponents))(alone[i][0], offset, step, steps[i],
+                                                             tail) for i in range(count)]
+    summary_alone = [jax.jit(float64(pmf_summary))(probs) for probs, _ in alone]
+
+    @jax.jit
+    @float64
+    def tiled(values, steps):
+        layout = TiledRows(tiles, jnp.int64(n), jnp.int64(count))
+        h, start = jnp.full((tiles, 1), step), jnp.full((tiles, 1), offset)
+        probs, inf_mass = masses_from_values(values, h, (start + layout.position()) * h, layout)
+        counts = layout.spread(jnp.pad(steps, (0, tiles - count), constant_values=1.0))
+        exponents = chernoff_exponents(probs, start, h, counts, jnp.full((tiles, 1), tail), layout)
+        return probs, inf_mass, [e[0] for e in exponents], pmf_summary(probs, layout)
+
+    probs, inf_mass, exponents, summary = tiled(_in_tiles(values, tiles, TILE), steps)
+    probs = np.asarray(probs)[:count * per_row].reshape(count, n)
+    np.testing.assert_allclose(probs, np.stack([p for p, _ in alone]), rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(_per_row(inf_mass, per_row, count), [m for _, m in alone],
+                               rtol=1e-13)
+    for i, got in enumerate(exponents):
+        np.testing.assert_allclose(_per_row(got, per_row, count),
+                                   [float(e[i][0]) for e in exponents_alone], rtol=1e-9)
+    for field, got in zip(summary._fields, summary, strict=True):
+        np.testing.assert_allclose(_per_row(got, per_row, count),
+                                   [getattr(s, field) for s in summary_alone], rtol=1e-13,
+                                   err_msg=field)
