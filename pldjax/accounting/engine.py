@@ -67,6 +67,7 @@ from pldjax.core.validation import (
 )
 from pldjax.kernels.chernoff import pure_epsilon
 from pldjax.kernels.compose import (
+    BLOCKED_POINTS,
     COARSER_GRID,
     CompositionTooWide,
     PMFSummary,
@@ -298,8 +299,9 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     probs, inf_mass, offset, step, lo, hi, exponents, summary = discretize()
     if tiles is not None:  # the rows in this module's order (see _placed_rows), padding dropped
         order = np.arange(counts.shape[0]).reshape(-1, directions).T.reshape(-1)
-        probs = np.asarray(probs)[:counts.shape[0] * mechanism_size // TILE].reshape(
-            -1, mechanism_size)[order]
+        per_row = -(-mechanism_size // TILE)
+        probs = np.asarray(probs)[:counts.shape[0] * per_row].reshape(
+            -1, per_row * TILE)[order, :mechanism_size]
         inf_mass, offset, step, lo, hi = (np.asarray(a)[order]
                                           for a in (inf_mass, offset, step, lo, hi))
         exponents = [np.asarray(e)[order] for e in exponents]
@@ -403,7 +405,7 @@ class _Compositions:
         #: on one accelerator the power of two (a quarter of the compiled shapes, compiled for
         #: seconds each there, for at most twice the points)
         self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
-        self._total_rows = rows
+        self.rows = rows  #: the rows of the whole accounting call
         self._sizes_seen: set[int] = set()
         self._full_sizes: set[int] = set()  # sizes whose full call has its program (see _run)
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
@@ -430,7 +432,7 @@ class _Compositions:
         sharded."""
         if size in self._sizes_seen or self._sharding is not None:
             return
-        if not self._gathers and self._total_rows > 2 and rows <= 2:
+        if not self._gathers and self.rows > 2 and rows <= 2:
             return  # perhaps a call of two rows at the end, perhaps a full one: not known yet
         self._sizes_seen.add(size)
         most = self._call_rows(size)
@@ -439,7 +441,7 @@ class _Compositions:
                 index = jax.ShapeDtypeStruct((most,), np.asarray(0).dtype)
                 wrapped, columns = _gather_rows(probs, index, scalars, size=size)
             else:
-                batch = min(most, 2) if self._total_rows <= 2 else most
+                batch = min(most, 2) if self.rows <= 2 else most
                 if batch == most:
                     self._full_sizes.add(size)
                 wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
@@ -450,7 +452,7 @@ class _Compositions:
     def _call_rows(self, size: int) -> int:
         """The rows of one composition call of ``size`` (see the class docstring)."""
         most = _rows_per_call(size, self._devices)
-        return min(most, grid_lib.next_pow2(self._total_rows)) if self._gathers else most
+        return min(most, grid_lib.next_pow2(self.rows)) if self._gathers else most
 
     def add(self, size: int, probs, scalars, rows: np.ndarray, values: np.ndarray,
             on_host: bool = False) -> None:
@@ -602,10 +604,12 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     # few distinct batch shapes, so few compiled kernels: on a CPU one configuration alone, or
     # full chunks padded with repeats (a discretization costs milliseconds, a new shape seconds
     # to compile); on an accelerator, whose chunks are large, powers of two
+    tiled = _tiled(mechanism_size, sharding=sharding, **kwargs)
+    directions = 2 if kwargs["both"] else 1
     if on_device:
         chunk = min(chunk, grid_lib.next_pow2(len(order)))
-    elif len(order) == 1:
-        chunk = 1
+    elif len(order) == 1 and not (tiled and kwargs["compositions"].rows > directions):
+        chunk = 1  # (in tiles, a lone configuration among others shares their program)
     # at least two rows a discretization (a configuration of one direction alone is repeated):
     # XLA compiles a batch of one row with other reductions than a batch of several, so a single
     # call's masses were an ulp away from the same configuration's in a batch, its epsilon 1e-12
@@ -615,9 +619,8 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     chunk = -(-chunk // devices) * devices
     # masses in tiles: the chunk's tiles padded instead (one program whatever the size)
     tiles = None
-    if _tiled(mechanism_size, sharding=sharding, **kwargs):
-        directions = 2 if kwargs["both"] else 1
-        tiles = grid_lib.next_pow2(directions * chunk * mechanism_size // TILE)
+    if tiled:
+        tiles = grid_lib.next_pow2(directions * chunk * -(-mechanism_size // TILE))
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
         padded = idx if tiles else np.concatenate([idx, np.full(chunk - len(idx), idx[-1])])
@@ -633,10 +636,12 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
 def _tiled(mechanism_size: int, *, sharding, compositions, pessimistic, grid, **_) -> bool:
     """Whether a chunk's masses are computed in tiles (one compiled program for every grid
     size: :func:`_placed_tiles`): connect-the-dots pessimistic estimates on grids of a multiple
-    of TILE points, placed by the host's glue (on a CPU), compiled."""
+    of TILE points or a power of two below (from BLOCKED_POINTS), placed by the host's glue (on
+    a CPU), compiled."""
     return (compositions.host_glue and not compositions.host and sharding is None
             and pessimistic and (grid or Grid()).rounding == "connect_dots"
-            and mechanism_size % TILE == 0)
+            and (mechanism_size % TILE == 0
+                 or (TILE % mechanism_size == 0 and mechanism_size >= BLOCKED_POINTS)))
 
 
 def account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,

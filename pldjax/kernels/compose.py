@@ -75,12 +75,15 @@ _ROUNDOFF_SAFETY = 2.0
 _CHERNOFF_STEPS = 10
 _CHERNOFF_TOLERANCE = 1e-2
 _CHERNOFF_COARSE_POINTS = TILE  # a row in tiles: its blocks are of a point per tile
-#: The fewest points of a block of the coarse copy (see :func:`_coarse_block`; a row of
+#: The fewest points of a block of the coarse copy (see :func:`_coarse_block`; a PMF of
 #: n < 16 x 2048 points has n / 16 blocks): rows in tiles search TILE / _SMALLEST_BLOCK blocks a
 #: tile whatever their size, so this sets the search's cost (a sweep's masses and window
 #: placement took 25-29 ns a point with blocks of at least 4 points, 20-22 ns with 16, against
 #: 22-24 ns in one program per size; 2-core CPU).
 _SMALLEST_BLOCK = 16
+#: PMFs of at least this many points are searched in blocks, smaller ones point by point (rows in
+#: tiles must be this long).
+BLOCKED_POINTS = _SMALLEST_BLOCK * _SMALLEST_BLOCK
 #: Low frequencies computed without cancellation (see :func:`_spectrum`).
 _ACCURATE_FREQS = 256
 
@@ -152,9 +155,9 @@ def _log(probs):
 
 def _coarse_block(n):
     """Points of a block of :func:`_coarse` for a PMF of n points: about
-    _CHERNOFF_COARSE_POINTS blocks of at least 4 points, or single points (0) below that many."""
-    block = n // _CHERNOFF_COARSE_POINTS
-    return 0 if block == 0 else max(block, _SMALLEST_BLOCK)
+    _CHERNOFF_COARSE_POINTS blocks of at least _SMALLEST_BLOCK points, or single points (0)
+    below BLOCKED_POINTS."""
+    return 0 if n < BLOCKED_POINTS else max(n // _CHERNOFF_COARSE_POINTS, _SMALLEST_BLOCK)
 
 
 def _coarse(probs, z, offset, step, rows):

@@ -164,6 +164,8 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
     """
     xp = array_module(curve)
     rows = rows or row_of(curve)
+    # in tiles, a row shorter than its tile: its last point repeated, which adds no mass
+    curve, excess, z = (None if a is None else rows.held(a) for a in (curve, excess, z))
     curve = rows.cummin(xp.clip(curve, 0.0, 1.0))
     if isinstance(rows.points, int) and rows.points == 1:
         return 1.0 - curve, curve[0]
@@ -767,7 +769,10 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
                                                                                 step)
             return then(*rows, *extra)
     if pessimistic and rounding == "connect_dots":
-        values, offset, h = _in_tiles(_curve_kernel, params, tail, step, size=size, **options)
+        # in tiles, calls of one shape (their masses' one program takes their outputs)
+        least = 1 if tiles is None else min(tiles, CALL_TILES)
+        values, offset, h = _in_tiles(_curve_kernel, params, tail, step, size=size, least=least,
+                                      **options)
         if tiles is not None:
             return _tiled_masses_kernel(*_padded_parts((values, offset, h), tiles),
                                         np.int64(size), np.int64(rows), extra, then=then)
@@ -829,11 +834,12 @@ CALL_TILES = 64
 ACCELERATOR_CALL_TILES = 2048
 
 
-def _in_tiles(kernel, params, tail, step, *, size: int, **options):
+def _in_tiles(kernel, params, tail, step, *, size: int, least: int = 1, **options):
     """The outputs of ``kernel`` (:func:`_curve_kernel` or :func:`_tails_kernel`) for every tile
     of each row's grid of ``size`` points, as tuples of the calls' outputs (one per output),
     which :func:`_from_tiles` puts back together. At top level each call has a power of two of
-    tiles, at most CALL_TILES (ACCELERATOR_CALL_TILES off the CPU), padded with repeats; inside a
+    tiles, at least ``least``, at most CALL_TILES (ACCELERATOR_CALL_TILES off the CPU), padded
+    with repeats; inside a
     trace one call holds them all."""
     tiles = -(-size // TILE)
     rows = tail.shape[0]
@@ -845,7 +851,7 @@ def _in_tiles(kernel, params, tail, step, *, size: int, **options):
         return tuple((a,) for a in out)
     count = rows * tiles
     most = CALL_TILES if jax.default_backend() == "cpu" else ACCELERATOR_CALL_TILES
-    per_call = min(grid_lib.next_pow2(count), most)
+    per_call = min(max(grid_lib.next_pow2(count), least), most)
     padded = -(-count // per_call) * per_call
     index = np.minimum(np.arange(padded), count - 1)  # repeats of the last tile
     tile, index = index % tiles, index // tiles

@@ -78,6 +78,10 @@ class Row:
             return np.maximum.accumulate(x, axis=-1)
         return jax.lax.cummax(x, x.ndim - 1)
 
+    def held(self, x):
+        """x, its points beyond the row's end (in tiles) holding its last value."""
+        return x
+
     def following(self, x, fill):
         """x shifted one point back: each point holds its successor's value, the last ``fill``
         (a row scalar)."""
@@ -91,9 +95,9 @@ class Row:
 
 class TiledRows:
     """Rows in tiles (see the module docstring): arrays (..., tiles, tile); a row's scalars
-    (..., tiles, 1), the same on each of its tiles. ``points``: each row's n, a multiple of
-    ``tile`` (data); ``rows``: the real rows (data), the first tiles (``rows`` * n / tile of
-    them)."""
+    (..., tiles, 1), the same on each of its tiles. ``points``: each row's n (data), a multiple
+    of ``tile`` or less than one (a row then takes a tile, its first n points); ``rows``: the
+    real rows (data), on the first tiles."""
 
     def __init__(self, tiles: int, points, rows, tile: int = TILE):
         self.xp = jnp
@@ -101,7 +105,7 @@ class TiledRows:
         self.tile = tile
         self.points = points
         self.rows = rows
-        self.per_row = points // tile
+        self.per_row = jnp.maximum((points + tile - 1) // tile, 1)
         index = jnp.arange(tiles)
         self.row = index // self.per_row  #: each tile's row
         self.place = index % self.per_row  #: each tile's place in its row
@@ -153,14 +157,14 @@ class TiledRows:
         return self.spread(x[..., self.first_tile, 0])
 
     def last(self, x):
-        last_tile = jnp.minimum(self.first_tile + self.per_row - 1, self.tiles - 1)
-        return self.spread(x[..., last_tile, self.tile - 1])
+        last_tile = jnp.minimum(self.first_tile + (self.points - 1) // self.tile, self.tiles - 1)
+        return self.spread(x[..., last_tile, (self.points - 1) % self.tile])
 
     def is_first(self):
         return (self.place[:, None] == 0) & (jnp.arange(self.tile) == 0)
 
     def is_last(self):
-        return (self.place[:, None] == self.per_row - 1) & (jnp.arange(self.tile) == self.tile - 1)
+        return self.index() == self.points - 1
 
     def _scan_tiles(self, values, op):
         """Inclusive running op over each row's tiles of per-tile values (..., tiles)
@@ -184,10 +188,13 @@ class TiledRows:
     def cummax(self, x):
         return self._running(x, jax.lax.cummax, jnp.maximum)
 
+    def held(self, x):
+        return jnp.where(self.index() < self.points, x, self.last(x))
+
     def following(self, x, fill):
         nxt = jnp.concatenate([x[..., 1:, :1], x[..., -1:, :1]], axis=-2)  # next tile's first
-        edge = jnp.where(self.place[:, None] == self.per_row - 1, fill, nxt)
-        return jnp.concatenate([x[..., 1:], edge], axis=-1)
+        beyond = self.index() >= self.points - 1  # the last point, and a short row's after it
+        return jnp.where(beyond, fill, jnp.concatenate([x[..., 1:], nxt], axis=-1))
 
     def preceding(self, x, fill):
         prev = jnp.concatenate([x[..., :1, -1:], x[..., :-1, -1:]], axis=-2)  # last of previous

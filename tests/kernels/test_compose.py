@@ -412,8 +412,9 @@ def test_the_search_on_a_coarse_copy_finds_the_t_of_the_points():
     consecutive points, each a normal of the block's mass, mean and variance (the last block
     padded with empty points). On a PMF of 16,389 points whose masses lie in its last blocks (whole
     empty blocks among them), it finds the t it finds on the same masses stored on 1,000 points,
-    which it searches point by point: to 1e-7, where a block's variance 1% off moved t by 5e-7,
-    a block's mean a quarter step off by 7e-6, a block's mass 0.1% off by 1.5e-4."""
+    whose blocks start elsewhere: to 3e-7, where a block's variance 1% off moved t by 5e-7, a
+    block's mean a quarter step off by 7e-6, a block's mass 0.1% off by 1.5e-4 (measured with
+    the 1,000 points searched one by one)."""
     import importlib
 
     import jax
@@ -432,7 +433,7 @@ def test_the_search_on_a_coarse_copy_finds_the_t_of_the_points():
 
     coarse, points = exponents(probs, offset), exponents(probs[n - 1000:], offset + n - 1000)
     for got, want in zip(coarse, points, strict=True):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-7, atol=0)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-7, atol=0)
 
 
 @pytest.mark.parametrize("count", [pytest.param(3.0, marks=pytest.mark.slow), 1000.0, 10**6])

@@ -17,10 +17,14 @@ SMALL_TILE = 8
 
 
 def _in_tiles(rows: np.ndarray, tiles: int, tile: int) -> np.ndarray:
-    """Rows (r, n) as (tiles, tile), the tiles beyond the rows holding noise (padding)."""
+    """Rows (r, n) as (tiles, tile), noise after a row shorter than a tile and in the tiles
+    beyond the rows (padding)."""
+    noise = np.random.default_rng(1).normal(size=(tiles, tile))
+    count, n = rows.shape
+    if n < tile:
+        rows = np.concatenate([rows, noise[:count, n:]], axis=1)
     laid = rows.reshape(-1, tile)
-    noise = np.random.default_rng(1).normal(size=(tiles - laid.shape[0], tile))
-    return np.concatenate([laid, noise])
+    return np.concatenate([laid, noise[laid.shape[0]:]])
 
 
 def _per_row(layout_values, per_row: int, count: int) -> np.ndarray:
@@ -28,11 +32,13 @@ def _per_row(layout_values, per_row: int, count: int) -> np.ndarray:
     return np.asarray(layout_values)[::per_row, 0][:count]
 
 
-@pytest.mark.parametrize("per_row", [1, 2, 4])
-def test_row_operations_in_tiles_agree_with_each_row_alone(per_row):
+@pytest.mark.parametrize("n", [SMALL_TILE // 2, SMALL_TILE, 2 * SMALL_TILE, 4 * SMALL_TILE])
+def test_row_operations_in_tiles_agree_with_each_row_alone(n):
     """Sums, extrema, first and last points, running extrema and the shifts along a row, on
-    rows spread over 1, 2 and 4 tiles with padding tiles after them."""
-    tiles, n = 16, per_row * SMALL_TILE
+    rows of half a tile (noise after them) and of 1, 2 and 4 tiles, padding tiles after them
+    (the sums and extrema of rows short of a tile, whose points beyond their end hold their last
+    value)."""
+    tiles, per_row = 16, max(n // SMALL_TILE, 1)
     count = tiles // per_row - 1
     rows = np.random.default_rng(per_row).normal(size=(count, n))
     fill = np.arange(count, dtype=np.float64) + 100.0
@@ -42,18 +48,20 @@ def test_row_operations_in_tiles_agree_with_each_row_alone(per_row):
     def tiled(x, fill_rows):
         layout = TiledRows(tiles, jnp.int64(n), jnp.int64(count), SMALL_TILE)
         fill = layout.spread(jnp.pad(fill_rows, (0, tiles - count)))
-        return (layout.sum(x), layout.max(x), layout.min(x), layout.first(x), layout.last(x),
+        held = layout.held(x)
+        return (layout.sum(held), layout.max(held), layout.min(held), layout.first(x), layout.last(x),
                 layout.cummin(x), layout.cummax(x), layout.following(x, fill),
                 layout.preceding(x, fill), layout.is_first(), layout.is_last(), layout.index())
 
     out = tiled(_in_tiles(rows, tiles, SMALL_TILE), fill)
     scalars = [_per_row(a, per_row, count) for a in out[:5]]
-    np.testing.assert_allclose(scalars[0], rows.sum(axis=1), rtol=1e-14)
+    beyond = (per_row * SMALL_TILE - n) * rows[:, -1]  # the held points of a short row
+    np.testing.assert_allclose(scalars[0], rows.sum(axis=1) + beyond, rtol=1e-14)
     np.testing.assert_array_equal(scalars[1], rows.max(axis=1))
     np.testing.assert_array_equal(scalars[2], rows.min(axis=1))
     np.testing.assert_array_equal(scalars[3], rows[:, 0])
     np.testing.assert_array_equal(scalars[4], rows[:, -1])
-    points = [np.asarray(a)[:count * per_row].reshape(count, n) for a in out[5:]]
+    points = [np.asarray(a)[:count * per_row].reshape(count, -1)[:, :n] for a in out[5:]]
     np.testing.assert_array_equal(points[0], np.minimum.accumulate(rows, axis=1))
     np.testing.assert_array_equal(points[1], np.maximum.accumulate(rows, axis=1))
     np.testing.assert_array_equal(points[2], np.column_stack([rows[:, 1:], fill]))
@@ -65,7 +73,7 @@ def test_row_operations_in_tiles_agree_with_each_row_alone(per_row):
     np.testing.assert_array_equal(points[6], np.tile(np.arange(n), (count, 1)))
 
 
-@pytest.mark.parametrize("n", [TILE, 2 * TILE, 8 * TILE])
+@pytest.mark.parametrize("n", [TILE // 4, TILE, 2 * TILE, 8 * TILE])
 def test_masses_and_placement_in_tiles_agree_with_each_row_alone(n):
     """DP-SGD's curves (sigma 0.7 to 2, both directions, q = 0.01) on grids of n points: the
     masses, Chernoff exponents and PMF summaries computed in tiles (padding tiles after the
@@ -73,7 +81,7 @@ def test_masses_and_placement_in_tiles_agree_with_each_row_alone(n):
     sigmas = np.array([0.7, 1.0, 2.0])
     mechanism, params, _ = pj.dpsgd_event(sigmas[:, None], 0.01).directions()
     params = [np.broadcast_to(p, (3, 2)).reshape(-1) for p in (*params, np.array([0.0, 1.0]))]
-    count, per_row = params[0].shape[0], n // TILE
+    count, per_row = params[0].shape[0], max(n // TILE, 1)
     tiles = next_pow2(count * per_row) * 2
     step, offset = 2.0**-9, -n // 2
     z = grid_points(np.float64(offset), step, n)
@@ -98,7 +106,7 @@ def test_masses_and_placement_in_tiles_agree_with_each_row_alone(n):
         return probs, inf_mass, [e[0] for e in exponents], pmf_summary(probs, layout)
 
     probs, inf_mass, exponents, summary = tiled(_in_tiles(values, tiles, TILE), steps)
-    probs = np.asarray(probs)[:count * per_row].reshape(count, n)
+    probs = np.asarray(probs)[:count * per_row].reshape(count, -1)[:, :n]
     np.testing.assert_allclose(probs, np.stack([p for p, _ in alone]), rtol=1e-13, atol=1e-300)
     np.testing.assert_allclose(_per_row(inf_mass, per_row, count), [m for _, m in alone],
                                rtol=1e-13)
