@@ -101,8 +101,10 @@ HOST_CHUNK_ELEMENTS = 2**22
 #: Most rows a call discretizes on the host per distinct mechanism grid size it has (on average:
 #: this many times the number of sizes in all, a call's host and compiled costs): NumPy takes about
 #: 5 ms a row (mostly its per-operation cost, on rows of 2^11-2^17 points; in threads it took
-#: longer), where each size's compiled masses program takes 1-3 s to compile (2-core CPU). The
-#: sweep of 1,024 sigmas (2,048 rows on 5 sizes) took 10.6 s on the host, 8 s compiling.
+#: longer), where the compiled path compiles for seconds (2-core CPU: its masses 1.5 s, one
+#: program for every size since they are tiled, 1-3 s before, a program per size). The sweep of
+#: 1,024 sigmas (2,048 rows on 5 sizes) took 10.6 s on the host, 8 s compiling a program per
+#: size.
 HOST_ROWS_PER_SIZE = 256
 #: Most grid points a process composes in NumPy at one composition size, over all its calls
 #: (about 90 ns a point there, 2-core CPU, where compiling that size takes 1-3 s): then, and for
