@@ -195,9 +195,9 @@ def _block_moments(merged, first, second, start, step):
 
 def _coarse_tiles(probs, offset, step, rows: TiledRows):
     """:func:`_coarse` of rows in tiles (a row's blocks are of max(n / TILE, _SMALLEST_BLOCK)
-    points, within its tiles), laid out in tiles of
-    TILE / _SMALLEST_BLOCK blocks, as many tiles as ``rows`` has (a row's blocks follow each
-    other). One branch of static shapes a block size, the row's taken (a conditional)."""
+    points, within its tiles), laid out in tiles of TILE / _SMALLEST_BLOCK blocks, as many tiles
+    as ``rows`` has (a row's blocks follow each other). One branch of static shapes a block
+    size, the row's taken (a conditional)."""
     small = rows.tile // _SMALLEST_BLOCK
 
     def moments_of(block: int):
