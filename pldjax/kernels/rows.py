@@ -62,10 +62,10 @@ class Row:
         return x[..., -1]
 
     def is_first(self):
-        return self.xp.arange(self.points) == 0
+        return self.index() == 0
 
     def is_last(self):
-        return self.xp.arange(self.points) == self.points - 1
+        return self.index() == self.points - 1
 
     def cummin(self, x):
         """Running minimum along the row."""
@@ -100,7 +100,6 @@ class TiledRows:
     real rows (data), on the first tiles."""
 
     def __init__(self, tiles: int, points, rows, tile: int = TILE):
-        self.xp = jnp
         self.tiles = tiles
         self.tile = tile
         self.points = points
