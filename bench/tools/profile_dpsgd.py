@@ -90,24 +90,24 @@ def stages(rtol=None):
     size = engine_lib.composition_size(int(np.max(widths)))
 
     def wrap():
-        return compose_lib.wrap_rows(np, np.asarray(probs), size)
+        return compose_lib.wrap_rows(np, np.asarray(probs), size, np.asarray(summary.center))
 
-    wrapped = jnp.asarray(wrap())
-    folded = jax.vmap(jnp.roll)(wrapped, -summary.center)
+    folded = wrapped = jnp.asarray(wrap())
     exponents = jax.jit(jax.vmap(compose_lib.chernoff_exponents))
     spectrum = jax.jit(jax.vmap(compose_lib._spectrum))
     rfft = jax.jit(jnp.fft.rfft)
 
     @jax.jit
     def power_irfft(spec, low):
-        powered = compose_lib._powered(spec, low, jnp.zeros(2), count, spec.shape[1])
+        powered = compose_lib._powered(spec, low, jnp.zeros(2), count, jnp.zeros(2, jnp.int64),
+                                       width=spec.shape[1], size=size)
         return jnp.fft.irfft(powered, size)
 
     @jax.jit
     def fft_floor(p):
         return jnp.fft.irfft(jnp.fft.rfft(p, size) ** STEPS, size)
 
-    spec, low = spectrum(folded, summary.mass)
+    spec, low, _ = spectrum(folded)
     raw = power_irfft(spec, low)
     settle = jax.jit(jax.vmap(lambda r, m: compose_lib.settle(
         jnp.maximum(r, 0.0), m, compose_lib.fft_roundoff(r), tail, True)))
@@ -128,7 +128,7 @@ def stages(rtol=None):
         ("compose + evaluate (one fused call)", fused),
         ("  part: Chernoff exponents (now in window placement)",
          lambda: exponents(probs, offset, step, count)),
-        ("  part: _spectrum (2 rfft, tail sums)", lambda: spectrum(folded, summary.mass)),
+        ("  part: _spectrum (2 rfft, tail sums)", lambda: spectrum(folded)),
         ("  part: of which rfft", lambda: rfft(folded)),
         ("  part: log, exp(T log P) + irfft, every frequency", lambda: power_irfft(spec, low)),
         ("  part: settle + round-off bound", lambda: settle(raw, inf_mass)),

@@ -73,9 +73,9 @@ def main() -> None:
     wrap = timed("wrap", dpsgd.wrap_rows)
     points = [0]
 
-    def counted_wrap(xp, probs, size):
+    def counted_wrap(xp, probs, size, centers):
         points[0] += probs.shape[0] * size
-        return wrap(xp, probs, size)
+        return wrap(xp, probs, size, centers)
 
     dpsgd.wrap_rows = counted_wrap
     # on an accelerator rows are gathered and wrapped on the device

@@ -106,6 +106,8 @@ HOST_CHUNK_ELEMENTS = 2**22
 #: 1,024 sigmas (2,048 rows on 5 sizes) took 10.6 s on the host, 8 s compiling a program per
 #: size.
 HOST_ROWS_PER_SIZE = 256
+#: Where each row's PMF centre sits among a chunk's row scalars (they begin with its summary).
+_CENTER = PMFSummary._fields.index("center")
 #: Most grid points a process composes in NumPy at one composition size, over all its calls
 #: (about 90 ns a point there, 2-core CPU, where compiling that size takes 1-3 s): then, and for
 #: rows that would go beyond, the compiled kernel (see :func:`_account_chunk`).
@@ -159,7 +161,8 @@ def _gather_rows(probs, index, scalars, *, size):
     leading chunk rows axis) gathered (a caller pads ``index`` to a full composition call with
     repeats, so that the composition's compiled shapes depend on the window alone; this program
     is cheap to compile per chunk shape)."""
-    return wrap_rows(jnp, probs[index], size), [a[index] for a in scalars]
+    return (wrap_rows(jnp, probs[index], size, scalars[_CENTER][index]),
+            [a[index] for a in scalars])
 
 
 def _placement_rows(probs, offset, step, count, target, evaluate):
@@ -465,7 +468,7 @@ class _Compositions:
         ``host`` call's), one row a call."""
         if on_host:
             for row in rows:
-                arrays = [wrap_rows(np, probs[row:row + 1], size),
+                arrays = [wrap_rows(np, probs[row:row + 1], size, scalars[_CENTER][row:row + 1]),
                           *(column[row:row + 1] for column in scalars)]
                 self._submit(arrays, [(values, row)], on_host=True)
             return
@@ -504,7 +507,7 @@ class _Compositions:
             probs, scalars, values, indices = blocks[0]
             k = min(most - len(sinks), len(indices))
             # wrapped here, so that the composition's shapes do not depend on the mechanism's grid
-            wrapped.append(wrap_rows(xp, probs[:k], size))
+            wrapped.append(wrap_rows(xp, probs[:k], size, scalars[_CENTER][:k]))
             columns.append([column[:k] for column in scalars])
             sinks += [(values, index) for index in indices[:k]]
             if k < len(indices):

@@ -420,14 +420,27 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, pessimis
     return probs, inf_mass, a_off + b_off
 
 
-def wrap_rows(xp, probs, size: int):
+def wrap_rows(xp, probs, size: int, centers):
     """Each row of ``probs`` (rows, n) wrapped modulo ``size`` (summed over the indices equal
-    modulo ``size``): (rows, size). ``xp``: jax.numpy inside kernels, NumPy where the host wraps
-    rows for a kernel whose shapes should not depend on n."""
+    modulo ``size``) and turned to start at its index ``centers`` (its :class:`PMFSummary`
+    centre): (rows, size), the layout :func:`compose_wrapped_rows` takes. ``xp``: jax.numpy
+    inside kernels, NumPy where the host wraps rows for a kernel whose shapes should not depend
+    on n (there the turn costs a copy, not the kernel's passes of a dynamic roll)."""
     rows, n = probs.shape
-    if n <= size:  # zeros appended (NumPy's pad took 12 us for a single call's two rows)
-        return xp.concatenate([probs, xp.zeros((rows, size - n), probs.dtype)], axis=1)
-    return xp.pad(probs, ((0, 0), (0, (-n) % size))).reshape(rows, -1, size).sum(axis=1)
+    if xp is np and n <= size:
+        out = np.zeros((rows, size), probs.dtype)
+        for i, center in enumerate(np.asarray(centers) % size):
+            out[i, :n - center] = probs[i, center:]
+            out[i, size - center:] = probs[i, :center]
+        return out
+    if n <= size:  # zeros appended
+        wrapped = xp.concatenate([probs, xp.zeros((rows, size - n), probs.dtype)], axis=1)
+    else:
+        wrapped = xp.pad(probs, ((0, 0), (0, (-n) % size))).reshape(rows, -1, size).sum(axis=1)
+    if xp is np:
+        return np.stack([np.roll(row, -center) for row, center in zip(wrapped, centers,
+                                                                         strict=True)])
+    return jax.vmap(jnp.roll)(wrapped, -centers)
 
 
 def _spectrum(folded):
@@ -480,9 +493,11 @@ def _log1p(z):
     return _complex(real, np.arctan2(y, 1.0 + x))
 
 
-def _powered(spectrum, low, shift, count, width: int):
+def _powered(spectrum, low, shift, count, turn, *, width: int, size: int):
     """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
-    frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width``."""
+    frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width``, and
+    turned by ``turn`` points (each row's inverse FFT then reads as ``numpy.roll(raw, turn)``
+    would: the window's first bin first, with no pass over the window to move it)."""
     xp = array_module(spectrum)
     re, im = xp.real(spectrum[:, :width]), xp.imag(spectrum[:, :width])
     # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
@@ -491,9 +506,31 @@ def _powered(spectrum, low, shift, count, width: int):
     m = low.shape[1]
     log_p = xp.concatenate([low, log_p[:, m:]], axis=1) + shift[:, None]
     scale = count[:, None]
+    # the turn's phase from integers: k turn mod size is exact, an angle in [0, 2 pi)
+    k = xp.arange(width, dtype=xp.int64)
+    phase = (-2.0 * np.pi / size) * ((k * turn[:, None]) % size)
     # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
-    powered = xp.exp(_complex(scale * log_p.real, scale * log_p.imag))
+    powered = xp.exp(_complex(scale * log_p.real, scale * log_p.imag + phase))
     return xp.pad(powered, ((0, 0), (0, spectrum.shape[1] - width)))
+
+
+def _single_runs(raw, folded, restore, turn, once):
+    """``raw`` (rows, size), each row of count 1 (``once``) replaced by its PMF ``folded``
+    itself, scaled by e^``restore`` and turned by ``turn`` points as the power would: no FFT
+    round-off to charge there (charged, it held one DP-SGD step's epsilon(1e-15) at 5.1 against
+    the exact 3.0). A CPU turns rows only where the batch has such a row."""
+    xp = array_module(raw)
+
+    def replaced(raw, folded, restore, turn, once):
+        exact = map_rows(lambda f, r, t: xp.roll(f * xp.exp(r), t))(folded, restore, turn)
+        return xp.where(once[:, None], exact, raw)
+
+    if xp is np:
+        return replaced(raw, folded, restore, turn, once) if once.any() else raw
+    return early_exit_on_cpu(
+        (raw, folded, restore, turn, once),
+        cpu=lambda *args: jax.lax.cond(jnp.any(args[-1]), replaced, lambda r, *_: r, *args),
+        elsewhere=replaced)
 
 
 def _complex(real, imag):
@@ -542,8 +579,8 @@ def self_compose_rows(probs, inf_mass, offset, step, count, exponents=None, *,
     if exponents is None:
         stand_in = xp.where((summary.mass > 0)[:, None], probs, xp.arange(probs.shape[1]) == 0)
         exponents = map_rows(chernoff_exponents)(stand_in, offset, step, count, tail)
-    return compose_wrapped_rows(wrap_rows(xp, probs, size), summary, inf_mass, offset, step,
-                                count, exponents, tail=tail, pessimistic=pessimistic)
+    return compose_wrapped_rows(wrap_rows(xp, probs, size, summary.center), summary, inf_mass,
+                                offset, step, count, exponents, tail=tail, pessimistic=pessimistic)
 
 
 #: A frequency whose count-th power is below e^_NEGLIGIBLE_LOG (1e-304) moves no bin of the
@@ -561,11 +598,11 @@ _POWER_FRACTIONS = (16,)
 def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, count, exponents,
                          *, tail, pessimistic):
     """:func:`self_compose_rows` of PMFs given as their masses wrapped modulo the window's size
-    (:func:`wrap_rows`, rows x size), their :func:`pmf_summary` and :func:`chernoff_exponents`
-    (one per row, as every other argument): nothing here has the PMFs' own length (one compiled
-    shape per (rows, window size), whatever the mechanisms' grids). Returns (probs, inf_mass,
-    offset) per row. NumPy rows (with a bool ``pessimistic``) are composed in NumPy, row by
-    row."""
+    and turned to their centres (:func:`wrap_rows`, rows x size), their :func:`pmf_summary` and
+    :func:`chernoff_exponents` (one per row, as every other argument): nothing here has the
+    PMFs' own length (one compiled shape per (rows, window size), whatever the mechanisms'
+    grids). Returns (probs, inf_mass, offset) per row. NumPy rows (with a bool ``pessimistic``)
+    are composed in NumPy, row by row."""
     xp = array_module(wrapped)
     rows, size = wrapped.shape
     count, tail = (xp.broadcast_to(xp.asarray(a, xp.float64), (rows,)) for a in (count, tail))
@@ -573,41 +610,40 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
     def prepare(w, s, m, o, h, c, e, t):
         # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
         live = s.mass > 0
-        folded = xp.where(live, xp.roll(w, -s.center), xp.arange(size) == 0)
+        folded = xp.where(live, w, xp.arange(size) == 0)
         s = PMFSummary(*(xp.where(live, value, stand_in) for value, stand_in
                          in zip(s, (1.0, 0, 0, 0, s.points), strict=True)))
         lo, hi = summary_window(s, o, h, c, t, e)
         start = _window_start(lo.astype(xp.int64), hi.astype(xp.int64), size, pessimistic)
+        # the composed PMF wraps around from grid index c (o + centre) at folded's entry 0: its
+        # window's first bin, ``start``, comes first after a turn by this many points
+        turn = ((c * (o + s.center) - start) % size).astype(xp.int64)
         spectrum, low, mass = _spectrum(folded)
         shift = _restored_log_mass(s._replace(mass=mass), m, pessimistic)  # the powered total's
         magnitude = xp.real(spectrum) ** 2 + xp.imag(spectrum) ** 2
         # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
         kept = magnitude >= xp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
         last = xp.max(xp.where(kept, xp.arange(spectrum.shape[0]), 0))
-        return live, s, start, folded, spectrum, low, shift, last
+        return live, s, start, turn, folded, spectrum, low, shift, last
 
-    live, summary, start, folded, spectrum, low, shift, last = map_rows(prepare)(
+    live, summary, start, turn, folded, spectrum, low, shift, last = map_rows(prepare)(
         wrapped, summary, inf_mass, offset, step, count, exponents, tail)
     frequencies = size // 2 + 1
     widths = sorted({max(frequencies // f, low.shape[1]) for f in _POWER_FRACTIONS}
                     | {frequencies})
     needed = xp.max(last) + 1
     branch = xp.sum(xp.asarray(widths[:-1]) < needed)  # the first width >= needed
-    powers = [functools.partial(_powered, width=w) for w in widths]
+    powers = [functools.partial(_powered, width=w, size=size) for w in widths]
+    args = (spectrum, low, shift, count, turn)
     if xp is np:
-        powered = powers[int(branch)](spectrum, low, shift, count)
+        powered = powers[int(branch)](*args)
     else:
         powered = early_exit_on_cpu(  # elsewhere every frequency
-            (spectrum, low, shift, count), cpu=lambda *args: jax.lax.switch(branch, powers, *args),
-            elsewhere=powers[-1])
+            args, cpu=lambda *args: jax.lax.switch(branch, powers, *args), elsewhere=powers[-1])
+    raw = _single_runs(xp.fft.irfft(powered, size), folded, shift, turn, count == 1)
 
-    def finish(p, f, live, s, start, m, o, h, c, e, restore):
-        # one run is the PMF itself, scaled as the power would scale it: no FFT round-off to
-        # charge (charged, it held one DP-SGD step's epsilon(1e-15) at 5.1 against the exact 3.0)
+    def finish(raw, live, s, start, m, o, h, c, e):
         once = c == 1
-        raw = xp.where(once, f * xp.exp(restore), xp.fft.irfft(p, size))
-        shift = -((start - c * (o + s.center)) % size)
-        raw = xp.roll(raw, int(shift) if xp is np else shift)
         above, below = tail_bounds(s, o, h, c, start, start + size - 1, e)
         composed_inf = xp.where(c == 1, m, _safe_atom(-xp.expm1(c * xp.log1p(-m)), pessimistic))
         # bins beyond the sum's support hold no mass: what they read is round-off, or mass
@@ -621,8 +657,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         )
         return xp.where(live, out, 0.0), xp.where(live, out_inf, composed_inf), start
 
-    return map_rows(finish)(powered, folded, live, summary, start, inf_mass, offset, step, count,
-                            exponents, shift)
+    return map_rows(finish)(raw, live, summary, start, inf_mass, offset, step, count, exponents)
 
 
 def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic):

@@ -426,9 +426,9 @@ def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
 
     wraps, wrap = [], dpsgd.wrap_rows
 
-    def spy_wrap(xp, probs, size):
+    def spy_wrap(xp, probs, size, centers):
         wraps.append((probs.shape[1], size))
-        return wrap(xp, probs, size)
+        return wrap(xp, probs, size, centers)
 
     monkeypatch.setattr(dpsgd, "wrap_rows", spy_wrap)
     calls = _kernel_calls(monkeypatch)

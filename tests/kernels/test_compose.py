@@ -407,6 +407,54 @@ def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monk
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-300)
 
 
+def test_rows_are_wrapped_to_the_window_from_their_centres():
+    """wrap_rows: each row's masses summed modulo the window's size and turned to start at its
+    centre, in NumPy and in jax.numpy, for rows shorter and longer than the window."""
+    from pldjax.kernels.compose import wrap_rows
+
+    probs = np.random.default_rng(3).random((3, 10))
+    centers = np.array([0, 5, 9])
+    for size in (16, 4):
+        expected = np.zeros((3, size))
+        for row, center in enumerate(centers):
+            for i in range(10):
+                expected[row, (i - center) % size] += probs[row, i]
+        np.testing.assert_allclose(wrap_rows(np, probs, size, centers), expected, rtol=1e-15)
+        np.testing.assert_allclose(wrap_rows(jnp, jnp.asarray(probs), size, jnp.asarray(centers)),
+                                   expected, rtol=1e-15)
+
+
+@pytest.mark.parametrize("on_host", [False, True])
+def test_a_batch_composes_each_row_in_its_window_order(on_host):
+    """self_compose_rows on a batch of counts 1 and 50: the run of one is its PMF itself, the
+    other the 50-fold linear convolution (direct, np.convolve), both read from the window's first
+    bin (start) up, compiled and in NumPy."""
+    import importlib
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
+
+    rng = np.random.default_rng(11)
+    probs = rng.random((2, 40))
+    probs /= probs.sum(axis=1, keepdims=True)
+    offsets, counts = np.array([-7, -30]), np.array([1.0, 50.0])
+    args = (probs, np.zeros(2), offsets, np.full(2, 0.01), counts)
+    if on_host:
+        out, inf_mass, start = compose_module.self_compose_rows(*args, size=4096, tail=1e-18,
+                                                                pessimistic=True)
+    else:
+        with jax.enable_x64(True):
+            out, inf_mass, start = jax.jit(lambda *a: compose_module.self_compose_rows(
+                *a, size=4096, tail=1e-18, pessimistic=True))(*map(jnp.asarray, args))
+    out, start = np.asarray(out), np.asarray(start)
+    direct = [probs[0], functools.reduce(np.convolve, [probs[1]] * 50)]
+    for row, (pmf, first) in enumerate(zip(direct, offsets * counts.astype(int), strict=True)):
+        placed = np.zeros(4096)
+        placed[first - start[row]:first - start[row] + pmf.size] = pmf
+        tolerance = 0.0 if row == 0 else 1e-14
+        np.testing.assert_allclose(out[row], placed, rtol=1e-13, atol=tolerance)
+    assert float(inf_mass[0]) == 0.0
+
+
 def test_the_search_on_a_coarse_copy_finds_the_t_of_the_points():
     """The Newton search for the tangency t runs on a coarse copy of a long PMF: blocks of
     consecutive points, each a normal of the block's mass, mean and variance (the last block
