@@ -225,12 +225,9 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
 #: the sequential monotone chain, off the CPU and in NumPy. The candidates of Alg. 2 on DP-SGD
 #: grids settle in 5-20 rounds; nearly collinear ones (sampling probability 1e-6) need many
 #: more. The chain takes a loop step for each point still kept, so fewer rounds leave it more
-#: work; off the CPU its loop is vmapped and slow, in NumPy a Python loop.
+#: work; off the CPU its loop is vmapped and slow, in NumPy a Python loop. A compiled kernel on
+#: a CPU runs the chain alone (see :func:`_hull_vertices`).
 _PEEL_ROUNDS = 24
-#: The same in a compiled kernel on a CPU, where the chain runs row by row, each row's loop
-#: unbatched (a few nanoseconds a point) and a peeling round costs more than the chain it saves:
-#: a set of optimistic DP-SGD accounting calls took 2.5-2.7 s with 4 rounds, 3.6-4.3 s with 24.
-_CPU_PEEL_ROUNDS = 4
 
 
 def _monotone_chain(xs, ys, kept, steps):
@@ -301,57 +298,44 @@ def _peel(xs, ys, kept):
 
 
 def _hull_vertices(xs, ys):
-    """The lower hull's vertices of each row of (xs, ys) (shape rows x m), by peeling.
+    """The lower hull's vertices of each row of (xs, ys) (shape rows x m).
 
-    Each round drops, in every row at once, each point that lies on or above a chord between two
-    other points still kept: its kept neighbours, or one kept neighbour and an end point. A
-    dropped point is no vertex of the hull of the points kept, so the hull never changes; when a
-    round drops none, the points kept are the vertices. Rows still dropping points after the
-    rounds (_CPU_PEEL_ROUNDS on a CPU, _PEEL_ROUNDS elsewhere) finish with the monotone chain on
-    the points kept: on a CPU row by row, elsewhere every row in one vmapped loop. The peeling
-    loop and that branch look at all rows together, so under ``vmap`` neither runs for rows that
-    settled (a batched ``while_loop`` would carry every row through every step). Off the CPU the
-    loop runs all its rounds (see :func:`~pldjax.core.compilation.early_exit_on_cpu`); the
-    chain, rarely needed there and a sequential loop, stays a branch."""
+    On a CPU, by the monotone chain, row by row: each row's loop unbatched costs a few
+    nanoseconds a point (under vmap a loop step cost about 100 times as much: 5 us against 46 ns
+    for 2^17 points on a convex curve), less than the peeling rounds below it would save (the
+    optimistic sweep of 1,024 DP-SGD sigmas: 10.5 s warm against 11.6-12.1 s with 4 rounds
+    first, and the truncated-Poisson envelope of two rows of 2^20 points 0.31-0.33 s against
+    0.36-0.37 s; the same vertices).
+
+    Elsewhere by peeling: each round drops, in every row at once, each point that lies on or
+    above a chord between two other points still kept: its kept neighbours, or one kept
+    neighbour and an end point. A dropped point is no vertex of the hull of the points kept, so
+    the hull never changes; when a round drops none, the points kept are the vertices. The loop
+    runs all its _PEEL_ROUNDS (see :func:`~pldjax.core.compilation.early_exit_on_cpu`); rows
+    still dropping points after them finish with the monotone chain on the points kept, every
+    row in one vmapped loop (a branch: it is rarely needed there, and sequential)."""
     rows, m = xs.shape
 
-    def peel(state):
-        kept, _, rounds = state
-        return *_peel(xs, ys, kept), rounds + 1
+    def row_by_row(xs, ys):
+        every = jnp.ones(m, bool)
+        return jax.lax.map(lambda row: _monotone_chain(*row, every, m), (xs, ys))
 
-    def until_settled(state):
-        return jax.lax.while_loop(lambda s: jnp.any(s[1]) & (s[2] < _CPU_PEEL_ROUNDS), peel,
-                                  state)
+    def peeled(xs, ys):
+        def peel(_, state):  # a round after all rows settled drops nothing: the same points
+            return _peel(xs, ys, state[0])
 
-    def every_round(state):  # a round after all rows settled drops nothing: the same points
-        return jax.lax.fori_loop(0, _PEEL_ROUNDS, lambda _, s: peel(s), state)
+        kept, dropping = jax.lax.fori_loop(
+            0, _PEEL_ROUNDS, peel, (jnp.ones((rows, m), bool), jnp.ones(rows, bool)))
 
-    kept, dropping, _ = early_exit_on_cpu(
-        [(jnp.ones((rows, m), bool), jnp.ones(rows, bool), 0)], cpu=until_settled,
-        elsewhere=every_round)
+        def chain(kept):
+            # the loop's length is not batched (a batched one carried every row through a select)
+            steps = jnp.max(jnp.where(dropping, jnp.sum(kept, axis=1, dtype=jnp.int32), 0))
+            return jnp.where(dropping[:, None], jax.vmap(
+                _monotone_chain, in_axes=(0, 0, 0, None))(xs, ys, kept, steps), kept)
 
-    def row_by_row(kept):
-        # each row's chain unbatched, as long as its own points kept: under vmap a loop step
-        # cost about 100 times as much (5 us against 46 ns for 2^17 points on a convex curve)
-        def one(row):
-            x, y, row_kept, row_dropping = row
-            steps = jnp.sum(row_kept, dtype=jnp.int32)
-            return jax.lax.cond(row_dropping, lambda: _monotone_chain(x, y, row_kept, steps),
-                                lambda: row_kept)
+        return jax.lax.cond(jnp.any(dropping), chain, lambda kept: kept, kept)
 
-        return jax.lax.map(one, (xs, ys, kept, dropping))
-
-    def together(kept):
-        # the loop's length is not batched (a batched one carried every row through a select)
-        steps = jnp.max(jnp.where(dropping, jnp.sum(kept, axis=1, dtype=jnp.int32), 0))
-        return jnp.where(dropping[:, None],
-                         jax.vmap(_monotone_chain, in_axes=(0, 0, 0, None))(xs, ys, kept, steps),
-                         kept)
-
-    def chain(kept):
-        return early_exit_on_cpu([kept], cpu=row_by_row, elsewhere=together)
-
-    return jax.lax.cond(jnp.any(dropping), chain, lambda kept: kept, kept)
+    return early_exit_on_cpu((xs, ys), cpu=row_by_row, elsewhere=peeled)
 
 
 def _hull_vertices_on_host(xs, ys):
