@@ -53,6 +53,8 @@ batch = pj.gaussian(sigma=jnp.array([0.8, 1.0, 2.0])); batch.self_compose(100).e
     "calibrate": ("", "pj.calibrate_noise_multiplier(2.0, 1e-5, 0.01, 10_000)\n"),
     "filter_spend": ("", "f = pj.filters.gdp_residue_filter(mu=1.0); s = f.init(); "
                          "f.spend(s, pj.randomized_response(0.5))\n"),
+    "sweep_1024_optimistic": ("", "pj.dpsgd_epsilon(jnp.linspace(0.5, 3, 1024), 0.01, 10_000, 1e-5, "
+                                  "pessimistic=False)\n"),
 }
 FIRST_ROW_PARTS = ("quickstart", "dpsgd_epsilon", "sweep_1024", "calibrate", "filter_spend")
 PATHS["first_row"] = ("", "".join(PATHS[name][1] for name in FIRST_ROW_PARTS))
