@@ -51,7 +51,7 @@ from pldjax.core.compilation import (
 from pldjax.core.grid import Grid
 from pldjax.core.mass import take_from_bottom
 from pldjax.core.validation import is_traced
-from pldjax.kernels.rows import Row, TiledRows, row_of
+from pldjax.kernels.rows import TILE, Row, TiledRows, row_of
 
 
 def _difference(log_larger, log_smaller):
@@ -804,10 +804,6 @@ def _grid_masses(probs, inf_mass, offset, step):
     return probs, inf_mass, offset, step
 
 
-#: Points of one tile: each row's curve (or tails) is computed in tiles of this many points,
-#: each tile knowing its place in its row's window, so that one compiled program a mechanism
-#: serves every grid size (a sweep's mechanisms on five sizes compiled five, 2-2.5 s each).
-TILE = grid_lib.MECHANISM_SIZE
 #: Most tiles in one compiled call on a CPU: a call holds the power of two at or above its tiles,
 #: up to this many, as often as needed (a grid of a power-of-two size has a power of two of
 #: tiles: no points computed in vain; at most seven programs a mechanism, one for a sweep's

@@ -19,7 +19,9 @@ import numpy as np
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import array_module
 
-#: Points of a tile.
+#: Points of a tile: a mechanism's curve (or tails) is computed in tiles of this many points, each
+#: tile knowing its place in its row's window, so that one compiled program a mechanism serves
+#: every grid size (a sweep's mechanisms on five sizes compiled five, 2-2.5 s each).
 TILE = grid_lib.MECHANISM_SIZE
 
 
