@@ -638,13 +638,13 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
         yield idx, placed
 
 
-def _tiled(mechanism_size: int, *, sharding, compositions, pessimistic, grid, **_) -> bool:
+def _tiled(mechanism_size: int, *, sharding, compositions, grid, **_) -> bool:
     """Whether a chunk's masses are computed in tiles (one compiled program for every grid
-    size: :func:`_placed_tiles`): connect-the-dots pessimistic estimates on grids of a multiple
-    of TILE points or a power of two below (from BLOCKED_POINTS), placed by the host's glue (on
-    a CPU), compiled."""
+    size: :func:`_placed_tiles`): connect-the-dots estimates (pessimistic or optimistic) on
+    grids of a multiple of TILE points or a power of two below (from BLOCKED_POINTS), placed by
+    the host's glue (on a CPU), compiled."""
     return (compositions.host_glue and not compositions.host and sharding is None
-            and pessimistic and (grid or Grid()).rounding == "connect_dots"
+            and (grid or Grid()).rounding == "connect_dots"
             and (mechanism_size % TILE == 0
                  or (TILE % mechanism_size == 0 and mechanism_size >= BLOCKED_POINTS)))
 

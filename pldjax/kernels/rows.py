@@ -63,6 +63,13 @@ class Row:
     def last(self, x):
         return x[..., -1]
 
+    def at(self, x, k):
+        """Each row's value at its index ``k`` (an integer row scalar, in [0, n))."""
+        k = self.xp.asarray(k)[..., None]
+        lead = np.broadcast_shapes(x.shape[:-1], k.shape[:-1])
+        x, k = self.xp.broadcast_to(x, lead + x.shape[-1:]), self.xp.broadcast_to(k, lead + (1,))
+        return self.xp.take_along_axis(x, k, axis=-1)[..., 0]
+
     def is_first(self):
         return self.index() == 0
 
@@ -160,6 +167,14 @@ class TiledRows:
     def last(self, x):
         last_tile = jnp.minimum(self.first_tile + (self.points - 1) // self.tile, self.tiles - 1)
         return self.spread(x[..., last_tile, (self.points - 1) % self.tile])
+
+    def at(self, x, k):
+        tile = jnp.minimum(self.row[:, None] * self.per_row + k // self.tile, self.tiles - 1)
+        flat = tile * self.tile + k % self.tile
+        lead = np.broadcast_shapes(x.shape[:-2], flat.shape[:-2])
+        x = jnp.broadcast_to(x, lead + x.shape[-2:]).reshape(lead + (-1,))
+        flat = jnp.broadcast_to(flat, lead + flat.shape[-2:])[..., 0]
+        return jnp.take_along_axis(x, flat, axis=-1)[..., None]
 
     def is_first(self):
         return (self.place[:, None] == 0) & (jnp.arange(self.tile) == 0)

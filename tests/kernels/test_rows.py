@@ -10,7 +10,14 @@ import pldjax as pj
 from pldjax.core.grid import next_pow2
 from pldjax.core.precision import float64
 from pldjax.kernels.compose import chernoff_exponents, pmf_summary
-from pldjax.kernels.discretize import curve_values, grid_points, masses_from_values, side_tails
+from pldjax.kernels.discretize import (
+    curve_values,
+    estimate_tails,
+    grid_points,
+    masses_from_tails,
+    masses_from_values,
+    side_tails,
+)
 from pldjax.kernels.rows import TILE, TiledRows
 
 SMALL_TILE = 8
@@ -34,34 +41,38 @@ def _per_row(layout_values, per_row: int, count: int) -> np.ndarray:
 
 @pytest.mark.parametrize("n", [SMALL_TILE // 2, SMALL_TILE, 2 * SMALL_TILE, 4 * SMALL_TILE])
 def test_row_operations_in_tiles_agree_with_each_row_alone(n):
-    """Sums, extrema, first and last points, running extrema and the shifts along a row, on
-    rows of half a tile (noise after them) and of 1, 2 and 4 tiles, padding tiles after them
-    (the sums and extrema of rows short of a tile, whose points beyond their end hold their last
-    value)."""
+    """Sums, extrema, first and last points, a point at each row's own index, running extrema
+    and the shifts along a row, on rows of half a tile (noise after them) and of 1, 2 and 4
+    tiles, padding tiles after them (the sums and extrema of rows short of a tile, whose points
+    beyond their end hold their last value)."""
     tiles, per_row = 16, max(n // SMALL_TILE, 1)
     count = tiles // per_row - 1
     rows = np.random.default_rng(per_row).normal(size=(count, n))
     fill = np.arange(count, dtype=np.float64) + 100.0
+    index = (3 * np.arange(count) + 1) % n
 
     @jax.jit
     @float64
-    def tiled(x, fill_rows):
+    def tiled(x, fill_rows, index_rows):
         layout = TiledRows(tiles, jnp.int64(n), jnp.int64(count), SMALL_TILE)
         fill = layout.spread(jnp.pad(fill_rows, (0, tiles - count)))
+        at = layout.at(x, layout.spread(jnp.pad(index_rows, (0, tiles - count))))
         held = layout.held(x)
-        return (layout.sum(held), layout.max(held), layout.min(held), layout.first(x), layout.last(x),
+        return (layout.sum(held), layout.max(held), layout.min(held), layout.first(x), at,
+                layout.last(x),
                 layout.cummin(x), layout.cummax(x), layout.following(x, fill),
                 layout.preceding(x, fill), layout.is_first(), layout.is_last(), layout.index())
 
-    out = tiled(_in_tiles(rows, tiles, SMALL_TILE), fill)
-    scalars = [_per_row(a, per_row, count) for a in out[:5]]
+    out = tiled(_in_tiles(rows, tiles, SMALL_TILE), fill, index)
+    scalars = [_per_row(a, per_row, count) for a in out[:6]]
     beyond = (per_row * SMALL_TILE - n) * rows[:, -1]  # the held points of a short row
     np.testing.assert_allclose(scalars[0], rows.sum(axis=1) + beyond, rtol=1e-14)
     np.testing.assert_array_equal(scalars[1], rows.max(axis=1))
     np.testing.assert_array_equal(scalars[2], rows.min(axis=1))
     np.testing.assert_array_equal(scalars[3], rows[:, 0])
-    np.testing.assert_array_equal(scalars[4], rows[:, -1])
-    points = [np.asarray(a)[:count * per_row].reshape(count, -1)[:, :n] for a in out[5:]]
+    np.testing.assert_array_equal(scalars[4], rows[np.arange(count), index])
+    np.testing.assert_array_equal(scalars[5], rows[:, -1])
+    points = [np.asarray(a)[:count * per_row].reshape(count, -1)[:, :n] for a in out[6:]]
     np.testing.assert_array_equal(points[0], np.minimum.accumulate(rows, axis=1))
     np.testing.assert_array_equal(points[1], np.maximum.accumulate(rows, axis=1))
     np.testing.assert_array_equal(points[2], np.column_stack([rows[:, 1:], fill]))
@@ -117,3 +128,53 @@ def test_masses_and_placement_in_tiles_agree_with_each_row_alone(n):
         np.testing.assert_allclose(_per_row(got, per_row, count),
                                    [getattr(s, field) for s in summary_alone], rtol=1e-13,
                                    err_msg=field)
+
+
+@pytest.mark.parametrize("n", [TILE // 4, TILE, 2 * TILE, 8 * TILE])
+def test_optimistic_masses_in_tiles_agree_with_each_row_alone(n):
+    """The optimistic connect-the-dots masses (tangent candidates, those at x = 1 raised, their
+    lower hulls from the point at x = 0) of DP-SGD's curves, both directions, on grids of n
+    points, computed in tiles (padding tiles after the rows) are those of each row alone, to
+    round-off: sigma 0.7 and 2 at q = 0.01, and sigma 1 at q = 1e-6, whose losses under Q sit
+    inside the interval holding x = 1 (the candidates at its ends are raised, as they are for
+    sigma 0.7)."""
+    mechanism, params, _ = pj.dpsgd_event(np.array([[0.7], [2.0], [1.0]]),
+                                          np.array([[0.01], [0.01], [1e-6]])).directions()
+    params = [np.broadcast_to(p, (3, 2)).reshape(-1) for p in (*params, np.array([0.0, 1.0]))]
+    count, per_row = params[0].shape[0], max(n // TILE, 1)
+    tiles = next_pow2(count * per_row) * 2
+    step, offset = 2.0**-9, -n // 2
+    z = grid_points(np.float64(offset), step, n)
+
+    @jax.jit
+    @float64
+    def row_tails(row_params):  # (4, n + 1): the middle point last
+        return estimate_tails(lambda eps: mechanism.tails(row_params, eps), jnp.asarray(z), step,
+                              False)
+
+    tails = np.stack([row_tails([p[i] for p in params]) for i in range(count)])
+    alone = [jax.jit(float64(lambda t: masses_from_tails(t, jnp.asarray(z), step, False,
+                                                         "connect_dots")))(t) for t in tails]
+    # each tile: its row's points, then the row's middle point
+    laid = np.stack([_in_tiles(tails[:, k, :n], tiles, TILE) for k in range(4)])
+    middle = np.random.default_rng(2).normal(size=(4, tiles, 1))
+    middle[:, :count * per_row] = np.repeat(tails[:, :, n:], per_row, axis=0).transpose(1, 0, 2)
+
+    @jax.jit
+    @float64
+    def tiled(at_points):
+        layout = TiledRows(tiles, jnp.int64(n), jnp.int64(count))
+        h, start = jnp.full((tiles, 1), step), jnp.full((tiles, 1), offset)
+        return masses_from_tails(at_points, (start + layout.position()) * h, h, False,
+                                 "connect_dots", jnp.zeros((tiles, 1)),
+                                 jnp.full((tiles, 1), jnp.inf), layout)
+
+    probs, inf_mass = tiled(np.concatenate([laid, middle], axis=-1))
+    probs = np.asarray(probs)[:count * per_row].reshape(count, -1)[:, :n]
+    expected = np.stack([p for p, _ in alone])
+    assert np.all(expected.sum(axis=1) > 0.5)
+    # the hull's values between its vertices may differ in their last bit between the two
+    # programs: their second differences are masses of 1e-17 where there are none
+    np.testing.assert_allclose(probs, expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(probs.sum(axis=1), expected.sum(axis=1), rtol=1e-14)
+    np.testing.assert_array_equal(_per_row(inf_mass, per_row, count), [m for _, m in alone])
