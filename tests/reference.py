@@ -173,6 +173,34 @@ def subsampled_add_delta(base_delta, q: float, eps: float) -> float:
     return float(c * base_delta(float(eps + mp.log(q) - mp.log(c))))
 
 
+def subsampled_gaussian_curve_mp(sigma, q, eps, add: bool) -> mp.mpf:
+    """delta(eps) where eps >= 0, and its excess delta(eps) - (1 - e^eps) below, of one
+    Poisson-subsampled Gaussian step (noise sigma, sensitivity 1), from the mixture's own tails at
+    the output threshold (mpmath, at the caller's precision): remove, P = (1 - q) N(0, sigma^2)
+    + q N(1, sigma^2) against Q = N(0, sigma^2), whose loss exceeds eps above the output
+    x = sigma^2 log((e^eps - 1 + q) / q) + 1/2; add, the swap, whose loss exceeds eps below the
+    output of e^-eps."""
+    sigma, q, eps = mp.mpf(sigma), mp.mpf(q), mp.mpf(eps)
+    grows = mp.e ** (-eps if add else eps) - 1 + q
+    if grows <= 0:  # no loss beyond eps (add) or none at or below it (remove)
+        above = (mp.mpf(0),) * 2 if add else (mp.mpf(1),) * 2
+        below = (mp.mpf(1),) * 2 if add else (mp.mpf(0),) * 2
+    else:
+        x = sigma**2 * mp.log(grows / q) + mp.mpf(1) / 2
+        # each tail from its own side's normal tail: no 1 - (a value near 1)
+        low, low_shifted = mp.ncdf(x / sigma), mp.ncdf((x - 1) / sigma)
+        high, high_shifted = mp.ncdf(-x / sigma), mp.ncdf(-(x - 1) / sigma)
+        if add:  # the loss exceeds eps below x
+            above = (low, (1 - q) * low + q * low_shifted)
+            below = (high, (1 - q) * high + q * high_shifted)
+        else:
+            above = ((1 - q) * high + q * high_shifted, high)
+            below = ((1 - q) * low + q * low_shifted, low)
+    if eps >= 0:
+        return above[0] - mp.e**eps * above[1]
+    return mp.e**eps * below[1] - below[0]
+
+
 def gaussian_tradeoff(mu: float, alpha: float) -> float:
     """beta(alpha) of G_mu: Phi(Phi^-1(1 - alpha) - mu)."""
     alpha = mp.mpf(alpha)

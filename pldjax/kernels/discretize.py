@@ -89,18 +89,43 @@ def side_tails(mechanism: LossTails, params, eps, upper):
     return _one_side(mechanism.tails(params, eps), upper)
 
 
-def curve_values(log_p, log_q, eps):
-    """The hockey-stick curve delta(eps) where eps >= 0 and its excess delta(eps) - (1 - e^eps)
-    where eps < 0 (see :func:`hockey_stick_excess`), from the tails of L > eps and of L <= eps
-    there (:func:`side_tails` with upper = eps >= 0): each where it keeps its digits, one value a
-    point (the other follows from delta - excess = 1 - e^eps, see :func:`masses_from_values`).
+#: The error a pessimistic curve allows each log-probability it is computed from (see
+#: :func:`curve_values`), in float64 epsilons times 1 + its magnitude: the mechanisms' tails
+#: are accurate to a few ulps of their probabilities (an absolute error in the log), and the
+#: log itself is rounded to half an ulp of its magnitude.
+LOG_ERROR_ULPS = 8
+
+
+def curve_values(log_p, log_q, eps, upper=None):
+    """The hockey-stick curve delta(eps) where ``upper`` (default eps >= 0) and its excess
+    delta(eps) - (1 - e^eps) elsewhere (see :func:`hockey_stick_excess`), from the tails of
+    L > eps and of L <= eps there (:func:`side_tails` with the same ``upper``): each where it
+    keeps its digits, one value a point (the other follows from delta - excess = 1 - e^eps, see
+    :func:`masses_from_values`).
 
     Both are a larger term less a smaller one (:func:`_difference`): P - e^eps Q above, as
-    :func:`hockey_stick`, and e^eps Q - P below, as :func:`hockey_stick_excess`.
+    :func:`hockey_stick`, and e^eps Q - P below, as :func:`hockey_stick_excess`. The two logs
+    are moved apart by their possible error (:data:`LOG_ERROR_ULPS`), so that each value is at
+    or above the truth even where the two terms nearly cancel: delta(0) of a Gaussian of
+    mu = 1e-8 is Phi(mu / 2) - Phi(-mu / 2), two logs 8e-9 apart, whose round-off otherwise
+    moved it by 3e-9 relative, below the truth as often as above.
     """
-    upper = eps >= 0
     xp = array_module(log_p, log_q, eps)
-    return _difference(xp.where(upper, log_p, eps + log_q), xp.where(upper, eps + log_q, log_p))
+    upper = eps >= 0 if upper is None else upper
+    larger = xp.where(upper, log_p, eps + log_q)
+    smaller = xp.where(upper, eps + log_q, log_p)
+    error = LOG_ERROR_ULPS * np.finfo(np.float64).eps * (1.0 + xp.abs(larger) + xp.abs(smaller))
+    return _difference(larger, smaller - error)
+
+
+def mechanism_curve(mechanism: LossTails, params, eps, upper=None):
+    """:func:`curve_values` of ``mechanism`` at ``eps`` (delta where ``upper``, default
+    eps >= 0; the excess elsewhere): its own ``curve`` where it has one, else from its side
+    tails (:func:`side_tails`)."""
+    upper = eps >= 0 if upper is None else upper
+    if mechanism.curve is not None:
+        return mechanism.curve(params, eps, upper)
+    return curve_values(*side_tails(mechanism, params, eps, upper), eps, upper)
 
 
 def masses_from_values(values, step, z, rows: Row | TiledRows | None = None):
@@ -789,6 +814,10 @@ class LossTails:
     # exactly, which the tails give only up to round-off (e^{log delta} is not delta, and an
     # optimistic estimate left that round-off as masses up to the window's top). None: unbounded
     max_loss: Callable | None = None
+    # (params, eps, upper) -> the values of :func:`curve_values` (delta where ``upper``, its
+    # excess elsewhere), pessimistic, where the mechanism keeps more digits than the difference
+    # of its tails does (see :func:`mechanism_curve`). None: from ``side_tails``
+    curve: Callable | None = None
     # whether every function above also runs in NumPy on NumPy arrays (and returns NumPy), so
     # that a small connect-the-dots discretization on the host compiles nothing (see
     # :func:`_mechanism_kernel`)
@@ -898,8 +927,7 @@ def _host_row(params, tail, step, *, mechanism: LossTails, size: int, pessimisti
     atom = np.float64(0.0 if mechanism.inf_mass is None else mechanism.inf_mass(params))
     top = np.float64(np.inf if mechanism.max_loss is None else mechanism.max_loss(params))
     if pessimistic:
-        values = beyond_losses(z, top, atom, curve_values(*side_tails(mechanism, params, z,
-                                                                      z >= 0), z))
+        values = beyond_losses(z, top, atom, mechanism_curve(mechanism, params, z))
         probs, inf_mass = masses_from_values(values, h, z)
     else:
         at = np.concatenate([tail_points(z, pessimistic), _middle_point(z, h)])
@@ -982,7 +1010,7 @@ def _curve_kernel(params, tail, step, size, tile, **options):
         offset, h = _window_grid(single, single_tail, single_step, size=size, **options)
         z = grid_points(offset + k * TILE, h, TILE)
         mechanism = options["mechanism"]
-        values = curve_values(*side_tails(mechanism, single, z, z >= 0), z)
+        values = mechanism_curve(mechanism, single, z)
         if mechanism.max_loss is not None:
             atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
             values = beyond_losses(z, mechanism.max_loss(single), atom, values)

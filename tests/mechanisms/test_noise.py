@@ -212,11 +212,12 @@ def test_pure_dp_epsilon_is_exact_from_above(event, runs, truth):
 def test_randomized_response_pld_is_exact_on_its_lattice():
     """Both losses, +-epsilon, lie on the grid (a step of epsilon / 64): delta(eps) is
     (e^epsilon - e^eps) / (1 + e^epsilon) for eps in [0, epsilon], up to the round-off allowance
-    it adds (before, epsilon = 0.3 sat between grid points and read 0.30078 at delta = 0)."""
+    it adds (its curve's logs are moved apart by their possible error: 1.9e-13 at eps = 0;
+    before, epsilon = 0.3 sat between grid points and read 0.30078 at delta = 0)."""
     eps = np.array([0.0, 0.1, 0.25, 0.3, 0.5])
     truth = np.maximum(np.expm1(0.3) - np.expm1(eps), 0.0) / (1 + np.exp(0.3))
     got = np.asarray(pj.randomized_response(0.3).delta(eps))
-    assert np.all(got >= truth) and np.all(got <= truth + 1e-13)
+    assert np.all(got >= truth) and np.all(got <= truth + 5e-13)
     assert float(pj.randomized_response(0.3).epsilon(0.0)) == 0.3
 
 
@@ -267,16 +268,7 @@ def test_tiny_noise_at_a_tiny_sampling_prob_keeps_its_losses_in_the_window():
     assert truth <= float(pld.epsilon(0.0)) <= truth * (1 + 1e-12)
 
 
-_NEARLY_SILENT = pytest.mark.xfail(strict=True, reason=(
-    "delta(0) comes from the tails' logs as P(L > 0) less Q(L > 0), 8e-9 apart in their logs at "
-    "mu = 1e-8, whose round-off (1e-16 each) moves it by 3e-9 relative, below the truth; a "
-    "margin on the logs fixes it but puts up to 1e-12 of mass where the curve's two formulas meet "
-    "(eps = 0) in every PLD"))
-
-
-@pytest.mark.parametrize("mu", [pytest.param(1e-8, marks=_NEARLY_SILENT),
-                                pytest.param(1e-7, marks=_NEARLY_SILENT),
-                                pytest.param(1e-5, marks=_NEARLY_SILENT), 1e-3, 0.3])
+@pytest.mark.parametrize("mu", [1e-8, 1e-7, 1e-5, 1e-3, 0.3])
 def test_a_nearly_silent_gaussians_pessimistic_curve_holds_above_the_closed_form(mu):
     """delta(eps) of one Gaussian release at grid points (eps = 0) and between them, against the
     closed form at 40 digits: at or above it, within 1e-3 relative."""
