@@ -168,6 +168,22 @@ def test_optimistic_renyi_and_log_mgf_are_lower_bounds_below_order_one(mu):
 
 
 
+@pytest.mark.parametrize("mu", [1.0, 3.1622776601683795])
+def test_renyi_divergences_near_order_one_bracket_the_truth(mu):
+    """D_a of G_mu is a mu^2 / 2 at every order. Within 1e-6 of order 1 the round-off of the
+    masses' sum (1e-16), divided by a - 1, had swamped D_a: gdp(sqrt 10)'s optimistic D at
+    a = 1 + 2e-13 read 5.0022 (truth 5), its pessimistic one at 1 - 1e-12 4.9997."""
+    orders = 1.0 + np.array([-1e-6, -1e-9, -1e-12, 2.03e-13, 1e-12, 1e-9, 1e-6])
+    truth = orders * mu**2 / 2
+    lower = np.asarray(pj.gdp(mu, pessimistic=False).renyi(orders))
+    assert np.all(lower <= truth)
+    np.testing.assert_allclose(lower, truth, rtol=1e-3)
+    below = orders < 1.0  # above order 1 the pessimistic atom at +inf makes D_a infinite
+    upper = np.asarray(pj.gdp(mu).renyi(orders[below]))
+    assert np.all(upper >= truth[below])
+    np.testing.assert_allclose(upper, truth[below], rtol=1e-3)
+
+
 @pytest.mark.parametrize("eps", [1.0, 30.0, 740.0, 1e5])
 def test_tradeoff_from_tails_brackets_randomized_response_at_extreme_errors(eps):
     """R_eps's beta(alpha) = max(0, 1 - e^eps alpha, e^-eps (1 - alpha)) (exact in mpmath). At
