@@ -96,7 +96,7 @@ def side_tails(mechanism: LossTails, params, eps, upper):
 LOG_ERROR_ULPS = 8
 
 
-def curve_values(log_p, log_q, eps, upper=None):
+def curve_values(log_p, log_q, eps, upper=None, pessimistic: bool = True):
     """The hockey-stick curve delta(eps) where ``upper`` (default eps >= 0) and its excess
     delta(eps) - (1 - e^eps) elsewhere (see :func:`hockey_stick_excess`), from the tails of
     L > eps and of L <= eps there (:func:`side_tails` with the same ``upper``): each where it
@@ -108,24 +108,49 @@ def curve_values(log_p, log_q, eps, upper=None):
     are moved apart by their possible error (:data:`LOG_ERROR_ULPS`), so that each value is at
     or above the truth even where the two terms nearly cancel: delta(0) of a Gaussian of
     mu = 1e-8 is Phi(mu / 2) - Phi(-mu / 2), two logs 8e-9 apart, whose round-off otherwise
-    moved it by 3e-9 relative, below the truth as often as above.
+    moved it by 3e-9 relative, below the truth as often as above. Not ``pessimistic``: moved
+    together instead (at most onto each other), so that each value is at or below the truth.
     """
     xp = array_module(log_p, log_q, eps)
     upper = eps >= 0 if upper is None else upper
     larger = xp.where(upper, log_p, eps + log_q)
     smaller = xp.where(upper, eps + log_q, log_p)
     error = LOG_ERROR_ULPS * np.finfo(np.float64).eps * (1.0 + xp.abs(larger) + xp.abs(smaller))
-    return _difference(larger, smaller - error)
+    error = xp.where(xp.isinf(error), 0.0, error)  # a term of 0 (log -inf) is exact
+    if pessimistic:
+        return _difference(larger, smaller - error)
+    return _difference(larger, xp.minimum(smaller + error, larger))
 
 
 def mechanism_curve(mechanism: LossTails, params, eps, upper=None):
     """:func:`curve_values` of ``mechanism`` at ``eps`` (delta where ``upper``, default
-    eps >= 0; the excess elsewhere): its own ``curve`` where it has one, else from its side
-    tails (:func:`side_tails`)."""
+    eps >= 0; the excess elsewhere; pessimistic): its own ``curve`` where it has one, else from
+    its side tails (:func:`side_tails`)."""
     upper = eps >= 0 if upper is None else upper
     if mechanism.curve is not None:
         return mechanism.curve(params, eps, upper)
     return curve_values(*side_tails(mechanism, params, eps, upper), eps, upper)
+
+
+def tails_and_curve(tails):
+    """The four ``tails`` (log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)) at eps
+    followed by the curve delta(eps) and its excess, both optimistic (:func:`curve_values`), as
+    a function of eps: what the estimates but the pessimistic connect-the-dots one read of a
+    mechanism without an ``estimate`` of its own (see :class:`LossTails`)."""
+    def estimate(eps):
+        lsp, lsq, lcp, lcq = tails(eps)
+        return (lsp, lsq, lcp, lcq, curve_values(lsp, lsq, eps, True, pessimistic=False),
+                curve_values(lcp, lcq, eps, False, pessimistic=False))
+
+    return estimate
+
+
+def mechanism_estimate(mechanism: LossTails, params):
+    """``mechanism``'s :func:`tails_and_curve` at given params, as a function of eps: its own
+    ``estimate`` where it has one."""
+    if mechanism.estimate is not None:
+        return functools.partial(mechanism.estimate, params)
+    return tails_and_curve(functools.partial(mechanism.tails, params))
 
 
 def masses_from_values(values, step, z, rows: Row | TiledRows | None = None):
@@ -684,7 +709,8 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
     if pessimistic and rounding == "connect_dots":
         values = curve_values(*_one_side(tails(z), z >= 0), z)
         return masses_from_values(beyond_losses(z, max_loss, atom, values), step, z)
-    return masses_from_tails(estimate_tails(tails, z, step, pessimistic), z, step, pessimistic,
+    return masses_from_tails(estimate_tails(tails_and_curve(tails), z, step, pessimistic), z,
+                             step, pessimistic,
                              rounding, atom, max_loss)
 
 
@@ -706,14 +732,14 @@ def tail_points(z, pessimistic: bool):
     return z if pessimistic else xp.where(z > 0, xp.nextafter(z, -xp.inf), z)
 
 
-def estimate_tails(tails, z, step, pessimistic: bool):
+def estimate_tails(estimate, z, step, pessimistic: bool):
     """What every estimate but the pessimistic connect-the-dots one needs of a mechanism: its
-    ``tails`` (log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)) at the grid points
-    ``z`` (:func:`tail_points`) and, last, at the middle of the interval holding x = 1 (see
-    :func:`optimistic_curve`): a (4, n + 1) array, in one evaluation (the mechanism's whole share
-    of the work)."""
+    ``estimate`` (its four tails, then its optimistic curve delta and excess: see
+    :func:`tails_and_curve`) at the grid points ``z`` (:func:`tail_points`) and, last, at the
+    middle of the interval holding x = 1 (see :func:`optimistic_curve`): a (6, n + 1) array, in
+    one evaluation (the mechanism's whole share of the work)."""
     at = jnp.concatenate([tail_points(z, pessimistic), _middle_point(z, step)])
-    return jnp.stack(jnp.broadcast_arrays(*tails(at)))
+    return jnp.stack(jnp.broadcast_arrays(*estimate(at)))
 
 
 def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom=0.0,
@@ -722,27 +748,25 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
     ``at_points``: the optimistic connect-the-dots estimate, or privacy buckets (either
     direction of rounding); see :func:`discretize`. Independent of the mechanism.
 
-    ``rows``: rows in tiles (optimistic connect-the-dots only): ``at_points`` (4, tiles,
-    tile + 1), each tile's tails at its points and, last, at its row's middle point; ``z`` in
+    ``rows``: rows in tiles (optimistic connect-the-dots only): ``at_points`` (6, tiles,
+    tile + 1), each tile's values at its points and, last, at its row's middle point; ``z`` in
     tiles, and ``step``, ``atom`` and ``max_loss`` their row scalars (see
-    :mod:`pldjax.kernels.rows`). None: one row, ``at_points`` (4, n + 1)."""
+    :mod:`pldjax.kernels.rows`). None: one row, ``at_points`` (6, n + 1)."""
     xp = array_module(z)
     if rows is None:
         rows = row_of(z)
         middle = at_points[:, -1]
     else:
         middle = at_points[..., -1:]
-    lsp, lsq, lcp, lcq = at_points[..., :-1]
-    lsp_mid, lsq_mid, lcp_mid, lcq_mid = middle
+    lsp, lsq, lcp, lcq, delta, excess = at_points[..., :-1]
+    _, lsq_mid, _, lcq_mid, delta_mid, excess_mid = middle
     if rounding == "privacy_buckets":
         return privacy_buckets(lsp, pessimistic, atom, z >= xp.maximum(max_loss, 0.0))
     # past the largest finite loss the finite part's curve delta - atom is 0 exactly: computed as
     # a difference, its round-off left masses up to the window's top, an optimistic delta above
     # the atom there and so epsilon(atom) at the top of the window
     raw_atom = atom
-    delta = beyond_losses(z, rows.over_points(max_loss), rows.over_points(atom),
-                          hockey_stick(lsp, lsq, z))
-    excess = hockey_stick_excess(lcp, lcq, z)
+    delta = beyond_losses(z, rows.over_points(max_loss), rows.over_points(atom), delta)
     # Left of the window the estimate follows the tangent at x_0 = e^{z_0}: it reaches
     # P(L > z_0) = 1 - lost at x = 0, i.e. P's mass at losses <= z_0 is dropped (moved down to
     # -inf), where rounding it up to z_0 would overstate delta below z_0.
@@ -757,9 +781,8 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
     # the first point when none is, half a step up)
     below = xp.clip(_below_zero(z, rows) - 1, 0, rows.points - 1)
     z_mid = rows.at(z, below) + step / 2
-    delta_mid = beyond_losses(z_mid, max_loss, raw_atom, hockey_stick(lsp_mid, lsq_mid, z_mid))
-    delta_mid = xp.maximum(delta_mid - atom, 0.0)
-    excess_mid = hockey_stick_excess(lcp_mid, lcq_mid, z_mid) - atom
+    delta_mid = xp.maximum(beyond_losses(z_mid, max_loss, raw_atom, delta_mid) - atom, 0.0)
+    excess_mid = excess_mid - atom
     # delta for the masses at z >= 0; the excess (accurate where delta is close to 1) for z < 0:
     # both estimates in one vmapped call (one traced hull, not two: its program compiled about
     # 15% faster)
@@ -818,6 +841,10 @@ class LossTails:
     # excess elsewhere), pessimistic, where the mechanism keeps more digits than the difference
     # of its tails does (see :func:`mechanism_curve`). None: from ``side_tails``
     curve: Callable | None = None
+    # (params, eps) -> the four tails, then delta(eps) and its excess, each at or below the truth:
+    # what :func:`tails_and_curve` gives from ``tails``, where the mechanism keeps more digits
+    # (see :func:`mechanism_estimate`). None: from ``tails``
+    estimate: Callable | None = None
     # whether every function above also runs in NumPy on NumPy arrays (and returns NumPy), so
     # that a small connect-the-dots discretization on the host compiles nothing (see
     # :func:`_mechanism_kernel`)
@@ -931,7 +958,7 @@ def _host_row(params, tail, step, *, mechanism: LossTails, size: int, pessimisti
         probs, inf_mass = masses_from_values(values, h, z)
     else:
         at = np.concatenate([tail_points(z, pessimistic), _middle_point(z, h)])
-        at_points = np.stack(np.broadcast_arrays(*mechanism.tails(params, at)))
+        at_points = np.stack(np.broadcast_arrays(*mechanism_estimate(mechanism, params)(at)))
         probs, inf_mass = masses_from_tails(at_points, z, h, pessimistic, "connect_dots", atom,
                                             top)
     return probs, np.float64(inf_mass), np.int64(offset), np.float64(h)
@@ -1083,7 +1110,8 @@ def _tails_kernel(params, tail, step, size, tile, **options):
         atom = 0.0 if mechanism.inf_mass is None else mechanism.inf_mass(single)
         top = jnp.inf if mechanism.max_loss is None else mechanism.max_loss(single)
         at = jnp.concatenate([tail_points(z, options["pessimistic"]), middle])
-        return (jnp.stack(jnp.broadcast_arrays(*mechanism.tails(single, at))), offset, h,
+        return (jnp.stack(jnp.broadcast_arrays(*mechanism_estimate(mechanism, single)(at))),
+                offset, h,
                 jnp.asarray(atom, jnp.float64), jnp.asarray(top, jnp.float64))
 
     return jax.vmap(one)(params, tail, step, tile)

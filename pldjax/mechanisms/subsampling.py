@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.core.compilation import array_module
+from pldjax.core.compilation import array_module, computed_once
 from pldjax.core.precision import last_float_before
 from pldjax.core.special import log1p_parts, log_ndtr_pair
 from pldjax.kernels.discretize import LossTails, curve_values, side_tails, window
@@ -135,19 +135,34 @@ def _loss_range(base: LossTails, params, tail=0.0):
     return tuple(xp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
 
 
-def _tails(base: LossTails, params, eps):
-    """Tails of the remove or add direction (see the module docstring), from one evaluation of
-    the base's tails per point: remove needs them at the threshold of eps, add at that of -eps."""
+def _base_tails(base: LossTails, params, eps):
+    """(threshold, the base's four tails there): remove needs them at the threshold of eps, add
+    at that of -eps."""
     *base_params, q, adding = params
     xp = array_module(q, eps)
+    threshold = _threshold(xp.where(adding > 0, -eps, eps), q, xp.log(q))
+    return threshold, base.tails(tuple(base_params), threshold)
+
+
+def _mixed_tails(params, base_tails):
+    """Tails of the remove or add direction (see the module docstring) from the base's four
+    tails at the threshold."""
+    *_, q, adding = params
+    xp = array_module(q, *base_tails)
     add = adding > 0
     log_q, log_1mq = xp.log(q), xp.log1p(-q)
-    sp, sq, cp, cq = base.tails(tuple(base_params), _threshold(xp.where(add, -eps, eps), q, log_q))
+    sp, sq, cp, cq = base_tails
     mixed_sf, mixed_cdf = _log_mix(log_1mq, sq, log_q, sp), _log_mix(log_1mq, cq, log_q, cp)
     remove = (mixed_sf, sq, mixed_cdf, cq)
     # add: L > eps  <=>  l < threshold, so the "above" tails of L are the "at most" tails of l
     added = (cq, mixed_cdf, sq, mixed_sf)
     return tuple(xp.where(add, a, r) for r, a in zip(remove, added, strict=True))
+
+
+def _tails(base: LossTails, params, eps):
+    """Tails of the remove or add direction, from one evaluation of the base's tails per
+    point."""
+    return _mixed_tails(params, _base_tails(base, params, eps)[1])
 
 
 def _base_side(base: LossTails, params, eps, upper):
@@ -182,6 +197,46 @@ def _side_tails(base: LossTails, params, eps, upper):
 _SCALED_BELOW = 0.5
 
 
+def _scaled(params, eps, base_values, mixed_values):
+    """The curve values of :func:`_curve` from the base's (at the threshold, on the side that
+    :func:`_base_side` reads) and from the mixture's tails, which serve from q = 1/2 on."""
+    *_, q, adding = params
+    xp = array_module(q, eps)
+    # the add direction's e^eps: past eps = 1 (more than its largest loss, log 2) the base's
+    # values are 0 (its threshold is -inf)
+    scale = q * xp.where(adding > 0, xp.exp(xp.minimum(eps, 1.0)), 1.0)
+    return xp.where(q < _SCALED_BELOW, xp.where(q > 0, scale * base_values, 0.0), mixed_values)
+
+
+def _estimate(base: LossTails, params, eps):
+    """The four tails, then delta(eps) and its excess at or below the truth (see
+    :class:`~pldjax.kernels.discretize.LossTails`): the tails as :func:`_tails`, the curve as
+    :func:`_curve` gives it (its base's at the threshold, scaled), optimistic, all from one
+    evaluation of the base's tails per point."""
+    add = params[-1] > 0
+    threshold, base_tails = _base_tails(base, params, eps)
+    # read by all six outputs: XLA's CPU fusion would compute them in each
+    threshold, sp, sq, cp, cq = computed_once(
+        tuple(jnp.broadcast_to(a, jnp.shape(threshold)) if array_module(a) is jnp else a
+              for a in (threshold, *base_tails)))
+    tails = _mixed_tails(params, (sp, sq, cp, cq))
+    base_delta = curve_values(sp, sq, threshold, True, pessimistic=False)
+    base_excess = curve_values(cp, cq, threshold, False, pessimistic=False)
+    xp = array_module(base_delta, base_excess)
+    # the add direction's delta is its base's excess (and its excess its base's delta)
+    delta = _scaled(params, eps, xp.where(add, base_excess, base_delta),
+                    curve_values(tails[0], tails[1], eps, True, pessimistic=False))
+    excess = _scaled(params, eps, xp.where(add, base_delta, base_excess),
+                     curve_values(tails[2], tails[3], eps, False, pessimistic=False))
+    # no threshold (eps below every loss of remove, above every loss of add): the base's values
+    # there are those of its end, not the subsampled curve's, which is 1 - e^eps (remove) or 0
+    # (add), its excess 0 or e^eps - 1
+    beyond = xp.isneginf(threshold) & (params[-2] < _SCALED_BELOW)
+    delta = xp.where(beyond, xp.where(add, 0.0, -xp.expm1(eps)), delta)
+    excess = xp.where(beyond, xp.where(add, xp.expm1(eps), 0.0), excess)
+    return (*tails, delta, excess)
+
+
 def _curve(base: LossTails, params, eps, upper):
     """The curve values of :func:`pldjax.kernels.discretize.mechanism_curve` (delta where
     ``upper``, its excess elsewhere), for q < 1/2 from the base's at the threshold t: with
@@ -192,16 +247,9 @@ def _curve(base: LossTails, params, eps, upper):
     (P is close to Q): its round-off put the curve of q = 1e-6 (sigma 0.6) up to 7e-11 below
     the truth, compounded over a million steps. From q = 1/2 on (no such cancellation; there e^eps
     q of the add direction could overflow) the mixture's tails."""
-    *_, q, adding = params
-    xp = array_module(q, eps)
     threshold, base_p, base_q = _base_side(base, params, eps, upper)
-    add = adding > 0
-    # the add direction's e^eps: past eps = 1 (more than its largest loss, log 2) the base's
-    # values are 0 (its threshold is -inf)
-    scale = q * xp.where(add, xp.exp(xp.minimum(eps, 1.0)), 1.0)
-    scaled = scale * curve_values(base_p, base_q, threshold, upper != add)
-    mixed = curve_values(*_mixed_side(params, base_p, base_q), eps, upper)
-    return xp.where(q < _SCALED_BELOW, xp.where(q > 0, scaled, 0.0), mixed)
+    return _scaled(params, eps, curve_values(base_p, base_q, threshold, upper != (params[-1] > 0)),
+                   curve_values(*_mixed_side(params, base_p, base_q), eps, upper))
 
 
 def _center(base: LossTails, params):
@@ -229,6 +277,7 @@ def poisson(base: LossTails) -> LossTails:
         tails=functools.partial(_tails, base),
         side_tails=functools.partial(_side_tails, base),
         curve=functools.partial(_curve, base),
+        estimate=functools.partial(_estimate, base),
         spread=lambda params: _subsampled_spread(base, tuple(params[:-1])),
         center=functools.partial(_center, base),
         half_width=functools.partial(_half_width, base),

@@ -16,6 +16,7 @@ from pldjax.kernels.discretize import (
     grid_points,
     masses_from_tails,
     masses_from_values,
+    mechanism_estimate,
     side_tails,
 )
 from pldjax.kernels.rows import TILE, TiledRows
@@ -148,16 +149,16 @@ def test_optimistic_masses_in_tiles_agree_with_each_row_alone(n):
 
     @jax.jit
     @float64
-    def row_tails(row_params):  # (4, n + 1): the middle point last
-        return estimate_tails(lambda eps: mechanism.tails(row_params, eps), jnp.asarray(z), step,
+    def row_tails(row_params):  # (6, n + 1): the middle point last
+        return estimate_tails(mechanism_estimate(mechanism, row_params), jnp.asarray(z), step,
                               False)
 
     tails = np.stack([row_tails([p[i] for p in params]) for i in range(count)])
     alone = [jax.jit(float64(lambda t: masses_from_tails(t, jnp.asarray(z), step, False,
                                                          "connect_dots")))(t) for t in tails]
     # each tile: its row's points, then the row's middle point
-    laid = np.stack([_in_tiles(tails[:, k, :n], tiles, TILE) for k in range(4)])
-    middle = np.random.default_rng(2).normal(size=(4, tiles, 1))
+    laid = np.stack([_in_tiles(tails[:, k, :n], tiles, TILE) for k in range(6)])
+    middle = np.random.default_rng(2).normal(size=(6, tiles, 1))
     middle[:, :count * per_row] = np.repeat(tails[:, :, n:], per_row, axis=0).transpose(1, 0, 2)
 
     @jax.jit

@@ -231,8 +231,9 @@ def test_optimistic_estimate_keeps_an_atom_on_a_grid_point():
     held = probs > 1e-12  # elsewhere round-off, about 1e-17 a point
     losses = (int(rr.offset) + np.nonzero(held)[0]) * float(rr.step)
     np.testing.assert_allclose(losses, [-eps, eps], rtol=1e-15)
+    # to 1e-11: its curve's logs are moved together by their possible error
     np.testing.assert_allclose(probs[held], [1 / (1 + np.exp(eps)), 1 / (1 + np.exp(-eps))],
-                               rtol=1e-12)
+                               rtol=1e-11)
     assert float(rr.epsilon(0.0)) == eps
     laplace = pj.laplace(0.7, pessimistic=False)
     assert float(laplace.epsilon(0.0)) == 1 / 0.7

@@ -19,8 +19,9 @@ from reference import (
 )
 
 import pldjax as pj
+from pldjax.core.compilation import array_module
 from pldjax.core.precision import float64
-from pldjax.kernels.discretize import mechanism_curve
+from pldjax.kernels.discretize import mechanism_curve, mechanism_estimate
 
 EPS = np.array([0.0, 0.01, 0.05, 0.2, 0.5, 1.0, 2.0])
 
@@ -443,16 +444,23 @@ def test_sampling_prob_one_keeps_the_add_directions_large_losses(sigma, size):
 
 @pytest.mark.parametrize("sigma, q", [(0.6, 1e-6), (1.0, 1e-4), (1.0, 0.01), (3.0, 0.05),
                                       (30.0, 0.1), (0.8, 0.6)])
-def test_a_subsampled_gaussians_pessimistic_curve_holds_above_the_closed_form(sigma, q):
-    """The pessimistic curve of one Poisson-subsampled Gaussian step (delta at eps >= 0, its
-    excess below), both directions, at 41 points across each window, in NumPy and compiled:
-    at or above the mixture's own curve at 50 digits, within 1e-8 relative. Before, from the
-    difference of the mixture's two tails, which nearly cancel at a small q, it sat up to 7e-11
-    below the truth at q = 1e-6 (and its threshold, from 1 - q rounded, 3e-11 off near eps =
-    0); the base Gaussian's tails of sigma = 30 (mu = 1/30) nearly cancel too."""
+def test_a_subsampled_gaussians_curves_bracket_the_closed_form(sigma, q):
+    """The pessimistic and optimistic curves of one Poisson-subsampled Gaussian step (delta at
+    eps >= 0, its excess below), both directions, at 41 points across each window, in NumPy and
+    compiled: at or above (at or below) the mixture's own curve at 50 digits, within 1e-8
+    relative. Before, from the difference of the mixture's two tails, which nearly cancel at a
+    small q, they sat up to 7e-11 on the wrong side of the truth at q = 1e-6 (and the threshold,
+    from 1 - q rounded, was 3e-11 off near eps = 0); the base Gaussian's tails of sigma = 30
+    (mu = 1/30) nearly cancel too."""
     mechanism, params, _ = pj.dpsgd_event(sigma, q).directions()
     params = [float(np.asarray(p).reshape(-1)[0]) for p in params]
+
+    def optimistic(p, z):
+        values = mechanism_estimate(mechanism, p)(z)
+        return array_module(z).where(z >= 0, values[4], values[5])
+
     compiled = jax.jit(float64(lambda p, z: mechanism_curve(mechanism, p, z)))
+    compiled_optimistic = jax.jit(float64(optimistic))
     for direction, pld in enumerate((pj.gaussian(sigma, sampling_prob=q).forward,
                                      pj.gaussian(sigma, sampling_prob=q).backward)):
         z = np.linspace(int(pld.offset), int(pld.offset) + pld.size - 1, 41) * float(pld.step)
@@ -464,3 +472,6 @@ def test_a_subsampled_gaussians_pessimistic_curve_holds_above_the_closed_form(si
         for got in (mechanism_curve(mechanism, row, z), np.asarray(compiled(row, z))):
             assert np.all(got[held] >= truth[held])
             assert np.all(got[held] <= truth[held] * (1 + 1e-8))
+        for got in (optimistic(row, z), np.asarray(compiled_optimistic(row, z))):
+            assert np.all(got[held] <= truth[held])
+            assert np.all(got[held] >= truth[held] * (1 - 1e-8))
