@@ -178,15 +178,6 @@ def masses_from_values(values, step, z, rows: Row | TiledRows | None = None):
 _SURPLUS_TOLERANCE = 1e-6
 
 
-def _set(values, index, value):
-    """``values`` with ``values[index]`` set to ``value`` (a copy; NumPy or JAX arrays)."""
-    if array_module(values) is np:
-        values = values.copy()
-        values[index] = value
-        return values
-    return values.at[index].set(value)
-
-
 def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: bool = True,
                       surplus_from_bottom: bool = False, rows: Row | TiledRows | None = None):
     """Alg. 1: the PLD whose hockey-stick curve interpolates ``curve`` (values at the grid points)
@@ -710,8 +701,7 @@ def discretize(tails, offset, step, n: int, pessimistic: bool, rounding: str = "
         values = curve_values(*_one_side(tails(z), z >= 0), z)
         return masses_from_values(beyond_losses(z, max_loss, atom, values), step, z)
     return masses_from_tails(estimate_tails(tails_and_curve(tails), z, step, pessimistic), z,
-                             step, pessimistic,
-                             rounding, atom, max_loss)
+                             step, pessimistic, rounding, atom, max_loss)
 
 
 def _middle_point(z, step):

@@ -135,13 +135,18 @@ def _loss_range(base: LossTails, params, tail=0.0):
     return tuple(xp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
 
 
-def _base_tails(base: LossTails, params, eps):
-    """(threshold, the base's four tails there): remove needs them at the threshold of eps, add
-    at that of -eps."""
-    *base_params, q, adding = params
+def _base_threshold(params, eps):
+    """The base loss at which the subsampled loss crosses ``eps`` (:func:`_threshold`): for
+    remove the threshold of eps, for add that of -eps."""
+    *_, q, adding = params
     xp = array_module(q, eps)
-    threshold = _threshold(xp.where(adding > 0, -eps, eps), q, xp.log(q))
-    return threshold, base.tails(tuple(base_params), threshold)
+    return _threshold(xp.where(adding > 0, -eps, eps), q, xp.log(q))
+
+
+def _base_tails(base: LossTails, params, eps):
+    """(threshold, the base's four tails there) (:func:`_base_threshold`)."""
+    threshold = _base_threshold(params, eps)
+    return threshold, base.tails(tuple(params[:-2]), threshold)
 
 
 def _mixed_tails(params, base_tails):
@@ -169,11 +174,8 @@ def _base_side(base: LossTails, params, eps, upper):
     """(threshold, log A, log B): the base loss's threshold for ``eps`` and the base's tails
     there on the side that ``upper`` (L > eps, else L <= eps) reads: for add, L > eps is the
     base loss below its threshold, so the base's other side."""
-    *base_params, q, adding = params
-    xp = array_module(q, eps)
-    add = adding > 0
-    threshold = _threshold(xp.where(add, -eps, eps), q, xp.log(q))
-    return (threshold, *side_tails(base, tuple(base_params), threshold, upper != add))
+    threshold = _base_threshold(params, eps)
+    return (threshold, *side_tails(base, tuple(params[:-2]), threshold, upper != (params[-1] > 0)))
 
 
 def _mixed_side(params, base_p, base_q):
@@ -210,9 +212,12 @@ def _scaled(params, eps, base_values, mixed_values):
 
 def _estimate(base: LossTails, params, eps):
     """The four tails, then delta(eps) and its excess at or below the truth (see
-    :class:`~pldjax.kernels.discretize.LossTails`): the tails as :func:`_tails`, the curve as
-    :func:`_curve` gives it (its base's at the threshold, scaled), optimistic, all from one
-    evaluation of the base's tails per point."""
+    :class:`~pldjax.kernels.discretize.LossTails`), from one evaluation of the base's tails per
+    point: the tails as :func:`_tails`; of the curve, the side that keeps its digits (delta
+    where eps >= 0, the excess below) as :func:`_curve` gives it (its base's at the threshold,
+    scaled), optimistic, and the other side from delta - excess = 1 - e^eps, a sum of two
+    non-negative terms (the base's own other side overflowed: the add direction's delta at
+    eps = -5254 is e^eps q times the base's excess at 5256, e^5256 times a probability)."""
     add = params[-1] > 0
     threshold, base_tails = _base_tails(base, params, eps)
     # read by all six outputs: XLA's CPU fusion would compute them in each
@@ -220,20 +225,19 @@ def _estimate(base: LossTails, params, eps):
         tuple(jnp.broadcast_to(a, jnp.shape(threshold)) if array_module(a) is jnp else a
               for a in (threshold, *base_tails)))
     tails = _mixed_tails(params, (sp, sq, cp, cq))
-    base_delta = curve_values(sp, sq, threshold, True, pessimistic=False)
-    base_excess = curve_values(cp, cq, threshold, False, pessimistic=False)
-    xp = array_module(base_delta, base_excess)
-    # the add direction's delta is its base's excess (and its excess its base's delta)
-    delta = _scaled(params, eps, xp.where(add, base_excess, base_delta),
-                    curve_values(tails[0], tails[1], eps, True, pessimistic=False))
-    excess = _scaled(params, eps, xp.where(add, base_delta, base_excess),
-                     curve_values(tails[2], tails[3], eps, False, pessimistic=False))
-    # no threshold (eps below every loss of remove, above every loss of add): the base's values
-    # there are those of its end, not the subsampled curve's, which is 1 - e^eps (remove) or 0
-    # (add), its excess 0 or e^eps - 1
-    beyond = xp.isneginf(threshold) & (params[-2] < _SCALED_BELOW)
-    delta = xp.where(beyond, xp.where(add, 0.0, -xp.expm1(eps)), delta)
-    excess = xp.where(beyond, xp.where(add, xp.expm1(eps), 0.0), excess)
+    xp = array_module(*tails)
+    upper = eps >= 0
+    base_upper = upper != add
+    side = _scaled(params, eps, curve_values(xp.where(base_upper, sp, cp),
+                                             xp.where(base_upper, sq, cq), threshold, base_upper,
+                                             pessimistic=False), 0.0)
+    linear = xp.expm1(eps)
+    # from q = 1/2 on, the mixture's tails (see _curve)
+    scaled = params[-2] < _SCALED_BELOW
+    delta = xp.where(scaled, xp.where(upper, side, side - linear),
+                     curve_values(tails[0], tails[1], eps, True, pessimistic=False))
+    excess = xp.where(scaled, xp.where(upper, side + linear, side),
+                      curve_values(tails[2], tails[3], eps, False, pessimistic=False))
     return (*tails, delta, excess)
 
 
