@@ -119,11 +119,30 @@ def replace_one_gaussian_delta_mp(mu, q, eps) -> mp.mpf:
     in the output x, so delta = P(X < x*) - e^eps Q(X < x*) at the x* where the loss is eps: the
     positive root v of q c v^2 + (1 - q)(1 - e^eps) v - q c e^eps = 0."""
     mu, q, eps = mp.mpf(mu), mp.mpf(q), mp.mpf(eps)
-    c, b = mp.e ** (-mu**2 / 2), (1 - q) * (1 - mp.e**eps)
-    v = (-b + mp.sqrt(b**2 + 4 * q**2 * c**2 * mp.e**eps)) / (2 * q * c)
-    x = -mp.log(v) / mu
+    x = _replace_one_threshold_mp(mu, q, eps)
     p = (1 - q) * mp.ncdf(x) + q * mp.ncdf(x + mu)
     return p - mp.e**eps * ((1 - q) * mp.ncdf(x) + q * mp.ncdf(x - mu))
+
+
+def _replace_one_threshold_mp(mu, q, eps):
+    """The output x* of :func:`replace_one_gaussian_delta_mp`: its quadratic's positive root,
+    in the form without cancellation for the sign of b."""
+    c, b = mp.e ** (-mu**2 / 2), (1 - q) * (1 - mp.e**eps)
+    root = mp.sqrt(b**2 + 4 * q**2 * c**2 * mp.e**eps)
+    v = (root - b) / (2 * q * c) if b <= 0 else 2 * q * c * mp.e**eps / (root + b)
+    return -mp.log(v) / mu
+
+
+def replace_one_gaussian_curve_mp(mu, q, eps) -> mp.mpf:
+    """delta(eps) of :func:`replace_one_gaussian_delta_mp` where eps >= 0, and below its excess
+    delta(eps) - (1 - e^eps) = e^eps Q(X >= x*) - P(X >= x*), each from its own side's normal
+    tails (no 1 - (a value near 1))."""
+    mu, q, eps = mp.mpf(mu), mp.mpf(q), mp.mpf(eps)
+    if eps >= 0:
+        return replace_one_gaussian_delta_mp(mu, q, eps)
+    x = _replace_one_threshold_mp(mu, q, eps)
+    p = (1 - q) * mp.ncdf(-x) + q * mp.ncdf(-x - mu)
+    return mp.e**eps * ((1 - q) * mp.ncdf(-x) + q * mp.ncdf(-x + mu)) - p
 
 
 def replace_one_gaussian_epsilon(mu: float, q: float, target: float) -> float:

@@ -81,15 +81,18 @@ def _one_side(tails, upper):
     return xp.where(upper, lsp, lcp), xp.where(upper, lsq, lcq)
 
 
-def side_tails(mechanism: LossTails, params, eps, upper):
+def side_tails(mechanism: LossTails, params, eps, upper, pessimistic: bool | None = None):
     """(log P, log Q) of ``mechanism``'s loss L > eps where ``upper``, of L <= eps elsewhere:
-    its ``side_tails`` where it has them (half the work of all four), else from its ``tails``."""
+    its ``side_tails`` where it has them (half the work of all four), else from its ``tails``.
+    ``pessimistic`` True (False): a mechanism whose tails' arguments carry more rounding error
+    than the curve's log margin covers leans them so that the curve from them
+    (:func:`curve_values`) leans up (down); None: as computed."""
     if mechanism.side_tails is not None:
-        return mechanism.side_tails(params, eps, upper)
+        return mechanism.side_tails(params, eps, upper, pessimistic)
     return _one_side(mechanism.tails(params, eps), upper)
 
 
-#: The error a pessimistic curve allows each log-probability it is computed from (see
+#: The error a curve allows each log-probability it is computed from (see
 #: :func:`curve_values`), in float64 epsilons times 1 + its magnitude: the mechanisms' tails
 #: are accurate to a few ulps of their probabilities (an absolute error in the log), and the
 #: log itself is rounded to half an ulp of its magnitude.
@@ -104,22 +107,31 @@ def curve_values(log_p, log_q, eps, upper=None, pessimistic: bool = True):
     :func:`masses_from_values`).
 
     Both are a larger term less a smaller one (:func:`_difference`): P - e^eps Q above, as
-    :func:`hockey_stick`, and e^eps Q - P below, as :func:`hockey_stick_excess`. The two logs
-    are moved apart by their possible error (:data:`LOG_ERROR_ULPS`), so that each value is at
-    or above the truth even where the two terms nearly cancel: delta(0) of a Gaussian of
-    mu = 1e-8 is Phi(mu / 2) - Phi(-mu / 2), two logs 8e-9 apart, whose round-off otherwise
-    moved it by 3e-9 relative, below the truth as often as above. Not ``pessimistic``: moved
-    together instead (at most onto each other), so that each value is at or below the truth.
+    :func:`hockey_stick`, and e^eps Q - P below, as :func:`hockey_stick_excess`. Each log is
+    moved by its possible error (:data:`LOG_ERROR_ULPS`), the larger up and the smaller down,
+    so that each value is at or above the truth where the two terms nearly cancel (delta(0) of a
+    Gaussian of mu = 1e-8 is Phi(mu / 2) - Phi(-mu / 2), two logs 8e-9 apart, whose round-off
+    otherwise moved it by 3e-9 relative, below the truth as often as above) and where the
+    larger is the whole value. Not ``pessimistic``: moved towards each other (at most onto each
+    other), so that each value is at or below the truth. The logs' own error only: where a
+    mechanism's tails are computed from arguments whose rounding moves them further, it leans
+    those arguments (see :func:`side_tails`).
     """
     xp = array_module(log_p, log_q, eps)
     upper = eps >= 0 if upper is None else upper
     larger = xp.where(upper, log_p, eps + log_q)
     smaller = xp.where(upper, eps + log_q, log_p)
-    error = LOG_ERROR_ULPS * np.finfo(np.float64).eps * (1.0 + xp.abs(larger) + xp.abs(smaller))
-    error = xp.where(xp.isinf(error), 0.0, error)  # a term of 0 (log -inf) is exact
-    if pessimistic:
-        return _difference(larger, smaller - error)
-    return _difference(larger, xp.minimum(smaller + error, larger))
+    sign = 1.0 if pessimistic else -1.0
+    larger = larger + sign * _log_error(xp, larger)
+    smaller = smaller - sign * _log_error(xp, smaller)
+    return _difference(larger, smaller if pessimistic else xp.minimum(smaller, larger))
+
+
+def _log_error(xp, log_value):
+    """The error :data:`LOG_ERROR_ULPS` allows ``log_value``; 0 for a term of 0 (log -inf),
+    which is exact."""
+    error = LOG_ERROR_ULPS * np.finfo(np.float64).eps * (1.0 + xp.abs(log_value))
+    return xp.where(xp.isinf(error), 0.0, error)
 
 
 def mechanism_curve(mechanism: LossTails, params, eps, upper=None):
@@ -129,7 +141,7 @@ def mechanism_curve(mechanism: LossTails, params, eps, upper=None):
     upper = eps >= 0 if upper is None else upper
     if mechanism.curve is not None:
         return mechanism.curve(params, eps, upper)
-    return curve_values(*side_tails(mechanism, params, eps, upper), eps, upper)
+    return curve_values(*side_tails(mechanism, params, eps, upper, pessimistic=True), eps, upper)
 
 
 def tails_and_curve(tails):
@@ -819,9 +831,9 @@ class LossTails:
     # of its mass, for tail in (0, 1); tail 0 gives the default window (center +- half_width).
     # None: the window is always the default one (see :func:`window`)
     bulk: Callable | None = None
-    # (params, eps, upper) -> (log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere:
-    # what the pessimistic estimate needs of ``tails`` (see :func:`side_tails`), at half the
-    # cost. None: taken from ``tails``
+    # (params, eps, upper, pessimistic) -> (log P, log Q) of L > eps where ``upper``, of L <= eps
+    # elsewhere: what the pessimistic estimate needs of ``tails`` (see :func:`side_tails`), at
+    # half the cost. None: taken from ``tails``
     side_tails: Callable | None = None
     # params -> the largest finite loss (nats): at and beyond it the curve is P(L = +inf)
     # exactly, which the tails give only up to round-off (e^{log delta} is not delta, and an

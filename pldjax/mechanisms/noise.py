@@ -47,7 +47,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import log_ndtr, log_ndtr_pair, special_functions
 from pldjax.core.validation import check_broadcast, check_range, is_traced, within
-from pldjax.kernels.discretize import LossTails
+from pldjax.kernels.discretize import LossTails, curve_values
 from pldjax.mechanisms.neighboring import Neighboring
 
 #: Below this (in nats, or as a sampling probability) a mechanism's parameter no longer shows in
@@ -195,6 +195,34 @@ def _positive_or_one(x):
 
 
 # -- Gaussian ---------------------------------------------------------------------------------------
+#: The error allowed the Gaussian's normal-CDF arguments mu/2 - eps/mu and -mu/2 - eps/mu, in
+#: float64 epsilons times mu/2 + |eps/mu|: half an ulp each from the division and the subtraction,
+#: and half an ulp of mu (1/sigma, rounded) moves either by at most that again, 1.5 in all.
+GAUSSIAN_ARGUMENT_ULPS = 4
+
+
+def _gaussian_arguments(mu, eps, pessimistic=None):
+    """The normal-CDF arguments (a_p, a_q) = (mu/2 - eps/mu, -mu/2 - eps/mu): P(L > eps) is
+    Phi(a_p), Q(L > eps) is Phi(a_q), and the tails of L <= eps are Phi(-a_p), Phi(-a_q). Where
+    eps/mu is large beside the argument, their rounding error is large beside the argument too
+    (at sigma = 1e-5, eps = 5e9 an error of 1e-10 in an argument of -6), which moves the curve
+    by the tails' slope times that error, far beyond what the curve's log margin covers
+    (:func:`~pldjax.kernels.discretize.curve_values`). ``pessimistic`` True: a_p moved up and
+    a_q down by that error (GAUSSIAN_ARGUMENT_ULPS), so that P(L > eps) and Q(L <= eps) are at
+    or above their true values and Q(L > eps) and P(L <= eps) at or below: the curve from
+    either side (P - e^eps Q above, e^eps Q - P below) leans up; False: moved the other way
+    (it leans down); None: as computed."""
+    xp = array_module(mu, eps)
+    ratio = eps / mu
+    a_p, a_q = mu / 2 - ratio, -mu / 2 - ratio
+    if pessimistic is None:
+        return a_p, a_q
+    error = GAUSSIAN_ARGUMENT_ULPS * np.finfo(np.float64).eps * (mu / 2 + xp.abs(ratio))
+    error = xp.where(xp.isinf(error), 0.0, error)  # an infinite argument: its tails are exact
+    lean = error if pessimistic else -error
+    return a_p + lean, a_q - lean
+
+
 def _gaussian_tails(params, eps):
     (mu,) = params
     xp = array_module(mu, eps)
@@ -204,8 +232,9 @@ def _gaussian_tails(params, eps):
     cdf = xp.where(eps < 0, -xp.inf, 0.0)
     # L = mu X - mu^2 / 2 with X ~ N(mu, 1) under P and N(0, 1) under Q; each tail and its
     # complement from one erfc (log_ndtr_pair)
-    sf_p, cdf_p = log_ndtr_pair(safe / 2 - eps / safe)
-    sf_q, cdf_q = log_ndtr_pair(-safe / 2 - eps / safe)
+    a_p, a_q = _gaussian_arguments(safe, eps)
+    sf_p, cdf_p = log_ndtr_pair(a_p)
+    sf_q, cdf_q = log_ndtr_pair(a_q)
     return (
         xp.where(pos, sf_p, sf),
         xp.where(pos, sf_q, sf),
@@ -214,9 +243,10 @@ def _gaussian_tails(params, eps):
     )
 
 
-def _gaussian_side_tails(params, eps, upper):
+def _gaussian_side_tails(params, eps, upper, pessimistic=None):
     """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
-    :func:`_gaussian_tails`): one ``log_ndtr`` each."""
+    :func:`_gaussian_tails`): one ``log_ndtr`` each, at the arguments of
+    :func:`_gaussian_arguments` for ``pessimistic``."""
     (mu,) = params
     xp = array_module(mu, eps)
     pos = mu > 0
@@ -224,9 +254,20 @@ def _gaussian_side_tails(params, eps, upper):
     sign = xp.where(upper, 1.0, -1.0)
     # mu = 0: the loss is 0 with certainty
     certain = xp.where(upper == (eps < 0), 0.0, -xp.inf)
-    log_p = log_ndtr(sign * (safe / 2 - eps / safe))
-    log_q = log_ndtr(sign * (-safe / 2 - eps / safe))
+    a_p, a_q = _gaussian_arguments(safe, eps, pessimistic)
+    log_p = log_ndtr(sign * a_p)
+    log_q = log_ndtr(sign * a_q)
     return xp.where(pos, log_p, certain), xp.where(pos, log_q, certain)
+
+
+def _gaussian_estimate(params, eps):
+    """The four tails (:func:`_gaussian_tails`), then delta(eps) and its excess at or below the
+    truth, from the tails at the arguments leaning down (:func:`_gaussian_arguments`)."""
+    tails = _gaussian_tails(params, eps)
+    above = _gaussian_side_tails(params, eps, True, pessimistic=False)
+    below = _gaussian_side_tails(params, eps, False, pessimistic=False)
+    return (*tails, curve_values(*above, eps, True, pessimistic=False),
+            curve_values(*below, eps, False, pessimistic=False))
 
 
 #: The Gaussian's default window reaches this many standard deviations of the loss on either
@@ -252,6 +293,7 @@ def _gaussian_bulk(params, tail):
 GAUSSIAN = LossTails(
     tails=_gaussian_tails,
     side_tails=_gaussian_side_tails,
+    estimate=_gaussian_estimate,
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: p[0] ** 2 / 2,
     half_width=lambda p: GAUSSIAN_REACH * _positive_or_one(p[0]),

@@ -135,12 +135,36 @@ def _loss_range(base: LossTails, params, tail=0.0):
     return tuple(xp.where(adding > 0, a, r) for r, a in zip(remove, add, strict=True))
 
 
-def _base_threshold(params, eps):
+def _threshold_error(x, threshold, log_q):
+    """A bound on the rounding error of ``threshold`` = :func:`_threshold` (x, q, log q): a few
+    ulps of 1 + |x| + |threshold| + |log q| (its sums and logarithms), and, where x <= 0,
+    e^x - 1 + q = q e^threshold is the difference of two rounded terms of about q (or of 1
+    and (1 - q) e^-x, from q = 1/2), an error of a few ulps of q in it: e^-threshold ulps in
+    the threshold. Held to 1 nat (a threshold whose argument rounding can wipe out lies more
+    than 36 nats below 0, where the base's curve is below e^-36 q); 0 where the threshold is
+    infinite (exact)."""
+    xp = array_module(x, threshold)
+    finite = xp.isfinite(threshold)
+    t = xp.where(finite, threshold, 0.0)
+    error = 2 * np.finfo(np.float64).eps * (3.0 + xp.abs(x) + xp.abs(t) + xp.abs(log_q)
+                                            + 2 * xp.exp(xp.minimum(-t, 700.0)))
+    return xp.where(finite, xp.minimum(error, 1.0), 0.0)
+
+
+def _base_threshold(params, eps, base_upper=None, pessimistic=None):
     """The base loss at which the subsampled loss crosses ``eps`` (:func:`_threshold`): for
-    remove the threshold of eps, for add that of -eps."""
+    remove the threshold of eps, for add that of -eps. ``pessimistic`` True (False): moved by
+    its rounding error (:func:`_threshold_error`) to where the base's curve at it is at or above
+    (below) its value at the true threshold: the base's delta (``base_upper``) does not increase
+    in the threshold, its excess does not decrease. None: as computed."""
     *_, q, adding = params
     xp = array_module(q, eps)
-    return _threshold(xp.where(adding > 0, -eps, eps), q, xp.log(q))
+    x, log_q = xp.where(adding > 0, -eps, eps), xp.log(q)
+    threshold = _threshold(x, q, log_q)
+    if pessimistic is None:
+        return threshold
+    lean = _threshold_error(x, threshold, log_q) * xp.where(base_upper, -1.0, 1.0)
+    return threshold + (lean if pessimistic else -lean)
 
 
 def _base_tails(base: LossTails, params, eps):
@@ -170,12 +194,16 @@ def _tails(base: LossTails, params, eps):
     return _mixed_tails(params, _base_tails(base, params, eps)[1])
 
 
-def _base_side(base: LossTails, params, eps, upper):
+def _base_side(base: LossTails, params, eps, upper, pessimistic=None):
     """(threshold, log A, log B): the base loss's threshold for ``eps`` and the base's tails
     there on the side that ``upper`` (L > eps, else L <= eps) reads: for add, L > eps is the
-    base loss below its threshold, so the base's other side."""
-    threshold = _base_threshold(params, eps)
-    return (threshold, *side_tails(base, tuple(params[:-2]), threshold, upper != (params[-1] > 0)))
+    base loss below its threshold, so the base's other side. ``pessimistic`` True (False): the
+    threshold and the base's tails lean so that the base's curve from them is at or above
+    (below) its value at the true threshold (:func:`_base_threshold`,
+    :func:`~pldjax.kernels.discretize.side_tails`)."""
+    base_upper = upper != (params[-1] > 0)
+    threshold = _base_threshold(params, eps, base_upper, pessimistic)
+    return (threshold, *side_tails(base, tuple(params[:-2]), threshold, base_upper, pessimistic))
 
 
 def _mixed_side(params, base_p, base_q):
@@ -187,73 +215,67 @@ def _mixed_side(params, base_p, base_q):
     return xp.where(add, base_q, mixed), xp.where(add, mixed, base_q)
 
 
-def _side_tails(base: LossTails, params, eps, upper):
+def _side_tails(base: LossTails, params, eps, upper, pessimistic=None):
     """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
     :func:`pldjax.kernels.discretize.side_tails`): one side of the base's tails and one mixture a
-    point."""
+    point, as computed whatever ``pessimistic`` (:func:`_curve` leans the base's instead)."""
     _, base_p, base_q = _base_side(base, params, eps, upper)
     return _mixed_side(params, base_p, base_q)
 
 
-#: Sampling probabilities below which the curve is the base's, scaled (:func:`_curve`).
-_SCALED_BELOW = 0.5
-
-
 def _scaled(params, eps, base_values, mixed_values):
     """The curve values of :func:`_curve` from the base's (at the threshold, on the side that
-    :func:`_base_side` reads) and from the mixture's tails, which serve from q = 1/2 on."""
+    :func:`_base_side` reads), scaled, and from the mixture's tails, which serve at q = 1."""
     *_, q, adding = params
     xp = array_module(q, eps)
-    # the add direction's e^eps: past eps = 1 (more than its largest loss, log 2) the base's
-    # values are 0 (its threshold is -inf)
-    scale = q * xp.where(adding > 0, xp.exp(xp.minimum(eps, 1.0)), 1.0)
-    return xp.where(q < _SCALED_BELOW, xp.where(q > 0, scale * base_values, 0.0), mixed_values)
+    # the add direction's e^eps: beyond its largest loss, -log(1 - q) (at most 37 nats for q < 1),
+    # the base's values are 0 (its threshold is -inf)
+    scale = q * xp.where(adding > 0, xp.exp(xp.minimum(eps, 709.0)), 1.0)
+    return xp.where(q < 1.0, xp.where(q > 0, scale * base_values, 0.0), mixed_values)
+
+
+def _side_curve(base: LossTails, params, eps, upper, pessimistic):
+    """The curve values of :func:`_curve` (delta where ``upper``, its excess elsewhere), at or
+    above the truth where ``pessimistic``, at or below elsewhere."""
+    threshold, base_p, base_q = _base_side(base, params, eps, upper, pessimistic)
+    base_values = curve_values(base_p, base_q, threshold, upper != (params[-1] > 0), pessimistic)
+    return _scaled(params, eps, base_values,
+                   curve_values(*_mixed_side(params, base_p, base_q), eps, upper, pessimistic))
 
 
 def _estimate(base: LossTails, params, eps):
     """The four tails, then delta(eps) and its excess at or below the truth (see
-    :class:`~pldjax.kernels.discretize.LossTails`), from one evaluation of the base's tails per
-    point: the tails as :func:`_tails`; of the curve, the side that keeps its digits (delta
-    where eps >= 0, the excess below) as :func:`_curve` gives it (its base's at the threshold,
-    scaled), optimistic, and the other side from delta - excess = 1 - e^eps, a sum of two
+    :class:`~pldjax.kernels.discretize.LossTails`): the tails as :func:`_tails`; of the curve,
+    the side that keeps its digits (delta where eps >= 0, the excess below) as :func:`_curve`
+    gives it, optimistic, and the other side from delta - excess = 1 - e^eps, a sum of two
     non-negative terms (the base's own other side overflowed: the add direction's delta at
     eps = -5254 is e^eps q times the base's excess at 5256, e^5256 times a probability)."""
-    add = params[-1] > 0
     threshold, base_tails = _base_tails(base, params, eps)
-    # read by all six outputs: XLA's CPU fusion would compute them in each
-    threshold, sp, sq, cp, cq = computed_once(
+    # read by all four tails: XLA's CPU fusion would compute them in each
+    sp, sq, cp, cq = computed_once(
         tuple(jnp.broadcast_to(a, jnp.shape(threshold)) if array_module(a) is jnp else a
-              for a in (threshold, *base_tails)))
+              for a in base_tails))
     tails = _mixed_tails(params, (sp, sq, cp, cq))
     xp = array_module(*tails)
     upper = eps >= 0
-    base_upper = upper != add
-    side = _scaled(params, eps, curve_values(xp.where(base_upper, sp, cp),
-                                             xp.where(base_upper, sq, cq), threshold, base_upper,
-                                             pessimistic=False), 0.0)
+    side = _side_curve(base, params, eps, upper, pessimistic=False)
     linear = xp.expm1(eps)
-    # from q = 1/2 on, the mixture's tails (see _curve)
-    scaled = params[-2] < _SCALED_BELOW
-    delta = xp.where(scaled, xp.where(upper, side, side - linear),
-                     curve_values(tails[0], tails[1], eps, True, pessimistic=False))
-    excess = xp.where(scaled, xp.where(upper, side + linear, side),
-                      curve_values(tails[2], tails[3], eps, False, pessimistic=False))
-    return (*tails, delta, excess)
+    return (*tails, xp.where(upper, side, side - linear), xp.where(upper, side + linear, side))
 
 
 def _curve(base: LossTails, params, eps, upper):
     """The curve values of :func:`pldjax.kernels.discretize.mechanism_curve` (delta where
-    ``upper``, its excess elsewhere), for q < 1/2 from the base's at the threshold t: with
+    ``upper``, its excess elsewhere), for q < 1 from the base's at the threshold t: with
     e^eps = 1 - q + q e^t (remove), P - e^eps Q = q (A - e^t B) on the side L > eps and likewise
     below, so the remove direction's delta and excess are q times the base's delta and excess
     at t; with e^-eps = 1 - q + q e^t (add) they are e^eps q times the base's excess and delta
     at t (the sides swap). The difference of the mixture's tails nearly cancels for a small q
     (P is close to Q): its round-off put the curve of q = 1e-6 (sigma 0.6) up to 7e-11 below
-    the truth, compounded over a million steps. From q = 1/2 on (no such cancellation; there e^eps
-    q of the add direction could overflow) the mixture's tails."""
-    threshold, base_p, base_q = _base_side(base, params, eps, upper)
-    return _scaled(params, eps, curve_values(base_p, base_q, threshold, upper != (params[-1] > 0)),
-                   curve_values(*_mixed_side(params, base_p, base_q), eps, upper))
+    the truth, compounded over a million steps. At q = 1 (where e^eps q of the add direction
+    overflows) the mixture's tails, which are then the base's. The threshold and the base's
+    tails lean by their rounding error (:func:`_base_side`): at sigma = 0.01, q = 0.01 the curve
+    was 1e-14 below the truth where its threshold's rounding moved the base's tails."""
+    return _side_curve(base, params, eps, upper, pessimistic=True)
 
 
 def _center(base: LossTails, params):

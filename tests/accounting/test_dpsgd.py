@@ -555,13 +555,15 @@ def test_small_noise_brackets_exact_one_step():
     assert pj.dpsgd_epsilon(0.05, 0.5, 1, 1e-5, pessimistic=False) <= hi
 
 
-@pytest.mark.parametrize("delta, within", [(1e-12, 1e-6), (1e-15, 2e-2)])
+@pytest.mark.parametrize("delta, within", [(1e-12, 5e-5), (1e-15, 2e-2)])
 def test_one_step_has_no_fft_round_off_to_charge(delta, within):
     """One step is the mechanism's PMF itself, with no FFT round-off to charge: both bounds
-    bracket the exact epsilon (mpmath) within 1e-6 at delta = 1e-12 (the upper bound was 2.088
+    bracket the exact epsilon (mpmath) within 5e-5 at delta = 1e-12 (the upper bound was 2.088
     against the exact 2.075, held up by the round-off of a one-step power) and within 2% at
-    1e-15 (5.08 against 3.005), where what is left is the round-off of the masses' sum, about
-    1e-16, which the upper bound charges to its +inf atom and the lower one takes off its top."""
+    1e-15 (5.08 against 3.005). What is left is the round-off of the masses' sum, an ulp or two
+    of 1 depending on the compiled program's rounding, which the upper bound charges to its +inf
+    atom and the lower one takes off its top: 1e-16 of delta, which at 1e-12, where the curve
+    falls by 7e-12 a nat, moves epsilon by 1.5e-5 nats (7e-6 relative)."""
     lo, hi = _one_step_exact_epsilon(1.0, 0.01, delta)
     upper = pj.dpsgd_epsilon(1.0, 0.01, 1, delta)
     lower = pj.dpsgd_epsilon(1.0, 0.01, 1, delta, pessimistic=False)

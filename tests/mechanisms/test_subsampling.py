@@ -4,6 +4,7 @@ import dataclasses
 import logging
 
 import jax
+import mpmath
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pldlib
@@ -12,6 +13,7 @@ from reference import (
     gaussian_delta,
     gaussian_epsilon,
     laplace_delta,
+    replace_one_gaussian_curve_mp,
     replace_one_gaussian_epsilon,
     subsampled_add_delta,
     subsampled_gaussian_curve_mp,
@@ -369,7 +371,6 @@ def test_threshold_matches_mpmath():
     against mpmath, also where 1 + (q - 1) e^-x rounds (q tiny, x tiny) and where e^x - 1 + q
     cancels."""
     import jax
-    import mpmath
 
     from pldjax.core.precision import float64
     from pldjax.kernels.discretize import LossTails
@@ -443,15 +444,18 @@ def test_sampling_prob_one_keeps_the_add_directions_large_losses(sigma, size):
 
 
 @pytest.mark.parametrize("sigma, q", [(0.6, 1e-6), (1.0, 1e-4), (1.0, 0.01), (3.0, 0.05),
-                                      (30.0, 0.1), (0.8, 0.6)])
+                                      (30.0, 0.1), (0.8, 0.6), (0.01, 0.01), (0.05, 1e-4),
+                                      (0.02, 0.5), (0.01, 0.9)])
 def test_a_subsampled_gaussians_curves_bracket_the_closed_form(sigma, q):
     """The pessimistic and optimistic curves of one Poisson-subsampled Gaussian step (delta at
-    eps >= 0, its excess below), both directions, at 41 points across each window, in NumPy and
+    eps >= 0, its excess below), both directions, at 161 points across each window, in NumPy and
     compiled: at or above (at or below) the mixture's own curve at 50 digits, within 1e-8
     relative. Before, from the difference of the mixture's two tails, which nearly cancel at a
     small q, they sat up to 7e-11 on the wrong side of the truth at q = 1e-6 (and the threshold,
     from 1 - q rounded, was 3e-11 off near eps = 0); the base Gaussian's tails of sigma = 30
-    (mu = 1/30) nearly cancel too."""
+    (mu = 1/30) nearly cancel too. At small noise the rounding of the threshold and of the base's
+    normal-CDF arguments moved the curve up to 5e-14 to the wrong side (sigma 0.01, q 0.01 and
+    0.9)."""
     mechanism, params, _ = pj.dpsgd_event(sigma, q).directions()
     params = [float(np.asarray(p).reshape(-1)[0]) for p in params]
 
@@ -463,9 +467,10 @@ def test_a_subsampled_gaussians_curves_bracket_the_closed_form(sigma, q):
     compiled_optimistic = jax.jit(float64(optimistic))
     for direction, pld in enumerate((pj.gaussian(sigma, sampling_prob=q).forward,
                                      pj.gaussian(sigma, sampling_prob=q).backward)):
-        z = np.linspace(int(pld.offset), int(pld.offset) + pld.size - 1, 41) * float(pld.step)
-        truth = np.array([float(subsampled_gaussian_curve_mp(sigma, q, e, direction == 1))
-                          for e in z])
+        z = np.linspace(int(pld.offset), int(pld.offset) + pld.size - 1, 161) * float(pld.step)
+        with mpmath.workdps(50):
+            truth = np.array([float(subsampled_gaussian_curve_mp(sigma, q, e, direction == 1))
+                              for e in z])
         held = truth > 1e-300
         assert held.sum() >= 10
         row = (*params, float(direction))
@@ -475,3 +480,32 @@ def test_a_subsampled_gaussians_curves_bracket_the_closed_form(sigma, q):
         for got in (optimistic(row, z), np.asarray(compiled_optimistic(row, z))):
             assert np.all(got[held] <= truth[held])
             assert np.all(got[held] >= truth[held] * (1 - 1e-8))
+
+
+@pytest.mark.parametrize("sigma, q", [(0.6, 1e-6), (1.0, 0.01), (30.0, 0.1), (0.8, 0.6),
+                                      (0.1, 0.3), (0.05, 1e-3), (0.01, 1e-3)])
+def test_a_replace_one_gaussians_curves_bracket_the_closed_form(sigma, q):
+    """As above, for Poisson subsampling under replace-one adjacency (one direction: the pair is
+    symmetric): at or above (at or below) the closed form at 60 digits, within 1e-7. Where one
+    term of the curve is the whole value (e^eps Q negligible beside P), the larger term's own
+    round-off was left uncovered: 1.1e-14 below the truth at sigma 0.05, q 1e-3."""
+    mechanism, params, _ = pj.dpsgd_event(sigma, q, "replace_one").directions()
+    row = tuple(float(np.asarray(p).reshape(-1)[0]) for p in params)
+    pld = pj.gaussian(sigma, sampling_prob=q, neighboring="replace_one")
+    z = np.linspace(int(pld.offset), int(pld.offset) + pld.size - 1, 161) * float(pld.step)
+    with mpmath.workdps(60):
+        truth = np.array([float(replace_one_gaussian_curve_mp(row[0], q, e)) for e in z])
+    held = truth > 1e-300
+    assert held.sum() >= 40
+
+    def optimistic(p, z):
+        values = mechanism_estimate(mechanism, p)(z)
+        return array_module(z).where(z >= 0, values[4], values[5])
+
+    compiled = jax.jit(float64(lambda p, z: mechanism_curve(mechanism, p, z)))
+    for got in (mechanism_curve(mechanism, row, z), np.asarray(compiled(row, z))):
+        assert np.all(got[held] >= truth[held])
+        assert np.all(got[held] <= truth[held] * (1 + 1e-7))
+    for got in (optimistic(row, z), np.asarray(jax.jit(float64(optimistic))(row, z))):
+        assert np.all(got[held] <= truth[held])
+        assert np.all(got[held] >= truth[held] * (1 - 1e-7))
