@@ -84,12 +84,22 @@ def _one_side(tails, upper):
 def side_tails(mechanism: LossTails, params, eps, upper, pessimistic: bool | None = None):
     """(log P, log Q) of ``mechanism``'s loss L > eps where ``upper``, of L <= eps elsewhere:
     its ``side_tails`` where it has them (half the work of all four), else from its ``tails``.
-    ``pessimistic`` True (False): a mechanism whose tails' arguments carry more rounding error
-    than the curve's log margin covers leans them so that the curve from them
-    (:func:`curve_values`) leans up (down); None: as computed."""
+    ``pessimistic``: as :func:`leaned_tails`."""
     if mechanism.side_tails is not None:
         return mechanism.side_tails(params, eps, upper, pessimistic)
-    return _one_side(mechanism.tails(params, eps), upper)
+    return _one_side(leaned_tails(mechanism, params, eps, pessimistic), upper)
+
+
+def leaned_tails(mechanism: LossTails, params, eps, pessimistic: bool | None):
+    """``mechanism``'s four tails at eps, leaned where its tails are computed from arguments
+    whose rounding moves them by more than the curve's log margin covers (the Gaussian's
+    mu/2 - eps/mu at large eps/mu): ``pessimistic`` True, so that the curve from them
+    (:func:`curve_values`) is at or above the truth, False at or below (the tails of a pair
+    slightly further apart, or closer together), None as computed. Its own ``leaned_tails``
+    where it has them, else its tails as computed (their logs' error only)."""
+    if mechanism.leaned_tails is not None:
+        return mechanism.leaned_tails(params, eps, pessimistic)
+    return mechanism.tails(params, eps)
 
 
 #: The error a curve allows each log-probability it is computed from (see
@@ -148,7 +158,8 @@ def tails_and_curve(tails):
     """The four ``tails`` (log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)) at eps
     followed by the curve delta(eps) and its excess, both optimistic (:func:`curve_values`), as
     a function of eps: what the estimates but the pessimistic connect-the-dots one read of a
-    mechanism without an ``estimate`` of its own (see :class:`LossTails`)."""
+    mechanism without an ``estimate`` of its own (see :class:`LossTails`), from its tails
+    leaned down (:func:`leaned_tails`: the tails of a pair slightly closer together)."""
     def estimate(eps):
         lsp, lsq, lcp, lcq = tails(eps)
         return (lsp, lsq, lcp, lcq, curve_values(lsp, lsq, eps, True, pessimistic=False),
@@ -162,7 +173,7 @@ def mechanism_estimate(mechanism: LossTails, params):
     ``estimate`` where it has one."""
     if mechanism.estimate is not None:
         return functools.partial(mechanism.estimate, params)
-    return tails_and_curve(functools.partial(mechanism.tails, params))
+    return tails_and_curve(lambda eps: leaned_tails(mechanism, params, eps, pessimistic=False))
 
 
 def masses_from_values(values, step, z, rows: Row | TiledRows | None = None):
@@ -831,10 +842,13 @@ class LossTails:
     # of its mass, for tail in (0, 1); tail 0 gives the default window (center +- half_width).
     # None: the window is always the default one (see :func:`window`)
     bulk: Callable | None = None
-    # (params, eps, upper, pessimistic) -> (log P, log Q) of L > eps where ``upper``, of L <= eps
-    # elsewhere: what the pessimistic estimate needs of ``tails`` (see :func:`side_tails`), at
-    # half the cost. None: taken from ``tails``
+    # (params, eps, upper, pessimistic) -> (log P, log Q) of L > eps where ``upper``, of
+    # L <= eps elsewhere, leaned as :func:`leaned_tails`: what the pessimistic estimate needs of
+    # ``tails`` (see :func:`side_tails`), at half the cost. None: taken from ``tails``
     side_tails: Callable | None = None
+    # (params, eps, pessimistic) -> the four tails, leaned (see :func:`leaned_tails`). None:
+    # ``tails``, as computed
+    leaned_tails: Callable | None = None
     # params -> the largest finite loss (nats): at and beyond it the curve is P(L = +inf)
     # exactly, which the tails give only up to round-off (e^{log delta} is not delta, and an
     # optimistic estimate left that round-off as masses up to the window's top). None: unbounded

@@ -47,7 +47,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import log_ndtr, log_ndtr_pair, special_functions
 from pldjax.core.validation import check_broadcast, check_range, is_traced, within
-from pldjax.kernels.discretize import LossTails, curve_values
+from pldjax.kernels.discretize import LossTails
 from pldjax.mechanisms.neighboring import Neighboring
 
 #: Below this (in nats, or as a sampling probability) a mechanism's parameter no longer shows in
@@ -209,9 +209,8 @@ def _gaussian_arguments(mu, eps, pessimistic=None):
     by the tails' slope times that error, far beyond what the curve's log margin covers
     (:func:`~pldjax.kernels.discretize.curve_values`). ``pessimistic`` True: a_p moved up and
     a_q down by that error (GAUSSIAN_ARGUMENT_ULPS), so that P(L > eps) and Q(L <= eps) are at
-    or above their true values and Q(L > eps) and P(L <= eps) at or below: the curve from
-    either side (P - e^eps Q above, e^eps Q - P below) leans up; False: moved the other way
-    (it leans down); None: as computed."""
+    or above their true values and Q(L > eps) and P(L <= eps) at or below; False: moved the
+    other way; None: as computed (see :func:`~pldjax.kernels.discretize.leaned_tails`)."""
     xp = array_module(mu, eps)
     ratio = eps / mu
     a_p, a_q = mu / 2 - ratio, -mu / 2 - ratio
@@ -223,16 +222,18 @@ def _gaussian_arguments(mu, eps, pessimistic=None):
     return a_p + lean, a_q - lean
 
 
-def _gaussian_tails(params, eps):
+def _gaussian_tails(params, eps, pessimistic=None):
+    """The four tails (log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)) at the
+    arguments of :func:`_gaussian_arguments` (as computed, or leaned): each tail and its
+    complement from one erfc (log_ndtr_pair)."""
     (mu,) = params
     xp = array_module(mu, eps)
     pos = mu > 0
     safe = xp.where(pos, mu, 1.0)
     sf = xp.where(eps < 0, 0.0, -xp.inf)  # mu = 0: the loss is 0 with certainty
     cdf = xp.where(eps < 0, -xp.inf, 0.0)
-    # L = mu X - mu^2 / 2 with X ~ N(mu, 1) under P and N(0, 1) under Q; each tail and its
-    # complement from one erfc (log_ndtr_pair)
-    a_p, a_q = _gaussian_arguments(safe, eps)
+    # L = mu X - mu^2 / 2 with X ~ N(mu, 1) under P and N(0, 1) under Q
+    a_p, a_q = _gaussian_arguments(safe, eps, pessimistic)
     sf_p, cdf_p = log_ndtr_pair(a_p)
     sf_q, cdf_q = log_ndtr_pair(a_q)
     return (
@@ -245,8 +246,7 @@ def _gaussian_tails(params, eps):
 
 def _gaussian_side_tails(params, eps, upper, pessimistic=None):
     """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
-    :func:`_gaussian_tails`): one ``log_ndtr`` each, at the arguments of
-    :func:`_gaussian_arguments` for ``pessimistic``."""
+    :func:`_gaussian_tails`): one ``log_ndtr`` each."""
     (mu,) = params
     xp = array_module(mu, eps)
     pos = mu > 0
@@ -258,16 +258,6 @@ def _gaussian_side_tails(params, eps, upper, pessimistic=None):
     log_p = log_ndtr(sign * a_p)
     log_q = log_ndtr(sign * a_q)
     return xp.where(pos, log_p, certain), xp.where(pos, log_q, certain)
-
-
-def _gaussian_estimate(params, eps):
-    """The four tails (:func:`_gaussian_tails`), then delta(eps) and its excess at or below the
-    truth, from the tails at the arguments leaning down (:func:`_gaussian_arguments`)."""
-    tails = _gaussian_tails(params, eps)
-    above = _gaussian_side_tails(params, eps, True, pessimistic=False)
-    below = _gaussian_side_tails(params, eps, False, pessimistic=False)
-    return (*tails, curve_values(*above, eps, True, pessimistic=False),
-            curve_values(*below, eps, False, pessimistic=False))
 
 
 #: The Gaussian's default window reaches this many standard deviations of the loss on either
@@ -293,7 +283,7 @@ def _gaussian_bulk(params, tail):
 GAUSSIAN = LossTails(
     tails=_gaussian_tails,
     side_tails=_gaussian_side_tails,
-    estimate=_gaussian_estimate,
+    leaned_tails=_gaussian_tails,
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: p[0] ** 2 / 2,
     half_width=lambda p: GAUSSIAN_REACH * _positive_or_one(p[0]),

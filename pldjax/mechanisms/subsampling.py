@@ -48,7 +48,13 @@ from jax.scipy.special import logsumexp
 from pldjax.core.compilation import array_module, computed_once
 from pldjax.core.precision import last_float_before
 from pldjax.core.special import log1p_parts, log_ndtr_pair
-from pldjax.kernels.discretize import LossTails, curve_values, side_tails, window
+from pldjax.kernels.discretize import (
+    LossTails,
+    curve_values,
+    leaned_tails,
+    side_tails,
+    window,
+)
 from pldjax.mechanisms.noise import GAUSSIAN, MAX_SHIFT, Location
 
 
@@ -151,26 +157,32 @@ def _threshold_error(x, threshold, log_q):
     return xp.where(finite, xp.minimum(error, 1.0), 0.0)
 
 
-def _base_threshold(params, eps, base_upper=None, pessimistic=None):
-    """The base loss at which the subsampled loss crosses ``eps`` (:func:`_threshold`): for
-    remove the threshold of eps, for add that of -eps. ``pessimistic`` True (False): moved by
-    its rounding error (:func:`_threshold_error`) to where the base's curve at it is at or above
-    (below) its value at the true threshold: the base's delta (``base_upper``) does not increase
-    in the threshold, its excess does not decrease. None: as computed."""
+def _threshold_arguments(params, eps):
+    """(x, log q) of :func:`_threshold`: x the subsampled loss whose base threshold is read (for
+    remove eps, for add -eps)."""
     *_, q, adding = params
     xp = array_module(q, eps)
-    x, log_q = xp.where(adding > 0, -eps, eps), xp.log(q)
-    threshold = _threshold(x, q, log_q)
-    if pessimistic is None:
-        return threshold
-    lean = _threshold_error(x, threshold, log_q) * xp.where(base_upper, -1.0, 1.0)
-    return threshold + (lean if pessimistic else -lean)
+    return xp.where(adding > 0, -eps, eps), xp.log(q)
 
 
-def _base_tails(base: LossTails, params, eps):
-    """(threshold, the base's four tails there) (:func:`_base_threshold`)."""
-    threshold = _base_threshold(params, eps)
-    return threshold, base.tails(tuple(params[:-2]), threshold)
+def _base_threshold(params, eps):
+    """The base loss at which the subsampled loss crosses ``eps`` (:func:`_threshold`)."""
+    x, log_q = _threshold_arguments(params, eps)
+    return _threshold(x, params[-2], log_q)
+
+
+def _leaned_threshold(params, eps, upper, pessimistic):
+    """The base threshold of :func:`_base_threshold` moved by its rounding error
+    (:func:`_threshold_error`) to where the base's curve at it is at or above (``pessimistic``)
+    or below its value at the true threshold: the base's delta does not increase in the
+    threshold, its excess does not decrease; the side the base reads is ``upper``'s for
+    remove, the other for add."""
+    x, log_q = _threshold_arguments(params, eps)
+    xp = array_module(x)
+    threshold = _threshold(x, params[-2], log_q)
+    base_upper = upper != (params[-1] > 0)
+    lean = _threshold_error(x, threshold, log_q) * xp.where(base_upper == pessimistic, -1.0, 1.0)
+    return threshold + lean
 
 
 def _mixed_tails(params, base_tails):
@@ -191,7 +203,7 @@ def _mixed_tails(params, base_tails):
 def _tails(base: LossTails, params, eps):
     """Tails of the remove or add direction, from one evaluation of the base's tails per
     point."""
-    return _mixed_tails(params, _base_tails(base, params, eps)[1])
+    return _mixed_tails(params, base.tails(tuple(params[:-2]), _base_threshold(params, eps)))
 
 
 def _base_side(base: LossTails, params, eps, upper, pessimistic=None):
@@ -199,11 +211,12 @@ def _base_side(base: LossTails, params, eps, upper, pessimistic=None):
     there on the side that ``upper`` (L > eps, else L <= eps) reads: for add, L > eps is the
     base loss below its threshold, so the base's other side. ``pessimistic`` True (False): the
     threshold and the base's tails lean so that the base's curve from them is at or above
-    (below) its value at the true threshold (:func:`_base_threshold`,
+    (below) its value at the true threshold (:func:`_leaned_threshold`,
     :func:`~pldjax.kernels.discretize.side_tails`)."""
-    base_upper = upper != (params[-1] > 0)
-    threshold = _base_threshold(params, eps, base_upper, pessimistic)
-    return (threshold, *side_tails(base, tuple(params[:-2]), threshold, base_upper, pessimistic))
+    threshold = (_base_threshold(params, eps) if pessimistic is None
+                 else _leaned_threshold(params, eps, upper, pessimistic))
+    return (threshold, *side_tails(base, tuple(params[:-2]), threshold, upper != (params[-1] > 0),
+                                   pessimistic))
 
 
 def _mixed_side(params, base_p, base_q):
@@ -218,7 +231,8 @@ def _mixed_side(params, base_p, base_q):
 def _side_tails(base: LossTails, params, eps, upper, pessimistic=None):
     """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
     :func:`pldjax.kernels.discretize.side_tails`): one side of the base's tails and one mixture a
-    point, as computed whatever ``pessimistic`` (:func:`_curve` leans the base's instead)."""
+    point, as computed whatever ``pessimistic`` (the curve, :func:`_curve`, leans the base's
+    instead)."""
     _, base_p, base_q = _base_side(base, params, eps, upper)
     return _mixed_side(params, base_p, base_q)
 
@@ -236,8 +250,13 @@ def _scaled(params, eps, base_values, mixed_values):
 
 def _side_curve(base: LossTails, params, eps, upper, pessimistic):
     """The curve values of :func:`_curve` (delta where ``upper``, its excess elsewhere), at or
-    above the truth where ``pessimistic``, at or below elsewhere."""
+    above the truth where ``pessimistic``."""
     threshold, base_p, base_q = _base_side(base, params, eps, upper, pessimistic)
+    return _side_values(params, eps, upper, threshold, base_p, base_q, pessimistic)
+
+
+def _side_values(params, eps, upper, threshold, base_p, base_q, pessimistic):
+    """:func:`_side_curve` from the base's tails (on the side read) at the threshold."""
     base_values = curve_values(base_p, base_q, threshold, upper != (params[-1] > 0), pessimistic)
     return _scaled(params, eps, base_values,
                    curve_values(*_mixed_side(params, base_p, base_q), eps, upper, pessimistic))
@@ -245,20 +264,26 @@ def _side_curve(base: LossTails, params, eps, upper, pessimistic):
 
 def _estimate(base: LossTails, params, eps):
     """The four tails, then delta(eps) and its excess at or below the truth (see
-    :class:`~pldjax.kernels.discretize.LossTails`): the tails as :func:`_tails`; of the curve,
-    the side that keeps its digits (delta where eps >= 0, the excess below) as :func:`_curve`
-    gives it, optimistic, and the other side from delta - excess = 1 - e^eps, a sum of two
-    non-negative terms (the base's own other side overflowed: the add direction's delta at
-    eps = -5254 is e^eps q times the base's excess at 5256, e^5256 times a probability)."""
-    threshold, base_tails = _base_tails(base, params, eps)
-    # read by all four tails: XLA's CPU fusion would compute them in each
-    sp, sq, cp, cq = computed_once(
+    :class:`~pldjax.kernels.discretize.LossTails`), from one evaluation of the base's tails per
+    point, at the threshold leaned down (:func:`_leaned_threshold`) with the base's tails leaned
+    down (:func:`~pldjax.kernels.discretize.leaned_tails`): the tails as :func:`_tails` gives
+    them from those; of the curve, the side that keeps its digits (delta where eps >= 0, the
+    excess below) as :func:`_curve` gives it, optimistic, and the other side from delta -
+    excess = 1 - e^eps, a sum of two non-negative terms (the base's own other side overflowed:
+    the add direction's delta at eps = -5254 is e^eps q times the base's excess at 5256,
+    e^5256 times a probability)."""
+    upper = eps >= 0
+    threshold = _leaned_threshold(params, eps, upper, pessimistic=False)
+    base_tails = leaned_tails(base, tuple(params[:-2]), threshold, pessimistic=False)
+    # read by all six outputs: XLA's CPU fusion would compute them in each
+    threshold, sp, sq, cp, cq = computed_once(
         tuple(jnp.broadcast_to(a, jnp.shape(threshold)) if array_module(a) is jnp else a
-              for a in base_tails))
+              for a in (threshold, *base_tails)))
     tails = _mixed_tails(params, (sp, sq, cp, cq))
     xp = array_module(*tails)
-    upper = eps >= 0
-    side = _side_curve(base, params, eps, upper, pessimistic=False)
+    base_upper = upper != (params[-1] > 0)
+    side = _side_values(params, eps, upper, threshold, xp.where(base_upper, sp, cp),
+                        xp.where(base_upper, sq, cq), pessimistic=False)
     linear = xp.expm1(eps)
     return (*tails, xp.where(upper, side, side - linear), xp.where(upper, side + linear, side))
 
@@ -427,13 +452,32 @@ def _mixture_parts(params):
     return shifts, jnp.log(probs), direction, jnp.log(reveal)
 
 
-def _mixture_tails(location: Location, params, eps):
+#: The error allowed a mixture component's tail argument x - a_k, in float64 epsilons times
+#: |x| + a_k: the shift a_k = w_k sensitivity / sigma is rounded twice (at most an epsilon of it
+#: in all), the difference once (half an epsilon of it).
+MIXTURE_ARGUMENT_ULPS = 2
+
+
+def _mixture_tails(location: Location, params, eps, pessimistic=None):
+    """The four tails at the output threshold x of ``eps`` (the set L > eps is X > x, or
+    X <= x adding): mixtures of the noise's tails at x - a_k. ``pessimistic`` True (False): each
+    x - a_k lowered (raised) by its rounding error (MIXTURE_ARGUMENT_ULPS), which raises
+    (lowers) the mixture's tails above x and lowers (raises) those below, so that the curve
+    from them is at or above (below) the truth (see
+    :func:`~pldjax.kernels.discretize.leaned_tails`); the tails of F itself are exact at x.
+    The threshold needs no such care: a set off the optimal one by its rounding changes the
+    curve by its square."""
     shifts, log_probs, direction, log_reveal = _mixture_parts(params)
     add = direction > 0
     x = _mixture_threshold(location, shifts, log_probs, jnp.where(add, -eps, eps))
+    arguments = x - _components(shifts, x)
+    if pessimistic is not None:
+        error = MIXTURE_ARGUMENT_ULPS * np.finfo(np.float64).eps * (jnp.abs(x)
+                                                                     + _components(shifts, x))
+        arguments = arguments + (-error if pessimistic else error)
 
     def mixed(tail):
-        return logsumexp(_components(log_probs, x) + tail(x - _components(shifts, x)), axis=0)
+        return logsumexp(_components(log_probs, x) + tail(arguments), axis=0)
 
     sf, cdf = location.log_sf(x), location.log_cdf(x)
     # the revealing output lies above every x (its loss is +inf removing, -inf adding)
@@ -545,6 +589,7 @@ def mixture(location: Location) -> LossTails:
 
     return LossTails(
         tails=functools.partial(_mixture_tails, location),
+        leaned_tails=functools.partial(_mixture_tails, location),
         spread=functools.partial(_mixture_spread, location),
         center=center,
         half_width=half_width,
