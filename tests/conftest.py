@@ -21,6 +21,7 @@ os.environ.setdefault("PLDJAX_QUIET", "1")
 os.environ.setdefault("PLDJAX_HOST_WORK", "0")
 
 import jax  # noqa: E402
+import mpmath  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
@@ -66,6 +67,17 @@ def x64_off():
     jax.config.update("jax_enable_x64", False)
     yield
     jax.config.update("jax_enable_x64", True)
+
+
+#: Decimal digits every test's mpmath references start from: a test that sets mpmath.mp.dps
+#: (to more, or to fewer for speed) sets it for itself only, whatever ran before it in its process.
+MPMATH_DIGITS = 50
+
+
+@pytest.fixture(autouse=True)
+def _mpmath_digits():
+    with mpmath.workdps(MPMATH_DIGITS):
+        yield
 
 
 @pytest.fixture(autouse=True)

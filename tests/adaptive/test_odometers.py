@@ -22,7 +22,6 @@ from scipy.stats import binom
 import pldjax as pj
 
 OD = pj.odometers
-mp.mp.dps = 50
 
 
 # -- independent references (mpmath) ---------------------------------------------------------------

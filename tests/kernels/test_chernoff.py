@@ -11,8 +11,6 @@ from reference import gaussian_delta, gaussian_epsilon
 import pldjax as pj
 from pldjax.kernels import chernoff
 
-mp.mp.dps = 30
-
 
 def closed_form_epsilon(mu: float, count: int, delta: float) -> float:
     """min over lambda of (log c_lambda + count lambda (lambda + 1) mu^2 / 2 - log delta) / lambda."""
