@@ -123,24 +123,27 @@ def curve_values(log_p, log_q, eps, upper=None, pessimistic: bool = True):
     Gaussian of mu = 1e-8 is Phi(mu / 2) - Phi(-mu / 2), two logs 8e-9 apart, whose round-off
     otherwise moved it by 3e-9 relative, below the truth as often as above) and where the
     larger is the whole value. Not ``pessimistic``: moved towards each other (at most onto each
-    other), so that each value is at or below the truth. The logs' own error only: where a
-    mechanism's tails are computed from arguments whose rounding moves them further, it leans
-    those arguments (see :func:`side_tails`).
+    other), so that each value is at or below the truth. The term e^eps Q carries the error of
+    log Q, not of eps + log Q, and the rounding of that sum: at eps = 90, log Q = -90 rounds by
+    7e-15, where the sum is -0.3 (the discrete Laplace of t = 30 sat 3e-15 on the wrong side).
+    The logs' own error only: where a mechanism's tails are computed from arguments whose
+    rounding moves them further, it leans those arguments (see :func:`side_tails`).
     """
     xp = array_module(log_p, log_q, eps)
     upper = eps >= 0 if upper is None else upper
-    larger = xp.where(upper, log_p, eps + log_q)
-    smaller = xp.where(upper, eps + log_q, log_p)
+    q_term = eps + log_q
+    p_error = _log_error(xp, log_p)
+    q_error = _log_error(xp, log_q) + _log_error(xp, q_term, ulps=1)
     sign = 1.0 if pessimistic else -1.0
-    larger = larger + sign * _log_error(xp, larger)
-    smaller = smaller - sign * _log_error(xp, smaller)
+    larger = xp.where(upper, log_p + sign * p_error, q_term + sign * q_error)
+    smaller = xp.where(upper, q_term - sign * q_error, log_p - sign * p_error)
     return _difference(larger, smaller if pessimistic else xp.minimum(smaller, larger))
 
 
-def _log_error(xp, log_value):
-    """The error :data:`LOG_ERROR_ULPS` allows ``log_value``; 0 for a term of 0 (log -inf),
-    which is exact."""
-    error = LOG_ERROR_ULPS * np.finfo(np.float64).eps * (1.0 + xp.abs(log_value))
+def _log_error(xp, log_value, ulps: float = LOG_ERROR_ULPS):
+    """The error ``ulps`` (default :data:`LOG_ERROR_ULPS`) allows ``log_value``; 0 for a term
+    of 0 (log -inf), which is exact."""
+    error = ulps * np.finfo(np.float64).eps * (1.0 + xp.abs(log_value))
     return xp.where(xp.isinf(error), 0.0, error)
 
 
