@@ -92,8 +92,8 @@ def side_tails(mechanism: LossTails, params, eps, upper, pessimistic: bool | Non
 
 def leaned_tails(mechanism: LossTails, params, eps, pessimistic: bool | None):
     """``mechanism``'s four tails at eps, leaned where its tails are computed from arguments
-    whose rounding moves them by more than the curve's log margin covers (the Gaussian's
-    mu/2 - eps/mu at large eps/mu): ``pessimistic`` True, so that the curve from them
+    whose rounding moves them by more than the curve's log margin covers (a mixture's x - a_k,
+    whose shifts a_k are rounded): ``pessimistic`` True, so that the curve from them
     (:func:`curve_values`) is at or above the truth, False at or below (the tails of a pair
     slightly further apart, or closer together), None as computed. Its own ``leaned_tails``
     where it has them, else its tails as computed (their logs' error only)."""
@@ -125,9 +125,10 @@ def curve_values(log_p, log_q, eps, upper=None, pessimistic: bool = True):
     larger is the whole value. Not ``pessimistic``: moved towards each other (at most onto each
     other), so that each value is at or below the truth. The term e^eps Q carries the error of
     log Q, not of eps + log Q, and the rounding of that sum: at eps = 90, log Q = -90 rounds by
-    7e-15, where the sum is -0.3 (the discrete Laplace of t = 30 sat 3e-15 on the wrong side).
-    The logs' own error only: where a mechanism's tails are computed from arguments whose
-    rounding moves them further, it leans those arguments (see :func:`side_tails`).
+    7e-15, where the sum is -0.3 (the discrete Laplace of t = 30 sat 3e-15 on the wrong side; a
+    Gaussian of sigma = 1e-5, whose log Q is -5e9 at eps = 5e9, 7e-11). The logs' own error
+    only: where a mechanism's tails are computed from arguments whose rounding moves them
+    further, it leans those arguments (see :func:`leaned_tails`).
     """
     xp = array_module(log_p, log_q, eps)
     upper = eps >= 0 if upper is None else upper

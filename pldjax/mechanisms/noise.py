@@ -68,12 +68,36 @@ def resolvable(x, pessimistic: bool):
     return xp.where(tiny, MIN_PARAMETER if pessimistic else 0.0, x)
 
 
-def _ratio(sensitivity, scale):
+def _ratio(sensitivity, scale, pessimistic: bool):
     """``sensitivity / scale`` in float64 (the loss scale of an additive noise), on the host for
-    concrete input like :func:`resolvable`."""
+    concrete input like :func:`resolvable`. Where the division rounds, the quotient is moved an
+    ulp up for a ``pessimistic`` PLD and down for an optimistic one: the true ratio of the given
+    floats lies within half an ulp of the rounded one, on either side, and the curves grow with
+    it (see :func:`resolvable`). An exact quotient (2 / 4) stays, so that ``Gaussian(2.0)`` is
+    ``GDP(0.5)``; traced input is always moved."""
     xp = jnp if is_traced((sensitivity, scale)) else np
-    with np.errstate(over="ignore"):  # a ratio beyond float64 is inf, which the callers handle
-        return xp.asarray(sensitivity, xp.float64) / xp.asarray(scale, xp.float64)
+    sensitivity, scale = xp.asarray(sensitivity, xp.float64), xp.asarray(scale, xp.float64)
+    with np.errstate(over="ignore", under="ignore"):  # beyond float64: inf, which callers handle
+        ratio = sensitivity / scale
+        exact = _exact_product(ratio, scale, sensitivity) if xp is np else False
+    moved = xp.nextafter(ratio, xp.inf if pessimistic else 0.0)
+    return xp.where(exact | ~((ratio > 0) & xp.isfinite(ratio)), ratio, moved)
+
+
+def _exact_product(a, b, c):
+    """Where a * b equals c exactly, as real numbers (NumPy float64 arrays): Dekker's product,
+    p + e = a b with the halves of Veltkamp's split. False where a product or split leaves the
+    normal range (overflow, or below 1e-290, where e may lose bits)."""
+    def halves(x):
+        scaled = 134217729.0 * x  # 2^27 + 1
+        high = scaled - (scaled - x)
+        return high, x - high
+
+    with np.errstate(all="ignore"):
+        product = a * b
+        (a_high, a_low), (b_high, b_low) = halves(a), halves(b)
+        error = ((a_high * b_high - product) + a_high * b_low + a_low * b_high) + a_low * b_low
+        return (product == c) & (error == 0) & (np.abs(product) > 1e-290) & np.isfinite(error)
 
 
 def _placeholder(value) -> bool:
@@ -195,47 +219,17 @@ def _positive_or_one(x):
 
 
 # -- Gaussian ---------------------------------------------------------------------------------------
-#: The error allowed the Gaussian's normal-CDF arguments mu/2 - eps/mu and -mu/2 - eps/mu, in
-#: float64 epsilons times mu/2 + |eps/mu|: half an ulp each from the division and the subtraction,
-#: and half an ulp of mu (1/sigma, rounded) moves either by at most that again, 1.5 in all.
-GAUSSIAN_ARGUMENT_ULPS = 4
-
-
-def _gaussian_arguments(mu, eps, pessimistic=None):
-    """The normal-CDF arguments (a_p, a_q) = (mu/2 - eps/mu, -mu/2 - eps/mu): P(L > eps) is
-    Phi(a_p), Q(L > eps) is Phi(a_q), and the tails of L <= eps are Phi(-a_p), Phi(-a_q). Where
-    eps/mu is large beside the argument, their rounding error is large beside the argument too
-    (at sigma = 1e-5, eps = 5e9 an error of 1e-10 in an argument of -6), which moves the curve
-    by the tails' slope times that error, far beyond what the curve's log margin covers
-    (:func:`~pldjax.kernels.discretize.curve_values`). ``pessimistic`` True: a_p moved up and
-    a_q down by that error (GAUSSIAN_ARGUMENT_ULPS), so that P(L > eps) and Q(L <= eps) are at
-    or above their true values and Q(L > eps) and P(L <= eps) at or below; False: moved the
-    other way; None: as computed (see :func:`~pldjax.kernels.discretize.leaned_tails`)."""
-    xp = array_module(mu, eps)
-    ratio = eps / mu
-    a_p, a_q = mu / 2 - ratio, -mu / 2 - ratio
-    if pessimistic is None:
-        return a_p, a_q
-    error = GAUSSIAN_ARGUMENT_ULPS * np.finfo(np.float64).eps * (mu / 2 + xp.abs(ratio))
-    error = xp.where(xp.isinf(error), 0.0, error)  # an infinite argument: its tails are exact
-    lean = error if pessimistic else -error
-    return a_p + lean, a_q - lean
-
-
-def _gaussian_tails(params, eps, pessimistic=None):
-    """The four tails (log P(L>eps), log Q(L>eps), log P(L<=eps), log Q(L<=eps)) at the
-    arguments of :func:`_gaussian_arguments` (as computed, or leaned): each tail and its
-    complement from one erfc (log_ndtr_pair)."""
+def _gaussian_tails(params, eps):
     (mu,) = params
     xp = array_module(mu, eps)
     pos = mu > 0
     safe = xp.where(pos, mu, 1.0)
     sf = xp.where(eps < 0, 0.0, -xp.inf)  # mu = 0: the loss is 0 with certainty
     cdf = xp.where(eps < 0, -xp.inf, 0.0)
-    # L = mu X - mu^2 / 2 with X ~ N(mu, 1) under P and N(0, 1) under Q
-    a_p, a_q = _gaussian_arguments(safe, eps, pessimistic)
-    sf_p, cdf_p = log_ndtr_pair(a_p)
-    sf_q, cdf_q = log_ndtr_pair(a_q)
+    # L = mu X - mu^2 / 2 with X ~ N(mu, 1) under P and N(0, 1) under Q; each tail and its
+    # complement from one erfc (log_ndtr_pair)
+    sf_p, cdf_p = log_ndtr_pair(safe / 2 - eps / safe)
+    sf_q, cdf_q = log_ndtr_pair(-safe / 2 - eps / safe)
     return (
         xp.where(pos, sf_p, sf),
         xp.where(pos, sf_q, sf),
@@ -246,7 +240,10 @@ def _gaussian_tails(params, eps, pessimistic=None):
 
 def _gaussian_side_tails(params, eps, upper, pessimistic=None):
     """(log P, log Q) of L > eps where ``upper``, of L <= eps elsewhere (see
-    :func:`_gaussian_tails`): one ``log_ndtr`` each."""
+    :func:`_gaussian_tails`): one ``log_ndtr`` each. They need no lean (``pessimistic`` is
+    ignored): the rounding eps / mu shares moves both arguments alike, which changes the curve
+    only by its square, and what the subtractions add is relative to the arguments, which the
+    curve's log margin covers."""
     (mu,) = params
     xp = array_module(mu, eps)
     pos = mu > 0
@@ -254,9 +251,8 @@ def _gaussian_side_tails(params, eps, upper, pessimistic=None):
     sign = xp.where(upper, 1.0, -1.0)
     # mu = 0: the loss is 0 with certainty
     certain = xp.where(upper == (eps < 0), 0.0, -xp.inf)
-    a_p, a_q = _gaussian_arguments(safe, eps, pessimistic)
-    log_p = log_ndtr(sign * a_p)
-    log_q = log_ndtr(sign * a_q)
+    log_p = log_ndtr(sign * (safe / 2 - eps / safe))
+    log_q = log_ndtr(sign * (-safe / 2 - eps / safe))
     return xp.where(pos, log_p, certain), xp.where(pos, log_q, certain)
 
 
@@ -283,7 +279,6 @@ def _gaussian_bulk(params, tail):
 GAUSSIAN = LossTails(
     tails=_gaussian_tails,
     side_tails=_gaussian_side_tails,
-    leaned_tails=_gaussian_tails,
     spread=lambda p: _positive_or_one(p[0]),
     center=lambda p: p[0] ** 2 / 2,
     half_width=lambda p: GAUSSIAN_REACH * _positive_or_one(p[0]),
@@ -317,7 +312,7 @@ class Gaussian(Noise):
                               "sensitivity": dict(low=0.0, low_open=True)}
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
-        mu = _ratio(self.sensitivity, self.sigma)
+        mu = _ratio(self.sensitivity, self.sigma, pessimistic)
         return GAUSSIAN, (_shift(resolvable(mu, pessimistic), neighboring),)
 
 
@@ -389,7 +384,7 @@ class Laplace(Noise):
                               "sensitivity": dict(low=0.0, low_open=True)}
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
-        eps0 = _ratio(self.sensitivity, self.scale)
+        eps0 = _ratio(self.sensitivity, self.scale, pessimistic)
         return LAPLACE, (_shift(resolvable(eps0, pessimistic), neighboring),)
 
     def lattice(self, params: tuple, pessimistic: bool) -> Grid | None:
@@ -565,8 +560,7 @@ class DiscreteLaplace(Noise):
         scale, sensitivity = self.scale, self.sensitivity
         # 1 / scale in float64 also for a traced (possibly float32) scale; no broadcast here:
         # discretize_arrays broadcasts (a sensitivity array may be wider than scale)
-        with np.errstate(over="ignore"):  # a subnormal scale: inf, lowered to MAX_SHIFT below
-            t = 1.0 / (jnp.asarray(scale, jnp.float64) if is_traced(scale) else np.asarray(scale, np.float64))
+        t = _ratio(1.0, scale, pessimistic)  # a subnormal scale: inf, lowered to MAX_SHIFT
         shift = sensitivity if is_traced(sensitivity) else np.asarray(sensitivity, np.float64)
         xp = array_module(t, shift)  # NumPy on the host: no program per operation
         t, shift = xp.minimum(xp.asarray(t, xp.float64), MAX_SHIFT), xp.asarray(shift, xp.float64)

@@ -1,5 +1,7 @@
 """Noise records (pldjax.mechanisms.noise) and the entry point that builds their PLDs (pj.privacy_loss)."""
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import mpmath
@@ -227,7 +229,7 @@ def test_randomized_response_pld_is_exact_on_its_lattice():
 def test_optimistic_estimate_keeps_an_atom_on_a_grid_point():
     """Randomized response's losses +-epsilon sit on its lattice: the optimistic PLD is the
     exact one (its largest loss, with mass e^eps / (1 + e^eps), no longer went down a step), and
-    Laplace keeps its atom of 1/2 at 1/b."""
+    Laplace keeps its atom of 1/2 at 1/b (1/b rounded down: 1/0.7 is not a float)."""
     eps = 0.3
     rr = pj.randomized_response(eps, pessimistic=False)
     probs = np.asarray(rr.probs)
@@ -239,8 +241,9 @@ def test_optimistic_estimate_keeps_an_atom_on_a_grid_point():
                                rtol=1e-11)
     assert float(rr.epsilon(0.0)) == eps
     laplace = pj.laplace(0.7, pessimistic=False)
-    assert float(laplace.epsilon(0.0)) == 1 / 0.7
-    top = np.asarray(laplace.probs)[round((1 / 0.7) / float(laplace.step)) - int(laplace.offset)]
+    eps0 = float(laplace.epsilon(0.0))
+    assert Fraction(eps0) <= 1 / Fraction(0.7) and eps0 == np.nextafter(1 / 0.7, 0.0)
+    top = np.asarray(laplace.probs)[round(eps0 / float(laplace.step)) - int(laplace.offset)]
     assert abs(float(top) - 0.5) < 1e-12
 
 
@@ -290,10 +293,10 @@ def test_a_nearly_silent_gaussians_pessimistic_curve_holds_above_the_closed_form
 def test_a_gaussians_curves_bracket_the_closed_form_across_its_window(mu):
     """The pessimistic and optimistic curves of one Gaussian release (delta at eps >= 0, its
     excess e^eps delta(-eps) below), NumPy and compiled, at 201 points across its window: at or
-    above (at or below) the closed form at 60 digits, within 1e-8 relative. Where eps / mu is
-    large beside the normal-CDF argument mu/2 - eps/mu, the argument's rounding moved the
-    tails by more than the curve's log margin: 3e-14 below the truth at mu = 50 (eps = 1,400),
-    7e-11 at mu = 1e5."""
+    above (at or below) the closed form at 60 digits, within 1e-8 relative. At large losses
+    log Q is far larger than eps + log Q, from which the curve's margin was taken, and P's own
+    error was not covered where it is the whole value: 3e-14 below the truth at mu = 50
+    (eps = 1,400), 7e-11 at mu = 1e5."""
     mechanism, params, _ = pj.Event(pj.noise.GDP(mu)).directions()
     row = tuple(float(np.asarray(p).reshape(-1)[0]) for p in params)
     pld = pj.gdp(mu)
@@ -320,7 +323,8 @@ def test_a_gaussians_curves_bracket_the_closed_form_across_its_window(mu):
 
 
 @pytest.mark.parametrize("noise, truth", [
-    (pj.noise.DiscreteLaplace(1 / 30, sensitivity=3), lambda e: discrete_laplace_delta_mp(30.0, 3, e)),
+    (pj.noise.DiscreteLaplace(1 / 30, sensitivity=3),
+     lambda e: discrete_laplace_delta_mp(1 / mpmath.mpf(1 / 30), 3, e)),
     (pj.noise.DiscreteLaplace(1.0), lambda e: discrete_laplace_delta_mp(1.0, 1, e)),
     (pj.noise.RandomizedResponse(30.0), lambda e: rr_kfold_delta_mp(30.0, 0.0, 1, e)),
     (pj.noise.RandomizedResponse(5.0, 1e-6), lambda e: rr_kfold_delta_mp(5.0, 1e-6, 1, e)),
@@ -331,7 +335,9 @@ def test_integer_and_pure_noises_curves_bracket_mpmath_across_the_window(noise, 
     the discrete Laplace of t = 30 reads log Q = -90, rounded by 7e-15: the margin was taken
     from eps + log Q = -0.3 and the optimistic curve sat 3e-15 above the truth."""
     mechanism, params, _ = pj.Event(noise).directions()
-    row = tuple(np.float64(np.asarray(p).reshape(-1)[0]) for p in params)
+    row, lower_row = (tuple(np.float64(np.asarray(p).reshape(-1)[0])
+                            for p in pj.Event(noise).directions(pessimistic)[1])
+                      for pessimistic in (True, False))
     pld = pj.Event(noise).pld()
     z = np.linspace(int(pld.offset), int(pld.offset) + pld.size - 1, 201) * float(pld.step)
     z = z[z >= 0]
@@ -341,12 +347,27 @@ def test_integer_and_pure_noises_curves_bracket_mpmath_across_the_window(noise, 
     compiled = (jax.jit(float64(lambda p, z: mechanism_curve(mechanism, p, z))),
                 jax.jit(float64(lambda p, z: mechanism_estimate(mechanism, p)(z)[4])))
     with np.errstate(all="ignore"):  # tails beyond the losses' range, unread
-        host = (mechanism_curve(mechanism, row, z), mechanism_estimate(mechanism, row)(z)[4])
+        host = (mechanism_curve(mechanism, row, z), mechanism_estimate(mechanism, lower_row)(z)[4])
     for upper in (host[0], compiled[0](row, z)):
         upper = np.asarray(upper)
         assert np.all(upper[held] >= exact[held])
         assert np.all(upper[held] <= exact[held] * (1 + 1e-8))
-    for lower in (host[1], compiled[1](row, z)):
+    for lower in (host[1], compiled[1](lower_row, z)):
         lower = np.asarray(lower)
         assert np.all(lower[held] <= exact[held])
         assert np.all(lower[held] >= exact[held] * (1 - 1e-8))
+
+
+@pytest.mark.parametrize("scale", [0.3, 0.7, 1e-5, 0.02, 2.0])
+def test_a_rounded_loss_scale_is_moved_to_the_safe_side(scale):
+    """sensitivity / scale is rounded to the nearest float, which may lie below the true ratio:
+    the pessimistic PLD's is at or above it and the optimistic one's at or below, exact
+    quotients unmoved (Gaussian(2.0) is GDP(0.5))."""
+    records = [(pj.noise.Gaussian(scale, sensitivity=3.0), Fraction(3) / Fraction(scale)),
+               (pj.noise.Laplace(scale, sensitivity=3.0), Fraction(3) / Fraction(scale)),
+               (pj.noise.DiscreteLaplace(scale, sensitivity=3), 1 / Fraction(scale))]
+    for record, ratio in records:
+        upper, lower = (float(np.asarray(record.pair(Neighboring.ADD_REMOVE, pessimistic)[1][0]))
+                        for pessimistic in (True, False))
+        assert Fraction(lower) <= ratio <= Fraction(upper)
+        assert (upper == lower) == (ratio == Fraction(upper))

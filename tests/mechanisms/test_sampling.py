@@ -35,6 +35,7 @@ def test_a_mixtures_curves_bracket_mpmath_across_its_window(sigma, scales, probs
     above the truth (a_k = 60 at eps = 2,084)."""
     event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.Mixture(scales, probs))
     mechanism, params, _ = event.directions()
+    lower_params = event.directions(False)[1]
     pessimistic = jax.jit(float64(lambda p, z: mechanism_curve(mechanism, p, z)))
     optimistic = jax.jit(float64(lambda p, z: mechanism_estimate(mechanism, p)(z)[4]))
     for direction, pld in enumerate(event.pld().directions()):
@@ -42,8 +43,8 @@ def test_a_mixtures_curves_bracket_mpmath_across_its_window(sigma, scales, probs
         z = z[z >= 0]
         truth = np.array([mixture_delta_mp(sigma, scales, probs, e, add=direction == 1) for e in z])
         held = truth > 1e-300
-        row = (*params, np.float64(direction))
-        upper, lower = np.asarray(pessimistic(row, z)), np.asarray(optimistic(row, z))
+        row, lower_row = (*params, np.float64(direction)), (*lower_params, np.float64(direction))
+        upper, lower = np.asarray(pessimistic(row, z)), np.asarray(optimistic(lower_row, z))
         assert np.all(upper[held] >= truth[held])
         assert np.all(upper[held] <= truth[held] * (1 + 1e-7))
         assert np.all(lower[held] <= truth[held])

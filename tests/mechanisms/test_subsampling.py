@@ -453,11 +453,13 @@ def test_a_subsampled_gaussians_curves_bracket_the_closed_form(sigma, q):
     relative. Before, from the difference of the mixture's two tails, which nearly cancel at a
     small q, they sat up to 7e-11 on the wrong side of the truth at q = 1e-6 (and the threshold,
     from 1 - q rounded, was 3e-11 off near eps = 0); the base Gaussian's tails of sigma = 30
-    (mu = 1/30) nearly cancel too. At small noise the rounding of the threshold and of the base's
-    normal-CDF arguments moved the curve up to 5e-14 to the wrong side (sigma 0.01, q 0.01 and
+    (mu = 1/30) nearly cancel too. At small noise the rounding of the threshold and of the
+    base's large log-tails moved the curve up to 5e-14 to the wrong side (sigma 0.01, q 0.01 and
     0.9)."""
     mechanism, params, _ = pj.dpsgd_event(sigma, q).directions()
     params = [float(np.asarray(p).reshape(-1)[0]) for p in params]
+    lower_params = [float(np.asarray(p).reshape(-1)[0])
+                    for p in pj.dpsgd_event(sigma, q).directions(False)[1]]
 
     def optimistic(p, z):
         values = mechanism_estimate(mechanism, p)(z)
@@ -473,11 +475,11 @@ def test_a_subsampled_gaussians_curves_bracket_the_closed_form(sigma, q):
                               for e in z])
         held = truth > 1e-300
         assert held.sum() >= 10
-        row = (*params, float(direction))
+        row, lower_row = (*params, float(direction)), (*lower_params, float(direction))
         for got in (mechanism_curve(mechanism, row, z), np.asarray(compiled(row, z))):
             assert np.all(got[held] >= truth[held])
             assert np.all(got[held] <= truth[held] * (1 + 1e-8))
-        for got in (optimistic(row, z), np.asarray(compiled_optimistic(row, z))):
+        for got in (optimistic(lower_row, z), np.asarray(compiled_optimistic(lower_row, z))):
             assert np.all(got[held] <= truth[held])
             assert np.all(got[held] >= truth[held] * (1 - 1e-8))
 
@@ -489,12 +491,15 @@ def test_a_replace_one_gaussians_curves_bracket_the_closed_form(sigma, q):
     symmetric): at or above (at or below) the closed form at 60 digits, within 1e-7. Where one
     term of the curve is the whole value (e^eps Q negligible beside P), the larger term's own
     round-off was left uncovered: 1.1e-14 below the truth at sigma 0.05, q 1e-3."""
-    mechanism, params, _ = pj.dpsgd_event(sigma, q, "replace_one").directions()
-    row = tuple(float(np.asarray(p).reshape(-1)[0]) for p in params)
+    event = pj.dpsgd_event(sigma, q, "replace_one")
+    mechanism, params, _ = event.directions()
+    row, lower_row = (tuple(float(np.asarray(p).reshape(-1)[0]) for p in event.directions(pessimistic)[1])
+                      for pessimistic in (True, False))
     pld = pj.gaussian(sigma, sampling_prob=q, neighboring="replace_one")
     z = np.linspace(int(pld.offset), int(pld.offset) + pld.size - 1, 161) * float(pld.step)
     with mpmath.workdps(60):
-        truth = np.array([float(replace_one_gaussian_curve_mp(row[0], q, e)) for e in z])
+        mu = 1 / mpmath.mpf(sigma)  # the true ratio; the rows' are rounded up and down
+        truth = np.array([float(replace_one_gaussian_curve_mp(mu, q, e)) for e in z])
     held = truth > 1e-300
     assert held.sum() >= 40
 
@@ -506,6 +511,6 @@ def test_a_replace_one_gaussians_curves_bracket_the_closed_form(sigma, q):
     for got in (mechanism_curve(mechanism, row, z), np.asarray(compiled(row, z))):
         assert np.all(got[held] >= truth[held])
         assert np.all(got[held] <= truth[held] * (1 + 1e-7))
-    for got in (optimistic(row, z), np.asarray(jax.jit(float64(optimistic))(row, z))):
+    for got in (optimistic(lower_row, z), np.asarray(jax.jit(float64(optimistic))(lower_row, z))):
         assert np.all(got[held] <= truth[held])
         assert np.all(got[held] >= truth[held] * (1 - 1e-7))
