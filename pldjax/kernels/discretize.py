@@ -142,10 +142,9 @@ def curve_values(log_p, log_q, eps, upper=None, pessimistic: bool = True):
 
 
 def _log_error(xp, log_value, ulps: float = LOG_ERROR_ULPS):
-    """The error ``ulps`` (default :data:`LOG_ERROR_ULPS`) allows ``log_value``; 0 for a term
-    of 0 (log -inf), which is exact."""
-    error = ulps * np.finfo(np.float64).eps * (1.0 + xp.abs(log_value))
-    return xp.where(xp.isinf(error), 0.0, error)
+    """The error ``ulps`` (default :data:`LOG_ERROR_ULPS`) allows ``log_value``; for a term of 0
+    (log -inf), which is exact, a finite one (-inf stays -inf, where inf would give NaN)."""
+    return xp.minimum(ulps * np.finfo(np.float64).eps * (1.0 + xp.abs(log_value)), 1e300)
 
 
 def mechanism_curve(mechanism: LossTails, params, eps, upper=None):

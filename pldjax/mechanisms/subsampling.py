@@ -239,13 +239,16 @@ def _side_tails(base: LossTails, params, eps, upper, pessimistic=None):
 
 def _scaled(params, eps, base_values, mixed_values):
     """The curve values of :func:`_curve` from the base's (at the threshold, on the side that
-    :func:`_base_side` reads), scaled, and from the mixture's tails, which serve at q = 1."""
+    :func:`_base_side` reads), scaled, and from the mixture's tails (``mixed_values()``), which
+    serve at q = 1 (NumPy computes them only where some q is 1)."""
     *_, q, adding = params
     xp = array_module(q, eps)
     # the add direction's e^eps: beyond its largest loss, -log(1 - q) (at most 37 nats for q < 1),
     # the base's values are 0 (its threshold is -inf)
     scale = q * xp.where(adding > 0, xp.exp(xp.minimum(eps, 709.0)), 1.0)
-    return xp.where(q < 1.0, xp.where(q > 0, scale * base_values, 0.0), mixed_values)
+    below_one = q < 1.0
+    mixed = mixed_values() if xp is not np or not np.all(below_one) else 0.0
+    return xp.where(below_one, xp.where(q > 0, scale * base_values, 0.0), mixed)
 
 
 def _side_curve(base: LossTails, params, eps, upper, pessimistic):
@@ -258,8 +261,8 @@ def _side_curve(base: LossTails, params, eps, upper, pessimistic):
 def _side_values(params, eps, upper, threshold, base_p, base_q, pessimistic):
     """:func:`_side_curve` from the base's tails (on the side read) at the threshold."""
     base_values = curve_values(base_p, base_q, threshold, upper != (params[-1] > 0), pessimistic)
-    return _scaled(params, eps, base_values,
-                   curve_values(*_mixed_side(params, base_p, base_q), eps, upper, pessimistic))
+    return _scaled(params, eps, base_values, lambda: curve_values(
+        *_mixed_side(params, base_p, base_q), eps, upper, pessimistic))
 
 
 def _estimate(base: LossTails, params, eps):
