@@ -89,23 +89,63 @@ def add_up(a, b):
     return xp.where(error > 0, xp.nextafter(total, np.inf), total)
 
 
+def _split(x):
+    """Veltkamp's split of ``x``: (high, low) with high + low = x, each on half the mantissa, so
+    that products of halves are exact (inf or NaN beyond 2^996, where 2^27 x overflows)."""
+    scaled = 134217729.0 * x  # 2^27 + 1
+    high = scaled - (scaled - x)
+    return high, x - high
+
+
+def _two_product(x, y):
+    """(p, e): p the float product x y and e its rounding error, p + e = x y exactly (Dekker),
+    while the products stay in the normal range and the splits finite."""
+    product = x * y
+    (x_high, x_low), (y_high, y_low) = _split(x), _split(y)
+    error = ((x_high * y_high - product) + x_high * y_low + x_low * y_high) + x_low * y_low
+    return product, error
+
+
 def square_up(x):
     """x^2 rounded up: the float product, moved one ulp up when it fell below the exact square
-    (Dekker's two-product error term, from Veltkamp's split of x, is positive). Exact squares stay
-    exact; a square below the smallest normal float (which XLA may flush to 0) is charged that
-    normal; only x = 0 gives 0."""
+    (Dekker's two-product error term is positive). Exact squares stay exact; a square below the
+    smallest normal float (which XLA may flush to 0) is charged that normal; only x = 0 gives 0."""
     xp = array_module(x)
     x = xp.asarray(x, xp.float64)
-    square = x * x
-    split = 134217729.0 * x  # 2^27 + 1
-    high = split - (split - x)
-    low = x - high
-    error = ((high * high - square) + 2.0 * high * low) + low * low
+    square, error = _two_product(x, x)
     tiny = float(np.finfo(np.float64).tiny)
     up = xp.where(error > 0, xp.nextafter(square, np.inf), square)
     # beyond 2^996 the split overflows: the product alone is then moved up
-    up = xp.where(xp.isfinite(split), up, xp.nextafter(square, np.inf))
+    up = xp.where(xp.isfinite(error), up, xp.nextafter(square, np.inf))
     return xp.where(x == 0, 0.0, xp.where(square < tiny, tiny, up))
+
+
+def quotient_rounded(a, b, up: bool):
+    """a / b for a >= 0 and b > 0 (float64), rounded ``up`` or down: the float quotient, moved one
+    ulp where it fell on the wrong side of the exact one (Dekker's two-product of it and b,
+    against a; a less that product is exact, the two being within a factor of 2). Exact
+    quotients stay exact; where a factor or the product is below 1e-290 or the split
+    overflows, the quotient is moved anyway; one below the smallest normal float becomes that
+    normal (up) or 0 (down), as :func:`square_up` charges a tiny square. Subnormal inputs are
+    excepted: XLA reads them as 0."""
+    xp = array_module(a, b)
+    a, b = xp.asarray(a, xp.float64), xp.asarray(b, xp.float64)
+    with np.errstate(all="ignore"):  # NumPy: a quotient or split beyond float64 is handled below
+        quotient = a / b
+        product, error = _two_product(quotient, b)
+        residual = (a - product) - error  # a - quotient b: > 0 where the quotient is too small
+    # below 1e-290 a half's products may be subnormal, which XLA flushes to 0
+    normal = (xp.abs(product) > 1e-290) & (quotient > 1e-290) & (b > 1e-290)
+    trusted = xp.isfinite(residual) & normal
+    wrong = (residual > 0) if up else (residual < 0)
+    moved = xp.nextafter(quotient, np.inf if up else 0.0)
+    # an underflow to 0 moves up, an overflow to inf down; a quotient of 0 by 0 or inf is exact
+    movable = (quotient < np.inf) if up else (quotient > 0)
+    movable = movable & (a > 0) & (b < np.inf)
+    rounded = xp.where(movable & (wrong | ~trusted), moved, quotient)
+    # below the smallest normal float, which XLA may flush to 0: that normal, or 0
+    tiny = float(np.finfo(np.float64).tiny)
+    return xp.where(movable & (quotient < tiny), tiny if up else 0.0, rounded)
 
 
 def square_down(x: float) -> float:

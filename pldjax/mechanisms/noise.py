@@ -45,6 +45,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import array_module
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
+from pldjax.core.precision import quotient_rounded
 from pldjax.core.special import log_ndtr, log_ndtr_pair, special_functions
 from pldjax.core.validation import check_broadcast, check_range, is_traced, within
 from pldjax.kernels.discretize import LossTails
@@ -70,34 +71,13 @@ def resolvable(x, pessimistic: bool):
 
 def _ratio(sensitivity, scale, pessimistic: bool):
     """``sensitivity / scale`` in float64 (the loss scale of an additive noise), on the host for
-    concrete input like :func:`resolvable`. Where the division rounds, the quotient is moved an
-    ulp up for a ``pessimistic`` PLD and down for an optimistic one: the true ratio of the given
-    floats lies within half an ulp of the rounded one, on either side, and the curves grow with
-    it (see :func:`resolvable`). An exact quotient (2 / 4) stays, so that ``Gaussian(2.0)`` is
-    ``GDP(0.5)``; traced input is always moved."""
+    concrete input like :func:`resolvable`, rounded up for a ``pessimistic`` PLD and down for an
+    optimistic one (:func:`~pldjax.core.precision.quotient_rounded`): the nearest float may lie
+    on either side of the true ratio of the given floats, and the curves grow with it (see
+    :func:`resolvable`). Exact quotients stay: ``Gaussian(2.0)`` is ``GDP(0.5)``."""
     xp = jnp if is_traced((sensitivity, scale)) else np
-    sensitivity, scale = xp.asarray(sensitivity, xp.float64), xp.asarray(scale, xp.float64)
-    with np.errstate(over="ignore", under="ignore"):  # beyond float64: inf, which callers handle
-        ratio = sensitivity / scale
-        exact = _exact_product(ratio, scale, sensitivity) if xp is np else False
-    moved = xp.nextafter(ratio, xp.inf if pessimistic else 0.0)
-    return xp.where(exact | ~((ratio > 0) & xp.isfinite(ratio)), ratio, moved)
-
-
-def _exact_product(a, b, c):
-    """Where a * b equals c exactly, as real numbers (NumPy float64 arrays): Dekker's product,
-    p + e = a b with the halves of Veltkamp's split. False where a product or split leaves the
-    normal range (overflow, or below 1e-290, where e may lose bits)."""
-    def halves(x):
-        scaled = 134217729.0 * x  # 2^27 + 1
-        high = scaled - (scaled - x)
-        return high, x - high
-
-    with np.errstate(all="ignore"):
-        product = a * b
-        (a_high, a_low), (b_high, b_low) = halves(a), halves(b)
-        error = ((a_high * b_high - product) + a_high * b_low + a_low * b_high) + a_low * b_low
-        return (product == c) & (error == 0) & (np.abs(product) > 1e-290) & np.isfinite(error)
+    return quotient_rounded(xp.asarray(sensitivity, xp.float64), xp.asarray(scale, xp.float64),
+                            up=pessimistic)
 
 
 def _placeholder(value) -> bool:

@@ -1,12 +1,14 @@
 """pldjax.core.precision: exact 64-bit packing and directed roundings used by filters and states."""
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
 from compiled_programs import compiled_programs
 
-from pldjax.core.precision import pack, root_of_difference_down, unpack
+from pldjax.core.precision import pack, quotient_rounded, root_of_difference_down, unpack
 
 
 def test_pack_round_trips_float64_and_int64_bit_for_bit_with_x64_off(x64_off):
@@ -61,3 +63,26 @@ def test_concrete_leaves_pack_on_the_host_as_the_traced_bitcast_does():
         np.testing.assert_array_equal(np.asarray(leaves[1]), ints)
         assert np.asarray(leaves[2]) == 0.25 and np.asarray(leaves[2]).dtype == np.float64
         assert bool(leaves[3]) and np.asarray(leaves[4]).dtype == np.float32
+
+
+def test_quotients_are_rounded_the_asked_way_by_exact_fractions():
+    """a / b up and down, NumPy and compiled, over 40 orders of magnitude each way and at the
+    edges (exact quotients, underflow to 0, overflow to inf, 0 / b): each bound on its side of
+    the exact quotient, exact ones unmoved, the others within an ulp of it."""
+    rng = np.random.default_rng(0)
+    a = np.concatenate([10 ** rng.uniform(-20, 20, 500), [1.0, 3.0, 1.0, 1e-200, 1e200, 0.0]])
+    b = np.concatenate([10 ** rng.uniform(-20, 20, 500), [2.0, 0.3, 0.25, 1e200, 1e-200, 3.0]])
+    exact = [Fraction(x) / Fraction(y) for x, y in zip(a, b, strict=True)]
+    for xp in (np, jnp):
+        with jax.enable_x64(True):
+            up, down = (np.asarray(quotient_rounded(xp.asarray(a), xp.asarray(b), up=u))
+                        for u in (True, False))
+        for truth, u, d in zip(exact, up, down, strict=True):
+            if np.isfinite(u):
+                assert Fraction(u) >= truth
+            assert Fraction(d) <= truth
+            if truth == Fraction(d):
+                assert u == d
+            elif Fraction(np.finfo(np.float64).tiny) <= truth < Fraction(np.finfo(np.float64).max):
+                # normal: the two adjacent floats
+                assert np.nextafter(d, np.inf) == u
