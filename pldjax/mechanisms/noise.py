@@ -136,7 +136,9 @@ def _shift(shift, neighboring: Neighboring):
     the record's contribution against none) or two (replace-one: a contribution of norm at most
     the sensitivity moves from -C to +C), at most MAX_SHIFT."""
     xp = jnp if is_traced(shift) else np
-    return xp.minimum(2 * shift if neighboring == Neighboring.REPLACE_ONE else shift, MAX_SHIFT)
+    if neighboring == Neighboring.REPLACE_ONE:  # doubled after the cap: no overflow to warn of
+        return 2 * xp.minimum(shift, MAX_SHIFT / 2)
+    return xp.minimum(shift, MAX_SHIFT)
 
 
 def record(cls):
