@@ -57,9 +57,10 @@ def programs_of_a_new_process(code: str, cache: Path | None = None) -> tuple[lis
 
 def accounting_on_the_host(monkeypatch, points: int = 10**15) -> None:
     """Small accounting calls run in NumPy on the host from here on: a budget of ``points`` grid
-    points (:class:`pldjax.core.compilation.HostWork`), none spent yet."""
+    points (:class:`pldjax.core.compilation.HostWork`), none spent yet and no program bought."""
     from pldjax.core import compilation
 
     monkeypatch.setenv("PLDJAX_HOST_WORK", str(points))
     monkeypatch.setattr(compilation.host_work, "done", 0)
     monkeypatch.setattr(compilation.host_work, "rents", collections.Counter())
+    monkeypatch.setattr(compilation.host_work, "bought", set())

@@ -112,6 +112,12 @@ _CENTER = PMFSummary._fields.index("center")
 #: (about 90 ns a point there, 2-core CPU, where compiling that size takes 1-3 s): then, and for
 #: rows that would go beyond, the compiled kernel (see :func:`_account_chunk`).
 HOST_SIZE_POINTS = 2**24
+#: HOST_SIZE_POINTS for a call discretized by the compiled kernels on a CPU, whose rows of a size
+#: with no compiled program yet are composed in NumPy up to this many points (about 0.2 s there,
+#: a program 1-1.5 CPU-s to compile): the sweep of 1,024 sigmas has 9 rows of 32,768 points,
+#: composed in 30 ms instead of a program compiled for them; its first call took 8.4-8.8 s
+#: against 9.1-9.6 s.
+RENTED_SIZE_POINTS = 2**21
 COMPOSE_ELEMENTS = 2**23
 #: On a CPU, small windows share a composition call up to this many grid points (see
 #: :func:`_rows_per_call`).
@@ -270,7 +276,9 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     None. Where ``compositions.host``, the chunk is discretized and placed in NumPy, and so are
     its rows composed at each size of at most HOST_SIZE_POINTS points that the process may
     still compose on the host (a size's compiled program is a ski rental's purchase: a process
-    composes that many points at the size in NumPy before it compiles the size's program).
+    composes that many points at the size in NumPy before it compiles the size's program); on
+    a CPU a compiled call's rows are too, at sizes with no program compiled, up to
+    RENTED_SIZE_POINTS.
     ``tiles``: the chunk's masses are computed in that many tiles (see :func:`_tiled`).
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
@@ -355,12 +363,15 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         values = np.zeros(sizes.shape[0])
         scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
         rows_of_size = {int(size): first[sizes[first] == size] for size in np.unique(sizes[first])}
-        # a host call's sizes, fewest points first, composed in NumPy while they fit in the
-        # process's host work and in their own share of it
+        # sizes with no program compiled, fewest points first, composed in NumPy while they fit
+        # in the process's host work and in their own share of it: a host call's, and on a CPU
+        # a compiled call's few rows of a size (a sweep's last rows of a size: no program
+        # compiled for them)
+        price = HOST_SIZE_POINTS if compositions.host else RENTED_SIZE_POINTS
         on_host = {size for size, rows in sorted(rows_of_size.items(),
                                                  key=lambda item: len(item[1]) * item[0])
-                   if compositions.host and host_work.claim(
-                       len(rows) * size, ("composition", size), HOST_SIZE_POINTS)}
+                   if compositions.host_glue and host_work.claim(
+                       len(rows) * size, ("composition", size), price)}
         for size, rows in rows_of_size.items():  # every new composition shape starts
             if size not in on_host:                # compiling at once
                 compositions.compile_ahead(size, probs, scalars, len(rows))
@@ -440,6 +451,7 @@ class _Compositions:
         if not self._gathers and self.rows > 2 and rows <= 2:
             return  # perhaps a call of two rows at the end, perhaps a full one: not known yet
         self._sizes_seen.add(size)
+        host_work.buy(("composition", size))
         most = self._call_rows(size)
         with compiling_ahead():
             if self._gathers:
@@ -520,6 +532,7 @@ class _Compositions:
         batch = min(most, 2) if len(sinks) <= 2 and size not in self._full_sizes else most
         if batch == most:
             self._full_sizes.add(size)
+        host_work.buy(("composition", size))
         batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
         if batch > len(sinks):
             repeat = batch - len(sinks)

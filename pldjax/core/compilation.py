@@ -698,11 +698,13 @@ class HostWork:
     """The grid points of accounting calls this process has run in NumPy on the host
     (``done``), against its budget: HOST_WORK, or ``$PLDJAX_HOST_WORK`` where set (a whole
     number; 0: every accounting call compiles its kernels, from the first); and of that, the
-    points run in place of each compiled program (``rents``)."""
+    points run in place of each compiled program (``rents``), until the program is compiled
+    (``bought``: no more work runs on the host in its place)."""
 
     def __init__(self):
         self.done = 0
         self.rents: collections.Counter = collections.Counter()
+        self.bought: set[Hashable] = set()
         self._lock = threading.Lock()
 
     @property
@@ -718,17 +720,22 @@ class HostWork:
     def claim(self, points: int, program: Hashable = None, price: int = 0) -> bool:
         """Count ``points`` grid points to be run on the host, if they fit in what is left and,
         for work done in place of a compiled ``program``, in its ``price`` (the most points run
-        in its place, as long as it stays uncompiled: a ski rental); whether they did."""
+        in its place, as long as it is not bought: a ski rental); whether they did."""
         budget = self.budget
         with self._lock:
             if self.done + points > budget:
                 return False
-            if program is not None and self.rents[program] + points > price:
+            if program is not None and (program in self.bought
+                                        or self.rents[program] + points > price):
                 return False
             self.done += points
             if program is not None:
                 self.rents[program] += points
             return True
+
+    def buy(self, program: Hashable) -> None:
+        """Record that ``program`` is compiled (or compiling): :meth:`claim` no longer rents it."""
+        self.bought.add(program)
 
 
 #: This process's :class:`HostWork`.

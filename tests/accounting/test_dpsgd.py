@@ -416,6 +416,39 @@ def test_a_host_call_composes_its_large_sizes_compiled(monkeypatch):
     np.testing.assert_allclose(mixed, compiled, rtol=1e-9)
 
 
+def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share(monkeypatch):
+    """A call discretized by the compiled kernels on a CPU composes in NumPy the window sizes it
+    has no compiled program for, while the process has composed at most
+    engine.RENTED_SIZE_POINTS points at each (a sweep's few rows of a size compile nothing);
+    a size whose rows go beyond compiles, and is not composed on the host again. The values
+    are those of a call compiled throughout, to round-off."""
+    from pldjax.accounting import engine
+
+    def composed_sizes(calls):
+        return {args[0].shape[1] for _, args, _ in calls["_compose_and_evaluate"]}
+
+    sigmas, steps = [0.8, 2.0, 1.0], [10_000, 300, 10_000]
+    calls = _kernel_calls(monkeypatch)
+    compiled = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    every_size = composed_sizes(calls)
+    accounting_on_the_host(monkeypatch)
+    monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 0)  # discretized by the compiled kernels
+    monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 40_000)
+    calls.clear()
+    mixed = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    assert calls["_tiled_masses_kernel"]
+    compiled_sizes = composed_sizes(calls)
+    assert set() < compiled_sizes < every_size
+    np.testing.assert_allclose(mixed, compiled, rtol=1e-9)
+    calls.clear()
+    assert pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5) == pytest.approx(mixed, rel=1e-9)
+    assert composed_sizes(calls) == every_size  # each share spent, or its program there
+    monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 10**9)
+    calls.clear()
+    pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    assert composed_sizes(calls) == every_size  # bought: not rented again, whatever the share
+
+
 def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
     """The composition kernel compiles once per (rows, window size): each PMF is wrapped to its
     window on the host first, so mechanisms on grids of different lengths share its shapes (a
