@@ -97,9 +97,15 @@ def _split(x):
     return high, x - high
 
 
+#: Products below this may have a subnormal rounding error (it is a multiple of 2^-104 of the
+#: product, from the halves' products), which XLA flushes to 0 and NumPy rounds: there
+#: :func:`_two_product`'s error term is not trusted.
+_SMALLEST_EXACT_PRODUCT = 1e-270
+
+
 def _two_product(x, y):
     """(p, e): p the float product x y and e its rounding error, p + e = x y exactly (Dekker),
-    while the products stay in the normal range and the splits finite."""
+    while |p| >= _SMALLEST_EXACT_PRODUCT and the splits are finite."""
     product = x * y
     (x_high, x_low), (y_high, y_low) = _split(x), _split(y)
     error = ((x_high * y_high - product) + x_high * y_low + x_low * y_high) + x_low * y_low
@@ -108,15 +114,18 @@ def _two_product(x, y):
 
 def square_up(x):
     """x^2 rounded up: the float product, moved one ulp up when it fell below the exact square
-    (Dekker's two-product error term is positive). Exact squares stay exact; a square below the
-    smallest normal float (which XLA may flush to 0) is charged that normal; only x = 0 gives 0."""
+    (Dekker's two-product error term is positive). Exact squares stay exact, except below 1e-270,
+    where the error term may be subnormal and the product is moved up anyway; a square below the
+    smallest normal float is charged that normal; only x = 0 gives 0."""
     xp = array_module(x)
     x = xp.asarray(x, xp.float64)
     square, error = _two_product(x, x)
     tiny = float(np.finfo(np.float64).tiny)
     up = xp.where(error > 0, xp.nextafter(square, np.inf), square)
-    # beyond 2^996 the split overflows: the product alone is then moved up
-    up = xp.where(xp.isfinite(error), up, xp.nextafter(square, np.inf))
+    # beyond 2^996 the split overflows, and small squares' error terms may be subnormal: the
+    # product alone is then moved up
+    trusted = xp.isfinite(error) & (square >= _SMALLEST_EXACT_PRODUCT)
+    up = xp.where(trusted, up, xp.nextafter(square, np.inf))
     return xp.where(x == 0, 0.0, xp.where(square < tiny, tiny, up))
 
 
@@ -124,7 +133,7 @@ def quotient_rounded(a, b, up: bool):
     """a / b for a >= 0 and b > 0 (float64), rounded ``up`` or down: the float quotient, moved one
     ulp where it fell on the wrong side of the exact one (Dekker's two-product of it and b,
     against a; a less that product is exact, the two being within a factor of 2). Exact
-    quotients stay exact; where a factor or the product is below 1e-290 or the split
+    quotients stay exact; where the product is below 1e-270, a factor below 1e-290 or the split
     overflows, the quotient is moved anyway; one below the smallest normal float becomes that
     normal (up) or 0 (down), as :func:`square_up` charges a tiny square. Subnormal inputs are
     excepted: XLA reads them as 0."""
@@ -134,9 +143,9 @@ def quotient_rounded(a, b, up: bool):
         quotient = a / b
         product, error = _two_product(quotient, b)
         residual = (a - product) - error  # a - quotient b: > 0 where the quotient is too small
-    # below 1e-290 a half's products may be subnormal, which XLA flushes to 0
-    normal = (xp.abs(product) > 1e-290) & (quotient > 1e-290) & (b > 1e-290)
-    trusted = xp.isfinite(residual) & normal
+    # (a factor below 1e-290 has a subnormal ulp: its split's low half is inexact too)
+    trusted = (xp.isfinite(residual) & (xp.abs(product) >= _SMALLEST_EXACT_PRODUCT)
+               & (quotient > 1e-290) & (b > 1e-290))
     wrong = (residual > 0) if up else (residual < 0)
     moved = xp.nextafter(quotient, np.inf if up else 0.0)
     # an underflow to 0 moves up, an overflow to inf down; a quotient of 0 by 0 or inf is exact

@@ -8,7 +8,7 @@ import mpmath as mp
 import numpy as np
 from compiled_programs import compiled_programs
 
-from pldjax.core.precision import pack, quotient_rounded, root_of_difference_down, unpack
+from pldjax.core.precision import pack, quotient_rounded, root_of_difference_down, square_up, unpack
 
 
 def test_pack_round_trips_float64_and_int64_bit_for_bit_with_x64_off(x64_off):
@@ -86,3 +86,20 @@ def test_quotients_are_rounded_the_asked_way_by_exact_fractions():
             elif Fraction(np.finfo(np.float64).tiny) <= truth < Fraction(np.finfo(np.float64).max):
                 # normal: the two adjacent floats
                 assert np.nextafter(d, np.inf) == u
+
+
+def test_tiny_squares_and_quotients_stay_on_their_side_of_the_exact_value():
+    """Where a product is near the bottom of the normal range, Dekker's error term is subnormal
+    (rounded in NumPy, flushed to 0 by XLA) and cannot tell the side: squares of 1e-154 to
+    1e-133 and quotients of 1e-292 to 1e-265, NumPy and compiled, still on their side."""
+    rng = np.random.default_rng(1)
+    x = 10 ** rng.uniform(-154, -133, 4000)
+    a, b = 10 ** rng.uniform(-292, -265, 4000), 10 ** rng.uniform(-5, 5, 4000)
+    with jax.enable_x64(True):
+        for run in (lambda f, *args: f(*args), lambda f, *args: jax.jit(f)(*args)):
+            squares = np.asarray(run(square_up, x))
+            up = np.asarray(run(lambda a, b: quotient_rounded(a, b, True), a, b))
+            down = np.asarray(run(lambda a, b: quotient_rounded(a, b, False), a, b))
+            assert all(Fraction(s) >= Fraction(v) ** 2 for s, v in zip(squares, x, strict=True))
+            for u, d, p, q in zip(up, down, a, b, strict=True):
+                assert Fraction(d) <= Fraction(p) / Fraction(q) <= Fraction(u)
