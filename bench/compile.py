@@ -83,7 +83,7 @@ HIT = "/jax/compilation_cache/cache_hits"
 def add_arguments(parser) -> None:
     parser.add_argument("--paths", default=",".join(DEFAULT_PATHS),
                         help=f"which paths, comma-separated, of {', '.join(PATHS)}")
-    parser.add_argument("--repeats", type=int, default=3, help="warm calls after the first (fastest)")
+    parser.add_argument("--repeats", type=int, default=4, help="warm calls after the first (fastest)")
     parser.add_argument("--subset", type=int, default=16,
                         help="configurations dp-accounting's loops time (then scaled)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip dp-accounting")

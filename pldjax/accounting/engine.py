@@ -113,11 +113,11 @@ _CENTER = PMFSummary._fields.index("center")
 #: rows that would go beyond, the compiled kernel (see :func:`_account_chunk`).
 HOST_SIZE_POINTS = 2**24
 #: HOST_SIZE_POINTS for a call discretized by the compiled kernels on a CPU, whose rows of a size
-#: with no compiled program yet are composed in NumPy up to this many points (about 0.2 s there,
-#: a program 1-1.5 CPU-s to compile): the sweep of 1,024 sigmas has 9 rows of 32,768 points,
-#: composed in 30 ms instead of a program compiled for them; its first call took 8.4-8.8 s
-#: against 9.1-9.6 s.
-RENTED_SIZE_POINTS = 2**21
+#: with no compiled program yet are composed in NumPy up to this many points (about 0.1 s there,
+#: a program about 1 CPU-s to compile): the sweep of 1,024 sigmas has 9 rows of 32,768 points,
+#: composed in 30 ms instead of a program compiled for them (its first call 8.2-8.9 s against
+#: 9.1-9.6 s, side by side).
+RENTED_SIZE_POINTS = 2**20
 COMPOSE_ELEMENTS = 2**23
 #: On a CPU, small windows share a composition call up to this many grid points (see
 #: :func:`_rows_per_call`).
