@@ -108,6 +108,22 @@ def test_two_steps_bracket_the_exact_pair(sigma):
             assert low >= exact * 0.98 - 1e-10
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma", [0.5, 5.0])
+def test_two_steps_bracket_the_exact_pair_across_the_window(sigma):
+    """Both bounds on their side of the exact two-step pair from eps = 0 to the reading at
+    delta 1e-14, in both directions, at small and large noise."""
+    upper, lower = _bounds(sigma, 2)
+    top = float(upper.epsilon(1e-14))
+    for eps in np.linspace(0.0, top, 25):
+        for index, direction in enumerate(("remove", "add")):
+            exact = _two_step_delta(1 / sigma, float(eps), direction)
+            high = float(upper.directions()[index].delta(eps))
+            low = float(lower.directions()[index].delta(eps))
+            assert low <= exact * (1 + 1e-12) + 1e-15, (eps, direction)
+            assert high >= exact * (1 - 1e-12) - 1e-15, (eps, direction)
+
+
 @pytest.mark.parametrize(("sigma", "steps", "selected"), [
     (2.0, 6, 2),
     pytest.param(1.0, 50, 1, marks=pytest.mark.slow),
