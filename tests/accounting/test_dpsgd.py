@@ -394,25 +394,38 @@ def test_many_rows_on_few_grid_sizes_compile_their_discretization(monkeypatch):
     assert calls["_tiled_masses_kernel"]
 
 
+def _composed_sizes(calls) -> set[int]:
+    """The window sizes the compiled composition ran at, from :func:`_kernel_calls`' record."""
+    return {args[0].shape[1] for _, args, _ in calls["_compose_and_evaluate"]}
+
+
+#: (sigmas, sampling rate, steps) of three configurations on three composition sizes.
+_THREE_SIZES = ([0.8, 2.0, 1.0], 0.01, [10_000, 300, 10_000])
+
+
+def _three_sizes_compiled(monkeypatch):
+    """(the kernel-call record, cleared; a call's epsilons and window sizes, compiled throughout)
+    of three configurations composed at three window sizes, then every accounting call run on
+    the host where it may (:func:`accounting_on_the_host`)."""
+    calls = _kernel_calls(monkeypatch)
+    compiled = pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
+    every_size = _composed_sizes(calls)
+    accounting_on_the_host(monkeypatch)
+    calls.clear()
+    return calls, compiled, every_size
+
+
 def test_a_host_call_composes_its_large_sizes_compiled(monkeypatch):
     """A call discretized on the host composes in NumPy only the window sizes of at most
     engine.HOST_SIZE_POINTS points; the others run the compiled composition, with the
     values of a call compiled throughout (to round-off)."""
     from pldjax.accounting import engine
 
-    def composed_sizes(calls):
-        return {args[0].shape[1] for _, args, _ in calls["_compose_and_evaluate"]}
-
-    sigmas, steps = [0.8, 2.0, 1.0], [10_000, 300, 10_000]
-    calls = _kernel_calls(monkeypatch)
-    compiled = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
-    every_size = composed_sizes(calls)
-    accounting_on_the_host(monkeypatch)
+    calls, compiled, every_size = _three_sizes_compiled(monkeypatch)
     monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 50_000)
-    calls.clear()
-    mixed = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    mixed = pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
     assert not calls["_tiled_masses_kernel"]
-    assert set() < composed_sizes(calls) < every_size
+    assert set() < _composed_sizes(calls) < every_size
     np.testing.assert_allclose(mixed, compiled, rtol=1e-9)
 
 
@@ -424,29 +437,20 @@ def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share
     are those of a call compiled throughout, to round-off."""
     from pldjax.accounting import engine
 
-    def composed_sizes(calls):
-        return {args[0].shape[1] for _, args, _ in calls["_compose_and_evaluate"]}
-
-    sigmas, steps = [0.8, 2.0, 1.0], [10_000, 300, 10_000]
-    calls = _kernel_calls(monkeypatch)
-    compiled = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
-    every_size = composed_sizes(calls)
-    accounting_on_the_host(monkeypatch)
+    calls, compiled, every_size = _three_sizes_compiled(monkeypatch)
     monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 0)  # discretized by the compiled kernels
     monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 40_000)
-    calls.clear()
-    mixed = pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
+    mixed = pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
     assert calls["_tiled_masses_kernel"]
-    compiled_sizes = composed_sizes(calls)
-    assert set() < compiled_sizes < every_size
+    assert set() < _composed_sizes(calls) < every_size
     np.testing.assert_allclose(mixed, compiled, rtol=1e-9)
     calls.clear()
-    assert pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5) == pytest.approx(mixed, rel=1e-9)
-    assert composed_sizes(calls) == every_size  # each share spent, or its program there
+    assert pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5) == pytest.approx(mixed, rel=1e-9)
+    assert _composed_sizes(calls) == every_size  # each share spent, or its program there
     monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 10**9)
     calls.clear()
-    pj.dpsgd_epsilon(sigmas, 0.01, steps, 1e-5)
-    assert composed_sizes(calls) == every_size  # bought: not rented again, whatever the share
+    pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
+    assert _composed_sizes(calls) == every_size  # bought: not rented again, whatever the share
 
 
 def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
