@@ -209,6 +209,22 @@ def test_bounds_against_feldman_and_shenfelds_accountant(selected):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="at small sigma the lattice of S reaches the tilted "
+                   "term's tail (S near 1e7 at mu = 2) only at a spacing far coarser than aimed "
+                   "(MAX_LATTICE points), which widens the upper curve: 29.90 against 26.03")
+def test_small_noise_upper_bound_is_no_looser_than_feldman_and_shenfelds():
+    """Sigma 0.5, 10 of 100 steps, delta 1e-5: pldjax's upper bound (of the blocked composition
+    of one-selection allocations, as Feldman and Shenfeld's) no looser than theirs, up to 0.1%."""
+    from PLD_accounting.random_allocation_api import gaussian_allocation_epsilon_range
+
+    sigma, steps, selected, delta = 0.5, 100, 10, 1e-5
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps, selected))
+    their_upper, _ = gaussian_allocation_epsilon_range(
+        delta=delta, sigma=sigma, num_steps=steps, num_selected=selected)
+    assert pj.event_epsilon(event, 1, delta) <= their_upper * (1 + 1e-3)
+
+
+@pytest.mark.slow
 def test_epochs_compose_and_stay_above_the_shuffled_lower_bound():
     # zero-out shuffling's lower bound (Chua et al.) is a statistic of the one-selection pair
     sigma, steps, epochs, delta = 2.0, 8, 3, 1e-5
