@@ -287,11 +287,13 @@ def _sized(top: float, wanted: float) -> tuple[float, int] | None:
     return None if top / wanted > _MAX_COARSENING * MAX_LATTICE else _points(top, wanted)
 
 
-def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
+def _lattice(mu: float, steps: int, selected: int,
+             quantiles: tuple[float, ...] = _TAIL_QUANTILES) -> tuple[float, int] | None:
     """(spacing h, number of points) of the lattice of S for ``steps`` terms of which
     ``selected`` are tilted under P; None where no lattice resolves S (see _MAX_COARSENING).
     Where S's tail is heavy (small sigma, few steps) the lattice's top reaches a lower quantile
-    of it (_TAIL_QUANTILES): more mass beyond, which the PLDs put on their safe side."""
+    of it (the first of ``quantiles`` that fits): more mass beyond, which the PLDs put on their
+    safe side."""
     if mu > _MAX_SHIFT:
         return None
     spread_q = math.sqrt(math.expm1(mu * mu) / steps)
@@ -299,7 +301,7 @@ def _lattice(mu: float, steps: int, selected: int) -> tuple[float, int] | None:
     spread_p = math.sqrt(selected * tilted_var + (steps - selected) * math.expm1(mu * mu)) / steps
     bulk = 1.0 + selected * math.expm1(mu * mu) / steps + _BULK_SPREADS * max(spread_p, spread_q)
     wanted = spread_q / (_RESOLUTION * math.sqrt(steps))
-    for quantile in _TAIL_QUANTILES:
+    for quantile in quantiles:
         lattice = _sized(bulk + math.exp(0.5 * mu * mu + quantile * mu) / steps, wanted)
         if lattice is not None:
             return lattice
@@ -502,13 +504,13 @@ def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None,
     return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
 
 
-def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
+def _one_selection(mu: float, steps: int, step: float, lattice=None) -> PLD | None:
     """The pessimistic PLD (both directions) of one selection among ``steps`` (module
     docstring: the spread lattice law of S and the pair it defines). The remove direction reads
-    P's law on a lattice that reaches S's tail; the add direction reads Q's law on one that
-    reaches only its bulk, finer where S's tail is heavy. None where a direction's losses fit
-    no window (:func:`_binned`)."""
-    (p_low, p_high), _, s = _laws(mu, steps, 1, True)
+    P's law on a lattice that reaches S's tail (``lattice``, default :func:`_lattice`'s); the
+    add direction reads Q's law on one that reaches only its bulk, finer where S's tail is
+    heavy. None where a direction's losses fit no window (:func:`_binned`)."""
+    (p_low, p_high), _, s = _laws(mu, steps, 1, True, lattice)
     # remove: P'-mass at log s, the P'-mass beyond the lattice at +inf
     remove = _binned(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
     if remove is None:
@@ -520,6 +522,23 @@ def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
     add = _binned(np.append(-np.log(s[1:]), -math.log(top)), np.append(q_high[1:], beyond),
                   q_high[0], step, True)
     return None if add is None else PLD.from_directions(remove, add)
+
+
+def _resolved(pld: PLD, mu: float, steps: int, step: float) -> PLD:
+    """One selection's pessimistic PLD (:func:`_one_selection`, on :func:`_lattice`'s lattice)
+    met with the one on the lattice that reaches only the last of _TAIL_QUANTILES, where that
+    lattice is at least twice as fine. Where S's tail is heavy (sigma below about 0.7) the
+    first lattice's top reaches 1e-16 of the tail only at a spacing hundreds of times coarser
+    than aimed, and its spread widens the bulk of the curve (sigma 0.5, 1 of 10 steps: delta(2)
+    0.108 against a lower bound's 0.067); the finer one holds about 1e-9 of P-mass at +inf but
+    resolves the bulk. Both dominate the pair, and so does their meet (:func:`_meet`, to the
+    first one's end): the finer lattice's curve below, the first one's in the tail."""
+    coarse, fine = _lattice(mu, steps, 1), _lattice(mu, steps, 1, _TAIL_QUANTILES[-1:])
+    if coarse is None or fine is None or 2.0 * fine[0] > coarse[0]:
+        return pld
+    finer = _one_selection(mu, steps, step, fine)
+    met = None if finer is None else _meet(pld, finer, step, to_last_end=True)
+    return pld if met is None else met
 
 
 def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
@@ -584,14 +603,15 @@ def _direction_pairs(lattice: PLD, gaussian: PLD) -> list[tuple[PLD, PLD]]:
     return list(zip(lattice.directions(), symmetric, strict=True))
 
 
-def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
+def _meet(lattice: PLD, gaussian: PLD, step: float, *, to_last_end: bool = False) -> PLD | None:
     """A pessimistic PLD (both directions) below both of two that dominate one pair: where the
     lattice's round-off bounds (about steps times 1e-13 of mass spread over its points) outweigh
     the tail, the Gaussian bound's curve is the lower one. The pair's curve is convex in e^eps
     and below both curves, so below the lower convex hull of their minimum, taken at the grid
     points and joined by chords: connect-the-dots of that hull dominates the pair
     (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where the first of the
-    two ends (its +inf atom is the hull's value there) and starts where both have begun; its
+    two ends, or ``to_last_end`` the last (beyond its window a curve is its +inf atom; the
+    hull's value at the end becomes the result's), and starts where both have begun; its
     step is ``step``, or the power of two times it (at most 2^_MOST_DOUBLINGS) on which that
     window holds at most MAX_MECHANISM_SIZE points (the window's bottom, raised to fit instead,
     moved the losses of a one-step allocation of 10^7 steps up by 9.8 nats, twice the Gaussian
@@ -600,7 +620,8 @@ def _meet(lattice: PLD, gaussian: PLD, step: float) -> PLD | None:
     from pldjax.mechanisms.named import from_privacy_curve
 
     pairs = _direction_pairs(lattice, gaussian)
-    top = max(min(_window_end(a), _window_end(b)) for a, b in pairs)
+    end = max if to_last_end else min
+    top = max(end(_window_end(a), _window_end(b)) for a, b in pairs)
     bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs))
     if top <= bottom:
         return None
@@ -709,6 +730,8 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
         part = _gaussian_bound(mu, size, 1, True, grid)
         lattice = (_one_selection(mu, size, step)
                    if size > 1 and _lattice(mu, size, 1) is not None else None)
+        if lattice is not None:
+            lattice = _resolved(lattice, mu, size, step)
         met = None if lattice is None else _meet(lattice, part, step)
         part = part if met is None else met
         parts.append(part if count == 1 else part.self_compose(count))
