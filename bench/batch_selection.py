@@ -32,7 +32,7 @@ DELTA = 1e-5
 #: (sigma, batches an epoch, epochs)
 RUNS = [(1.0, 1000, 1), (1.0, 1000, 5), (0.8, 100, 1), (2.0, 100, 10)]
 #: Random allocation of k of t steps in one epoch: (sigma, t, k, delta)
-ALLOCATIONS = [(2.0, 100, 10, 1e-6), (2.0, 100, 1, 1e-6)]
+ALLOCATIONS = [(2.0, 100, 10, 1e-6), (2.0, 100, 1, 1e-6), (0.5, 100, 10, 1e-5), (0.4, 100, 10, 1e-5)]
 CYCLE = 4
 #: Random-allocation configurations of the sweep table (seeded: sigma uniform in [1, 3], t
 #: log-uniform integer in [100, 1000], k drawn from SWEEP_SELECTED).
@@ -215,7 +215,9 @@ def run(args, report) -> None:
                 "Gaussian of the outputs' sum). Feldman and Shenfeld's are the epsilons of "
                 "their dominating and dominated PLDs at the package's default "
                 "accuracy; for k > 1 both are of the same k-fold composition of one-step "
-                "allocations, so their lower value bounds that composition, not the true epsilon.")
+                "allocations, so their lower value bounds that composition, not the true epsilon. "
+                "At sigma 0.5 and 0.4 pldjax's lower bound is far below: its statistic misses "
+                "what the selected steps' large outputs show.")
     count = min(args.sweep, 8) if args.quick else args.sweep
     harness.log(f"batch_selection: a sweep of {count} random-allocation configurations")
     event = _allocation_sweep(count)
