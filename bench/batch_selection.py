@@ -32,7 +32,8 @@ DELTA = 1e-5
 #: (sigma, batches an epoch, epochs)
 RUNS = [(1.0, 1000, 1), (1.0, 1000, 5), (0.8, 100, 1), (2.0, 100, 10)]
 #: Random allocation of k of t steps in one epoch: (sigma, t, k, delta)
-ALLOCATIONS = [(2.0, 100, 10, 1e-6), (2.0, 100, 1, 1e-6), (0.5, 100, 10, 1e-5), (0.4, 100, 10, 1e-5)]
+ALLOCATIONS = [(2.0, 100, 10, 1e-6), (2.0, 100, 1, 1e-6), (0.5, 100, 10, 1e-5), (0.4, 100, 10, 1e-5),
+               (0.35, 100, 10, 1e-5)]
 CYCLE = 4
 #: Random-allocation configurations of the sweep table (seeded: sigma uniform in [1, 3], t
 #: log-uniform integer in [100, 1000], k drawn from SWEEP_SELECTED).

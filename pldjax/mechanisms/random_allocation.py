@@ -32,9 +32,10 @@ the mass left on it, since every term is >= 0).
   The P'-mass beyond the lattice (S' > top) goes to +inf in the remove direction. The add
   direction reads Q' on a second lattice that reaches only S's bulk: its losses -log S' beyond
   that lattice's top are below -log(top), where they are put (rounded up), and the mass at
-  S' = 0 goes to +inf. Each atom, at log s_j (remove) or -log s_j (add), is then split between
-  the two grid points around it keeping its Q-mass (a refinement of the pair, which dominates
-  it; Doroshenko et al.'s connect-the-dots does the same to a privacy curve).
+  S' = 0 goes to +inf (the lattice is fine enough to hold at most 1e-9 there). Each atom, at
+  log s_j (remove) or -log s_j (add), is then split between the two grid points around it
+  keeping its Q-mass (a refinement of the pair, which dominates it; Doroshenko et al.'s
+  connect-the-dots does the same to a privacy curve).
 * Optimistic: the adversary looks only at T = h sum_i floor(Z_i / (t h)), a function of the
   output (the lattice version of S), so the pair of T's laws is dominated by (P, Q). Under Q it
   is the t-fold convolution of the floored untilted lognormal; under P one coordinate (k of
@@ -43,7 +44,10 @@ the mass left on it, since every term is >= 0).
   point, another post-processing) is merged onto the grid: the atoms between two grid points
   are merged, and each grid point takes a share of the cell below it as large as keeps the
   merger's loss at or above the point (post-processing again, then a loss lowered), which
-  loses far less than rounding each loss down (about half a grid step of epsilon).
+  loses far less than rounding each loss down (about half a grid step of epsilon). Where the
+  lattice is coarse (small sigma), T on the add direction's finer lattice (its values beyond
+  merged into its last point) is a second such statistic, and the two are joined
+  (:func:`_join`).
 
 Several selections (k > 1). Cut the t steps into k blocks of sizes m_1..m_k (each floor(t / k)
 or one more) and allocate one step in each block: its pair is the composition of k one-selection
@@ -84,19 +88,20 @@ sqrt(t) h <= (S's standard deviation) / 64, which moves epsilon by about 1e-4 re
 lattice 64 times finer. Its top covers S's bulk under P and its tail, which is a tilted term's,
 lognormal: to 1e-16 of mass beyond, or down to 1e-9 where that would not fit the lattice's
 :data:`MAX_LATTICE` points (sigma below about 0.8 with 100 steps or fewer; the lattice is then
-coarser than aimed and the bounds further apart, never unsound). There one selection's upper
-bound is also built on a lattice that resolves S but reaches less of the tail (6 down to 4
-standard deviations of a tilted term: 1e-9 to 3e-5 of P-mass beyond, at +inf), and the two are
-met (:func:`_resolved`): sigma 0.5, 10 of 100 steps, epsilon(1e-5) 25.98 against 29.90 alone.
-Where no lattice resolves S (sigma below about 0.35, or a spread below the lattice's
-resolution: 10^8 steps at sigma 1, 10^7 at sigma 10) the PLDs are Gaussian bounds
-(:func:`_gaussian_bound`), sound and loose.
+coarser than aimed and the bounds further apart, never unsound). There one selection's remove
+direction is also read on lattices that resolve S but reach less of the tail (6 down to 4
+standard deviations of a tilted term: 1e-9 to 3e-5 of P-mass beyond, at +inf; and the add
+direction's), and they are met (:func:`_one_selection`): sigma 0.5, 10 of 100 steps,
+epsilon(1e-5) 25.98 against 29.90 alone. Where no lattice resolves S (sigma below about 0.35,
+or a spread below the lattice's resolution: 10^8 steps at sigma 1, 10^7 at sigma 10) the PLDs
+are Gaussian bounds (:func:`_gaussian_bound`), sound and loose.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from statistics import NormalDist
 
 import jax
 import jax.numpy as jnp
@@ -121,11 +126,14 @@ MIN_LATTICE = 2**12
 #: of a tilted term (1e-16 of mass beyond, down to 1e-9) for which the lattice resolves S, and
 #: S's bulk to _BULK_SPREADS standard deviations.
 _TAIL_QUANTILES = (8.2, 7.6, 7.0, 6.5, 6.0)
-#: Where that lattice is coarser than aimed, one selection's upper bound is met with a finer
-#: one's (:func:`_resolved`), which reaches the first of these quantiles at which it resolves S
-#: (spacing at most twice the aimed one), or the last (3e-5 of mass beyond).
+#: Where that lattice is coarser than aimed, one selection's remove direction is met with a
+#: finer one's (:func:`_one_selection`), which reaches the first of these quantiles at which it
+#: resolves S (spacing at most twice the aimed one), or the last (3e-5 of mass beyond).
 _FINE_QUANTILES = (6.0, 5.0, 4.0)
 _BULK_SPREADS = 16.0
+#: Most Q-mass the add direction's lattice may put at S' = 0, a loss of +inf
+#: (:func:`_bulk_lattice`).
+_ZERO_MASS = 1e-9
 #: The lattice's spacing h aims at sqrt(t) h <= (S's standard deviation) / _RESOLUTION.
 _RESOLUTION = 2.0**6
 #: Losses are moved by this margin (nats) before they are rounded onto the grid, past the
@@ -352,9 +360,19 @@ def _log_lattice(mu: float, steps: int, selected: int, scale: float) -> tuple[fl
 def _bulk_lattice(mu: float, steps: int) -> tuple[float, int]:
     """(spacing, number of points) of a lattice of S under Q that reaches only its bulk (mean 1
     plus _BULK_SPREADS standard deviations): the add direction's losses -log S of the values
-    beyond are below -log(top), where they are rounded up to."""
+    beyond are below -log(top), where they are rounded up to. Its spacing h is the aimed one,
+    or finer where S' = 0 (a loss of +inf in the add direction) could otherwise hold more than
+    _ZERO_MASS of Q-mass: that needs every spread term at 0, so every Z_i below t h, whose
+    probability is P(Z < t h)^t; h is held where that is _ZERO_MASS. At small sigma most Z are
+    far below their mean 1 (the median is e^{-mu^2 / 2}), and at the aimed spacing S' = 0 held
+    0.14 of Q-mass at sigma 0.35 and 10 steps (the add direction then fell back to the Gaussian
+    bound: 10 of 100 steps read 68.89 at delta 1e-5, 56.08 with this spacing)."""
     top = 2.0 + _BULK_SPREADS * math.sqrt(math.expm1(mu * mu) / steps)
-    return _points(top, _aimed_spacing(mu, steps))
+    # P(Z < t h) = 1 - p: log(t h) = -mu^2 / 2 + mu Phi^-1(1 - p) = -mu^2 / 2 - mu Phi^-1(p)
+    below = -math.expm1(math.log(_ZERO_MASS) / steps)
+    zero_free = (math.exp(-0.5 * mu * mu - mu * NormalDist().inv_cdf(below)) / steps
+                 if below > 0.0 else math.inf)
+    return _points(top, min(_aimed_spacing(mu, steps), zero_free))
 
 
 def _default_step(mu: float, steps: int, selected: int) -> float:
@@ -517,46 +535,75 @@ def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None,
     return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
 
 
-def _one_selection(mu: float, steps: int, step: float, lattice=None) -> PLD | None:
+def _remove_direction(mu: float, steps: int, step: float, lattice, laws=None) -> PLD | None:
+    """One selection's pessimistic remove direction on ``lattice`` (spacing, points): P'-mass at
+    log s, the P'-mass beyond the lattice at +inf (module docstring). ``laws``: :func:`_laws`'s
+    on that lattice, where computed before. None where its losses fit no window
+    (:func:`_binned`)."""
+    (p_low, p_high), _, s = laws or _laws(mu, steps, 1, True, lattice)
+    return _binned(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
+
+
+def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
     """The pessimistic PLD (both directions) of one selection among ``steps`` (module
-    docstring: the spread lattice law of S and the pair it defines). The remove direction reads
-    P's law on a lattice that reaches S's tail (``lattice``, default :func:`_lattice`'s); the
-    add direction reads Q's law on one that reaches only its bulk, finer where S's tail is
-    heavy. None where a direction's losses fit no window (:func:`_binned`)."""
-    (p_low, p_high), _, s = _laws(mu, steps, 1, True, lattice)
-    # remove: P'-mass at log s, the P'-mass beyond the lattice at +inf
-    remove = _binned(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
-    if remove is None:
-        return None
+    docstring: the spread lattice law of S and the pair it defines), or None where a direction's
+    losses fit no window (:func:`_binned`).
+
+    The add direction reads Q's law on a lattice that reaches only S's bulk
+    (:func:`_bulk_lattice`). The remove direction reads P's law on one that reaches S's tail
+    (:func:`_lattice`). Where S's tail is heavy (sigma below about 0.7) that one reaches 1e-16
+    of the tail only at a spacing hundreds of times coarser than aimed, and its spread widens
+    the bulk of the curve (sigma 0.5, 1 of 10 steps: delta(2) 0.108 against a lower bound's
+    0.067). There, where they are at least twice as fine, the remove direction is also read on
+    a lattice that resolves S but reaches less of its tail (the first of _FINE_QUANTILES at
+    which it does, or the last: 1e-9 to 3e-5 of P-mass beyond, at +inf) and on the bulk one
+    (more mass at +inf, finer still). All of them dominate the pair, and so does their meet
+    (:func:`_meet`, to the tail-reaching lattice's end): the finer lattices' curves below, the
+    first one's in the tail."""
+    bulk = _bulk_lattice(mu, steps)
+    bulk_laws = _laws(mu, steps, 1, True, bulk)
+    _, (q_low, q_high), s = bulk_laws
     # add: Q'-mass at -log s, the mass at s = 0 at +inf, the mass beyond the lattice at -log top
-    _, (q_low, q_high), s = _laws(mu, steps, 1, True, _bulk_lattice(mu, steps))
     top = s[-1] + s[1]
     beyond = max(1.0 - math.fsum(q_low), 0.0)
     add = _binned(np.append(-np.log(s[1:]), -math.log(top)), np.append(q_high[1:], beyond),
                   q_high[0], step, True)
-    return None if add is None else PLD.from_directions(remove, add)
-
-
-def _resolved(pld: PLD, mu: float, steps: int, step: float) -> PLD:
-    """One selection's pessimistic PLD (:func:`_one_selection`, on :func:`_lattice`'s lattice)
-    met with the one on a finer lattice (_FINE_QUANTILES), where that is at least twice as fine.
-    Where S's tail is heavy (sigma below about 0.7) the first lattice's top reaches 1e-16 of the
-    tail only at a spacing hundreds of times coarser than aimed, and its spread widens the bulk
-    of the curve (sigma 0.5, 1 of 10 steps: delta(2) 0.108 against a lower bound's 0.067); the
-    finer one holds more P-mass at +inf (1e-9 to 3e-5) but resolves the bulk. Both dominate the
-    pair, and so does their meet (:func:`_meet`, to the first one's end): the finer lattice's
-    curve below, the first one's in the tail."""
     coarse = _lattice(mu, steps, 1)
+    remove = _remove_direction(mu, steps, step, coarse)
+    if add is None or remove is None:
+        return None
+    pld = PLD.from_directions(remove, add)
     fine = None
     for quantile in _FINE_QUANTILES:
         fine = _lattice(mu, steps, 1, (quantile,))
         if fine is not None and fine[0] <= 2.0 * _aimed_spacing(mu, steps):
             break
-    if coarse is None or fine is None or 2.0 * fine[0] > coarse[0]:
-        return pld
-    finer = _one_selection(mu, steps, step, fine)
-    met = None if finer is None else _meet(pld, finer, step, to_last_end=True)
-    return pld if met is None else met
+    finer = [(lattice, None) for lattice in (fine,)
+             if lattice is not None and 2.0 * lattice[0] <= coarse[0]]
+    if 2.0 * bulk[0] <= coarse[0]:
+        finer.append((bulk, bulk_laws))
+    for lattice, laws in finer:
+        candidate = _remove_direction(mu, steps, step, lattice, laws)
+        met = (None if candidate is None
+               else _meet(pld, PLD.from_directions(candidate, add), step, to_last_end=True))
+        pld = pld if met is None else met
+    return pld
+
+
+def _bulk_resolved(statistic: PLD, mu: float, steps: int, step: float, lattice) -> PLD:
+    """One selection's optimistic PLD (:func:`_statistic` on ``lattice``, :func:`_lattice`'s)
+    joined with the statistic on the add direction's lattice (:func:`_bulk_lattice`), where that
+    is at least twice as fine. Where S's tail is heavy (sigma below about 0.7) the first lattice
+    is hundreds of times coarser than aimed and floors most Z to 0, where both laws hold most of
+    their mass: the add direction read nothing (sigma 0.5, 1 of 10 steps: epsilon(1e-5) 0.19
+    against an upper bound's 3.57). Each statistic is a function of the output (the finer one's
+    values beyond its lattice merged into its last point), so both curves are below the pair's,
+    and so is their join (:func:`_join`)."""
+    bulk = _bulk_lattice(mu, steps)
+    if 2.0 * bulk[0] > lattice[0]:
+        return statistic
+    finer = _statistic(mu, steps, 1, step, bulk, None)
+    return statistic if finer is None else _join(statistic, finer)
 
 
 def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
@@ -738,7 +785,7 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
         if statistic is None:
             return _gaussian_bound(mu, steps, selected, pessimistic, grid)
         if scale is None:  # one selection: the statistic is the likelihood ratio, on a lattice
-            return statistic
+            return _bulk_resolved(statistic, mu, steps, step, lattice)
         return _join(statistic, _gaussian_bound(mu, steps, selected, pessimistic, grid))
     block, longer = divmod(steps, selected)
     parts = []
@@ -748,8 +795,6 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
         part = _gaussian_bound(mu, size, 1, True, grid)
         lattice = (_one_selection(mu, size, step)
                    if size > 1 and _lattice(mu, size, 1) is not None else None)
-        if lattice is not None:
-            lattice = _resolved(lattice, mu, size, step)
         met = None if lattice is None else _meet(lattice, part, step)
         part = part if met is None else met
         parts.append(part if count == 1 else part.self_compose(count))

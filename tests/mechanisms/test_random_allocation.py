@@ -95,8 +95,12 @@ def test_every_step_selected_is_the_gaussian_mechanism_composed():
             assert float(high.delta(eps)) - float(low.delta(eps)) <= 2e-3 * exact + 1e-9
 
 
-@pytest.mark.parametrize("sigma", [2.0, pytest.param(1.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sigma", [2.0, 0.35, pytest.param(1.0, marks=pytest.mark.slow)])
 def test_two_steps_bracket_the_exact_pair(sigma):
+    """Both bounds within a few percent of the exact two-step pair, both directions; at sigma
+    0.35 most Z are far below their mean (median e^-4.1), which a lattice aimed at S's spread
+    floors to 0 (the add direction's upper bound read 2.4 times the exact delta at eps 5, its
+    lower bound 0 from eps 0.5)."""
     upper, lower = _bounds(sigma, 2)
     for eps in EPSILONS:
         for index, direction in enumerate(("remove", "add")):
@@ -209,13 +213,15 @@ def test_bounds_against_feldman_and_shenfelds_accountant(selected):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigma", [0.5, 0.4])
+@pytest.mark.parametrize("sigma", [0.5, 0.4, 0.35])
 def test_small_noise_upper_bound_is_no_looser_than_feldman_and_shenfelds(sigma):
     """10 of 100 steps, delta 1e-5: pldjax's upper bound (of the blocked composition of
     one-selection allocations, as Feldman and Shenfeld's) no looser than theirs, up to 0.1%.
-    Their brackets: [25.93, 26.03] at sigma 0.5, [42.16, 42.28] at 0.4; pldjax's upper bounds
-    25.98 and 42.22, and 29.90 and 45.94 on the tail-reaching lattice alone, whose spacing is
-    hundreds of times coarser than aimed there."""
+    Their brackets: [25.93, 26.03] at sigma 0.5, [42.16, 42.28] at 0.4, [55.94, 56.07] at 0.35;
+    pldjax's upper bounds 25.98, 42.22 and 56.00, where the tail-reaching lattice alone, whose
+    spacing is hundreds of times coarser than aimed there, gave 29.90 and 45.94, and at 0.35 the
+    add direction, whose lattice put 0.14 of Q-mass at +inf, fell back to the Gaussian bound
+    (68.89)."""
     from PLD_accounting.random_allocation_api import gaussian_allocation_epsilon_range
 
     steps, selected, delta = 100, 10, 1e-5
