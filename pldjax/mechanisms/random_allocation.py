@@ -49,31 +49,31 @@ the mass left on it, since every term is >= 0).
   merged into its last point) is a second such statistic, and the two are joined
   (:func:`_join`).
 
-Several selections (k > 1). Cut the t steps into k blocks of sizes m_1..m_k (each floor(t / k)
-or one more) and allocate one step in each block: its pair is the composition of k one-selection
-pairs. A uniformly random permutation of the steps turns any law on k-subsets into the uniform
-one, and Q is invariant under it, so the random-allocation pair is a mixture (over
-permutations) of pairs, each a relabelling of the blocked pair; hockey-stick divergences are
-jointly convex, so the blocked composition dominates (the pessimistic PLD). Each block's PLD is
-the meet of its lattice PLD and the Gaussian bound of one selection (:func:`_meet`: the lower
-convex hull of their curves' minimum), so that where the lattice's round-off bounds outweigh the
-tail (blocks of 10^5 steps or more, or a tail too heavy for any lattice) the composition over
-thousands of blocks stays finite. The epoch is then held to the Gaussian bound of k selections
+Several selections (k > 1). Cut the t steps into k blocks of sizes m_1..m_k (each floor(t / k) or
+one more) and allocate one step in each block: its pair is the composition of k one-selection
+pairs. A uniformly random permutation of the steps turns any law on k-subsets into the uniform one,
+and Q is invariant under it, so the random-allocation pair is a mixture (over permutations) of
+pairs, each a relabelling of the blocked pair; hockey-stick divergences are jointly convex, so the
+blocked composition dominates (the pessimistic PLD). Each block's PLD is the meet of its lattice
+PLD and the Gaussian bound of one selection (:func:`_meet`: the lower convex hull of their curves'
+minimum), so that where the lattice's round-off bounds outweigh the tail (blocks of 10^5 steps or
+more, or a tail too heavy for any lattice) the composition over thousands of blocks stays finite.
+The meet runs to the end of the longer window: ended at the shorter one, the Gaussian bound's, it
+put that bound's tail beyond its window at +inf (about 1e-10 at sigma 0.36 and 3 steps, where
+epsilon(1e-10) then read inf). The epoch is then held to the Gaussian bound of k selections
 (sqrt(k) mu, the adversary also told which steps): where its curve lies below the composition's
-somewhere, the meet of the two, or the bound itself where it is the lower one (k of the order of
-t / 2, whose k-fold composition, rounded up at every fold, ended several times above it). The
-optimistic PLD
-is a lattice statistic again, with k tilted coordinates, but not of the sum: the pair's
-likelihood ratio is now the mean over k-subsets A of prod_{i in A} Z_i, close to Poisson
-sampling's at rate q = k / t, prod_i (1 - q + q Z_i) = (1 - q)^t prod_i (1 + c Z_i) with
-c = k / (t - k). So the statistic is G = sum_i log(1 + c Z_i) (a function of the output, so
-dominated by (P, Q)), on a lattice of its own; for sigma 2 and 10 of 100 steps its epsilon at
-delta 1e-6 is within 0.9% of the pessimistic one, where the sum's was 1.5% below. Where most
-steps are selected, or sigma is small, G's lattice misses the tail that the sum of the outputs
-shows: that sum is the Gaussian mechanism of shift k mu / sqrt(t) (the optimistic Gaussian
-bound). Both curves are below the pair's, so their maximum is too, and :func:`_join` turns it
-into one optimistic PLD (sigma 2, 99 of 100 steps: 25.0 alone, 35.08 joined, against the upper
-bound's 35.21).
+somewhere, the meet of the two, or the bound itself where it is the lower one (k of the order of t
+/ 2, whose k-fold composition, rounded up at every fold, ended several times above it). The
+optimistic PLD is a lattice statistic again, with k tilted coordinates, but not of the sum: the
+pair's likelihood ratio is now the mean over k-subsets A of prod_{i in A} Z_i, close to Poisson
+sampling's at rate q = k / t, prod_i (1 - q + q Z_i) = (1 - q)^t prod_i (1 + c Z_i) with c = k / (t
+- k). So the statistic is G = sum_i log(1 + c Z_i) (a function of the output, so dominated by (P,
+Q)), on a lattice of its own; for sigma 2 and 10 of 100 steps its epsilon at delta 1e-6 is within
+0.9% of the pessimistic one, where the sum's was 1.5% below. Where most steps are selected, or
+sigma is small, G's lattice misses the tail that the sum of the outputs shows: that sum is the
+Gaussian mechanism of shift k mu / sqrt(t) (the optimistic Gaussian bound). Both curves are below
+the pair's, so their maximum is too, and :func:`_join` turns it into one optimistic PLD (sigma 2,
+99 of 100 steps: 25.0 alone, 35.08 joined, against the upper bound's 35.21).
 
 Round-off. Cell masses are integrated free of cancellation (:func:`_cell_masses`: relative
 round-off of order 1e-15); each FFT product is clipped at zero and its round-off bounded
@@ -795,7 +795,7 @@ def random_allocation_pld(noise, steps: int, selected: int, *, pessimistic: bool
         part = _gaussian_bound(mu, size, 1, True, grid)
         lattice = (_one_selection(mu, size, step)
                    if size > 1 and _lattice(mu, size, 1) is not None else None)
-        met = None if lattice is None else _meet(lattice, part, step)
+        met = None if lattice is None else _meet(lattice, part, step, to_last_end=True)
         part = part if met is None else met
         parts.append(part if count == 1 else part.self_compose(count))
     epoch = parts[0] if len(parts) == 1 else parts[0].compose(parts[1])

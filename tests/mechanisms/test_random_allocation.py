@@ -112,6 +112,16 @@ def test_two_steps_bracket_the_exact_pair(sigma):
             assert low >= exact * 0.98 - 1e-10
 
 
+def test_small_noise_and_few_steps_read_finite_epsilons_down_to_delta_1e_14():
+    """Each block's lattice PLD, met with the Gaussian bound of one selection, keeps the
+    lattice's tail beyond the Gaussian bound's window (where that bound's tail is its +inf atom,
+    1.3e-10 at sigma 0.36 and 3 steps): the upper bound's epsilons stay finite and increasing."""
+    upper, lower = _bounds(0.36, 3)
+    epsilons = [float(upper.epsilon(delta)) for delta in (1e-6, 1e-10, 1e-12, 1e-14)]
+    assert all(math.isfinite(eps) for eps in epsilons) and epsilons == sorted(epsilons)
+    assert float(lower.epsilon(1e-14)) <= epsilons[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sigma", [0.5, 5.0])
 def test_two_steps_bracket_the_exact_pair_across_the_window(sigma):
