@@ -217,7 +217,7 @@ def run(args, report) -> None:
                 "their dominating and dominated PLDs at the package's default "
                 "accuracy; for k > 1 both are of the same k-fold composition of one-step "
                 "allocations, so their lower value bounds that composition, not the true epsilon. "
-                "At sigma 0.5 and 0.4 pldjax's lower bound is far below: its statistic misses "
+                "At sigma 0.5 to 0.35 pldjax's lower bound is far below: its statistic misses "
                 "what the selected steps' large outputs show.")
     count = min(args.sweep, 8) if args.quick else args.sweep
     harness.log(f"batch_selection: a sweep of {count} random-allocation configurations")
