@@ -62,18 +62,19 @@ The meet runs to the end of the longer window: ended at the shorter one, the Gau
 put that bound's tail beyond its window at +inf (about 1e-10 at sigma 0.36 and 3 steps, where
 epsilon(1e-10) then read inf). The epoch is then held to the Gaussian bound of k selections
 (sqrt(k) mu, the adversary also told which steps): where its curve lies below the composition's
-somewhere, the meet of the two, or the bound itself where it is the lower one (k of the order of t
-/ 2, whose k-fold composition, rounded up at every fold, ended several times above it). The
+somewhere, the meet of the two, or the bound itself where it is the lower one (k of the order
+of t / 2, whose k-fold composition, rounded up at every fold, ended several times above it). The
 optimistic PLD is a lattice statistic again, with k tilted coordinates, but not of the sum: the
 pair's likelihood ratio is now the mean over k-subsets A of prod_{i in A} Z_i, close to Poisson
-sampling's at rate q = k / t, prod_i (1 - q + q Z_i) = (1 - q)^t prod_i (1 + c Z_i) with c = k / (t
-- k). So the statistic is G = sum_i log(1 + c Z_i) (a function of the output, so dominated by (P,
-Q)), on a lattice of its own; for sigma 2 and 10 of 100 steps its epsilon at delta 1e-6 is within
-0.9% of the pessimistic one, where the sum's was 1.5% below. Where most steps are selected, or
-sigma is small, G's lattice misses the tail that the sum of the outputs shows: that sum is the
-Gaussian mechanism of shift k mu / sqrt(t) (the optimistic Gaussian bound). Both curves are below
-the pair's, so their maximum is too, and :func:`_join` turns it into one optimistic PLD (sigma 2,
-99 of 100 steps: 25.0 alone, 35.08 joined, against the upper bound's 35.21).
+sampling's at rate q = k / t, prod_i (1 - q + q Z_i) = (1 - q)^t prod_i (1 + c Z_i) with
+c = k / (t - k). So the statistic is G = sum_i log(1 + c Z_i) (a function of the output, so
+dominated by (P, Q)), on a lattice of its own; for sigma 2 and 10 of 100 steps its epsilon at
+delta 1e-6 is within 0.9% of the pessimistic one, where the sum's was 1.5% below. Where most steps
+are selected, or sigma is small, G's lattice misses the tail that the sum of the outputs shows:
+that sum is the Gaussian mechanism of shift k mu / sqrt(t) (the optimistic Gaussian bound). Both
+curves are below the pair's, so their maximum is too, and :func:`_join` turns it into one
+optimistic PLD (sigma 2, 99 of 100 steps: 25.0 alone, 35.08 joined, against the upper bound's
+35.21).
 
 Round-off. Cell masses are integrated free of cancellation (:func:`_cell_masses`: relative
 round-off of order 1e-15); each FFT product is clipped at zero and its round-off bounded
@@ -578,8 +579,9 @@ def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
         fine = _lattice(mu, steps, 1, (quantile,))
         if fine is not None and fine[0] <= 2.0 * _aimed_spacing(mu, steps):
             break
-    finer = [(lattice, None) for lattice in (fine,)
-             if lattice is not None and 2.0 * lattice[0] <= coarse[0]]
+    finer = []
+    if fine is not None and 2.0 * fine[0] <= coarse[0]:
+        finer.append((fine, None))
     if 2.0 * bulk[0] <= coarse[0]:
         finer.append((bulk, bulk_laws))
     for lattice, laws in finer:
