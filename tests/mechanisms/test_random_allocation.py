@@ -123,10 +123,11 @@ def test_small_noise_and_few_steps_read_finite_epsilons_down_to_delta_1e_14():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigma", [0.5, 5.0])
+@pytest.mark.parametrize("sigma", [0.35, 0.5, 5.0])
 def test_two_steps_bracket_the_exact_pair_across_the_window(sigma):
     """Both bounds on their side of the exact two-step pair from eps = 0 to the reading at
-    delta 1e-14, in both directions, at small and large noise."""
+    delta 1e-14, in both directions, at small and large noise (at 0.35 every lattice of one
+    selection is met: the tail-reaching one, a finer one and the add direction's)."""
     upper, lower = _bounds(sigma, 2)
     top = float(upper.epsilon(1e-14))
     for eps in np.linspace(0.0, top, 25):
