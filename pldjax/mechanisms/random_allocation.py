@@ -536,6 +536,12 @@ def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None,
     return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
 
 
+def _twice_as_fine(lattice, than) -> bool:
+    """Whether a lattice (spacing, points) is at least twice as fine as ``than``: worth
+    reading one selection's bounds on it too (:func:`_one_selection`, :func:`_bulk_resolved`)."""
+    return 2.0 * lattice[0] <= than[0]
+
+
 def _remove_direction(mu: float, steps: int, step: float, lattice, laws=None) -> PLD | None:
     """One selection's pessimistic remove direction on ``lattice`` (spacing, points): P'-mass at
     log s, the P'-mass beyond the lattice at +inf (module docstring). ``laws``: :func:`_laws`'s
@@ -580,9 +586,9 @@ def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
         if fine is not None and fine[0] <= 2.0 * _aimed_spacing(mu, steps):
             break
     finer = []
-    if fine is not None and 2.0 * fine[0] <= coarse[0]:
+    if fine is not None and _twice_as_fine(fine, coarse):
         finer.append((fine, None))
-    if 2.0 * bulk[0] <= coarse[0]:
+    if _twice_as_fine(bulk, coarse):
         finer.append((bulk, bulk_laws))
     for lattice, laws in finer:
         candidate = _remove_direction(mu, steps, step, lattice, laws)
@@ -602,7 +608,7 @@ def _bulk_resolved(statistic: PLD, mu: float, steps: int, step: float, lattice) 
     values beyond its lattice merged into its last point), so both curves are below the pair's,
     and so is their join (:func:`_join`)."""
     bulk = _bulk_lattice(mu, steps)
-    if 2.0 * bulk[0] > lattice[0]:
+    if not _twice_as_fine(bulk, lattice):
         return statistic
     finer = _statistic(mu, steps, 1, step, bulk, None)
     return statistic if finer is None else _join(statistic, finer)
