@@ -12,6 +12,9 @@ ones, which take a leading axis of rows and decide some things for the batch as 
   fraction); :func:`compose_wrapped_rows` does the same from PMFs already wrapped to the window.
   A row of count 1 is its PMF itself, with no FFT round-off to charge.
 * :func:`truncate_kernel` -- back to a fixed number of points.
+* :func:`swapped_delta_bound` -- from a composition of the pair (P, Q), an upper bound on delta of
+  the pair (Q, P): for Poisson subsampling, whose add pair is the remove pair swapped, one
+  composition bounds both directions.
 
 Where mass goes: in a pessimistic PLD, mass above the window goes to the +inf atom and
 mass below it into the lowest bin; mass that may be misplaced (Chernoff-bounded folding, FFT
@@ -596,13 +599,14 @@ _POWER_FRACTIONS = (16,)
 
 
 def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, count, exponents,
-                         *, tail, pessimistic):
+                         *, tail, pessimistic, swapped: bool = False):
     """:func:`self_compose_rows` of PMFs given as their masses wrapped modulo the window's size
     and turned to their centres (:func:`wrap_rows`, rows x size), their :func:`pmf_summary` and
     :func:`chernoff_exponents` (one per row, as every other argument): nothing here has the
     PMFs' own length (one compiled shape per (rows, window size), whatever the mechanisms'
-    grids). Returns (probs, inf_mass, offset) per row. NumPy rows (with a bool ``pessimistic``)
-    are composed in NumPy, row by row."""
+    grids). Returns (probs, inf_mass, offset) per row, and with ``swapped`` (a bool) a fourth
+    item, a :class:`SwappedParts` per row (what :func:`swapped_delta_bound` reads). NumPy rows
+    (with a bool ``pessimistic``) are composed in NumPy, row by row."""
     xp = array_module(wrapped)
     rows, size = wrapped.shape
     count, tail = (xp.broadcast_to(xp.asarray(a, xp.float64), (rows,)) for a in (count, tail))
@@ -642,7 +646,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
             args, cpu=lambda *args: jax.lax.switch(branch, powers, *args), elsewhere=powers[-1])
     raw = _single_runs(xp.fft.irfft(powered, size), folded, shift, turn, count == 1)
 
-    def finish(raw, live, s, start, m, o, h, c, e):
+    def finish(raw, live, s, start, m, o, h, c, e, w, restore):
         once = c == 1
         above, below = tail_bounds(s, o, h, c, start, start + size - 1, e)
         composed_inf = xp.where(c == 1, m, _safe_atom(-xp.expm1(c * xp.log1p(-m)), pessimistic))
@@ -651,13 +655,74 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         first, last = _support(s, o, c)
         index = start + xp.arange(size)
         supported = (index >= first) & (index <= last)
-        out, out_inf = settle(
-            xp.where(supported, xp.maximum(raw, 0.0), 0.0), composed_inf,
-            xp.where(supported & ~once, fft_roundoff(raw), 0.0), above + below, pessimistic, xp
-        )
-        return xp.where(live, out, 0.0), xp.where(live, out_inf, composed_inf), start
+        clipped = xp.where(supported, xp.maximum(raw, 0.0), 0.0)
+        per_bin = xp.where(supported & ~once, fft_roundoff(raw), 0.0)
+        out, out_inf = settle(clipped, composed_inf, per_bin, above + below, pessimistic, xp)
+        composed = (xp.where(live, out, 0.0), xp.where(live, out_inf, composed_inf), start)
+        if not swapped:
+            return composed
+        return (*composed, SwappedParts(xp.maximum(clipped - per_bin, 0.0), above + below,
+                                        _q_surplus(w, s, o, h, restore)))
 
-    return map_rows(finish)(raw, live, summary, start, inf_mass, offset, step, count, exponents)
+    return map_rows(finish)(raw, live, summary, start, inf_mass, offset, step, count, exponents,
+                            wrapped, shift)
+
+
+class SwappedParts(NamedTuple):
+    """What a composed row tells of the other direction of its pair (the pair with P and Q
+    swapped; see :func:`swapped_delta_bound`)."""
+
+    lower: jax.Array  #: lower bounds on the window's composed masses (round-off taken off)
+    folded: jax.Array  #: bound on the mass folded into the window from outside it (Chernoff)
+    q_surplus: jax.Array  #: bound on one step's Q-mass above 1 (+inf where not known)
+
+
+#: One step's masses are taken to be off by at most this many units of round-off each
+#: (relative), in the Q-mass of :func:`swapped_delta_bound`'s pair.
+STEP_ROUNDOFF = 4.0
+
+
+def _q_surplus(wrapped, summary: PMFSummary, offset, step, restore):
+    """A bound on how far one PMF's Q-mass sum_l e^-l p_l is above 1: its masses wrapped to a
+    window and turned to their centre (:func:`wrap_rows`), scaled by e^``restore`` as the
+    composition scales them, each taken to be off by STEP_ROUNDOFF units of round-off; +inf
+    where the PMF is longer than the window (folded: its losses are not known)."""
+    xp = array_module(wrapped)
+    size = wrapped.shape[0]
+    j = xp.arange(size)
+    turned = xp.where(j < size - summary.center, j, j - size)
+    losses = (offset + summary.center + turned) * step
+    log_mass = xp.log(xp.sum(wrapped * xp.exp(-losses))) + restore
+    surplus = (xp.maximum(xp.expm1(log_mass), 0.0)
+               + STEP_ROUNDOFF * (summary.points + 1.0) * UNIT_ROUNDOFF)
+    return xp.where(summary.points <= size, surplus, xp.inf)
+
+
+def swapped_delta_bound(parts: SwappedParts, start, step, count, epsilon):
+    """An upper bound on delta(epsilon) of the pair (Q, P) from a count-fold composition of the
+    PLD of (P, Q) (one row; ``parts`` from :func:`compose_wrapped_rows` with ``swapped``, its
+    window starting at grid index ``start``). 1 where it cannot say more.
+
+    The composed PLD omega of (P, Q) determines the swapped pair's curve: delta_{Q||P}(eps) =
+    sum_l omega(l) (e^-l - e^eps)_+ + Q(P = 0) = 1 - sum_l min(e^-l, e^eps) omega(l), where the
+    pair is a pair of distributions (Q's mass sums to 1, the part where P = 0 included, as a
+    pessimistic PLD's pair does: its +inf atom and everything outside its window are such
+    parts). So a lower bound on the sum bounds delta from above: the window's masses less their
+    FFT round-off, less the mass that may have been folded into the window (at most e^eps each),
+    with the sum's own round-off; a surplus of one step's Q-mass over 1 (its round-off) is
+    charged count-fold. The weights grow as e^eps at
+    the bottom of the window, so the bound is loose where count x (round-off) x e^eps is not
+    small against delta: a caller compares it with what it needs."""
+    xp = array_module(parts.lower)
+    size = parts.lower.shape[-1]
+    losses = (start + xp.arange(size)) * step
+    weighted = xp.where(parts.lower > 0, xp.exp(xp.minimum(-losses, epsilon)) * parts.lower, 0.0)
+    total = xp.sum(weighted) * (1.0 - size * UNIT_ROUNDOFF)
+    total = total - xp.where(parts.folded > 0, xp.exp(epsilon) * parts.folded, 0.0)
+    surplus = xp.expm1(count * xp.log1p(parts.q_surplus))
+    bound = 1.0 - total + surplus + 2.0 * UNIT_ROUNDOFF
+    return xp.where((total <= 1.0) & (bound >= 0.0) & ~xp.isnan(bound),
+                    xp.minimum(bound, 1.0), 1.0)
 
 
 def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic):

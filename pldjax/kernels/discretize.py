@@ -868,6 +868,10 @@ class LossTails:
     # that a small connect-the-dots discretization on the host compiles nothing (see
     # :func:`_mechanism_kernel`)
     host: bool = False
+    # for a mechanism of two directions (a last parameter REMOVE or ADD): whether the add pair
+    # is the remove pair with P and Q swapped, so that a composition of the remove direction
+    # also bounds the add one's (see pldjax.kernels.compose.swapped_delta_bound)
+    swapped_directions: bool = False
 
 
 def window(mechanism: LossTails, params, tail):

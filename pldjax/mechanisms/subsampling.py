@@ -337,6 +337,7 @@ def poisson(base: LossTails) -> LossTails:
         half_width=functools.partial(_half_width, base),
         bulk=functools.partial(_loss_range, base),
         host=base.host,
+        swapped_directions=True,
     )
 
 

@@ -298,8 +298,9 @@ def test_host_work_is_spent_then_the_kernels_compile(monkeypatch):
     the budget is spent, calls compile their kernels, with the same values to round-off."""
     from pldjax.core import compilation
 
-    # two directions of 16,384 mechanism points, composed on windows of 98,304
-    accounting_on_the_host(monkeypatch, points=2 * 16_384 + 2 * 98_304)
+    # two directions of 16,384 mechanism points; the remove one composed on a window of 98,304,
+    # which bounds the add direction too
+    accounting_on_the_host(monkeypatch, points=2 * 16_384 + 98_304)
     calls = _kernel_calls(monkeypatch)
     on_host = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
     assert not calls
@@ -310,7 +311,8 @@ def test_host_work_is_spent_then_the_kernels_compile(monkeypatch):
 
 
 def test_a_call_larger_than_the_host_work_left_compiles(monkeypatch):
-    accounting_on_the_host(monkeypatch, points=2 * 16_384 + 2 * 98_304 - 1)
+    # one point short of two mechanism rows and the remove row's window (see above)
+    accounting_on_the_host(monkeypatch, points=2 * 16_384 + 98_304 - 1)
     calls = _kernel_calls(monkeypatch)
     pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
     assert calls["_compose_and_evaluate"]
@@ -371,7 +373,7 @@ def test_a_composition_size_compiles_once_the_host_has_composed_its_share(monkey
     from pldjax.accounting import engine
 
     accounting_on_the_host(monkeypatch)
-    monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 2 * 98_304)
+    monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 98_304)  # the remove row's window
     calls = _kernel_calls(monkeypatch)
     first = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
     assert not calls
@@ -439,7 +441,8 @@ def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share
 
     calls, compiled, every_size = _three_sizes_compiled(monkeypatch)
     monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 0)  # discretized by the compiled kernels
-    monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 40_000)
+    # one row of the smallest size (12,288 points: the remove row's window) in the share
+    monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 20_000)
     mixed = pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
     assert calls["_tiled_masses_kernel"]
     assert set() < _composed_sizes(calls) < every_size
@@ -1118,3 +1121,25 @@ def test_progress_counts_every_configuration_once(capsys):
     assert err.endswith("] 3/3 configurations\n")
     done = _configurations_done(err)
     assert done == sorted(done)
+
+
+def test_add_rows_left_out_or_composed_afterwards_give_the_values_of_both_rows(monkeypatch):
+    """Poisson subsampling's add pair is its remove pair swapped, so the remove direction's
+    composition bounds the add direction too: epsilon's add rows are left out where that bound
+    is likely to settle them, and composed afterwards where it does not. Forced here to leave
+    out every add row (also where the remove row's window misses the add row's, and at
+    q = 0.3 or delta 1e-12, where the bound cannot settle it) or none, the values are those of
+    composing both rows, as are those of the rows it chooses."""
+    from pldjax.accounting import engine
+
+    sigmas, qs, steps = [1.0, 0.5, 1.0, 2.0, 1.0], [0.01, 0.01, 0.3, 0.01, 0.01], 10_000
+    deltas = [1e-5, 1e-5, 1e-5, 1e-5, 1e-12]
+    chosen = pj.dpsgd_epsilon(sigmas, qs, steps, deltas)
+    calls = _kernel_calls(monkeypatch)
+    for leave_out in (np.zeros, np.ones):
+        monkeypatch.setattr(engine, "_settled_by_remove",
+                            lambda sizes, *args, fill=leave_out: fill(len(sizes) // 2, bool))
+        calls.clear()
+        forced = pj.dpsgd_epsilon(sigmas, qs, steps, deltas)
+        assert calls["_compose_and_evaluate"]
+        np.testing.assert_allclose(forced, chosen, rtol=1e-12)

@@ -639,3 +639,48 @@ def test_a_round_off_surplus_in_the_masses_stays_a_scaling_at_a_huge_count():
     (eps, delta), (eps_over, delta_over) = composed(1.0), composed(1.0 + 4e-15)
     assert eps <= eps_over <= 1.25 * eps
     assert delta <= delta_over <= 1.05 * delta
+
+
+def _swapped_bound(pld, steps, epsilons):
+    """The add direction's delta bound from a composition of ``pld`` (the remove direction of a
+    Poisson-subsampled pair), composed in NumPy on a window that holds both directions."""
+    from pldjax.kernels.compose import (
+        chernoff_exponents,
+        compose_wrapped_rows,
+        pmf_summary,
+        swapped_delta_bound,
+        wrap_rows,
+    )
+
+    probs = np.asarray(pld.probs, np.float64)[None]
+    offset, step = np.asarray([int(pld.offset)]), np.asarray([float(pld.step)])
+    count, inf_mass = np.asarray([float(steps)]), np.asarray([float(pld.inf_mass)])
+    summary = pmf_summary(probs[0])
+    summary = type(summary)(*(np.asarray([v]) for v in summary))
+    exponents = [np.asarray([e]) for e in chernoff_exponents(probs[0], offset[0], step[0],
+                                                             count[0], 1e-18)]
+    size = 1 << 18
+    _, _, start, parts = compose_wrapped_rows(
+        wrap_rows(np, probs, size, summary.center), summary, inf_mass, offset, step, count,
+        exponents, tail=np.asarray([1e-18]), pessimistic=True, swapped=True)
+    one = type(parts)(*(a[0] for a in parts))
+    return np.array([swapped_delta_bound(one, start[0], step[0], count[0], eps)
+                     for eps in epsilons])
+
+
+@pytest.mark.parametrize("sigma, steps", [(1.0, 1), (1.0, 1000), (2.0, 3000), (0.8, 10_000)])
+def test_a_remove_composition_bounds_the_add_direction_from_above(sigma, steps):
+    """The add pair of Poisson subsampling is the remove pair swapped: the remove direction's
+    composition bounds the add direction's delta between its optimistic and pessimistic
+    compositions of its own."""
+    remove = pj.gaussian(sigma=sigma, sampling_prob=0.01)
+    epsilons = np.array([0.0, 0.005, 0.5, 1.0, 2.0, 4.0])
+    bound = _swapped_bound(remove, steps, epsilons)
+    lower = pj.gaussian(sigma=sigma, sampling_prob=0.01, pessimistic=False).self_compose(steps)
+    upper = remove.self_compose(steps)
+    low = np.array([float(lower.reverse.delta(e)) for e in epsilons])
+    high = np.array([float(upper.reverse.delta(e)) for e in epsilons])
+    assert np.all(bound >= low)
+    # as tight as the add direction's own composition, up to the one-step masses' round-off
+    # charged count-fold
+    assert np.all(bound <= high * (1 + 1e-3) + 1e-7)
