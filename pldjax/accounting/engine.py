@@ -19,7 +19,10 @@ and that bound is likely to settle them (:func:`_settled_by_remove`); the add ro
 does not settle (the bound above delta at the remove direction's epsilon) are composed
 afterwards, so every value is the one that composing both rows gives, or lower where the add
 direction's composition was the looser bound. The sweep of 1,024 DP-SGD sigmas composes 1,354
-rows instead of 2,048, with the same values.
+rows instead of 2,048, with the same values. A call discretized on the host discretizes the
+remove rows alone and exchanges their pairs for the add rows
+(:func:`~pldjax.core.pld.swapped_rows`: connect-the-dots commutes with the exchange, so they
+are the add direction's own to about 1e-10), except for the add rows composed afterwards.
 
 Every value is pessimistic (an upper bound on the true epsilon or delta) unless
 ``pessimistic=False`` is passed, which gives the optimistic lower bound.
@@ -67,6 +70,7 @@ from pldjax.core.compilation import (
 )
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
+from pldjax.core.pld import swapped_rows
 from pldjax.core.precision import float64
 from pldjax.core.validation import (
     broadcast_arguments,
@@ -99,6 +103,7 @@ from pldjax.kernels.rows import TILE, TiledRows
 from pldjax.mechanisms.events import Event, direction_arrays, distinct_configurations
 from pldjax.mechanisms.noise import Noise
 from pldjax.mechanisms.sampling import Directions
+from pldjax.mechanisms.subsampling import REMOVE
 
 #: Most configurations discretized together (per device when sharded; enough that a CPU's chunk
 #: of any size fills the tiles of its masses' one program, see :func:`_tiled`), the most mechanism
@@ -327,6 +332,15 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         direction_arrays, Directions(mechanism, tuple(params), both), grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size, then=then, extra=extra,
         steps=grid_steps, host=compositions.host, tiles=tiles)
+    if compositions.host and compositions.swapped and both and compositions.phase == "both":
+        def discretize():  # the add rows from the remove rows, their pairs exchanged
+            remove = direction_arrays(
+                Directions(mechanism, (*params, np.full(steps.shape, REMOVE)), False), grid,
+                pessimistic, mechanism_tail(steps, target, evaluate), mechanism_size,
+                then=_as_rows, steps=grid_steps, host=True)
+            add = swapped_rows(*remove)
+            return then(*(np.stack([r, a], axis=1).reshape((-1,) + r.shape[1:])
+                          for r, a in zip(remove, add, strict=True)), *extra)
     if ahead:
         with compiling_ahead():
             discretize()
@@ -432,6 +446,11 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         return finish
 
     return place
+
+
+def _as_rows(probs, inf_mass, offset, step):
+    """A discretization's ``then`` that keeps its rows as they are."""
+    return probs, inf_mass, offset, step
 
 
 def _settled_by_remove(sizes, lo, hi, summary: PMFSummary, offset, step, counts, exponents,

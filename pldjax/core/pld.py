@@ -317,6 +317,32 @@ def log_q_mass(probs, offset, step, xp=jnp):
         return np.log(np.sum(np.exp(terms - top))) + top
 
 
+def swapped_rows(probs, inf_mass, offset, step):
+    """Rows of PLD(Q || P) from rows of PLD(P || Q) (NumPy, each row on its grid (offset, step)
+    of the rows' common number of points): the same step and number of points, mirrored. A PLD
+    is its pair of distributions: Q's mass at loss z is e^-z times P's, and the rest of Q, where
+    P has none, is the swapped pair's +inf atom; P's +inf atom, where Q has none, is the swapped
+    pair's loss -inf, which a PLD leaves out (``inf_mass`` is not read). Exchanging the
+    distributions of a pair that dominates another gives one that dominates the other's
+    exchange, so pessimistic rows give pessimistic rows: the atom is taken from above, by the
+    round-off of the sum it is the rest of, and a surplus over 1 off the lowest losses.
+    Returns (probs, inf_mass, offset, step)."""
+    from pldjax.core.mass import settle
+
+    points = probs.shape[-1]
+    losses = (offset[:, None] + np.arange(points)) * step[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.where(probs > 0, np.exp(-losses) * probs, 0.0)
+    total = np.sum(q, axis=-1)
+    # pairwise summation's round-off, at most this many units of the sum
+    slack = 2.0 * (math.log2(max(points, 2)) + 8.0) * np.finfo(np.float64).eps / 2
+    atom = np.maximum(1.0 - total, 0.0) + slack * total
+    rows = [settle(row[::-1], a, 0.0, 0.0, True, np) for row, a in zip(q, atom, strict=True)]
+    swapped = np.stack([row for row, _ in rows]) if rows else q
+    atoms = np.array([float(a) for _, a in rows])
+    return swapped, atoms, -(np.asarray(offset) + points - 1), np.asarray(step)
+
+
 @np.errstate(all="ignore")  # on the host: NaN and inf are what the rules look for
 def pld_problems(pld: PLD, q_tolerance: float | None = MASS_TOLERANCE
                  ) -> list[tuple[str, str, jax.Array]]:

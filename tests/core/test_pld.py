@@ -234,3 +234,22 @@ def test_large_batches_run_in_compiled_kernels():
     batch = pj.gaussian(np.linspace(0.8, 2.0, pld_module.HOST_ROWS + 1))
     assert not pld_module.computed_on_host([batch], batch.size)
     assert pld_module.computed_on_host([pj.gaussian(1.0)], pj.gaussian(1.0).size)
+
+
+@pytest.mark.parametrize("sigma, q", [(1.0, 0.01), (0.5, 0.01), (2.0, 0.3), (0.8, 0.001)])
+def test_swapped_rows_of_a_remove_pld_give_the_add_directions_curve(sigma, q):
+    """Poisson subsampling's add pair is its remove pair with P and Q exchanged: the remove
+    PLD's rows, exchanged, give the add direction's hockey-stick curve (connect-the-dots
+    commutes with the exchange on a mirrored grid)."""
+    from pldjax.core.pld import swapped_rows
+
+    remove = pj.gaussian(sigma=sigma, sampling_prob=q)
+    probs, atom, offset, step = swapped_rows(
+        np.asarray(remove.probs)[None], np.asarray([float(remove.inf_mass)]),
+        np.asarray([int(remove.offset)]), np.asarray([float(remove.step)]))
+    swapped = pj.PLD(probs[0], atom[0], offset[0], step[0])
+    epsilons = [0.0, 0.001, 0.005, 0.01]
+    got = np.array([float(swapped.delta(e)) for e in epsilons])
+    add = np.array([float(remove.reverse.delta(e)) for e in epsilons])
+    assert np.all(got >= add * (1 - 1e-8))  # the atom taken from above
+    np.testing.assert_allclose(got, add, rtol=1e-8, atol=1e-13)
