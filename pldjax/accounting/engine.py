@@ -94,6 +94,7 @@ from pldjax.kernels.compose import (
     summary_window,
     swapped_delta_bound,
     tail_bounds,
+    window_start,
     window_widths,
     wrap_rows,
 )
@@ -457,9 +458,9 @@ def _settled_by_remove(sizes, lo, hi, summary: PMFSummary, offset, step, counts,
                        deltas) -> np.ndarray:
     """For each configuration of a chunk of both directions (rows: every remove row, then every
     add row; each argument one a row), whether its add row can be left out: its remove row's
-    composition window, as placed at its size (:func:`~pldjax.kernels.compose._window_start`,
-    centred), holds the add row's window mirrored and the remove row's PMF unfolded, so that the
-    remove composition bounds the add direction too
+    composition window, as placed at its size (:func:`~pldjax.kernels.compose.window_start`),
+    holds the add row's window mirrored and the remove row's PMF unfolded, so that the remove
+    composition bounds the add direction too
     (:func:`~pldjax.kernels.compose.swapped_delta_bound`), and that bound is likely to settle
     it at ``deltas``: the mass folded into the window, weighted by e^epsilon there, is charged
     at below a quarter of delta at the largest epsilon the window holds, with the one-step
@@ -467,8 +468,7 @@ def _settled_by_remove(sizes, lo, hi, summary: PMFSummary, offset, step, counts,
     n = len(sizes) // 2
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     size = sizes[:n].astype(np.float64)
-    need = hi[:n] - lo[:n] + 1
-    start = np.where(need <= size, lo[:n] - (size - need) // 2, hi[:n] - size + 1)
+    start = window_start(lo[:n], hi[:n], size, True)
     holds = (start <= -hi[n:]) & (-lo[n:] <= start + size - 1) & (summary.points[:n] <= size)
     rows = (PMFSummary(*(f[:n] for f in summary)), offset[:n], step[:n], counts[:n], start,
             start + size - 1, [e[:n] for e in exponents])

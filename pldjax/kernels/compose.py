@@ -618,7 +618,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         s = PMFSummary(*(xp.where(live, value, stand_in) for value, stand_in
                          in zip(s, (1.0, 0, 0, 0, s.points), strict=True)))
         lo, hi = summary_window(s, o, h, c, t, e)
-        start = _window_start(lo.astype(xp.int64), hi.astype(xp.int64), size, pessimistic)
+        start = window_start(lo.astype(xp.int64), hi.astype(xp.int64), size, pessimistic)
         # the composed PMF wraps around from grid index c (o + centre) at folded's entry 0: its
         # window's first bin, ``start``, comes first after a turn by this many points
         turn = ((c * (o + s.center) - start) % size).astype(xp.int64)
@@ -710,9 +710,9 @@ def swapped_delta_bound(parts: SwappedParts, start, step, count, epsilon):
     parts). So a lower bound on the sum bounds delta from above: the window's masses less their
     FFT round-off, less the mass that may have been folded into the window (at most e^eps each),
     with the sum's own round-off; a surplus of one step's Q-mass over 1 (its round-off) is
-    charged count-fold. The weights grow as e^eps at
-    the bottom of the window, so the bound is loose where count x (round-off) x e^eps is not
-    small against delta: a caller compares it with what it needs."""
+    charged count-fold. The weights grow as e^eps at the bottom of the window, so the bound is
+    loose where count x (round-off) x e^eps is not small against delta: a caller compares it
+    with what it needs."""
     xp = array_module(parts.lower)
     size = parts.lower.shape[-1]
     losses = (start + xp.arange(size)) * step
@@ -733,7 +733,7 @@ def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic):
     if size >= length:
         return xp.pad(probs, (0, size - length)), inf_mass, offset
     lo_need, hi_need = _bulk(probs, tail)
-    start = xp.clip(_window_start(lo_need, hi_need, size, pessimistic), 0, length - size)
+    start = xp.clip(window_start(lo_need, hi_need, size, pessimistic), 0, length - size)
     if xp is np:
         kept = probs[int(start):int(start) + size]
     else:
@@ -746,7 +746,7 @@ def truncate_kernel(probs, inf_mass, offset, *, size: int, tail, pessimistic):
     return kept, inf_mass + xp.where(pessimistic, above, 0.0), offset + start
 
 
-def _window_start(lo, hi, size: int, pessimistic):
+def window_start(lo, hi, size: int, pessimistic):
     """First index of a ``size``-point window for the bulk [lo, hi]: centred when it fits;
     otherwise a pessimistic window keeps the top (the cut-off top goes to +inf) and an optimistic
     one keeps the bottom (the cut-off top moves down into the top bin)."""
