@@ -104,7 +104,7 @@ from pldjax.kernels.rows import TILE, TiledRows
 from pldjax.mechanisms.events import Event, direction_arrays, distinct_configurations
 from pldjax.mechanisms.noise import Noise
 from pldjax.mechanisms.sampling import Directions
-from pldjax.mechanisms.subsampling import REMOVE
+from pldjax.mechanisms.subsampling import ADD, REMOVE
 
 #: Most configurations discretized together (per device when sharded; enough that a CPU's chunk
 #: of any size fills the tiles of its masses' one program, see :func:`_tiled`), the most mechanism
@@ -293,20 +293,20 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     (:meth:`~pldjax.mechanisms.events.Event.directions`); ``grid_steps``: each one's mechanism grid
     step (nats; rtol's, a lattice's), or None for ``grid``'s.
 
-    Both directions of every configuration are discretized, and their windows placed, in one
-    call, queued here. Returns ``place``: it reads the windows' widths back (waiting for that
-    call), hands each row to ``compositions`` under the composition size it needs
-    (:meth:`_Compositions.window_size`) and returns a function giving the chunk's values. A
-    caller queues the next chunk's discretization before it places this one, so that on an
-    accelerator the device has work while the host places. ``remedy``: what an error about a
-    window that cannot be placed tells the caller to change. ``ahead``: only start compiling the
-    chunk's discretization programs (:func:`~pldjax.core.compilation.compiling_ahead`); returns
-    None. Where ``compositions.host``, the chunk is discretized and placed in NumPy, and so are
-    its rows composed at each size of at most HOST_SIZE_POINTS points that the process may
-    still compose on the host (a size's compiled program is a ski rental's purchase: a process
-    composes that many points at the size in NumPy before it compiles the size's program); on
-    a CPU a compiled call's rows are too, at sizes with no program compiled, up to
-    RENTED_SIZE_POINTS.
+    Both directions of every configuration (or the one of :func:`_one_direction`) are
+    discretized, and their windows placed, in one call, queued here. Returns ``place``: it
+    reads the windows' widths back (waiting for that call), hands each row to ``compositions``
+    under the composition size it needs (:meth:`_Compositions.window_size`) and returns a
+    function giving the chunk's values. A caller queues the next chunk's discretization before
+    it places this one, so that on an accelerator the device has work while the host places.
+    ``remedy``: what an error about a window that cannot be placed tells the caller to change.
+    ``ahead``: only start compiling the chunk's discretization programs
+    (:func:`~pldjax.core.compilation.compiling_ahead`); returns None. Where
+    ``compositions.host``, the chunk is discretized and placed in NumPy, and so are its rows
+    composed at each size of at most HOST_SIZE_POINTS points that the process may still compose
+    on the host (a size's compiled program is a ski rental's purchase: a process composes that
+    many points at the size in NumPy before it compiles the size's program); on a CPU a
+    compiled call's rows are too, at sizes with no program compiled, up to RENTED_SIZE_POINTS.
     ``tiles``: the chunk's masses are computed in that many tiles (see :func:`_tiled`).
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
@@ -314,6 +314,12 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     xp = np if compositions.host_glue else jnp
     params = [np.asarray(p, np.float64) for p in params]
     steps, target = np.asarray(steps, np.float64), np.asarray(target, np.float64)
+    one_direction = _one_direction(compositions, both)
+    discretized = params
+    if one_direction:  # the phase's direction alone, as a parameter
+        discretized = [*params, np.full(steps.shape, REMOVE if compositions.phase == "both"
+                                        else ADD)]
+        both = False
     directions = 2 if both else 1
     # rows: every configuration's first direction, then (when it has two) every one's second;
     # the host reads the counts (window widths), the discretization and every composition call
@@ -330,7 +336,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         extra = tuple(np.pad(np.repeat(a, directions), (0, tiles - a.shape[0] * directions),
                              mode="edge") for a in (steps, target))
     discretize = functools.partial(
-        direction_arrays, Directions(mechanism, tuple(params), both), grid, pessimistic,
+        direction_arrays, Directions(mechanism, tuple(discretized), both), grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size, then=then, extra=extra,
         steps=grid_steps, host=compositions.host, tiles=tiles)
     if compositions.host and compositions.swapped and both and compositions.phase == "both":
@@ -399,17 +405,14 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
             _, first, same = np.unique(rows_of, axis=0, return_index=True, return_inverse=True)
         values = np.zeros((sizes.shape[0], 2) if compositions.swapped else sizes.shape[0])
         configs = counts.shape[0] // directions
-        # the rows composed: every one; where the remove composition bounds the add direction,
-        # the add rows whose pair's remove window holds theirs are left out; in the add phase
-        # (the configurations that bound did not settle) the add rows alone
-        swapping = compositions.swapped and directions == 2
+        # the rows composed: every one, except where the remove composition bounds the add
+        # direction: on the host's first phase the add rows whose pair's remove window holds
+        # theirs are left out; else each phase's rows are of one direction
         left_out = np.zeros(counts.shape[0], bool)
-        if swapping and compositions.phase == "both":
+        if compositions.swapped and not one_direction:
             left_out[configs:] = _settled_by_remove(
                 sizes, lo, hi, PMFSummary(*(np.asarray(f) for f in summary)), offset, step,
                 counts, [np.asarray(e) for e in exponents], targets)
-        elif swapping:
-            left_out[:configs] = True
         composed = first[~left_out[first]]
         scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
         rows_of_size = {int(size): composed[sizes[composed] == size]
@@ -435,18 +438,30 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
             read = values[first][same.reshape(-1)]
             if not compositions.swapped:
                 return np.max(read.reshape(directions, -1), axis=0), np.zeros(configs, bool)
-            if not swapping:
-                return read[:, 0], np.zeros(configs, bool)
-            remove, bound, add = read[:configs, 0], read[:configs, 1], read[configs:, 0]
             if compositions.phase == "add":
-                return add, np.zeros(configs, bool)
-            skipped = left_out[configs:]
+                return read[:, 0], np.zeros(configs, bool)
+            remove, bound = read[:configs, 0], read[:configs, 1]
             settled = (bound <= targets[:configs]) | (remove == np.inf)
+            if one_direction:  # every add row left out
+                return remove, ~settled
+            add = read[configs:, 0]
+            skipped = left_out[configs:]
             return np.maximum(remove, np.where(skipped, -np.inf, add)), skipped & ~settled
 
         return finish
 
     return place
+
+
+def _one_direction(compositions: _Compositions, both: bool) -> bool:
+    """Whether a chunk of a mechanism with ``both`` directions discretizes the direction of
+    ``compositions.phase`` alone: where the remove composition bounds the add direction
+    (``compositions.swapped``), the remove rows first, then the add rows of the configurations
+    that bound did not settle; except on the host, whose first phase derives the add rows from
+    the remove rows (:func:`~pldjax.core.pld.swapped_rows`) and composes those it expects to
+    need (:func:`_settled_by_remove`) at once."""
+    return compositions.swapped and both and (not compositions.host
+                                              or compositions.phase == "add")
 
 
 def _as_rows(probs, inf_mass, offset, step):
@@ -514,9 +529,10 @@ class _Compositions:
         #: Whether each composition also bounds its pair's swapped direction (see
         #: :func:`_compose_and_evaluate`): rows of the remove direction on the host's glue.
         self.swapped = swapped and self.host_glue
-        #: "both": every row is composed, except (``swapped``) the add rows that their remove
-        #: row's bound may settle (:func:`_settled_by_remove`); "add": the add rows alone (of
-        #: the configurations whose bound did not), with the same programs.
+        #: "both": every row is composed, except (``swapped``) the add rows: none discretized
+        #: (:func:`_one_direction`), or on the host those that their remove row's bound may
+        #: settle (:func:`_settled_by_remove`); "add": the add rows alone (of the
+        #: configurations whose bound did not), with the same programs.
         self.phase = "both"
         self._xp = np if self.host_glue else jnp
         #: The composition size for a window of ``width`` points (:func:`composition_size`), or
@@ -738,6 +754,9 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     # (relative) away, and a calibration checked in batches returned a sigma whose epsilon alone
     # was above the target
     chunk = max(chunk, 1 if kwargs["both"] else 2)
+    if _one_direction(kwargs["compositions"], kwargs["both"]):
+        # one row a configuration: twice the configurations, the same rows (and programs)
+        directions, chunk = 1, 2 * chunk
     chunk = -(-chunk // devices) * devices
     # masses in tiles: the chunk's tiles padded instead (one program whatever the size)
     tiles = None

@@ -1143,3 +1143,29 @@ def test_add_rows_left_out_or_composed_afterwards_give_the_values_of_both_rows(m
         forced = pj.dpsgd_epsilon(sigmas, qs, steps, deltas)
         assert calls["_compose_and_evaluate"]
         np.testing.assert_allclose(forced, chosen, rtol=1e-12)
+
+
+def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(monkeypatch):
+    """Compiled, Poisson subsampling's remove rows are discretized and composed alone first
+    (their composition bounds the add direction); the configurations whose bound stays above
+    delta (q = 0.3, delta 1e-12) have their add rows discretized and composed afterwards. The
+    values are those of composing both rows of every configuration, or below by round-off."""
+    from pldjax.accounting import engine
+
+    monkeypatch.setenv("PLDJAX_HOST_WORK", "0")
+    sigmas, qs, steps = [1.0, 0.5, 1.0, 2.0, 1.0], [0.01, 0.01, 0.3, 0.01, 0.01], 10_000
+    deltas = [1e-5, 1e-5, 1e-5, 1e-5, 1e-12]
+    calls = _kernel_calls(monkeypatch)
+    chosen = np.asarray(pj.dpsgd_epsilon(sigmas, qs, steps, deltas))
+    # the rows composed, each known by its grid offset and its delta (a call's padding repeats)
+    rows = {row for _, args, _ in calls["_compose_and_evaluate"]
+            for row in zip(np.asarray(args[3]).tolist(), np.asarray(args[6]).tolist(),
+                           strict=True)}
+    assert len(rows) < 2 * len(sigmas)
+    assert sum(target == 1e-12 for _, target in rows) == 2  # remove, then add
+    monkeypatch.setattr(engine, "_one_direction", lambda compositions, both: False)
+    monkeypatch.setattr(engine, "_settled_by_remove",
+                        lambda sizes, *args: np.zeros(len(sizes) // 2, bool))
+    both = np.asarray(pj.dpsgd_epsilon(sigmas, qs, steps, deltas))
+    assert np.all(chosen <= both * (1 + 1e-12))
+    np.testing.assert_allclose(chosen, both, rtol=1e-9)
