@@ -14,15 +14,19 @@ device mesh (``jax.sharding``).
 One composition for two directions. Where the add pair is the remove pair with P and Q swapped
 (Poisson subsampling), a pessimistic composition of the remove direction also bounds the add
 direction's delta (:func:`~pldjax.kernels.compose.swapped_delta_bound`). On the host's glue
-(a CPU), epsilon's add rows are left out where their remove row's window holds theirs mirrored
-and that bound is likely to settle them (:func:`_settled_by_remove`); the add rows of any it
-does not settle (the bound above delta at the remove direction's epsilon) are composed
-afterwards, so every value is the one that composing both rows gives, or lower where the add
-direction's composition was the looser bound. The sweep of 1,024 DP-SGD sigmas composes 1,354
-rows instead of 2,048, with the same values. A call discretized on the host discretizes the
-remove rows alone and exchanges their pairs for the add rows
-(:func:`~pldjax.core.pld.swapped_rows`: connect-the-dots commutes with the exchange, so they
-are the add direction's own to about 1e-10), except for the add rows composed afterwards.
+(a CPU), epsilon's remove rows are discretized and composed first, alone, and only the
+configurations whose bound stays above delta at the remove direction's epsilon have their add
+rows discretized and composed afterwards (:func:`_one_direction`), so every value is the one
+that composing both rows gives, or lower where the add direction's composition was the looser
+bound. The sweep of 1,024 DP-SGD sigmas discretizes and composes 1,074 rows instead of 2,048,
+with the same values. A pessimistic call discretized on the host discretizes the remove rows
+alone and exchanges their pairs for the add rows (:func:`~pldjax.core.pld.swapped_rows`:
+connect-the-dots commutes with the exchange, so they are the add direction's own to about
+1e-10), and composes at once those that the bound is unlikely to settle
+(:func:`_settled_by_remove`). An optimistic estimate (a lower bound) is the larger of its
+directions' epsilons, each a lower bound on its own: the add direction is composed only where
+the same bound, read from the remove direction's optimistic composition, says that it may be
+the larger (the optimistic sweep of 1,024: 1,074 rows, with the same values).
 
 Every value is pessimistic (an upper bound on the true epsilon or delta) unless
 ``pessimistic=False`` is passed, which gives the optimistic lower bound.
@@ -170,8 +174,9 @@ def _compose_and_evaluate(wrapped, summary, inf_mass, offset, step, count, targe
     """Each row's count-fold composition (its PMF wrapped to the window,
     :func:`~pldjax.kernels.compose.wrap_rows`), read at its target: one compiled shape per (rows,
     window size). With ``swapped`` (``evaluate="epsilon"``), each row's epsilon is paired with
-    an upper bound on the swapped pair's delta there
-    (:func:`~pldjax.kernels.compose.swapped_delta_bound`), (rows, 2). Its function itself
+    :func:`~pldjax.kernels.compose.swapped_delta_bound` of its composition there (rows, 2): of
+    pessimistic rows an upper bound on the swapped pair's delta, of optimistic rows an estimate
+    of it. Its function itself
     (``_compose_and_evaluate.__wrapped__``) runs on NumPy rows in NumPy (a bool
     ``pessimistic``)."""
     kernel = epsilon_kernel if evaluate == "epsilon" else delta_kernel
@@ -457,11 +462,11 @@ def _one_direction(compositions: _Compositions, both: bool) -> bool:
     """Whether a chunk of a mechanism with ``both`` directions discretizes the direction of
     ``compositions.phase`` alone: where the remove composition bounds the add direction
     (``compositions.swapped``), the remove rows first, then the add rows of the configurations
-    that bound did not settle; except on the host, whose first phase derives the add rows from
-    the remove rows (:func:`~pldjax.core.pld.swapped_rows`) and composes those it expects to
-    need (:func:`_settled_by_remove`) at once."""
-    return compositions.swapped and both and (not compositions.host
-                                              or compositions.phase == "add")
+    that bound did not settle; except in a pessimistic call's first phase on the host, which
+    derives the add rows from the remove rows (:func:`~pldjax.core.pld.swapped_rows`) and
+    composes those it expects to need (:func:`_settled_by_remove`) at once."""
+    return compositions.swapped and both and (not compositions.host or compositions.phase == "add"
+                                              or not compositions.pessimistic)
 
 
 def _as_rows(probs, inf_mass, offset, step):
@@ -527,7 +532,8 @@ class _Compositions:
         self._gathers = sharding is None and _keeps_chunks_on_device() and not self.host
         self.host_glue = sharding is None and not self._gathers
         #: Whether each composition also bounds its pair's swapped direction (see
-        #: :func:`_compose_and_evaluate`): rows of the remove direction on the host's glue.
+        #: :func:`_compose_and_evaluate`; estimates it, optimistic): rows of the remove
+        #: direction on the host's glue.
         self.swapped = swapped and self.host_glue
         #: "both": every row is composed, except (``swapped``) the add rows: none discretized
         #: (:func:`_one_direction`), or on the host those that their remove row's bound may
@@ -542,6 +548,7 @@ class _Compositions:
         self.rows = rows  #: the rows of the whole accounting call
         self._sizes_seen: set[int] = set()
         self._full_sizes: set[int] = set()  # sizes whose full call has its program (see _run)
+        self.pessimistic = pessimistic
         self._options = dict(pessimistic=pessimistic, evaluate=evaluate)
         if self.swapped:
             self._options["swapped"] = True
@@ -880,8 +887,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     compositions = _Compositions(
         sharding=sharding, pessimistic=pessimistic, evaluate=evaluate, rows=rows,
         host=_on_host(mechanism, grid, rows, sizes, directions * int(np.sum(sizes))),
-        swapped=(pessimistic and both and mechanism.swapped_directions
-                 and evaluate == "epsilon"))
+        swapped=both and mechanism.swapped_directions and evaluate == "epsilon")
 
     def run(chosen, report) -> np.ndarray:
         """Account for the configurations active[chosen] (their values into ``out``); returns

@@ -1145,18 +1145,21 @@ def test_add_rows_left_out_or_composed_afterwards_give_the_values_of_both_rows(m
         np.testing.assert_allclose(forced, chosen, rtol=1e-12)
 
 
-def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(monkeypatch):
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(pessimistic,
+                                                                                monkeypatch):
     """Compiled, Poisson subsampling's remove rows are discretized and composed alone first
-    (their composition bounds the add direction); the configurations whose bound stays above
-    delta (q = 0.3, delta 1e-12) have their add rows discretized and composed afterwards. The
-    values are those of composing both rows of every configuration, or below by round-off."""
+    (their composition bounds the add direction, or estimates it in an optimistic call); the
+    configurations whose bound stays above delta (delta 1e-12) have their add rows discretized
+    and composed afterwards. The values are those of composing both rows of every
+    configuration, or (pessimistic) below by round-off."""
     from pldjax.accounting import engine
 
     monkeypatch.setenv("PLDJAX_HOST_WORK", "0")
     sigmas, qs, steps = [1.0, 0.5, 1.0, 2.0, 1.0], [0.01, 0.01, 0.3, 0.01, 0.01], 10_000
     deltas = [1e-5, 1e-5, 1e-5, 1e-5, 1e-12]
     calls = _kernel_calls(monkeypatch)
-    chosen = np.asarray(pj.dpsgd_epsilon(sigmas, qs, steps, deltas))
+    chosen = np.asarray(pj.dpsgd_epsilon(sigmas, qs, steps, deltas, pessimistic=pessimistic))
     # the rows composed, each known by its grid offset and its delta (a call's padding repeats)
     rows = {row for _, args, _ in calls["_compose_and_evaluate"]
             for row in zip(np.asarray(args[3]).tolist(), np.asarray(args[6]).tolist(),
@@ -1166,6 +1169,7 @@ def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(
     monkeypatch.setattr(engine, "_one_direction", lambda compositions, both: False)
     monkeypatch.setattr(engine, "_settled_by_remove",
                         lambda sizes, *args: np.zeros(len(sizes) // 2, bool))
-    both = np.asarray(pj.dpsgd_epsilon(sigmas, qs, steps, deltas))
-    assert np.all(chosen <= both * (1 + 1e-12))
+    both = np.asarray(pj.dpsgd_epsilon(sigmas, qs, steps, deltas, pessimistic=pessimistic))
+    if pessimistic:
+        assert np.all(chosen <= both * (1 + 1e-12))
     np.testing.assert_allclose(chosen, both, rtol=1e-9)
