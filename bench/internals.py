@@ -23,7 +23,7 @@ import importlib
 #:   ``wrap_rows``, ``_gather_rows`` (bench/tools/profile_dpsgd.py, bench/tools/profile_sweep.py)
 #: * planner: ``mechanism_tail``, ``composition_tail``, ``accuracy_steps``
 #:   (bench/tools/profile_dpsgd.py)
-#: * mechanisms: ``direction_arrays`` (bench/tools/profile_dpsgd.py)
+#: * mechanisms: ``direction_arrays``, ``Directions`` (bench/tools/profile_dpsgd.py)
 #: * compose: ``PMFSummary``, ``window_widths``, ``wrap_rows``, ``chernoff_exponents``,
 #:   ``_spectrum``, ``_powered``, ``settle``, ``fft_roundoff`` (bench/tools/profile_dpsgd.py)
 #: * profile: ``epsilon_kernel`` (bench/tools/profile_dpsgd.py)

@@ -1,8 +1,11 @@
 """Where the time of one warm ``pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)`` goes, stage by stage.
 
-Times the call, then each of its stages on the same inputs (both adjacency directions, as the call
-computes them), each stage as its own jitted function, and the "FFT floor": a bare jitted rfft,
-pointwise power and irfft of the composition window for the two directions. Rounds run every
+Times the call, then each of its stages on the same inputs (the remove direction, whose
+composition also bounds the add direction, in the two rows of a lone configuration's calls, as the
+call computes them), each stage as its own jitted function, and the "FFT floor": a bare jitted
+rfft, pointwise power and irfft of the composition window for those two rows. The call is timed
+on the compiled kernels, as the stages are (``PLDJAX_HOST_WORK=0``: a process's first calls would
+otherwise run in NumPy, see pldjax.core.compilation.HostWork). Rounds run every
 stage once in turn (so that load from other processes spreads over all of them); the table gives
 the median over rounds, in milliseconds, and each stage over the FFT floor. Stages are measured
 alone, so the parts of the fused composition call need not add up to it exactly (XLA fuses them);
@@ -19,10 +22,11 @@ composition and evaluation). The stages are pldjax internals (bench/internals.py
                                                      # calls, 50 in a row each (a search's pattern)
 
 ``--total`` uses the public API only, for before/after comparisons: run it back to back in two
-checkouts, a few times each, and compare the "x floor" ratios. Its floor is the window of
-``pj.gaussian(...).self_compose(T)`` (131,072 points), wider than dpsgd_epsilon's own (the
-table's floor, 81,920 points). ``--peer K`` then times dp-accounting's PLD (value discretization
-1e-4) K times on the same event, in the same process.
+checkouts, a few times each, and compare the "x floor" ratios (its calls are a process's first,
+which run in NumPy until its host work is spent, unless ``PLDJAX_HOST_WORK=0`` is set). Its
+floor is the window of ``pj.gaussian(...).self_compose(T)`` (131,072 points), wider than
+dpsgd_epsilon's own (the table's floor, 98,304 points). ``--peer K`` then times dp-accounting's
+PLD (value discretization 1e-4) K times on the same event, in the same process.
 
 ``--sync`` turns JAX's asynchronous dispatch on a CPU off before the first computation: each
 call of a small kernel then runs on the calling thread instead of waking one of XLA's workers,
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 
 import jax
@@ -54,7 +59,7 @@ mechanisms_lib = internals.mechanisms
 profile_lib = internals.profile
 
 SIGMA, Q, STEPS, DELTA = 1.0, 0.01, 10_000, 1e-5
-DISCRETIZE = "discretize both directions + window placement"
+DISCRETIZE = "discretize the remove direction + window placement"
 #: The accuracy settings --total times beside the default grid.
 COARSE_RTOLS = (1e-2, 5e-2)
 
@@ -62,7 +67,10 @@ COARSE_RTOLS = (1e-2, 5e-2)
 def stages(rtol=None):
     """(name, thunk) pairs; every thunk returns device arrays (blocked on by the timer).
     ``rtol``: the stages of ``pj.dpsgd_epsilon(..., rtol=rtol)`` (its grid step)."""
-    directions = pj.dpsgd_event(SIGMA, Q).directions(True)
+    mechanism, params, _ = pj.dpsgd_event(SIGMA, Q).directions(True)
+    # the remove direction alone, twice: a lone configuration's rows (see the engine's chunks)
+    directions = mechanisms_lib.Directions(
+        mechanism, tuple(np.full(2, p, np.float64) for p in params) + (np.zeros(2),), False)
     # the windows dpsgd_epsilon asks for (each step may leave delta 2^-20 / T outside)
     steps, delta = np.array([STEPS], np.float64), np.array([DELTA])
     mechanism_tail = float(planner_lib.mechanism_tail(steps, delta, "epsilon")[0])
@@ -77,7 +85,7 @@ def stages(rtol=None):
 
     def discretize():
         return mechanisms_lib.direction_arrays(directions, grid, True, mechanism_tail,
-                                               then=engine_lib._placement(2, "epsilon"),
+                                               then=engine_lib._placement(1, "epsilon"),
                                                extra=(count, target))
 
     probs, inf_mass, offset, step, lo, hi, chernoff, summary = jax.tree_util.tree_map(
@@ -118,7 +126,7 @@ def stages(rtol=None):
     def fused():
         return engine_lib._compose_and_evaluate(
             wrapped, summary, inf_mass, offset, step, count, target, chernoff,
-            pessimistic=True, evaluate="epsilon")
+            pessimistic=True, evaluate="epsilon", swapped=True)
 
     return size, [
         ("total: pj.dpsgd_epsilon", lambda: pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=rtol)),
@@ -245,6 +253,7 @@ def main() -> None:
     if args.consecutive:
         consecutive(args.rounds)
         return
+    os.environ["PLDJAX_HOST_WORK"] = "0"  # the call on the compiled kernels, as its stages
     with jax.enable_x64(True):
         size, named = stages(args.rtol)
         for _, thunk in named:  # compile and warm every stage first
@@ -261,8 +270,8 @@ def main() -> None:
     floor = median["FFT floor: rfft, P**T, irfft"]
     print(f"pj.dpsgd_epsilon({SIGMA}, {Q}, {STEPS}, {DELTA}, rtol={args.rtol}) = "
           f"{pj.dpsgd_epsilon(SIGMA, Q, STEPS, DELTA, rtol=args.rtol):.6f}; composition window "
-          f"{size} points, "
-          f"2 directions; median of {args.rounds} rounds, {'CPU' if args.cpu else 'wall'} time")
+          f"{size} points, the remove direction's 2 rows; median of {args.rounds} rounds, "
+          f"{'CPU' if args.cpu else 'wall'} time")
     print(f"{'stage':<52} {'ms':>8} {'/ FFT floor':>12}")
     for name, value in median.items():
         print(f"{name:<52} {value:8.2f} {value / floor:12.1f}")
