@@ -61,7 +61,7 @@ from pldjax.core.compilation import (
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows, unchecked_pld
 from pldjax.core.precision import float64
-from pldjax.core.special import log1p_parts
+from pldjax.core.special import log1p, log1p_parts
 from pldjax.core.validation import check_broadcast, check_count, is_traced
 from pldjax.kernels.rows import TILE, Row, TiledRows, row_of
 
@@ -563,7 +563,7 @@ def _restored_log_mass(summary: PMFSummary, inf_mass, pessimistic):
     amount.
     """
     xp = array_module(summary.mass)
-    short = xp.log1p(-inf_mass) - xp.log(xp.maximum(summary.mass, 1e-300))
+    short = log1p(-inf_mass, xp) - xp.log(xp.maximum(summary.mass, 1e-300))
     allowed = summary.points * UNIT_ROUNDOFF
     return xp.where(pessimistic, xp.clip(short, 0.0, allowed), xp.clip(short, -allowed, 0.0))
 
@@ -651,7 +651,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
     def finish(raw, live, s, start, m, o, h, c, e, w, restore):
         once = c == 1
         above, below = tail_bounds(s, o, h, c, start, start + size - 1, e)
-        composed_inf = xp.where(c == 1, m, _safe_atom(-xp.expm1(c * xp.log1p(-m)), pessimistic))
+        composed_inf = xp.where(c == 1, m, _safe_atom(-xp.expm1(c * log1p(-m, xp)), pessimistic))
         # bins beyond the sum's support hold no mass: what they read is round-off, or mass
         # folded in from outside the window (which above + below already charge)
         first, last = _support(s, o, c)
@@ -721,7 +721,7 @@ def swapped_delta_bound(parts: SwappedParts, start, step, count, epsilon):
     weighted = xp.where(parts.lower > 0, xp.exp(xp.minimum(-losses, epsilon)) * parts.lower, 0.0)
     total = xp.sum(weighted) * (1.0 - size * UNIT_ROUNDOFF)
     total = total - xp.where(parts.folded > 0, xp.exp(epsilon) * parts.folded, 0.0)
-    surplus = xp.expm1(count * xp.log1p(parts.q_surplus))
+    surplus = xp.expm1(count * log1p(parts.q_surplus, xp))
     bound = 1.0 - total + surplus + 2.0 * UNIT_ROUNDOFF
     return xp.where((total <= 1.0) & (bound >= 0.0) & ~xp.isnan(bound),
                     xp.minimum(bound, 1.0), 1.0)

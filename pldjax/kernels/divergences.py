@@ -27,6 +27,7 @@ from jax.scipy.special import logsumexp
 from pldjax.core.compilation import array_module, cumulative_sum, kernel_jit
 from pldjax.core.pld import PLD
 from pldjax.core.precision import FLOAT_MAX, float64, host_result, last_float_before
+from pldjax.core.special import log1p
 from pldjax.core.validation import check_range
 from pldjax.kernels.hockey_stick import per_direction, stored_length
 
@@ -267,7 +268,7 @@ def renyi_kernel(probs, inf_mass, offset, step, orders, pessimistic=True):
                 grid_excess + excess, grid_total + lost, kl - xp.exp(cell) / xp.e)
 
     log_sum, excess, total, kl = _on_its_side(pessimistic, grid_only, with_cell)
-    log_sum = xp.where(near, xp.log1p(excess / total) + xp.log1p(-inf_mass), log_sum)
+    log_sum = xp.where(near, log1p(excess / total, xp) + log1p(-inf_mass, xp), log_sum)
     general = log_sum / shift[:, 0]
     value = xp.where(orders == 1.0, kl, general)
     # D_a >= 0 for distributions: a value below 0 is round-off (clamped), -inf or NaN a failed

@@ -17,7 +17,7 @@ from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
-from pldjax.core.special import binomial_pmf
+from pldjax.core.special import binomial_pmf, log1p
 from pldjax.core.validation import check_count, check_range, is_traced, within
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
 from pldjax.mechanisms import sampling as sampling_lib
@@ -373,7 +373,7 @@ def _lattice_masses(epsilon, delta, count: int):
     of step epsilon, every other one 0) of ``count`` compositions of R_{epsilon,delta}, and the
     atom at +inf: one program for each count."""
     eps = jnp.asarray(epsilon, jnp.float64)
-    log_keep = count * jnp.log1p(-jnp.asarray(delta, jnp.float64))
+    log_keep = count * log1p(-jnp.asarray(delta, jnp.float64), jnp)
     # j of the count steps at loss -eps (probability 1 / (1 + e^eps) each): losses
     # (count - 2 j) eps, ascending in the index i = count - j
     masses = jnp.exp(log_keep) * binomial_pmf(jnp.arange(count + 1.0), count,

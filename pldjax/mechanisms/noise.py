@@ -46,7 +46,7 @@ from pldjax.core.compilation import array_module
 from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.precision import quotient_rounded
-from pldjax.core.special import log_ndtr, log_ndtr_pair, special_functions
+from pldjax.core.special import log1p, log_ndtr, log_ndtr_pair, special_functions
 from pldjax.core.validation import check_broadcast, check_range, is_traced, within
 from pldjax.kernels.discretize import LossTails
 from pldjax.mechanisms.neighboring import Neighboring
@@ -325,10 +325,10 @@ def _laplace_tails(params, eps):
     sf = xp.where(below, 0.0, -xp.inf)
     cdf = xp.where(below, -xp.inf, 0.0)
     return (
-        xp.where(inside, xp.log1p(-0.5 * xp.exp(-(eps0 - eps) / 2)), sf),
+        xp.where(inside, log1p(-0.5 * xp.exp(-(eps0 - eps) / 2), xp), sf),
         xp.where(inside, half - (eps0 + eps) / 2, sf),
         xp.where(inside, half - (eps0 - eps) / 2, cdf),
-        xp.where(inside, xp.log1p(-0.5 * xp.exp(-(eps0 + eps) / 2)), cdf),
+        xp.where(inside, log1p(-0.5 * xp.exp(-(eps0 + eps) / 2), xp), cdf),
     )
 
 
@@ -476,7 +476,7 @@ def _dlap_log_cdf(t, k):
     xp = array_module(t, k)
     log_norm = xp.log1p(xp.exp(-t))
     safe = xp.where(xp.isfinite(k), k, 0.0)
-    value = xp.where(safe <= 0, t * safe - log_norm, xp.log1p(-xp.exp(-t * (safe + 1) - log_norm)))
+    value = xp.where(safe <= 0, t * safe - log_norm, log1p(-xp.exp(-t * (safe + 1) - log_norm), xp))
     return xp.where(k == xp.inf, 0.0, xp.where(k == -xp.inf, -xp.inf, value))
 
 

@@ -47,7 +47,7 @@ from jax.scipy.special import logsumexp
 
 from pldjax.core.compilation import array_module, computed_once
 from pldjax.core.precision import last_float_before
-from pldjax.core.special import log1p_parts, log_ndtr_pair
+from pldjax.core.special import log1p, log1p_parts, log_ndtr_pair
 from pldjax.kernels.discretize import (
     LossTails,
     curve_values,
@@ -86,7 +86,7 @@ def _threshold(x, q, log_q):
     # direction's losses above 37 nats at -inf; for small q, m + q keeps the digits of x near 0
     scaled = xp.where(q < 1.0, (1.0 - q) * xp.exp(xp.minimum(-x, 709.0)), 0.0)
     inside = scaled < 1.0
-    near_one = xp.where(inside, x + xp.log1p(-xp.where(inside, scaled, 0.0)) - log_q, -xp.inf)
+    near_one = xp.where(inside, x + log1p(-xp.where(inside, scaled, 0.0), xp) - log_q, -xp.inf)
     below = xp.where(q >= 0.5, near_one, below)
     return xp.where(above & ~grows, x + logged * r - log_q, below)
 
@@ -94,7 +94,7 @@ def _threshold(x, q, log_q):
 def _log1p_q_expm1(q, loss):
     """log(1 - q + q e^loss) without overflow (used for window placement only)."""
     xp = array_module(q, loss)
-    return xp.logaddexp(xp.log1p(-q), xp.log(q) + loss)
+    return xp.logaddexp(log1p(-q, xp), xp.log(q) + loss)
 
 
 def _subsampled_spread(base: LossTails, params):
@@ -191,7 +191,7 @@ def _mixed_tails(params, base_tails):
     *_, q, adding = params
     xp = array_module(q, *base_tails)
     add = adding > 0
-    log_q, log_1mq = xp.log(q), xp.log1p(-q)
+    log_q, log_1mq = xp.log(q), log1p(-q, xp)
     sp, sq, cp, cq = base_tails
     mixed_sf, mixed_cdf = _log_mix(log_1mq, sq, log_q, sp), _log_mix(log_1mq, cq, log_q, cp)
     remove = (mixed_sf, sq, mixed_cdf, cq)
@@ -223,7 +223,7 @@ def _mixed_side(params, base_p, base_q):
     """(log P, log Q) of the side :func:`_base_side` read, from its base tails: one mixture."""
     *_, q, adding = params
     xp = array_module(q, base_p)
-    mixed = _log_mix(xp.log1p(-q), base_q, xp.log(q), base_p)
+    mixed = _log_mix(log1p(-q, xp), base_q, xp.log(q), base_p)
     add = adding > 0
     return xp.where(add, base_q, mixed), xp.where(add, mixed, base_q)
 
@@ -356,7 +356,7 @@ def _replace_one_threshold(mu, q, eps):
     # log |D|, -inf at eps = 0
     log_abs_expm1 = xp.where(eps > 0, eps + xp.log(-xp.expm1(-xp.abs(eps))),
                               xp.log(-xp.expm1(-xp.abs(eps))))
-    log_d = xp.log1p(-q) + log_abs_expm1
+    log_d = log1p(-q, xp) + log_abs_expm1
     log_root = xp.logaddexp(2 * log_d, 2 * log_w) / 2  # log hypot(D, w)
     log_sum = xp.logaddexp(log_d, log_root)  # log(root + |D|)
     log_v = xp.where(eps >= 0, log_sum - log_2qc, 2 * log_w - log_2qc - log_sum)
@@ -371,7 +371,7 @@ def _replace_one_tails(params, eps):
     # away from 0 exceed 1e299 nats, far beyond any window)
     mu, q = xp.where(active, xp.minimum(mu, 1e150), 1.0), xp.where(active, q, 0.5)
     x = _replace_one_threshold(mu, q, eps)
-    log_q, log_1mq = xp.log(q), xp.log1p(-q)
+    log_q, log_1mq = xp.log(q), log1p(-q, xp)
     # P = (1-q) N(0,1) + q N(-mu,1), Q = (1-q) N(0,1) + q N(mu,1); L > eps <=> output < x
     # each log Phi(y) and log Phi(-y) from one erfc (log_ndtr_pair)
     at_x, at_minus_x = log_ndtr_pair(x)

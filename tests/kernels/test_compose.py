@@ -77,6 +77,31 @@ def test_composed_atoms_are_rounded_to_the_safe_side():
                      .self_compose(3).inf_mass) == 1.0
 
 
+def test_compiled_composed_atoms_are_rounded_to_the_safe_side_where_xla_log1p_loses_digits():
+    """1 - (1 - m)^k composed by the compiled kernel for one-step atoms m in [0.366, 0.415]
+    (where XLA's float64 log1p is 2.7e-14 off: a pessimistic atom came out up to 7e-16 below
+    the exact one), against mpmath: a pessimistic atom at or above it, an optimistic one at or
+    below."""
+    import importlib
+
+    import mpmath as mp
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
+
+    atoms = np.linspace(0.366, 0.415, 50)
+    for pessimistic in (True, False):
+        run = jax.jit(lambda *a, p=pessimistic: compose_module.self_compose_rows(
+            *a, size=64, tail=1e-18, pessimistic=p))
+        for count in (2, 3, 5):
+            probs = np.outer(1.0 - atoms, [0.5, 0.5])
+            with jax.enable_x64(True):
+                _, composed, _ = run(probs, atoms, np.zeros(50, np.int64), np.full(50, 0.5),
+                                     np.full(50, float(count)))
+            for atom, got in zip(atoms, np.asarray(composed), strict=True):
+                exact = 1 - (1 - mp.mpf(float(atom))) ** count
+                assert (got >= exact) if pessimistic else (got <= exact), (atom, count, got)
+
+
 @pytest.mark.slow
 def test_randomized_response_mixed_matches_theorem_4_6():
     pairs = [(1.0, 1e-5), (0.5, 0.0), (0.25, 1e-6), (0.3, 1e-7)]  # 0.3 is not on the grid

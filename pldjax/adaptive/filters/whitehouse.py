@@ -30,6 +30,7 @@ from jax.scipy.special import logsumexp
 from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
 from pldjax.core.pld import PLD
 from pldjax.core.precision import add_up, float64, square_up
+from pldjax.core.special import log1p
 from pldjax.core.validation import check_range
 
 #: Orders for the zCDP bound of a PLD query: 1 + 1e-4 .. 1e4, ratio ~1.009 (overestimate <= 0.9%).
@@ -42,7 +43,7 @@ def _zcdp_of_direction(probs, inf_mass, offset, step):
     positive = probs > 0
     log_p = jnp.where(positive, jnp.log(jnp.where(positive, probs, 1.0)), -jnp.inf)
     log_c = logsumexp(log_p - z)
-    log_keep = jnp.log1p(-jnp.minimum(inf_mass, 0.5))
+    log_keep = log1p(-jnp.minimum(inf_mass, 0.5), jnp)
     delta = jnp.maximum(inf_mass, -jnp.expm1(jnp.minimum(log_c, 0.0)))
     a = jnp.asarray(_ORDERS)[:, None]
     # D_a(P'||Q') and D_a(Q'||P') with P' = P_fin / (1 - m), Q' = Q_fin / c
