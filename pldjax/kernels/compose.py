@@ -721,7 +721,7 @@ def swapped_delta_bound(parts: SwappedParts, start, step, count, epsilon):
     weighted = xp.where(parts.lower > 0, xp.exp(xp.minimum(-losses, epsilon)) * parts.lower, 0.0)
     total = xp.sum(weighted) * (1.0 - size * UNIT_ROUNDOFF)
     total = total - xp.where(parts.folded > 0, xp.exp(epsilon) * parts.folded, 0.0)
-    surplus = xp.expm1(count * log1p(parts.q_surplus, xp))
+    surplus = xp.expm1(count * xp.log1p(parts.q_surplus))
     bound = 1.0 - total + surplus + 2.0 * UNIT_ROUNDOFF
     return xp.where((total <= 1.0) & (bound >= 0.0) & ~xp.isnan(bound),
                     xp.minimum(bound, 1.0), 1.0)
