@@ -78,10 +78,10 @@ def test_composed_atoms_are_rounded_to_the_safe_side():
 
 
 def test_compiled_composed_atoms_are_rounded_to_the_safe_side_where_xla_log1p_loses_digits():
-    """1 - (1 - m)^k composed by the compiled kernel for one-step atoms m in [0.366, 0.415]
-    (where XLA's float64 log1p is 2.7e-14 off: a pessimistic atom came out up to 7e-16 below
-    the exact one), against mpmath: a pessimistic atom at or above it, an optimistic one at or
-    below."""
+    """1 - (1 - m)^k composed by the compiled kernel for one-step atoms m in [0.366, 0.415],
+    where XLA's float64 log1p is 2.7e-14 off (beyond the atom's 16-ulp allowance: a pessimistic
+    atom up to 7e-16 below the exact one), against mpmath: a pessimistic atom at or above it, an
+    optimistic one at or below."""
     import importlib
 
     import mpmath as mp
@@ -739,6 +739,6 @@ def test_a_few_fold_composition_of_a_skewed_pmf_is_exact_to_round_off(on_host):
     others = np.arange(4096) != -start
     np.testing.assert_allclose(out[others], placed[others], rtol=0, atol=2e-15)
     assert placed[-start] - 1e-13 <= out[-start] <= placed[-start]
-    # far out, where the convolution holds no mass, the round-off charged to each bin (it was
-    # 1.3e-17 compiled, twice NumPy's, with XLA's complex log1p)
+    # far out, where the convolution holds no mass, the round-off charged to each bin (XLA's
+    # complex log1p would double it, to 1.3e-17)
     assert np.max(out[placed < 1e-25]) <= 1e-17
