@@ -488,7 +488,7 @@ def _log1p(z):
     below an ulp of 1 (the real part of log1p(1e-17 + 3e-17j) came out 0, of log1p(2e-13 -
     1e-12j) 3e-4 off), and XLA's loses digits for |z| in 0.3-0.9 (2e-14 relative), while a
     count-fold power multiplies the error by the count (the composed masses' round-off, charged
-    to delta, then differed 3x between the two). log|1 + z| = log1p(x (2 + x) + y^2) / 2 for
+    to delta, would differ 3x between the two). log|1 + z| = log1p(x (2 + x) + y^2) / 2 for
     z = x + iy, by :func:`~pldjax.core.special.log1p_parts`."""
     xp = array_module(z)
     x, y = xp.real(z), xp.imag(z)
