@@ -61,7 +61,7 @@ from pldjax.core.compilation import (
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows, unchecked_pld
 from pldjax.core.precision import float64
-from pldjax.core.special import log1p, log1p_parts
+from pldjax.core.special import log1p
 from pldjax.core.validation import check_broadcast, check_count, is_traced
 from pldjax.kernels.rows import TILE, Row, TiledRows, row_of
 
@@ -489,12 +489,12 @@ def _log1p(z):
     1e-12j) 3e-4 off), and XLA's loses digits for |z| in 0.3-0.9 (2e-14 relative), while a
     count-fold power multiplies the error by the count (the composed masses' round-off, charged
     to delta, would differ 3x between the two). log|1 + z| = log1p(x (2 + x) + y^2) / 2 for
-    z = x + iy, by :func:`~pldjax.core.special.log1p_parts`."""
+    z = x + iy, by :func:`~pldjax.core.special.log1p`."""
     xp = array_module(z)
     x, y = xp.real(z), xp.imag(z)
-    u, r = log1p_parts(x * (2.0 + x) + y * y)
     with np.errstate(divide="ignore", invalid="ignore"):  # z = -1: log 0 = -inf, as log1p
-        real = xp.where(xp.abs(z) < 0.5, 0.5 * xp.log(u) * r, xp.log(xp.abs(1.0 + z)))
+        real = xp.where(xp.abs(z) < 0.5, 0.5 * log1p(x * (2.0 + x) + y * y, xp),
+                        xp.log(xp.abs(1.0 + z)))
     return _complex(real, xp.arctan2(y, 1.0 + x))
 
 
