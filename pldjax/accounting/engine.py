@@ -40,6 +40,7 @@ import functools
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,7 @@ from pldjax.kernels.compose import (
     window_start,
     window_widths,
     wrap_rows,
+    wrap_tiled_rows,
 )
 from pldjax.kernels.discretize import MECHANISM_KERNELS, runs_on_host
 from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
@@ -166,6 +168,11 @@ COMPOSE_WORKERS = 4
 #: chunk's memory (about 200 bytes a point, 3.4 GB) is small beside the device's.
 ACCELERATOR_CHUNK = 1024
 ACCELERATOR_CHUNK_ELEMENTS = 2**24
+#: On an accelerator, the tiles a chunk's masses are computed in wherever they are in tiles
+#: (see :func:`_tiled`): every chunk's, whatever its grid, so that its masses are one program
+#: (a program per grid size took about 6 s each to compile on an H200), with as many
+#: configurations as fill them (two directions of ACCELERATOR_CHUNK_ELEMENTS points).
+ACCELERATOR_TILES = 2 * ACCELERATOR_CHUNK_ELEMENTS // TILE
 
 
 @exported_jit(static_argnames=("pessimistic", "evaluate", "swapped"))
@@ -202,6 +209,32 @@ def _gather_rows(probs, index, scalars, *, size):
     is cheap to compile per chunk shape)."""
     return (wrap_rows(jnp, probs[index], size, scalars[_CENTER][index]),
             [a[index] for a in scalars])
+
+
+class _Tiled(NamedTuple):
+    """A chunk's masses kept in tiles on the device (see :func:`_placed_tiles`), its rows in this
+    module's order, each ``points`` points long."""
+
+    masses: jax.Array
+    points: np.int64
+
+
+@exported_jit(static_argnames=("size", "folds"))
+def _gather_tiled_rows(masses, points, index, scalars, *, size, folds):
+    """:func:`_gather_rows` of a chunk's masses in tiles (:class:`_Tiled`: ``points``, data,
+    at most ``folds`` times ``size``): one program a window size, whatever the mechanism's
+    grid."""
+    return (wrap_tiled_rows(masses, points, index, size, folds, scalars[_CENTER][index]),
+            [a[index] for a in scalars])
+
+
+def _gathered(probs, index, scalars, size: int):
+    """:func:`_gather_rows` of a chunk's masses, or :func:`_gather_tiled_rows` of masses in
+    tiles."""
+    if isinstance(probs, _Tiled):
+        folds = max(1, -(-int(probs.points) // size))
+        return _gather_tiled_rows(*probs, index, scalars, size=size, folds=folds)
+    return _gather_rows(probs, index, scalars, size=size)
 
 
 def _placement_rows(probs, offset, step, count, target, evaluate):
@@ -243,12 +276,13 @@ def _placement(directions: int, evaluate: str) -> Callable:
 
 
 def _placed_tiles(probs, inf_mass, offset, step, layout: TiledRows, count, target, *,
-                  evaluate: str):
+                  directions: int, evaluate: str):
     """:func:`_placed_rows` of rows in tiles (see
     :func:`~pldjax.kernels.discretize._mechanism_kernel`'s ``tiles``): ``count`` and ``target``
     one a row in the discretization's order (the directions innermost), padded to the tiles;
-    returns the masses in tiles and every row's placement, in that order, the padding rows'
-    last."""
+    returns the masses in tiles and every row's placement (one value a row, as many as tiles),
+    the rows in this module's order (every configuration's first direction, then every one's
+    second: :meth:`~pldjax.kernels.rows.TiledRows.by_direction`), the padding rows last."""
     per_row = layout.per_row_values
     count, target = (layout.spread(a) for a in (count, target))
     exponents = chernoff_exponents(probs, offset, step, count, composition_tail(target, evaluate),
@@ -261,13 +295,16 @@ def _placed_tiles(probs, inf_mass, offset, step, layout: TiledRows, count, targe
         return summary_window(s, o, h, c, composition_tail(t, evaluate), e)
 
     lo, hi = jax.vmap(window)(summary, offset, step, count, target, exponents)
-    return probs, per_row(inf_mass), offset, step, lo, hi, exponents, summary
+    rows, tiles = layout.by_direction(directions)
+    return (probs[tiles], *(a[rows] for a in (per_row(inf_mass), offset, step, lo, hi)),
+            [e[rows] for e in exponents], PMFSummary(*(field[rows] for field in summary)))
 
 
 @functools.cache
-def _tiled_placement(evaluate: str) -> Callable:
-    """:func:`_placed_tiles` for ``evaluate`` (one object, see :func:`_placement`)."""
-    return functools.partial(_placed_tiles, evaluate=evaluate)
+def _tiled_placement(directions: int, evaluate: str) -> Callable:
+    """:func:`_placed_tiles` for ``directions`` and ``evaluate`` (one object, see
+    :func:`_placement`)."""
+    return functools.partial(_placed_tiles, directions=directions, evaluate=evaluate)
 
 
 def _sharding() -> NamedSharding | None:
@@ -333,11 +370,13 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     row_counts, row_targets = counts, targets
     if sharding is not None:
         row_counts, row_targets = _place([counts, targets], sharding)
-    elif not compositions.host_glue:
-        row_counts, row_targets = jax.device_put(counts), jax.device_put(targets)
+    elif not compositions.host_glue:  # in tiles, padded as the rows' other scalars: one shape
+        padding = 0 if tiles is None else tiles - counts.shape[0]
+        row_counts, row_targets = (jax.device_put(np.pad(a, (0, padding), mode="edge"))
+                                   for a in (counts, targets))
     then, extra = _placement(directions, evaluate), (row_counts, row_targets)
     if tiles is not None:  # one a row in the discretization's order, padded to the tiles
-        then = _tiled_placement(evaluate)
+        then = _tiled_placement(directions, evaluate)
         extra = tuple(np.pad(np.repeat(a, directions), (0, tiles - a.shape[0] * directions),
                              mode="edge") for a in (steps, target))
     discretize = functools.partial(
@@ -358,18 +397,22 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
             discretize()
         return None
     probs, inf_mass, offset, step, lo, hi, exponents, summary = discretize()
-    if tiles is not None:  # the rows in this module's order (see _placed_rows), padding dropped
-        order = np.arange(counts.shape[0]).reshape(-1, directions).T.reshape(-1)
+    chunk_rows = counts.shape[0]
+    if tiles is not None:  # the rows in this module's order (see _placed_tiles)
         per_row = -(-mechanism_size // TILE)
-        probs = np.asarray(probs)[:counts.shape[0] * per_row].reshape(
-            -1, per_row * TILE)[order, :mechanism_size]
-        inf_mass, offset, step, lo, hi = (np.asarray(a)[order]
-                                          for a in (inf_mass, offset, step, lo, hi))
-        exponents = [np.asarray(e)[order] for e in exponents]
-        summary = PMFSummary(*(np.asarray(f)[order] for f in summary))
+        if compositions.host_glue:  # as rows, padding dropped
+            probs = np.asarray(probs)[:chunk_rows * per_row].reshape(chunk_rows, -1)[
+                :, :mechanism_size]
+            inf_mass, offset, step, lo, hi = (np.asarray(a)[:chunk_rows]
+                                              for a in (inf_mass, offset, step, lo, hi))
+            exponents = [np.asarray(e)[:chunk_rows] for e in exponents]
+            summary = PMFSummary(*(np.asarray(f)[:chunk_rows] for f in summary))
+        else:  # kept in tiles on the device, where the rows are gathered from
+            probs = _Tiled(probs, np.int64(mechanism_size))
     # off the host glue (xp = jnp) these wait for nothing; on a CPU, where the chunk is placed
     # at once, they wait for the call as place() would
-    probs, inf_mass, offset, step = (xp.asarray(a) for a in (probs, inf_mass, offset, step))
+    inf_mass, offset, step = (xp.asarray(a) for a in (inf_mass, offset, step))
+    probs = probs if isinstance(probs, _Tiled) else xp.asarray(probs)
     exponents = [xp.asarray(e) for e in exponents]
     summary = PMFSummary(*(xp.asarray(s) for s in summary))
 
@@ -384,7 +427,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
 
     def place():
         try:
-            sizes = row_sizes(slice(None))
+            sizes = row_sizes(slice(chunk_rows))
         except CompositionTooWide as error:
             # the first configuration that cannot be placed, named by its values (in a batch,
             # which one failed)
@@ -583,7 +626,7 @@ class _Compositions:
         with compiling_ahead():
             if self._gathers:
                 index = jax.ShapeDtypeStruct((most,), np.asarray(0).dtype)
-                wrapped, columns = _gather_rows(probs, index, scalars, size=size)
+                wrapped, columns = _gathered(probs, index, scalars, size)
             else:
                 batch = min(most, 2) if self.rows <= 2 else most
                 if batch == most:
@@ -616,7 +659,7 @@ class _Compositions:
             for begin in range(0, len(rows), most):
                 part = rows[begin:begin + most]
                 index = np.concatenate([part, np.full(most - len(part), part[-1])])
-                wrapped, columns = _gather_rows(probs, index, scalars, size=size)
+                wrapped, columns = _gathered(probs, index, scalars, size)
                 got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
                                             tuple(columns[10:]), **self._options)
                 self._results.append((got, values, part))
@@ -722,8 +765,8 @@ def _progress(total: int, enabled: bool) -> Callable[[int], None]:
 
 #: Releases the accounting kernels before a sweep runs out of memory mappings: a first look at
 #: 64 compiled shapes, then every 16 more (see pldjax.core.compilation.MappingGuard).
-_MAPPINGS = MappingGuard((*MECHANISM_KERNELS, _compose_and_evaluate, _gather_rows), first=64,
-                         every=16)
+_MAPPINGS = MappingGuard((*MECHANISM_KERNELS, _compose_and_evaluate, _gather_rows,
+                          _gather_tiled_rows), first=64, every=16)
 
 
 def _account_group(order, params, steps, target, *, sharding, mechanism_size, grid_steps,
@@ -765,9 +808,13 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
         # one row a configuration: twice the configurations, the same rows (and programs)
         directions, chunk = 1, 2 * chunk
     chunk = -(-chunk // devices) * devices
-    # masses in tiles: the chunk's tiles padded instead (one program whatever the size)
+    # masses in tiles: the chunk's tiles padded instead (one program whatever the size); on an
+    # accelerator every chunk in as many tiles, as many configurations as fill them
     tiles = None
-    if tiled:
+    if tiled and on_device:
+        tiles = ACCELERATOR_TILES
+        chunk = max(1, tiles // (directions * -(-mechanism_size // TILE)))
+    elif tiled:
         tiles = grid_lib.next_pow2(directions * chunk * -(-mechanism_size // TILE))
     for begin in range(0, len(order), chunk):
         idx = order[begin:begin + chunk]
@@ -783,10 +830,13 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
 
 def _tiled(mechanism_size: int, *, sharding, compositions, grid, **_) -> bool:
     """Whether a chunk's masses are computed in tiles (one compiled program for every grid
-    size: :func:`_placed_tiles`): connect-the-dots estimates (pessimistic or optimistic) on
-    grids of a multiple of TILE points or a power of two below (from BLOCKED_POINTS), placed by
-    the host's glue (on a CPU), compiled."""
-    return (compositions.host_glue and not compositions.host and sharding is None
+    size: :func:`_placed_tiles`): connect-the-dots estimates on grids of a multiple of TILE
+    points or a power of two below (from BLOCKED_POINTS), compiled, on one device; on an
+    accelerator pessimistic ones alone (an optimistic estimate's hull in tiles is one
+    sequential loop over the points, a CPU's way: see
+    :func:`~pldjax.kernels.discretize._tiled_lower_hull`)."""
+    return (not compositions.host and sharding is None
+            and (compositions.host_glue or compositions.pessimistic)
             and (grid or Grid()).rounding == "connect_dots"
             and (mechanism_size % TILE == 0
                  or (TILE % mechanism_size == 0 and mechanism_size >= BLOCKED_POINTS)))

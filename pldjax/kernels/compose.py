@@ -201,7 +201,9 @@ def _coarse_tiles(probs, offset, step, rows: TiledRows):
     """:func:`_coarse` of rows in tiles (a row's blocks are of max(n / TILE, _SMALLEST_BLOCK)
     points, within its tiles), laid out in tiles of TILE / _SMALLEST_BLOCK blocks, as many tiles
     as ``rows`` has (a row's blocks follow each other). One branch of static shapes a block
-    size, the row's taken (a conditional)."""
+    size, the row's taken: on a CPU a conditional, elsewhere every branch computed and the
+    row's selected (see :func:`~pldjax.core.compilation.early_exit_on_cpu`; the moments are
+    one product a point and branch)."""
     small = rows.tile // _SMALLEST_BLOCK
 
     def moments_of(block: int):
@@ -218,7 +220,16 @@ def _coarse_tiles(probs, offset, step, rows: TiledRows):
         sizes.append(2 * sizes[-1])
     block = jnp.maximum(rows.per_row, _SMALLEST_BLOCK)
     level = jnp.round(jnp.log2(block / _SMALLEST_BLOCK)).astype(jnp.int32)
-    moments = jax.lax.switch(level, [moments_of(size) for size in sizes])
+    branches = [moments_of(size) for size in sizes]
+
+    def every_branch(level):
+        moments = branches[0]()
+        for index, branch in enumerate(branches[1:], 1):
+            moments = jnp.where(level == index, branch(), moments)
+        return moments
+
+    moments = early_exit_on_cpu((level,), cpu=lambda level: jax.lax.switch(level, branches),
+                                elsewhere=every_branch)
     coarse = TiledRows(rows.tiles, rows.per_row * rows.tile // block, rows.rows, small)
     offset, step = (_moved(a, rows, coarse) for a in (offset, step))
     start = (offset + coarse.position() * block) * step  # each block's first loss
@@ -445,6 +456,24 @@ def wrap_rows(xp, probs, size: int, centers):
         return np.stack([np.roll(row, -center) for row, center in zip(wrapped, centers,
                                                                          strict=True)])
     return jax.vmap(jnp.roll)(wrapped, -centers)
+
+
+def wrap_tiled_rows(masses, points, index, size: int, folds: int, centers):
+    """:func:`wrap_rows` of the rows ``index`` of masses in tiles (tiles, TILE; row r on the
+    r-th run of ceil(points / TILE) tiles, see :class:`~pldjax.kernels.rows.TiledRows`), each
+    ``points`` points long (data) and at most ``folds`` times ``size`` (static): (rows, size),
+    inside a kernel (one program a window size, whatever the rows' grid)."""
+    flat = masses.reshape(-1)
+    per_row = jnp.maximum((points + TILE - 1) // TILE, 1)
+    start = index[:, None] * (per_row * TILE)
+    # the PMF's index that each window point reads first (then every size points on)
+    turned = (jnp.arange(size) + centers[:, None]) % size
+    wrapped = jnp.zeros(turned.shape, masses.dtype)
+    for fold in range(folds):
+        at = turned + fold * size
+        wrapped = wrapped + jnp.where(at < points,
+                                      flat[jnp.minimum(start + at, flat.shape[0] - 1)], 0.0)
+    return wrapped
 
 
 def _spectrum(folded):

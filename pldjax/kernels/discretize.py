@@ -938,7 +938,7 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
             return then(*rows, *extra)
     if pessimistic and rounding == "connect_dots":
         # in tiles, calls of one shape (their masses' one program takes their outputs)
-        least = 1 if tiles is None else min(tiles, CALL_TILES)
+        least = 1 if tiles is None else min(tiles, _call_tiles())
         values, offset, h = _in_tiles(_curve_kernel, params, tail, step, size=size, least=least,
                                       **options)
         if tiles is not None:
@@ -948,7 +948,7 @@ def _mechanism_kernel(params, tail, step, *, mechanism: LossTails, size: int, pe
                               then=then)
     if tiles is not None:  # optimistic connect-the-dots in tiles
         outputs = _in_tiles(_tails_kernel, params, tail, step, size=size,
-                            least=min(tiles, CALL_TILES), **options)
+                            least=min(tiles, _call_tiles()), **options)
         return _tiled_tails_masses_kernel(*_padded_parts(outputs, tiles), np.int64(size),
                                           np.int64(rows), extra, then=then)
     at_points, offset, h, atom, top = _in_tiles(_tails_kernel, params, tail, step, size=size,
@@ -1002,6 +1002,11 @@ CALL_TILES = 64
 ACCELERATOR_CALL_TILES = 2048
 
 
+def _call_tiles() -> int:
+    """Most tiles in one call of a tile kernel on the default backend."""
+    return CALL_TILES if jax.default_backend() == "cpu" else ACCELERATOR_CALL_TILES
+
+
 def _in_tiles(kernel, params, tail, step, *, size: int, least: int = 1, **options):
     """The outputs of ``kernel`` (:func:`_curve_kernel` or :func:`_tails_kernel`) for every tile
     of each row's grid of ``size`` points, as tuples of the calls' outputs (one per output),
@@ -1018,8 +1023,7 @@ def _in_tiles(kernel, params, tail, step, *, size: int, least: int = 1, **option
                      jnp.asarray(size, jnp.int64), tile, **options)
         return tuple((a,) for a in out)
     count = rows * tiles
-    most = CALL_TILES if jax.default_backend() == "cpu" else ACCELERATOR_CALL_TILES
-    per_call = min(max(grid_lib.next_pow2(count), least), most)
+    per_call = min(max(grid_lib.next_pow2(count), least), _call_tiles())
     padded = -(-count // per_call) * per_call
     index = np.minimum(np.arange(padded), count - 1)  # repeats of the last tile
     tile, index = index % tiles, index // tiles

@@ -124,6 +124,17 @@ class TiledRows:
         """(tiles,) whether each row (by its index) is one of the real rows."""
         return jnp.arange(self.tiles) < self.rows
 
+    def by_direction(self, directions: int):
+        """The real rows, ``directions`` consecutive ones a configuration, put direction by
+        direction (every configuration's first row, then every one's second, ...), padding rows
+        where they are: (tiles,) the row that each row comes from (a gather of row values) and
+        (tiles,) the tile that each tile comes from (a gather of tiles)."""
+        index = jnp.arange(self.tiles)
+        configs = jnp.maximum(self.rows // directions, 1)
+        source = jnp.where(index < self.rows,
+                           (index % configs) * directions + index // configs, index)
+        return source, source[self.row] * self.per_row + self.place
+
     def index(self):
         return self.place[:, None] * self.tile + jnp.arange(self.tile)
 

@@ -483,12 +483,13 @@ def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["epsilon", "delta"])
 def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
-    """On an accelerator a chunk stays on the device and each composition call's rows are
-    gathered and wrapped there (a kernel of its own), always a full call of rows (or, for a call
-    of few configurations, the power of two of their rows) on a window of a power of two (one
-    compiled composition per octave); forced here on a CPU, it must give the values of the host
-    path, for a repeated configuration and rows of several window sizes (with the slow tests:
-    each target compiles its own kernels, about 25 s from an empty cache)."""
+    """On an accelerator a chunk stays on the device, its masses in tiles of one shape whatever
+    the grid (one compiled program), and each composition call's rows are gathered and wrapped
+    there (a kernel of its own), always a full call of rows (or, for a call of few
+    configurations, the power of two of their rows) on a window of a power of two (one compiled
+    composition per octave); forced here on a CPU, it must give the values of the host path,
+    for a repeated configuration and rows of several window sizes and grids (with the slow
+    tests: each target compiles its own kernels, about 25 s from an empty cache)."""
     from pldjax.accounting import engine as dpsgd
 
     # sigma 1e-6: windows of 2 and 64 points (a full call of 2-point rows once asked for 567 GB)
@@ -499,7 +500,12 @@ def test_accelerator_path_gives_the_host_path_values(monkeypatch, target):
     calls = _kernel_calls(monkeypatch)
     got = account(sigma, q, steps, at)
     composed = [args[0].shape for _, args, _ in calls["_compose_and_evaluate"]]
-    assert len(calls["_gather_rows"]) == len(composed)  # each call's rows gathered on the device
+    gathered = calls["_gather_rows"] + calls["_gather_tiled_rows"]
+    assert len(gathered) == len(composed)  # each call's rows gathered on the device
+    masses = {tuple(a.shape for a in jax.tree.leaves(args))
+              for _, args, _ in calls["_tiled_masses_kernel"]}
+    grids = {int(args[1]) for _, args, _ in calls["_gather_tiled_rows"]}
+    assert len(masses) == 1 and len(grids) > 1 and not calls["_masses_kernel"]
     assert len({size for _, size in composed}) > 2
     # 4 configurations, 8 rows: every call a full one of them (the most a call of these windows
     # takes is far more)
@@ -532,8 +538,8 @@ def _host_round_trips_on_a_gpu(kernel, args, kwargs) -> list[str]:
 @pytest.mark.parametrize("rtol", [None, 5e-2])
 def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
     """Every program a DP-SGD epsilon runs on an accelerator (the windows' sizes, the curve,
-    the masses and window placement, the gather, the composition), lowered for CUDA: no
-    conditional and no loop of unknown length, so the host queues a sweep's chunks while the
+    the masses and window placement in tiles, the gather, the composition), lowered for CUDA:
+    no conditional and no loop of unknown length, so the host queues a sweep's chunks while the
     device works (on the CPU the same kernels keep their early exits, as this check shows)."""
     from pldjax.accounting import engine as dpsgd
 
@@ -541,7 +547,8 @@ def test_the_sweeps_gpu_programs_never_wait_for_the_host(rtol, monkeypatch):
     calls = _kernel_calls(monkeypatch)
     pj.dpsgd_epsilon([1.0, 2.0], [0.01, 0.1], [1000, 30], 1e-5, rtol=rtol)
     monkeypatch.undo()
-    assert {"_curve_kernel", "_masses_kernel", "_gather_rows", "_compose_and_evaluate"} <= set(calls)
+    assert set(calls) == {"_curve_kernel", "_tiled_masses_kernel", "_gather_tiled_rows",
+                          "_compose_and_evaluate"}
     for name, (first, *_) in calls.items():
         assert _host_round_trips_on_a_gpu(*first) == [], name
     # the check sees them where they are: the composition's power width on the CPU (a window
