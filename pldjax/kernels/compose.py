@@ -529,9 +529,10 @@ def _log1p(z):
 
 def _powered(spectrum, low, shift, count, turn, *, width: int, size: int):
     """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
-    frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width``, and
-    turned by ``turn`` points (each row's inverse FFT then reads as ``numpy.roll(raw, turn)``
-    would: the window's first bin first, with no pass over the window to move it)."""
+    frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width`` (in
+    NumPy left out: its inverse FFT pads them), and turned by ``turn`` points (each row's
+    inverse FFT then reads as ``numpy.roll(raw, turn)`` would: the window's first bin first,
+    with no pass over the window to move it)."""
     xp = array_module(spectrum)
     re, im = xp.real(spectrum[:, :width]), xp.imag(spectrum[:, :width])
     # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
@@ -545,6 +546,8 @@ def _powered(spectrum, low, shift, count, turn, *, width: int, size: int):
     phase = (-2.0 * np.pi / size) * ((k * turn[:, None]) % size)
     # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
     powered = xp.exp(_complex(scale * log_p.real, scale * log_p.imag + phase))
+    if xp is np:
+        return powered
     return xp.pad(powered, ((0, 0), (0, spectrum.shape[1] - width)))
 
 
@@ -720,10 +723,15 @@ def _q_surplus(wrapped, summary: PMFSummary, offset, step, restore):
     where the PMF is longer than the window (folded: its losses are not known)."""
     xp = array_module(wrapped)
     size = wrapped.shape[0]
-    j = xp.arange(size)
-    turned = xp.where(j < size - summary.center, j, j - size)
-    losses = (offset + summary.center + turned) * step
-    log_mass = xp.log(xp.sum(wrapped * xp.exp(-losses))) + restore
+    if xp is np and summary.points <= size:  # the PMF's own points alone, in its order
+        center, points = int(summary.center), int(summary.points)
+        masses = np.concatenate([wrapped[size - center:], wrapped[:points - center]])
+        losses = (offset + np.arange(points)) * step
+    else:
+        j = xp.arange(size)
+        turned = xp.where(j < size - summary.center, j, j - size)
+        masses, losses = wrapped, (offset + summary.center + turned) * step
+    log_mass = xp.log(xp.sum(masses * xp.exp(-losses))) + restore
     surplus = (xp.maximum(xp.expm1(log_mass), 0.0)
                + STEP_ROUNDOFF * (summary.points + 1.0) * UNIT_ROUNDOFF)
     return xp.where(summary.points <= size, surplus, xp.inf)
