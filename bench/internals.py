@@ -20,7 +20,9 @@ import importlib
 #: * precision: ``pack`` (the filter state's bit pairs: bench/gdp_residue.py)
 #: * adversary: ``_family``, ``_window`` (the natural filter's recursion window: bench/natural_filter.py)
 #: * engine: ``_placement``, ``_placement_rows``, ``_compose_and_evaluate``, ``direction_arrays``,
-#:   ``wrap_rows``, ``_gather_rows`` (bench/tools/profile_dpsgd.py, bench/tools/profile_sweep.py)
+#:   ``wrap_rows``, ``_gather_rows``, ``_gather_tiled_rows``, ``_keeps_chunks_on_device``
+#:   (bench/tools/profile_dpsgd.py, bench/tools/profile_sweep.py,
+#:   bench/tools/accelerator_programs.py)
 #: * planner: ``mechanism_tail``, ``composition_tail``, ``accuracy_steps``
 #:   (bench/tools/profile_dpsgd.py)
 #: * mechanisms: ``direction_arrays``, ``Directions`` (bench/tools/profile_dpsgd.py)

@@ -3,9 +3,10 @@
 ``pj.dpsgd_epsilon`` on ``python -m bench dpsgd``'s sweep distribution, with each stage's device
 calls timed (block_until_ready after each, so the stages do not overlap: the total is a little
 above an untimed call's). Stages: discretize (``direction_arrays``, with each row's window
-placement in the same call), wrap (``wrap_rows`` on the host; on an accelerator ``_gather_rows``,
-on the device; also the points composed), compose (``_compose_and_evaluate``); "other" is the rest
-of the call (host glue). The stages are pldjax internals (bench/internals.py).
+placement in the same call), wrap (``wrap_rows`` on the host; on an accelerator ``_gather_rows``
+or, for masses in tiles, ``_gather_tiled_rows``, on the device; also the points composed),
+compose (``_compose_and_evaluate``); "other" is the rest of the call (host glue). The stages are
+pldjax internals (bench/internals.py).
 
     python -m bench.tools.profile_sweep --configs 1024 --calls 2 [--save eps.npy] [--progress]
     python -m bench.tools.profile_sweep --configs 1024 --calls 2 --profile 25
@@ -67,7 +68,8 @@ def main() -> None:
         return wrapper
 
     untimed = {name: getattr(dpsgd, name) for name in
-               ("direction_arrays", "_compose_and_evaluate", "wrap_rows", "_gather_rows")}
+               ("direction_arrays", "_compose_and_evaluate", "wrap_rows", "_gather_rows",
+                "_gather_tiled_rows")}
     dpsgd.direction_arrays = timed("discretize", dpsgd.direction_arrays)
     dpsgd._compose_and_evaluate = timed("compose", dpsgd._compose_and_evaluate)
     wrap = timed("wrap", dpsgd.wrap_rows)
@@ -86,6 +88,13 @@ def main() -> None:
         return gather(probs, index, scalars, size=size)
 
     dpsgd._gather_rows = counted_gather
+    gather_tiled = timed("wrap", dpsgd._gather_tiled_rows)
+
+    def counted_tiled_gather(masses, grid_points, index, scalars, *, size, folds):
+        points[0] += len(index) * size
+        return gather_tiled(masses, grid_points, index, scalars, size=size, folds=folds)
+
+    dpsgd._gather_tiled_rows = counted_tiled_gather
     sigmas, qs, steps = harness.sweep_configs(args.configs)
     print(f"pldjax from {os.path.dirname(os.path.abspath(pj.__file__))}", flush=True)
     profiler = cProfile.Profile()
@@ -119,7 +128,8 @@ def main() -> None:
             print(f"traced call: {time.perf_counter() - start:.2f} s", flush=True)
             (path,) = glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)
             print_device_activity(jax.profiler.ProfileData.from_file(path), args.trace)
-    kernels = (*MECHANISM_KERNELS, untimed["_compose_and_evaluate"], untimed["_gather_rows"])
+    kernels = (*MECHANISM_KERNELS, untimed["_compose_and_evaluate"], untimed["_gather_rows"],
+               untimed["_gather_tiled_rows"])
     print("compiled shapes: " + ", ".join(f"{k.__name__} {k._cache_size()}" for k in kernels
                                           if hasattr(k, "_cache_size")), flush=True)
     if args.profile:
