@@ -168,10 +168,11 @@ COMPOSE_WORKERS = 4
 #: chunk's memory (about 200 bytes a point, 3.4 GB) is small beside the device's.
 ACCELERATOR_CHUNK = 1024
 ACCELERATOR_CHUNK_ELEMENTS = 2**24
-#: On an accelerator, the tiles a chunk's masses are computed in wherever they are in tiles
-#: (see :func:`_tiled`): every chunk's, whatever its grid, so that its masses are one program
-#: (a program per grid size took about 6 s each to compile on an H200), with as many
-#: configurations as fill them (two directions of ACCELERATOR_CHUNK_ELEMENTS points).
+#: On an accelerator, the most tiles a chunk's masses are computed in wherever they are in tiles
+#: (see :func:`_tiled`; two directions of ACCELERATOR_CHUNK_ELEMENTS points): every chunk of a
+#: call in as many, those of all the call's rows up to this many, whatever their grids, so that
+#: its masses are one program (a program per grid size took about 6 s each to compile on an
+#: H200) and a small call's are small, each chunk with as many configurations as fill them.
 ACCELERATOR_TILES = 2 * ACCELERATOR_CHUNK_ELEMENTS // TILE
 
 
@@ -567,7 +568,7 @@ class _Compositions:
     one row a call, in the worker threads, with nothing to compile.
     """
 
-    def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int,
+    def __init__(self, *, sharding, pessimistic: bool, evaluate: str, rows: int, tiles: int = 0,
                  host: bool = False, swapped: bool = False):
         self._sharding = sharding
         self._devices = 1 if sharding is None else len(jax.devices())
@@ -589,6 +590,7 @@ class _Compositions:
         #: seconds each there, for at most twice the points)
         self.window_size = grid_lib.next_pow2 if self._gathers else composition_size
         self.rows = rows  #: the rows of the whole accounting call
+        self.tiles = tiles  #: the tiles of those rows' masses (each on its grid's tiles)
         self._sizes_seen: set[int] = set()
         self._full_sizes: set[int] = set()  # sizes whose full call has its program (see _run)
         self.pessimistic = pessimistic
@@ -809,10 +811,10 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
         directions, chunk = 1, 2 * chunk
     chunk = -(-chunk // devices) * devices
     # masses in tiles: the chunk's tiles padded instead (one program whatever the size); on an
-    # accelerator every chunk in as many tiles, as many configurations as fill them
+    # accelerator every chunk of the call in as many tiles, as many configurations as fill them
     tiles = None
     if tiled and on_device:
-        tiles = ACCELERATOR_TILES
+        tiles = min(ACCELERATOR_TILES, grid_lib.next_pow2(kwargs["compositions"].tiles))
         chunk = max(1, tiles // (directions * -(-mechanism_size // TILE)))
     elif tiled:
         tiles = grid_lib.next_pow2(directions * chunk * -(-mechanism_size // TILE))
@@ -936,6 +938,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     sharding = _sharding()
     compositions = _Compositions(
         sharding=sharding, pessimistic=pessimistic, evaluate=evaluate, rows=rows,
+        tiles=directions * int(np.sum(-(-sizes // TILE))),
         host=_on_host(mechanism, grid, rows, sizes, directions * int(np.sum(sizes))),
         swapped=both and mechanism.swapped_directions and evaluate == "epsilon")
 
