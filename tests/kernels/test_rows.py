@@ -179,3 +179,42 @@ def test_optimistic_masses_in_tiles_agree_with_each_row_alone(n):
     np.testing.assert_allclose(probs, expected, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(probs.sum(axis=1), expected.sum(axis=1), rtol=1e-14)
     np.testing.assert_array_equal(_per_row(inf_mass, per_row, count), [m for _, m in alone])
+
+
+@pytest.mark.parametrize("directions", [1, 2])
+def test_rows_in_tiles_are_put_direction_by_direction(directions):
+    """Rows with their directions innermost (configuration k's direction d at row k D + d), put
+    with every configuration's first direction first: row d K + k comes from row k D + d, its
+    tiles with it; padding rows stay where they are."""
+    per_row, configs, tiles = 2, 3, 16
+    rows = directions * configs
+    layout = TiledRows(tiles, jnp.int64(per_row * SMALL_TILE), jnp.int64(rows), SMALL_TILE)
+    source_rows, source_tiles = (np.asarray(a) for a in layout.by_direction(directions))
+    want_rows = np.arange(tiles // per_row)
+    want_rows[:rows] = [(i % configs) * directions + i // configs for i in range(rows)]
+    np.testing.assert_array_equal(source_rows[:tiles // per_row], want_rows)
+    np.testing.assert_array_equal(source_rows[tiles // per_row:], np.arange(tiles // per_row, tiles))
+    want_tiles = (want_rows[:, None] * per_row + np.arange(per_row)).reshape(-1)
+    np.testing.assert_array_equal(source_tiles, want_tiles)
+
+
+@pytest.mark.parametrize("n,size", [(TILE // 2, 4 * TILE), (TILE, TILE), (3 * TILE, 4 * TILE),
+                                    (3 * TILE, TILE), (3 * TILE, 1000)])
+def test_rows_gathered_from_tiles_are_each_row_wrapped_and_turned(n, size):
+    """The rows a composition gathers from masses in tiles: each row's points summed modulo the
+    window's size and turned to start at its centre, whether the row is shorter than the window
+    or wraps around it several times (a row shorter than a tile has noise after it)."""
+    from pldjax.kernels.compose import wrap_tiled_rows
+
+    per_row, count = -(-n // TILE), 3
+    tiles = per_row * count + 2
+    probs = np.random.default_rng(n + size).random((count, n))
+    centers = np.array([0, n // 2, n - 1])
+    index = np.array([2, 0, 1, 2])
+    folds = -(-n // size)
+    got = jax.jit(float64(wrap_tiled_rows), static_argnums=(3, 4))(
+        jnp.asarray(_in_tiles(probs, tiles, TILE)), jnp.int64(n), jnp.asarray(index), size,
+        folds, jnp.asarray(centers[index]))
+    for row, k in zip(np.asarray(got), index, strict=True):
+        wrapped = np.bincount(np.arange(n) % size, weights=probs[k], minlength=size)
+        np.testing.assert_allclose(row, np.roll(wrapped, -(centers[k] % size)), rtol=1e-15)
