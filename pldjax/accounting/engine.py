@@ -174,6 +174,9 @@ ACCELERATOR_CHUNK_ELEMENTS = 2**24
 #: its masses are one program (a program per grid size took about 6 s each to compile on an
 #: H200) and a small call's are small, each chunk with as many configurations as fill them.
 ACCELERATOR_TILES = 2 * ACCELERATOR_CHUNK_ELEMENTS // TILE
+#: On one accelerator, the most composition calls queued to its worker thread and not yet
+#: dispatched (each holds its chunk's arrays on the device; see _Compositions._dispatch).
+GATHERED_CALLS_AHEAD = 16
 
 
 @exported_jit(static_argnames=("pessimistic", "evaluate", "swapped"))
@@ -557,7 +560,8 @@ class _Compositions:
     values are its own, so the values are those of calls made one after another (the sweep of
     1,024 sigmas took 12.3-12.8 s warm one call after another, 8.6-9.6 s in threads, on 2
     cores). On one accelerator a chunk's rows are composed straight from the chunk
-    (:func:`_gather_rows`), and their values read back at :meth:`flush`, so the device runs
+    (:func:`_gather_rows`, :func:`_gather_tiled_rows`), the calls queued in order by a worker
+    thread (:meth:`_dispatch`), and their values read back at :meth:`flush`, so the device runs
     ahead of the host; there every call of a size has the same number of rows (one compiled
     shape per size): a full call, or the power of two at or above ``rows``, the most rows the
     accounting call has (a single configuration's two directions composed 64 rows of 131,072
@@ -599,11 +603,12 @@ class _Compositions:
             self._options["swapped"] = True
         self._pending: dict[int, list] = {}
         self._results: list = []
-        # on a CPU, calls in worker threads (see the class docstring)
+        # on a CPU, calls in worker threads (see the class docstring); on one accelerator, calls
+        # queued in order by one worker thread (see _dispatch)
         self._worker_count = (min(cores(), COMPOSE_WORKERS)
                               if self.host_glue and rows > (1 if self.host else 2) else 1)
         self._workers = (ThreadPoolExecutor(self._worker_count, "pldjax-compose")
-                         if self._worker_count > 1 else None)
+                         if self._worker_count > 1 or self._gathers else None)
         self._running: collections.deque[Future] = collections.deque()
 
     def close(self) -> None:
@@ -661,10 +666,10 @@ class _Compositions:
             for begin in range(0, len(rows), most):
                 part = rows[begin:begin + most]
                 index = np.concatenate([part, np.full(most - len(part), part[-1])])
-                wrapped, columns = _gathered(probs, index, scalars, size)
-                got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
-                                            tuple(columns[10:]), **self._options)
-                self._results.append((got, values, part))
+                while len(self._running) >= GATHERED_CALLS_AHEAD:  # bounded memory
+                    self._running.popleft().result()
+                self._running.append(self._workers.submit(self._dispatch, probs, index, scalars,
+                                                          size, values, part))
             return
         pending = self._pending.setdefault(size, [])
         pending.append((probs[rows], [a[rows] for a in scalars], values, rows))
@@ -722,6 +727,17 @@ class _Compositions:
         while len(self._running) >= 2 * self._worker_count:  # bounded memory
             self._running.popleft().result()
         self._running.append(self._workers.submit(self._compose, arrays, sinks, on_host))
+
+    @float64  # in the worker thread: JAX's 64-bit switch is the thread's own
+    def _dispatch(self, probs, index, scalars, size: int, values, part) -> None:
+        """Queue the gather and composition of a chunk's rows ``index`` on the accelerator (their
+        values go to values[part] at :meth:`flush`): from a worker thread, so that a call whose
+        program is still compiling waits there, while the host places the next chunks (whose
+        new composition sizes then start compiling at once, see :meth:`compile_ahead`)."""
+        wrapped, columns = _gathered(probs, index, scalars, size)
+        got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
+                                    tuple(columns[10:]), **self._options)
+        self._results.append((got, values, part))
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def _compose(self, arrays, sinks, on_host: bool) -> None:
