@@ -24,6 +24,10 @@ def take_from_bottom(probs, amount, xp=jnp):
     return probs - xp.minimum(xp.maximum(amount - below, 0.0), probs)
 
 
+#: Bins of a first try of :func:`_take_from_bottom_on_host`.
+_FIRST_REACH = 1024
+
+
 def _take_from_bottom_on_host(probs, amount):
     """:func:`take_from_bottom` in NumPy, computed on the lowest bins alone, as many as hold
     twice the amount (a settle's amount is round-off: a few bins of a window of 10^5): the
@@ -40,10 +44,6 @@ def _take_from_bottom_on_host(probs, amount):
     taken = probs.copy()
     taken[:reach] = head - np.minimum(np.maximum(amount - below, 0.0), head)
     return taken
-
-
-#: Bins of a first try of :func:`_take_from_bottom_on_host`.
-_FIRST_REACH = 1024
 
 
 def take_from_top(probs, amount, xp=jnp):
