@@ -66,6 +66,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import (
     MappingGuard,
     array_module,
+    compiles_started,
     compiling_ahead,
     cores,
     exported_jit,
@@ -174,6 +175,10 @@ ACCELERATOR_CHUNK_ELEMENTS = 2**24
 #: its masses are one program (a program per grid size took about 6 s each to compile on an
 #: H200) and a small call's are small, each chunk with as many configurations as fill them.
 ACCELERATOR_TILES = 2 * ACCELERATOR_CHUNK_ELEMENTS // TILE
+#: Configurations of a group whose windows are placed in NumPy, before its first chunk, to
+#: start compiling the composition sizes they need (see :func:`_survey`): about 3 ms each on a
+#: 2-core CPU, once a process.
+SURVEYED = 16
 #: On one accelerator, the most composition calls queued to its worker thread and not yet
 #: dispatched (each holds its chunk's arrays on the device; see _Compositions._dispatch).
 GATHERED_CALLS_AHEAD = 16
@@ -347,7 +352,8 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     it places this one, so that on an accelerator the device has work while the host places.
     ``remedy``: what an error about a window that cannot be placed tells the caller to change.
     ``ahead``: only start compiling the chunk's discretization programs
-    (:func:`~pldjax.core.compilation.compiling_ahead`); returns None. Where
+    (:func:`~pldjax.core.compilation.compiling_ahead`); returns the shapes of the masses and
+    the row scalars that ``place`` hands to ``compositions`` (:func:`_survey`). Where
     ``compositions.host``, the chunk is discretized and placed in NumPy, and so are its rows
     composed at each size of at most HOST_SIZE_POINTS points that the process may still compose
     on the host (a size's compiled program is a ski rental's purchase: a process composes that
@@ -398,8 +404,10 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                           for r, a in zip(remove, add, strict=True)), *extra)
     if ahead:
         with compiling_ahead():
-            discretize()
-        return None
+            probs, inf_mass, offset, step, lo, hi, exponents, summary = discretize()
+        if tiles is not None and not compositions.host_glue:
+            probs = _Tiled(probs, np.int64(mechanism_size))
+        return probs, (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
     probs, inf_mass, offset, step, lo, hi, exponents, summary = discretize()
     chunk_rows = counts.shape[0]
     if tiles is not None:  # the rows in this module's order (see _placed_tiles)
@@ -792,7 +800,9 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
     """The configurations ``order`` (one mechanism grid size; ``grid_steps``: every
     configuration's own grid step, or None: ``grid``'s), in chunks: yields each chunk's
     (indices, ``place``) once its discretization is queued (see :func:`_account_chunk`); on the
-    host (``compositions.host``) in chunks of up to HOST_CHUNK_ELEMENTS points, unpadded."""
+    host (``compositions.host``) in chunks of up to HOST_CHUNK_ELEMENTS points, unpadded.
+    ``ahead``: starts compiling the discretization programs and yields the group's
+    :func:`_survey`, to call once they are on their way."""
     if kwargs["compositions"].host:  # nothing compiled: no padding
         chunk = max(1, HOST_CHUNK_ELEMENTS // mechanism_size)
         for begin in range(0, len(order), chunk):
@@ -842,8 +852,55 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
                                 grid_steps=None if grid_steps is None else grid_steps[padded],
                                 ahead=ahead, tiles=tiles, **kwargs)
         if ahead:  # every chunk of the group has the first one's shapes
+            yield functools.partial(_survey, order, params, steps, target, *placed,
+                                    mechanism_size=mechanism_size, grid_steps=grid_steps, **kwargs)
             return
         yield idx, placed
+
+
+def _survey(order, params, steps, target, probs, scalars, *, compositions, mechanism,
+            mechanism_size, both, pessimistic, grid, grid_steps, evaluate, remedy, **_) -> None:
+    """Start compiling the composition programs that the configurations ``order`` (a group of
+    :func:`_account_group`) will likely need, before the first chunk's masses are there: the
+    window sizes are known only from the masses, so a sweep otherwise met its sizes chunk by
+    chunk, each one's program compiled while the chunks waited for it (the sweep of 1,024
+    sigmas compiled its three, a second each, one after another). Up to SURVEYED
+    configurations, evenly spread over ``order`` (alike ones lie side by side), are discretized
+    and their windows placed in NumPy, and each size they meet starts compiling for the
+    group's chunks' shapes (``probs``, ``scalars``: from :func:`_account_chunk`'s ``ahead``),
+    except, on a CPU, a size whose share of the group looks small enough to be composed in
+    NumPy (see RENTED_SIZE_POINTS). A size missed is met, and compiled, as its chunk is
+    placed; the values never depend on the survey."""
+    positions = np.unique(np.linspace(0, len(order) - 1, min(len(order), SURVEYED))
+                          .round().astype(np.int64))
+    sample = order[positions]
+    # the configurations each one stands for: those nearer to it than to its neighbours
+    bounds = np.concatenate([[0.0], (positions[1:] + positions[:-1]) / 2, [len(order)]])
+    stands_for = np.diff(bounds)
+    params = [np.asarray(p, np.float64)[sample] for p in params]
+    steps, target = steps[sample], target[sample]
+    directions = 2 if both else 1
+    if _one_direction(compositions, both):
+        direction = REMOVE if compositions.phase == "both" else ADD
+        params, both, directions = [*params, np.full(steps.shape, direction)], False, 1
+    counts, targets = (np.concatenate([a] * directions) for a in (steps, target))
+    _, _, offset, _, lo, hi, _, summary = direction_arrays(
+        Directions(mechanism, tuple(params), both), grid, pessimistic,
+        mechanism_tail(steps, target, evaluate), mechanism_size,
+        then=_placement(directions, evaluate), extra=(counts, targets),
+        steps=None if grid_steps is None else grid_steps[sample], host=True)
+    try:
+        widths = window_widths(summary, offset, counts, lo, hi, "steps", remedy)
+    except CompositionTooWide:
+        return  # the chunk that holds it raises, naming it
+    row_sizes = np.array([compositions.window_size(int(w)) for w in widths])
+    rows = np.tile(stands_for, directions)
+    for size in np.unique(row_sizes).tolist():
+        points = int(np.sum(rows[row_sizes == size]) * size)
+        if size > grid_lib.MAX_SIZE or (compositions.host_glue and host_work.fits(
+                points, ("composition", size), RENTED_SIZE_POINTS)):
+            continue
+        compositions.compile_ahead(size, probs, scalars, compositions.rows)
 
 
 def _tiled(mechanism_size: int, *, sharding, compositions, grid, **_) -> bool:
@@ -1007,8 +1064,11 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         # computes as fast either way, it would only hold two chunks at once)
         ahead = 0 if compositions.host_glue else 1
         if sharding is None and not compositions.host:  # every group's discretization
-            for _ in chunks(ahead=True):                  # programs start compiling at once
-                pass
+            started = compiles_started()                  # programs start compiling at once
+            surveys = list(chunks(ahead=True))
+            if compiles_started() > started:  # new programs: then the compositions' too
+                for survey in surveys:
+                    survey()
         for chunk in chunks():
             queued.append(chunk)
             if len(queued) > ahead:

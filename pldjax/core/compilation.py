@@ -335,6 +335,18 @@ def compiling_ahead():
         _ahead.on = before
 
 
+def compiles_started() -> int:
+    """How many programs this thread's :func:`compiling_ahead` runs have started compiling (or
+    loading from the persistent cache): unchanged by a dry run whose programs were all there."""
+    return getattr(_ahead, "started", 0)
+
+
+def _start_compile(*args) -> Future:
+    """A compile started in the worker threads, counted (:func:`compiles_started`)."""
+    _ahead.started = compiles_started() + 1
+    return _compile_pool().submit(_lower_and_compile, *args)
+
+
 class Kernel:
     """``jax.jit(fn, **jit_options)`` that compiles with the XLA options ``cpu_options`` on a CPU
     whose XLA knows them, except inside a trace, where it runs as a nested jit (which takes no
@@ -483,7 +495,7 @@ class ExportedKernel(Kernel):
             if shapes is None or (slot not in self._jitted_slots and slot not in self._pending):
                 traced = self.kernel.trace(*args, **kwargs)
                 shapes = self._shapes[slot] = traced.out_info
-                self._pending[slot] = _compile_pool().submit(_lower_and_compile, traced, x64)
+                self._pending[slot] = _start_compile(traced, x64)
             return shapes
         if shapes is None:
             program = self._exported(*slot, args, kwargs)
@@ -498,8 +510,7 @@ class ExportedKernel(Kernel):
             # (a first call of the program, in another thread, compiles it already)
             if slot not in self._first_calls and slot not in self._pending:
                 call = self._exported_call(program)
-                self._pending[slot] = _compile_pool().submit(
-                    _lower_and_compile, call.trace(*args), x64, call)
+                self._pending[slot] = _start_compile(call.trace(*args), x64, call)
         return shapes
 
     def _static_tokens(self, kwargs) -> tuple | None:
@@ -721,17 +732,20 @@ class HostWork:
         """Count ``points`` grid points to be run on the host, if they fit in what is left and,
         for work done in place of a compiled ``program``, in its ``price`` (the most points run
         in its place, as long as it is not bought: a ski rental); whether they did."""
-        budget = self.budget
         with self._lock:
-            if self.done + points > budget:
-                return False
-            if program is not None and (program in self.bought
-                                        or self.rents[program] + points > price):
+            if not self.fits(points, program, price):
                 return False
             self.done += points
             if program is not None:
                 self.rents[program] += points
             return True
+
+    def fits(self, points: int, program: Hashable = None, price: int = 0) -> bool:
+        """Whether :meth:`claim` would take these ``points`` now (counting nothing)."""
+        if self.done + points > self.budget:
+            return False
+        return program is None or (program not in self.bought
+                                   and self.rents[program] + points <= price)
 
     def buy(self, program: Hashable) -> None:
         """Record that ``program`` is compiled (or compiling): :meth:`claim` no longer rents it."""

@@ -456,6 +456,40 @@ def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share
     assert _composed_sizes(calls) == every_size  # bought: not rented again, whatever the share
 
 
+def test_a_cold_sweep_starts_its_composition_sizes_before_its_first_chunk(monkeypatch):
+    """In a process that has just compiled a sweep's discretization programs, a sample of its
+    configurations is placed in NumPy first, and the window sizes they meet start compiling
+    before the first chunk is composed (here every size the sweep composes, where its first
+    chunk alone meets two of three), with the values of a sweep that met each size as its
+    chunk was placed."""
+    from pldjax.core import compilation
+
+    monkeypatch.setenv("PLDJAX_HOST_WORK", "0")
+    monkeypatch.setattr("pldjax.accounting.engine.CHUNK", 2)  # a chunk meets few sizes
+    sweep = (np.linspace(0.6, 3.0, 64), 0.01, 3000, 1e-5)
+    monkeypatch.setattr("pldjax.accounting.engine.compiles_started", lambda: 0)
+    warm = pj.dpsgd_epsilon(*sweep)  # as in a warm process: no sample placed
+    compositions = []  # ("ahead" or "run", window size), in order
+    run = compilation.ExportedKernel.__call__
+
+    def spy(self, *args, **kwargs):
+        out = run(self, *args, **kwargs)
+        if self.__name__ == "_compose_and_evaluate":
+            shapes_only = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(out))
+            compositions.append(("ahead" if shapes_only else "run", args[0].shape[1]))
+        return out
+
+    started = iter(range(10**6))  # every dry run starts new programs: a cold process
+    monkeypatch.setattr("pldjax.accounting.engine.compiles_started", lambda: next(started))
+    monkeypatch.setattr(compilation.ExportedKernel, "__call__", spy)
+    cold = pj.dpsgd_epsilon(*sweep)
+    first_run = compositions.index(next(c for c in compositions if c[0] == "run"))
+    started_first = {size for _, size in compositions[:first_run]}
+    composed = {size for kind, size in compositions if kind == "run"}
+    assert len(composed) > 1 and started_first == composed
+    np.testing.assert_array_equal(cold, warm)
+
+
 def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
     """The composition kernel compiles once per (rows, window size): each PMF is wrapped to its
     window on the host first, so mechanisms on grids of different lengths share its shapes (a
