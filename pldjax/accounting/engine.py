@@ -367,12 +367,8 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     params = [np.asarray(p, np.float64) for p in params]
     steps, target = np.asarray(steps, np.float64), np.asarray(target, np.float64)
     one_direction = _one_direction(compositions, both)
-    discretized = params
-    if one_direction:  # the phase's direction alone, as a parameter
-        discretized = [*params, np.full(steps.shape, REMOVE if compositions.phase == "both"
-                                        else ADD)]
-        both = False
-    directions = 2 if both else 1
+    discretized, directions = _chunk_directions(compositions, mechanism, params, steps, both)
+    both = directions == 2
     # rows: every configuration's first direction, then (when it has two) every one's second;
     # the host reads the counts (window widths), the discretization and every composition call
     # of the chunk read the counts and targets: on an accelerator put there once
@@ -390,7 +386,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         extra = tuple(np.pad(np.repeat(a, directions), (0, tiles - a.shape[0] * directions),
                              mode="edge") for a in (steps, target))
     discretize = functools.partial(
-        direction_arrays, Directions(mechanism, tuple(discretized), both), grid, pessimistic,
+        direction_arrays, discretized, grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size, then=then, extra=extra,
         steps=grid_steps, host=compositions.host, tiles=tiles)
     if compositions.host and compositions.swapped and both and compositions.phase == "both":
@@ -511,6 +507,17 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         return finish
 
     return place
+
+
+def _chunk_directions(compositions: _Compositions, mechanism, params, steps,
+                      both: bool) -> tuple[Directions, int]:
+    """The directions a chunk of configurations ``params`` discretizes, and the rows each
+    configuration has: where :func:`_one_direction`, the direction of ``compositions.phase``
+    alone, passed as one more parameter."""
+    if _one_direction(compositions, both):
+        direction = REMOVE if compositions.phase == "both" else ADD
+        return Directions(mechanism, (*params, np.full(np.shape(steps), direction)), False), 1
+    return Directions(mechanism, tuple(params), both), 2 if both else 1
 
 
 def _one_direction(compositions: _Compositions, both: bool) -> bool:
@@ -879,13 +886,10 @@ def _survey(order, params, steps, target, probs, scalars, *, compositions, mecha
     stands_for = np.diff(bounds)
     params = [np.asarray(p, np.float64)[sample] for p in params]
     steps, target = steps[sample], target[sample]
-    directions = 2 if both else 1
-    if _one_direction(compositions, both):
-        direction = REMOVE if compositions.phase == "both" else ADD
-        params, both, directions = [*params, np.full(steps.shape, direction)], False, 1
+    discretized, directions = _chunk_directions(compositions, mechanism, params, steps, both)
     counts, targets = (np.concatenate([a] * directions) for a in (steps, target))
     _, _, offset, _, lo, hi, _, summary = direction_arrays(
-        Directions(mechanism, tuple(params), both), grid, pessimistic,
+        discretized, grid, pessimistic,
         mechanism_tail(steps, target, evaluate), mechanism_size,
         then=_placement(directions, evaluate), extra=(counts, targets),
         steps=None if grid_steps is None else grid_steps[sample], host=True)
