@@ -869,15 +869,16 @@ def _survey(order, params, steps, target, probs, scalars, *, compositions, mecha
             mechanism_size, both, pessimistic, grid, grid_steps, evaluate, remedy, **_) -> None:
     """Start compiling the composition programs that the configurations ``order`` (a group of
     :func:`_account_group`) will likely need, before the first chunk's masses are there: the
-    window sizes are known only from the masses, so a sweep otherwise met its sizes chunk by
-    chunk, each one's program compiled while the chunks waited for it (the sweep of 1,024
-    sigmas compiled its three, a second each, one after another). Up to SURVEYED
+    window sizes are known only from the masses, so without it a sweep meets its sizes chunk
+    by chunk, each one's program compiled while the chunks wait for it (the sweep of 1,024
+    sigmas: three, a second each, one after another). Up to SURVEYED
     configurations, evenly spread over ``order`` (alike ones lie side by side), are discretized
     and their windows placed in NumPy, and each size they meet starts compiling for the
     group's chunks' shapes (``probs``, ``scalars``: from :func:`_account_chunk`'s ``ahead``),
     except, on a CPU, a size whose share of the group looks small enough to be composed in
     NumPy (see RENTED_SIZE_POINTS). A size missed is met, and compiled, as its chunk is
-    placed; the values never depend on the survey."""
+    placed. A surveyed size's last rows are composed in a full call padded with repeats
+    rather than in a call of two rows, which moves their values by round-off at most."""
     positions = np.unique(np.linspace(0, len(order) - 1, min(len(order), SURVEYED))
                           .round().astype(np.int64))
     sample = order[positions]
