@@ -160,9 +160,12 @@ def part1(args, report) -> None:
             rows[label] = row
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    steady = _steady_rows(rows, single, args.repeats)
 
     values = {label: {k: _scalar(row["fresh"].get("value"), k) for k in ("upper", "lower")}
               for label, row in rows.items()}
+    values.update({label: {k: _scalar(row["value"], k) for k in ("upper", "lower")}
+                   for label, row in steady.items()})
     lowers = [v["lower"] for v in values.values() if v["lower"] is not None]
     uppers = [v["upper"] for v in values.values() if v["upper"] is not None]
     best_lower, best_upper = max(lowers, default=None), min(uppers, default=None)
@@ -184,13 +187,25 @@ def part1(args, report) -> None:
             f"{res['peak_mb']:.0f}", f"{res['call_mb']:.0f}",
             None if warm is None or reference is None else f"{reference / warm:.1f}",
         ])
+    for label, row in steady.items():
+        up, low = values[label]["upper"], values[label]["lower"]
+        table.append([
+            "pldjax", row["setting"], harness.fmt(up, ".6f"), harness.fmt(low, ".6f"),
+            harness.fmt(None if up is None or not best_lower else up / best_lower - 1, "+.1e"),
+            harness.fmt(None if low is None or not best_upper else 1 - low / best_upper, "+.1e"),
+            None, None, f"{row['warm_s']:.3f} ({len(row['warm_times'])})", None, None,
+            None if reference is None else f"{reference / row['warm_s']:.1f}",
+        ])
     report.heading(f"Part 1: one configuration (sigma = {SIGMA:g}, q = {Q:g}, T = {steps:,}, "
                    f"delta = {DELTA:g})")
     report.table(["library", "setting", "eps upper", "eps lower", "upper vs L*", "lower vs U*", "import s",
                   "first s", "warm s (n)", "peak MB", "call MB", "dp-accounting 1e-4 warm / warm"], table)
     notes = [f"first s: the call alone in a fresh process (import apart; {harness.compilation_note()}, "
              "except in the cache-filled row); peak MB: that process's peak RSS; call MB: what the first "
-             "call added to it; warm s: median of n calls in this process after a warm-up call. "
+             "call added to it; warm s: median of n calls in this process after a warm-up call (a "
+             "process's first calls run in NumPy on the host, see pldjax.core.compilation.HostWork; "
+             "the compiled-kernels rows are the same calls once the process has compiled them, as a "
+             "loop of calls does after its host work, run here with PLDJAX_HOST_WORK=0). "
              f"L* = {harness.fmt(best_lower, '.6f')} (largest lower bound), "
              f"U* = {harness.fmt(best_upper, '.6f')} (smallest upper bound)."]
     import pldjax as pj
@@ -200,9 +215,37 @@ def part1(args, report) -> None:
     if rows.get("pldjax", {}).get("warm_s"):
         notes.append(f"pldjax's composition window: {size:,} points; a bare jitted float64 rfft + irfft of "
                      f"it takes {bare * 1e3:.2f} ms; pldjax warm / bare FFT = "
-                     f"{rows['pldjax']['warm_s'] / bare:.0f}.")
+                     f"{rows['pldjax']['warm_s'] / bare:.0f}"
+                     + (f" (compiled kernels: {steady['pldjax steady']['warm_s'] / bare:.1f})"
+                        if "pldjax steady" in steady else "") + ".")
     report.text(" ".join(notes))
     report.flush()
+
+
+def _steady_rows(rows, single, repeats: int) -> dict:
+    """pldjax's pessimistic (and, where part 1 ran it, optimistic) warm calls on the compiled
+    kernels, in this process: a loop's steady state once its host work is spent."""
+    import os
+
+    steady = {}
+    settings = [("pldjax steady", "pldjax", "pessimistic, compiled kernels", {}),
+                ("pldjax opt steady", "pldjax opt", "optimistic, compiled kernels",
+                 {"pessimistic": False})]
+    before = os.environ.get("PLDJAX_HOST_WORK")
+    os.environ["PLDJAX_HOST_WORK"] = "0"
+    try:
+        for label, source, setting, kwargs in settings:
+            if source not in rows or "warm_s" not in rows[source]:
+                continue
+            harness.log(f"dpsgd part 1: pldjax {setting}")
+            warm, times, value = harness.warm_median(pldjax_call(*single, **kwargs), repeats)
+            steady[label] = dict(setting=setting, warm_s=warm, warm_times=times, value=value)
+    finally:
+        if before is None:
+            del os.environ["PLDJAX_HOST_WORK"]
+        else:
+            os.environ["PLDJAX_HOST_WORK"] = before
+    return steady
 
 
 def _rel(values, reference):
