@@ -821,7 +821,45 @@ def masses_from_tails(at_points, z, step, pessimistic: bool, rounding: str, atom
         xp.clip(curve, 0.0, 1.0), step, xp.maximum(excess, -below_window), z, below=lost + atom,
         pessimistic=False, rows=rows,
     )
-    return probs, atom * xp.ones((), probs.dtype)
+    return _buckets_where_collapsed(probs, atom * xp.ones((), probs.dtype), lsp, z, raw_atom,
+                                    max_loss, rows)
+
+
+#: An optimistic connect-the-dots estimate whose delta at eps = 0 is below this fraction of the
+#: optimistic privacy buckets' on the same grid is replaced by the buckets (see
+#: :func:`_buckets_where_collapsed`).
+COLLAPSED = 0.5
+
+
+def _buckets_where_collapsed(probs, inf_mass, log_sf_p, z, atom, max_loss, rows):
+    """The optimistic connect-the-dots masses ``probs`` (with ``inf_mass``), or, in the rows
+    where they collapsed, the optimistic privacy buckets of the same tails: P's loss rounded
+    down to the grid points, its mass below the window dropped, the ``atom`` P(L = +inf) kept.
+    Both are lower bounds at every eps (rounding losses down and dropping mass to -inf only
+    lower (1 - e^(eps - L))_+), and stay so under composition.
+
+    Connect-the-dots puts the curve's corner at x = 1 on a grid point and joins it to its
+    neighbours by segments below the curve; where most of the loss lies within a step of 0 (a
+    Gaussian of small sigma Poisson-subsampled at a small q: sigma 0.3, q 1e-3), the curve
+    follows 1 - x up to x = 1 and the corner's value has to be 0, and so, the curve being
+    convex, every value beyond it: epsilon read 0 at any delta. The buckets keep the mass of the
+    large losses. A row takes them where its delta at eps = 0 is below COLLAPSED times theirs
+    (elsewhere connect-the-dots is at least as tight, and its masses are kept as they are).
+    ``log_sf_p``: log P(L >= z) at z > 0, log P(L > z) at z <= 0 (:func:`tail_points`); the
+    other arguments as :func:`masses_from_tails`' (``atom`` as given there)."""
+    xp = array_module(z)
+    beyond = z >= rows.over_points(xp.maximum(max_loss, 0.0))
+    # non-increasing against round-off (a lower value moves mass to a smaller loss: still below)
+    survival = rows.cummin(xp.where(beyond, rows.over_points(atom), xp.exp(log_sf_p)))
+    bucket_atom = xp.minimum(atom, rows.last(survival))
+    buckets = survival - rows.following(survival, bucket_atom)
+    buckets = xp.where(rows.index() < rows.over_points(rows.points), xp.maximum(buckets, 0.0),
+                       0.0)
+    gain = xp.where(z > 0, -xp.expm1(-xp.maximum(z, 0.0)), 0.0)  # 1 - e^-z: delta(0)'s weights
+    collapsed = inf_mass + rows.sum(probs * gain) < COLLAPSED * (bucket_atom
+                                                                 + rows.sum(buckets * gain))
+    return (xp.where(rows.over_points(collapsed), buckets, probs),
+            xp.where(collapsed, bucket_atom, inf_mass))
 
 
 # -- mechanisms -----------------------------------------------------------------------------------

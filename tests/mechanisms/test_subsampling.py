@@ -171,6 +171,25 @@ def test_optimistic_estimate_on_a_step_coarser_than_the_sampling_probability(sig
     assert 0.99 * upper <= lower <= upper
 
 
+@pytest.mark.parametrize("sigma,q", [(0.3, 1e-4), (0.3, 1e-3), (0.5, 1e-6)])
+def test_optimistic_estimate_where_most_of_the_loss_lies_within_a_step_of_zero(sigma, q):
+    # all but a sampled record's rare large losses lie within about q of 0, inside one step:
+    # connect-the-dots had to put delta(0) = 0, and so 0 at every eps (epsilon read 0 at any
+    # delta, against 28.5 for the pessimistic bound at sigma 0.3, q 1e-3, 1,000 steps, 1e-8)
+    # (the add direction's losses all lie below -log(1 - q), within the step: its delta(0) is 0
+    # on this grid, the remove direction's carries the pair's)
+    lower = pj.gaussian(sigma, sampling_prob=q, pessimistic=False)
+    total_variation = q * (2.0 * float(mpmath.ncdf(1 / (2 * sigma))) - 1.0)  # delta(0), exact
+    assert 0.25 * total_variation <= float(lower.delta(0.0)) <= total_variation * (1 + 1e-9)
+    low, high = float(lower.epsilon(1e-7)), float(pj.gaussian(sigma, sampling_prob=q).epsilon(1e-7))
+    base = lambda e: gaussian_delta(1 / sigma, e)  # noqa: E731
+    true_delta = max(subsampled_remove_delta(base, q, low), subsampled_add_delta(base, q, low))
+    assert true_delta >= 1e-7 * (1 - 1e-9)  # still a lower bound on epsilon
+    assert 0.5 * high <= low <= high
+    composed = [float(pj.dpsgd_epsilon(sigma, q, 1_000, 1e-8, pessimistic=p)) for p in (False, True)]
+    assert 0.5 * composed[1] <= composed[0] <= composed[1]
+
+
 def test_replace_one_without_subsampling_doubles_the_shift():
     a = pj.gaussian(2.0, neighboring="replace_one")
     np.testing.assert_allclose(a.delta(EPS), pj.gdp(1.0).delta(EPS), rtol=1e-12, atol=1e-16)
