@@ -833,8 +833,9 @@ COLLAPSED = 0.5
 
 def _buckets_where_collapsed(probs, inf_mass, log_sf_p, z, atom, max_loss, rows):
     """The optimistic connect-the-dots masses ``probs`` (with ``inf_mass``), or, in the rows
-    where they collapsed, the optimistic privacy buckets of the same tails: P's loss rounded
-    down to the grid points, its mass below the window dropped, the ``atom`` P(L = +inf) kept.
+    where they collapsed, the optimistic privacy buckets of the same tails (those of
+    :func:`privacy_buckets`, in any layout of ``rows``): P's loss rounded down to the grid
+    points, its mass below the window dropped, the ``atom`` P(L = +inf) kept.
     Both are lower bounds at every eps (rounding losses down and dropping mass to -inf only
     lower (1 - e^(eps - L))_+), and stay so under composition.
 
