@@ -101,7 +101,6 @@ are Gaussian bounds (:func:`_gaussian_bound`), sound and loose.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from statistics import NormalDist
 
 import jax
@@ -112,12 +111,12 @@ from jax.scipy.special import ndtr
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import Grid
-from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, from_rows, log_q_mass, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
 from pldjax.kernels.hockey_stick import delta_kernel
+from pldjax.mechanisms.atoms import doubled_until, pld_from_atoms
 from pldjax.mechanisms.neighboring import Neighboring
 
 #: Most and fewest points of the lattice of S (powers of two; a product's FFT has twice as many).
@@ -137,20 +136,11 @@ _BULK_SPREADS = 16.0
 _ZERO_MASS = 1e-9
 #: The lattice's spacing h aims at sqrt(t) h <= (S's standard deviation) / _RESOLUTION.
 _RESOLUTION = 2.0**6
-#: Losses are moved by this margin (nats) before they are rounded onto the grid, past the
-#: round-off of their logarithms, on the side of the estimate.
-_LOSS_MARGIN = 1e-9
 #: Largest shift mu = sensitivity / sigma the lattice takes, and the most its spacing may miss
 #: the aimed one by: beyond either (S's tail outgrows any lattice, or S's spread is below its
 #: resolution: sigma far from 1, or millions of steps) the PLDs are :func:`_gaussian_bound`'s.
 _MAX_SHIFT = 8.0
 _MAX_COARSENING = 1024.0
-#: Most P-mass :func:`_binned` moves up into its window from below (raising delta by at most
-#: that, and a lower bound's too): more, and the grid's step doubles instead, at most
-#: _MOST_DOUBLINGS times (the default step is the loss's spread / 64: then about the spread),
-#: as does :func:`_meet`'s.
-_MOVED_MASS = 1e-9
-_MOST_DOUBLINGS = 6
 #: The widest window (nats) of :func:`_join`'s curves, read in e^eps.
 _HULL_NATS = 700.0
 #: Cells narrower than this in standardized log Z are integrated by Gauss-Legendre on _NODES.
@@ -385,96 +375,6 @@ def _default_step(mu: float, steps: int, selected: int) -> float:
     return float(grid_lib.fine_step(np.float64(spread)))
 
 
-def _merged_onto_grid(losses, masses, step: float) -> tuple[int, np.ndarray]:
-    """(index of the first grid point, masses on the grid) of an optimistic coarsening of atoms
-    (``losses`` in nats, ``masses`` their P-masses) onto multiples of ``step``: the atoms of
-    each cell [l_i, l_i + step) are merged, then grid point l_i takes the rest of its cell and a
-    share of the cell below, as much of it (from the top down) as keeps their merged loss at or
-    above l_i; naming that merger l_i lowers its loss, and merging is post-processing, so the
-    pair is dominated. Losses land on grid points exactly where shares balance, rather than a
-    step lower on average (rounding every atom down loses about step / 2 in epsilon)."""
-    shifted = losses - _LOSS_MARGIN
-    index = np.floor(shifted / step)
-    low = int(index.min())
-    cells = (index - low).astype(np.int64)
-    mass = np.bincount(cells, weights=masses)
-    # each cell's Q-mass in units of its lower point's e^{-l_i}, between mass e^{-step} and mass
-    q_mass = np.bincount(cells, weights=masses * np.exp(index * step - shifted))
-    # Q-mass over P-mass e^{-l}: a cell moved up adds `excess` at its upper point, a cell kept
-    # at its point leaves `room` (both in units of that point's e^{-l})
-    excess = np.maximum(q_mass * math.exp(step) - mass, 0.0)
-    room = np.maximum(mass - q_mass, 0.0)
-    moved_up = np.zeros(len(mass))
-    for i in range(len(mass) - 2, -1, -1):
-        free = (1.0 - moved_up[i + 1]) * room[i + 1]
-        moved_up[i] = 1.0 if excess[i] <= free else free / excess[i]
-    probs = mass * (1.0 - moved_up)
-    probs[1:] += (mass * moved_up)[:-1]
-    return low, probs
-
-
-def _doubled_until(step: float, fits: Callable[[float], bool]) -> float | None:
-    """``step`` doubled until ``fits`` it, at most _MOST_DOUBLINGS times; None if none does."""
-    for _ in range(_MOST_DOUBLINGS + 1):
-        if fits(step):
-            return step
-        step *= 2.0
-    return None
-
-
-def _binned(losses, masses, inf_mass, step: float, pessimistic: bool) -> PLD | None:
-    """One direction's PLD from atoms (finite ``losses`` in nats, with ``masses``) and a mass at
-    +inf, on multiples of ``step``. Pessimistic: an atom between two grid points is split
-    between them keeping its Q-mass (mass m at loss l: m (1 - e^{-(l - l_0)}) / (1 - e^{-step}) at
-    l_1, the rest at l_0; the atom is their merger, so the split pair dominates); optimistic:
-    merged onto the grid (:func:`_merged_onto_grid`). Mass within TAIL_MASS of either end of the
-    window is moved to its safe side, then :func:`settle` restores a total of 1 (a pessimistic
-    PLD's masses and +inf atom are upper bounds: the surplus comes off its lowest losses).
-    The window is at most MAX_MECHANISM_SIZE points below the highest loss: atoms further below
-    move up to its bottom, as mass below any window does, where they hold at most _MOVED_MASS
-    (a lattice's round-off bounds); else the step doubles until they do, at most
-    _MOST_DOUBLINGS times (at 3 x 10^6 steps and sigma 1 the add direction's losses span 16
-    nats, and its bulk, moved up by 6 nats, put one allocation's epsilon(0.1) at 5.75, where the
-    Gaussian bound's is 1.16). None where that is not enough (sigma = 10^6: a loss 1e-5 nats
-    wide on a lattice whose lowest points lie 14 nats below, 10^9 grid points): the caller
-    takes the Gaussian bound."""
-    top = np.max(losses, initial=-np.inf)
-
-    def bottom(h: float) -> float:
-        return top - (grid_lib.MAX_MECHANISM_SIZE - 4) * h
-
-    step = _doubled_until(step, lambda h: np.sum(masses[losses < bottom(h)]) <= _MOVED_MASS)
-    if step is None:
-        return None
-    losses = np.maximum(losses, bottom(step))
-    if pessimistic:
-        shifted = losses + _LOSS_MARGIN
-        index = np.floor(shifted / step)
-        upper = masses * (np.expm1(index * step - shifted) / np.expm1(-step))
-        index = np.concatenate([index, index + 1.0]).astype(np.int64)
-        masses = np.concatenate([masses - upper, upper])
-        low = int(index.min())
-        probs = np.bincount(index - low, weights=masses)
-    else:
-        low, probs = _merged_onto_grid(losses, masses, step)
-    below = np.cumsum(probs)
-    above = np.cumsum(probs[::-1])
-    first = int(np.searchsorted(below, grid_lib.TAIL_MASS, side="right"))
-    last = len(probs) - 1 - int(np.searchsorted(above, grid_lib.TAIL_MASS, side="right"))
-    first, last = min(first, last), max(first, last)
-    window = probs[first:last + 1].copy()
-    window[0] += below[first] - probs[first]
-    cut = above[len(probs) - 2 - last] if last + 1 < len(probs) else 0.0
-    if pessimistic:
-        inf_mass = inf_mass + cut
-    else:
-        window[0] += cut
-    window = np.pad(window, (0, grid_lib.next_pow2(len(window)) - len(window)))
-    window, inf_mass = settle(window, np.float64(inf_mass), 0.0, 0.0, pessimistic, xp=np)
-    return unchecked_pld(window, np.float64(inf_mass), np.int64(low + first), np.float64(step),
-                         pessimistic=pessimistic)
-
-
 def _q_mass_held_to_one(pld: PLD) -> PLD:
     """A pessimistic PLD whose Q mass, sum p e^-z, exceeds 1 (by the slack of a lattice's upper
     bounds and of the compositions' round-off charges: 2e-9 to 2e-7), with mass moved in each
@@ -546,15 +446,15 @@ def _remove_direction(mu: float, steps: int, step: float, lattice, laws=None) ->
     """One selection's pessimistic remove direction on ``lattice`` (spacing, points): P'-mass at
     log s, the P'-mass beyond the lattice at +inf (module docstring). ``laws``: :func:`_laws`'s
     on that lattice, where computed before. None where its losses fit no window
-    (:func:`_binned`)."""
+    (:func:`pldjax.mechanisms.atoms.pld_from_atoms`)."""
     (p_low, p_high), _, s = laws or _laws(mu, steps, 1, True, lattice)
-    return _binned(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
+    return pld_from_atoms(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
 
 
 def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
     """The pessimistic PLD (both directions) of one selection among ``steps`` (module
     docstring: the spread lattice law of S and the pair it defines), or None where a direction's
-    losses fit no window (:func:`_binned`).
+    losses fit no window (:func:`pldjax.mechanisms.atoms.pld_from_atoms`).
 
     The add direction reads Q's law on a lattice that reaches only S's bulk
     (:func:`_bulk_lattice`). The remove direction reads P's law on one that reaches S's tail
@@ -573,7 +473,7 @@ def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
     # add: Q'-mass at -log s, the mass at s = 0 at +inf, the mass beyond the lattice at -log top
     top = s[-1] + s[1]
     beyond = max(1.0 - math.fsum(q_low), 0.0)
-    add = _binned(np.append(-np.log(s[1:]), -math.log(top)), np.append(q_high[1:], beyond),
+    add = pld_from_atoms(np.append(-np.log(s[1:]), -math.log(top)), np.append(q_high[1:], beyond),
                   q_high[0], step, True)
     coarse = _lattice(mu, steps, 1)
     remove = _remove_direction(mu, steps, step, coarse)
@@ -619,7 +519,7 @@ def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
     """The optimistic PLD (both directions): the pair of the lattice statistic T's laws on
     ``lattice`` (module docstring; with a ``scale``, the logarithmic statistic), T beyond the
     lattice merged into its last point. None where a direction's losses fit no window
-    (:func:`_binned`)."""
+    (:func:`pldjax.mechanisms.atoms.pld_from_atoms`)."""
     (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False, lattice, scale)
     for low, high in ((p_low, p_high), (q_low, q_high)):
         low[-1] += max(1.0 - math.fsum(high), 0.0)
@@ -630,7 +530,7 @@ def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
         with np.errstate(divide="ignore"):
             losses = np.log(mass[kept]) - np.log(other[kept])
         finite = np.isfinite(losses)
-        directions.append(_binned(losses[finite], mass[kept][finite],
+        directions.append(pld_from_atoms(losses[finite], mass[kept][finite],
                                   math.fsum(mass[kept][~finite]), step, False))
     return None if None in directions else PLD.from_directions(*directions)
 
@@ -685,7 +585,7 @@ def _meet(lattice: PLD, gaussian: PLD, step: float, *, to_last_end: bool = False
     (:func:`pldjax.mechanisms.named.from_privacy_curve`). Its window ends where the first of the
     two ends, or ``to_last_end`` the last (beyond its window a curve is its +inf atom; the
     hull's value at the end becomes the result's), and starts where both have begun; its
-    step is ``step``, or the power of two times it (at most 2^_MOST_DOUBLINGS) on which that
+    step is ``step``, or the power of two times it (at most 2^MOST_DOUBLINGS) on which that
     window holds at most MAX_MECHANISM_SIZE points (the window's bottom, raised to fit instead,
     moved the losses of a one-step allocation of 10^7 steps up by 9.8 nats, twice the Gaussian
     bound's epsilon). None where that window is empty (one PLD's window lies wholly above the
@@ -698,7 +598,7 @@ def _meet(lattice: PLD, gaussian: PLD, step: float, *, to_last_end: bool = False
     bottom = max(min(_window_start(a) for a, _ in pairs), min(_window_start(b) for _, b in pairs))
     if top <= bottom:
         return None
-    step = _doubled_until(step, lambda h: top - bottom <= (grid_lib.MAX_MECHANISM_SIZE - 2) * h)
+    step = doubled_until(step, lambda h: top - bottom <= (grid_lib.MAX_MECHANISM_SIZE - 2) * h)
     if step is None:
         return None
 

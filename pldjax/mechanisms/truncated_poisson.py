@@ -66,12 +66,11 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.align import align
 from pldjax.core.compilation import kernel_jit, matmul
 from pldjax.core.grid import Grid
-from pldjax.core.mass import take_from_bottom
 from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range
-from pldjax.kernels.discretize import lower_hull_rows, masses_at_vertices, masses_from_curve
-from pldjax.kernels.hockey_stick import delta_kernel, grid_deltas
+from pldjax.kernels.envelope import HULL_REACH, envelope_masses, excess_on_grid
+from pldjax.kernels.hockey_stick import delta_kernel
 from pldjax.mechanisms.events import privacy_loss
 from pldjax.mechanisms.named import identity
 from pldjax.mechanisms.neighboring import Neighboring
@@ -119,34 +118,6 @@ def mixture(weights, plds: list[PLD]) -> PLD:
     return PLD.from_directions(*directions)
 
 
-#: The envelope works in x = e^(z - centre): windows spanning more nats either side of their centre
-#: would overflow, and there the PLD of the analysis with the smallest curve (summed over the grid
-#: points) is kept whole instead (sound: it is one of the upper bounds).
-_HULL_REACH = 600.0
-
-
-def _excess_on_grid(probs, z, step):
-    """delta(z) + expm1(z) (the curve's excess over 1 - e^z, see
-    :func:`pldjax.kernels.discretize.hockey_stick_excess`) of one PLD direction whose masses
-    ``probs`` sit at the grid points ``z`` (spacing ``step``), at those points:
-    sum_{i <= j} p_i expm1(z_j - z_i) + e^(z_j) Q(L = -inf), a sum of terms >= 0. Taken as the
-    curve plus expm1(z), it kept the curve's round-off (about 1e-16 where the curve is near 1,
-    at z < 0), which the masses' second differences divide by the step: a spurious atom at +inf
-    of 3e-9 a step (sigma = 1, q = 0.01, 10^4 records, batches of 120)."""
-    below = jnp.cumsum(probs)
-    grow, em1 = jnp.exp(step), jnp.expm1(step)
-
-    def next_point(d, cumulative):  # D_j = e^h D_(j-1) + expm1(h) P(L <= z_(j-1))
-        d = grow * d + em1 * cumulative
-        return d, d
-
-    _, rest = jax.lax.scan(next_point, jnp.zeros(()), below[:-1])
-    spread = jnp.concatenate([jnp.zeros((1,)), rest])
-    # Q's mass left at -inf: 1 less Q's mass on the grid, p_i e^(-z_i)
-    q_left = 1.0 - jnp.sum(jnp.where(probs > 0, jnp.exp(jnp.log(probs) - z), 0.0))
-    return spread + jnp.exp(z) * q_left
-
-
 @kernel_jit(static_argnames=("size", "hull"))
 def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
     """One direction: the PLD whose curve is the lower convex envelope (in x = e^z) of the
@@ -164,56 +135,12 @@ def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
     lowest = jnp.all(curves <= least, axis=1)
     return jax.lax.cond(jnp.any(lowest),
                         lambda: (probs[jnp.argmax(lowest)], inf_mass[jnp.argmax(lowest)]),
-                        lambda: _envelope(probs, least, z, step))
+                        lambda: envelope_masses(least, _least_excess(probs, z, step), z, step))
 
 
-def _envelope(probs, least, z, step):
-    """:func:`_envelope_kernel`'s PLD from the components' masses ``probs`` and their curves'
-    pointwise minimum ``least``."""
-    size = z.shape[0]
-    # x relative to the window's centre (scaling x keeps convexity and avoids overflow), with the
-    # curve's value 1 at x = 0
-    centre = z[size // 2]
-    xs = jnp.concatenate([jnp.zeros((1,)), jnp.exp(z - centre)])
-    # and the same envelope less the line 1 - e^z (a lower convex envelope commutes with
-    # subtracting a line in x): from the excesses, which keep their digits at z < 0; its value
-    # at x = 0 is 0. Both hulls in one call (one copy of the hull in the program, not two)
-    excesses = jax.vmap(_excess_on_grid, in_axes=(0, None, None))(probs, z, step)
-    ys = jnp.stack([jnp.concatenate([jnp.ones((1,)), least]),
-                    jnp.concatenate([jnp.zeros((1,)), jnp.min(excesses, axis=0)])])
-    hulls, kept = lower_hull_rows(jnp.broadcast_to(xs, ys.shape), ys)
-    curve, excess = hulls[:, 1:]
-    excess = jnp.where((z < 0) & jnp.isfinite(excess), excess, curve + jnp.expm1(z))
-    # two constructions of the masses, the one left with the smaller atom kept: the curve's
-    # second differences at every grid point (at z < 0 the excess's), and the chords' slopes at
-    # the hulls' vertices (below 0 the excess's hull, whose line rises as x does, slope
-    # e^centre in these units; above 0 the curve's). Along a long chord the second differences
-    # are round-off of both signs, and clipped they can leave a surplus that comes back as an
-    # atom (3.35e-14 under zero-out with q = 0.01, 10^4 records, batches of 100; 4.8e-16 from the
-    # slopes); elsewhere they telescope to the curve more closely (1e-29 to 1e-17)
-    differences, differences_inf = masses_from_curve(curve, step, excess, z,
-                                                     surplus_from_bottom=True)
-    below_zero = jnp.concatenate([jnp.ones(1, bool), z < 0])
-    slopes = masses_at_vertices(xs, ys[0], ys[1], jnp.where(below_zero, kept[1], kept[0]),
-                                below_zero, jnp.exp(jnp.minimum(centre, 700.0)))
-    outs = jnp.stack([differences, slopes])
-    infs = jnp.stack([differences_inf, jnp.clip(curve[-1], 0.0, 1.0)])
-    # round-off in the masses may leave the rebuilt curve a little below the envelope: move that
-    # much mass from the bottom to +inf, which raises delta by it at every grid point (compared
-    # as excesses at z < 0, where the curve near 1 has lost the digits that differ)
-    rebuilt_excess = jax.vmap(_excess_on_grid, in_axes=(0, None, None))(outs, z, step)
-    rebuilt_curve = jax.vmap(grid_deltas, in_axes=(0, 0, None))(outs, infs, step)
-    below = jnp.where(z < 0, excess - rebuilt_excess, curve - rebuilt_curve)
-    infs = jnp.minimum(infs + jnp.maximum(jnp.max(below, axis=1), 0.0), 1.0)
-    chosen = jnp.argmin(infs)
-    out, out_inf = outs[chosen], infs[chosen]
-    # the mass beyond 1 (that moved, and round-off) comes from the bottom; a deficit, round-off
-    # of about 1e-16, is spread over the masses as masses_from_curve spreads one (raising delta
-    # in proportion): in the +inf atom it was a floor under delta at every epsilon
-    finite = jnp.sum(out)
-    spare = finite + out_inf - 1.0
-    return (jnp.where(spare > 0, take_from_bottom(out, spare),
-                      out * ((1.0 - out_inf) / jnp.where(finite > 0, finite, 1.0))), out_inf)
+def _least_excess(probs, z, step):
+    """The smallest of the components' excesses over 1 - e^z at the grid points ``z``."""
+    return jnp.min(jax.vmap(excess_on_grid, in_axes=(0, None, None))(probs, z, step), axis=0)
 
 
 @float64
@@ -223,7 +150,7 @@ def tightest(plds: list[PLD]) -> PLD:
     pointwise minimum of their hockey-stick curves at the grid points of a common window, joined
     by chords. Sound: the true curve is convex and below every curve, hence below that envelope,
     and (being convex) below its chords between grid points. Components are concrete, unbatched.
-    A window spanning more than 2 _HULL_REACH nats keeps the analysis with the smallest curve."""
+    A window spanning more than 2 HULL_REACH nats keeps the analysis with the smallest curve."""
     plds = _same_directions(list(plds))
     if len(plds) == 1:
         return plds[0]
@@ -235,7 +162,7 @@ def tightest(plds: list[PLD]) -> PLD:
         size = probs.shape[1]
         out, out_inf = _envelope_kernel(jnp.asarray(probs), jnp.asarray(inf), np.int64(lo),
                                         np.float64(step), size=size,
-                                        hull=size * step / 2 <= _HULL_REACH)
+                                        hull=size * step / 2 <= HULL_REACH)
         directions.append(from_rows(out, out_inf, np.int64(lo), np.float64(step), (), True))
     return PLD.from_directions(*directions)
 
