@@ -4,7 +4,7 @@ For each run (noise multiplier sigma, T batches an epoch, E epochs, delta 1e-5):
 at q = 1 / T over T E steps (pldjax's optimistic and pessimistic ``pj.dpsgd_epsilon``, and
 dp-accounting's PLD at value discretization 1e-4, connect-the-dots), under add/remove, replace-one
 and zero-out; sampling with replacement under zero-out (batches of DRAWS draws with replacement
-from DRAWS T records, the same expected batch size: ``pj.sampling.Mixture.binomial(1 / (DRAWS T),
+from DRAWS T records, the same expected batch size: ``pj.sampling.WithReplacement(DRAWS T,
 DRAWS)`` over T E steps, which neither dp-accounting accountant takes); cyclic Poisson of cycle
 length 4 (a record eligible every fourth step, sampled at 4 / T there:
 ``pj.dp_accounting.batch_selection_event``'s accounting of jax-privacy's ``CyclicPoissonSampling``,
@@ -76,8 +76,8 @@ def _pldjax_bounds(sigma, q, steps, relation):
 def _with_replacement_bounds(sigma, batches, epochs):
     import pldjax as pj
 
-    event = pj.Event(pj.noise.Gaussian(sigma),
-                     pj.sampling.Mixture.binomial(1.0 / (DRAWS * batches), DRAWS), "replace_special")
+    event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.WithReplacement(DRAWS * batches, DRAWS),
+                     "replace_special")
     return (pj.event_epsilon(event, batches * epochs, DELTA, pessimistic=False),
             pj.event_epsilon(event, batches * epochs, DELTA))
 
@@ -188,9 +188,11 @@ def run(args, report) -> None:
                 "pessimistic PLDs; for shuffled batches the lower bound alone: no upper bound is "
                 "known, and the Poisson value is not one). At one expected batch size (N / T records), "
                 "a shuffled run's epsilon can lie far above its Poisson accounting under the same "
-                "relation. Drawing with replacement (replace_special is zero-out) costs more than "
-                "Poisson sampling where a record's two or more copies in one batch matter (small "
-                "sigma). Balls-in-bins and sampling with replacement have no dp-accounting value: "
+                "relation. Drawing with replacement (replace_special is zero-out) costs far more than "
+                "Poisson sampling: a drawn copy of the record also takes the place of another "
+                "record's draw, as in sampling without replacement under replace-one; its bounds "
+                "lie further apart (the upper holds for every dataset, the lower is one dataset). "
+                "Balls-in-bins and sampling with replacement have no dp-accounting value: "
                 "its random-allocation accountant is not in the release, and neither its PLD nor "
                 "its RDP accountant takes SampledWithReplacementDpEvent. B-min-sep is accounted for "
                 "by Monte Carlo alone (`python -m bench monte_carlo`).")

@@ -24,7 +24,7 @@ DiscreteLaplaceDpEvent                      AR, RS, RO ``noise.DiscreteLaplace``
 PoissonSampledDpEvent(Gaussian)             all        ``sampling.Poisson``
 PoissonSampledDpEvent(Laplace)              AR, RS     ``sampling.Poisson``
 SampledWithoutReplacementDpEvent(Gaussian)  RO         ``sampling.FixedBatch`` (*)
-SampledWithReplacementDpEvent(Gaussian)     RS         ``sampling.Mixture.binomial(1 / n, B)`` (**)
+SampledWithReplacementDpEvent(Gaussian)     RS, RO     ``sampling.WithReplacement(n, B)`` (**)
 RandomizedResponseDpEvent (k buckets)       RO, RS     exact tails, :func:`k_randomized_response`
 MixtureOfGaussiansDpEvent                   AR, RS     ``sampling.Mixture``
 TruncatedSubsampledGaussianDpEvent          all        ``sampling.TruncatedPoisson``
@@ -42,9 +42,11 @@ a shift of 1 noise multiplier, at or below dp_accounting's RDP bound. Gaussian a
 Poisson-sampled Gaussian events under REPLACE_ONE follow dp_accounting's PLD accountant instead
 (a record moves from -C to +C: a shift of 2), as its own accountants do.
 
-(**) dp_accounting has no accountant for it. Under zero-out a batch of B draws with replacement
-from n records holds the record Binomial(B, 1 / n) times and the other draws alike under both
-datasets: the mixture of that many shifts against none (user-level accounting's pair).
+(**) dp_accounting has no accountant for it. A batch of B draws with replacement from n records
+holds the record Binomial(B, 1 / n) times, and the other draws depend on that number, so the
+pair is not the copies against none: the upper bound of :mod:`pldjax.mechanisms.with_replacement`
+holds for every choice of the other records (RO: a record moves from -C to +C, as for the
+Gaussian event).
 
 A noise multiplier or standard deviation of +inf (infinite noise) makes an event the identity: it
 releases nothing.
@@ -59,7 +61,7 @@ The newer releases' events (EpsilonDelta, ExponentialMechanism, PermuteAndFlip) 
 by class name. :func:`batch_selection_event` gives the event of DP-SGD on a jax-privacy batch
 selection strategy.
 
-Anything else (``SampledWithReplacementDpEvent`` under add/remove or replace-one,
+Anything else (``SampledWithReplacementDpEvent`` under add/remove,
 ``RepeatAndSelectDpEvent``,
 ``UnsupportedDpEvent``, a sampled event around
 another kind, or an event whose PLD pldjax cannot build, such as a mixture of more than
@@ -365,33 +367,25 @@ def _describe(event, rel: _NR):
 
 
 def _with_replacement(event, rel: _NR, relation: Neighboring):
-    """SampledWithReplacementDpEvent of a Gaussian under zero-out: a batch of ``sample_size``
-    draws with replacement from ``source_dataset_size`` records holds the differing record K ~
-    Binomial(sample_size, 1 / source_dataset_size) times, and the other draws are alike under both
-    datasets (each is uniform on the records they share, since zero-out keeps the dataset's size),
-    so revealing them leaves the pair sum_k P(K = k) N(k, sigma^2) against N(0, sigma^2), in units
-    of the clip norm: :meth:`pldjax.sampling.Mixture.binomial`. Under add/remove the dataset's size,
-    hence every draw's law, changes, and under replace-one both sides are mixtures: no PLD here."""
+    """SampledWithReplacementDpEvent of a Gaussian under zero-out or replace-one: a batch of
+    ``sample_size`` draws with replacement from ``source_dataset_size`` records,
+    :class:`pldjax.sampling.WithReplacement`. Under add/remove the dataset's size, hence every
+    draw's law, changes: no PLD here."""
     name = "SampledWithReplacementDpEvent"
-    if rel != _NR.REPLACE_SPECIAL:
-        return _Unsupported(f"{name} has a PLD under REPLACE_SPECIAL (zero-out) only, where the "
-                            f"record's copies in a batch are a binomial mixture. Found {rel}.")
+    if rel == _NR.ADD_OR_REMOVE_ONE:
+        return _Unsupported(f"{name} has a PLD under REPLACE_SPECIAL (zero-out) or REPLACE_ONE "
+                            f"only, where both datasets hold source_dataset_size records. "
+                            f"Found {rel}.")
     if not isinstance(event.event, _ev.GaussianDpEvent):
         return _Unsupported(f"Subevent of {name} must be a GaussianDpEvent. Found {event.event}.")
     n = check_count(f"{name}.source_dataset_size", event.source_dataset_size, minimum=1)
     m = _count(event, "sample_size")
-    if m > sampling.MAX_BINOMIAL_COUNT:
-        raise ValueError(f"{name}.sample_size must be at most {sampling.MAX_BINOMIAL_COUNT} (a "
-                         f"memory guard: one mixture component a number of copies), got {m}")
     sigma = _noise_scale(event.event, "noise_multiplier")
     if m == 0 or sigma == math.inf:
         return None
     if sigma == 0:
         return "non_private"
-    copies = sampling.Mixture.binomial(1.0 / n, m)
-    # Python numbers: the event is hashable (each event's PLD is cached by it)
-    return Event(noise.Gaussian(sigma), sampling.Mixture(tuple(copies.scales.tolist()),
-                                                         tuple(copies.probs.tolist())), relation)
+    return Event(noise.Gaussian(sigma), sampling.WithReplacement(n, m), relation)
 
 
 def _tree_aggregation(event, rel: _NR, relation: Neighboring):
@@ -741,10 +735,11 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
       where it does not hold (the groups change with the dataset), and an INDEPENDENT one with
       truncation (its groups' sizes are random).
     * ``FixedBatchSampling(batch_size, T, replace=False)``: ``fixed_dpsgd_event`` (replace-one).
-    * ``FixedBatchSampling(batch_size=B, T, replace=True)`` under zero-out (REPLACE_SPECIAL):
-      ``SampledWithReplacementDpEvent(dataset_size, B, GaussianDpEvent(noise_multiplier))``
-      composed T times (noise standard deviation over the clip norm, as for Poisson sampling),
-      whose PLD is a binomial mixture (see :func:`to_event`); refused under the other relations.
+    * ``FixedBatchSampling(batch_size=B, T, replace=True)`` under zero-out (REPLACE_SPECIAL) or
+      replace-one: ``SampledWithReplacementDpEvent(dataset_size, B,
+      GaussianDpEvent(noise_multiplier))`` composed T times (noise standard deviation over the
+      clip norm, as for Poisson sampling; :class:`pldjax.sampling.WithReplacement`); refused under
+      add/remove.
 
     Refused by name with a ValueError: b-min-sep (Monte Carlo bounds only:
     :func:`pldjax.accounting.monte_carlo.monte_carlo_epsilon`), balls-in-bins (no dp_accounting
@@ -783,11 +778,11 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
                                         dataset_size=dataset_size,
                                         batch_size=strategy.batch_size)
     if isinstance(strategy, batch_selection.FixedBatchSampling):
-        if neighboring != _NR.REPLACE_SPECIAL:
+        if neighboring == _NR.ADD_OR_REMOVE_ONE:
             raise ValueError(f"{name} with replace=True (sampling with replacement) is "
-                             "accounted for under zero-out (REPLACE_SPECIAL) neighbours only, "
-                             "where a record's copies in a batch are a binomial mixture; pass "
-                             "that as neighboring")
+                             "accounted for under zero-out (REPLACE_SPECIAL) or REPLACE_ONE "
+                             "neighbours, where both datasets hold dataset_size records; pass "
+                             "one of those as neighboring")
         batch = check_count("strategy.batch_size", strategy.batch_size, minimum=0)
         iterations = check_count("strategy.iterations", strategy.iterations, minimum=0)
         return _ev.SelfComposedDpEvent(_ev.SampledWithReplacementDpEvent(

@@ -18,6 +18,8 @@ Its kernels, mechanisms whose loss tails are exact, live in :mod:`pldjax.mechani
   built by its :meth:`Sampling.pld`, kernel in :mod:`pldjax.mechanisms.truncated_poisson`);
 * :class:`RandomAllocation` (each record in exactly k of an epoch's t steps; balls-in-bins for
   k = 1; built by its :meth:`Sampling.pld`, kernel in :mod:`pldjax.mechanisms.random_allocation`).
+* :class:`WithReplacement` (a batch of draws with replacement; built by its :meth:`Sampling.pld`,
+  kernel in :mod:`pldjax.mechanisms.with_replacement`).
 
 ``sampling=None`` (no sampling: every record every time) is handled by the entry point,
 :func:`pldjax.mechanisms.events.privacy_loss`. The wrappers (``pj.gaussian(..., sampling_prob=q,
@@ -222,6 +224,73 @@ class FixedBatch(Sampling):
         if _everyone_sampled(self.sampling_prob):
             return noise.lattice(params, pessimistic)
         return _subsampled_lattice(noise, base, params, self.sampling_prob, pessimistic)
+
+
+def _built_by_pld(scheme: Sampling) -> ValueError:
+    """The error of :meth:`Sampling.directions` for a scheme whose PLD its :meth:`Sampling.pld`
+    builds."""
+    return ValueError(f"{type(scheme).__name__}'s PLD is not one discretized mechanism: build it "
+                      "with pj.privacy_loss or Event.pld")
+
+
+def _check_gaussian(scheme: Sampling, noise: Noise) -> None:
+    """A ValueError unless ``noise`` is :class:`pldjax.mechanisms.noise.Gaussian`."""
+    from pldjax.mechanisms.noise import Gaussian
+
+    if not isinstance(noise, Gaussian):
+        raise ValueError(f"{type(scheme).__name__} is offered for Gaussian noise "
+                         f"(pj.noise.Gaussian), got {type(noise).__name__}")
+
+
+@record
+class WithReplacement(Sampling):
+    """Sampling with replacement: a batch of ``batch_size`` draws (an integer >= 0), each uniform
+    over the ``dataset_size`` records (an integer >= 1) and independent of the others, so a
+    record may be drawn several times (jax-privacy's ``FixedBatchSampling(replace=True)``,
+    dp_accounting's ``SampledWithReplacementDpEvent``). For
+    :class:`pldjax.mechanisms.noise.Gaussian` noise under zero-out (``"replace_special"``) or
+    replace-one, where both datasets hold ``dataset_size`` records; add/remove is refused (the
+    dataset's size, hence every draw's law, changes). Parameters are concrete scalars.
+
+    The record's copies in a batch are K ~ Binomial(batch_size, 1 / dataset_size), but the other
+    draws depend on K, so the pair is not the mixture of K shifts against none
+    (:meth:`Mixture.binomial`, which would understate epsilon several-fold): the pessimistic PLD
+    is the tighter of two bounds that hold for every choice of the other records, the optimistic
+    one a pair that some choice attains. Derivations in
+    :mod:`pldjax.mechanisms.with_replacement`."""
+
+    dataset_size: Any
+    batch_size: Any
+
+    one_mechanism = False
+
+    def __post_init__(self):
+        for name, minimum in (("dataset_size", 1), ("batch_size", 0)):
+            value = getattr(self, name)
+            if type(value) is object:
+                return  # a pytree placeholder (see pldjax.mechanisms.noise)
+            if is_traced(value) or np.ndim(value) != 0:
+                raise ValueError(f"{name} must be a single concrete integer, got {value!r}")
+            check_count(name, value, minimum=minimum)
+
+    def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
+        raise _built_by_pld(self)
+
+    def pld(self, noise: Noise, neighboring: Neighboring, pessimistic: bool, grid) -> Any:
+        from pldjax.mechanisms.noise import Gaussian
+        from pldjax.mechanisms.with_replacement import with_replacement_pld
+
+        _check_gaussian(self, noise)
+        if neighboring == Neighboring.ADD_REMOVE:
+            raise ValueError("WithReplacement is offered under neighboring='replace_special' "
+                             "(zero-out) or 'replace_one', not 'add_remove': there the dataset's "
+                             "size, hence every draw's law, changes")
+        if is_traced(noise) or np.size(noise.sigma) != 1 or np.size(noise.sensitivity) != 1:
+            raise ValueError("WithReplacement needs a concrete, scalar noise (its PLD is built on "
+                             "the host)")
+        noise = Gaussian(float(np.reshape(noise.sigma, ())), float(np.reshape(noise.sensitivity, ())))
+        return with_replacement_pld(noise, int(self.dataset_size), int(self.batch_size), neighboring,
+                                    pessimistic=pessimistic, grid=grid)
 
 
 #: Mixture probabilities must add up to 1 within this (they are then divided by their sum).
@@ -445,16 +514,12 @@ class RandomAllocation(Sampling):
                                  f"{selected}")
 
     def directions(self, noise: Noise, neighboring: Neighboring, pessimistic: bool) -> Directions:
-        raise ValueError("RandomAllocation's PLD is not one discretized mechanism: build it "
-                         "with pj.privacy_loss or Event.pld")
+        raise _built_by_pld(self)
 
     def pld(self, noise: Noise, neighboring: Neighboring, pessimistic: bool, grid) -> Any:
-        from pldjax.mechanisms.noise import Gaussian
         from pldjax.mechanisms.random_allocation import random_allocation_pld
 
-        if not isinstance(noise, Gaussian):
-            raise ValueError(f"RandomAllocation is offered for Gaussian noise "
-                             f"(pj.noise.Gaussian), got {type(noise).__name__}")
+        _check_gaussian(self, noise)
         if neighboring == Neighboring.REPLACE_ONE:
             raise ValueError("RandomAllocation is offered under neighboring='add_remove' or "
                              "'replace_special' (zero-out, the same pair), not 'replace_one': "
@@ -510,5 +575,5 @@ def from_args(sampling_prob=None, sampling: Sampling | str = "poisson") -> Sampl
 
 
 __all__ = ["Directions", "FixedBatch", "Mixture", "Poisson", "RandomAllocation", "Sampling",
-           "TruncatedPoisson", "from_args"]
+           "TruncatedPoisson", "WithReplacement", "from_args"]
 __dir__ = public_dir(__all__)

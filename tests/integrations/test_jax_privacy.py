@@ -156,26 +156,24 @@ def test_fixed_batches_without_replacement_are_sampled_without_replacement():
     assert event == jp_events.fixed_dpsgd_event(1.0, 100, dataset_size=1000, batch_size=10)
 
 
-def test_fixed_batches_with_replacement_are_a_binomial_mixture_under_zero_out():
+@pytest.mark.parametrize("relation", [NR.REPLACE_SPECIAL, NR.REPLACE_ONE])
+def test_fixed_batches_with_replacement_are_sampled_with_replacement(relation):
     from jax_privacy import batch_selection as bs
 
     strategy = bs.FixedBatchSampling(10, 100, replace=True)
-    event = pj.dp_accounting.batch_selection_event(strategy, 1.0, 1000, NR.REPLACE_SPECIAL)
+    event = pj.dp_accounting.batch_selection_event(strategy, 1.0, 1000, relation)
     assert event == dpa.SelfComposedDpEvent(
         dpa.SampledWithReplacementDpEvent(1000, 10, dpa.GaussianDpEvent(1.0)), 100)
-    step, count = pj.dp_accounting.batch_selection_accounting(strategy, 1.0, 1000,
-                                                              NR.REPLACE_SPECIAL)
-    copies = pj.sampling.Mixture.binomial(1 / 1000, 10)
+    step, count = pj.dp_accounting.batch_selection_accounting(strategy, 1.0, 1000, relation)
     assert count == 100 and step.noise == pj.noise.Gaussian(1.0)
-    np.testing.assert_array_equal(step.sampling.probs, copies.probs)
+    assert step.sampling == pj.sampling.WithReplacement(1000, 10)
 
 
 @pytest.mark.slow
 def test_fixed_batches_with_replacement_are_accounted_as_their_event_is():
     """The event and count read from the strategy give the epsilon of its dp_accounting event
-    (about 20 s: 100 steps of an 11-component mixture at q = 1 / 1000, composed twice; the
-    mixtures' values against an exact enumeration are checked in the default run by
-    test_dp_accounting_adapter.py)."""
+    (the bounds against an exact enumeration of the batches are checked in the default run by
+    tests/mechanisms/test_with_replacement.py)."""
     from jax_privacy import batch_selection as bs
 
     strategy = bs.FixedBatchSampling(10, 100, replace=True)
@@ -190,7 +188,7 @@ def test_fixed_batches_with_replacement_are_accounted_as_their_event_is():
 @pytest.mark.parametrize("strategy, relation, match", [
     ("BallsInBinsSampling(100, 10)", NR.ADD_OR_REMOVE_ONE, "batch_selection_accounting"),
     ("BMinSepSampling(0.01, 100, 10)", NR.ADD_OR_REMOVE_ONE, "Monte Carlo"),
-    ("FixedBatchSampling(10, 100, replace=True)", NR.REPLACE_ONE, "with replacement"),
+    ("FixedBatchSampling(10, 100, replace=True)", NR.ADD_OR_REMOVE_ONE, "with replacement"),
     ("CyclicPoissonSampling(0.01, 100, cycle_length=2)", NR.ADD_OR_REMOVE_ONE, "EQUAL_SPLIT"),
     ("CyclicPoissonSampling(0.01, 100, truncated_batch_size=5, cycle_length=2, "
      "partition_type=bs.PartitionType.INDEPENDENT)", NR.REPLACE_ONE, "INDEPENDENT"),
