@@ -242,16 +242,16 @@ def upper_of_rounded(x):
     conversion may round down). A float32 / float16 / bfloat16 value, e.g. a Python float that a
     caller's jit with x64 off rounded to float32, cannot be recovered; the largest real that rounds
     to it is x plus half its ulp (toward +inf), exact in float64, and is what a sound budget must
-    charge. A value of a complex (or other non-real) dtype is no real number: NaN, which every
-    cost check refuses (an imaginary part was silently dropped, and 0.5j charged 0). Call with
+    charge. A value of a complex, boolean (or other non-real) dtype is no real number: NaN, which
+    every cost check refuses (an imaginary part was silently dropped, and 0.5j charged 0; True
+    charged 1). Call with
     x64 enabled. Concrete values are computed on the host (a NumPy float64 array: no compiled
     program), traced ones in the trace."""
     xp = jnp if isinstance(x, jax.core.Tracer) else np
     x = xp.asarray(x)
     if x.dtype == np.float64:
         return x
-    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
-            or x.dtype == jnp.bool_):
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
         return xp.full(x.shape, np.nan, np.float64)
     if not jnp.issubdtype(x.dtype, jnp.floating):  # integers above 2^53 may round down
         wide = x.astype(np.float64)

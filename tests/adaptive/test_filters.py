@@ -738,10 +738,10 @@ def test_nan_or_negative_costs_raise_on_the_host_and_are_rejected_under_jit(cost
         assert not bool(accepted) and _same(state, f.init())
 
 
-@pytest.mark.parametrize("cost", [0.5j, 0.5 + 5j, 0.5 + 0j, np.complex64(0.25)])
-def test_complex_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
+@pytest.mark.parametrize("cost", [0.5j, 0.5 + 5j, 0.5 + 0j, np.complex64(0.25), True, np.bool_(False)])
+def test_complex_and_boolean_costs_raise_on_the_host_and_are_rejected_under_jit(cost):
     """pure_dp_filter(1.0) charged 0.5j as 0 and 0.5 + 5j as 0.5: a complex cost had its
-    imaginary part dropped. Costs are real numbers."""
+    imaginary part dropped; and True as 1. Costs are real numbers."""
     for f, wrap in ((F.pure_dp_filter(1.0), lambda c: c), (F.gdp_filter(1.0), lambda c: c),
                     (F.gdp_residue_filter(1.0), lambda c: c),
                     (F.renyi_filter([2.0, 4.0], 1.0), lambda c: [0.1, c]),

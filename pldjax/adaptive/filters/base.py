@@ -141,12 +141,19 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
         if not all(_is_number(v) for v in query):
             raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers "
                              f">= 0), got {query!r}")
+        # a bool among numbers would become 0 or 1 in the array: refused, or NaN (rejected)
+        booleans = [np.dtype(jnp.result_type(v)).kind == "b" for v in query]
+        if any(booleans) and not is_traced(query):
+            raise ValueError(f"{kind}: a query cost must be a real number >= 0, got {query!r} "
+                             f"(a bool is no cost)")
+        query = [jnp.full(jnp.shape(v), jnp.nan) if boolean else v
+                 for v, boolean in zip(query, booleans, strict=True)]
         query = jnp.asarray(query) if is_traced(query) else np.asarray(query)
     leaves = jax.tree_util.tree_leaves(query)
     if len(leaves) != 1 or leaves[0] is not query or not _is_number(query):
         raise ValueError(f"{kind}: the query must be a pessimistic PLD or a cost (numbers >= 0), "
                          f"got {query!r}")
-    if not is_traced(query) and np.dtype(jnp.result_type(query)).kind not in "biuf":
+    if not is_traced(query) and np.dtype(jnp.result_type(query)).kind not in "iuf":
         raise ValueError(f"{kind}: a query cost must be a real number >= 0, got {query!r} "
                          f"(of dtype {jnp.result_type(query)})")
     for leaf in leaves:
