@@ -353,10 +353,14 @@ def _checked(function, target, noise_multiplier, sampling_prob, steps, min_sep, 
         raise ValueError(refusal) from None
     if key >= 2**63:
         raise ValueError(refusal)
-    if samples > MAX_SAMPLES or samples * steps > MAX_WORK:
+    # the work done: whole chunks of samples, each over every step
+    size = chunk_size(min_sep, accelerator=jax.default_backend() != "cpu")
+    drawn = -(-samples // size) * size
+    if samples > MAX_SAMPLES or drawn * steps > MAX_WORK:
         raise ValueError(f"samples = {samples} over steps = {steps} is more than this sampler "
-                         f"takes (at most {MAX_SAMPLES:.0e} samples and {MAX_WORK:.0e} samples "
-                         f"times steps): pass fewer samples")
+                         f"takes (at most {MAX_SAMPLES:.0e} samples, and {MAX_WORK:.0e} samples "
+                         f"drawn times steps, the samples drawn {size} at a time here): pass "
+                         f"fewer samples or steps")
     return 1.0 / float(noise_multiplier), float(sampling_prob), steps, min_sep, samples, key
 
 
@@ -395,7 +399,8 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
         next b - 1 steps), an integer in [1, ``MAX_MIN_SEP``] (4096); 1 is Poisson sampling.
       epsilon: in nats, >= 0 and finite.
       samples: draws in each direction, an integer >= 1; at most ``MAX_SAMPLES`` (10^8), and
-        samples times steps at most ``MAX_WORK`` (10^11); default 10^6.
+        samples (drawn in whole chunks of :func:`chunk_size`) times steps at most ``MAX_WORK``
+        (10^11); default 10^6.
       failure_probability: in (0, 1): the probability, over the draws, that the bound fails
         (half of it for each direction); default 1e-3.
       warm_start: True (default): the process starts in its stationary law; False: every record
@@ -438,7 +443,8 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
         next b - 1 steps), an integer in [1, ``MAX_MIN_SEP``] (4096); 1 is Poisson sampling.
       delta: in (0, 1].
       samples: draws in each direction, an integer >= 1; at most ``MAX_SAMPLES`` (10^8), and
-        samples times steps at most ``MAX_WORK`` (10^11); default 10^6.
+        samples (drawn in whole chunks of :func:`chunk_size`) times steps at most ``MAX_WORK``
+        (10^11); default 10^6.
       failure_probability: in (0, 1): the probability, over the draws, that the bound fails
         (half of it for each direction); default 1e-3.
       warm_start: True (default): the process starts in its stationary law; False: every record

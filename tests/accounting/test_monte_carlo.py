@@ -196,6 +196,17 @@ def test_bad_arguments_are_refused_by_name(arguments, named):
         pj.monte_carlo_epsilon(1.0, 0.1, 10, 2, 0.0)
 
 
+def test_the_work_guard_counts_the_whole_chunks_drawn():
+    """64 samples are drawn as one chunk of chunk_size: over 10^8 steps that is 2 x 10^11
+    sample-steps (it took 210 s at 10^6 steps), past MAX_WORK, though 64 x 10^8 is not."""
+    from pldjax.accounting.monte_carlo import MAX_WORK, chunk_size
+
+    steps = 10**8
+    assert 64 * steps <= MAX_WORK < chunk_size(2) * steps
+    with pytest.raises(ValueError, match="samples drawn times steps"):
+        pj.monte_carlo_delta(1.0, 0.01, steps, 2, 1.0, samples=64)
+
+
 @pytest.mark.parametrize("key", [1.5, True, "a", 2**63, -(2**63) - 1])
 def test_a_key_that_is_no_64_bit_integer_is_refused_by_name(key):
     with pytest.raises(ValueError, match=r"key must be an integer seed in \[-2\^63, 2\^63\)"):
