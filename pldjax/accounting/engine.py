@@ -971,7 +971,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     if rtol is not None and closed_form is None:
         raise ValueError(_RTOL_NEEDS_GAUSSIAN)
     out = np.zeros(steps_arr.shape[0])  # zero steps: epsilon 0 and delta 0
-    active = np.nonzero((steps_arr > 0) & spends(event, shape))[0]
+    active = np.nonzero((steps_arr > 0) & spends(event, shape) & _needs_reading(target, evaluate))[0]
     if evaluate == "epsilon" and type(event.noise).top_loss is not Noise.top_loss:
         pure = target[active] == 0
         out[active[pure]] = _pure_epsilons(event, shape, active[pure], steps_arr,
@@ -1140,6 +1140,12 @@ _RTOL_NEEDS_GAUSSIAN = (
     "or Poisson-subsampled) only; for this event pass grid=pj.Grid(step=...)")
 
 
+def _needs_reading(target, evaluate: str) -> np.ndarray:
+    """Where a composition must be read: every mechanism is (0, 1)-DP, so epsilon at delta >= 1
+    is 0 whatever the steps (10^9 steps of sigma 1e-3 need no window to say so)."""
+    return target < 1.0 if evaluate == "epsilon" else np.ones(np.shape(target), bool)
+
+
 def _account_by_pld(event: Event, steps, target, evaluate: str, *, pessimistic, grid, progress):
     """:func:`account` for an event whose PLD is not one mechanism (its sampling builds it, as
     TruncatedPoisson does): each distinct configuration's PLD (:meth:`Event.pld`, scalar
@@ -1150,7 +1156,7 @@ def _account_by_pld(event: Event, steps, target, evaluate: str, *, pessimistic, 
                                 np.shape(steps), np.shape(target))
     steps, target = (np.broadcast_to(np.asarray(a, np.float64), shape).reshape(-1)
                      for a in (steps, target))
-    active = np.nonzero(steps > 0)[0]
+    active = np.nonzero((steps > 0) & _needs_reading(target, evaluate))[0]
     out = np.zeros(steps.shape[0])
     report = _progress(len(active), progress)
 

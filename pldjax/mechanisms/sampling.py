@@ -46,6 +46,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.namespace import public_dir
 from pldjax.core.special import binomial_pmf
 from pldjax.core.validation import check_count, check_single, is_traced, within
+from pldjax.kernels.compose import MAX_COUNT
 from pldjax.kernels.discretize import LossTails, window
 from pldjax.mechanisms import subsampling
 from pldjax.mechanisms.neighboring import Neighboring
@@ -508,6 +509,9 @@ class RandomAllocation(Sampling):
         for steps, selected in zip(*(a.reshape(-1).tolist() for a in pairs), strict=True):
             steps = check_count("steps", steps, minimum=1)
             selected = check_count("selected", selected, minimum=1)
+            if steps > MAX_COUNT:
+                raise ValueError(f"steps must be an integer in [1, {MAX_COUNT}] (compositions "
+                                 f"count in 64-bit integers), got {steps}")
             if selected > steps:
                 raise ValueError(f"selected must be an integer in [1, steps = {steps}] (each "
                                  f"record takes part in that many of the epoch's steps), got "

@@ -141,6 +141,16 @@ def test_a_billion_steps_of_a_tiny_sampling_probability_are_bracketed():
     assert pj.dpsgd_delta(1.0, 1e-9, 10**9, 0.0, pessimistic=False) <= truth * (1 + 1e-6)
 
 
+def test_epsilon_at_delta_one_is_zero_however_many_steps():
+    """Every mechanism is (0, 1)-DP: no window is needed (10^9 steps of sigma 1e-3 needed one of
+    5 x 10^7 points and raised CompositionTooWide), for one mechanism or a mixture of PLDs."""
+    assert pj.dpsgd_epsilon(1e-3, 1.0, 10**9, 1.0) == 0.0
+    np.testing.assert_array_equal(pj.dpsgd_epsilon(1.0, 0.01, 10**4, np.array([1e-5, 1.0])) > 0,
+                                  [True, False])
+    event = pj.Event(pj.noise.Gaussian(1e-3), pj.sampling.RandomAllocation(10, 2))
+    assert pj.event_epsilon(event, 10**9, 1.0) == 0.0
+
+
 def test_nothing_spent_without_steps_or_sampling():
     assert pj.dpsgd_epsilon(1.0, 0.01, 0, 1e-5) == 0.0
     assert pj.dpsgd_epsilon(1.0, 0.0, 100, 1e-5) == 0.0

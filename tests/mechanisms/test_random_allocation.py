@@ -260,7 +260,7 @@ def test_epochs_compose_and_stay_above_the_shuffled_lower_bound():
 
 @pytest.mark.parametrize(("arguments", "named"), [
     ((0,), "steps"), ((2.5,), "steps"), ((4, 0), "selected"), ((4, 5), "selected"),
-    ((-3,), "steps"), ((float("nan"),), "steps"),
+    ((-3,), "steps"), ((float("nan"),), "steps"), ((10**20, 10**19), r"steps must be an integer in"),
 ])
 def test_bad_counts_are_refused_by_name(arguments, named):
     with pytest.raises(ValueError, match=named):
