@@ -224,7 +224,9 @@ class PLD:
     def epsilon(self, delta) -> jax.Array:
         """Smallest epsilon >= 0 with delta(epsilon) <= ``delta`` (inf if the +inf atom exceeds it).
 
-        Exact on this discrete PLD; an upper bound on the true epsilon if the PLD is pessimistic.
+        Exact on this discrete PLD up to its evaluation's round-off (a few ulps of the logarithms
+        it takes), which is charged on the estimate's side: an upper bound on the true epsilon if
+        the PLD is pessimistic, a lower bound if optimistic.
         ``delta`` is a scalar or array in [0, 1]; result shape ``batch_shape + shape(delta)``.
         """
         from pldjax.kernels.hockey_stick import epsilon

@@ -68,6 +68,21 @@ def test_epsilon_at_a_grid_point_is_never_below_the_loss_it_stands_for():
             assert mpmath.mpf(float(np.nextafter(got, 0.0))) < count * mpmath.mpf(eps0)
 
 
+def test_epsilon_inside_a_grid_interval_brackets_the_exact_value():
+    """Randomized response R_{eps0}: epsilon(delta) = eps0 + log(1 - delta / p), p = e^eps0 /
+    (1 + e^eps0), is a small difference of logarithms near the crossing; the pessimistic reading
+    was 27 ulps below it (the logarithms' round-off), the optimistic one must not be above."""
+    mpmath = pytest.importorskip("mpmath")
+    for eps0, delta in ((0.01, 1e-8), (1e-4, 1e-12), (0.5, 1e-3), (3.0, 1e-10)):
+        with mpmath.workdps(50):
+            p = mpmath.e ** mpmath.mpf(eps0) / (1 + mpmath.e ** mpmath.mpf(eps0))
+            exact = mpmath.mpf(eps0) + mpmath.log(1 - mpmath.mpf(delta) / p)
+            upper = pj.randomized_response(eps0).epsilon(delta)
+            lower = pj.randomized_response(eps0, pessimistic=False).epsilon(delta)
+            assert mpmath.mpf(float(lower)) <= exact <= mpmath.mpf(float(upper)), (eps0, delta)
+            assert float(upper) - float(lower) <= 1e-14 + 1e-12 * eps0
+
+
 @pytest.mark.slow
 def test_many_epsilons_in_one_call_and_shapes():
     p = pj.gaussian(np.array([1.0, 2.0]))
