@@ -196,9 +196,9 @@ def _automatic_step(noise: Gaussian, eta: float) -> float:
 
 def _upper(bounds: _Bounds, step: float, replace_one: bool) -> PLD:
     """The pessimistic PLD: the envelope of the smaller bound (one direction under replace-one,
-    both under zero-out); its window ends where bound 1 falls to WINDOW_TAIL, or at
-    HULL_REACH, and the curve there is the +inf atom."""
-    # windows are powers of two in points and in step: this keeps the span within 2 HULL_REACH
+    both under zero-out); its window ends where bound 1 falls to WINDOW_TAIL, or WINDOW_SPAN
+    nats above its start, and the curve there is the +inf atom."""
+    # windows are powers of two in points and in step: the span stays within WINDOW_SPAN
     top = min(bounds.reach(), WINDOW_SPAN - WINDOW_BELOW - 8.0)
     step = max(step, float(grid_lib.cover_step((top + WINDOW_BELOW) / 2.0,
                                                grid_lib.MAX_MECHANISM_SIZE, np)))
