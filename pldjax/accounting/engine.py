@@ -49,6 +49,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pldjax.accounting.planner import (
     accuracy_steps,
+    bulk_resolving_steps,
     check_rtol,
     composition_tail,
     configuration_sizes,
@@ -928,9 +929,17 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
     ``function`` (the public function called, named in errors and in a slow first call's
     notice, :mod:`pldjax.core.notice`)."""
     function = function or f"event_{evaluate}"
+    options = dict(pessimistic=pessimistic, grid=grid, evaluate=evaluate, progress=progress,
+                   rtol=rtol, function=function)
     with slow_call_notice(f"pldjax.{function}"):
-        return _account(event, steps, target, target_name, pessimistic=pessimistic, grid=grid,
-                        evaluate=evaluate, progress=progress, rtol=rtol, function=function)
+        try:
+            return _account(event, steps, target, target_name, **options)
+        except CompositionTooWide:
+            if pessimistic:
+                raise
+            # an optimistic row on a step that resolves its loss's bulk (planner.
+            # bulk_resolving_steps) whose composition no window holds: on the automatic steps
+            return _account(event, steps, target, target_name, refine_bulk=False, **options)
 
 
 #: Most configurations whose PLDs :func:`_account_by_pld` builds at once, in threads: their
@@ -945,7 +954,7 @@ EVENT_INSIDE_JIT = ("inside jit, build the PLD with event.pld(grid=pj.Grid(size=
 
 
 def _account(event: Event, steps, target, target_name, *, pessimistic, grid, evaluate, progress,
-             rtol, function):
+             rtol, function, refine_bulk=True):
     if not isinstance(event, Event):
         raise ValueError(f"event must be a pldjax.Event, got {event!r}")
     refuse_traced(function, (event, steps, target), EVENT_INSIDE_JIT)
@@ -996,6 +1005,16 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     else:
         lattice = lattice_steps(event, shape, pessimistic) if grid is None else None
         group_steps = np.zeros(active.shape[0]) if lattice is None else lattice[active]
+        if (refine_bulk and not pessimistic and grid is None and lattice is None
+                and closed_form is not None):
+            chosen = [p[active] for p in params]
+            with np.errstate(all="ignore"):  # overflow to inf is the spread's intended limit
+                spreads = mechanism.spread(tuple(chosen) + ((np.full(len(active), REMOVE),)
+                                                             if both else ()))
+            group_steps = bulk_resolving_steps(
+                spreads, closed_form[1][active],
+                half_widths_nats(mechanism, chosen, both,
+                                 mechanism_tail(steps_arr[active], target[active], evaluate)))
     # the mechanism grid each configuration gets alone: a chunk is discretized at its largest
     # member's size, so no configuration is slower (or on another grid) in a batch
     sizes = np.zeros(active.shape[0], np.int64)

@@ -302,12 +302,56 @@ def optimistic_steps(steps, half_widths, grid: Grid | None):
     coarser one was refused with an error about a Grid.step the caller never gave (sigma = 1e-6,
     or sigma = 0.05 with q = 1). Sizes grow as steps shrink, so this repeats until they agree."""
     floor = np.maximum(grid_lib.MIN_SPREAD, covering_steps(half_widths))
-    steps = np.minimum(steps, np.maximum(steps / OPTIMISTIC_REFINEMENT, floor))
+    return _within_optimistic_limits(
+        np.minimum(steps, np.maximum(steps / OPTIMISTIC_REFINEMENT, floor)), half_widths, grid)
+
+
+def _within_optimistic_limits(steps, half_widths, grid: Grid | None):
+    """``steps`` lowered to the optimistic construction's limit for the sizes their windows of
+    ``half_widths`` nats get (:func:`pldjax.core.grid.optimistic_step_limit`); sizes grow as steps
+    shrink, so this repeats until they agree."""
     while True:
         limits = grid_lib.optimistic_step_limit(sizes_on_steps(half_widths, steps, grid))
         if np.all(steps <= limits):
             return steps
         steps = np.minimum(steps, limits)
+
+
+#: The largest sampling probability whose optimistic rows :func:`bulk_resolving_steps` refines:
+#: below it all but a sampled record's losses lie within q of 0.
+BULK_SAMPLING_PROB = 0.01
+#: The most points of a mechanism window that :func:`bulk_resolving_steps` refines to (sigma 0.3,
+#: q 1e-4: 2^19 points on 2^-14 nats took 2.0 s against 0.35 s, for 1.7% of epsilon).
+BULK_MAX_SIZE = 2**16
+
+
+def bulk_resolving_steps(spreads, sampling_probs, read_half_widths: Callable[[], np.ndarray]
+                         ) -> np.ndarray:
+    """For optimistic Gaussian-Poisson rows on the automatic grid: a step that resolves the bulk
+    of the loss, which lies within q of 0 for q <= BULK_SAMPLING_PROB, where the accuracy step
+    (:func:`pldjax.core.grid.fine_step` of the loss's ``spreads``) is coarser than q by at most
+    OPTIMISTIC_REFINEMENT: the largest power of two at most q, if the window of
+    ``read_half_widths()`` nats (:func:`half_widths_nats`, read only where a step is refined)
+    allows it (:func:`optimistic_steps`' limits) in at most BULK_MAX_SIZE points; 0 (the
+    automatic step) elsewhere.
+    Connect-the-dots' lower curve is 0 from eps = 0 on when the bulk lies within a step of 0
+    (sigma 0.3, q 1e-3, 1,000 steps, delta 1e-8: 21.88 from the privacy buckets fallback, 28.502
+    on 2^-10 nats, where the upper bound is 28.508); a finer bulk than a quarter step is left to
+    that fallback."""
+    q = np.asarray(sampling_probs, np.float64)
+    accurate = grid_lib.fine_step(np.asarray(spreads, np.float64))
+    bulk = np.exp2(np.floor(np.log2(np.where((q > 0) & (q <= BULK_SAMPLING_PROB), q, np.inf))))
+    wanted = (bulk < accurate) & (bulk >= accurate / OPTIMISTIC_REFINEMENT)
+    steps = np.where(wanted, bulk, 0.0)
+    if not np.any(wanted):
+        return steps
+    half_widths = read_half_widths()[wanted]
+    refined = _within_optimistic_limits(
+        np.maximum(steps[wanted], np.maximum(grid_lib.MIN_SPREAD, covering_steps(half_widths))),
+        half_widths, None)
+    small = sizes_on_steps(half_widths, refined, None) <= BULK_MAX_SIZE
+    steps[wanted] = np.where((refined < accurate[wanted]) & small, refined, 0.0)
+    return steps
 
 
 def gaussian_poisson_parameters(event: Event, shape) -> tuple[np.ndarray, np.ndarray] | None:
