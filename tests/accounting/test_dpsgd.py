@@ -152,6 +152,19 @@ def test_optimistic_epsilon_resolves_a_loss_bulk_within_q_of_zero():
     assert 0.999 * upper <= lower <= upper and lower <= finer * (1 + 1e-9)
 
 
+def test_an_optimistic_step_whose_composition_no_window_holds_falls_back_to_the_automatic(
+        monkeypatch):
+    """A step of 2^-40 nats puts 1,000 steps' losses beyond 2^53 grid points (CompositionTooWide):
+    the call is the one on the automatic steps (whose buckets fallback reads 21.88)."""
+    import pldjax.accounting.engine as engine
+
+    refined = pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False)
+    monkeypatch.setattr(engine, "bulk_resolving_steps", lambda spreads, q, read: np.zeros_like(q))
+    automatic = pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False)
+    monkeypatch.setattr(engine, "bulk_resolving_steps", lambda spreads, q, read: q * 0 + 2.0**-40)
+    assert pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False) == automatic < refined
+
+
 def test_epsilon_at_delta_one_is_zero_however_many_steps():
     """Every mechanism is (0, 1)-DP: no window is needed (10^9 steps of sigma 1e-3 needed one of
     5 x 10^7 points and raised CompositionTooWide), for one mechanism or a mixture of PLDs."""
