@@ -934,12 +934,14 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
     with slow_call_notice(f"pldjax.{function}"):
         try:
             return _account(event, steps, target, target_name, **options)
-        except CompositionTooWide:
-            if pessimistic:
-                raise
-            # an optimistic row on a step that resolves its loss's bulk (planner.
-            # bulk_resolving_steps) whose composition no window holds: on the automatic steps
+        except _BulkStepTooWide:
             return _account(event, steps, target, target_name, refine_bulk=False, **options)
+
+
+class _BulkStepTooWide(Exception):
+    """An optimistic row on a step that resolves its loss's bulk
+    (:func:`~pldjax.accounting.planner.bulk_resolving_steps`) whose composition no window holds:
+    :func:`account` runs the call again on the automatic steps."""
 
 
 #: Most configurations whose PLDs :func:`_account_by_pld` builds at once, in threads: their
@@ -991,6 +993,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
     # configurations on one grid step share a chunk (one Grid per call): rtol's steps, or each
     # one's exact lattice (integer-valued noise), or the automatic steps (one group)
     half_widths = None
+    refined_bulk = False  # some optimistic rows on a bulk-resolving step (see account)
     if rtol is not None:
         read_half_widths = half_widths_nats(
             mechanism, [p[active] for p in params], both,
@@ -1015,6 +1018,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
                 spreads, closed_form[1][active],
                 half_widths_nats(mechanism, chosen, both,
                                  mechanism_tail(steps_arr[active], target[active], evaluate)))
+            refined_bulk = bool(np.any(group_steps > 0))
     # the mechanism grid each configuration gets alone: a chunk is discretized at its largest
     # member's size, so no configuration is slower (or on another grid) in a batch
     sizes = np.zeros(active.shape[0], np.int64)
@@ -1112,6 +1116,10 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         if len(again):  # the swapped bound did not settle their add direction: composed now
             compositions.phase = "add"
             run(np.isin(active, again), lambda done: None)
+    except CompositionTooWide:
+        if refined_bulk:
+            raise _BulkStepTooWide from None
+        raise
     finally:
         compositions.close()
     return _finished(out, shape, evaluate, pessimistic)
