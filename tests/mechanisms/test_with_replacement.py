@@ -7,6 +7,7 @@ input refused by name."""
 import itertools
 
 import jax
+import mpmath as mp
 import numpy as np
 import pytest
 from reference import gaussian_delta, gaussian_mixtures_delta_mp
@@ -111,6 +112,36 @@ def test_extreme_noise_and_sizes_give_sound_bounds():
         if sigma >= 1.0:
             assert upper < 1e-3
     assert event(1.0, 100, 0, "replace_one").pld().size == 1
+
+
+def attained_delta_at_zero_mp(n: int, batch: int, sigma: float, replace_one: bool) -> float:
+    """delta(0), the total variation, of one step on the dataset with the other records at -1 and
+    the record at +1 against 0 (zero-out) or -1 (replace-one): the batch's sum, shifted by the
+    batch size, is 2K against K or 0 clip norms (K ~ Bin(batch, 1/n) copies). A lower bound on
+    the worst case; in mpmath, whose digits keep shifts of 1e-17 noise scales."""
+    mp.mp.dps = 60
+    mu, rate = mp.mpf(1) / mp.mpf(sigma), mp.mpf(1) / n
+    weights = [mp.binomial(batch, k) * rate**k * (1 - rate) ** (batch - k) for k in range(batch + 1)]
+    p = [(w, 2 * k * mu) for k, w in enumerate(weights)]
+    q = [(mp.mpf(1), mp.mpf(0))] if replace_one else [(w, k * mu) for k, w in enumerate(weights)]
+
+    def gap(y):
+        return mp.fsum(w * mp.npdf(y - m) for w, m in p) - mp.fsum(w * mp.npdf(y - m) for w, m in q)
+
+    return float(mp.quad(lambda y: abs(gap(y)), [-mp.inf, -1, 0, 1, mp.inf]) / 2)
+
+
+@pytest.mark.parametrize("sigma", [1e8, 1e13, 1e16, 1e17])
+@pytest.mark.parametrize("neighboring", ["replace_special", "replace_one"])
+def test_huge_noise_keeps_an_upper_bound_at_every_scale(sigma, neighboring):
+    """A Gaussian curve of a shift far below the float's digits (delta_mu(0) = erf(mu / sqrt 8)
+    computed as a difference of two values near 1/2) must still be bounded from above."""
+    ev = event(sigma, 100, 10, neighboring)
+    attained = attained_delta_at_zero_mp(100, 10, sigma, neighboring == "replace_one")
+    upper = pj.event_delta(ev, 1, 0.0)
+    assert attained <= upper <= 2.0 * attained
+    assert pj.event_delta(ev, 1, 0.0, pessimistic=False) <= attained * (1 + 1e-9)
+    assert pj.event_epsilon(ev, 1, attained / 2) > 0.0
 
 
 def test_bad_input_is_refused_by_name():
