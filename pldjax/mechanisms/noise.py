@@ -441,13 +441,14 @@ def _lattice(unit, points_per_unit: float, mechanism: LossTails, params: tuple,
     unit / 2^j (about 1/``points_per_unit`` of it or finer), so every loss sits on the grid and the
     discretization is exact. None (the automatic grid) for a batch, a traced unit, an optimistic
     PLD whose lattice window would span more than the optimistic construction allows, or a step
-    above grid.MAX_STEP."""
+    above grid.MAX_STEP or below the automatic grid's finest (a curve's values at points 1e-16
+    apart keep no digit of their differences: the discrete Laplace of scale 1e14 read delta 1)."""
     if np.size(unit) != 1 or is_traced(unit):
         return None
     j = max(0, int(np.ceil(np.log2(points_per_unit))))
     step = float(np.asarray(unit).reshape(())) / 2**j
-    if not step <= grid_lib.MAX_STEP:  # losses too far apart for any grid (or inf): automatic
-        return None
+    if not grid_lib.fine_step(np.float64(grid_lib.MIN_SPREAD)) <= step <= grid_lib.MAX_STEP:
+        return None  # losses too far apart for any grid (or inf), or too close: automatic
     if not pessimistic:
         half = float(np.max(mechanism.half_width(tuple(np.asarray(p, np.float64) for p in params))))
         if step > grid_lib.optimistic_step_limit(grid_lib.size_for_half_width(half / step)):

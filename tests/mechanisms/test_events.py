@@ -199,6 +199,16 @@ def test_randomized_response_extreme_epsilon_is_sound(epsilon):
     _sound_bracket(lambda p: pj.randomized_response(epsilon, pessimistic=p), exact)
 
 
+@pytest.mark.parametrize("scale", [1e10, 1e14, 1e20])
+def test_discrete_laplace_huge_scale_is_sound_and_small(scale):
+    # sensitivity 1: the loss is +-t (t = 1 / scale), randomized response of epsilon t; a lattice
+    # of step t / 64 finer than a curve's digits left a delta of 1
+    t = 1.0 / scale
+    exact = np.array([max(0.0, float(-np.expm1(e - t) / (1 + np.exp(-t)))) for e in EDGE_EPS])
+    _sound_bracket(lambda p: pj.Event(pj.noise.DiscreteLaplace(scale)).pld(pessimistic=p), exact)
+    assert pj.event_delta(pj.Event(pj.noise.DiscreteLaplace(scale)), 1, 0.0) <= 1e-10
+
+
 def test_delta_never_exceeds_one():
     assert pj.gaussian(0.01).delta(1.0) <= 1.0
     assert np.all(pj.gaussian(np.array([0.01, 0.02])).delta(np.array([0.0, 1.0])) <= 1.0)
