@@ -826,6 +826,36 @@ def cumulative_sum(values, reverse: bool = False):
     return jax.lax.cumsum(values, reverse=reverse)
 
 
+def _power_of_two(b) -> bool:
+    """Whether ``b`` is a Python int power of two (a divisor known when tracing)."""
+    return isinstance(b, int) and b > 0 and b & (b - 1) == 0
+
+
+def quotient(a, b):
+    """a // b of non-negative integers (arrays or numbers, broadcast together): NumPy's for NumPy
+    operands, else one truncating division (``jax.lax.div``), which agrees with floor division
+    there, or a shift for a power of two known when tracing. ``//`` on traced integers adds
+    floor division's corrections for negative operands, which XLA's CPU fusion then repeats in
+    every fused loop that reads the quotient (a tiled masses program held 800 such remainders:
+    7,940 instructions, 4,625 without)."""
+    if array_module(a, b) is np:
+        return np.floor_divide(a, b)
+    if _power_of_two(b):
+        return jnp.right_shift(jnp.asarray(a, jnp.int64), b.bit_length() - 1)
+    a, b = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.int64) for v in (a, b)))
+    return jax.lax.div(a, b)
+
+
+def remainder(a, b):
+    """a % b of non-negative integers (see :func:`quotient`)."""
+    if array_module(a, b) is np:
+        return np.remainder(a, b)
+    if _power_of_two(b):
+        return jnp.bitwise_and(jnp.asarray(a, jnp.int64), b - 1)
+    a, b = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.int64) for v in (a, b)))
+    return jax.lax.rem(a, b)
+
+
 def glue_module(arrays):
     """The array module for reshaping ``arrays``: NumPy for concrete arrays in host memory (an
     eager ``jnp`` operation compiles a program of its own), ``jax.numpy`` elsewhere."""

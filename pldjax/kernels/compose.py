@@ -57,6 +57,8 @@ from pldjax.core.compilation import (
     kernel_jit,
     map_rows,
     matmul,
+    quotient,
+    remainder,
 )
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows, unchecked_pld
@@ -543,7 +545,7 @@ def _powered(spectrum, low, shift, count, turn, *, width: int, size: int):
     scale = count[:, None]
     # the turn's phase from integers: k turn mod size is exact, an angle in [0, 2 pi)
     k = xp.arange(width, dtype=xp.int64)
-    phase = (-2.0 * np.pi / size) * ((k * turn[:, None]) % size)
+    phase = (-2.0 * np.pi / size) * remainder(k * turn[:, None], size)
     # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
     powered = xp.exp(_complex(scale * log_p.real, scale * log_p.imag + phase))
     if xp is np:
@@ -792,7 +794,7 @@ def window_start(lo, hi, size: int, pessimistic):
     xp = array_module(lo)
     need = hi - lo + 1
     keep = xp.where(pessimistic, hi - size + 1, lo)
-    return xp.where(need <= size, lo - (size - need) // 2, keep)
+    return xp.where(need <= size, lo - quotient(xp.maximum(size - need, 0), 2), keep)
 
 
 def _bulk(probs, tail):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import array_module
+from pldjax.core.compilation import array_module, quotient, remainder
 
 #: Points of a tile: a mechanism's curve (or tails) is computed in tiles of this many points, each
 #: tile knowing its place in its row's window, so that one compiled program a mechanism serves
@@ -113,10 +113,10 @@ class TiledRows:
         self.tile = tile
         self.points = points
         self.rows = rows
-        self.per_row = jnp.maximum((points + tile - 1) // tile, 1)
+        self.per_row = jnp.maximum(quotient(points + tile - 1, tile), 1)
         index = jnp.arange(tiles)
-        self.row = index // self.per_row  #: each tile's row
-        self.place = index % self.per_row  #: each tile's place in its row
+        self.row = quotient(index, self.per_row)  #: each tile's row
+        self.place = remainder(index, self.per_row)  #: each tile's place in its row
         #: each row's first tile (a row beyond the tiles: the last tile)
         self.first_tile = jnp.minimum(index * self.per_row, tiles - 1)
 
@@ -130,9 +130,10 @@ class TiledRows:
         where they are: (tiles,) the row that each row comes from (a gather of row values) and
         (tiles,) the tile that each tile comes from (a gather of tiles)."""
         index = jnp.arange(self.tiles)
-        configs = jnp.maximum(self.rows // directions, 1)
+        configs = jnp.maximum(quotient(self.rows, directions), 1)
         source = jnp.where(index < self.rows,
-                           (index % configs) * directions + index // configs, index)
+                           remainder(index, configs) * directions + quotient(index, configs),
+                           index)
         return source, source[self.row] * self.per_row + self.place
 
     def index(self):
@@ -176,12 +177,14 @@ class TiledRows:
         return self.spread(x[..., self.first_tile, 0])
 
     def last(self, x):
-        last_tile = jnp.minimum(self.first_tile + (self.points - 1) // self.tile, self.tiles - 1)
-        return self.spread(x[..., last_tile, (self.points - 1) % self.tile])
+        last = jnp.maximum(self.points - 1, 0)
+        last_tile = jnp.minimum(self.first_tile + quotient(last, self.tile), self.tiles - 1)
+        return self.spread(x[..., last_tile, remainder(last, self.tile)])
 
     def at(self, x, k):
-        tile = jnp.minimum(self.row[:, None] * self.per_row + k // self.tile, self.tiles - 1)
-        flat = tile * self.tile + k % self.tile
+        tile = jnp.minimum(self.row[:, None] * self.per_row + quotient(k, self.tile),
+                           self.tiles - 1)
+        flat = tile * self.tile + remainder(k, self.tile)
         lead = np.broadcast_shapes(x.shape[:-2], flat.shape[:-2])
         x = jnp.broadcast_to(x, lead + x.shape[-2:]).reshape(lead + (-1,))
         flat = jnp.broadcast_to(flat, lead + flat.shape[-2:])[..., 0]

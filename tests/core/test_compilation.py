@@ -333,3 +333,25 @@ def test_values_computed_once_are_unchanged_and_not_recomputed_per_use():
         program = recurrences.lower(probs, steps).compile().as_text()
         fused = [part for part in program.split("\n\n") if part.startswith("%fused")]
         assert not [part for part in fused if " power(" in part and " gather(" in part]
+
+
+@pytest.mark.parametrize("divisor", [1, 3, 7, 2048])
+def test_quotient_and_remainder_of_non_negative_integers_are_floor_division(divisor):
+    """quotient and remainder agree with // and % on non-negative integers, in NumPy and in a
+    kernel, with the divisor a traced array or an int known when tracing (a power of two: a
+    shift and a mask); in a kernel they compile to one operation each, not floor division's
+    corrections for negative operands (a sign, a compare and a select around each)."""
+    from pldjax.core.compilation import quotient, remainder
+
+    a = np.arange(0, 5000, 13, dtype=np.int64)
+    want = (a // divisor, a % divisor)
+    np.testing.assert_array_equal(quotient(a, divisor), want[0])
+    np.testing.assert_array_equal(remainder(a, divisor), want[1])
+    with jax.enable_x64(True):
+        both = jax.jit(lambda x, d: (quotient(x, d), remainder(x, d)))
+        known = jax.jit(lambda x: (quotient(x, divisor), remainder(x, divisor)))
+        for got in (both(a, np.int64(divisor)), known(a)):
+            for value, expected in zip(got, want, strict=True):
+                np.testing.assert_array_equal(value, expected)
+        program = both.lower(a, np.int64(divisor)).as_text()
+    assert " sign " not in program and "stablehlo.sign" not in program
