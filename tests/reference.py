@@ -35,6 +35,21 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
     return float(hi)
 
 
+def gaussian_epsilon_mp(mu, delta) -> mp.mpf:
+    """epsilon(delta) of G_mu in mpmath, to 2^-300 of its bracket: any mu (an mpf for a large
+    one), delta in (0, 1] down to 1e-300; 0 where delta_mu(0) <= delta."""
+    mu, delta = mp.mpf(mu), mp.mpf(delta)
+    f = lambda e: gaussian_delta_mp(mu, e) - delta  # noqa: E731
+    if f(0) <= 0:
+        return mp.mpf(0)
+    lo, hi = mp.mpf(0), mu * mu / 2 + 40 * mu + 10
+    with mp.workdps(80):
+        for _ in range(300):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
+    return hi
+
+
 def laplace_delta(eps0: float, eps: float) -> float:
     """delta(eps) of the Laplace mechanism with eps0 = sensitivity / scale, eps >= 0."""
     return float(max(0.0, -mp.expm1((mp.mpf(eps) - eps0) / 2))) if eps < eps0 else 0.0

@@ -78,7 +78,7 @@ from pldjax.core.compilation import (
 from pldjax.core.grid import Grid
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.pld import swapped_rows
-from pldjax.core.precision import float64
+from pldjax.core.precision import float64, quotient_rounded
 from pldjax.core.validation import (
     broadcast_arguments,
     check_flag,
@@ -107,9 +107,11 @@ from pldjax.kernels.compose import (
     wrap_tiled_rows,
 )
 from pldjax.kernels.discretize import MECHANISM_KERNELS, runs_on_host
+from pldjax.kernels.gaussian_dp import gdp_delta_bound, gdp_epsilon_bound
 from pldjax.kernels.hockey_stick import delta_kernel, epsilon_kernel
 from pldjax.kernels.rows import TILE, TiledRows
 from pldjax.mechanisms.events import Event, direction_arrays, distinct_configurations
+from pldjax.mechanisms.neighboring import Neighboring
 from pldjax.mechanisms.noise import Noise
 from pldjax.mechanisms.sampling import Directions
 from pldjax.mechanisms.subsampling import ADD, REMOVE
@@ -983,6 +985,13 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         raise ValueError(_RTOL_NEEDS_GAUSSIAN)
     out = np.zeros(steps_arr.shape[0])  # zero steps: epsilon 0 and delta 0
     active = np.nonzero((steps_arr > 0) & spends(event, shape) & _needs_reading(target, evaluate))[0]
+    if closed_form is not None:  # the Gaussian without sampling composes to a Gaussian
+        exact = closed_form[1][active] == 1.0
+        out[active[exact]] = _gaussian_values(event, shape, active[exact], steps_arr, target,
+                                              evaluate, pessimistic)
+        active = active[~exact]
+        if not len(active):
+            return _finished(out, shape, evaluate, pessimistic)
     if evaluate == "epsilon" and type(event.noise).top_loss is not Noise.top_loss:
         pure = target[active] == 0
         out[active[pure]] = _pure_epsilons(event, shape, active[pure], steps_arr,
@@ -1138,6 +1147,26 @@ def _on_host(mechanism, grid: Grid | None, rows: int, sizes, points: int) -> boo
             and runs_on_host(mechanism, (grid or Grid()).rounding)
             and rows <= HOST_ROWS_PER_SIZE * max(len(np.unique(sizes)), 1)
             and host_work.claim(points))
+
+
+def _gaussian_values(event: Event, shape, members, steps, target, evaluate: str,
+                     pessimistic: bool) -> np.ndarray:
+    """epsilon or delta (``evaluate``) at ``target`` of ``steps`` runs of the Gaussian event
+    without sampling (or at sampling probability 1), for the configurations ``members`` (flat
+    indices): the composition is G_mu with mu = shift sqrt(steps) / sigma (the shift one
+    sensitivity, two under replace-one), read from its closed form
+    (:func:`~pldjax.kernels.gaussian_dp.gdp_epsilon_bound`, ``gdp_delta_bound``) with mu
+    rounded to the estimate's safe side: exact to a few ulps, with no grid."""
+    noise = event.noise
+    sensitivity, sigma = (np.broadcast_to(np.asarray(a, np.float64), shape).reshape(-1)[members]
+                          for a in (noise.sensitivity, noise.sigma))
+    mu = quotient_rounded(sensitivity, sigma, up=pessimistic)
+    if event.neighboring == Neighboring.REPLACE_ONE:
+        mu = 2.0 * mu
+    with np.errstate(over="ignore"):
+        mu = mu * np.sqrt(steps[members]) * (1.0 + 2.0**-50 if pessimistic else 1.0 - 2.0**-50)
+    bound = gdp_epsilon_bound if evaluate == "epsilon" else gdp_delta_bound
+    return bound(mu, target[members], pessimistic)
 
 
 def _pure_epsilons(event: Event, shape, members, steps, *, pessimistic, grid) -> np.ndarray:

@@ -165,6 +165,83 @@ def gdp_delta_upper(mu, x):
     return xp.minimum(xp.minimum(relative, flat), xp.minimum(first, 1.0))
 
 
+def gdp_delta_lower(mu, x):
+    """A lower bound on delta_mu(x): :func:`gdp_parts`'s delta lowered by :func:`gdp_error` and
+    by 1e-300 (an erfc in the subnormal range keeps few digits), 0 where the error bound reaches
+    1 (the two terms' difference has lost its digits)."""
+    xp = array_module(mu, x)
+    delta, _ = gdp_parts(mu, x)
+    error = gdp_error(mu)
+    return xp.where(error < 1.0, xp.maximum(delta * (1.0 - error) - 1e-300, 0.0), 0.0)
+
+
+#: Added to :func:`gdp_delta_upper` where :func:`gdp_epsilon_bound` reads it: an erfc in the
+#: subnormal range keeps few digits, and one that underflowed reads 0 where delta is not.
+_UNDERFLOW = 1e-300
+
+
+def gdp_epsilon_bound(mu, delta, pessimistic: bool) -> np.ndarray:
+    """epsilon(delta) of G_mu (NumPy, on the host; ``mu`` >= 0 and ``delta`` in [0, 1], arrays
+    that broadcast), in nats: pessimistic, the least float found at which
+    :func:`gdp_delta_upper` (raised by 1e-300) is at most ``delta``, an upper bound on the
+    exact value; optimistic, the largest float found at which :func:`gdp_delta_lower` is at
+    least ``delta``, a lower bound (0 where none is). Both are within an ulp of the float where
+    their bound crosses ``delta`` (a bisection on the floats' bit patterns, which order
+    non-negative floats as their values: at most 64 halvings, whatever the range). inf where
+    ``delta`` is 0 and ``mu`` > 0 (G_mu is not pure DP) or where ``mu`` is inf; 0 where
+    ``delta`` is 1 or ``mu`` is 0."""
+    mu, delta = (np.asarray(a, np.float64) for a in np.broadcast_arrays(mu, delta))
+    out = np.zeros(mu.shape)
+    live = (mu > 0) & (delta < 1.0)
+    out[live & ((delta == 0) | np.isinf(mu))] = np.inf
+    live &= (delta > 0) & np.isfinite(mu)
+    mu, delta = mu[live], delta[live]
+    if pessimistic:
+        def fits(x):
+            return gdp_delta_upper(mu, x) + _UNDERFLOW <= delta
+    else:
+        def fits(x):
+            return ~(gdp_delta_lower(mu, x) >= delta)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        # beyond mu^2/2 + mu z the first term Phi(mu/2 - x/mu) < delta, z = Phi^-1(1 - delta)
+        # <= sqrt(2 log(1/delta)); doubled while it is not
+        high = mu * mu / 2 + mu * (np.sqrt(2.0 * np.log(1.0 / delta)) + 1.0) + 1.0
+        for _ in range(2100):
+            short = ~fits(high) & np.isfinite(high)
+            if not short.any():
+                break
+            high = np.where(short, 2.0 * high, high)
+        low_bits = np.zeros(mu.shape, np.int64)  # 0.0
+        high_bits = np.where(np.isfinite(high), high, np.finfo(np.float64).max).view(np.int64)
+        at_zero = fits(np.zeros(mu.shape))
+        while np.any(high_bits - low_bits > 1):
+            middle = low_bits + (high_bits - low_bits) // 2
+            good = fits(middle.view(np.float64))
+            high_bits = np.where(good, middle, high_bits)
+            low_bits = np.where(good, low_bits, middle)
+    if pessimistic:
+        found = np.where(at_zero, 0.0, high_bits.view(np.float64))
+        found = np.where(fits(found), found, np.inf)  # beyond the largest float: inf
+    else:
+        found = np.where(at_zero, 0.0, low_bits.view(np.float64))
+    out[live] = found
+    return out
+
+
+def gdp_delta_bound(mu, epsilon, pessimistic: bool) -> np.ndarray:
+    """delta(epsilon) of G_mu (NumPy, on the host; ``mu`` >= 0 and ``epsilon`` >= 0, arrays that
+    broadcast, inf allowed): :func:`gdp_delta_upper` raised by 1e-300 (pessimistic, an upper
+    bound) or :func:`gdp_delta_lower` (optimistic, a lower bound); 0 at epsilon = inf, 1 at
+    mu = inf (finite epsilon)."""
+    mu, epsilon = (np.asarray(a, np.float64) for a in np.broadcast_arrays(mu, epsilon))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        finite = np.where(np.isfinite(epsilon), epsilon, 0.0)
+        value = (np.minimum(gdp_delta_upper(mu, finite) + _UNDERFLOW, 1.0) if pessimistic
+                 else gdp_delta_lower(mu, finite))
+    value = np.where(np.isinf(mu), 1.0, value)
+    return np.where(np.isinf(epsilon), 0.0, value)
+
+
 def gdp_complement_upper(mu, x, tail):
     """An upper bound on 1 - delta_mu(x) = Phi(-mu/2 + x/mu) + e^x Phi(-mu/2 - x/mu), from
     :func:`gdp_parts`'s ``tail`` (the second term) and one erfc: both terms positive, so no
