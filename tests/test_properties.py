@@ -604,7 +604,7 @@ def test_dpsgd_monotone(profile, whole):
         if opt is None:
             return
         opt = float(assert_epsilon(opt))
-        gap = max(lo - opt, 0.0)
+        gap = max(lo - opt, 0.0) if lo > opt else 0.0  # (both inf where delta = 0: no gap)
         assert lo <= hi + gap + allowance(hi) + 1e-9, (small, big, lo, hi, opt)
 
     check(profile, prop, fast=1, sigma=positive(whole, 0.5, 20.0), q=probability(whole, 1e-3),

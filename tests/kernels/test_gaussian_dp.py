@@ -124,22 +124,28 @@ def test_gdp_curve_within_its_error_bound_by_mpmath(xp):
     assert worst <= 0.25  # a 4x margin on the bound used
 
 
-def test_gdp_upper_bound_holds_where_the_curve_loses_its_digits():
+def test_gdp_bounds_hold_where_the_curve_loses_its_digits():
     # delta_mu(x) for mu far below the float's resolution of 1/2 (computed as a difference of
     # two values near 1/2, it reads 0 at mu = 1e-16): the upper bound still holds, and is tight
-    # at x = 0 and wherever the curve keeps its digits
-    from pldjax.kernels.gaussian_dp import gdp_delta_upper
+    # at x = 0 and wherever the curve keeps its digits; the lower bound holds (0 where the digits
+    # are lost, loose where few are kept) and is tight beyond, into the subnormal range of the
+    # tails
+    from pldjax.kernels.gaussian_dp import gdp_delta_lower, gdp_delta_upper
 
     mp.mp.dps = 50
-    for mu in (1e-17, 1e-16, 1e-15, 1e-12, 1e-9, 1e-3, 0.7, 40.0):
-        xs = np.concatenate([[0.0], mu * np.array([0.1, 1.0, 3.0, 10.0]), [mu * mu / 2 + 5 * mu]])
+    for mu in (1e-17, 1e-16, 1e-15, 1e-12, 1e-9, 1e-3, 0.7, 40.0, 1e6):
+        xs = np.concatenate([[0.0], mu * np.array([0.1, 1.0, 3.0, 10.0]),
+                             mu * mu / 2 + mu * np.array([5.0, 37.0, 38.5])])
         upper = np.asarray(gdp_delta_upper(np.float64(mu), xs))
-        for x, u in zip(xs, upper, strict=True):
+        lower = np.asarray(gdp_delta_lower(np.float64(mu), xs))
+        for x, u, lo in zip(xs, upper, lower, strict=True):
             m, xm = mp.mpf(mu), mp.mpf(float(x))
             exact = mp.ncdf(m / 2 - xm / m) - mp.exp(xm) * mp.ncdf(-m / 2 - xm / m)
-            assert u >= exact, (mu, x)
+            assert lo <= exact <= u + 1e-300, (mu, x)
             if x == 0.0 or mu >= 1e-3:
                 assert u <= exact * (1 + 1e-6), (mu, x)
+            if mu >= 1e-3:  # the relative error bound is 2^-32 (1 + 1/mu)
+                assert lo >= exact * (1 - 1e-6) - 2e-300, (mu, x)
 
 
 @pytest.mark.parametrize("boundary", [0.987115, 0.85, 0.8388])
