@@ -202,7 +202,8 @@ def gdp_epsilon_bound(mu, delta, pessimistic: bool) -> np.ndarray:
     else:
         def fits(x):
             return ~(gdp_delta_lower(mu, x) >= delta)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    # (squares and series terms of huge arguments overflow to inf, which the curve reads as 0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         # beyond mu^2/2 + mu z the first term Phi(mu/2 - x/mu) < delta, z = Phi^-1(1 - delta)
         # <= sqrt(2 log(1/delta)); doubled while it is not
         high = mu * mu / 2 + mu * (np.sqrt(2.0 * np.log(1.0 / delta)) + 1.0) + 1.0
@@ -219,11 +220,11 @@ def gdp_epsilon_bound(mu, delta, pessimistic: bool) -> np.ndarray:
             good = fits(middle.view(np.float64))
             high_bits = np.where(good, middle, high_bits)
             low_bits = np.where(good, low_bits, middle)
-    if pessimistic:
-        found = np.where(at_zero, 0.0, high_bits.view(np.float64))
-        found = np.where(fits(found), found, np.inf)  # beyond the largest float: inf
-    else:
-        found = np.where(at_zero, 0.0, low_bits.view(np.float64))
+        if pessimistic:
+            found = np.where(at_zero, 0.0, high_bits.view(np.float64))
+            found = np.where(fits(found), found, np.inf)  # beyond the largest float: inf
+        else:
+            found = np.where(at_zero, 0.0, low_bits.view(np.float64))
     out[live] = found
     return out
 
@@ -234,7 +235,7 @@ def gdp_delta_bound(mu, epsilon, pessimistic: bool) -> np.ndarray:
     bound) or :func:`gdp_delta_lower` (optimistic, a lower bound); 0 at epsilon = inf, 1 at
     mu = inf (finite epsilon)."""
     mu, epsilon = (np.asarray(a, np.float64) for a in np.broadcast_arrays(mu, epsilon))
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         finite = np.where(np.isfinite(epsilon), epsilon, 0.0)
         value = (np.minimum(gdp_delta_upper(mu, finite) + _UNDERFLOW, 1.0) if pessimistic
                  else gdp_delta_lower(mu, finite))
