@@ -1302,3 +1302,17 @@ def test_gaussian_without_sampling_is_read_exactly_alone_in_a_batch_and_calibrat
         pj.calibrate_noise_multiplier(1.0, 1e-5, 1.0, 10**9)
     sigma = pj.calibrate_noise_multiplier(1.0, 1e-5, 1.0, 1000)
     assert 0.999 <= gaussian_epsilon_mp(mp.sqrt(1000) / sigma, 1e-5) <= 1.0
+
+
+def test_full_batch_extremes_are_sound_and_quiet():
+    """mu = sqrt(T) / sigma beyond float64's range (sigma 1e-300, 10^15 steps: epsilon about
+    mu^2 / 2, past 1e614) reads inf as the upper bound and about the largest float as the lower one;
+    mu of 3e-300 reads delta(0) = erf(mu / sqrt 8) between 0 and it plus 1e-300; none warns."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pj.dpsgd_epsilon(1e-300, 1.0, 10**15, 1e-5) == np.inf
+        assert pj.dpsgd_epsilon(1e-300, 1.0, 10**15, 1e-5, pessimistic=False) >= 1e308
+        mu = math.sqrt(10) / 1e300
+        exact = float(mp.erf(mp.mpf(mu) / mp.sqrt(8)))
+        assert 0.0 == pj.dpsgd_delta(1e300, 1.0, 10, 0.0, pessimistic=False) <= exact
+        assert exact <= pj.dpsgd_delta(1e300, 1.0, 10, 0.0) <= exact + 1.01e-300
