@@ -25,6 +25,12 @@ warm: pldjax in one call (the like-for-like comparison, as the subset need not c
 sweep costs on average), pldjax one call per configuration, and with ``--rtol`` the batched sweep
 and the subset at that accuracy setting. Accuracy: each method's epsilon on the subset relative to
 dp-accounting (1e-4)'s, median and largest.
+
+Part 3, full-batch steps (q = 1, DP-GD): T steps of the Gaussian compose to Gaussian DP with
+mu = sqrt(T) / sigma, whose epsilon is computed here in mpmath (the reference). pldjax's
+``pj.dpsgd_epsilon`` reads that closed form; beside it pldjax's PLD on its automatic grid
+(``pj.gaussian(sigma).self_compose(T)``) and dp-accounting's PLD at 1e-4 (pessimistic), each in a
+fresh process (import apart; a process that runs past the time limit is reported as such).
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ QUICK = ("part 1 at T = 1,000 with 2 warm repeats, without the optimistic rows a
 QUICK_SKIP = ("pldjax opt", "dpa 1e-4 opt", "prv 0.001")
 SIGMA, Q, STEPS, DELTA = 1.0, 0.01, 10_000, 1e-5
 SEED = 0
+#: Part 3's (sigma, T): full-batch runs, one of them far past what a grid composes quickly
+FULL_BATCH = ((1.0, 100), (10.0, 10_000), (1000.0, 10**9))
+#: Part 3's limit on a fresh process (seconds)
+FULL_BATCH_TIMEOUT = 300.0
 
 
 def add_arguments(parser) -> None:
@@ -53,7 +63,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--subset", type=int, default=None, help="peers' subset K (16; 1 with --quick)")
     parser.add_argument("--rtol", type=float, default=1e-2,
                         help="also pldjax at this accuracy setting in part 2 (0: not)")
-    parser.add_argument("--parts", default="1,2", help="which parts to run")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run")
 
 
 # -- the computations (fresh processes build them by name): arrays or scalars in, epsilons out -----
@@ -82,6 +92,33 @@ def dp_accounting_call(sigmas, qs, steps, interval=1e-4, pessimistic=True):
                                for s, q, t in zip(sigmas, qs, steps, strict=True)])}
 
     return call
+
+
+def pldjax_grid_call(sigma, steps):
+    """pldjax's pessimistic PLD of the Gaussian on its automatic grid, composed ``steps`` times."""
+    import pldjax as pj
+
+    return lambda: {"upper": float(pj.gaussian(float(sigma)).self_compose(int(steps)).epsilon(DELTA))}
+
+
+def gaussian_epsilon_exact(mu: float, delta: float) -> float:
+    """epsilon(delta) of Gaussian DP with parameter ``mu`` in mpmath (bisection to 2^-200 of its
+    bracket): delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        mu = mp.mpf(mu)
+
+        def excess(eps):
+            return mp.ncdf(mu / 2 - eps / mu) - mp.e**eps * mp.ncdf(-mu / 2 - eps / mu) - delta
+
+        lo, hi = mp.mpf(0), mu * mu / 2 + 40 * mu + 10
+        if excess(lo) <= 0:
+            return 0.0
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+        return float(hi)
 
 
 def prv_call(sigmas, qs, steps, eps_error=0.01, errors=None):
@@ -354,6 +391,41 @@ def part2(args, report) -> None:
     report.flush()
 
 
+def part3(args, report) -> None:
+    rows = []
+    timeout = min(args.timeout, FULL_BATCH_TIMEOUT)
+    for sigma, steps in FULL_BATCH[:2] if args.quick else FULL_BATCH:
+        exact = gaussian_epsilon_exact(math.sqrt(steps) / sigma, DELTA)
+        methods = [
+            ("pldjax", "closed form, upper", "pldjax_call", dict(sigmas=sigma, qs=1.0, steps=steps)),
+            ("pldjax", "closed form, lower", "pldjax_call",
+             dict(sigmas=sigma, qs=1.0, steps=steps, pessimistic=False)),
+            ("pldjax", "PLD on the automatic grid", "pldjax_grid_call", dict(sigma=sigma, steps=steps)),
+            ("dp-accounting", "PLD 1e-4 pessimistic", "dp_accounting_call",
+             dict(sigmas=sigma, qs=1.0, steps=steps)),
+        ]
+        for library, setting, factory, kwargs in methods:
+            harness.log(f"dpsgd part 3: sigma {sigma:g}, T {steps:,}: {library} {setting}")
+            imports = "import pldjax" if library == "pldjax" else "import dp_accounting"
+            res = harness.fresh_process("bench.dpsgd", factory, kwargs, imports=imports, calls=3,
+                                        timeout=timeout)
+            if "error" in res:
+                rows.append([f"{sigma:g}", f"{steps:,}", f"{exact:.9g}", library, setting, res["error"],
+                             None, None, None])
+                continue
+            value = _scalar(res["value"], "upper" if "upper" in res["value"] else "lower")
+            rows.append([f"{sigma:g}", f"{steps:,}", f"{exact:.9g}", library, setting, f"{value:.9g}",
+                         harness.fmt(value / exact - 1, "+.1e"), f"{res['first_s']:.3f}",
+                         f"{min(res['wall_s'][1:]):.4f}"])
+    report.heading(f"Part 3: full-batch steps (q = 1), delta = {DELTA:g}")
+    report.table(["sigma", "T", "exact epsilon", "library", "setting", "epsilon", "vs exact", "first s",
+                  "warm s"], rows)
+    report.text("exact: Gaussian DP with mu = sqrt(T) / sigma in mpmath. first s: the first call in a fresh "
+                f"process (import apart; {harness.compilation_note()}); warm s: the faster of its next two "
+                f"calls. A process past {timeout:g} s is stopped.")
+    report.flush()
+
+
 def run(args, report) -> None:
     if args.quick:
         args.repeats = min(args.repeats, 2)
@@ -362,3 +434,5 @@ def run(args, report) -> None:
         part1(args, report)
     if "2" in parts:
         part2(args, report)
+    if "3" in parts:
+        part3(args, report)
