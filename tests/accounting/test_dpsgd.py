@@ -106,8 +106,8 @@ def test_a_failed_composition_call_is_raised_and_its_workers_end(monkeypatch):
         raise RuntimeError("composition failed")
 
     monkeypatch.setattr(compilation.ExportedKernel, "__call__", failing)
-    with pytest.raises(RuntimeError, match="composition failed"):
-        pj.dpsgd_epsilon(1.2, 0.05, [10, 200], 1e-6)
+    with pytest.raises(RuntimeError, match="composition failed"):  # rows enough for workers
+        pj.dpsgd_epsilon(1.2, 0.05, [10, 200, 500, 1000], 1e-6)
     assert failed_in and all(name.startswith("pldjax-compose") for name in failed_in)
     assert not [t for t in threading.enumerate() if t.name.startswith("pldjax-compose")]
 
