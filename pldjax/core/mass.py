@@ -28,12 +28,13 @@ def take_from_bottom(probs, amount, xp=jnp):
 _FIRST_REACH = 1024
 
 
-def _take_from_bottom_on_host(probs, amount):
+def _take_from_bottom_on_host(probs, amount, in_place: bool = False):
     """:func:`take_from_bottom` in NumPy, computed on the lowest bins alone, as many as hold
     twice the amount (a settle's amount is round-off: a few bins of a window of 10^5): the
     bins beyond keep their mass (a running sum is the same on a prefix, and beyond it the mass
     below a bin is at least the amount, with a margin far above round-off), so the values are
-    those of the whole array's computation."""
+    those of the whole array's computation. Only the bins with less than the amount below them
+    change; ``in_place``: in ``probs`` itself (a caller's own array)."""
     reach = _FIRST_REACH
     while True:
         head = probs[:reach]
@@ -41,8 +42,11 @@ def _take_from_bottom_on_host(probs, amount):
         if reach >= probs.shape[0] or below[-1] >= 2.0 * amount:
             break
         reach *= 8
-    taken = probs.copy()
-    taken[:reach] = head - np.minimum(np.maximum(amount - below, 0.0), head)
+    taken = probs if in_place else probs.copy()
+    short = np.flatnonzero(below < amount)  # the bins that give mass
+    changed = short[-1] + 1 if short.size else 0
+    head, below = head[:changed], below[:changed]
+    taken[:changed] = head - np.minimum(np.maximum(amount - below, 0.0), head)
     return taken
 
 
@@ -71,7 +75,10 @@ def _settle_pessimistic(probs, inf_mass, per_bin, tail_slack, xp=jnp):
     probs = probs + per_bin
     inf_mass = xp.minimum(inf_mass + tail_slack, 1.0)
     excess = xp.sum(probs) + inf_mass - 1.0
-    probs = take_from_bottom(probs, xp.maximum(excess, 0.0), xp)
+    if xp is np:  # probs is this function's own array
+        probs = _take_from_bottom_on_host(probs, np.maximum(excess, 0.0), in_place=True)
+    else:
+        probs = take_from_bottom(probs, xp.maximum(excess, 0.0), xp)
     return probs, inf_mass - xp.minimum(excess, 0.0)
 
 

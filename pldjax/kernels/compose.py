@@ -503,7 +503,13 @@ def _spectrum(folded):
     upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
     upper_tails = cumulative_sum(upper, reverse=True)  # sum_{i >= j}, from the top down
     lower_heads = cumulative_sum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
-    tails = xp.concatenate([-xp.sum(lower)[None], upper_tails[1:], -lower_heads])
+    if xp is np:  # in place: three fewer copies of the window
+        tails = np.empty(size)
+        tails[0] = -np.sum(lower)
+        tails[1:half] = upper_tails[1:]
+        np.negative(lower_heads, out=tails[half:])
+    else:
+        tails = xp.concatenate([-xp.sum(lower)[None], upper_tails[1:], -lower_heads])
     freqs = min(size // 2 + 1, _ACCURATE_FREQS)
     theta = (2.0 * xp.pi / size) * xp.arange(freqs, dtype=xp.float64)
     factor = 2.0 * xp.sin(theta / 2) ** 2 - 1j * xp.sin(theta)
