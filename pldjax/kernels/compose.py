@@ -503,7 +503,7 @@ def _spectrum(folded):
     upper, lower = folded[:half], folded[half:]  # offsets 0 .. N/2 - 1 and -N/2 .. -1
     upper_tails = cumulative_sum(upper, reverse=True)  # sum_{i >= j}, from the top down
     lower_heads = cumulative_sum(lower) - lower  # sum_{-N/2 <= i < j}, from the bottom up
-    if xp is np:  # in place: three fewer copies of the window
+    if xp is np:  # in place: no negated copy of the lower half, no concatenation
         tails = np.empty(size)
         tails[0] = -np.sum(lower)
         tails[1:half] = upper_tails[1:]
