@@ -60,7 +60,9 @@ def dpsgd_epsilon(
     deviation / clipping norm) on a Poisson sample of rate ``sampling_prob``
     (:func:`event_epsilon` of :func:`dpsgd_event`). All four arguments broadcast; the result has
     their broadcast shape (a float for scalars). Pessimistic: an upper bound on the true epsilon
-    (both adjacency directions, the worse reported).
+    (both adjacency directions, the worse reported). At ``sampling_prob`` 1 (full-batch steps)
+    the steps compose to Gaussian DP with mu = sqrt(steps) / noise_multiplier (twice that under
+    replace-one), read from its closed form on no grid (``grid`` and ``rtol`` do not apply).
 
     Args:
       noise_multiplier: > 0.

@@ -1293,7 +1293,10 @@ def event_epsilon(
     ``TruncatedPoisson``) is composed from :meth:`~pldjax.mechanisms.events.Event.pld`, one distinct
     configuration at a time. At delta = 0, bounded noise (Laplace, randomized response, discrete
     Laplace; subsampled or not) gives pure DP's epsilon: the runs times one run's largest loss,
-    exact to round-off (no composition is built).
+    exact to round-off (no composition is built). The Gaussian without sampling (or at sampling
+    probability 1) composes to Gaussian DP, mu = sqrt(steps) times its one run's (twice that
+    under replace-one): read from that closed form, within a few ulps and on its safe side, on
+    no grid (``grid`` and ``rtol`` do not apply).
     """
     return account(event, steps, delta, "delta", pessimistic=pessimistic, grid=grid,
                     evaluate="epsilon", progress=progress, rtol=rtol)
