@@ -25,23 +25,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per fresh process")
 
 
-def exact_epsilon(mu: float) -> float:
-    """epsilon(delta) of G_mu, from delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
-    import mpmath
-
-    mpmath.mp.dps = 40
-    mu = mpmath.mpf(mu)
-
-    def excess(e):
-        return mpmath.ncdf(mu / 2 - e / mu) - mpmath.e**e * mpmath.ncdf(-mu / 2 - e / mu) - DELTA
-
-    lo, hi = mpmath.mpf(0), mu * mu / 2 + 30 * mu + 10
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
-    return float(hi)
-
-
 # -- the calls (fresh processes build them by name): each returns (upper, lower) -------------------
 def pldjax_call(sigma, count):
     import pldjax as pj
@@ -101,7 +84,7 @@ def run(args, report) -> None:
     for sigma in sigmas:
         for count in counts:
             mu = count**0.5 / sigma
-            exact = exact_epsilon(mu)
+            exact = harness.gaussian_epsilon_exact(mu, DELTA)
             for library, setting, imports, factory, kwargs in METHODS.values():
                 head = [f"{sigma:g}", f"{count:,}", library, setting]
                 interval = kwargs.get("interval")

@@ -101,26 +101,6 @@ def pldjax_grid_call(sigma, steps):
     return lambda: {"upper": float(pj.gaussian(float(sigma)).self_compose(int(steps)).epsilon(DELTA))}
 
 
-def gaussian_epsilon_exact(mu: float, delta: float) -> float:
-    """epsilon(delta) of Gaussian DP with parameter ``mu`` in mpmath (bisection to 2^-200 of its
-    bracket): delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
-    import mpmath as mp
-
-    with mp.workdps(50):
-        mu = mp.mpf(mu)
-
-        def excess(eps):
-            return mp.ncdf(mu / 2 - eps / mu) - mp.e**eps * mp.ncdf(-mu / 2 - eps / mu) - delta
-
-        lo, hi = mp.mpf(0), mu * mu / 2 + 40 * mu + 10
-        if excess(lo) <= 0:
-            return 0.0
-        for _ in range(200):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
-        return float(hi)
-
-
 def prv_call(sigmas, qs, steps, eps_error=0.01, errors=None):
     """prv-accountant's (upper, lower); with ``errors`` a list, a failure gives NaN and a line there."""
     from prv_accountant.dpsgd import DPSGDAccountant
@@ -395,7 +375,7 @@ def part3(args, report) -> None:
     rows = []
     timeout = min(args.timeout, FULL_BATCH_TIMEOUT)
     for sigma, steps in FULL_BATCH[:2] if args.quick else FULL_BATCH:
-        exact = gaussian_epsilon_exact(math.sqrt(steps) / sigma, DELTA)
+        exact = harness.gaussian_epsilon_exact(math.sqrt(steps) / sigma, DELTA)
         methods = [
             ("pldjax", "closed form, upper", "pldjax_call", dict(sigmas=sigma, qs=1.0, steps=steps)),
             ("pldjax", "closed form, lower", "pldjax_call",

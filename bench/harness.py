@@ -91,6 +91,27 @@ def dp_accounting_dpsgd_epsilon(sigma, q, steps, delta, interval=1e-4, pessimist
     return float(pld.self_compose(int(steps)).get_epsilon_for_delta(delta))
 
 
+def gaussian_epsilon_exact(mu: float, delta: float) -> float:
+    """epsilon(delta) of Gaussian DP with parameter ``mu`` in mpmath (bisection to 2^-200 of its
+    bracket): delta_mu(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu); the reference of
+    the benchmarks that compose Gaussians."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        mu = mp.mpf(mu)
+
+        def excess(eps):
+            return mp.ncdf(mu / 2 - eps / mu) - mp.e**eps * mp.ncdf(-mu / 2 - eps / mu) - delta
+
+        lo, hi = mp.mpf(0), mu * mu / 2 + 40 * mu + 10
+        if excess(lo) <= 0:
+            return 0.0
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+        return float(hi)
+
+
 def installed(module: str) -> bool:
     """Whether ``module`` can be imported (without importing it)."""
     return importlib.util.find_spec(module) is not None
