@@ -21,18 +21,8 @@ def gaussian_delta(mu: float, eps: float) -> float:
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
-    mu = mp.mpf(mu)
-    f = lambda e: mp.ncdf(mu / 2 - e / mu) - mp.e**e * mp.ncdf(-mu / 2 - e / mu) - delta
-    if f(0) <= 0:
-        return 0.0
-    lo, hi = mp.mpf(0), mu * mu / 2 + 30 * mu + 10
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if f(mid) > 0:
-            lo = mid
-        else:
-            hi = mid
-    return float(hi)
+    """:func:`gaussian_epsilon_mp` as a float."""
+    return float(gaussian_epsilon_mp(mu, delta))
 
 
 def gaussian_epsilon_mp(mu, delta) -> mp.mpf:
