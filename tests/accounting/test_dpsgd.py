@@ -743,24 +743,12 @@ def test_delta_one_costs_nothing_and_delta_at_most_one():
     assert pj.dpsgd_delta(1.1, 0.05, 100788, 0.0) <= 1.0
 
 
-def _gaussian_epsilon(mu, delta):
-    """Exact epsilon of mu-GDP at delta (closed form of the Gaussian's privacy curve)."""
-    from scipy.optimize import brentq
-    from scipy.stats import norm
-
-    def curve(eps):  # e^eps times a tiny cdf in logs (mu = 20 reads at eps near 285)
-        return (norm.cdf(-eps / mu + mu / 2) - np.exp(eps + norm.logcdf(-eps / mu - mu / 2))
-                - delta)
-
-    return brentq(curve, 0.0, mu * mu / 2 + 10 * mu, xtol=1e-14, rtol=1e-15)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("rtol", [1e-2, 1e-3])
 def test_rtol_is_sound_and_about_as_accurate_as_asked_closed_form(rtol):
     # q = 1: T steps of the Gaussian mechanism are G_{sqrt(T) / sigma} exactly
     sigma, steps, delta = 2.0, 100, 1e-5
-    truth = _gaussian_epsilon(np.sqrt(steps) / sigma, delta)
+    truth = gaussian_epsilon(np.sqrt(steps) / sigma, delta)
     upper = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, rtol=rtol)
     lower = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, rtol=rtol, pessimistic=False)
     assert lower <= truth <= upper <= truth * (1 + 3 * rtol)
@@ -936,7 +924,7 @@ def test_rtol_optimistic_answers_where_its_window_would_span_too_far():
     """The optimistic estimate's window spans at most grid.OPTIMISTIC_SPAN nats: rtol's step is
     kept within what that allows (these were refused with an error about a Grid.step nobody
     passed). The Gaussian of sigma = 0.05 once is G_20: the closed form lies between the two."""
-    truth = _gaussian_epsilon(20.0, 1e-5)
+    truth = gaussian_epsilon(20.0, 1e-5)
     lower = pj.dpsgd_epsilon(0.05, 1.0, 1, 1e-5, rtol=1e-2, pessimistic=False)
     upper = pj.dpsgd_epsilon(0.05, 1.0, 1, 1e-5, rtol=1e-2)
     assert 0.0 < lower <= truth <= upper
@@ -958,7 +946,7 @@ def test_window_tail_follows_delta_and_stays_sound_closed_form(delta):
     # dpsgd_epsilon's windows leave delta / 2^20 outside (charged to delta): still bounds on
     # both sides of the exact value (q = 1: G_{sqrt(T) / sigma}), at the default accuracy
     sigma, steps = 3.0, 300
-    truth = _gaussian_epsilon(np.sqrt(steps) / sigma, delta)
+    truth = gaussian_epsilon(np.sqrt(steps) / sigma, delta)
     upper = pj.dpsgd_epsilon(sigma, 1.0, steps, delta)
     lower = pj.dpsgd_epsilon(sigma, 1.0, steps, delta, pessimistic=False)
     assert lower <= truth <= upper <= truth * (1 + 1e-4)
