@@ -44,6 +44,8 @@ DRAWS = 10
 #: Most epochs Feldman and Shenfeld's accountant is run for: it took 3.5 minutes for one epoch of
 #: 1,000 steps at sigma 1 and had not answered five of them after 15.
 PEER_EPOCHS = 1
+#: The tables, in order: the schemes side by side, random allocation beside its peer, the sweep.
+PARTS = ("schemes", "allocations", "sweep")
 
 
 def add_arguments(parser) -> None:
@@ -52,6 +54,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sweep", type=int, default=SWEEP,
                         help="random-allocation configurations swept in one call (default "
                              f"{SWEEP}; 1024 on an accelerator)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="which tables, comma-separated, of " + ", ".join(PARTS))
 
 
 def _dp_accounting_epsilon(sigma, q, steps, relation) -> float:
@@ -135,8 +139,21 @@ def _shuffled_lower_bound(sigma, batches, epochs):
 
 
 def run(args, report) -> None:
-    runs = RUNS[:1] if args.quick else RUNS
+    parts = {part.strip() for part in args.parts.split(",")}
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}; choose from {', '.join(PARTS)}")
     peer = args.peers and not args.quick
+    if "schemes" in parts:
+        _schemes(args, report, peer)
+    if "allocations" in parts:
+        _allocations(args, report, peer)
+    if "sweep" in parts:
+        _sweep(args, report)
+
+
+def _schemes(args, report, peer: bool) -> None:
+    runs = RUNS[:1] if args.quick else RUNS
     rows = report.table(["sigma", "T", "E", "batch selection", "neighboring", "pldjax lower",
                          "pldjax upper", "dp-accounting 1e-4", "Feldman-Shenfeld [lower, upper]",
                          "pldjax s (warm)", "peer s"])
@@ -196,6 +213,9 @@ def run(args, report) -> None:
                 "its random-allocation accountant is not in the release, and neither its PLD nor "
                 "its RDP accountant takes SampledWithReplacementDpEvent. B-min-sep is accounted for "
                 "by Monte Carlo alone (`python -m bench monte_carlo`).")
+
+
+def _allocations(args, report, peer: bool) -> None:
     rows = report.table(["sigma", "t", "k", "delta", "pldjax lower", "pldjax upper",
                          "Feldman-Shenfeld lower", "Feldman-Shenfeld upper", "pldjax s (warm)",
                          "Feldman-Shenfeld s"])
@@ -221,6 +241,9 @@ def run(args, report) -> None:
                 "allocations, so their lower value bounds that composition, not the true epsilon. "
                 "At sigma 0.5 to 0.35 pldjax's lower bound is far below: its statistic misses "
                 "what the selected steps' large outputs show.")
+
+
+def _sweep(args, report) -> None:
     count = min(args.sweep, 8) if args.quick else args.sweep
     harness.log(f"batch_selection: a sweep of {count} random-allocation configurations")
     event = _allocation_sweep(count)

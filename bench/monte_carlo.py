@@ -8,8 +8,9 @@ accelerator, keyed) and with jax-privacy's
 one's plain estimate of delta at one epsilon (the larger direction's, with its standard error):
 the same pair, different draws, so the two agree within their errors. Seconds: both directions'
 samples; pldjax's first call in this process (it compiles) and its second. ``--no-peers``
-leaves jax-privacy out (a machine without it, or a sample count it would take hours over: the
-accelerator's goal is 10^7 samples of the 1,000-step run, ``--samples 10000000``).
+leaves jax-privacy out (a machine without it); ``--peer-samples`` draws fewer of its samples where
+pldjax's count would take it hours (the accelerator's goal is 10^7 samples of the 1,000-step run,
+``--samples 10000000``), and the speed ratio is then of samples a second.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ SAMPLES = 2**17  # two compiled chunks
 
 def add_arguments(parser) -> None:
     parser.add_argument("--samples", type=int, default=SAMPLES, help="samples per direction")
+    parser.add_argument("--peer-samples", type=int, default=None,
+                        help="jax-privacy's samples per direction (default: --samples)")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="skip jax-privacy's sampler")
 
@@ -66,24 +69,26 @@ def _worse(directions, epsilon):
 def run(args, report) -> None:
     runs = RUNS[:1] if args.quick else RUNS
     samples = 2**16 if args.quick else args.samples
+    peer_samples = min(samples, args.peer_samples or samples)
     rows = report.table(["sigma", "p", "T", "b", "samples", "epsilon", "pldjax delta",
-                         "jax-privacy delta", "pldjax s (first)", "pldjax s (warm)",
-                         "jax-privacy s", "jax-privacy / pldjax (warm)"])
+                         "jax-privacy samples", "jax-privacy delta", "pldjax s (first)",
+                         "pldjax s (warm)", "jax-privacy s", "pldjax samples/s over jax-privacy's"])
     for sigma, p, steps, min_sep, epsilon in runs:
         harness.log(f"monte_carlo: sigma={sigma} p={p} T={steps} b={min_sep}")
         run_args = (sigma, p, steps, min_sep, samples)
         first, _ = harness.timed(functools.partial(_pldjax, *run_args, 0))
         warm, ours = harness.timed(functools.partial(_pldjax, *run_args, 1))
         ours_mean, ours_error = _worse(ours, epsilon)
-        peer = ["-", "-", "-"]
+        peer = ["-", "-", "-", "-"]
         if args.peers:
-            peer_s, theirs = harness.timed(functools.partial(_jax_privacy, *run_args))
+            peer_s, theirs = harness.timed(functools.partial(
+                _jax_privacy, sigma, p, steps, min_sep, peer_samples))
             theirs_mean, theirs_error = _worse(theirs, epsilon)
-            peer = [f"{theirs_mean:.5f} ± {theirs_error:.5f}", f"{peer_s:.2f}",
-                    f"{peer_s / warm:.1f}x"]
+            peer = [f"{peer_samples:,}", f"{theirs_mean:.5f} ± {theirs_error:.5f}", f"{peer_s:.2f}",
+                    f"{(samples / warm) / (peer_samples / peer_s):.1f}x"]
         rows.append([f"{sigma:g}", f"{p:g}", f"{steps:,}", f"{min_sep}", f"{samples:,}",
-                     f"{epsilon:g}", f"{ours_mean:.5f} ± {ours_error:.5f}", peer[0],
-                     f"{first:.2f}", f"{warm:.2f}", *peer[1:]])
+                     f"{epsilon:g}", f"{ours_mean:.5f} ± {ours_error:.5f}", *peer[:2],
+                     f"{first:.2f}", f"{warm:.2f}", *peer[2:]])
         report.flush()
     report.text("delta: the plain estimate of the larger direction's delta(epsilon) ± one standard "
                 "error (pj.monte_carlo_delta and monte_carlo_epsilon add a one-sided confidence "
