@@ -334,7 +334,7 @@ def _start(step, budget, *, plan: _Plan, rows: int):
             jnp.zeros((rows, window.size)), table, limits)
 
 
-# the levels keep XLA's defaults: 3-8% slower with FAST_COMPILE
+# on a CPU the levels keep XLA's defaults: 3-8% slower with FAST_COMPILE
 @kernel_jit(static_argnames=("plan",), donate_argnames=("out", "table"), cpu_options=None)
 def _forward_level(curves, out, table, rows, count, source, query, moves, probs, inf_mass, step,
                    limits, *, plan: _Plan):

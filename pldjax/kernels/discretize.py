@@ -1093,7 +1093,7 @@ def _row_firsts(parts, size: int, rows: int):
     return jnp.concatenate(parts)[:rows * tiles:tiles]
 
 
-# XLA's defaults: its tails (erfc, logs) ran 3x slower with FAST_COMPILE
+# on a CPU, XLA's defaults: its tails (erfc, logs) ran 3x slower with FAST_COMPILE
 @exported_jit(static_argnames=("mechanism", "pessimistic", "fixed"), cpu_options=None)
 def _curve_kernel(params, tail, step, size, tile, **options):
     """(values, offset, step) of a batch of tiles: each one's TILE values of

@@ -308,6 +308,25 @@ def test_kernels_compile_with_their_cpu_options_only_where_xla_knows_them():
                                rtol=1e-14)
 
 
+def test_kernels_compile_with_their_backends_options(monkeypatch):
+    """On a CPU a kernel compiles with its ``cpu_options`` (none: XLA's defaults); on a GPU every
+    kernel compiles with GPU_FAST_COMPILE (matrix products not autotuned while compiling); on
+    another backend with XLA's defaults."""
+    def curve(x):
+        return jnp.exp(-x) * jnp.log1p(x)
+
+    fast = compilation.kernel_jit(curve)
+    defaults = compilation.kernel_jit(curve, cpu_options=None)
+    assert fast.compiler_options == dict(compilation.FAST_COMPILE)
+    assert defaults.compiler_options is None
+    x = jnp.linspace(0.0, 5.0, 101)
+    np.testing.assert_allclose(fast(x), defaults(x), rtol=1e-15)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert fast.compiler_options == defaults.compiler_options == dict(compilation.GPU_FAST_COMPILE)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert fast.compiler_options is None and defaults.compiler_options is None
+
+
 def test_values_computed_once_are_unchanged_and_not_recomputed_per_use():
     """computed_once leaves its values in place (batched, and a tuple of more values than it
     sorts, too), and the 128 x 128 matrices of 128 powers of the blocked recurrence (on every grid
