@@ -437,8 +437,9 @@ def _names(report, results) -> None:
     report.text("Most compiled first. `jit(NAME)`: a jitted function (one of pldjax's kernels, "
                 "exported or not, a jax.numpy function) or a lax operation run eagerly, outside any "
                 "jit (add, log, ...), compiled on its own for its shapes; `jit(option_probe)`: "
-                "pldjax's check that XLA knows its CPU compiler options. XLA compile s: the "
-                "backend-compile events' sum for that name.")
+                "pldjax's check that XLA knows its compiler options (FAST_COMPILE on a CPU, "
+                "GPU_FAST_COMPILE on a GPU). XLA compile s: the backend-compile events' sum for "
+                "that name.")
     for path, m in results.items():
         if "values" not in m["empty"]:
             continue
