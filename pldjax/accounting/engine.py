@@ -72,6 +72,7 @@ from pldjax.core.compilation import (
     cores,
     exported_jit,
     host_work,
+    keep_freed_host_memory,
     map_in_threads,
     map_rows,
 )
@@ -935,6 +936,7 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
     ``function`` (the public function called, named in errors and in a slow first call's
     notice, :mod:`pldjax.core.notice`)."""
     function = function or f"event_{evaluate}"
+    keep_freed_host_memory()
     options = dict(pessimistic=pessimistic, grid=grid, evaluate=evaluate, progress=progress,
                    rtol=rtol, function=function)
     with slow_call_notice(f"pldjax.{function}"):

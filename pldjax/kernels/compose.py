@@ -695,19 +695,36 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         # bins beyond the sum's support hold no mass: what they read is round-off, or mass
         # folded in from outside the window (which above + below already charge)
         first, last = _support(s, o, c)
-        index = start + xp.arange(size)
-        supported = (index >= first) & (index <= last)
-        clipped = xp.where(supported, xp.maximum(raw, 0.0), 0.0)
-        per_bin = xp.where(supported & ~once, fft_roundoff(raw), 0.0)
+        if xp is np:
+            clipped, per_bin = _supported_on_host(raw, first - start, last - start, once)
+        else:
+            index = start + xp.arange(size)
+            supported = (index >= first) & (index <= last)
+            clipped = xp.where(supported, xp.maximum(raw, 0.0), 0.0)
+            per_bin = xp.where(supported & ~once, fft_roundoff(raw), 0.0)
+        lower = xp.maximum(clipped - per_bin, 0.0) if swapped else None
         out, out_inf = settle(clipped, composed_inf, per_bin, above + below, pessimistic, xp)
         composed = (xp.where(live, out, 0.0), xp.where(live, out_inf, composed_inf), start)
         if not swapped:
             return composed
-        return (*composed, SwappedParts(xp.maximum(clipped - per_bin, 0.0), above + below,
-                                        _q_surplus(w, s, o, h, restore)))
+        return (*composed, SwappedParts(lower, above + below, _q_surplus(w, s, o, h, restore)))
 
     return map_rows(finish)(raw, live, summary, start, inf_mass, offset, step, count, exponents,
                             wrapped, shift)
+
+
+def _supported_on_host(raw, first, last, once):
+    """NumPy's (clipped, per_bin) of a composed row ``raw``: its masses at window indices
+    ``first`` to ``last`` (the sum's support) clipped at 0, zero elsewhere, and the FFT's
+    round-off charged to each of them (none where ``once``), each one array."""
+    size = raw.shape[0]
+    lo, hi = (int(np.clip(bound, 0, size)) for bound in (first, last + 1))
+    clipped = np.zeros(size)
+    np.maximum(raw[lo:hi], 0.0, out=clipped[lo:hi])
+    per_bin = np.zeros(size)
+    if not once:
+        per_bin[lo:hi] = fft_roundoff(raw)
+    return clipped, per_bin
 
 
 class SwappedParts(NamedTuple):

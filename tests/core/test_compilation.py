@@ -327,6 +327,41 @@ def test_kernels_compile_with_their_backends_options(monkeypatch):
     assert fast.compiler_options is None and defaults.compiler_options is None
 
 
+def _glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc thresholds")
+def test_repeated_host_accounting_calls_keep_the_memory_they_free():
+    """A DP-SGD epsilon computed on the host again in the same process faults no memory in: glibc
+    keeps the window-sized arrays each call frees (4,192 page faults a call before, about 6 ms of
+    17); where the user set glibc's thresholds, pldjax leaves them alone, same values."""
+    code = textwrap.dedent("""
+        import resource
+        import pldjax as pj
+        first = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        again = pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, repr(float(again)))
+        assert first == again
+    """)
+    settings = ("MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_")
+    env = {key: value for key, value in os.environ.items() if key not in settings}
+    env.update(PLDJAX_QUIET="1", PLDJAX_COMPILATION_CACHE="0")
+    env.pop("PLDJAX_HOST_WORK", None)
+    outputs = []
+    for extra in ({}, {"MALLOC_TOP_PAD_": "0"}):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, env={**env, **extra})
+        assert out.returncode == 0, out.stderr
+        outputs.append(out.stdout.split())
+    assert int(outputs[0][0]) < 400
+    assert outputs[0][1] == outputs[1][1]
+
+
 def test_values_computed_once_are_unchanged_and_not_recomputed_per_use():
     """computed_once leaves its values in place (batched, and a tuple of more values than it
     sorts, too), and the 128 x 128 matrices of 128 powers of the blocked recurrence (on every grid
