@@ -87,6 +87,12 @@ class Row:
             return np.maximum.accumulate(x, axis=-1)
         return jax.lax.cummax(x, x.ndim - 1)
 
+    def cumsum(self, x):
+        """Running sum along the row."""
+        if self.xp is np:
+            return np.cumsum(x, axis=-1)
+        return jax.lax.cumsum(x, x.ndim - 1)
+
     def held(self, x):
         """x, its points beyond the row's end (in tiles) holding its last value."""
         return x
@@ -217,6 +223,9 @@ class TiledRows:
 
     def cummax(self, x):
         return self._running(x, jax.lax.cummax, jnp.maximum)
+
+    def cumsum(self, x):
+        return self._running(x, jax.lax.cumsum, jnp.add)
 
     def held(self, x):
         return jnp.where(self.index() < self.points, x, self.last(x))

@@ -43,7 +43,7 @@ def _per_row(layout_values, per_row: int, count: int) -> np.ndarray:
 @pytest.mark.parametrize("n", [SMALL_TILE // 2, SMALL_TILE, 2 * SMALL_TILE, 4 * SMALL_TILE])
 def test_row_operations_in_tiles_agree_with_each_row_alone(n):
     """Sums, extrema, first and last points, a point at each row's own index, running extrema
-    and the shifts along a row, on rows of half a tile (noise after them) and of 1, 2 and 4
+    and sums and the shifts along a row, on rows of half a tile (noise after them) and of 1, 2 and 4
     tiles, padding tiles after them (the sums and extrema of rows short of a tile, whose points
     beyond their end hold their last value)."""
     tiles, per_row = 16, max(n // SMALL_TILE, 1)
@@ -62,7 +62,8 @@ def test_row_operations_in_tiles_agree_with_each_row_alone(n):
         return (layout.sum(held), layout.max(held), layout.min(held), layout.first(x), at,
                 layout.last(x),
                 layout.cummin(x), layout.cummax(x), layout.following(x, fill),
-                layout.preceding(x, fill), layout.is_first(), layout.is_last(), layout.index())
+                layout.preceding(x, fill), layout.is_first(), layout.is_last(), layout.index(),
+                layout.cumsum(x))
 
     out = tiled(_in_tiles(rows, tiles, SMALL_TILE), fill, index)
     scalars = [_per_row(a, per_row, count) for a in out[:6]]
@@ -83,6 +84,7 @@ def test_row_operations_in_tiles_agree_with_each_row_alone(n):
     np.testing.assert_array_equal(points[4], first)
     np.testing.assert_array_equal(points[5], last)
     np.testing.assert_array_equal(points[6], np.tile(np.arange(n), (count, 1)))
+    np.testing.assert_allclose(points[7], np.cumsum(rows, axis=1), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("n", [TILE // 4, TILE, 2 * TILE, 8 * TILE])
