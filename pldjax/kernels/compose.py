@@ -716,7 +716,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
 def _supported_on_host(raw, first, last, once):
     """NumPy's (clipped, per_bin) of a composed row ``raw``: its masses at window indices
     ``first`` to ``last`` (the sum's support) clipped at 0, zero elsewhere, and the FFT's
-    round-off charged to each of them (none where ``once``), each one array."""
+    round-off charged to each of them (none where ``once``), both as long as the window."""
     size = raw.shape[0]
     lo, hi = (int(np.clip(bound, 0, size)) for bound in (first, last + 1))
     clipped = np.zeros(size)
