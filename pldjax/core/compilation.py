@@ -778,9 +778,10 @@ _MALLOC_SETTINGS = frozenset({"MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_", "MALL
 
 @functools.cache
 def keep_freed_host_memory() -> None:
-    """Once a process, before its first accounting call: allocate and free one block of just
-    under 32 MiB, so that glibc's malloc keeps the memory that host computations free for the
-    next ones instead of giving it back to the system at every call.
+    """Once a process, before its first accounting call or computation on PLDs in host memory:
+    allocate and free one block of just under 32 MiB, so that glibc's malloc keeps the memory
+    that host computations free for the next ones instead of giving it back to the system at
+    every call.
 
     glibc maps a block above its mmap threshold (128 KiB at first) on its own, and gives the
     free memory at its heap's top back to the system once more than its trim threshold (twice
@@ -789,10 +790,11 @@ def keep_freed_host_memory() -> None:
     (about 1 MB each) at every step; with the thresholds those arrays set, each call gave the
     heap's top back and faulted it in again: 2,800-3,700 page faults, 6-8 ms of a 17-19 ms
     call (DP-SGD, sigma 1, q 0.01, T 10^4, on a 2-core CPU). With the thresholds at 32 and
-    64 MiB the same call takes 11 ms with no page faults, at the same peak memory. Any process
-    that frees an array of 32 MiB gets these thresholds; the cost is up to 64 MiB of freed
-    memory kept by the process. Nothing is done where the user set glibc's thresholds (by
-    ``MALLOC_TOP_PAD_`` and the like) or under another C library."""
+    64 MiB the same call takes 11 ms with no page faults, at the same peak memory (and that
+    Gaussian's 1000-fold self-composition, read at one delta, 14-15 ms against 23-25 ms). Any
+    process that frees an array of 32 MiB gets these thresholds; the cost is up to 64 MiB of
+    freed memory kept by the process. Nothing is done where the user set glibc's thresholds
+    (by ``MALLOC_TOP_PAD_`` and the like) or under another C library."""
     if _MALLOC_SETTINGS & os.environ.keys():
         return
     try:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.core.compilation import HOST_POINTS, HOST_ROWS, glue_module, on_host
+from pldjax.core.compilation import HOST_POINTS, HOST_ROWS, glue_module, keep_freed_host_memory, on_host
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_flag, is_traced
@@ -465,12 +465,16 @@ def broadcast_rows(pld: PLD, shape: tuple[int, ...]) -> PLD:
 def computed_on_host(plds: Sequence[PLD], points: int) -> bool:
     """Whether a computation on ``plds`` of ``points`` grid points a row runs in NumPy on the
     host (see :data:`~pldjax.core.compilation.HOST_POINTS`): every array concrete and in host
-    memory, at most HOST_ROWS rows and HOST_POINTS points in all."""
+    memory, at most HOST_ROWS rows and HOST_POINTS points in all. The first time it does, the
+    host's allocator is readied (:func:`~pldjax.core.compilation.keep_freed_host_memory`)."""
     rows = max(math.prod(p.batch_shape) for p in plds)
-    return (rows <= HOST_ROWS and rows * points <= HOST_POINTS
+    host = (rows <= HOST_ROWS and rows * points <= HOST_POINTS
             and all(on_host(a) for p in plds for direction in p.directions()
                     for a in (direction.probs, direction.inf_mass, direction.offset,
                               direction.step)))
+    if host:
+        keep_freed_host_memory()
+    return host
 
 
 def from_rows(probs, inf_mass, offset, step, shape, pessimistic) -> PLD:
