@@ -268,7 +268,8 @@ def masses_from_curve(curve, step, excess=None, z=None, below=0.0, pessimistic: 
         mismatch = xp.abs(rows.sum(mixed) - target)
         use_mixed = mismatch <= xp.maximum(1e-9, xp.abs(rows.sum(probs) - target))
         probs = xp.where(use_mixed, mixed, probs)
-        signed = xp.where(use_mixed, signed_mixed, signed)
+        if not pessimistic:
+            signed = xp.where(use_mixed, signed_mixed, signed)
     if not pessimistic:
         probs = _moved_down(signed, rows)
     total = rows.sum(probs)  # 0 only when the curve is 1 throughout (then the target is 0 too)
