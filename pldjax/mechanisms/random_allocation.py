@@ -109,7 +109,7 @@ import numpy as np
 from jax.scipy.special import ndtr
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import computed_once, kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD, from_rows, log_q_mass, unchecked_pld
 from pldjax.core.precision import float64
@@ -153,7 +153,9 @@ def _cdf_differences(edges):
     where it is below 1/2 and from the survival function above (no cancellation against 1; one
     Phi an edge, of its smaller tail): accurate relative to the difference unless the interval
     is narrow where Phi is far from 0 and 1."""
-    tail = ndtr(-jnp.abs(edges))  # Phi(x) for x <= 0, Phi(-x) = 1 - Phi(x) above
+    # Phi(x) for x <= 0, Phi(-x) = 1 - Phi(x) above; read through two slices each (computed once:
+    # XLA's CPU fusion computed Phi at every read)
+    tail = computed_once(ndtr(-jnp.abs(edges)))
     lower, upper = edges[:-1], edges[1:]
     from_cdf = tail[1:] - tail[:-1]
     from_sf = jnp.where(lower >= 0.0, tail[:-1], 1.0 - tail[:-1]) - tail[1:]
@@ -211,7 +213,7 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None
     # the share a cell sends up, E[Z / width - j; cell], with E[Z; Z <= z] = Phi(x - mu)
     up = jnp.where(narrow, half * moment,
                    _cdf_differences(edges - mu) / width - index * probs)
-    up = jnp.clip(up, 0.0, probs)
+    up = computed_once(jnp.clip(up, 0.0, probs))  # read twice, once shifted
     return probs - up + jnp.concatenate([jnp.zeros(1), up[:-1]]), relative, jnp.zeros(())
 
 
