@@ -1214,7 +1214,8 @@ def test_add_rows_left_out_or_composed_afterwards_give_the_values_of_both_rows(m
         np.testing.assert_allclose(forced, chosen, rtol=1e-12)
 
 
-@pytest.mark.parametrize("pessimistic", [True, False])
+# the optimistic call runs the same split on kernels of its own (14 s of compiling)
+@pytest.mark.parametrize("pessimistic", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(pessimistic,
                                                                                 monkeypatch):
     """Compiled, Poisson subsampling's remove rows are discretized and composed alone first
