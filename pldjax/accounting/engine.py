@@ -22,7 +22,9 @@ bound. The sweep of 1,024 DP-SGD sigmas discretizes and composes 1,074 rows inst
 with the same values. A pessimistic call discretized on the host discretizes the remove rows
 alone and exchanges their pairs for the add rows (:func:`~pldjax.core.pld.swapped_rows`:
 connect-the-dots commutes with the exchange, so they are the add direction's own to about
-1e-10), and composes at once those that the bound is unlikely to settle
+1e-10, but for a +inf atom, the round-off of Q's mass: where that atom, composed, could move a
+small delta's reading, the add rows are discretized themselves, see SWAPPED_ATOM_SHARE), and
+composes at once those that the bound is unlikely to settle
 (:func:`_settled_by_remove`). An optimistic estimate (a lower bound) is the larger of its
 directions' epsilons, each a lower bound on its own: the add direction is composed only where
 the same bound, read from the remove direction's optimistic composition, says that it may be
@@ -149,6 +151,12 @@ HOST_SIZE_POINTS = 2**24
 #: composed in 30 ms instead of a program compiled for them (its first call 8.2-8.9 s against
 #: 9.1-9.6 s, side by side).
 RENTED_SIZE_POINTS = 2**20
+#: The most of delta that the +inf atom of a pessimistic call's add rows exchanged from its
+#: remove rows (:func:`~pldjax.core.pld.swapped_rows`: Q's mass beyond the remove row's, the
+#: round-off bound of its sum, about 3e-15) may reach once composed: beyond it, the add rows are
+#: discretized themselves (charged whole at every step, that atom read epsilon = inf for sigma 1,
+#: q 0.01 and 10,000 steps at delta 1e-11, where the add direction's own rows read 8.90).
+SWAPPED_ATOM_SHARE = 1e-4
 COMPOSE_ELEMENTS = 2**23
 #: On a CPU, small windows share a composition call up to this many grid points (see
 #: :func:`_rows_per_call`).
@@ -394,12 +402,21 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         mechanism_tail(steps, target, evaluate), mechanism_size, then=then, extra=extra,
         steps=grid_steps, host=compositions.host, tiles=tiles)
     if compositions.host and compositions.swapped and both and compositions.phase == "both":
+        def rows_of_direction(direction, chosen):
+            return direction_arrays(
+                Directions(mechanism, (*(p[chosen] for p in params),
+                                       np.full(steps[chosen].shape, direction)), False),
+                grid, pessimistic, mechanism_tail(steps[chosen], target[chosen], evaluate),
+                mechanism_size, then=_as_rows,
+                steps=None if grid_steps is None else grid_steps[chosen], host=True)
+
         def discretize():  # the add rows from the remove rows, their pairs exchanged
-            remove = direction_arrays(
-                Directions(mechanism, (*params, np.full(steps.shape, REMOVE)), False), grid,
-                pessimistic, mechanism_tail(steps, target, evaluate), mechanism_size,
-                then=_as_rows, steps=grid_steps, host=True)
-            add = swapped_rows(*remove)
+            remove = rows_of_direction(REMOVE, slice(None))
+            add = [np.array(a) for a in swapped_rows(*remove)]  # (copies: filled in below)
+            own = steps * add[1] > SWAPPED_ATOM_SHARE * target
+            if np.any(own):  # where that atom could move the reading: the add rows themselves
+                for rows, direct in zip(add, rows_of_direction(ADD, own), strict=True):
+                    rows[own] = direct
             return then(*(np.stack([r, a], axis=1).reshape((-1,) + r.shape[1:])
                           for r, a in zip(remove, add, strict=True)), *extra)
     if ahead:
