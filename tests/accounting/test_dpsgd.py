@@ -147,11 +147,13 @@ def test_a_billion_steps_of_a_tiny_sampling_probability_are_bracketed():
     assert pj.dpsgd_delta(1.0, 1e-9, 10**9, 0.0, pessimistic=False) <= truth * (1 + 1e-6)
 
 
-def test_optimistic_epsilon_resolves_a_loss_bulk_within_q_of_zero():
+def test_optimistic_epsilon_resolves_a_loss_bulk_within_q_of_zero(monkeypatch):
     """sigma 0.3, q 1e-3: the loss lies within q of 0 but for a sampled record's; on the accuracy
     step (2^-8 nats) connect-the-dots' lower curve collapsed and the privacy buckets' fallback read
     21.88 after 1,000 steps at delta 1e-8, where the upper bound is 28.508. On a step of at most
-    q the lower bound is within 1e-3 of it, and at most a finer grid's lower bound."""
+    q the lower bound is within 1e-3 of it, and at most a finer grid's lower bound (the planner's
+    choice of steps, the same on the host as compiled)."""
+    accounting_on_the_host(monkeypatch)
     upper = pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8)
     lower = pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False)
     finer = pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False, grid=pj.Grid(step=2.0**-12))
@@ -164,6 +166,7 @@ def test_an_optimistic_step_whose_composition_no_window_holds_falls_back_to_the_
     the call is the one on the automatic steps (whose buckets fallback reads 21.88)."""
     import pldjax.accounting.engine as engine
 
+    accounting_on_the_host(monkeypatch)
     refined = pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False)
     monkeypatch.setattr(engine, "bulk_resolving_steps", lambda spreads, q, read: np.zeros_like(q))
     automatic = pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False)
