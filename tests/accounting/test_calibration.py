@@ -7,6 +7,7 @@ test needs it); the calibrators only see its values through the one predicate th
 
 import numpy as np
 import pytest
+from compiled_programs import accounting_on_the_host
 
 import pldjax as pj
 from pldjax.accounting import calibration as calibrate
@@ -217,6 +218,18 @@ def test_calibrated_noise_meets_the_target_and_is_tight():
     assert np.all(pj.dpsgd_epsilon(sigmas * 0.999, 0.05, 100, DELTA) > targets)
     with pytest.raises(ValueError, match="no noise multiplier"):
         pj.calibrate_noise_multiplier(1e-3, DELTA, 1.0, 10**4, sigma_max=2.0)
+
+
+def test_calibration_at_a_tiny_delta_on_the_host_finds_a_finite_noise(monkeypatch):
+    """Calibrated in NumPy on the host (a fresh process's first calls), delta 1e-12 after 10,000
+    steps: every epsilon of the search finite, so a noise multiplier is found that meets the
+    target and is tight (the host's add rows once read epsilon = inf there at every sigma, and
+    the search refused with "no noise multiplier")."""
+    accounting_on_the_host(monkeypatch)
+    sigma = pj.calibrate_noise_multiplier(2.0, 1e-12, 0.01, 10_000)
+    assert 1.0 < sigma < 10.0
+    assert pj.dpsgd_epsilon(sigma, 0.01, 10_000, 1e-12) <= 2.0
+    assert pj.dpsgd_epsilon(sigma * 0.999, 0.01, 10_000, 1e-12) > 2.0
 
 
 @pytest.mark.slow
