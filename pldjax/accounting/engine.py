@@ -412,9 +412,10 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
 
         def discretize():  # the add rows from the remove rows, their pairs exchanged
             remove = rows_of_direction(REMOVE, slice(None))
-            add = [np.array(a) for a in swapped_rows(*remove)]  # (copies: filled in below)
+            add = swapped_rows(*remove)
             own = steps * add[1] > SWAPPED_ATOM_SHARE * target
             if np.any(own):  # where that atom could move the reading: the add rows themselves
+                add = [np.array(a) for a in add]  # (copies: a step array may be the remove's)
                 for rows, direct in zip(add, rows_of_direction(ADD, own), strict=True):
                     rows[own] = direct
             return then(*(np.stack([r, a], axis=1).reshape((-1,) + r.shape[1:])
