@@ -3,7 +3,9 @@
 process or in a new one. A program loaded from the persistent compilation cache is reported as
 one compiled: a first call counts every program it needs, whether compiled or loaded; a call
 that needs nothing new reports none. And the switch that lets small accounting calls run in
-NumPy on the host, compiling nothing (the test run compiles them: PLDJAX_HOST_WORK=0)."""
+NumPy on the host, compiling nothing (the default test run compiles them: PLDJAX_HOST_WORK=0; a
+run with a large PLDJAX_HOST_WORK runs them on the host wherever they may, and the tests of the
+compiled path pin it with :func:`accounting_compiled`)."""
 
 from __future__ import annotations
 
@@ -64,3 +66,10 @@ def accounting_on_the_host(monkeypatch, points: int = 10**15) -> None:
     monkeypatch.setattr(compilation.host_work, "done", 0)
     monkeypatch.setattr(compilation.host_work, "rents", collections.Counter())
     monkeypatch.setattr(compilation.host_work, "bought", set())
+
+
+def accounting_compiled(monkeypatch) -> None:
+    """Every accounting call compiles its kernels from here on (PLDJAX_HOST_WORK=0), whatever
+    the run's own setting: for tests of the compiled path itself (its programs, shapes and
+    calls)."""
+    monkeypatch.setenv("PLDJAX_HOST_WORK", "0")

@@ -17,7 +17,8 @@ os.environ.setdefault("PLDJAX_QUIET", "1")
 # small accounting calls run in NumPy until a process has done some host work, then compile:
 # which of the two a test's call gets would depend on the tests run before it in its process
 # (values alike to round-off only), so every call compiles (tests/accounting/test_dpsgd.py turns
-# the host work back on)
+# the host work back on); a run with a large PLDJAX_HOST_WORK runs every test's calls on the host
+# wherever they may (docs/development.md)
 os.environ.setdefault("PLDJAX_HOST_WORK", "0")
 
 import jax  # noqa: E402

@@ -15,6 +15,7 @@ import mpmath as mp
 import numpy as np
 import pytest
 from compiled_programs import (
+    accounting_compiled,
     accounting_on_the_host,
     compiled_programs,
     programs_of_a_new_process,
@@ -94,6 +95,7 @@ def test_a_sweep_composed_in_worker_threads_does_not_depend_on_the_callers_x64(x
 
 
 def test_a_failed_composition_call_is_raised_and_its_workers_end(monkeypatch):
+    accounting_compiled(monkeypatch)
     from pldjax.core import compilation
 
     run, failed_in = compilation.ExportedKernel.__call__, []
@@ -274,12 +276,13 @@ def test_sharded_sweep_agrees_with_unsharded():
         np.testing.assert_allclose(got, pj.dpsgd_epsilon(*_SWEEP, 1e-5, rtol=rtol), rtol=1e-7)
 
 
-def test_first_call_compiles_only_the_kernels():
-    """A new process's first dpsgd_epsilon (no persistent cache) compiles its three kernels (the
-    curve, its masses with their windows placed, the composition) and the one-op probe of their
-    XLA options, and nothing else: host glue in NumPy (the windows' sizes too), no small program
-    per eager jnp operation (each costs tens of ms to compile, and a cache look-up, in every new
-    process)."""
+def test_first_call_compiles_only_the_kernels(monkeypatch):
+    """A new process's first dpsgd_epsilon on the compiled kernels (no host work, no persistent
+    cache) compiles its three kernels (the curve, its masses with their windows placed, the
+    composition) and the one-op probe of their XLA options, and nothing else: host glue in NumPy
+    (the windows' sizes too), no small program per eager jnp operation (each costs tens of ms to
+    compile, and a cache look-up, in every new process)."""
+    accounting_compiled(monkeypatch)  # the new process inherits the setting
     names, _ = programs_of_a_new_process("""
         import pldjax as pj
         pj.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
@@ -495,6 +498,7 @@ def _three_sizes_compiled(monkeypatch):
     """(the kernel-call record, cleared; a call's epsilons and window sizes, compiled throughout)
     of three configurations composed at three window sizes, then every accounting call run on
     the host where it may (:func:`accounting_on_the_host`)."""
+    accounting_compiled(monkeypatch)
     calls = _kernel_calls(monkeypatch)
     compiled = pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
     every_size = _composed_sizes(calls)
@@ -580,6 +584,7 @@ def test_composition_shapes_follow_the_window_not_the_mechanism(monkeypatch):
     """The composition kernel compiles once per (rows, window size): each PMF is wrapped to its
     window on the host first, so mechanisms on grids of different lengths share its shapes (a
     sweep met 336 shapes before, one per mechanism size too)."""
+    accounting_compiled(monkeypatch)
     from pldjax.accounting import engine as dpsgd
 
     wraps, wrap = [], dpsgd.wrap_rows
@@ -1211,6 +1216,7 @@ def test_rows_of_different_chunks_share_a_composition_call(monkeypatch):
     """Rows wait for others of their window size across chunks (a call of fewer rows than
     cores costs a CPU as much as a full one): with one configuration a chunk, a call is padded
     with repeats only at the end, at most once per window size (it was once per chunk)."""
+    accounting_compiled(monkeypatch)
     from pldjax.accounting import engine as dpsgd
 
     calls = _kernel_calls(monkeypatch)
