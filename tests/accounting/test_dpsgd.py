@@ -554,7 +554,7 @@ def test_a_cold_sweep_starts_its_composition_sizes_before_its_first_chunk(monkey
     chunk was placed."""
     from pldjax.core import compilation
 
-    monkeypatch.setenv("PLDJAX_HOST_WORK", "0")
+    accounting_compiled(monkeypatch)
     monkeypatch.setattr("pldjax.accounting.engine.CHUNK", 2)  # a chunk meets few sizes
     sweep = (np.linspace(0.6, 3.0, 64), 0.01, 3000, 1e-5)
     monkeypatch.setattr("pldjax.accounting.engine.compiles_started", lambda: 0)
@@ -1281,7 +1281,7 @@ def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(
     configuration, or (pessimistic) below by round-off."""
     from pldjax.accounting import engine
 
-    monkeypatch.setenv("PLDJAX_HOST_WORK", "0")
+    accounting_compiled(monkeypatch)
     sigmas, qs, steps = [1.0, 0.5, 1.0, 2.0, 1.0], [0.01, 0.01, 0.3, 0.01, 0.01], 10_000
     deltas = [1e-5, 1e-5, 1e-5, 1e-5, 1e-12]
     calls = _kernel_calls(monkeypatch)
