@@ -225,6 +225,26 @@ def subsampled_gaussian_curve_mp(sigma, q, eps, add: bool) -> mp.mpf:
     return mp.e**eps * below[1] - below[0]
 
 
+def subsampled_gaussian_two_steps_delta(sigma: float, q: float, eps: float) -> float:
+    """delta(eps) of two Poisson-subsampled Gaussian steps under remove (P the mixture, Q the
+    normal; the larger direction wherever eps > 0 and q is small), as the first step's output x
+    weighted by P and the one-step curve at eps less x's loss: integral of
+    P(x) delta_1(eps - L(x)) dx (mpmath quadrature at 25 digits, about 1e-5 relative)."""
+    with mp.workdps(25):
+        sigma, q, eps = mp.mpf(sigma), mp.mpf(q), mp.mpf(eps)
+
+        def weighted(x):
+            rest = eps - mp.log(1 - q + q * mp.e ** ((2 * x - 1) / (2 * sigma**2)))
+            one = subsampled_gaussian_curve_mp(sigma, q, rest, add=False)
+            if rest < 0:  # the curve's excess over 1 - e^eps there
+                one += 1 - mp.e**rest
+            return ((1 - q) * mp.npdf(x, 0, sigma) + q * mp.npdf(x, 1, sigma)) * one
+
+        # the loss leaves 0 where q e^((2x - 1) / (2 sigma^2)) reaches 1: breakpoints through it
+        top = 1 + 12 * sigma + 3 * eps * sigma**2
+        return float(mp.quad(weighted, [-mp.inf, *mp.linspace(-10 * sigma, top, 40), mp.inf]))
+
+
 def gaussian_tradeoff(mu: float, alpha: float) -> float:
     """beta(alpha) of G_mu: Phi(Phi^-1(1 - alpha) - mu)."""
     alpha = mp.mpf(alpha)

@@ -26,14 +26,22 @@ total is off by round-off alone (:func:`_restored_log_mass`): the power would gr
 count-fold. A pessimistic one scales a deficit up, an optimistic one a surplus down (left to the
 power, it would be taken from the highest bins, where delta at small delta lives).
 
-FFT round-off: every result is clipped at zero and a per-bin round-off level E is added to every bin
-of a pessimistic result (subtracted from an optimistic one), so delta(eps) is charged E for each bin
-above eps. FFT error is spread evenly over the bins, so the bins whose true mass is negligible show
-it: E is a safety factor times the larger of the largest negative tap observed and the rms error of
-the inverse FFT (u log2(N) ||c||_2 / sqrt(N)). This is an estimate, not a proof; tests check
-pessimistic results against closed forms down to delta = 1e-12. For large counts the low
-frequencies, which alone survive the power, are computed without cancellation
-(:func:`_spectrum`), since the FFT's absolute error would be multiplied by the count.
+FFT round-off: every result is clipped at zero and round-off is charged on the safe side, bin by
+bin. An optimistic result loses a level E in every bin: E is a safety factor times the larger of the
+largest negative tap observed and the rms error of the inverse FFT (u log2(N) ||c||_2 / sqrt(N)).
+A pessimistic result gains, in the r-th bin from the top of its support, what raises the charge on
+its r highest bins from min((r - 1) E, S sqrt(r - 1)) to min(r E, S sqrt r), with S the same safety
+factor times the larger of the error's norm u log2(N) ||c||_2 and the norm of the negative taps
+(doubled, for the errors above zero): the errors on any r bins add up to at most sqrt(r) times
+their norm, and delta(eps) weighs the bins above eps by weights that grow with the loss, so this
+charge bounds the error of delta(eps) as long as S bounds the norm. It matters where the error is
+concentrated: next to a tiny sampling probability's large atom it comes in spikes hundreds of times
+the rms, so E (from the largest spike) charged to every bin of a 2^21-point window put 8e-11 on
+delta where the errors on the bins above eps add up to 2e-13. This is an estimate, not a proof;
+tests check pessimistic results against closed forms down to delta = 1e-12, and against
+compositions in extended precision. For large counts the frequencies where P_k is close to the
+total mass are computed without cancellation (:func:`_spectrum`), since the FFT's absolute error
+would be multiplied by the count.
 """
 
 from __future__ import annotations
@@ -95,12 +103,37 @@ _ACCURATE_FREQS = 256
 
 
 def fft_roundoff(raw):
-    """Round-off level of an inverse-FFT result ``raw`` (see the module docstring)."""
+    """Round-off level of an inverse-FFT result ``raw``: the charge E of each of its bins (see the
+    module docstring)."""
     xp = array_module(raw)
     size = raw.shape[0]
     # the norm as a sum: NumPy's linalg.norm is a BLAS call (see pldjax.core.compilation.matmul)
     rms = UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw) / size)
     return _ROUNDOFF_SAFETY * xp.maximum(rms, -xp.min(raw))
+
+
+def roundoff_charges(raw, first, last, pessimistic):
+    """The round-off charged to each bin of an inverse-FFT result ``raw`` (one row) whose true
+    mass lies on its indices ``first`` to ``last``, zero elsewhere (see the module docstring):
+    the level E everywhere for an optimistic result, and for a ``pessimistic`` one (a bool, or
+    data) a charge that grows as the square root of the number of bins counted from the top of
+    the support in the window, and never faster than E a bin."""
+    xp = array_module(raw)
+    size = raw.shape[0]
+    level = fft_roundoff(raw)
+    negative = xp.minimum(raw, 0.0)
+    norm = _ROUNDOFF_SAFETY * xp.maximum(
+        UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw)),
+        xp.sqrt(2.0 * xp.sum(negative * negative)))
+    index = xp.arange(size)
+    rank = (xp.minimum(last, size - 1) - index + 1).astype(xp.float64)
+
+    def charged(r):  # the charge on the r highest bins
+        r = xp.maximum(r, 0.0)
+        return xp.minimum(r * level, norm * xp.sqrt(r))
+
+    per_bin = xp.where(pessimistic, charged(rank) - charged(rank - 1.0), level)
+    return xp.where((index >= first) & (index <= last), per_bin, 0.0)
 
 
 # -- tail bounds ----------------------------------------------------------------------------------
@@ -430,10 +463,9 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, pessimis
     a, b = pmf_summary(a_probs), pmf_summary(b_probs)
     index = xp.arange(length)
     inside = (index >= a.first + b.first) & (index <= a.last + b.last)
-    probs, inf_mass = settle(
-        xp.where(inside, xp.maximum(raw[:length], 0.0), 0.0), inf_mass,
-        xp.where(inside, fft_roundoff(raw), 0.0), 0.0, pessimistic, xp
-    )
+    charges = roundoff_charges(raw, a.first + b.first, a.last + b.last, pessimistic)[:length]
+    probs, inf_mass = settle(xp.where(inside, xp.maximum(raw[:length], 0.0), 0.0), inf_mass,
+                             charges, 0.0, pessimistic, xp)
     return probs, inf_mass, a_off + b_off
 
 
@@ -479,23 +511,28 @@ def wrap_tiled_rows(masses, points, index, size: int, folds: int, centers):
 
 
 def _spectrum(folded):
-    """(rfft, log of its lowest ``_ACCURATE_FREQS`` coefficients, total mass m) of a PMF
-    ``folded`` to its window (wrapped modulo its size and rotated to start at the PMF's centre),
-    the logs accurate to round-off *relative to |P_k - m|*.
+    """(rfft P, deviation P - m computed without cancellation, total mass m, number of leading
+    frequencies whose log is taken from the deviation) of a PMF ``folded`` to its window (wrapped
+    modulo its size and rotated to start at the PMF's centre).
 
-    For large counts only low frequencies survive the power, and there P_k is close to the total
-    mass m: the FFT's absolute error (about u log2 N) would be multiplied by the count. The
-    deviation comes from summation by parts instead, free of cancellation: with the folded PMF
-    p_j (j in [-N/2, N/2), centre at 0) and its tail sums S_j = sum_{i >= j} p_i for j >= 1 and
-    S_j = -sum_{i < j} p_i for j <= 0 (each summed from its outer end), p_j - m [j = 0] =
-    S_j - S_{j+1} cyclically, so P_k - m = (1 - e^{i theta_k}) S_k with theta_k = 2 pi k / N and
-    S_k the rfft of S. The FFT's error in S_k is relative to S's norm (about the spread of the
-    PMF in bins, no cancellation), and 1 - e^{i theta} = 2 sin^2(theta / 2) - i sin(theta) is
-    computed directly. m is the total those tail sums imply (P_0 itself): a total taken
-    elsewhere (before folding, in another order) differs from it by round-off, and the power
-    raised that difference between P_0 and every other low frequency to the count, a constant
-    spread over the whole window (sigma 0.3, q 1e-10, 10^9 steps: 8.9e-16 of surplus gave
-    epsilon(1e-5) = 8.07 for 0.55).
+    A count-fold power multiplies the relative error of each P_k by the count, and P_k is close
+    to m wherever the PMF is narrow against the frequency's period: at large counts the low
+    frequencies, which alone survive the power; at a tiny sampling probability nearly all of
+    them (one bin holds all but a fraction of the mass). There the FFT's absolute error (about
+    u log2 N, against |P_k - m|) would be multiplied by the count: with sigma 0.5, q 1e-6 and
+    10^6 steps, an error spread over the whole window that read 2e-12 of mass, the round-off
+    charged to delta 1e-9. The deviation comes from summation by parts instead, free of
+    cancellation: with the folded PMF p_j (j in [-N/2, N/2), centre at 0) and its tail sums
+    S_j = sum_{i >= j} p_i for j >= 1 and S_j = -sum_{i < j} p_i for j <= 0 (each summed from
+    its outer end), p_j - m [j = 0] = S_j - S_{j+1} cyclically, so P_k - m =
+    (1 - e^{i theta_k}) S_k with theta_k = 2 pi k / N and S_k the rfft of S. Its error is
+    about |1 - e^{i theta_k}| u log2 N ||S||_2 against the FFT's u log2 N ||p||_2, so it is
+    used on the frequencies where 2 sin(theta_k / 2) ||S||_2 <= ||p||_2 (a leading run: the
+    factor grows with k), and on the first ``_ACCURATE_FREQS`` always. m is the total those tail
+    sums imply (P_0 itself): a total taken elsewhere (before folding, in another order) differs
+    from it by round-off, and the power raised that difference between P_0 and every other low
+    frequency to the count, a constant spread over the whole window (sigma 0.3, q 1e-10, 10^9
+    steps: 8.9e-16 of surplus gave epsilon(1e-5) = 8.07 for 0.55).
     """
     xp = array_module(folded)
     size = folded.shape[0]
@@ -510,13 +547,13 @@ def _spectrum(folded):
         np.negative(lower_heads, out=tails[half:])
     else:
         tails = xp.concatenate([-xp.sum(lower)[None], upper_tails[1:], -lower_heads])
-    freqs = min(size // 2 + 1, _ACCURATE_FREQS)
-    theta = (2.0 * xp.pi / size) * xp.arange(freqs, dtype=xp.float64)
-    factor = 2.0 * xp.sin(theta / 2) ** 2 - 1j * xp.sin(theta)
-    deviation = factor * xp.fft.rfft(tails)[:freqs]
+    theta = (2.0 * xp.pi / size) * xp.arange(size // 2 + 1, dtype=xp.float64)
+    half_sine = xp.sin(theta / 2)
+    deviation = (2.0 * half_sine**2 - 1j * xp.sin(theta)) * xp.fft.rfft(tails)
     mass = xp.sum(upper_tails[:1]) + xp.sum(lower)  # (a window of one point has no upper half)
-    low = xp.log(mass) + _log1p(deviation / mass)
-    return xp.fft.rfft(folded), low, mass
+    narrow = 2.0 * half_sine * xp.sqrt(xp.sum(tails * tails)) <= xp.sqrt(xp.sum(folded * folded))
+    accurate = xp.maximum(xp.sum(narrow), _ACCURATE_FREQS)
+    return xp.fft.rfft(folded), deviation, mass, accurate
 
 
 def _log1p(z):
@@ -535,22 +572,22 @@ def _log1p(z):
     return _complex(real, xp.arctan2(y, 1.0 + x))
 
 
-def _powered(spectrum, low, shift, count, turn, *, width: int, size: int):
+def _powered(spectrum, deviation, mass, accurate, shift, count, turn, *, width: int, size: int):
     """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
-    frequencies, the first ones' logs replaced by ``low`` (rows, m), zero beyond ``width`` (in
-    NumPy left out: its inverse FFT pads them), and turned by ``turn`` points (each row's
-    inverse FFT then reads as ``numpy.roll(raw, turn)`` would: the window's first bin first,
-    with no pass over the window to move it)."""
+    frequencies, the logs of its first ``accurate`` taken from ``deviation`` and ``mass``
+    (:func:`_spectrum`), zero beyond ``width`` (in NumPy left out: its inverse FFT pads them), and
+    turned by ``turn`` points (each row's inverse FFT then reads as ``numpy.roll(raw, turn)``
+    would: the window's first bin first, with no pass over the window to move it)."""
     xp = array_module(spectrum)
     re, im = xp.real(spectrum[:, :width]), xp.imag(spectrum[:, :width])
     # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
-    # log (which guards |P| near 1, the frequencies replaced by ``low`` anyway)
-    log_p = _complex(0.5 * xp.log(re * re + im * im), xp.arctan2(im, re))
-    m = low.shape[1]
-    log_p = xp.concatenate([low, log_p[:, m:]], axis=1) + shift[:, None]
+    # log (which guards |P| near 1, where the deviation's log is taken instead)
+    direct = _complex(0.5 * xp.log(re * re + im * im), xp.arctan2(im, re))
+    near_mass = xp.log(mass)[:, None] + _log1p(deviation[:, :width] / mass[:, None])
+    k = xp.arange(width, dtype=xp.int64)
+    log_p = xp.where(k < accurate[:, None], near_mass, direct) + shift[:, None]
     scale = count[:, None]
     # the turn's phase from integers: k turn mod size is exact, an angle in [0, 2 pi)
-    k = xp.arange(width, dtype=xp.int64)
     phase = (-2.0 * np.pi / size) * remainder(k * turn[:, None], size)
     # scaled part by part: a zero of the spectrum (log |P| = -inf) times a complex count is NaN
     powered = xp.exp(_complex(scale * log_p.real, scale * log_p.imag + phase))
@@ -664,23 +701,24 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         # the composed PMF wraps around from grid index c (o + centre) at folded's entry 0: its
         # window's first bin, ``start``, comes first after a turn by this many points
         turn = ((c * (o + s.center) - start) % size).astype(xp.int64)
-        spectrum, low, mass = _spectrum(folded)
+        spectrum, deviation, mass, accurate = _spectrum(folded)
         shift = _restored_log_mass(s._replace(mass=mass), m, pessimistic)  # the powered total's
         magnitude = xp.real(spectrum) ** 2 + xp.imag(spectrum) ** 2
         # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
         kept = magnitude >= xp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
         last = xp.max(xp.where(kept, xp.arange(spectrum.shape[0]), 0))
-        return live, s, start, turn, folded, spectrum, low, shift, last
+        return live, s, start, turn, folded, spectrum, deviation, mass, accurate, shift, last
 
-    live, summary, start, turn, folded, spectrum, low, shift, last = map_rows(prepare)(
-        wrapped, summary, inf_mass, offset, step, count, exponents, tail)
+    (live, summary, start, turn, folded, spectrum, deviation, mass, accurate, shift,
+     last) = map_rows(prepare)(wrapped, summary, inf_mass, offset, step, count, exponents, tail)
     frequencies = size // 2 + 1
-    widths = sorted({max(frequencies // f, low.shape[1]) for f in _POWER_FRACTIONS}
+    widths = sorted({max(frequencies // f, min(_ACCURATE_FREQS, frequencies))
+                     for f in _POWER_FRACTIONS}
                     | {frequencies})
     needed = xp.max(last) + 1
     branch = xp.sum(xp.asarray(widths[:-1]) < needed)  # the first width >= needed
     powers = [functools.partial(_powered, width=w, size=size) for w in widths]
-    args = (spectrum, low, shift, count, turn)
+    args = (spectrum, deviation, mass, accurate, shift, count, turn)
     if xp is np:
         powered = powers[int(branch)](*args)
     else:
@@ -696,13 +734,17 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         # folded in from outside the window (which above + below already charge)
         first, last = _support(s, o, c)
         if xp is np:
-            clipped, per_bin = _supported_on_host(raw, first - start, last - start, once)
+            clipped = _supported_on_host(raw, first - start, last - start)
+            per_bin = (np.zeros(size) if once else
+                       roundoff_charges(raw, first - start, last - start, pessimistic))
         else:
             index = start + xp.arange(size)
-            supported = (index >= first) & (index <= last)
-            clipped = xp.where(supported, xp.maximum(raw, 0.0), 0.0)
-            per_bin = xp.where(supported & ~once, fft_roundoff(raw), 0.0)
-        lower = xp.maximum(clipped - per_bin, 0.0) if swapped else None
+            clipped = xp.where((index >= first) & (index <= last), xp.maximum(raw, 0.0), 0.0)
+            per_bin = xp.where(once, 0.0, roundoff_charges(raw, first - start, last - start,
+                                                            pessimistic))
+        # lower bounds bin by bin: the level E of each
+        lower = (xp.maximum(clipped - xp.where(once, 0.0, fft_roundoff(raw)), 0.0) if swapped
+                 else None)
         out, out_inf = settle(clipped, composed_inf, per_bin, above + below, pessimistic, xp)
         composed = (xp.where(live, out, 0.0), xp.where(live, out_inf, composed_inf), start)
         if not swapped:
@@ -713,18 +755,14 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
                             wrapped, shift)
 
 
-def _supported_on_host(raw, first, last, once):
-    """NumPy's (clipped, per_bin) of a composed row ``raw``: its masses at window indices
-    ``first`` to ``last`` (the sum's support) clipped at 0, zero elsewhere, and the FFT's
-    round-off charged to each of them (none where ``once``), both as long as the window."""
+def _supported_on_host(raw, first, last):
+    """NumPy's masses of a composed row ``raw`` at window indices ``first`` to ``last`` (the
+    sum's support) clipped at 0, zero elsewhere, as long as the window."""
     size = raw.shape[0]
     lo, hi = (int(np.clip(bound, 0, size)) for bound in (first, last + 1))
     clipped = np.zeros(size)
     np.maximum(raw[lo:hi], 0.0, out=clipped[lo:hi])
-    per_bin = np.zeros(size)
-    if not once:
-        per_bin[lo:hi] = fft_roundoff(raw)
-    return clipped, per_bin
+    return clipped
 
 
 class SwappedParts(NamedTuple):
