@@ -71,7 +71,7 @@ from pldjax.core.compilation import (
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, broadcast_rows, check_same_kind, computed_on_host, from_rows, unchecked_pld
 from pldjax.core.precision import float64
-from pldjax.core.special import log1p
+from pldjax.core.special import log1p, log1p_parts
 from pldjax.core.validation import check_broadcast, check_count, is_traced
 from pldjax.kernels.rows import TILE, Row, TiledRows, row_of
 
@@ -126,13 +126,12 @@ def roundoff_charges(raw, first, last, pessimistic):
         UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw)),
         xp.sqrt(2.0 * xp.sum(negative * negative)))
     index = xp.arange(size)
-    rank = (xp.minimum(last, size - 1) - index + 1).astype(xp.float64)
+    rank = xp.maximum(xp.minimum(last, size - 1) - index + 1, 0).astype(xp.float64)
 
-    def charged(r):  # the charge on the r highest bins
-        r = xp.maximum(r, 0.0)
+    def charged(r):  # on the r highest bins
         return xp.minimum(r * level, norm * xp.sqrt(r))
 
-    per_bin = xp.where(pessimistic, charged(rank) - charged(rank - 1.0), level)
+    per_bin = xp.where(pessimistic, charged(rank) - charged(xp.maximum(rank - 1.0, 0.0)), level)
     return xp.where((index >= first) & (index <= last), per_bin, 0.0)
 
 
@@ -511,9 +510,9 @@ def wrap_tiled_rows(masses, points, index, size: int, folds: int, centers):
 
 
 def _spectrum(folded):
-    """(rfft P, deviation P - m computed without cancellation, total mass m, number of leading
-    frequencies whose log is taken from the deviation) of a PMF ``folded`` to its window (wrapped
-    modulo its size and rotated to start at the PMF's centre).
+    """(rfft P, rfft S of its tail sums, total mass m, number of leading frequencies whose log
+    is taken from the deviation P - m = (1 - e^{i theta}) S) of a PMF ``folded`` to its window
+    (wrapped modulo its size and rotated to start at the PMF's centre).
 
     A count-fold power multiplies the relative error of each P_k by the count, and P_k is close
     to m wherever the PMF is narrow against the frequency's period: at large counts the low
@@ -547,45 +546,59 @@ def _spectrum(folded):
         np.negative(lower_heads, out=tails[half:])
     else:
         tails = xp.concatenate([-xp.sum(lower)[None], upper_tails[1:], -lower_heads])
-    theta = (2.0 * xp.pi / size) * xp.arange(size // 2 + 1, dtype=xp.float64)
-    half_sine = xp.sin(theta / 2)
-    deviation = (2.0 * half_sine**2 - 1j * xp.sin(theta)) * xp.fft.rfft(tails)
     mass = xp.sum(upper_tails[:1]) + xp.sum(lower)  # (a window of one point has no upper half)
-    narrow = 2.0 * half_sine * xp.sqrt(xp.sum(tails * tails)) <= xp.sqrt(xp.sum(folded * folded))
-    accurate = xp.maximum(xp.sum(narrow), _ACCURATE_FREQS)
-    return xp.fft.rfft(folded), deviation, mass, accurate
+    # 2 sin(pi k / N) ||S||_2 <= ||p||_2 up to this k (sin grows on k in [0, N / 2])
+    norm, spread = xp.sqrt(xp.sum(folded * folded)), 2.0 * xp.sqrt(xp.sum(tails * tails))
+    ratio = xp.where(norm >= spread, 1.0, norm / xp.maximum(spread, np.finfo(np.float64).tiny))
+    reach = xp.floor(size / xp.pi * xp.arcsin(ratio))
+    accurate = xp.maximum(reach.astype(xp.int64) + 1, _ACCURATE_FREQS)
+    return xp.fft.rfft(folded), xp.fft.rfft(tails), mass, accurate
 
 
-def _log1p(z):
-    """log(1 + z) of complex ``z``, to a few ulps (relative) wherever |z| < 1/2 and where the
-    result is not near 0 beyond: NumPy's complex log1p is log(1 + z), which drops what z holds
-    below an ulp of 1 (the real part of log1p(1e-17 + 3e-17j) came out 0, of log1p(2e-13 -
-    1e-12j) 3e-4 off), and XLA's loses digits for |z| in 0.3-0.9 (2e-14 relative), while a
-    count-fold power multiplies the error by the count (the composed masses' round-off, charged
-    to delta, would differ 3x between the two). log|1 + z| = log1p(x (2 + x) + y^2) / 2 for
-    z = x + iy, by :func:`~pldjax.core.special.log1p`."""
-    xp = array_module(z)
-    x, y = xp.real(z), xp.imag(z)
-    with np.errstate(divide="ignore", invalid="ignore"):  # z = -1: log 0 = -inf, as log1p
-        real = xp.where(xp.abs(z) < 0.5, 0.5 * log1p(x * (2.0 + x) + y * y, xp),
-                        xp.log(xp.abs(1.0 + z)))
-    return _complex(real, xp.arctan2(y, 1.0 + x))
-
-
-def _powered(spectrum, deviation, mass, accurate, shift, count, turn, *, width: int, size: int):
-    """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
-    frequencies, the logs of its first ``accurate`` taken from ``deviation`` and ``mass``
-    (:func:`_spectrum`), zero beyond ``width`` (in NumPy left out: its inverse FFT pads them), and
-    turned by ``turn`` points (each row's inverse FFT then reads as ``numpy.roll(raw, turn)``
-    would: the window's first bin first, with no pass over the window to move it)."""
+def _log_spectrum(spectrum, tail_spectrum, mass, accurate, *, width: int, size: int):
+    """log P_k of each row's spectrum (rows, F) on its first ``width`` frequencies, the first
+    ``accurate`` (one per row) from the deviation P_k - m = (1 - e^{i theta_k}) S_k
+    (``tail_spectrum`` S_k and ``mass`` m, see :func:`_spectrum`) as log m + log(1 + z) with
+    z = (P_k - m) / m, the others from P_k itself; one ``log`` and one ``arctan2`` a frequency.
+    log(1 + z) is accurate to a few ulps where |z| < 1/2 (log|1 + z| = log1p(x (2 + x) + y^2) / 2
+    for z = x + iy, by :func:`~pldjax.core.special.log1p_parts`): NumPy's complex log1p is
+    log(1 + z), which drops what z holds below an ulp of 1 (the real part of
+    log1p(1e-17 + 3e-17j) came out 0, of log1p(2e-13 - 1e-12j) 3e-4 off), and XLA's loses digits
+    for |z| in 0.3-0.9 (2e-14 relative), while a count-fold power multiplies the error by the
+    count. log|P| comes from |P|^2 (no cancellation), cheaper than XLA's complex log."""
     xp = array_module(spectrum)
+    theta = (2.0 * np.pi / size) * xp.arange(width, dtype=xp.float64)
+    # z = (1 - e^{i theta}) S / m, part by part
+    factor = xp.stack([2.0 * xp.sin(theta / 2) ** 2, -xp.sin(theta)])
+    if xp is not np:  # computed once: fused into the rows' loop, the sines took 40% of this
+        factor = jax.lax.optimization_barrier(factor)
+    factor_re, factor_im = factor[0], factor[1]
+    tail_re, tail_im = xp.real(tail_spectrum[:, :width]), xp.imag(tail_spectrum[:, :width])
+    inverse = (1.0 / mass)[:, None]
+    x = (factor_re * tail_re - factor_im * tail_im) * inverse
+    y = (factor_re * tail_im + factor_im * tail_re) * inverse
     re, im = xp.real(spectrum[:, :width]), xp.imag(spectrum[:, :width])
-    # log|P| + i arg P: the real part from |P|^2 (no cancellation), cheaper than XLA's complex
-    # log (which guards |P| near 1, where the deviation's log is taken instead)
-    direct = _complex(0.5 * xp.log(re * re + im * im), xp.arctan2(im, re))
-    near_mass = xp.log(mass)[:, None] + _log1p(deviation[:, :width] / mass[:, None])
+    near = xp.arange(width) < accurate[:, None]
+    small = near & (x * x + y * y < 0.25)
+    rounded, correction = log1p_parts(x * (2.0 + x) + y * y)
+    with np.errstate(divide="ignore", invalid="ignore"):  # P = 0 (z = -1): log 0 = -inf
+        modulus = 0.5 * xp.log(xp.where(small, rounded, xp.where(near, (1.0 + x) ** 2 + y * y,
+                                                                  re * re + im * im)))
+    real = modulus * xp.where(small, correction, 1.0) + xp.where(near, xp.log(mass)[:, None], 0.0)
+    return _complex(real, xp.arctan2(xp.where(near, y, im), xp.where(near, 1.0 + x, re)))
+
+
+def _powered(spectrum, tail_spectrum, mass, accurate, shift, count, turn, *, width: int,
+             size: int):
+    """exp(count (log P + shift)) of each row's spectrum ``P`` (rows, F) on its first ``width``
+    frequencies (:func:`_log_spectrum`), zero beyond ``width`` (in NumPy left out: its inverse FFT
+    pads them), and turned by ``turn`` points (each row's inverse FFT then reads as
+    ``numpy.roll(raw, turn)`` would: the window's first bin first, with no pass over the window
+    to move it)."""
+    xp = array_module(spectrum)
+    log_p = _log_spectrum(spectrum, tail_spectrum, mass, accurate, width=width,
+                          size=size) + shift[:, None]
     k = xp.arange(width, dtype=xp.int64)
-    log_p = xp.where(k < accurate[:, None], near_mass, direct) + shift[:, None]
     scale = count[:, None]
     # the turn's phase from integers: k turn mod size is exact, an angle in [0, 2 pi)
     phase = (-2.0 * np.pi / size) * remainder(k * turn[:, None], size)
@@ -701,15 +714,15 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         # the composed PMF wraps around from grid index c (o + centre) at folded's entry 0: its
         # window's first bin, ``start``, comes first after a turn by this many points
         turn = ((c * (o + s.center) - start) % size).astype(xp.int64)
-        spectrum, deviation, mass, accurate = _spectrum(folded)
+        spectrum, tail_spectrum, mass, accurate = _spectrum(folded)
         shift = _restored_log_mass(s._replace(mass=mass), m, pessimistic)  # the powered total's
         magnitude = xp.real(spectrum) ** 2 + xp.imag(spectrum) ** 2
         # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
         kept = magnitude >= xp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
         last = xp.max(xp.where(kept, xp.arange(spectrum.shape[0]), 0))
-        return live, s, start, turn, folded, spectrum, deviation, mass, accurate, shift, last
+        return live, s, start, turn, folded, spectrum, tail_spectrum, mass, accurate, shift, last
 
-    (live, summary, start, turn, folded, spectrum, deviation, mass, accurate, shift,
+    (live, summary, start, turn, folded, spectrum, tail_spectrum, mass, accurate, shift,
      last) = map_rows(prepare)(wrapped, summary, inf_mass, offset, step, count, exponents, tail)
     frequencies = size // 2 + 1
     widths = sorted({max(frequencies // f, min(_ACCURATE_FREQS, frequencies))
@@ -718,7 +731,7 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
     needed = xp.max(last) + 1
     branch = xp.sum(xp.asarray(widths[:-1]) < needed)  # the first width >= needed
     powers = [functools.partial(_powered, width=w, size=size) for w in widths]
-    args = (spectrum, deviation, mass, accurate, shift, count, turn)
+    args = (spectrum, tail_spectrum, mass, accurate, shift, count, turn)
     if xp is np:
         powered = powers[int(branch)](*args)
     else:
