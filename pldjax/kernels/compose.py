@@ -105,26 +105,30 @@ _ACCURATE_FREQS = 256
 def fft_roundoff(raw):
     """Round-off level of an inverse-FFT result ``raw``: the charge E of each of its bins (see the
     module docstring)."""
+    return _roundoff_estimates(raw)[0]
+
+
+def _roundoff_estimates(raw):
+    """(E, S) of an inverse-FFT result ``raw``: the level of each bin's round-off and the norm
+    of the whole error (see the module docstring)."""
     xp = array_module(raw)
     size = raw.shape[0]
     # the norm as a sum: NumPy's linalg.norm is a BLAS call (see pldjax.core.compilation.matmul)
-    rms = UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw) / size)
-    return _ROUNDOFF_SAFETY * xp.maximum(rms, -xp.min(raw))
+    norm = UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw))
+    negative = xp.minimum(raw, 0.0)
+    return (_ROUNDOFF_SAFETY * xp.maximum(norm / math.sqrt(size), -xp.min(raw)),
+            _ROUNDOFF_SAFETY * xp.maximum(norm, xp.sqrt(2.0 * xp.sum(negative * negative))))
 
 
 def roundoff_charges(raw, first, last, pessimistic):
     """The round-off charged to each bin of an inverse-FFT result ``raw`` (one row) whose true
-    mass lies on its indices ``first`` to ``last``, zero elsewhere (see the module docstring):
-    the level E everywhere for an optimistic result, and for a ``pessimistic`` one (a bool, or
-    data) a charge that grows as the square root of the number of bins counted from the top of
-    the support in the window, and never faster than E a bin."""
+    mass lies on its indices ``first`` to ``last``, zero elsewhere (see the module docstring),
+    and the level E: E everywhere for an optimistic result, and for a ``pessimistic`` one (a
+    bool, or data) a charge that grows as the square root of the number of bins counted from the
+    top of the support in the window, and never faster than E a bin."""
     xp = array_module(raw)
     size = raw.shape[0]
-    level = fft_roundoff(raw)
-    negative = xp.minimum(raw, 0.0)
-    norm = _ROUNDOFF_SAFETY * xp.maximum(
-        UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw)),
-        xp.sqrt(2.0 * xp.sum(negative * negative)))
+    level, norm = _roundoff_estimates(raw)
     index = xp.arange(size)
     rank = xp.maximum(xp.minimum(last, size - 1) - index + 1, 0).astype(xp.float64)
 
@@ -132,7 +136,7 @@ def roundoff_charges(raw, first, last, pessimistic):
         return xp.minimum(r * level, norm * xp.sqrt(r))
 
     per_bin = xp.where(pessimistic, charged(rank) - charged(xp.maximum(rank - 1.0, 0.0)), level)
-    return xp.where((index >= first) & (index <= last), per_bin, 0.0)
+    return xp.where((index >= first) & (index <= last), per_bin, 0.0), level
 
 
 # -- tail bounds ----------------------------------------------------------------------------------
@@ -462,7 +466,7 @@ def convolve_kernel(a_probs, a_inf, a_off, b_probs, b_inf, b_off, step, pessimis
     a, b = pmf_summary(a_probs), pmf_summary(b_probs)
     index = xp.arange(length)
     inside = (index >= a.first + b.first) & (index <= a.last + b.last)
-    charges = roundoff_charges(raw, a.first + b.first, a.last + b.last, pessimistic)[:length]
+    charges = roundoff_charges(raw, a.first + b.first, a.last + b.last, pessimistic)[0][:length]
     probs, inf_mass = settle(xp.where(inside, xp.maximum(raw[:length], 0.0), 0.0), inf_mass,
                              charges, 0.0, pessimistic, xp)
     return probs, inf_mass, a_off + b_off
@@ -746,18 +750,18 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         # bins beyond the sum's support hold no mass: what they read is round-off, or mass
         # folded in from outside the window (which above + below already charge)
         first, last = _support(s, o, c)
-        if xp is np:
-            clipped = _supported_on_host(raw, first - start, last - start)
-            per_bin = (np.zeros(size) if once else
-                       roundoff_charges(raw, first - start, last - start, pessimistic))
+        if xp is np and once:  # no FFT round-off to charge
+            clipped, per_bin, level = _supported_on_host(raw, first - start, last - start), 0.0, 0.0
         else:
-            index = start + xp.arange(size)
-            clipped = xp.where((index >= first) & (index <= last), xp.maximum(raw, 0.0), 0.0)
-            per_bin = xp.where(once, 0.0, roundoff_charges(raw, first - start, last - start,
-                                                            pessimistic))
+            per_bin, level = roundoff_charges(raw, first - start, last - start, pessimistic)
+            if xp is np:
+                clipped = _supported_on_host(raw, first - start, last - start)
+            else:
+                index = start + xp.arange(size)
+                clipped = xp.where((index >= first) & (index <= last), xp.maximum(raw, 0.0), 0.0)
+                per_bin, level = xp.where(once, 0.0, per_bin), xp.where(once, 0.0, level)
         # lower bounds bin by bin: the level E of each
-        lower = (xp.maximum(clipped - xp.where(once, 0.0, fft_roundoff(raw)), 0.0) if swapped
-                 else None)
+        lower = xp.maximum(clipped - level, 0.0) if swapped else None
         out, out_inf = settle(clipped, composed_inf, per_bin, above + below, pessimistic, xp)
         composed = (xp.where(live, out, 0.0), xp.where(live, out_inf, composed_inf), start)
         if not swapped:
