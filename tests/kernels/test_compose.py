@@ -806,3 +806,51 @@ def test_round_off_next_to_a_large_atom_is_charged_by_its_norm(on_host):
     assert np.count_nonzero(small) >= 5
     assert np.all(got[small] <= truth[small] * 1.08)
     assert np.all(got[truth >= 1e-10] <= truth[truth >= 1e-10] * 1.01)
+
+
+def _extended_power(probs, count: int) -> np.ndarray:
+    """The count-fold linear convolution of a PMF in extended precision (NumPy's long double
+    FFT, by squaring)."""
+    def convolve(a, b):
+        length = a.size + b.size - 1
+        size = 1 << (length - 1).bit_length()
+        return np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[:length]
+
+    result, base = None, probs.astype(np.longdouble)
+    while count:
+        if count & 1:
+            result = base if result is None else convolve(result, base)
+        count >>= 1
+        if count:
+            base = convolve(base, base)
+    return result
+
+
+@pytest.mark.parametrize("sigma,q,count,step", [
+    (0.3, 1e-6, 2, 2.0**-8), (0.5, 1e-4, 10, 2.0**-8), (2.0, 0.1, 20, 2.0**-8),
+    (1.0, 1.0, 30, 2.0**-6), (0.5, 1e-3, 100, 2.0**-7), (3.0, 0.5, 100, 2.0**-7)])
+def test_pessimistic_powers_bound_their_extended_precision_convolution(sigma, q, count, step):
+    """Each direction of a Gaussian step (Poisson-sampled, or not at q = 1) composed count times
+    in one FFT power, in a window that holds the whole sum: its delta is at or above the same
+    composition in extended precision at every epsilon where that is above 1e-15 (its own
+    round-off). The spectrum's logs (from the deviation from the total mass on a leading run of
+    frequencies, from P itself beyond) and the round-off charged keep the power on the safe
+    side, from a step whose mass sits in a few bins (q = 1e-6) to a spread one (q = 1)."""
+    import importlib
+
+    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
+
+    for one in pj.gaussian(sigma, sampling_prob=q, grid=pj.Grid(step=step)).directions():
+        probs, inf_mass, offset = (np.asarray(a) for a in (one.probs, one.inf_mass, one.offset))
+        exact = _extended_power(probs, count)
+        size = 1 << (exact.size - 1).bit_length()
+        out, out_inf, start = compose_module.self_compose_rows(
+            probs[None], inf_mass[None], offset[None], np.full(1, step), np.full(1, float(count)),
+            size=size, tail=1e-300, pessimistic=True)
+        eps = np.linspace(0.0, (count * int(offset) + exact.size) * step, 200)
+        truth = _delta_of_masses(exact, 1 - (1 - np.longdouble(inf_mass)) ** count,
+                                 count * int(offset), step, eps)
+        got = _delta_of_masses(np.asarray(out)[0], float(np.asarray(out_inf)[0]),
+                               int(np.asarray(start)[0]), step, eps)
+        resolved = truth > 1e-15
+        assert np.all(got[resolved] >= truth[resolved] * (1 - 1e-12)), (sigma, q, count)
