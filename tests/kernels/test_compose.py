@@ -1,4 +1,5 @@
 import functools
+import importlib
 import math
 
 import jax
@@ -9,6 +10,8 @@ from reference import gaussian_delta, gaussian_epsilon, rr_kfold_delta, rr_kfold
 
 import pldjax as pj
 from pldjax.core.pld import unchecked_pld
+
+compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
 
 DELTAS = [1e-3, 1e-5, 1e-8, 1e-12]
 
@@ -97,11 +100,7 @@ def test_compiled_composed_atoms_are_rounded_to_the_safe_side_where_xla_log1p_lo
     where XLA's float64 log1p is 2.7e-14 off (beyond the atom's 16-ulp allowance: a pessimistic
     atom up to 7e-16 below the exact one), against mpmath: a pessimistic atom at or above it, an
     optimistic one at or below."""
-    import importlib
-
     import mpmath as mp
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
 
     atoms = np.linspace(0.366, 0.415, 50)
     for pessimistic in (True, False):
@@ -414,12 +413,6 @@ def test_power_on_a_prefix_of_the_frequencies_matches_every_frequency(case, monk
     wide enough that a short width is taken (and a shorter one would drop frequencies that
     matter), on a PMF on every other grid point (its spectrum
     is periodic: the full width is needed) and at a small count."""
-    import importlib
-
-    import jax
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
-
     rng = np.random.default_rng(7)
     probs = rng.random((2, 64))
     if case == "lattice":
@@ -469,10 +462,6 @@ def test_a_batch_composes_each_row_in_its_window_order(on_host):
     """self_compose_rows on a batch of counts 1 and 50: the run of one is its PMF itself, the
     other the 50-fold linear convolution (direct, np.convolve), both read from the window's first
     bin (start) up, compiled and in NumPy."""
-    import importlib
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
-
     rng = np.random.default_rng(11)
     probs = rng.random((2, 40))
     probs /= probs.sum(axis=1, keepdims=True)
@@ -503,11 +492,6 @@ def test_the_search_on_a_coarse_copy_finds_the_t_of_the_points():
     whose blocks start elsewhere: to 3e-7, where a block's variance 1% off moved t by 5e-7, a
     block's mean a quarter step off by 7e-6, a block's mass 0.1% off by 1.5e-4 (measured with
     the 1,000 points searched one by one)."""
-    import importlib
-
-    import jax
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
     n, offset, step, count, tail = 2**14 + 5, -4_000, 1e-3, 1000.0, 1e-12
     probs = np.zeros(n)
     probs[n - 600:] = np.random.default_rng(n).random(600) ** 4
@@ -531,13 +515,9 @@ def test_chernoff_exponents_are_exact_and_near_the_best_window(count):
     at the t found. Every returned exponent must be the PMF's own count log E[e^{+-tZ}] (checked
     in NumPy, log-sum-exp in float64), and the window edges within a little of the best Chernoff
     edges (a fine scan over t, SciPy) on a 40,000-point PMF with a heavy upper tail."""
-    import importlib
-
-    import jax
     from scipy.optimize import minimize_scalar
     from scipy.special import logsumexp
 
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
     n, offset, step, tail = 40_000, -4_000, 1e-4, 1e-12
     z = (offset + np.arange(n)) * step
     log_p = np.logaddexp(-0.5 * ((z - 0.01) / 0.02) ** 2, np.log(1e-3) - (z - 0.01) / 0.1)
@@ -583,11 +563,6 @@ def test_programs_without_early_exits_match_the_cpus(count, monkeypatch):
     The same t bit for bit as the CPU's early exits, and the same composition to the FFT's
     round-off (the branch is compiled apart from the rest; the count 700 composition takes the
     CPU's short power width)."""
-    import importlib
-
-    import jax
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")
     rng = np.random.default_rng(11)
     probs = rng.random((2, 64)) ** 3
     probs /= probs.sum(axis=1, keepdims=True)
@@ -619,9 +594,6 @@ def test_gpu_composition_of_gaussians_bounds_the_gdp_closed_form(sigma, count, m
     """The composition as a GPU computes it (every Chernoff iterate, every frequency's power),
     run here on the Gaussian PLD: delta(eps) at or above the closed form of G_mu, mu =
     sqrt(count) / sigma, and within 0.1% of it or the FFT's round-off (1e-14), as the CPU's."""
-    import importlib
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")
     one = pj.gaussian(sigma)
     on_cpu = one.self_compose(count)
     size = on_cpu.probs.shape[0]
@@ -732,10 +704,6 @@ def test_a_few_fold_composition_of_a_skewed_pmf_is_exact_to_round_off(on_host):
     m| / m near 0.6 (where XLA's complex log1p loses digits, 2e-14 relative, an error the count
     multiplies), matches the direct convolution (np.convolve) to round-off, compiled and in
     NumPy."""
-    import importlib
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
-
     probs = np.exp(-np.arange(1400) / 20.0)
     probs = (probs / probs.sum())[None]
     args = (probs, np.zeros(1), np.zeros(1, np.int64), np.full(1, 1 / 64), np.full(1, 3.0))
@@ -769,6 +737,24 @@ def _delta_of_masses(probs, inf_mass, offset, step, eps) -> np.ndarray:
     return np.array(out)
 
 
+def _extended_power(probs, count: int) -> np.ndarray:
+    """The count-fold linear convolution of a PMF in extended precision (NumPy's long double
+    FFT, by squaring)."""
+    def convolve(a, b):
+        length = a.size + b.size - 1
+        size = 1 << (length - 1).bit_length()
+        return np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[:length]
+
+    result, base = None, probs.astype(np.longdouble)
+    while count:
+        if count & 1:
+            result = base if result is None else convolve(result, base)
+        count >>= 1
+        if count:
+            base = convolve(base, base)
+    return result
+
+
 @pytest.mark.parametrize("on_host", [False, True])
 def test_round_off_next_to_a_large_atom_is_charged_by_its_norm(on_host):
     """Two steps of the Gaussian (sigma 0.3) sampled with probability 1e-6, on a 2^-10 grid: all
@@ -777,16 +763,11 @@ def test_round_off_next_to_a_large_atom_is_charged_by_its_norm(on_host):
     composition in extended precision (NumPy's long double FFT) wherever that is above its own
     round-off, within 1% of it down to delta = 1e-10 and 8% down to 1e-11; the largest spike
     charged to every bin put it 4% above at 1.1e-10 and 38% at 1.1e-11."""
-    import importlib
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
-
     one = pj.gaussian(0.3, sampling_prob=1e-6, grid=pj.Grid(step=2.0**-10)).forward
     probs, inf_mass, offset, step = (np.asarray(a) for a in (one.probs, one.inf_mass, one.offset,
                                                                one.step))
-    extended = probs.astype(np.longdouble)
     size = 2 * probs.shape[0]
-    exact = np.fft.irfft(np.fft.rfft(extended, size) ** 2, size)[:size - 1]
+    exact = _extended_power(probs, 2)
     eps = np.linspace(0.0, 24.0, 97)
     truth = _delta_of_masses(exact, 1 - (1 - np.longdouble(inf_mass)) ** 2, 2 * int(offset),
                              float(step), eps)
@@ -808,24 +789,6 @@ def test_round_off_next_to_a_large_atom_is_charged_by_its_norm(on_host):
     assert np.all(got[truth >= 1e-10] <= truth[truth >= 1e-10] * 1.01)
 
 
-def _extended_power(probs, count: int) -> np.ndarray:
-    """The count-fold linear convolution of a PMF in extended precision (NumPy's long double
-    FFT, by squaring)."""
-    def convolve(a, b):
-        length = a.size + b.size - 1
-        size = 1 << (length - 1).bit_length()
-        return np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[:length]
-
-    result, base = None, probs.astype(np.longdouble)
-    while count:
-        if count & 1:
-            result = base if result is None else convolve(result, base)
-        count >>= 1
-        if count:
-            base = convolve(base, base)
-    return result
-
-
 @pytest.mark.parametrize("sigma,q,count,step", [
     (0.3, 1e-6, 2, 2.0**-8), (0.5, 1e-4, 10, 2.0**-8), (2.0, 0.1, 20, 2.0**-8),
     (1.0, 1.0, 30, 2.0**-6), (0.5, 1e-3, 100, 2.0**-7), (3.0, 0.5, 100, 2.0**-7)])
@@ -836,10 +799,6 @@ def test_pessimistic_powers_bound_their_extended_precision_convolution(sigma, q,
     round-off). The spectrum's logs (from the deviation from the total mass on a leading run of
     frequencies, from P itself beyond) and the round-off charged keep the power on the safe
     side, from a step whose mass sits in a few bins (q = 1e-6) to a spread one (q = 1)."""
-    import importlib
-
-    compose_module = importlib.import_module("pldjax.kernels.compose")  # pj.compose is the function
-
     for one in pj.gaussian(sigma, sampling_prob=q, grid=pj.Grid(step=step)).directions():
         probs, inf_mass, offset = (np.asarray(a) for a in (one.probs, one.inf_mass, one.offset))
         exact = _extended_power(probs, count)
