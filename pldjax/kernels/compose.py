@@ -102,22 +102,19 @@ BLOCKED_POINTS = _SMALLEST_BLOCK * _SMALLEST_BLOCK
 _ACCURATE_FREQS = 256
 
 
-def fft_roundoff(raw):
+def fft_roundoff(raw, error_norm=None):
     """Round-off level of an inverse-FFT result ``raw``: the charge E of each of its bins (see the
-    module docstring)."""
-    return _roundoff_estimates(raw)[0]
-
-
-def _roundoff_estimates(raw):
-    """(E, S) of an inverse-FFT result ``raw``: the level of each bin's round-off and the norm
-    of the whole error (see the module docstring)."""
+    module docstring); ``error_norm``: its :func:`_error_norm` where the caller has it."""
     xp = array_module(raw)
-    size = raw.shape[0]
+    error_norm = _error_norm(raw) if error_norm is None else error_norm
+    return _ROUNDOFF_SAFETY * xp.maximum(error_norm / math.sqrt(raw.shape[0]), -xp.min(raw))
+
+
+def _error_norm(raw):
+    """The modelled norm of an inverse-FFT result's error, u log2(N) ||raw||_2."""
+    xp = array_module(raw)
     # the norm as a sum: NumPy's linalg.norm is a BLAS call (see pldjax.core.compilation.matmul)
-    norm = UNIT_ROUNDOFF * math.log2(size) * xp.sqrt(xp.sum(raw * raw))
-    negative = xp.minimum(raw, 0.0)
-    return (_ROUNDOFF_SAFETY * xp.maximum(norm / math.sqrt(size), -xp.min(raw)),
-            _ROUNDOFF_SAFETY * xp.maximum(norm, xp.sqrt(2.0 * xp.sum(negative * negative))))
+    return UNIT_ROUNDOFF * math.log2(raw.shape[0]) * xp.sqrt(xp.sum(raw * raw))
 
 
 def roundoff_charges(raw, first, last, pessimistic):
@@ -128,7 +125,10 @@ def roundoff_charges(raw, first, last, pessimistic):
     top of the support in the window, and never faster than E a bin."""
     xp = array_module(raw)
     size = raw.shape[0]
-    level, norm = _roundoff_estimates(raw)
+    error_norm = _error_norm(raw)
+    level = fft_roundoff(raw, error_norm)
+    negative = xp.minimum(raw, 0.0)
+    norm = _ROUNDOFF_SAFETY * xp.maximum(error_norm, xp.sqrt(2.0 * xp.sum(negative * negative)))
     index = xp.arange(size)
     rank = xp.maximum(xp.minimum(last, size - 1) - index + 1, 0).astype(xp.float64)
 
