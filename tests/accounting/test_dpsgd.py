@@ -1327,6 +1327,26 @@ def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(
     np.testing.assert_allclose(chosen, both, rtol=1e-9)
 
 
+def test_a_lone_configuration_composes_its_add_row_in_its_remove_rows_call(monkeypatch):
+    """Compiled, a call of one configuration discretizes and composes its add row in the place
+    of the repeat that pads its remove row's calls to two rows: where the remove row's bound
+    leaves the add direction open (q 0.1), one discretization and one composition call
+    instead of two of each (as in a batch, which composes the add rows afterwards), with the
+    batch's values."""
+    accounting_compiled(monkeypatch)
+    sigma, q, steps, delta = 1.0, 0.1, 1000, 1e-5
+    calls = _kernel_calls(monkeypatch)
+    alone = pj.dpsgd_epsilon(sigma, q, steps, delta)
+    composed = calls["_compose_and_evaluate"]
+    assert len(composed) == 1 and len(calls["_tiled_masses_kernel"]) == 1
+    offsets = np.asarray(composed[0][1][3])  # the remove row's grid and the add row's
+    assert offsets.shape == (2,) and offsets[0] != offsets[1]
+    calls.clear()
+    batch = pj.dpsgd_epsilon([sigma, sigma], q, steps, delta)
+    assert len(calls["_compose_and_evaluate"]) == 2 and len(calls["_tiled_masses_kernel"]) == 2
+    np.testing.assert_array_equal(batch, [alone, alone])
+
+
 @pytest.mark.parametrize("neighboring, shift", [("add_remove", 1.0), ("replace_one", 2.0)])
 @pytest.mark.parametrize("sigma, steps, delta", [
     (1.0, 100, 1e-5), (0.5, 1, 1e-10), (1000.0, 10**9, 1e-5), (1e-6, 10**9, 1e-5),
