@@ -116,6 +116,33 @@ def test_compiled_composed_atoms_are_rounded_to_the_safe_side_where_xla_log1p_lo
                 assert (got >= exact) if pessimistic else (got <= exact), (atom, count, got)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_lattice_pmf_keeps_its_far_frequencies_at_a_large_count(compiled):
+    """Randomized response's two losses +-0.5, 32 bins apart: its spectrum returns to modulus 1
+    at every 512th frequency of a 16,384-point window, so that at count 2,000 the power keeps
+    those far frequencies besides the lowest ones (a cut at the first negligible frequency would
+    fold the lattice's mass). Composed (in NumPy and compiled), the PLD reads Cor. 4.7's closed
+    form."""
+    eps, count, step, size = 0.5, 2000, 1.0 / 32, 16384
+    p = math.exp(eps) / (1 + math.exp(eps))
+    probs = np.zeros((1, 33))
+    probs[0, 0], probs[0, 32] = 1 - p, p  # losses -eps and +eps
+    args = (probs, np.zeros(1), np.array([-16]), np.array([step]), np.array([float(count)]))
+    if compiled:
+        with jax.enable_x64(True):
+            out = jax.jit(lambda *a: compose_module.self_compose_rows(
+                *a, size=size, tail=1e-18, pessimistic=True))(*args)
+    else:
+        out = compose_module.self_compose_rows(*args, size=size, tail=1e-18, pessimistic=True)
+    composed, inf_mass, start = (np.asarray(a)[0] for a in out)
+    pld = unchecked_pld(composed, inf_mass, start, np.float64(step), True)
+    ts = np.array([200.0, 245.0, 290.0, 330.0])  # the composed loss: mean 244.9, sd 21.7
+    want = np.array([rr_kfold_delta(eps, 0.0, count, t) for t in ts])
+    got = np.asarray(pld.delta(ts))
+    assert np.all(got >= want - 1e-15)
+    np.testing.assert_allclose(got, want, rtol=1e-6)  # (the round-off charged: 6e-12 at 330)
+
+
 @pytest.mark.slow
 def test_randomized_response_mixed_matches_theorem_4_6():
     pairs = [(1.0, 1e-5), (0.5, 0.0), (0.25, 1e-6), (0.3, 1e-7)]  # 0.3 is not on the grid
