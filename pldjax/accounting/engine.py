@@ -20,18 +20,19 @@ rows discretized and composed afterwards (:func:`_one_direction`), so every valu
 that composing both rows gives, or lower where the add direction's composition was the looser
 bound. The sweep of 1,024 DP-SGD sigmas discretizes and composes 1,074 rows instead of 2,048,
 with the same values. A compiled call of one configuration discretizes its add row with its
-remove row and composes it in the remove row's call where both windows have one size, in the
-place of the repeat that pads the call to two rows (:attr:`_Compositions.lone_pair`): the same
-values, and no second phase where the bound leaves the add direction open. A pessimistic call
-discretized on the host discretizes the remove rows alone and exchanges their pairs for the
-add rows (:func:`~pldjax.core.pld.swapped_rows`: connect-the-dots commutes with the exchange,
-so they are the add direction's own to about 1e-10, but for a +inf atom, the round-off of Q's
-mass: where that atom, composed, could move a small delta's reading, the add rows are
-discretized themselves, see SWAPPED_ATOM_SHARE), and composes at once those that the bound is
-unlikely to settle (:func:`_settled_by_remove`). An optimistic estimate (a lower bound) is the larger of its
-directions' epsilons, each a lower bound on its own: the add direction is composed only where
-the same bound, read from the remove direction's optimistic composition, says that it may be
-the larger (the optimistic sweep of 1,024: 1,074 rows, with the same values).
+remove row, in the place of the repeat that pads a discretization to two rows, and composes it
+in the remove row's call where both windows have one size, or alone once the bound leaves the
+add direction open (:attr:`_Compositions.lone_pair`): the same values, and no second phase.
+A pessimistic call discretized on the host discretizes the remove rows alone and exchanges
+their pairs for the add rows (:func:`~pldjax.core.pld.swapped_rows`: connect-the-dots
+commutes with the exchange, so they are the add direction's own to about 1e-10, but for a +inf
+atom, the round-off of Q's mass: where that atom, composed, could move a small delta's reading,
+the add rows are discretized themselves, see SWAPPED_ATOM_SHARE), and composes at once those
+that the bound is unlikely to settle (:func:`_settled_by_remove`). An optimistic estimate (a
+lower bound) is the larger of its directions' epsilons, each a lower bound on its own: the add
+direction is composed only where the same bound, read from the remove direction's optimistic
+composition, says that it may be the larger (the optimistic sweep of 1,024: 1,074 rows, with
+the same values).
 
 Every value is pessimistic (an upper bound on the true epsilon or delta) unless
 ``pessimistic=False`` is passed, which gives the optimistic lower bound.
@@ -462,7 +463,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
 
     def place():
         try:
-            sizes = row_sizes(slice(chunk_rows))
+            sizes = row_sizes(slice(1 if pair else chunk_rows))
         except CompositionTooWide as error:
             # the first configuration that cannot be placed, named by its values (in a batch,
             # which one failed)
@@ -478,6 +479,11 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                         f"{given} {target[k]:.6g}, the mechanism's parameters ({values})); "
                         f"{remedy}") from None
             raise
+        if pair:  # an add row no window holds (0) is left to the add phase, which needs it or not
+            try:
+                sizes = np.concatenate([sizes, row_sizes(slice(1, 2))])
+            except CompositionTooWide:
+                sizes = np.concatenate([sizes, [0]])
         # a row repeated (the chunk's padding, or a configuration given twice) is composed once
         if steps.shape[0] == 1:
             first = same = np.arange(directions)
@@ -497,7 +503,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                 sizes, lo, hi, PMFSummary(*(np.asarray(f) for f in summary)), offset, step,
                 counts, [np.asarray(e) for e in exponents], targets)
         composed = first[~left_out[first]]
-        if pair:  # the add row, composed where it takes the place of a repeat (see below)
+        if pair:  # the add row: in the remove row's call (below), or alone (in finish)
             composed = composed[composed == 0]
         scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
         rows_of_size = {int(size): composed[sizes[composed] == size]
@@ -512,6 +518,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                    if compositions.host_glue and host_work.claim(
                        len(rows) * size, ("composition", size), price)}
         # the lone configuration's add row in its remove row's call, on the remove row's size
+        # (on another, see finish)
         rides = pair and sizes[1] == sizes[0] and int(sizes[0]) not in on_host
         if rides:
             rows_of_size[int(sizes[0])] = np.array([0, 1])
@@ -524,6 +531,17 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         def finish():
             """The chunk's values (in the add phase, the add direction's), and which of its
             configurations still need their add row composed (the bound did not settle it)."""
+            paired = rides
+            if (pair and not rides and sizes[1] > 0
+                    and not (values[0, 1] <= targets[0] or values[0, 0] == np.inf)):
+                # the lone configuration's add row, on a size of its own, where its remove
+                # row's bound leaves it open: composed now, as discretized with the remove row
+                size = int(sizes[1])
+                compositions.add(size, probs, scalars, np.array([1]), values,
+                                 compositions.host_glue and host_work.claim(
+                                     size, ("composition", size), price))
+                compositions.flush()
+                paired = True
             read = values[first][same.reshape(-1)]
             if not compositions.swapped:
                 return np.max(read.reshape(directions, -1), axis=0), np.zeros(configs, bool)
@@ -531,7 +549,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                 return read[:, 0], np.zeros(configs, bool)
             remove, bound = read[:configs, 0], read[:configs, 1]
             settled = (bound <= targets[:configs]) | (remove == np.inf)
-            if rides:  # the add direction's value, where the bound does not settle it
+            if paired:  # the add direction's value, where the bound does not settle it
                 remove[0] = remove[0] if settled[0] else max(remove[0], read[1, 0])
                 settled[0] = True
             if one_direction:  # every add row left out
@@ -670,13 +688,14 @@ class _Compositions:
 
     @property
     def lone_pair(self) -> bool:
-        """Whether the call's one configuration discretizes and composes its add row in its
-        remove row's calls, in the place of the repeat that pads them to two rows (a compiled
-        call's first phase, see :func:`_one_direction`): where the remove row's bound does not
-        settle the add direction, no second phase; where it does, the add row's value is not
-        read. One DP-SGD epsilon (sigma 1, q 0.01, T 10^5, delta 1e-5) took 68 ms in two
-        phases, each a discretization and a composition of one row padded to two, and takes
-        35 ms (2-core CPU)."""
+        """Whether the call's one configuration discretizes its add row with its remove row, in
+        the place of the repeat that pads a discretization to two rows (a compiled call's first
+        phase, see :func:`_one_direction`), and composes it in the remove row's call where their
+        windows have one size (its value then read only where the remove row's bound leaves
+        the add direction open), or alone where that bound does: no second phase. One DP-SGD
+        epsilon (sigma 1, q 0.01, delta 1e-5) at T 10^5 took 68 ms in two phases, each a
+        discretization and a composition of one row padded to two, and takes 35 ms; at T 10
+        and delta 1e-9, whose add window is smaller, 26 ms and 19 ms (2-core CPU)."""
         return self.swapped and self.phase == "both" and self.rows == 2 and not self.host
 
     def close(self) -> None:

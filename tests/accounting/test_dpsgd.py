@@ -1327,23 +1327,28 @@ def test_compiled_accounting_composes_the_add_rows_the_remove_bound_leaves_open(
     np.testing.assert_allclose(chosen, both, rtol=1e-9)
 
 
-def test_a_lone_configuration_composes_its_add_row_in_its_remove_rows_call(monkeypatch):
-    """Compiled, a call of one configuration discretizes and composes its add row in the place
-    of the repeat that pads its remove row's calls to two rows: where the remove row's bound
-    leaves the add direction open (q 0.1), one discretization and one composition call
-    instead of two of each (as in a batch, which composes the add rows afterwards), with the
-    batch's values."""
+# both windows of one size, and the add window smaller (24,576 and 16,384 points)
+@pytest.mark.parametrize("q, steps, delta, compositions", [(0.1, 1000, 1e-5, 1), (0.01, 10, 1e-9, 2)])
+def test_a_lone_configuration_discretizes_its_add_row_with_its_remove_row(q, steps, delta,
+                                                                           compositions,
+                                                                           monkeypatch):
+    """Compiled, a call of one configuration discretizes its add row with its remove row (in the
+    place of the repeat that pads a discretization to two rows), and composes it in the remove
+    row's call where their windows have one size, or alone afterwards, where the remove row's
+    bound leaves the add direction open: one discretization instead of two (a batch discretizes
+    the add rows afterwards), with the batch's values."""
     accounting_compiled(monkeypatch)
-    sigma, q, steps, delta = 1.0, 0.1, 1000, 1e-5
     calls = _kernel_calls(monkeypatch)
-    alone = pj.dpsgd_epsilon(sigma, q, steps, delta)
-    composed = calls["_compose_and_evaluate"]
-    assert len(composed) == 1 and len(calls["_tiled_masses_kernel"]) == 1
-    offsets = np.asarray(composed[0][1][3])  # the remove row's grid and the add row's
-    assert offsets.shape == (2,) and offsets[0] != offsets[1]
+    alone = pj.dpsgd_epsilon(1.0, q, steps, delta)
+    assert len(calls["_tiled_masses_kernel"]) == 1
+    assert len(calls["_compose_and_evaluate"]) == compositions
+    # the rows composed, each known by its grid offset: the remove row's and the add row's
+    offsets = {offset for _, args, _ in calls["_compose_and_evaluate"]
+               for offset in np.asarray(args[3]).tolist()}
+    assert len(offsets) == 2
     calls.clear()
-    batch = pj.dpsgd_epsilon([sigma, sigma], q, steps, delta)
-    assert len(calls["_compose_and_evaluate"]) == 2 and len(calls["_tiled_masses_kernel"]) == 2
+    batch = pj.dpsgd_epsilon([1.0, 1.0], q, steps, delta)
+    assert len(calls["_tiled_masses_kernel"]) == 2
     np.testing.assert_array_equal(batch, [alone, alone])
 
 
