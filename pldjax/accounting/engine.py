@@ -531,9 +531,15 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         def finish():
             """The chunk's values (in the add phase, the add direction's), and which of its
             configurations still need their add row composed (the bound did not settle it)."""
+            read = values[first][same.reshape(-1)]
+            if not compositions.swapped:
+                return np.max(read.reshape(directions, -1), axis=0), np.zeros(configs, bool)
+            if compositions.phase == "add":
+                return read[:, 0], np.zeros(configs, bool)
+            remove, bound = read[:configs, 0], read[:configs, 1]
+            settled = (bound <= targets[:configs]) | (remove == np.inf)
             paired = rides
-            if (pair and not rides and sizes[1] > 0
-                    and not (values[0, 1] <= targets[0] or values[0, 0] == np.inf)):
+            if pair and not rides and sizes[1] > 0 and not settled[0]:
                 # the lone configuration's add row, on a size of its own, where its remove
                 # row's bound leaves it open: composed now, as discretized with the remove row
                 size = int(sizes[1])
@@ -542,15 +548,8 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                                      size, ("composition", size), price))
                 compositions.flush()
                 paired = True
-            read = values[first][same.reshape(-1)]
-            if not compositions.swapped:
-                return np.max(read.reshape(directions, -1), axis=0), np.zeros(configs, bool)
-            if compositions.phase == "add":
-                return read[:, 0], np.zeros(configs, bool)
-            remove, bound = read[:configs, 0], read[:configs, 1]
-            settled = (bound <= targets[:configs]) | (remove == np.inf)
             if paired:  # the add direction's value, where the bound does not settle it
-                remove[0] = remove[0] if settled[0] else max(remove[0], read[1, 0])
+                remove[0] = remove[0] if settled[0] else max(remove[0], values[1, 0])
                 settled[0] = True
             if one_direction:  # every add row left out
                 return remove, ~settled
