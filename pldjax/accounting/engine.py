@@ -538,18 +538,16 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                 return read[:, 0], np.zeros(configs, bool)
             remove, bound = read[:configs, 0], read[:configs, 1]
             settled = (bound <= targets[:configs]) | (remove == np.inf)
-            paired = rides
-            if pair and not rides and sizes[1] > 0 and not settled[0]:
-                # the lone configuration's add row, on a size of its own, where its remove
-                # row's bound leaves it open: composed now, as discretized with the remove row
-                size = int(sizes[1])
-                compositions.add(size, probs, scalars, np.array([1]), values,
-                                 compositions.host_glue and host_work.claim(
-                                     size, ("composition", size), price))
-                compositions.flush()
-                paired = True
-            if paired:  # the add direction's value, where the bound does not settle it
-                remove[0] = remove[0] if settled[0] else max(remove[0], values[1, 0])
+            if pair and not settled[0] and (rides or sizes[1] > 0):
+                # the lone configuration's add direction, which its remove row's bound leaves
+                # open: its row composed already (rides), or now, alone on a size of its own
+                if not rides:
+                    size = int(sizes[1])
+                    compositions.add(size, probs, scalars, np.array([1]), values,
+                                     compositions.host_glue and host_work.claim(
+                                         size, ("composition", size), price))
+                    compositions.flush()
+                remove[0] = max(remove[0], values[1, 0])
                 settled[0] = True
             if one_direction:  # every add row left out
                 return remove, ~settled
