@@ -111,6 +111,7 @@ from jax.scipy.special import ndtr
 from pldjax.core import grid as grid_lib
 from pldjax.core.compilation import computed_once, kernel_jit
 from pldjax.core.grid import Grid
+from pldjax.core.mass import exact_sum
 from pldjax.core.pld import PLD, from_rows, log_q_mass, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
@@ -414,7 +415,7 @@ def _held_probs(probs: np.ndarray, offset: int, step: float) -> np.ndarray:
     part = probs[whole] * (excess - (reached[whole - 1] if whole else 0.0)) / gain[whole]
     moved[:whole] = 0.0
     moved[whole] -= part
-    moved[target] += math.fsum(probs[:whole]) + part
+    moved[target] += exact_sum(probs[:whole]) + part
     return moved
 
 
@@ -450,7 +451,7 @@ def _remove_direction(mu: float, steps: int, step: float, lattice, laws=None) ->
     on that lattice, where computed before. None where its losses fit no window
     (:func:`pldjax.mechanisms.atoms.pld_from_atoms`)."""
     (p_low, p_high), _, s = laws or _laws(mu, steps, 1, True, lattice)
-    return pld_from_atoms(np.log(s[1:]), p_high[1:], max(1.0 - math.fsum(p_low), 0.0), step, True)
+    return pld_from_atoms(np.log(s[1:]), p_high[1:], max(1.0 - exact_sum(p_low), 0.0), step, True)
 
 
 def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
@@ -474,7 +475,7 @@ def _one_selection(mu: float, steps: int, step: float) -> PLD | None:
     _, (q_low, q_high), s = bulk_laws
     # add: Q'-mass at -log s, the mass at s = 0 at +inf, the mass beyond the lattice at -log top
     top = s[-1] + s[1]
-    beyond = max(1.0 - math.fsum(q_low), 0.0)
+    beyond = max(1.0 - exact_sum(q_low), 0.0)
     add = pld_from_atoms(np.append(-np.log(s[1:]), -math.log(top)), np.append(q_high[1:], beyond),
                   q_high[0], step, True)
     coarse = _lattice(mu, steps, 1)
@@ -524,8 +525,8 @@ def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
     (:func:`pldjax.mechanisms.atoms.pld_from_atoms`)."""
     (p_low, p_high), (q_low, q_high), _ = _laws(mu, steps, selected, False, lattice, scale)
     for low, high in ((p_low, p_high), (q_low, q_high)):
-        low[-1] += max(1.0 - math.fsum(high), 0.0)
-        high[-1] += max(1.0 - math.fsum(low[:-1]), 0.0)
+        low[-1] += max(1.0 - exact_sum(high), 0.0)
+        high[-1] += max(1.0 - exact_sum(low[:-1]), 0.0)
     directions = []
     for mass, other in ((p_low, q_high), (q_low, p_high)):
         kept = mass > 0
@@ -533,7 +534,7 @@ def _statistic(mu: float, steps: int, selected: int, step: float, lattice,
             losses = np.log(mass[kept]) - np.log(other[kept])
         finite = np.isfinite(losses)
         directions.append(pld_from_atoms(losses[finite], mass[kept][finite],
-                                  math.fsum(mass[kept][~finite]), step, False))
+                                  exact_sum(mass[kept][~finite]), step, False))
     return None if None in directions else PLD.from_directions(*directions)
 
 

@@ -1,10 +1,13 @@
 """Mass bookkeeping: where surplus mass is taken from."""
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pldjax.core.mass import take_from_bottom, take_from_top
+from pldjax.core import mass
+from pldjax.core.mass import exact_sum, take_from_bottom, take_from_top
 
 
 def _taken_from_bottom(probs, amount):
@@ -29,3 +32,38 @@ def test_mass_taken_on_the_host_is_the_whole_arrays_definition_bit_for_bit(amoun
     np.testing.assert_allclose(take_from_bottom(jnp.asarray(probs), amount),
                                _taken_from_bottom(probs, amount), rtol=0.0,
                                atol=probs.size * np.finfo(np.float64).eps)
+
+
+def _spread_values(rng, size, signed):
+    """Values across float64's whole range of exponents, subnormals and zeros among them."""
+    values = rng.random(size) * np.ldexp(1.0, rng.integers(-1074, 1000, size))
+    values[rng.random(size) < 0.05] = 0.0
+    return values * np.where(rng.random(size) < 0.5, -1.0, 1.0) if signed else values
+
+
+@pytest.mark.parametrize("signed", [False, True])
+@pytest.mark.parametrize("size", [0, 1, 7, 5_000, 300_000])
+def test_exact_sum_is_fsums_correctly_rounded_sum(size, signed):
+    rng = np.random.default_rng(size)
+    for values in (_spread_values(rng, size, signed), rng.random(size) ** 12,
+                   np.full(size, 5e-324), 1.0 + rng.random(size) * 1e-16):
+        assert exact_sum(values) == math.fsum(values)
+
+
+def test_exact_sum_keeps_what_cancels_and_adds_across_its_chunks(monkeypatch):
+    """Terms that cancel leave the tiny ones exactly; chunks (made small here) whose lowest
+    exponents differ add on the lowest."""
+    cancelling = np.array([1e300, 3e-320, -1e300, 1.0, 2.0**-60, -1.0, 7e-310])
+    assert exact_sum(cancelling) == math.fsum(cancelling) == 3e-320 + 2.0**-60 + 7e-310
+    monkeypatch.setattr(mass, "_EXACT_CHUNK", 3)
+    rng = np.random.default_rng(3)
+    for values in (cancelling, _spread_values(rng, 1000, True), rng.random(1000)):
+        assert exact_sum(values) == math.fsum(values)
+        assert exact_sum(values[::-1]) == math.fsum(values)
+
+
+def test_exact_sum_of_non_finite_values_is_fsums():
+    assert exact_sum(np.array([1.0, np.inf])) == np.inf
+    with pytest.raises(ValueError):
+        exact_sum(np.array([np.inf, -np.inf]))
+    assert math.isnan(exact_sum(np.array([1.0, np.nan])))
