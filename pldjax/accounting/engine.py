@@ -508,15 +508,15 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         scalars = (*summary, inf_mass, offset, step, row_counts, row_targets, *exponents)
         rows_of_size = {int(size): composed[sizes[composed] == size]
                         for size in np.unique(sizes[composed])}
-        # sizes with no program compiled, fewest points first, composed in NumPy while they fit
-        # in the process's host work and in their own share of it: a host call's, and on a CPU
-        # a compiled call's few rows of a size (a sweep's last rows of a size: no program
-        # compiled for them)
+        # sizes with no program compiled for their rows, fewest points first, composed in NumPy
+        # while they fit in the process's host work and in their own share of it: a host
+        # call's, and on a CPU a compiled call's few rows of a size (a sweep's last rows of a
+        # size: no program compiled for them)
         price = HOST_SIZE_POINTS if compositions.host else RENTED_SIZE_POINTS
         on_host = {size for size, rows in sorted(rows_of_size.items(),
                                                  key=lambda item: len(item[1]) * item[0])
                    if compositions.host_glue and host_work.claim(
-                       len(rows) * size, ("composition", size), price)}
+                       len(rows) * size, compositions.program(size), price)}
         # the lone configuration's add row in its remove row's call, on the remove row's size
         # (on another, see finish)
         rides = pair and sizes[1] == sizes[0] and int(sizes[0]) not in on_host
@@ -545,7 +545,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                     size = int(sizes[1])
                     compositions.add(size, probs, scalars, np.array([1]), values,
                                      compositions.host_glue and host_work.claim(
-                                         size, ("composition", size), price))
+                                         size, compositions.program(size), price))
                     compositions.flush()
                 remove[0] = max(remove[0], values[1, 0])
                 settled[0] = True
@@ -712,20 +712,42 @@ class _Compositions:
         if not self._gathers and self.rows > 2 and rows <= 2:
             return  # perhaps a call of two rows at the end, perhaps a full one: not known yet
         self._sizes_seen.add(size)
-        host_work.buy(("composition", size))
-        most = self._call_rows(size)
+        most, batch = self._call_rows(size), self._batch(size)
+        self._bought(size, batch)
         with compiling_ahead():
             if self._gathers:
                 index = jax.ShapeDtypeStruct((most,), np.asarray(0).dtype)
                 wrapped, columns = _gathered(probs, index, scalars, size)
             else:
-                batch = min(most, 2) if self.rows <= 2 else most
                 if batch == most:
                     self._full_sizes.add(size)
                 wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
                 columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
             _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
                                   tuple(columns[10:]), **self._options)
+
+    def program(self, size: int) -> tuple:
+        """The key of work done on the host in place of the compiled composition that this
+        call's rows of ``size`` run in (:class:`~pldjax.core.compilation.HostWork`): one
+        configuration's rows run in a program of two rows (:meth:`_batch`), not bought where a
+        sweep compiled only a full call's for the size; a sweep's rows in any program of the
+        size (a full call's, or one of two for its last rows)."""
+        key = self._size_key(size)
+        return key + (self._batch(size),) if self.rows <= 2 and not self._gathers else key
+
+    def _size_key(self, size: int) -> tuple:
+        return ("composition", size, tuple(sorted(self._options.items())))
+
+    def _bought(self, size: int, batch: int) -> None:
+        """Record that the program of ``batch`` rows of ``size`` is compiled (or compiling)."""
+        host_work.buy(self._size_key(size))
+        host_work.buy(self._size_key(size) + (batch,))
+
+    def _batch(self, size: int) -> int:
+        """The rows of this call's program for ``size`` (see :meth:`compile_ahead`): a full
+        call's, or two for one configuration's rows on the host's glue."""
+        most = self._call_rows(size)
+        return min(most, 2) if self.rows <= 2 and not self._gathers else most
 
     def _call_rows(self, size: int) -> int:
         """The rows of one composition call of ``size`` (see the class docstring)."""
@@ -793,7 +815,7 @@ class _Compositions:
         batch = min(most, 2) if len(sinks) <= 2 and size not in self._full_sizes else most
         if batch == most:
             self._full_sizes.add(size)
-        host_work.buy(("composition", size))
+        self._bought(size, batch)
         batch = -(-batch // devices) * devices  # sharded: a multiple of the devices
         if batch > len(sinks):
             repeat = batch - len(sinks)
@@ -974,7 +996,7 @@ def _survey(order, params, steps, target, probs, scalars, *, compositions, mecha
     for size in np.unique(row_sizes).tolist():
         points = int(np.sum(rows[row_sizes == size]) * size)
         if size > grid_lib.MAX_SIZE or (compositions.host_glue and host_work.fits(
-                points, ("composition", size), RENTED_SIZE_POINTS)):
+                points, compositions.program(size), RENTED_SIZE_POINTS)):
             continue
         compositions.compile_ahead(size, probs, scalars, compositions.rows)
 

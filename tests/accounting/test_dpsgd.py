@@ -547,6 +547,30 @@ def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share
     assert _composed_sizes(calls) == every_size  # bought: not rented again, whatever the share
 
 
+def test_a_configuration_alone_after_a_sweep_rents_its_own_program(monkeypatch):
+    """A sweep compiles full calls of rows for its window sizes; a configuration alone runs in a
+    program of two rows, which it rents on the host (composes in NumPy) until its share is
+    spent, as in a process without the sweep, instead of compiling it because the sweep
+    compiled another program of its size. The values agree to round-off."""
+    from pldjax.accounting import engine
+
+    accounting_on_the_host(monkeypatch)
+    calls = _kernel_calls(monkeypatch)
+    sigmas = np.linspace(2.0, 2.1, 8)  # one window size
+    defaults = {name: getattr(engine, name) for name in ("HOST_ROWS_PER_SIZE",
+                                                         "RENTED_SIZE_POINTS")}
+    for name in defaults:  # the sweep compiled throughout
+        monkeypatch.setattr(engine, name, 0)
+    sweep = pj.dpsgd_epsilon(sigmas, 0.01, 300, 1e-5)
+    assert min(args[0].shape[0] for _, args, _ in calls["_compose_and_evaluate"]) > 2
+    for name, value in defaults.items():
+        monkeypatch.setattr(engine, name, value)
+    calls.clear()
+    alone = pj.dpsgd_epsilon(sigmas[3], 0.01, 300, 1e-5)
+    assert not calls["_compose_and_evaluate"]
+    assert alone == pytest.approx(sweep[3], rel=1e-9)
+
+
 def test_a_cold_sweep_starts_its_composition_sizes_before_its_first_chunk(monkeypatch):
     """In a process that has just compiled a sweep's discretization programs, a sample of its
     configurations is placed in NumPy first, and the window sizes they meet start compiling
