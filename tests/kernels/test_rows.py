@@ -134,7 +134,7 @@ def test_masses_and_placement_in_tiles_agree_with_each_row_alone(n):
                                    err_msg=field)
 
 
-@pytest.mark.parametrize("n", [TILE // 4, TILE, 4 * TILE,
+@pytest.mark.parametrize("n", [TILE // 4, pytest.param(TILE, marks=pytest.mark.slow), 4 * TILE,
                                pytest.param(8 * TILE, marks=pytest.mark.slow)])
 def test_optimistic_masses_in_tiles_agree_with_each_row_alone(n):
     """The optimistic connect-the-dots masses (tangent candidates, those at x = 1 raised, their
