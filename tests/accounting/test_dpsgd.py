@@ -575,13 +575,13 @@ def test_a_cold_sweep_starts_its_composition_sizes_before_its_first_chunk(monkey
     """In a process that has just compiled a sweep's discretization programs, a sample of its
     configurations is placed in NumPy first, and the window sizes they meet start compiling
     before the first chunk is composed (here every size the sweep composes, where its first
-    chunk alone meets two of three), with the values of a sweep that met each size as its
+    chunk alone meets one of three), with the values of a sweep that met each size as its
     chunk was placed."""
     from pldjax.core import compilation
 
     accounting_compiled(monkeypatch)
     monkeypatch.setattr("pldjax.accounting.engine.CHUNK", 2)  # a chunk meets few sizes
-    sweep = (np.linspace(0.6, 3.0, 64), 0.01, 3000, 1e-5)
+    sweep = (np.linspace(0.6, 3.0, 16), 0.01, 3000, 1e-5)
     monkeypatch.setattr("pldjax.accounting.engine.compiles_started", lambda: 0)
     warm = pj.dpsgd_epsilon(*sweep)  # as in a warm process: no sample placed
     compositions = []  # ("ahead" or "run", window size), in order
