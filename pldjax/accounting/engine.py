@@ -733,7 +733,7 @@ class _Compositions:
         sweep compiled only a full call's for the size; a sweep's rows in any program of the
         size (a full call's, or one of two for its last rows)."""
         key = self._size_key(size)
-        return key + (self._batch(size),) if self.rows <= 2 and not self._gathers else key
+        return key + (self._batch(size),) if self._one_configuration else key
 
     def _size_key(self, size: int) -> tuple:
         return ("composition", size, tuple(sorted(self._options.items())))
@@ -747,7 +747,13 @@ class _Compositions:
         """The rows of this call's program for ``size`` (see :meth:`compile_ahead`): a full
         call's, or two for one configuration's rows on the host's glue."""
         most = self._call_rows(size)
-        return min(most, 2) if self.rows <= 2 and not self._gathers else most
+        return min(most, 2) if self._one_configuration else most
+
+    @property
+    def _one_configuration(self) -> bool:
+        """Whether this call's rows are one configuration's, composed on the host's glue in
+        programs of two rows."""
+        return self.rows <= 2 and not self._gathers
 
     def _call_rows(self, size: int) -> int:
         """The rows of one composition call of ``size`` (see the class docstring)."""
