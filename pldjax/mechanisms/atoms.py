@@ -43,8 +43,11 @@ def merged_onto_grid(losses, masses, step: float) -> tuple[int, np.ndarray]:
     # at its point leaves `room` (both in units of that point's e^{-l})
     excess = np.maximum(q_mass * math.exp(step) - mass, 0.0)
     room = np.maximum(mass - q_mass, 0.0)
-    moved_up = np.zeros(len(mass))
-    for i in range(len(mass) - 2, -1, -1):
+    # a cell whose upper neighbour has no room moves up whole or not at all; the others, from
+    # the top down (the only sequential part: cells are mostly empty where atoms are sparse)
+    moved_up = np.where(excess <= 0.0, 1.0, 0.0)
+    moved_up[-1] = 0.0  # the top cell has nowhere to go
+    for i in np.flatnonzero(room[1:] > 0.0)[::-1].tolist():
         free = (1.0 - moved_up[i + 1]) * room[i + 1]
         moved_up[i] = 1.0 if excess[i] <= free else free / excess[i]
     probs = mass * (1.0 - moved_up)
