@@ -125,28 +125,37 @@ def test_cli_epsilon_and_delta(capsys):
     assert "noise_multiplier" in capsys.readouterr().err
 
 
-def _cache_dir_after_import(env) -> str:
-    code = "import jax, pldjax; print(jax.config.jax_compilation_cache_dir)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+_CACHE_DIRS_AFTER_IMPORT = """
+import os, sys, warnings, jax, pldjax
+from pldjax.core.compilation import enable_default_cache
+print(jax.config.jax_compilation_cache_dir)
+for name, value, jax_dir in [a.split("|") for a in sys.argv[1:]]:
+    jax.config.update("jax_compilation_cache_dir", jax_dir or None)
+    os.environ[name] = value
+    with warnings.catch_warnings(record=True):
+        enable_default_cache()
+    print(jax.config.jax_compilation_cache_dir)
+"""
 
 
 def test_compilation_cache_is_on_by_default_with_opt_outs(tmp_path):
+    """The import's cache directory, then (in the same process, nothing compiled) what the same
+    start-up step does under each opt-out."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "home"), JAX_PLATFORMS="cpu")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the test run's own cache (conftest)
     env.pop("PLDJAX_COMPILATION_CACHE", None)
-    assert _cache_dir_after_import(env) == str(tmp_path / "home" / "pldjax" / "xla")
-    # opt out: JAX's settings untouched
-    assert _cache_dir_after_import(dict(env, PLDJAX_COMPILATION_CACHE="0")) == "None"
-    # a directory configured for JAX wins
     mine = str(tmp_path / "mine")
-    assert _cache_dir_after_import(dict(env, JAX_COMPILATION_CACHE_DIR=mine)) == mine
-    # a directory that cannot be created leaves the cache off, the import works
     (tmp_path / "file").write_text("")
-    blocked = dict(env, PLDJAX_COMPILATION_CACHE=str(tmp_path / "file" / "xla"))
-    assert _cache_dir_after_import(blocked) == "None"
+    cases = [
+        "PLDJAX_COMPILATION_CACHE|0|",  # opt out: JAX's settings untouched
+        f"PLDJAX_COMPILATION_CACHE||{mine}",  # a directory configured for JAX wins
+        # a directory that cannot be created leaves the cache off, the start-up works
+        f"PLDJAX_COMPILATION_CACHE|{tmp_path / 'file' / 'xla'}|",
+    ]
+    out = subprocess.run([sys.executable, "-c", _CACHE_DIRS_AFTER_IMPORT, *cases], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(tmp_path / "home" / "pldjax" / "xla"), "None", mine, "None"]
 
 
 @pytest.mark.slow

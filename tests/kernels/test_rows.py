@@ -87,7 +87,7 @@ def test_row_operations_in_tiles_agree_with_each_row_alone(n):
     np.testing.assert_allclose(points[7], np.cumsum(rows, axis=1), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("n", [TILE // 4, TILE, 4 * TILE,
+@pytest.mark.parametrize("n", [TILE // 4, pytest.param(TILE, marks=pytest.mark.slow), 4 * TILE,
                                pytest.param(8 * TILE, marks=pytest.mark.slow)])
 def test_masses_and_placement_in_tiles_agree_with_each_row_alone(n):
     """DP-SGD's curves (sigma 0.7 to 2, both directions, q = 0.01) on grids of n points: the

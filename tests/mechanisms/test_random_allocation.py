@@ -106,7 +106,8 @@ def test_two_steps_bracket_the_exact_pair(sigma):
     """Both bounds within a few percent of the exact two-step pair, both directions; at sigma
     0.35 most Z are far below their mean (median e^-4.1), which a lattice aimed at S's spread
     floors to 0 (the add direction's upper bound read 2.4 times the exact delta at eps 5, its
-    lower bound 0 from eps 0.5)."""
+    lower bound 0 from eps 0.5); the upper bound's epsilons stay finite and increasing down to
+    delta 1e-14."""
     upper, lower = _bounds(sigma, 2)
     for eps in EPSILONS:
         for index, direction in enumerate(("remove", "add")):
@@ -116,8 +117,12 @@ def test_two_steps_bracket_the_exact_pair(sigma):
             assert low <= exact <= high, (eps, direction)
             assert high <= exact * 1.01 + 1e-10
             assert low >= exact * 0.98 - 1e-10
+    epsilons = [float(upper.epsilon(delta)) for delta in (1e-6, 1e-10, 1e-12, 1e-14)]
+    assert all(math.isfinite(eps) for eps in epsilons) and epsilons == sorted(epsilons)
+    assert float(lower.epsilon(1e-14)) <= epsilons[-1]
 
 
+@pytest.mark.slow
 def test_small_noise_and_few_steps_read_finite_epsilons_down_to_delta_1e_14():
     """Each block's lattice PLD, met with the Gaussian bound of one selection, keeps the
     lattice's tail beyond the Gaussian bound's window (where that bound's tail is its +inf atom,
