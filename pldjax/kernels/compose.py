@@ -807,14 +807,36 @@ def _q_surplus(wrapped, summary: PMFSummary, offset, step, restore):
         center, points = int(summary.center), int(summary.points)
         masses = np.concatenate([wrapped[size - center:], wrapped[:points - center]])
         losses = (offset + np.arange(points)) * step
-    else:
-        j = xp.arange(size)
-        turned = xp.where(j < size - summary.center, j, j - size)
-        masses, losses = wrapped, (offset + summary.center + turned) * step
-    log_mass = xp.log(xp.sum(masses * xp.exp(-losses))) + restore
+        weights = np.exp(-losses)
+    else:  # the window's entry j holds grid index offset + centre + j, or j - size once turned
+        masses, first = wrapped, offset + summary.center
+        weights = xp.where(xp.arange(size) < size - summary.center,
+                           falling_exponentials(first, step, size),
+                           falling_exponentials(first - size, step, size))
+    log_mass = xp.log(xp.sum(masses * weights)) + restore
     surplus = (xp.maximum(xp.expm1(log_mass), 0.0)
                + STEP_ROUNDOFF * (summary.points + 1.0) * UNIT_ROUNDOFF)
     return xp.where(summary.points <= size, surplus, xp.inf)
+
+
+#: Points a block of :func:`falling_exponentials`.
+_EXPONENTIAL_BLOCK = 128
+
+
+def falling_exponentials(start, step, size: int):
+    """e^-((start + j) step) for j in [0, size): the e^-loss of a window of ``size`` points from
+    grid index ``start`` (step ``step``, nats). Where B = _EXPONENTIAL_BLOCK divides the size
+    (and the size is at least B^2), each is the product e^-((start + b B) step) e^-(i step) for
+    j = b B + i: size / B + B exponentials instead of size (they were a tenth of a composition's
+    time), each within a few units of round-off of the exponential itself, whose argument's
+    rounding already moves it by |loss| units."""
+    xp = array_module(step, start)
+    if size % _EXPONENTIAL_BLOCK or size < _EXPONENTIAL_BLOCK**2:
+        return xp.exp(-((start + xp.arange(size)) * step))
+    blocks = xp.exp(-((start + _EXPONENTIAL_BLOCK * xp.arange(size // _EXPONENTIAL_BLOCK))
+                      * step))
+    within = xp.exp(-(xp.arange(_EXPONENTIAL_BLOCK) * step))
+    return (blocks[:, None] * within[None, :]).reshape(size)
 
 
 def swapped_delta_bound(parts: SwappedParts, start, step, count, epsilon):
@@ -834,8 +856,10 @@ def swapped_delta_bound(parts: SwappedParts, start, step, count, epsilon):
     with what it needs."""
     xp = array_module(parts.lower)
     size = parts.lower.shape[-1]
-    losses = (start + xp.arange(size)) * step
-    weighted = xp.where(parts.lower > 0, xp.exp(xp.minimum(-losses, epsilon)) * parts.lower, 0.0)
+    # e^min(-loss, eps): e^-loss, and e^eps at losses below -eps
+    weights = xp.where((start + xp.arange(size)) * step < -epsilon, xp.exp(epsilon),
+                       falling_exponentials(start, step, size))
+    weighted = xp.where(parts.lower > 0, weights * parts.lower, 0.0)
     total = xp.sum(weighted) * (1.0 - size * UNIT_ROUNDOFF)
     total = total - xp.where(parts.folded > 0, xp.exp(epsilon) * parts.folded, 0.0)
     surplus = xp.expm1(count * xp.log1p(parts.q_surplus))
