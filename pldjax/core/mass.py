@@ -49,7 +49,7 @@ def exact_sum(values) -> float:
     return total / 2 ** (53 - lowest)  # Python's integer division rounds once, to nearest
 
 
-#: Bins a block of :func:`take_from_bottom` inside a kernel.
+#: Bins a block of :func:`take_from_bottom` and :func:`take_from_top` inside a kernel.
 _TAKEN_BLOCK = 128
 
 
@@ -63,19 +63,34 @@ def take_from_bottom(probs, amount, xp=jnp):
     whole row was a tenth of a composition's time, for an amount that is mostly round-off)."""
     if xp is np:
         return _take_from_bottom_on_host(probs, amount)
+    return _taken_in_blocks(probs, amount, from_top=False)
+
+
+def _taken_in_blocks(probs, amount, *, from_top: bool):
+    """:func:`take_from_bottom`, or with ``from_top`` :func:`take_from_top`, inside a kernel."""
     size = probs.shape[0]
     if size % _TAKEN_BLOCK:
+        if from_top:
+            return _taken_bin_by_bin(probs[::-1], amount, 0.0)[::-1]
         return _taken_bin_by_bin(probs, amount, 0.0)
     blocks = probs.reshape(-1, _TAKEN_BLOCK)
-    ends = cumulative_sum(jnp.sum(blocks, axis=1))  # nondecreasing: the masses are >= 0
-    crossing = jnp.sum(ends <= amount)  # the first block whose end is above the amount
-    part = jnp.minimum(crossing, blocks.shape[0] - 1)
-    before = jnp.where(part > 0, ends[jnp.maximum(part - 1, 0)], 0.0)
-    partial = _taken_bin_by_bin(jax.lax.dynamic_index_in_dim(blocks, part, keepdims=False),
-                                amount, before)
-    index = jnp.arange(blocks.shape[0])[:, None]
-    return jnp.where(index < crossing, 0.0,
-                     jnp.where(index == crossing, partial[None, :], blocks)).reshape(size)
+    count = blocks.shape[0]
+    # the mass from the taken end through each block: monotone, the masses are >= 0
+    through = cumulative_sum(jnp.sum(blocks, axis=1), reverse=from_top)
+    crossing = jnp.sum(through <= amount)  # blocks emptied, from the taken end
+    distance = jnp.arange(count)  # of each block from the taken end, in blocks
+    if from_top:
+        distance = count - 1 - distance
+    part = jnp.clip(count - 1 - crossing if from_top else crossing, 0, count - 1)
+    beyond = part + 1 if from_top else part - 1  # the block before it on the taken side
+    before = jnp.where((beyond >= 0) & (beyond < count),
+                       through[jnp.clip(beyond, 0, count - 1)], 0.0)
+    row = jax.lax.dynamic_index_in_dim(blocks, part, keepdims=False)
+    partial = (_taken_bin_by_bin(row[::-1], amount, before)[::-1] if from_top
+               else _taken_bin_by_bin(row, amount, before))
+    return jnp.where(distance[:, None] < crossing, 0.0,
+                     jnp.where(distance[:, None] == crossing, partial[None, :],
+                               blocks)).reshape(size)
 
 
 def _taken_bin_by_bin(probs, amount, below_first):
@@ -113,7 +128,9 @@ def _take_from_bottom_on_host(probs, amount, in_place: bool = False):
 
 def take_from_top(probs, amount, xp=jnp):
     """``probs`` less ``amount`` of mass taken from its highest bins (never below zero)."""
-    return take_from_bottom(probs[::-1], amount, xp)[::-1]
+    if xp is np:
+        return _take_from_bottom_on_host(probs[::-1], amount)[::-1]
+    return _taken_in_blocks(probs, amount, from_top=True)
 
 
 def settle(probs, inf_mass, per_bin, tail_slack, pessimistic, xp=jnp):

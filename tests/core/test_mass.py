@@ -32,12 +32,16 @@ def test_mass_taken_on_the_host_is_the_whole_arrays_definition_bit_for_bit(amoun
     np.testing.assert_allclose(take_from_bottom(jnp.asarray(probs), amount),
                                _taken_from_bottom(probs, amount), rtol=0.0,
                                atol=probs.size * np.finfo(np.float64).eps)
+    np.testing.assert_allclose(take_from_top(jnp.asarray(probs), amount),
+                               _taken_from_bottom(probs[::-1], amount)[::-1], rtol=0.0,
+                               atol=probs.size * np.finfo(np.float64).eps)
 
 
 @pytest.mark.parametrize("size", [1_000, 128 * 128])
 def test_mass_taken_in_a_kernel_is_the_definition_by_blocks_or_not(size):
     """A row of a multiple of the block takes mass block by block, any other bin by bin: both
-    give the definition's bins (to round-off) at amounts inside, between and beyond blocks."""
+    give the definition's bins (to round-off) at amounts inside, between and beyond blocks,
+    from the bottom and from the top."""
     rng = np.random.default_rng(size)
     probs = rng.exponential(size=size)
     probs[rng.random(size) < 0.2] = 0.0
@@ -45,6 +49,9 @@ def test_mass_taken_in_a_kernel_is_the_definition_by_blocks_or_not(size):
     for amount in [0.0, probs[0], np.sum(probs[:128]), np.sum(probs[:300]) * 0.999, 1.0, 2.0]:
         np.testing.assert_allclose(take_from_bottom(jnp.asarray(probs), amount),
                                    _taken_from_bottom(probs, amount), rtol=0.0,
+                                   atol=size * np.finfo(np.float64).eps)
+        np.testing.assert_allclose(take_from_top(jnp.asarray(probs[::-1]), amount),
+                                   _taken_from_bottom(probs, amount)[::-1], rtol=0.0,
                                    atol=size * np.finfo(np.float64).eps)
 
 
