@@ -831,11 +831,27 @@ def map_rows(fn: Callable) -> Callable:
         leaves, tree = jax.tree_util.tree_flatten(args)
         if array_module(leaves[0]) is not np:
             return jax.vmap(fn)(*args)
+        if leaves[0].shape[0] == 1:  # one row (one configuration): no window-long copies
+            return _one_row(fn(*tree.unflatten([leaf[0] for leaf in leaves])), leaves)
         rows = [fn(*tree.unflatten([leaf[i] for leaf in leaves]))
                 for i in range(leaves[0].shape[0])]
         return jax.tree.map(lambda *column: np.stack(column), *rows)
 
     return mapped
+
+
+def _one_row(outputs, inputs):
+    """The outputs of ``fn`` on the one row of :func:`map_rows`'s ``inputs`` (their leaves),
+    each with a leading axis of one: a view of its own memory, or a copy where it holds the
+    memory of an input (as ``numpy.stack`` would give)."""
+    def owner(a):
+        return a if a.base is None else a.base
+
+    held = {id(owner(leaf)) for leaf in inputs if isinstance(leaf, np.ndarray)}
+    flat, tree = jax.tree_util.tree_flatten(outputs)
+    flat = [np.asarray(leaf) for leaf in flat]
+    return tree.unflatten([leaf[None].copy() if id(owner(leaf)) in held else leaf[None]
+                           for leaf in flat])
 
 
 def while_loop(cond: Callable, body: Callable, carry):

@@ -129,13 +129,13 @@ def roundoff_charges(raw, first, last, pessimistic):
     level = fft_roundoff(raw, error_norm)
     negative = xp.minimum(raw, 0.0)
     norm = _ROUNDOFF_SAFETY * xp.maximum(error_norm, xp.sqrt(2.0 * xp.sum(negative * negative)))
-    index = xp.arange(size)
+    # each bin's rank from the top of the support, and one past the window (rank 0): a bin's
+    # next rank down is the next bin's
+    index = xp.arange(size + 1)
     rank = xp.maximum(xp.minimum(last, size - 1) - index + 1, 0).astype(xp.float64)
-
-    def charged(r):  # on the r highest bins
-        return xp.minimum(r * level, norm * xp.sqrt(r))
-
-    per_bin = xp.where(pessimistic, charged(rank) - charged(xp.maximum(rank - 1.0, 0.0)), level)
+    charged = xp.minimum(rank * level, norm * xp.sqrt(rank))  # on the rank highest bins
+    per_bin = xp.where(pessimistic, charged[:-1] - charged[1:], level)
+    index = index[:-1]
     return xp.where((index >= first) & (index <= last), per_bin, 0.0), level
 
 

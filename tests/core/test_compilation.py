@@ -413,3 +413,32 @@ def test_quotient_and_remainder_of_non_negative_integers_are_floor_division(divi
                 np.testing.assert_array_equal(value, expected)
         program = both.lower(a, np.int64(divisor)).as_text()
     assert " sign " not in program and "stablehlo.sign" not in program
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rows_mapped_on_the_host_are_each_rows_outputs_stacked_and_never_an_inputs_memory(rows):
+    """map_rows on NumPy rows gives each row's outputs stacked (pytrees, scalars and arrays alike,
+    with their dtypes), as vmap does in a kernel; an output that is an input (or a view of one)
+    comes back as a copy, so that writing to it leaves the caller's arrays as they were."""
+    from pldjax.core.compilation import map_rows
+
+    def fn(row, scale):
+        return {"same": row, "view": row[:2], "new": row * scale, "sum": np.sum(row),
+                "flag": bool(scale > 1), "count": int(row.shape[0])}
+
+    table = np.arange(rows * 4, dtype=np.float64).reshape(rows, 4)
+    scales = np.linspace(0.5, 2.0, rows)
+    got = map_rows(fn)(table, scales)
+    with jax.enable_x64(True):
+        want = jax.vmap(lambda r, s: {
+            "same": r, "view": r[:2], "new": r * s, "sum": jnp.sum(r), "flag": s > 1,
+            "count": jnp.full((), r.shape[0])})(jnp.asarray(table), jnp.asarray(scales))
+    assert got.keys() == want.keys()
+    for key, value in got.items():
+        assert isinstance(value, np.ndarray) and value.shape[0] == rows
+        np.testing.assert_array_equal(value, np.asarray(want[key]))
+    assert got["flag"].dtype == bool and got["count"].dtype == np.int64
+    before = table.copy()
+    for value in got.values():
+        value[...] = -1
+    np.testing.assert_array_equal(table, before)
