@@ -42,13 +42,20 @@ def _lower_tail(a):
     xp = array_module(a)
     lower = 0.5 * special_functions(xp).erfc(a * math.sqrt(0.5))
     far = a >= _SERIES_FROM
-    safe = xp.maximum(a, _SERIES_FROM)
-    r = 1.0 / (safe * safe)
+    if xp is np:  # the series at the far points alone (few, if any)
+        scaled = np.array(lower)
+        scaled[far] = _mills_scaled(a[far])
+        return lower, scaled, far
+    return lower, xp.where(far, _mills_scaled(xp.maximum(a, _SERIES_FROM)), lower), far
+
+
+def _mills_scaled(a):
+    """Phi(-a) e^{a^2/2} for a >= _SERIES_FROM, from the asymptotic series."""
+    r = 1.0 / (a * a)
     series = MILLS_SERIES[-1]
     for c in MILLS_SERIES[-2::-1]:
         series = c + r * series
-    scaled = series / (safe * math.sqrt(2 * math.pi))  # Phi(-a) e^{a^2/2} for a >= 30
-    return lower, xp.where(far, scaled, lower), far
+    return series / (a * math.sqrt(2 * math.pi))
 
 
 def log1p_parts(y):

@@ -177,7 +177,7 @@ def chernoff_exponents(probs, offset, step, count, tail=grid_lib.TAIL_MASS,
     t = xp.exp(_moved(_tangency_search(
         coarse_probs, coarse_z - coarse.over_points(to_coarse(mean)), coarse_variance,
         to_coarse(count), to_coarse(target), to_coarse(start), coarse), coarse, rows))
-    k, _, _ = _cumulants(_log(probs), over(sides) * (z - over(mean))[None], 0.0, t, rows)
+    k = _cumulant(_log(probs), over(sides) * (z - over(mean))[None], t, rows)
     exponents = count * (k + sides * t * mean)
     return t[:1], exponents[:1], t[1:], exponents[1:]
 
@@ -288,6 +288,14 @@ def _cumulants(logp, y, variance, t, rows):
     s2 = rows.sum(e * (slope * slope + variance))
     first = s1 / s0
     return top + xp.log(s0), first, xp.maximum(s2 / s0 - first**2, 0.0)
+
+
+def _cumulant(logp, y, t, rows):
+    """K(t) of each side's loss (as :func:`_cumulants`, of point masses), alone."""
+    xp = array_module(logp)
+    w = logp[None] + rows.over_points(t) * y
+    top = rows.max(w)
+    return top + xp.log(rows.sum(xp.exp(w - rows.over_points(top))))
 
 
 def _tangency_search(probs, centred, variance, count, target, start, rows):

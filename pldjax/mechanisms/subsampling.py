@@ -84,10 +84,12 @@ def _threshold(x, q, log_q):
     # from q = 1/2 (1 - q exact) x <= 0 is taken as x + log(1 - (1 - q) e^-x): expm1(x) + q
     # rounded to 0 below x = -37 at q = 1 (and e^x underflows below -745), which put the add
     # direction's losses above 37 nats at -inf; for small q, m + q keeps the digits of x near 0
-    scaled = xp.where(q < 1.0, (1.0 - q) * xp.exp(xp.minimum(-x, 709.0)), 0.0)
-    inside = scaled < 1.0
-    near_one = xp.where(inside, x + log1p(-xp.where(inside, scaled, 0.0), xp) - log_q, -xp.inf)
-    below = xp.where(q >= 0.5, near_one, below)
+    if xp is not np or np.any(q >= 0.5):  # (NumPy: not computed where no q needs it)
+        scaled = xp.where(q < 1.0, (1.0 - q) * xp.exp(xp.minimum(-x, 709.0)), 0.0)
+        inside = scaled < 1.0
+        near_one = xp.where(inside, x + log1p(-xp.where(inside, scaled, 0.0), xp) - log_q,
+                            -xp.inf)
+        below = xp.where(q >= 0.5, near_one, below)
     return xp.where(above & ~grows, x + logged * r - log_q, below)
 
 
