@@ -227,7 +227,7 @@ def part1(args, report) -> None:
              f"U* = {harness.fmt(best_upper, '.6f')} (smallest upper bound)."]
     import pldjax as pj
 
-    size = int(pj.gaussian(SIGMA, sampling_prob=Q).self_compose(steps).size)
+    size = composition_window(lambda: pj.dpsgd_epsilon(SIGMA, Q, steps, DELTA))
     bare = harness.fft_round_trip(size)["median"]
     if rows.get("pldjax", {}).get("warm_s"):
         notes.append(f"pldjax's composition window: {size:,} points; a bare jitted float64 rfft + irfft of "
@@ -237,6 +237,26 @@ def part1(args, report) -> None:
                         if "pldjax steady" in steady else "") + ".")
     report.text(" ".join(notes))
     report.flush()
+
+
+def composition_window(call) -> int:
+    """Points of the largest composition window ``call`` (a pldjax accounting call) composes
+    at, as the engine queues its rows (on the host or compiled alike)."""
+    from pldjax.accounting import engine
+
+    sizes = []
+    add = engine._Compositions.add
+
+    def recorded(self, size, *args, **kwargs):
+        sizes.append(int(size))
+        return add(self, size, *args, **kwargs)
+
+    engine._Compositions.add = recorded
+    try:
+        call()
+    finally:
+        engine._Compositions.add = add
+    return max(sizes)
 
 
 def _steady_rows(rows, single, repeats: int) -> dict:
