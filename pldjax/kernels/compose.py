@@ -129,6 +129,8 @@ def roundoff_charges(raw, first, last, pessimistic):
     level = fft_roundoff(raw, error_norm)
     negative = xp.minimum(raw, 0.0)
     norm = _ROUNDOFF_SAFETY * xp.maximum(error_norm, xp.sqrt(2.0 * xp.sum(negative * negative)))
+    if xp is np:
+        return _roundoff_charges_on_host(size, first, last, pessimistic, level, norm), level
     # each bin's rank from the top of the support, and one past the window (rank 0): a bin's
     # next rank down is the next bin's
     index = xp.arange(size + 1)
@@ -137,6 +139,25 @@ def roundoff_charges(raw, first, last, pessimistic):
     per_bin = xp.where(pessimistic, charged[:-1] - charged[1:], level)
     index = index[:-1]
     return xp.where((index >= first) & (index <= last), per_bin, 0.0), level
+
+
+def _roundoff_charges_on_host(size: int, first, last, pessimistic: bool, level, norm):
+    """:func:`roundoff_charges`'s charges in NumPy: the same values, computed on the bins of
+    positive rank alone and written into the support's bins (no pass over index arrays)."""
+    per_bin = np.zeros(size)
+    lo, hi = (int(np.clip(bound, 0, size)) for bound in (first, last + 1))
+    if lo >= hi:
+        return per_bin
+    if not pessimistic:
+        per_bin[lo:hi] = level
+        return per_bin
+    ranked = int(np.clip(min(last, size - 1) + 1, 0, size))  # bins 0 .. ranked - 1
+    rank = np.arange(ranked, -1, -1, dtype=np.float64)  # theirs, and 0 after them
+    charged = np.minimum(rank * level, norm * np.sqrt(rank))
+    np.subtract(charged[:-1], charged[1:], out=per_bin[:ranked])
+    per_bin[:lo] = 0.0
+    per_bin[hi:] = 0.0
+    return per_bin
 
 
 # -- tail bounds ----------------------------------------------------------------------------------

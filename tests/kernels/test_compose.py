@@ -816,6 +816,29 @@ def test_round_off_next_to_a_large_atom_is_charged_by_its_norm(on_host):
     assert np.all(got[truth >= 1e-10] <= truth[truth >= 1e-10] * 1.01)
 
 
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_round_off_charges_on_the_host_are_the_compiled_kernels(pessimistic):
+    """Each bin's round-off charge, computed in NumPy, agrees with the compiled kernel's
+    wherever the support lies: inside the window, across it, beyond either end or empty."""
+    size = 4096
+    raw = np.random.default_rng(0).normal(size=size) * 1e-3 + np.linspace(0.0, 1e-3, size)
+    charges = jax.jit(compose_module.roundoff_charges, static_argnums=3)
+    for first, last in [(0, size - 1), (-7, size + 9), (size // 3, size // 2), (-1e18, 1e18),
+                        (size + 2, size + 5), (-9, -2), (5, 4), (size - 1, size - 1)]:
+        bounds = np.float64(first), np.float64(last)
+        host, host_level = compose_module.roundoff_charges(raw, *bounds, pessimistic)
+        with jax.enable_x64(True):
+            compiled, level = charges(jnp.asarray(raw), *bounds, pessimistic)
+        inside = (np.arange(size) >= first) & (np.arange(size) <= last)
+        assert np.all(host[~inside] == 0.0)
+        # (the levels' sums of squares add in another order: a few ulps, times the ranks that a
+        # bin's charge takes the difference of)
+        np.testing.assert_allclose(host, np.asarray(compiled), rtol=1e-10, atol=0.0)
+        np.testing.assert_allclose(host_level, float(level), rtol=1e-12)
+        if pessimistic and inside.any():  # E a bin from the top, then the sqrt law's increments
+            assert host[inside].max() <= host_level * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("sigma,q,count,step", [
     (0.3, 1e-6, 2, 2.0**-8), (0.5, 1e-4, 10, 2.0**-8), (2.0, 0.1, 20, 2.0**-8),
     (1.0, 1.0, 30, 2.0**-6), (0.5, 1e-3, 100, 2.0**-7), (3.0, 0.5, 100, 2.0**-7)])
