@@ -587,8 +587,8 @@ def _spectrum(folded):
     ratio = xp.where(norm >= spread, 1.0, norm / xp.maximum(spread, np.finfo(np.float64).tiny))
     reach = xp.floor(size / xp.pi * xp.arcsin(ratio))
     accurate = xp.maximum(reach.astype(xp.int64) + 1, _ACCURATE_FREQS)
-    if xp is np:  # one call of two rows, which NumPy's FFT transforms side by side (0.9 ms for
-        spectra = np.fft.rfft(both)  # 98,304 points against 0.77 ms for one row; same values)
+    if xp is np:  # one call of two rows, which NumPy's FFT transforms side by side, to the same
+        spectra = np.fft.rfft(both)  # values (98,304 points: 0.9 ms, one row alone 0.77 ms)
         return spectra[0], spectra[1], mass, accurate
     return xp.fft.rfft(folded), xp.fft.rfft(tails), mass, accurate
 
