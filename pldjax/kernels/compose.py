@@ -746,7 +746,10 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
     def prepare(w, s, m, o, h, c, e, t):
         # a PLD with all its mass at +inf composes to itself; compute on a stand-in, keep the atom
         live = s.mass > 0
-        folded = xp.where(live, w, xp.arange(size) == 0)
+        if xp is np:  # (no pass over the window where it is live, as it nearly always is)
+            folded = w if live else (np.arange(size) == 0).astype(np.float64)
+        else:
+            folded = xp.where(live, w, xp.arange(size) == 0)
         s = PMFSummary(*(xp.where(live, value, stand_in) for value, stand_in
                          in zip(s, (1.0, 0, 0, 0, s.points), strict=True)))
         lo, hi = summary_window(s, o, h, c, t, e)
@@ -759,7 +762,10 @@ def compose_wrapped_rows(wrapped, summary: PMFSummary, inf_mass, offset, step, c
         magnitude = xp.real(spectrum) ** 2 + xp.imag(spectrum) ** 2
         # |P|^count e^(count shift) >= e^_NEGLIGIBLE_LOG
         kept = magnitude >= xp.exp(2.0 * (_NEGLIGIBLE_LOG / c - shift))
-        last = xp.max(xp.where(kept, xp.arange(spectrum.shape[0]), 0))
+        if xp is np:  # the last frequency kept, found from the top
+            last = np.int64(kept.size - 1 - np.argmax(kept[::-1]) if kept.any() else 0)
+        else:
+            last = xp.max(xp.where(kept, xp.arange(spectrum.shape[0]), 0))
         return live, s, start, turn, folded, spectrum, tail_spectrum, mass, accurate, shift, last
 
     (live, summary, start, turn, folded, spectrum, tail_spectrum, mass, accurate, shift,
