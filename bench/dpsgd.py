@@ -219,7 +219,8 @@ def part1(args, report) -> None:
                   "first s", "warm s (n)", "peak MB", "call MB", "dp-accounting 1e-4 warm / warm"], table)
     notes = [f"first s: the call alone in a fresh process (import apart; {harness.compilation_note()}, "
              "except in the cache-filled row); peak MB: that process's peak RSS; call MB: what the first "
-             "call added to it; warm s: median of n calls in this process after a warm-up call (a "
+             "call added to it; warm s: median of n calls in this process after a warm-up call (at "
+             f"least {args.repeats}, and more until they take {harness.WARM_SECONDS:g} s in all; a "
              "process's first calls run in NumPy on the host, see pldjax.core.compilation.HostWork; "
              "the compiled-kernels rows are the same calls once the process has compiled them, as a "
              "loop of calls does after its host work, run here with PLDJAX_HOST_WORK=0). "
