@@ -145,7 +145,7 @@ def _roundoff_charges_on_host(size: int, first, last, pessimistic: bool, level, 
     """:func:`roundoff_charges`'s charges in NumPy: the same values, computed on the bins of
     positive rank alone and written into the support's bins (no pass over index arrays)."""
     per_bin = np.zeros(size)
-    lo, hi = (int(np.clip(bound, 0, size)) for bound in (first, last + 1))
+    lo, hi = _support_span(first, last, size)
     if lo >= hi:
         return per_bin
     if not pessimistic:
@@ -818,11 +818,16 @@ def _supported_on_host(raw, first, last):
     """NumPy's masses of a composed row ``raw`` at window indices ``first`` to ``last`` (the
     sum's support) clipped at 0, zero elsewhere, as long as the window."""
     size = raw.shape[0]
-    lo, hi = (int(np.clip(bound, 0, size)) for bound in (first, last + 1))
+    lo, hi = _support_span(first, last, size)
     clipped = np.zeros(size)
     np.maximum(raw[lo:hi], 0.0, out=clipped[lo:hi])
     return clipped
 
+
+def _support_span(first, last, size: int) -> tuple[int, int]:
+    """The window's slice [lo, hi) of the indices ``first`` to ``last`` (a sum's support), clipped
+    to the window of ``size`` points (empty where they miss it)."""
+    return tuple(int(np.clip(bound, 0, size)) for bound in (first, last + 1))
 
 class SwappedParts(NamedTuple):
     """What a composed row tells of the other direction of its pair (the pair with P and Q
