@@ -829,6 +829,7 @@ def _support_span(first, last, size: int) -> tuple[int, int]:
     to the window of ``size`` points (empty where they miss it)."""
     return tuple(int(np.clip(bound, 0, size)) for bound in (first, last + 1))
 
+
 class SwappedParts(NamedTuple):
     """What a composed row tells of the other direction of its pair (the pair with P and Q
     swapped; see :func:`swapped_delta_bound`)."""
