@@ -146,15 +146,15 @@ HOST_ROWS_PER_SIZE = 256
 #: Where each row's PMF centre sits among a chunk's row scalars (they begin with its summary).
 _CENTER = PMFSummary._fields.index("center")
 #: Most grid points a process composes in NumPy at one composition size, over all its calls
-#: (about 90 ns a point there, 2-core CPU, where compiling that size takes 1-3 s): then, and for
-#: rows that would go beyond, the compiled kernel (see :func:`_account_chunk`).
+#: (about 65 ns a point there, 2-core CPU, where compiling that size takes about 1.5 CPU-s with
+#: its tracing): then, and for rows that would go beyond, the compiled kernel (see
+#: :func:`_account_chunk`). A call discretized by the compiled kernels on a CPU composes in NumPy
+#: the sizes it has few rows of, where their points, summed over the call (as its survey
+#: estimates them, see :meth:`_Compositions.start_sizes`), fit in what is left of this: the
+#: sweep of 1,024 sigmas composes its 9 rows of 32,768 points and 149 of 49,152 so, and
+#: compiles two programs instead of four (first call 7.4-7.5 s against 8.0-8.1 s, side by side;
+#: its third call, which then compiles the 49,152 points' program, 4.2-4.4 s against 3.0-3.1 s).
 HOST_SIZE_POINTS = 2**24
-#: HOST_SIZE_POINTS for a call discretized by the compiled kernels on a CPU, whose rows of a size
-#: with no compiled program yet are composed in NumPy up to this many points (about 0.1 s there,
-#: a program about 1 CPU-s to compile): the sweep of 1,024 sigmas has 9 rows of 32,768 points,
-#: composed in 30 ms instead of a program compiled for them (its first call 8.2-8.9 s against
-#: 9.1-9.6 s, side by side).
-RENTED_SIZE_POINTS = 2**20
 #: The most of delta that the +inf atom of a pessimistic call's add rows exchanged from its
 #: remove rows (:func:`~pldjax.core.pld.swapped_rows`: Q's mass beyond the remove row's, the
 #: round-off bound of its sum, about 3e-15) may reach once composed: beyond it, the add rows are
@@ -374,7 +374,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
     composed at each size of at most HOST_SIZE_POINTS points that the process may still compose
     on the host (a size's compiled program is a ski rental's purchase: a process composes that
     many points at the size in NumPy before it compiles the size's program); on a CPU a
-    compiled call's rows are too, at sizes with no program compiled, up to RENTED_SIZE_POINTS.
+    compiled call's rows are too, at sizes with no program compiled, in that share.
     ``tiles``: the chunk's masses are computed in that many tiles (see :func:`_tiled`).
     """
     # on a CPU the glue runs in NumPy on one device (each eager jnp operation would be one more
@@ -512,11 +512,10 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
         # while they fit in the process's host work and in their own share of it: a host
         # call's, and on a CPU a compiled call's few rows of a size (a sweep's last rows of a
         # size: no program compiled for them)
-        price = HOST_SIZE_POINTS if compositions.host else RENTED_SIZE_POINTS
         on_host = {size for size, rows in sorted(rows_of_size.items(),
                                                  key=lambda item: len(item[1]) * item[0])
                    if compositions.host_glue and host_work.claim(
-                       len(rows) * size, compositions.program(size), price)}
+                       len(rows) * size, compositions.program(size), HOST_SIZE_POINTS)}
         # the lone configuration's add row in its remove row's call, on the remove row's size
         # (on another, see finish)
         rides = pair and sizes[1] == sizes[0] and int(sizes[0]) not in on_host
@@ -545,7 +544,7 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
                     size = int(sizes[1])
                     compositions.add(size, probs, scalars, np.array([1]), values,
                                      compositions.host_glue and host_work.claim(
-                                         size, compositions.program(size), price))
+                                         size, compositions.program(size), HOST_SIZE_POINTS))
                     compositions.flush()
                 remove[0] = max(remove[0], values[1, 0])
                 settled[0] = True
@@ -725,6 +724,21 @@ class _Compositions:
                 columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
             _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
                                   tuple(columns[10:]), **self._options)
+
+    def start_sizes(self, surveys: list) -> None:
+        """Start compiling the composition sizes that the call's groups' surveys (:func:`_survey`:
+        each one's estimated points by size, with the shapes of its chunks) met, except, on the
+        host's glue, those whose points, summed over the groups, the process may still compose
+        in NumPy (HOST_SIZE_POINTS); each from the first group that met it."""
+        points = collections.Counter()
+        for estimates, _, _ in surveys:
+            points.update(estimates)
+        rented = {size for size, total in points.items()
+                  if self.host_glue and host_work.fits(total, self.program(size),
+                                                        HOST_SIZE_POINTS)}
+        for estimates, probs, scalars in surveys:
+            for size in estimates.keys() - rented:
+                self.compile_ahead(size, probs, scalars, self.rows)
 
     def program(self, size: int) -> tuple:
         """The key of work done on the host in place of the compiled composition that this
@@ -965,19 +979,21 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
 
 
 def _survey(order, params, steps, target, probs, scalars, *, compositions, mechanism,
-            mechanism_size, both, pessimistic, grid, grid_steps, evaluate, remedy, **_) -> None:
-    """Start compiling the composition programs that the configurations ``order`` (a group of
-    :func:`_account_group`) will likely need, before the first chunk's masses are there: the
-    window sizes are known only from the masses, so without it a sweep meets its sizes chunk
-    by chunk, each one's program compiled while the chunks wait for it (the sweep of 1,024
-    sigmas: three, a second each, one after another). Up to SURVEYED
-    configurations, evenly spread over ``order`` (alike ones lie side by side), are discretized
-    and their windows placed in NumPy, and each size they meet starts compiling for the
-    group's chunks' shapes (``probs``, ``scalars``: from :func:`_account_chunk`'s ``ahead``),
-    except, on a CPU, a size whose share of the group looks small enough to be composed in
-    NumPy (see RENTED_SIZE_POINTS). A size missed is met, and compiled, as its chunk is
-    placed. A surveyed size's last rows are composed in a full call padded with repeats
-    rather than in a call of two rows, which moves their values by round-off at most."""
+            mechanism_size, both, pessimistic, grid, grid_steps, evaluate, remedy,
+            **_) -> tuple[dict[int, int], object, object]:
+    """The composition sizes that the configurations ``order`` (a group of
+    :func:`_account_group`) will likely need, each with an estimate of the grid points its rows
+    will compose, known before the first chunk's masses are there (and ``probs``, ``scalars``:
+    the group's chunks' shapes, from :func:`_account_chunk`'s ``ahead``), so that
+    :meth:`_Compositions.start_sizes` starts compiling their programs at once: the window sizes
+    are known only from the masses, so without it a sweep meets its sizes chunk by chunk, each
+    one's program compiled while the chunks wait for it (the sweep of 1,024 sigmas: three, a
+    second each, one after another). Up to SURVEYED configurations, evenly spread over
+    ``order`` (alike ones lie side by side), are discretized and their windows placed in
+    NumPy, each standing for those nearest to it. A size missed is met, and compiled, as its
+    chunk is placed. A surveyed size's last rows are composed in a full call padded with
+    repeats rather than in a call of two rows, which moves their values by round-off at
+    most."""
     positions = np.unique(np.linspace(0, len(order) - 1, min(len(order), SURVEYED))
                           .round().astype(np.int64))
     sample = order[positions]
@@ -996,15 +1012,11 @@ def _survey(order, params, steps, target, probs, scalars, *, compositions, mecha
     try:
         widths = window_widths(summary, offset, counts, lo, hi, "steps", remedy)
     except CompositionTooWide:
-        return  # the chunk that holds it raises, naming it
+        return {}, probs, scalars  # the chunk that holds it raises, naming it
     row_sizes = np.array([compositions.window_size(int(w)) for w in widths])
     rows = np.tile(stands_for, directions)
-    for size in np.unique(row_sizes).tolist():
-        points = int(np.sum(rows[row_sizes == size]) * size)
-        if size > grid_lib.MAX_SIZE or (compositions.host_glue and host_work.fits(
-                points, compositions.program(size), RENTED_SIZE_POINTS)):
-            continue
-        compositions.compile_ahead(size, probs, scalars, compositions.rows)
+    return {size: int(np.sum(rows[row_sizes == size]) * size)
+            for size in np.unique(row_sizes).tolist() if size <= grid_lib.MAX_SIZE}, probs, scalars
 
 
 def _tiled(mechanism_size: int, *, sharding, compositions, grid, **_) -> bool:
@@ -1201,8 +1213,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
             started = compiles_started()                  # programs start compiling at once
             surveys = list(chunks(ahead=True))
             if compiles_started() > started:  # new programs: then the compositions' too
-                for survey in surveys:
-                    survey()
+                compositions.start_sizes([survey() for survey in surveys])
         for chunk in chunks():
             queued.append(chunk)
             if len(queued) > ahead:

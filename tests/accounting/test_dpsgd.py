@@ -525,7 +525,7 @@ def test_a_host_call_composes_its_large_sizes_compiled(monkeypatch):
 def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share(monkeypatch):
     """A call discretized by the compiled kernels on a CPU composes in NumPy the window sizes it
     has no compiled program for, while the process has composed at most
-    engine.RENTED_SIZE_POINTS points at each (a sweep's few rows of a size compile nothing);
+    engine.HOST_SIZE_POINTS points at each (a sweep's few rows of a size compile nothing);
     a size whose rows go beyond compiles, and is not composed on the host again. The values
     are those of a call compiled throughout, to round-off."""
     from pldjax.accounting import engine
@@ -533,7 +533,7 @@ def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share
     calls, compiled, every_size = _three_sizes_compiled(monkeypatch)
     monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 0)  # discretized by the compiled kernels
     # one row of the smallest size (12,288 points: the remove row's window) in the share
-    monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 20_000)
+    monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 20_000)
     mixed = pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
     assert calls["_tiled_masses_kernel"]
     assert set() < _composed_sizes(calls) < every_size
@@ -541,10 +541,36 @@ def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share
     calls.clear()
     assert pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5) == pytest.approx(mixed, rel=1e-9)
     assert _composed_sizes(calls) == every_size  # each share spent, or its program there
-    monkeypatch.setattr(engine, "RENTED_SIZE_POINTS", 10**9)
+    monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 10**9)
     calls.clear()
     pj.dpsgd_epsilon(*_THREE_SIZES, 1e-5)
     assert _composed_sizes(calls) == every_size  # bought: not rented again, whatever the share
+
+
+def test_a_cold_compiled_sweep_rents_or_compiles_each_size_for_the_whole_call(monkeypatch):
+    """A compiled sweep on a CPU decides from its survey which window sizes it composes in
+    NumPy: those whose rows, summed over all its groups (one a mechanism grid size), fit in
+    the process's share (engine.HOST_SIZE_POINTS). The others start compiling before the first
+    chunk, even where each group's rows of them alone would fit, and none of their rows is
+    composed on the host: no size is paid for twice. The values are those of a sweep compiled
+    throughout, to round-off."""
+    from pldjax.accounting import engine
+    from pldjax.core import compilation
+
+    sweep = (np.linspace(0.6, 3.0, 32), 0.01, 3000, 1e-5)
+    accounting_compiled(monkeypatch)
+    compiled = pj.dpsgd_epsilon(*sweep)
+    accounting_on_the_host(monkeypatch)
+    monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 0)  # discretized by the compiled kernels
+    monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 500_000)  # ten rows of 49,152 points
+    started = iter(range(10**6))  # every dry run starts new programs: a cold process
+    monkeypatch.setattr("pldjax.accounting.engine.compiles_started", lambda: next(started))
+    calls = _kernel_calls(monkeypatch)
+    mixed = pj.dpsgd_epsilon(*sweep)
+    rented = {key[1] for key, points in compilation.host_work.rents.items() if points}
+    assert rented and _composed_sizes(calls)
+    assert not rented & _composed_sizes(calls)
+    np.testing.assert_allclose(mixed, compiled, rtol=1e-9)
 
 
 def test_a_configuration_alone_after_a_sweep_rents_its_own_program(monkeypatch):
@@ -558,7 +584,7 @@ def test_a_configuration_alone_after_a_sweep_rents_its_own_program(monkeypatch):
     calls = _kernel_calls(monkeypatch)
     sigmas = np.linspace(2.0, 2.1, 8)  # one window size
     defaults = {name: getattr(engine, name) for name in ("HOST_ROWS_PER_SIZE",
-                                                         "RENTED_SIZE_POINTS")}
+                                                         "HOST_SIZE_POINTS")}
     for name in defaults:  # the sweep compiled throughout
         monkeypatch.setattr(engine, name, 0)
     sweep = pj.dpsgd_epsilon(sigmas, 0.01, 300, 1e-5)
