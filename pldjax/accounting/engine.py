@@ -149,11 +149,12 @@ _CENTER = PMFSummary._fields.index("center")
 #: (about 65 ns a point there, 2-core CPU, where compiling that size takes about 1.5 CPU-s with
 #: its tracing): then, and for rows that would go beyond, the compiled kernel (see
 #: :func:`_account_chunk`). A call discretized by the compiled kernels on a CPU composes in NumPy
-#: the sizes it has few rows of, where their points, summed over the call (as its survey
-#: estimates them, see :meth:`_Compositions.start_sizes`), fit in what is left of this: the
-#: sweep of 1,024 sigmas composes its 9 rows of 32,768 points and 149 of 49,152 so, and
-#: compiles two programs instead of four (first call 7.4-7.5 s against 8.0-8.1 s, side by side;
-#: its third call, which then compiles the 49,152 points' program, 4.2-4.4 s against 3.0-3.1 s).
+#: the sizes it has few rows of and no program ready for, where their points, summed over the
+#: call (as its survey estimates them, see :meth:`_Compositions.start_sizes`), fit in what is
+#: left of this: the sweep of 1,024 sigmas composes its 9 rows of 32,768 points and 149 of
+#: 49,152 so, and compiles two programs instead of four (first call 7.4-7.5 s against 8.0-8.1
+#: s, side by side; its third call, which then compiles the 49,152 points' program, 4.2-4.4 s
+#: against 3.0-3.1 s; a process with the persistent cache filled loads all four, as before).
 HOST_SIZE_POINTS = 2**24
 #: The most of delta that the +inf atom of a pessimistic call's add rows exchanged from its
 #: remove rows (:func:`~pldjax.core.pld.swapped_rows`: Q's mass beyond the remove row's, the
@@ -717,27 +718,38 @@ class _Compositions:
             if self._gathers:
                 index = jax.ShapeDtypeStruct((most,), np.asarray(0).dtype)
                 wrapped, columns = _gathered(probs, index, scalars, size)
-            else:
-                if batch == most:
-                    self._full_sizes.add(size)
-                wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
-                columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
-            _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
-                                  tuple(columns[10:]), **self._options)
+                _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
+                                      tuple(columns[10:]), **self._options)
+                return
+            if batch == most:
+                self._full_sizes.add(size)
+            _compose_and_evaluate(*self._call_shapes(size, probs, scalars), **self._options)
+
+    def _call_shapes(self, size: int, probs, scalars) -> tuple:
+        """The arguments' shapes of this call's composition program for ``size`` on the host's
+        glue (:meth:`_batch` rows; ``probs``, ``scalars`` as :meth:`add`'s)."""
+        batch = self._batch(size)
+        wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
+        columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
+        return wrapped, PMFSummary(*columns[:5]), *columns[5:10], tuple(columns[10:])
 
     def start_sizes(self, surveys: list) -> None:
         """Start compiling the composition sizes that the call's groups' surveys (:func:`_survey`:
         each one's estimated points by size, with the shapes of its chunks) met, except, on the
         host's glue, those whose points, summed over the groups, the process may still compose
-        in NumPy (HOST_SIZE_POINTS); each from the first group that met it."""
-        points = collections.Counter()
-        for estimates, _, _ in surveys:
-            points.update(estimates)
-        rented = {size for size, total in points.items()
-                  if self.host_glue and host_work.fits(total, self.program(size),
-                                                        HOST_SIZE_POINTS)}
+        in NumPy (HOST_SIZE_POINTS) and whose program is not ready without compiling (one an
+        earlier process compiled is loaded from the persistent cache in a fraction of the
+        time); each from the first group that met it."""
+        points, shapes = collections.Counter(), {}
         for estimates, probs, scalars in surveys:
-            for size in estimates.keys() - rented:
+            points.update(estimates)
+            for size in estimates:
+                shapes.setdefault(size, (probs, scalars))
+        for size, total in points.items():
+            probs, scalars = shapes[size]
+            if not (self.host_glue and host_work.fits(total, self.program(size), HOST_SIZE_POINTS)
+                    and not _compose_and_evaluate.stored(*self._call_shapes(size, probs, scalars),
+                                                         **self._options)):
                 self.compile_ahead(size, probs, scalars, self.rows)
 
     def program(self, size: int) -> tuple:

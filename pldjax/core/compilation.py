@@ -527,6 +527,24 @@ class ExportedKernel(Kernel):
                 self._pending[slot] = _start_compile(call.trace(*args), x64, call)
         return shapes
 
+    def stored(self, *args, **kwargs) -> bool:
+        """Whether a call on these arguments (arrays or ``jax.ShapeDtypeStruct``) finds its
+        program ready without compiling it here: compiled in this process, or exported to disk
+        by an earlier one (which compiled it into the persistent cache: loaded, not compiled)."""
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        slot = self._slot(leaves, tree, kwargs)
+        if slot is None:
+            return False
+        if slot in self._calls or slot in self._jitted_slots:
+            return True
+        return slot[0] is not None and self._path(*slot).exists()
+
+    def _path(self, directory: Path, key) -> Path:
+        """Where the exported program for ``key`` is kept in ``directory``."""
+        name = f"{self.__module__}.{self.__qualname__}"
+        digest = hashlib.sha256(f"{program_version()} {name} {key}".encode()).hexdigest()[:40]
+        return directory / f"{self.__name__}-{digest}.jaxexport"
+
     def _static_tokens(self, kwargs) -> tuple | None:
         """The static arguments' :func:`_stable_token` (None if one has none), remembered for
         equal values, as jit remembers its traces (a mechanism's token takes 0.25 ms)."""
@@ -559,9 +577,7 @@ class ExportedKernel(Kernel):
     def _exported(self, directory: Path, key, args, statics) -> export.Exported | None:
         """The exported program for ``key``, read from ``directory`` or exported now (and
         written there); None where jax cannot export it."""
-        name = f"{self.__module__}.{self.__qualname__}"
-        digest = hashlib.sha256(f"{program_version()} {name} {key}".encode()).hexdigest()[:40]
-        path = directory / f"{self.__name__}-{digest}.jaxexport"
+        path = self._path(directory, key)
         try:
             return export.deserialize(bytearray(path.read_bytes()))
         except Exception:  # absent, unreadable or stale: exported again below

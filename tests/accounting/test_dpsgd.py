@@ -549,11 +549,11 @@ def test_a_compiled_call_composes_its_sparse_sizes_on_the_host_until_their_share
 
 def test_a_cold_compiled_sweep_rents_or_compiles_each_size_for_the_whole_call(monkeypatch):
     """A compiled sweep on a CPU decides from its survey which window sizes it composes in
-    NumPy: those whose rows, summed over all its groups (one a mechanism grid size), fit in
-    the process's share (engine.HOST_SIZE_POINTS). The others start compiling before the first
-    chunk, even where each group's rows of them alone would fit, and none of their rows is
-    composed on the host: no size is paid for twice. The values are those of a sweep compiled
-    throughout, to round-off."""
+    NumPy: those whose program is not there to load and whose rows, summed over all its groups
+    (one a mechanism grid size), fit in the process's share (engine.HOST_SIZE_POINTS). The
+    others start compiling before the first chunk, even where each group's rows of them alone
+    would fit, and none of their rows is composed on the host: no size is paid for twice. The
+    values are those of a sweep compiled throughout, to round-off."""
     from pldjax.accounting import engine
     from pldjax.core import compilation
 
@@ -563,8 +563,10 @@ def test_a_cold_compiled_sweep_rents_or_compiles_each_size_for_the_whole_call(mo
     accounting_on_the_host(monkeypatch)
     monkeypatch.setattr(engine, "HOST_ROWS_PER_SIZE", 0)  # discretized by the compiled kernels
     monkeypatch.setattr(engine, "HOST_SIZE_POINTS", 500_000)  # ten rows of 49,152 points
-    started = iter(range(10**6))  # every dry run starts new programs: a cold process
+    # a cold process: every dry run starts new programs, none is there to load
+    started = iter(range(10**6))
     monkeypatch.setattr("pldjax.accounting.engine.compiles_started", lambda: next(started))
+    monkeypatch.setattr(compilation.ExportedKernel, "stored", lambda *args, **kwargs: False)
     calls = _kernel_calls(monkeypatch)
     mixed = pj.dpsgd_epsilon(*sweep)
     rented = {key[1] for key, points in compilation.host_work.rents.items() if points}

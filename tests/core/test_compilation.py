@@ -183,6 +183,31 @@ def test_exported_programs_are_kept_apart_by_the_x64_setting(exported_to, monkey
 
 
 @pytest.mark.parametrize("exported", [False, True], ids=["jitted", "exported"])
+def test_a_kernel_knows_which_programs_it_has_without_compiling(exported, tmp_path, monkeypatch):
+    """``stored``: whether a call on these arguments (arrays or their shapes) finds its program
+    without compiling it: one compiled in this process, or (exported kernels) one a process
+    exported to disk before, which compiled it; never a program of other shapes or static
+    arguments."""
+    from pldjax.core.compilation import exported_jit
+
+    monkeypatch.setattr(compilation, "exported_dir", tmp_path if exported else None)
+
+    def scaled(x, *, scale):
+        return x * scale
+
+    kernel = exported_jit(static_argnames=("scale",))(scaled)
+    shape = jax.ShapeDtypeStruct((3,), jnp.float64)
+    assert not kernel.stored(shape, scale=2.0)
+    kernel(np.ones(3), scale=2.0)
+    assert kernel.stored(shape, scale=2.0) and kernel.stored(np.ones(3), scale=2.0)
+    assert not kernel.stored(shape, scale=3.0)
+    assert not kernel.stored(jax.ShapeDtypeStruct((4,), jnp.float64), scale=2.0)
+    # a later process: the same kernel, nothing in its memory
+    later = exported_jit(static_argnames=("scale",))(scaled)
+    assert later.stored(shape, scale=2.0) == exported
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["jitted", "exported"])
 def test_compiling_ahead_gives_the_shapes_and_the_call_compiles_nothing_more(exported, tmp_path,
                                                                              monkeypatch):
     """Under compiling_ahead a kernel call returns its outputs' shapes and starts its compile in
