@@ -192,9 +192,11 @@ ACCELERATOR_CHUNK_ELEMENTS = 2**24
 #: its masses are one program (a program per grid size took about 6 s each to compile on an
 #: H200) and a small call's are small, each chunk with as many configurations as fill them.
 ACCELERATOR_TILES = 2 * ACCELERATOR_CHUNK_ELEMENTS // TILE
-#: Configurations of a group whose windows are placed in NumPy, before its first chunk, to
-#: start compiling the composition sizes they need (see :func:`_survey`): about 3 ms each on a
-#: 2-core CPU, once a process.
+#: Configurations of a call whose windows are placed in NumPy, before its first chunk, to
+#: start compiling the composition sizes they need (see :func:`_survey`): shared among its
+#: groups in proportion to their configurations, at least one each; about 5 ms each on a
+#: 2-core CPU, once a process, ahead of the compositions' programs (16 a group took 0.45 s of
+#: the 1,024-sigma sweep's first call, on 5 groups).
 SURVEYED = 16
 #: On one accelerator, the most composition calls queued to its worker thread and not yet
 #: dispatched (each holds its chunk's arrays on the device; see _Compositions._dispatch).
@@ -990,8 +992,8 @@ def _account_group(order, params, steps, target, *, sharding, mechanism_size, gr
         yield idx, placed
 
 
-def _survey(order, params, steps, target, probs, scalars, *, compositions, mechanism,
-            mechanism_size, both, pessimistic, grid, grid_steps, evaluate, remedy,
+def _survey(order, params, steps, target, probs, scalars, *, samples: int, compositions,
+            mechanism, mechanism_size, both, pessimistic, grid, grid_steps, evaluate, remedy,
             **_) -> tuple[dict[int, int], object, object]:
     """The composition sizes that the configurations ``order`` (a group of
     :func:`_account_group`) will likely need, each with an estimate of the grid points its rows
@@ -1000,13 +1002,13 @@ def _survey(order, params, steps, target, probs, scalars, *, compositions, mecha
     :meth:`_Compositions.start_sizes` starts compiling their programs at once: the window sizes
     are known only from the masses, so without it a sweep meets its sizes chunk by chunk, each
     one's program compiled while the chunks wait for it (the sweep of 1,024 sigmas: three, a
-    second each, one after another). Up to SURVEYED configurations, evenly spread over
-    ``order`` (alike ones lie side by side), are discretized and their windows placed in
-    NumPy, each standing for those nearest to it. A size missed is met, and compiled, as its
+    second each, one after another). ``samples`` configurations (see :func:`_survey_samples`),
+    evenly spread over ``order`` (alike ones lie side by side), are discretized and their
+    windows placed in NumPy, each standing for those nearest to it. A size missed is met, and compiled, as its
     chunk is placed. A surveyed size's last rows are composed in a full call padded with
     repeats rather than in a call of two rows, which moves their values by round-off at
     most."""
-    positions = np.unique(np.linspace(0, len(order) - 1, min(len(order), SURVEYED))
+    positions = np.unique(np.linspace(0, len(order) - 1, min(len(order), samples))
                           .round().astype(np.int64))
     sample = order[positions]
     # the configurations each one stands for: those nearer to it than to its neighbours
@@ -1029,6 +1031,15 @@ def _survey(order, params, steps, target, probs, scalars, *, compositions, mecha
     rows = np.tile(stands_for, directions)
     return {size: int(np.sum(rows[row_sizes == size]) * size)
             for size in np.unique(row_sizes).tolist() if size <= grid_lib.MAX_SIZE}, probs, scalars
+
+
+def _survey_samples(group_sizes) -> list[int]:
+    """How many configurations each group's :func:`_survey` places, for groups of
+    ``group_sizes`` configurations: SURVEYED in all, in proportion to their sizes, at least one
+    a group and at most its size."""
+    sizes = np.asarray(group_sizes, np.float64)
+    shares = np.maximum(np.round(SURVEYED * sizes / np.sum(sizes)), 1.0)
+    return np.minimum(shares, sizes).astype(np.int64).tolist()
 
 
 def _tiled(mechanism_size: int, *, sharding, compositions, grid, **_) -> bool:
@@ -1225,7 +1236,9 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
             started = compiles_started()                  # programs start compiling at once
             surveys = list(chunks(ahead=True))
             if compiles_started() > started:  # new programs: then the compositions' too
-                compositions.start_sizes([survey() for survey in surveys])
+                samples = _survey_samples([len(survey.args[0]) for survey in surveys])
+                compositions.start_sizes([survey(samples=k)
+                                          for survey, k in zip(surveys, samples, strict=True)])
         for chunk in chunks():
             queued.append(chunk)
             if len(queued) > ahead:
