@@ -749,9 +749,11 @@ class _Compositions:
                 shapes.setdefault(size, (probs, scalars))
         for size, total in points.items():
             probs, scalars = shapes[size]
-            if not (self.host_glue and host_work.fits(total, self.program(size), HOST_SIZE_POINTS)
-                    and not _compose_and_evaluate.stored(*self._call_shapes(size, probs, scalars),
-                                                         **self._options)):
+            rented = (self.host_glue
+                      and host_work.fits(total, self.program(size), HOST_SIZE_POINTS)
+                      and not _compose_and_evaluate.stored(
+                          *self._call_shapes(size, probs, scalars), **self._options))
+            if not rented:
                 self.compile_ahead(size, probs, scalars, self.rows)
 
     def program(self, size: int) -> tuple:
@@ -1004,10 +1006,10 @@ def _survey(order, params, steps, target, probs, scalars, *, samples: int, compo
     one's program compiled while the chunks wait for it (the sweep of 1,024 sigmas: three, a
     second each, one after another). ``samples`` configurations (see :func:`_survey_samples`),
     evenly spread over ``order`` (alike ones lie side by side), are discretized and their
-    windows placed in NumPy, each standing for those nearest to it. A size missed is met, and compiled, as its
-    chunk is placed. A surveyed size's last rows are composed in a full call padded with
-    repeats rather than in a call of two rows, which moves their values by round-off at
-    most."""
+    windows placed in NumPy, each standing for those nearest to it. A size missed is met, and
+    compiled, as its chunk is placed. A surveyed size's last rows are composed in a full call
+    padded with repeats rather than in a call of two rows, which moves their values by
+    round-off at most."""
     positions = np.unique(np.linspace(0, len(order) - 1, min(len(order), samples))
                           .round().astype(np.int64))
     sample = order[positions]
@@ -1236,6 +1238,7 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
             started = compiles_started()                  # programs start compiling at once
             surveys = list(chunks(ahead=True))
             if compiles_started() > started:  # new programs: then the compositions' too
+                # (a survey's first argument: its group's configurations)
                 samples = _survey_samples([len(survey.args[0]) for survey in surveys])
                 compositions.start_sizes([survey(samples=k)
                                           for survey, k in zip(surveys, samples, strict=True)])
