@@ -381,7 +381,7 @@ def part2(args, report) -> None:
                    f"subset of {len(subset)}")
     report.table(["library", "setting", "configs", "first s", "warm s", "CPU s", "configs/s", "peak MB",
                   "pldjax batched configs/s / this", "vs dp-accounting 1e-4: median", "largest"], rows)
-    notes = [f"warm s: the fastest of the fresh process's {len(ours.get('wall_s', [])) - 1} calls after its "
+    notes = [f"warm s: the fastest of the fresh process's {args.sweep_repeats} calls after its "
              "first (batched sweep: a process composes in NumPy at first, and a later call compiles what it "
              "then needs, see pldjax.core.compilation.HostWork; the time in the table is its steady state) "
              "or, in this process, the median of repeats after a warm-up (subset in one call), the sum "

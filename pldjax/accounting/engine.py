@@ -719,9 +719,8 @@ class _Compositions:
         with compiling_ahead():
             if self._gathers:
                 index = jax.ShapeDtypeStruct((most,), np.asarray(0).dtype)
-                wrapped, columns = _gathered(probs, index, scalars, size)
-                _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
-                                      tuple(columns[10:]), **self._options)
+                _compose_and_evaluate(*_composition_arguments(*_gathered(probs, index, scalars, size)),
+                                      **self._options)
                 return
             if batch == most:
                 self._full_sizes.add(size)
@@ -733,7 +732,7 @@ class _Compositions:
         batch = self._batch(size)
         wrapped = jax.ShapeDtypeStruct((batch, size), probs.dtype)
         columns = [jax.ShapeDtypeStruct((batch,) + a.shape[1:], a.dtype) for a in scalars]
-        return wrapped, PMFSummary(*columns[:5]), *columns[5:10], tuple(columns[10:])
+        return _composition_arguments(wrapped, columns)
 
     def start_sizes(self, surveys: list) -> None:
         """Start compiling the composition sizes that the call's groups' surveys (:func:`_survey`:
@@ -876,21 +875,25 @@ class _Compositions:
         values go to values[part] at :meth:`flush`): from a worker thread, so that a call whose
         program is still compiling waits there, while the host places the next chunks (whose
         new composition sizes then start compiling at once, see :meth:`compile_ahead`)."""
-        wrapped, columns = _gathered(probs, index, scalars, size)
-        got = _compose_and_evaluate(wrapped, PMFSummary(*columns[:5]), *columns[5:10],
-                                    tuple(columns[10:]), **self._options)
+        got = _compose_and_evaluate(*_composition_arguments(*_gathered(probs, index, scalars, size)),
+                                    **self._options)
         self._results.append((got, values, part))
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def _compose(self, arrays, sinks, on_host: bool) -> None:
         compose = _compose_and_evaluate.__wrapped__ if on_host else _compose_and_evaluate
         with np.errstate(all="ignore"):  # in NumPy: log(0) = -inf and the like, as in XLA
-            got = np.asarray(compose(
-                arrays[0], PMFSummary(*arrays[1:6]), *arrays[6:11], tuple(arrays[11:]),
-                **self._options,
-            ))
+            got = np.asarray(compose(*_composition_arguments(arrays[0], arrays[1:]),
+                                     **self._options))
         for value, (values, index) in zip(got, sinks, strict=False):
             values[index] = value
+
+
+def _composition_arguments(wrapped, columns) -> tuple:
+    """:func:`_compose_and_evaluate`'s positional arguments from a call's wrapped rows and its row
+    scalars in :meth:`_Compositions.add`'s order (summary, inf_mass, offset, step, count, target,
+    exponents)."""
+    return wrapped, PMFSummary(*columns[:5]), *columns[5:10], tuple(columns[10:])
 
 
 def composition_size(width: int) -> int:
