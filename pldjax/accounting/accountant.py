@@ -220,10 +220,11 @@ def _step(packed: AccountantState, event: Event, steps) -> AccountantState:
     # compared in float64 before the int64 cast, which saturates a float count beyond it (or
     # NaN); as its own dtype, an int32 count met 2^62 wrapped to 0
     wide = jnp.asarray(steps).astype(jnp.float64)
-    in_range = (wide >= 0) & (wide <= MAX_STEPS)
+    in_range = (wide >= 0) & (wide <= MAX_STEPS) & (wide == jnp.floor(wide))
     steps = jnp.asarray(steps, jnp.int64)
-    # under jit bad values cannot raise: the step is not recorded and the state is marked, so
-    # that every later reading raises (NaN fails every comparison here)
+    # under jit bad values (a fraction of a step among them) cannot raise: the step is not
+    # recorded and the state is marked, so that every later reading raises (NaN fails every
+    # comparison here)
     valid = jnp.all(jnp.stack([jnp.all(ok) for _, ok in recorded])) & in_range
     rows = state.rows
     last = jnp.maximum(state.count - 1, 0)
@@ -338,8 +339,8 @@ def _read(state: AccountantState) -> tuple[AccountantState, int]:
     count = int(np.asarray(state.count))
     if bool(np.asarray(state.overflow)):
         invalid = ("a step under jit with an invalid noise_multiplier (not finite > 0), "
-                   "sampling_prob (not in [0, 1]), steps (not in [0, 2^62]) or other event "
-                   "parameter (out of range, or float32 where no rounding is safe)")
+                   "sampling_prob (not in [0, 1]), steps (not a whole number in [0, 2^62]) or "
+                   "other event parameter (out of range, or float32 where no rounding is safe)")
         # a full state only overflows its capacity: below it, the capacity is not the cause
         limits = (_limits(state) if count >= _capacity(state)
                   else "more than 2^63 - 1 steps of one event")
@@ -494,6 +495,7 @@ class _Legacy(NamedTuple):
     overflow: jax.Array
 
 
+@float64  # the legacy layout's template holds int64 step counts
 def load(path, capacity: int = CAPACITY, *, event: Event | None = None) -> AccountantState:
     """Read a state written by :func:`save` (of this capacity and template ``event``, as given to
     :func:`init`). Files of the DP-SGD accountant written before it recorded events still load.

@@ -76,7 +76,15 @@ from pldjax.adaptive.filters.whitehouse import residue_epsilon_squared
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD, pld_problems
-from pldjax.core.precision import add_up, float64, host_result, pack, square_up, unpack, upper_of_rounded
+from pldjax.core.precision import (
+    add_up,
+    float64,
+    host_result,
+    pack,
+    square_up,
+    unpack,
+    upper_of_rounded,
+)
 from pldjax.core.validation import check_count, check_range, is_traced
 from pldjax.kernels.gaussian_dp import RESIDUE_STEPS
 
@@ -125,6 +133,13 @@ def _guarded_step(core: Callable, structure: tuple) -> Callable:
     return kernel_jit(guarded)
 
 
+def _batch_shape(state, single) -> tuple[int, ...]:
+    """The batch shape of a packed odometer ``state`` whose one odometer's packed state has the
+    shapes of ``single``: () for one odometer."""
+    leaf, one = jax.tree_util.tree_leaves(state)[0], jax.tree_util.tree_leaves(single)[0]
+    return tuple(np.shape(leaf)[:max(np.ndim(leaf) - np.ndim(one), 0)])
+
+
 def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[], Any],
                    core: Callable, read: Callable[[Any], dict], check: Callable,
                    problem: Callable[[Any], str | None]) -> Odometer:
@@ -135,11 +150,18 @@ def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[
     with NumPy leaves of any batch shape."""
     with jax.enable_x64(True):
         like = jax.eval_shape(init)
+        single = jax.eval_shape(lambda: pack(init()))
     compiled = _guarded_step(core, state_structure(like))
 
     @float64
     def step(state, *args):
-        return compiled(state, *check(*args))
+        args = check(*args)
+        batch = _batch_shape(state, single)
+        for value in args:  # a step of several values would turn one odometer into a batch
+            if np.broadcast_shapes(np.shape(value), batch) != batch:
+                raise ValueError(f"{kind}: a step's values must have the state's shape {batch} "
+                                 f"(or broadcast to it), got shape {np.shape(value)}")
+        return compiled(state, *args)
 
     @float64
     def packed_init():

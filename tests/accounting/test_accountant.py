@@ -85,6 +85,11 @@ def test_accountant_step_counts_never_wrap_around():
     state = jax.jit(A.step)(A.init(), 1.0, 0.01, 1e30)
     with pytest.raises(ValueError, match="not fully recorded"):
         A.epsilon(state, DELTA)
+    # so is a fraction of a step (never rounded to a whole count)
+    for count in (0.999, 2.5):
+        state = jax.jit(A.step)(A.init(), 1.0, 0.01, count)
+        with pytest.raises(ValueError, match="not a whole number"):
+            A.epsilon(state, DELTA)
     # an int32 count (a caller's jit with x64 off) is compared with the limit in float64
     state = jax.jit(A.step)(A.init(), 1.0, 0.01, np.int32(7))
     assert A.segments(state) == [(1.0, 0.01, 7)]
@@ -223,6 +228,12 @@ def test_files_of_the_dpsgd_accountant_before_events_still_load(tmp_path):
                 jnp.array(False)))
     io.save(tmp_path / "old.json", old, kind="accountant", params={"capacity": 2})
     restored = pj.accountant.load(tmp_path / "old.json", capacity=2)
+    assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
+    jax.config.update("jax_enable_x64", False)  # the caller's setting does not matter
+    try:
+        restored = pj.accountant.load(tmp_path / "old.json", capacity=2)
+    finally:
+        jax.config.update("jax_enable_x64", True)
     assert pj.accountant.segments(restored) == [(1.1, 0.01, 100)]
 
 

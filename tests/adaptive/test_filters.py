@@ -586,8 +586,9 @@ def test_bad_input_is_refused_with_the_argument_named():
         F.approx_dp_filter(1.0, 1.5)
     with pytest.raises(ValueError, match="delta"):
         F.additive_profile_filter(1.0, 0.3, 10)
-    with pytest.raises(ValueError, match="orders"):
-        F.renyi_filter([0.5], [1.0])
+    for orders in ([0.5], [], [[2.0, 3.0]], "2"):  # an empty list of orders would accept anything
+        with pytest.raises(ValueError, match="orders"):
+            F.renyi_filter(orders, 1.0)
     with pytest.raises(ValueError, match="number >= 0"):
         F.pure_dp_filter(1.0).spend(F.pure_dp_filter(1.0).init(), -0.1)
     for state in (None, (1, 2, 3), F.pure_dp_filter(1.0).init()):

@@ -414,6 +414,7 @@ def test_bad_parameters_are_refused(call, match):
 @pytest.mark.parametrize("args, match", [
     ((math.nan, 0.0), "epsilon"), ((-0.1, 0.0), "epsilon"), ((0.1, math.nan), "delta"),
     ((0.1, -1e-9), "delta"), ((0.1, 1.5), "delta"), ((np.array([0.1, math.nan]), 0.0), "epsilon"),
+    ((np.array([0.1, 0.2]), 0.0), "state's shape"), ((0.1, np.array([0.0, 1e-9])), "state's shape"),
 ])
 def test_bad_steps_raise_on_the_host_and_leave_the_state(args, match):
     od = OD.mixture_odometer(1e-6, gamma=0.1)

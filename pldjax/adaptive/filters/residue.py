@@ -281,8 +281,12 @@ def renyi_filter(orders, budget) -> Filter:
       (NumPy float64 arrays); its ``guarantee`` ``{"orders", "rdp"}`` (``rdp`` the budgets) states
       that the interaction is (a, rdp[a])-RDP at every order a.
     """
+    check_range("orders", orders, 1.0, low_open=True)  # (strings and the like refused first)
+    if np.ndim(orders) > 1 or np.size(orders) == 0:
+        raise ValueError(f"orders must be one number or a 1-D array of at least one order, got "
+                         f"shape {np.shape(orders)}")
     orders = np.atleast_1d(np.asarray(orders, np.float64))
-    check_range("orders", orders, 1.0, low_open=True)
+    check_range("budget", budget, 0.0)
     budget = np.asarray(budget, np.float64)
     if budget.ndim > 1 or budget.size not in (1, orders.size):
         raise ValueError(f"budget must be one number or one per order ({orders.size} "
