@@ -1019,6 +1019,12 @@ def _compose_pair(a: PLD, b: PLD, size: int | None, tail: float) -> PLD:
             f"compose needs an FFT of {fft} points for PLDs of {a.size} and {b.size} points (more "
             f"than 2 * grid.MAX_SIZE = {2 * grid_lib.MAX_SIZE}, a memory guard); use coarser grids"
         )
+    if not is_traced((a.offset, b.offset)):
+        reach = sum(float(np.max(np.abs(np.asarray(p.offset, np.float64)))) + p.size for p in (a, b))
+        if reach >= MAX_INDEX:  # (the sum of int64 offsets wraps around beyond 2^63)
+            raise CompositionTooWide(
+                f"plds: compose would place losses {reach:.4g} grid steps from 0, beyond "
+                f"MAX_INDEX = 2^53, where float64 cannot place them exactly; {COARSER_GRID}")
     if computed_on_host([a, b], fft):
         return _compose_pair_on_host(a, b, size, tail, shape)
     probs, inf_mass, offset = _convolve_batch(a.probs, a.inf_mass, a.offset, b.probs,

@@ -448,7 +448,10 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
         return unchecked_pld(probs, inf_mass, jnp.asarray(-count, jnp.int64),
                              jnp.asarray(float(epsilon)), True)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
-    index = np.ceil(losses / step - 1e-12).astype(np.int64)
+    # each loss up to the first grid point at or above it (a quotient rounded up past a grid
+    # point that holds the loss is moved back onto it)
+    index = np.ceil(losses / step).astype(np.int64)
+    index -= (index - 1) * step >= losses
     on_grid = np.zeros(int(index[-1] - index[0]) + 1)
     np.add.at(on_grid, index - index[0], np.asarray(probs)[::2])
     probs = jnp.asarray(on_grid)

@@ -1,6 +1,7 @@
 import functools
 import importlib
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -281,6 +282,20 @@ def test_convolution_and_automatic_windows_are_capped(monkeypatch):
         g.self_compose(10**4)
 
 
+@pytest.mark.parametrize("epsilon, step", [(1.0 + 4e-13, 1.0), (0.3, 0.1), (1.0, 1.0), (0.7, 0.25)])
+def test_approx_dp_composition_on_a_grid_never_moves_a_loss_down(epsilon, step):
+    """Each composed loss m epsilon (m = -count .. count in steps of 2) lies on the first grid
+    point at or above it: a loss 4e-13 of a step above one was moved down onto it (epsilon read
+    1.0 for the truth 1 + 4e-13)."""
+    count = 3
+    p = pj.approx_dp_composition(epsilon, 0.0, count, grid=pj.Grid(step=step))
+    points = (int(p.offset) + np.nonzero(np.asarray(p.probs))[0]) * step
+    exact = [Fraction(m) * Fraction(epsilon) for m in range(-count, count + 1, 2)]
+    assert [Fraction(float(z)) >= loss for z, loss in zip(points, exact, strict=True)] == [True] * 4
+    assert [Fraction(float(z) - step) < loss for z, loss in zip(points, exact, strict=True)] == [True] * 4
+    assert float(p.epsilon(0.0)) >= Fraction(count) * Fraction(epsilon)
+
+
 def test_approx_dp_composition_guards():
     from pldjax.core import grid
 
@@ -351,6 +366,18 @@ def test_window_widths_refuse_lost_precision_and_huge_indices():
     empty = jax.vmap(pmf_summary)(jnp.zeros((1, 2)))
     assert window_widths(empty, offset, 10**30, np.array([np.inf]),
                          np.array([-np.inf])).tolist() == [1.0]
+
+
+def test_compose_refuses_losses_beyond_max_index_rather_than_wrap_around():
+    """Two PLDs of all their mass 2^62 steps up summed to an offset past int64, which wrapped
+    around to -2^63: epsilon read 0 for a mechanism with no privacy."""
+    from pldjax.kernels.compose import CompositionTooWide
+
+    far = pj.PLD(np.array([1.0]), 0.0, 2**62, 2.0**-40)
+    with pytest.raises(CompositionTooWide, match="MAX_INDEX"):
+        pj.compose([far, far])
+    near = pj.PLD(np.array([1.0]), 0.0, 2**51, 2.0**-40)  # losses add exactly below 2^53 steps
+    assert float(pj.compose([near, near]).epsilon(0.0)) == 2.0**52 * 2.0**-40
 
 
 @pytest.mark.parametrize("count", [2, 5, 10**18])
