@@ -208,10 +208,22 @@ def test_a_batch_of_parameters_in_one_record_is_judged_element_by_element():
                  id="approx_dp_composition_on_a_grid"),
     pytest.param(lambda d: pj.approx_dp_composition(1.0, d * 1e-7, 3, grid=pj.Grid(step=0.1)),
                  id="approx_dp_composition_on_a_grid_traced_delta"),
+    pytest.param(lambda rho: pj.zcdp(rho), id="zcdp"),
 ])
 def test_constructors_that_need_concrete_parameters_refuse_tracers(build):
     with pytest.raises(ValueError, match="concrete"):
         jax.jit(lambda x: build(x).delta(1.0))(1.0)
+
+
+def test_a_concrete_pld_is_read_at_traced_values():
+    """A PLD built outside jit, read inside it (or under vmap): its readings there took the
+    host's NumPy path and raised TracerArrayConversionError."""
+    for pld in (pj.gdp(1.0), pj.gaussian(1.0, sampling_prob=0.01, grid=GRID).self_compose(100)):
+        np.testing.assert_allclose(float(jax.jit(pld.epsilon)(1e-5)), float(pld.epsilon(1e-5)),
+                                   rtol=1e-8)
+        epsilons = jnp.array([0.5, 1.0])
+        np.testing.assert_allclose(np.asarray(jax.vmap(pld.delta)(epsilons)),
+                                   np.asarray(pld.delta(epsilons)), rtol=1e-8)
 
 
 BOUNDS = st.sampled_from([

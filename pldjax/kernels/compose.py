@@ -951,8 +951,14 @@ def _bulk(probs, tail):
     """First and last index of the window outside which each side holds at most tail/2 mass."""
     xp = array_module(probs)
     length = probs.shape[0]
-    lo = xp.argmax(cumulative_sum(probs) > tail / 2)
-    hi = length - 1 - xp.argmax(cumulative_sum(probs[::-1]) > tail / 2)
+
+    def first_above(running):  # of a non-decreasing sum, 0 where none is (argmax's answer):
+        # counted, not jnp.argmax, whose lowering under a caller's jit with x64 off gives int32
+        above = running > tail / 2
+        return xp.where(xp.any(above), xp.sum(~above), 0)
+
+    lo = first_above(cumulative_sum(probs))
+    hi = length - 1 - first_above(cumulative_sum(probs[::-1]))
     return lo, xp.maximum(hi, lo)
 
 

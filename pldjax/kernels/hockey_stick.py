@@ -320,7 +320,8 @@ def per_direction(pld: PLD, values, kernel, combine: str = "maximum",
     Inside a trace the shapes are the caller's. ``host_kernel``: the same function for NumPy
     arrays, run instead where :func:`~pldjax.core.pld.computed_on_host` says (no program to
     compile)."""
-    if host_kernel is not None and computed_on_host([pld], pld.size):
+    if (host_kernel is not None and not is_traced(values)  # (a concrete PLD read under jit)
+            and computed_on_host([pld], pld.size)):
         return host_result(_per_direction_on_host(pld, values, host_kernel, combine))
     if is_traced((pld, values)):
         values = jnp.asarray(values, jnp.float64)

@@ -18,7 +18,7 @@ from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.special import binomial_pmf, log1p
-from pldjax.core.validation import check_count, check_range, is_traced, within
+from pldjax.core.validation import check_count, check_range, is_traced, refuse_traced, within
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
 from pldjax.mechanisms import sampling as sampling_lib
 from pldjax.mechanisms.events import privacy_loss
@@ -356,6 +356,8 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
       which is an upper bound on delta(eps) and epsilon(delta) of every (xi, rho)-zCDP
       mechanism.
     """
+    refuse_traced("zcdp", (rho, xi), "build it from concrete rho and xi, outside the trace",
+                  "builds its curve from rho and xi on the host")
     top = zcdp_window(rho, xi)
     rho, xi = float(rho), float(xi)
     step = float(np.ldexp(1.0, int(np.ceil(np.log2(top / (_ZCDP_POINTS - 1))))))

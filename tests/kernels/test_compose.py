@@ -368,6 +368,15 @@ def test_window_widths_refuse_lost_precision_and_huge_indices():
                          np.array([-np.inf])).tolist() == [1.0]
 
 
+def test_compose_of_a_fixed_size_runs_under_a_jit_with_x64_off(x64_off):
+    """The window's bulk was found by jnp.argmax, whose lowering under a caller's jit with x64
+    off returned int32 where the trace (in pldjax's float64) held int64: the call raised."""
+    def composed():
+        return pj.compose([pj.gdp(1.0), pj.gdp(1.0)], size=4096).epsilon(1e-5)
+
+    assert float(jax.jit(composed)()) == pytest.approx(float(composed()), rel=1e-9)
+
+
 def test_compose_refuses_losses_beyond_max_index_rather_than_wrap_around():
     """Two PLDs of all their mass 2^62 steps up summed to an offset past int64, which wrapped
     around to -2^63: epsilon read 0 for a mechanism with no privacy."""
