@@ -215,6 +215,22 @@ def test_constructors_that_need_concrete_parameters_refuse_tracers(build):
         jax.jit(lambda x: build(x).delta(1.0))(1.0)
 
 
+@pytest.mark.parametrize("pessimistic", [True, False])
+def test_an_invalid_traced_reading_claims_nothing(pessimistic):
+    """A NaN delta or epsilon, or an alpha or order out of range, read NaN (or a type II error
+    of -1) under jit; each reads what claims nothing instead, the valid ones beside it as they
+    are."""
+    pld = pj.gaussian(1.0, pessimistic=pessimistic, grid=GRID)
+    upper = {"epsilon": np.inf, "delta": 1.0, "tradeoff": 0.0, "renyi": np.inf}
+    lower = {"epsilon": 0.0, "delta": 0.0, "tradeoff": 1.0, "renyi": 0.0}
+    for name, good, bad in [("epsilon", 1e-5, NAN), ("delta", 1.0, NAN), ("tradeoff", 0.3, 2.0),
+                            ("renyi", 2.0, -1.0)]:
+        read = jax.jit(getattr(pld, name))(jnp.array([good, bad]))
+        nothing = (upper if pessimistic else lower)[name]
+        np.testing.assert_array_equal(np.asarray(read)[1], nothing)
+        np.testing.assert_allclose(float(read[0]), float(getattr(pld, name)(good)), rtol=1e-8)
+
+
 def test_a_concrete_pld_is_read_at_traced_values():
     """A PLD built outside jit, read inside it (or under vmap): its readings there took the
     host's NumPy path and raised TracerArrayConversionError."""

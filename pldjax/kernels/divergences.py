@@ -28,8 +28,8 @@ from pldjax.core.compilation import array_module, cumulative_sum, kernel_jit
 from pldjax.core.pld import PLD
 from pldjax.core.precision import FLOAT_MAX, float64, host_result, last_float_before
 from pldjax.core.special import log1p
-from pldjax.core.validation import check_range
-from pldjax.kernels.hockey_stick import per_direction, stored_length
+from pldjax.core.validation import check_range, is_traced, within
+from pldjax.kernels.hockey_stick import per_direction, read_or_nothing, stored_length
 
 
 def _log_masses(probs, offset, step):
@@ -301,11 +301,33 @@ def tradeoff_from_profile(epsilons, deltas, alphas) -> jax.Array:
     check_range("epsilons", epsilons)
     check_range("alphas", alphas, 0.0, 1.0)
     check_range("deltas", deltas, 0.0, 1.0)
+    _check_points("epsilons", epsilons, "deltas", deltas)
     eps = jnp.asarray(epsilons, jnp.float64).reshape(-1)
     d = jnp.asarray(deltas, jnp.float64).reshape(-1)
     a = jnp.asarray(alphas, jnp.float64)
-    bounds = jnp.exp(-eps) * (1.0 - d - a[..., None])
-    return host_result(jnp.maximum(jnp.max(bounds, axis=-1), 0.0))
+    # every privacy curve has delta(eps) >= 1 - e^eps: a point below it (beyond round-off)
+    # comes from none
+    possible = d >= -jnp.expm1(jnp.minimum(eps, 0.0)) - 1e-12
+    if not is_traced((epsilons, deltas)) and not bool(jnp.all(possible)):
+        j = int(np.argmin(np.asarray(possible)))
+        raise ValueError(f"deltas must be at least 1 - e^eps at each point (every privacy curve "
+                         f"is), got delta {float(d[j])!r} at epsilon {float(eps[j])!r}")
+    gap = 1.0 - d - a[..., None]
+    bounds = jnp.where(gap > 0, jnp.exp(-eps) * jnp.maximum(gap, 0.0), 0.0)  # (no inf times 0)
+    bound = jnp.clip(jnp.max(bounds, axis=-1), 0.0, 1.0 - a)  # beta(alpha) <= 1 - alpha always
+    valid = (jnp.all(within(epsilons, -np.inf)) & jnp.all(within(deltas, 0.0, 1.0))
+             & jnp.all(possible))
+    return host_result(jnp.where(valid & within(alphas, 0.0, 1.0), bound, 0.0))
+
+
+def _check_points(first_name: str, first, second_name: str, second) -> None:
+    """Raise a ValueError naming the argument unless ``first`` holds at least one point and
+    ``second`` one value per point, or one for all."""
+    if np.size(first) == 0:
+        raise ValueError(f"{first_name} must hold at least one point, got none")
+    if np.size(second) not in (1, np.size(first)):
+        raise ValueError(f"{second_name} must hold one value per point of {first_name} "
+                         f"({np.size(first)}) or one for all, got {np.size(second)}")
 
 
 @float64
@@ -333,11 +355,14 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     check_range("alphas", alphas, 0.0, 1.0)
     check_range("betas", betas, 0.0, 1.0)
     check_range("epsilons", epsilons)
+    _check_points("alphas", alphas, "betas", betas)
     a = jnp.asarray(alphas, jnp.float64).reshape(-1)
     b = jnp.asarray(betas, jnp.float64).reshape(-1)
     e = jnp.asarray(epsilons, jnp.float64)
-    lines = 1.0 - a - jnp.exp(e[..., None]) * b
-    return host_result(jnp.maximum(jnp.max(lines, axis=-1), 0.0))
+    lines = 1.0 - a - jnp.where(b > 0, jnp.exp(e[..., None]) * b, 0.0)  # (no inf times 0)
+    bound = jnp.maximum(jnp.max(lines, axis=-1), 0.0)
+    valid = jnp.all(within(alphas, 0.0, 1.0)) & jnp.all(within(betas, 0.0, 1.0))
+    return host_result(jnp.where(valid & within(epsilons), bound, 1.0))
 
 
 # ``pessimistic`` is data in these programs: a pessimistic and an optimistic PLD of one shape share
@@ -353,7 +378,8 @@ def tradeoff(pld: PLD, alpha) -> jax.Array:
     check_range("alpha", alpha, 0.0, 1.0)
     kernel = functools.partial(_tradeoff_jit, pessimistic=pld.pessimistic)
     on_host = functools.partial(tradeoff_kernel, pessimistic=pld.pessimistic)
-    return per_direction(pld, alpha, kernel, "minimum", host_kernel=on_host)
+    read = per_direction(pld, alpha, kernel, "minimum", host_kernel=on_host)
+    return read_or_nothing(read, alpha, 0.0 if pld.pessimistic else 1.0, low=0.0, high=1.0)
 
 
 @float64
@@ -362,7 +388,9 @@ def renyi(pld: PLD, order) -> jax.Array:
     check_range("order", order, 0.0, low_open=True)
     kernel = functools.partial(_renyi_jit, pessimistic=pld.pessimistic)
     on_host = functools.partial(renyi_kernel, pessimistic=pld.pessimistic)
-    return per_direction(pld, order, kernel, "maximum", host_kernel=on_host)
+    read = per_direction(pld, order, kernel, "maximum", host_kernel=on_host)
+    return read_or_nothing(read, order, np.inf if pld.pessimistic else 0.0, low=0.0,
+                           low_open=True)
 
 
 @float64

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pldjax.core import grid as grid_lib
 from pldjax.core.align import align, regrid
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.mass import settle
@@ -150,12 +151,18 @@ def sup(plds, *, size: int | None = None) -> PLD:
     traced = is_traced(family)
     if traced and size is None:
         raise ValueError("sup under jit needs size=")
+    if size is not None:
+        size = grid_lib.check_size("size", size, minimum=1, maximum=grid_lib.MAX_SIZE)
 
     def one(direction: PLD) -> PLD:
         n = size
         if n is None:
             offsets = np.asarray(direction.offset)
             n = int(offsets.max() - offsets.min()) + direction.size
+            if n > grid_lib.MAX_SIZE:
+                raise ValueError(f"plds: their sup spans {n} grid points from the lowest member's "
+                                 f"first to the highest's last (more than grid.MAX_SIZE = "
+                                 f"{grid_lib.MAX_SIZE}, a memory guard); pass a smaller size=")
         probs, inf_mass, offset = _sup_jit(
             direction.probs, direction.inf_mass, direction.offset, direction.step[0], size=n
         )

@@ -34,7 +34,7 @@ from pldjax.core.compilation import (
 )
 from pldjax.core.pld import PLD, batched, computed_on_host
 from pldjax.core.precision import float64, host_result
-from pldjax.core.validation import check_range, is_traced
+from pldjax.core.validation import check_range, is_traced, within
 
 _BLOCK = 128
 #: Up to this many targets, epsilon_kernel works from sums at the blocks' starts and the
@@ -372,16 +372,29 @@ def _per_direction_on_host(pld: PLD, values, kernel, combine: str) -> np.ndarray
 def delta(pld: PLD, epsilon) -> jax.Array:
     """delta(epsilon) of ``pld`` (see :meth:`PLD.delta`)."""
     check_range("epsilon", epsilon, 0.0, allow_inf=True)
-    return per_direction(pld, epsilon,
+    read = per_direction(pld, epsilon,
                          functools.partial(_delta_jit, pessimistic=pld.pessimistic),
                          host_kernel=functools.partial(delta_kernel, pessimistic=pld.pessimistic))
+    return read_or_nothing(read, epsilon, 1.0 if pld.pessimistic else 0.0, low=0.0,
+                           allow_inf=True)
 
 
 @float64
 def epsilon(pld: PLD, delta) -> jax.Array:
     """epsilon(delta) of ``pld`` (see :meth:`PLD.epsilon`)."""
     check_range("delta", delta, 0.0, 1.0)
-    return per_direction(pld, delta,
+    read = per_direction(pld, delta,
                          functools.partial(_epsilon_jit, pessimistic=pld.pessimistic),
                          host_kernel=functools.partial(epsilon_kernel,
                                                        pessimistic=pld.pessimistic))
+    return read_or_nothing(read, delta, np.inf if pld.pessimistic else 0.0, low=0.0, high=1.0)
+
+
+def read_or_nothing(read, values, nothing: float, **bounds) -> jax.Array:
+    """``read`` (batch + the shape of ``values``) where ``values`` lie in their range (``bounds``
+    as :func:`~pldjax.core.validation.within`'s), elsewhere ``nothing``, the reading that claims
+    nothing: under jit an invalid value cannot raise (see :mod:`pldjax.core.validation`), and its
+    reading would be NaN or a number out of range. Concrete values were checked already."""
+    if not is_traced(values):
+        return read
+    return host_result(jnp.where(within(values, **bounds), read, nothing))

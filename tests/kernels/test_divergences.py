@@ -1,5 +1,7 @@
 """Tradeoff curves, Rényi divergences and swap, against closed forms."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from reference import gaussian_tradeoff, rr_renyi
@@ -123,6 +125,28 @@ def test_profile_and_tradeoff_conversions_round_trip():
     # bound; an upper bound needs points whose interpolation stays below the curve
     assert np.all(back <= want + 1e-12)
     np.testing.assert_allclose(back, want, rtol=5e-3, atol=1e-6)
+
+
+def test_profile_and_tradeoff_conversions_refuse_impossible_points_and_never_read_nan():
+    # beta = 0 at alpha = 1 (every tradeoff curve's end) times e^eps beyond 709: inf * 0 was NaN
+    assert pj.profile_from_tradeoff([0.0, 0.5, 1.0], [1.0, 0.3, 0.0], [710.0]).tolist() == [0.0]
+    with pytest.raises(ValueError, match="deltas must be at least 1 - e"):
+        pj.tradeoff_from_profile([-1.0], [0.0], [0.0])  # read beta = e > 1
+    with pytest.raises(ValueError, match="epsilons must hold at least one point"):
+        pj.tradeoff_from_profile([], [], [0.1])
+    with pytest.raises(ValueError, match="alphas must hold at least one point"):
+        pj.profile_from_tradeoff([], [], [0.1])
+    with pytest.raises(ValueError, match="deltas must hold one value per point"):
+        pj.tradeoff_from_profile([0.1, 0.2], [0.1, 0.2, 0.3], [0.1])
+    with pytest.raises(ValueError, match="betas must hold one value per point"):
+        pj.profile_from_tradeoff([0.1, 0.2], [0.1, 0.2, 0.3], [0.1])
+    # under jit an invalid value claims nothing: delta 1, beta 0
+    read = jax.jit(pj.profile_from_tradeoff)(jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]),
+                                             jnp.array([np.nan, 1.0]))
+    assert np.asarray(read).tolist() == [1.0, 0.0]
+    read = jax.jit(pj.tradeoff_from_profile)(jnp.array([1.0]), jnp.array([0.1]),
+                                             jnp.array([np.nan, 0.2]))
+    assert float(read[0]) == 0.0 and float(read[1]) == pytest.approx(np.exp(-1.0) * 0.7)
 
 
 def test_log_mgf_of_gaussian_and_randomized_response():

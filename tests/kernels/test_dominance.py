@@ -66,6 +66,18 @@ def test_sup_dominates_members_and_is_below_upper_bounds():
                                atol=1e-13)
 
 
+def test_sup_refuses_a_bad_size_by_name():
+    family = [pj.gdp(1.0), pj.gdp(2.0)]
+    for size in (0, -1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="size must be an integer >= 1"):
+            pj.sup(family, size=size)
+    with pytest.raises(ValueError, match="memory guard"):
+        pj.sup(family, size=2**40)
+    far = pj.PLD(np.array([1.0]), 0.0, 2**40, 1.0)  # members 2^40 points apart
+    with pytest.raises(ValueError, match="plds: their sup spans"):
+        pj.sup([pj.PLD(np.array([1.0]), 0.0, 0, 1.0), far])
+
+
 def test_sup_keeps_both_directions():
     a = pj.gaussian(1.0, sampling_prob=0.1, grid=pj.Grid(step=2.0**-8))
     b = pj.gaussian(2.0, sampling_prob=0.3, grid=pj.Grid(step=2.0**-8))
