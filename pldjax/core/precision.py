@@ -277,10 +277,19 @@ def root_of_difference_down(mu, nu):
     """sqrt(mu^2 - nu^2) for 0 <= nu <= mu, rounded down: the float computation
     sqrt((mu - nu)(mu + nu)) is within 2 ulps of the exact value (three roundings of relative
     size <= 2^-53 each under the root, halved by it, plus the root's own), so two steps toward 0
-    put it below. 0 where nu >= mu."""
+    put it below. It runs on mu and nu scaled by the power of two that brings mu into [1/2, 1)
+    (exact), so that the product neither underflows (mu = 1e-300 read 0) nor loses bits as a
+    subnormal. mu itself where nu = 0 (a free query keeps the budget it had, to the bit); 0
+    where nu >= mu."""
     xp = array_module(mu, nu)
-    root = xp.sqrt(xp.maximum((mu - nu) * (mu + nu), 0.0))
-    return xp.maximum(xp.nextafter(xp.nextafter(root, 0.0), 0.0), 0.0)
+    mu, nu = xp.asarray(mu, xp.float64), xp.asarray(nu, xp.float64)
+    exponent = xp.frexp(mu)[1]
+    m, n = xp.ldexp(mu, -exponent), xp.ldexp(nu, -exponent)
+    root = xp.sqrt(xp.maximum((m - n) * (m + n), 0.0))
+    root = xp.ldexp(xp.nextafter(xp.nextafter(root, 0.0), 0.0), exponent)
+    # scaled back into the subnormals it was rounded (to nearest): one more step down
+    root = xp.where(root < np.finfo(np.float64).tiny, xp.nextafter(root, 0.0), root)
+    return xp.where(nu == 0, mu, xp.maximum(root, 0.0))
 
 
 def six_digits(value: float, up: bool) -> str:

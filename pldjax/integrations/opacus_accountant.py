@@ -36,6 +36,7 @@ from pldjax.accounting.schedule import compose_schedule
 from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
+from pldjax.core.precision import lower_of_rounded, upper_of_rounded
 from pldjax.core.validation import check_count, check_range
 from pldjax.kernels import chernoff
 from pldjax.kernels.compose import CompositionTooWide
@@ -50,6 +51,21 @@ _ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128
 _TOO_WIDE = object()
 
 
+
+def _number(name: str, value, up: bool):
+    """``value`` as a Python float where it is a torch tensor (Opacus's own accountants take one),
+    on its pessimistic side where its dtype rounded it (``up``: the largest real that rounds to it,
+    else the smallest); anything else as it is, for check_range to judge."""
+    if type(value).__module__.split(".")[0] != "torch" or not hasattr(value, "numpy"):
+        return value
+    array = value.detach().cpu().numpy()
+    if array.ndim != 0:
+        raise ValueError(f"{name} must be a single number, got a tensor of shape {array.shape}")
+    if array.dtype.kind != "f":
+        return array
+    return float(upper_of_rounded(array) if up else lower_of_rounded(array))
+
+
 class PLDAccountant(IAccountant):
     """Opacus accountant backed by pldjax's PLDs (pessimistic: epsilon is an upper bound)."""
 
@@ -60,6 +76,8 @@ class PLDAccountant(IAccountant):
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         """Record one optimizer step; ``noise_multiplier`` >= 0 (0: no noise, epsilon = inf),
         ``sample_rate`` in [0, 1]. Invalid values are a ValueError and leave the history as it was."""
+        noise_multiplier = _number("noise_multiplier", noise_multiplier, up=False)
+        sample_rate = _number("sample_rate", sample_rate, up=True)
         check_range("noise_multiplier", noise_multiplier, 0.0)
         check_range("sample_rate", sample_rate, 0.0, 1.0)
         if self.history and self.history[-1][:2] == (noise_multiplier, sample_rate):

@@ -44,6 +44,7 @@ from pldjax.core.namespace import public_dir
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.precision import float64, pack, unpack
 from pldjax.core.validation import check_count, check_range
+from pldjax.kernels.gaussian_dp import MAX_MU
 
 
 class DPSGDState(NamedTuple):
@@ -80,7 +81,8 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
       epsilon_budget: the epsilon (nats) the run may reach at ``delta``, finite and > 0; a budget that
         one step already exceeds raises a ValueError.
       delta: in (0, 1].
-      neighboring: "add_remove" (default) or "replace_one", the relation the accounting uses.
+      neighboring: "add_remove" (default), "replace_one" or "replace_special" (zero-out), the
+        relation the accounting uses (:class:`pldjax.neighboring.Neighboring`).
 
     Returns:
       An optax ``GradientTransformation``. Its ``update(grads, state, params=None)`` takes
@@ -235,7 +237,10 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     check_range("l2_norm_clip", l2_norm_clip, 0.0, low_open=True)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     num_examples = check_count("num_examples", num_examples, minimum=1)
-    check_range("mu_budget", mu_budget, 0.0, low_open=True)
+    # the range of what takes it: the residue filter (full batches), or the table built here
+    built = sampling_prob is not None and table is None
+    check_range("mu_budget", mu_budget, 0.0, _filters.residue.MAX_TABLE_MU if built else MAX_MU,
+                low_open=True)
     if accounting not in ("residue", "gdp"):
         raise ValueError(f"accounting must be 'residue' or 'gdp', got {accounting!r}")
     if sampling_prob is None:
@@ -247,6 +252,9 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
                                       mu_budget, num_examples, delta_slack)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0, low_open=True)
     check_range("delta_slack", delta_slack, 0.0, 1.0, low_open=True)
+    if table is not None and not isinstance(table, _filters.residue.ResidueTable):
+        raise ValueError(f"table must be a ResidueTable (from gdp_residue_table) or None, got "
+                         f"{table!r}")
     if table is None:
         table = _filters.residue.gdp_residue_table(noise_multiplier, sampling_prob, mu_budget,
                                                    residue=accounting == "residue")

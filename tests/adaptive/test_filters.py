@@ -577,6 +577,18 @@ def test_failed_spend_leaves_the_state_usable():
 
 
 # -- bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make, mu", [(F.gdp_residue_filter, 1.0), (F.gdp_filter, 1.0),
+                                      (F.gdp_residue_filter, 1e-300)])
+def test_a_free_query_keeps_the_budget_to_the_bit(make, mu):
+    """A cost of 0 left mu 2 ulps lower a spend (a tiny budget, whose square underflows, at 0)."""
+    f = make(mu)
+    state = f.init()
+    for _ in range(5):
+        state, accepted = f.spend(state, 0.0)
+        assert bool(accepted)
+    assert float(f.remaining(state)["mu"]) == mu
+
+
 def test_bad_input_is_refused_with_the_argument_named():
     with pytest.raises(ValueError, match="mu"):
         F.gdp_residue_filter(-1.0)
@@ -798,6 +810,9 @@ def test_malformed_queries_and_budgets_name_the_argument():
     a = F.approx_dp_filter(1.0, 1e-6)
     with pytest.raises(ValueError, match="approx_dp: a query cost is a pair"):
         a.spend(a.init(), (0.1, 1e-8, 0.0))
+    z = F.approx_zcdp_filter(1.0, 1e-6)
+    with pytest.raises(ValueError, match="approx_zcdp: a query cost is a pair .* of numbers"):
+        z.spend(z.init(), (pj.gdp(0.5), 0.0))
     p = F.pure_dp_filter(1.0)
     with pytest.raises(ValueError, match="pure_dp: the query must be"):
         p.spend(p.init(), None)

@@ -37,6 +37,21 @@ def test_root_of_difference_is_rounded_down_by_mpmath():
         assert mp.mpf(float(g)) <= exact and g >= float(exact) * (1 - 1e-15)
 
 
+def test_root_of_difference_keeps_a_free_budget_and_tiny_ones():
+    """nu = 0 gives mu itself (a filter's free query lowered mu 2 ulps a spend); a budget below
+    1e-154, whose square underflows, is kept (1e-300 read 0) and still rounded down."""
+    mp.mp.dps = 50
+    mu = np.array([1.0, 0.3, 1e-300, 1e-300, 3e-160, 5e-324, 1e300])
+    nu = np.array([0.0, 0.0, 0.0, 5e-301, 1e-160, 0.0, 9e299])
+    for xp in (np, jnp):
+        with jax.enable_x64(True):
+            got = np.asarray(root_of_difference_down(xp.asarray(mu), xp.asarray(nu)))
+        assert got[[0, 1, 2, 5]].tolist() == mu[[0, 1, 2, 5]].tolist()
+        for g, m, n in zip(got[[3, 4, 6]], mu[[3, 4, 6]], nu[[3, 4, 6]], strict=True):
+            exact = mp.sqrt(mp.mpf(float(m)) ** 2 - mp.mpf(float(n)) ** 2)
+            assert mp.mpf(float(g)) <= exact and g >= float(exact) * (1 - 1e-15)
+
+
 def test_concrete_leaves_pack_on_the_host_as_the_traced_bitcast_does():
     """Concrete states are packed and unpacked with NumPy (no compiled program per operation, and
     the caller's first call compiles nothing for them), to the same bits as the traced

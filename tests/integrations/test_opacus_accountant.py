@@ -48,11 +48,28 @@ def test_follows_opacus_history_conventions():
 
     state = acct.state_dict()
     assert state["mechanism"] == "pldjax" and state["history"] == acct.history
+
     restored = pj.opacus.PLDAccountant()
     restored.load_state_dict(state)
     assert restored.get_epsilon(DELTA) == eps and len(restored) == 4
     with pytest.raises(ValueError, match="rdp"):
         restored.load_state_dict(rdp.state_dict())
+
+
+def test_steps_given_as_tensors_are_recorded_on_their_safe_side():
+    """Opacus's own accountants take a tensor noise multiplier; a float32 one is recorded on its
+    pessimistic side (sigma down, the sampling rate up), a tensor of several values refused."""
+    acct = pj.opacus.PLDAccountant()
+    acct.step(noise_multiplier=torch.tensor(1.0, dtype=torch.float64), sample_rate=0.01)
+    acct.step(noise_multiplier=torch.tensor(0.7), sample_rate=torch.tensor(0.01))
+    (sigma, q, steps), (low, high, _) = acct.history
+    assert (sigma, q, steps) == (1.0, 0.01, 1)
+    assert low < float(np.float32(0.7)) and high > float(np.float32(0.01))
+    for got, stored in ((low, np.float32(0.7)), (high, np.float32(0.01))):  # within half an ulp
+        assert abs(got - float(stored)) <= float(np.spacing(stored)) / 2
+    with pytest.raises(ValueError, match="noise_multiplier must be a single number"):
+        acct.step(noise_multiplier=torch.tensor([1.0, 2.0]), sample_rate=0.01)
+    assert len(acct.history) == 2
 
 
 def test_bad_steps_are_refused_and_change_nothing():

@@ -282,6 +282,14 @@ def test_individual_dpsgd_refuses_a_table_of_other_parameters():
         pj.optax.individual_dpsgd(0.1, 1.0, 20.0, table=table, **kwargs)
     with pytest.raises(ValueError, match="accounting"):
         pj.optax.individual_dpsgd(0.1, 1.0, 20.0, accounting="bogus", **kwargs)
+    with pytest.raises(ValueError, match="table must be a ResidueTable"):
+        pj.optax.individual_dpsgd(0.1, 1.0, 20.0, sampling_prob=0.01, table="x", **kwargs)
+    # a budget beyond what takes it is named as the caller's mu_budget
+    kwargs.pop("mu_budget")
+    with pytest.raises(ValueError, match="mu_budget must lie in"):
+        pj.optax.individual_dpsgd(0.1, 1.0, 20.0, mu_budget=1e101, **kwargs)
+    with pytest.raises(ValueError, match="mu_budget must lie in"):
+        pj.optax.individual_dpsgd(0.1, 1.0, 20.0, sampling_prob=0.01, mu_budget=2e6, **kwargs)
 
 
 def _transformations():

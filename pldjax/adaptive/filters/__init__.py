@@ -20,7 +20,7 @@ here a later, smaller query may still be accepted. This is sound because every d
 function of the queries' PLDs and of the state alone, never of the data: an analyst who sees a
 rejection learns nothing it could not have computed itself, so the continuing filter is a
 post-processing of the stopping filter run by an analyst who never submits a query it knows would
-be rejected (submitting nothing is the identity query, which every filter accepts for free).
+be rejected (it submits nothing instead, which leaves the state as it was).
 
 Degenerate queries (NaN, negative or missing mass, a bad step, a NaN or negative cost) are never
 accepted, and states keep their 64-bit values as exact bit pairs whatever the caller's

@@ -133,9 +133,9 @@ def _canonical(kind: str, query, cost_shape: tuple[int, ...], cost_pair: bool):
                                      f"query is never accepted")
         return query
     if isinstance(query, tuple) and cost_pair:
-        if len(query) != 2:
-            raise ValueError(f"{kind}: a query cost is a pair (cost, delta_n) or one number, "
-                             f"got {query!r}")
+        if len(query) != 2 or any(isinstance(part, PLD) for part in query):
+            raise ValueError(f"{kind}: a query cost is a pair (cost, delta_n) of numbers, one "
+                             f"number, or a PLD alone, got {query!r}")
         return tuple(_canonical(kind, part, cost_shape, False) for part in query)
     if isinstance(query, list):
         if not all(_is_number(v) for v in query):

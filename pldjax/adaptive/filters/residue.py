@@ -324,6 +324,10 @@ class ResidueTable(NamedTuple):
     sampling_prob: jax.Array  # () its Poisson sampling probability q
 
 
+#: The largest budget of a :func:`gdp_residue_table` (its ``mu_max``).
+MAX_TABLE_MU = 1e6
+
+
 @float64
 def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: float, *,
                       mu_nodes: int = 16, c_nodes: int = 17, mu_min: float | None = None,
@@ -347,7 +351,7 @@ def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: flo
     """
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0, low_open=True)
-    check_range("mu_max", mu_max, 0.0, 1e6, low_open=True)
+    check_range("mu_max", mu_max, 0.0, MAX_TABLE_MU, low_open=True)
     mu_nodes = check_count("mu_nodes", mu_nodes, minimum=2)
     c_nodes = check_count("c_nodes", c_nodes, minimum=2)
     mu_min = float(mu_max) / 32 if mu_min is None else mu_min
