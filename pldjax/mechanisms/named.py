@@ -363,7 +363,11 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
     step = float(np.ldexp(1.0, int(np.ceil(np.log2(top / (_ZCDP_POINTS - 1))))))
     grid = np.arange(int(np.ceil(top / step)) + 1) * step
     values = _zcdp_bound(grid, rho, xi)
-    hull = lower_hull_at(np.exp(grid - grid[-1]), values)
+    # with (x, delta) = (0, 1), where every curve starts (delta(-inf) = 1): a curve falling
+    # faster than that chord at eps = 0 leaves its lowest point a negative mass, which the
+    # masses cannot hold (near pure DP, rho = 0, every mass went to +inf)
+    hull = lower_hull_at(np.concatenate([[0.0], np.exp(grid - grid[-1])]),
+                         np.concatenate([[1.0], values]))[1:]
     hull = np.minimum(np.maximum.accumulate(hull[::-1])[::-1], values)  # non-increasing, below
     return from_privacy_curve(lambda eps: np.interp(eps, grid, hull), epsilon_min=0.0,
                               epsilon_max=float(grid[-1]), step=step)

@@ -69,6 +69,19 @@ def test_extreme_parameters_give_finite_sound_values_without_warnings(rho, xi):
     assert eps >= xi + math.log1p(-1e-6) or float(pld.delta(0.0)) <= 1e-6
 
 
+@pytest.mark.parametrize(("rho", "xi"), [(0.0, 0.01), (0.0, 1.0), (0.0, 5.0), (1e-3, 2.0)])
+def test_near_pure_dp_the_curve_is_kept_not_sent_to_infinity(rho, xi):
+    """(xi, rho)-zCDP near pure DP: the conversion falls faster at eps = 0 than any curve can
+    (the lowest point's mass came out negative), and every mass went to +inf (epsilon inf,
+    delta 1). (xi, 0)-zCDP implies xi-DP, which the conversion's orders approach; R_xi is a
+    (xi, 0)-zCDP mechanism, whose curve the result stays above."""
+    pld = pj.zcdp(rho, xi)
+    assert float(pld.inf_mass) < 1e-15
+    assert float(pld.epsilon(1e-6)) <= xi + 2 * math.sqrt(rho * math.log(1e6)) + rho
+    rr = np.maximum(0.0, (1.0 - np.exp(EPSILONS - xi)) * math.exp(xi) / (1.0 + math.exp(xi)))
+    assert np.all(np.asarray(pld.delta(EPSILONS)) >= rr)
+
+
 def test_a_zcdp_total_too_large_is_refused_when_composed_and_changes_nothing():
     acc = pj.dp_accounting.PLDAccountant()
     acc.compose(dpa.ZCDpEvent(0.5), 2)
