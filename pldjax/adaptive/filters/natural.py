@@ -148,8 +148,9 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
 
     def prepare(state, query):
         if not isinstance(query, PLD):
+            shown = query.tolist() if isinstance(query, np.ndarray) else query  # (as given)
             raise ValueError(f"natural: the query must be a pessimistic PLD (this filter has no "
-                             f"cost in numbers), got {query!r}")
+                             f"cost in numbers), got {shown!r}")
         if not is_traced(query.step):
             return onto_step(query, step, "natural"), {"aligned": True}
         return query, {"aligned": False}
