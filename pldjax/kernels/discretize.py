@@ -1349,8 +1349,9 @@ def _check_step(step: float, size: int, pessimistic: bool) -> None:
     limit = grid_lib.optimistic_step_limit(size)
     if not pessimistic and step > limit:
         raise ValueError(
-            f"Grid.step must be at most {limit} for an optimistic PLD of {size} points (its window "
-            f"spans at most {grid_lib.OPTIMISTIC_SPAN} nats), got {step!r}"
+            f"Grid.step must be at most {limit} for an optimistic PLD of {size} points (the largest "
+            f"power of two on which its window spans at most {grid_lib.OPTIMISTIC_SPAN} nats), got "
+            f"{step!r}"
         )
 
 
