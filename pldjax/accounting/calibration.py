@@ -449,6 +449,7 @@ def calibrate_sampling_prob(target_epsilon, delta, noise_multiplier, steps, *,
     check_range("delta", delta, 0.0, 1.0, low_open=True)
     Neighboring.parse(neighboring)
     check_range("noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    check_whole("steps", steps)
     target, delta, sigma, steps = broadcast_arguments(
         target_epsilon=target_epsilon, delta=delta, noise_multiplier=noise_multiplier, steps=steps)
     check_range("q_min", q_min, 0.0, 1.0, low_open=True)

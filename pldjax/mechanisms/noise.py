@@ -143,9 +143,22 @@ def _shift(shift, neighboring: Neighboring):
 
 def record(cls):
     """A frozen dataclass whose fields are the leaves of a pytree (the parts' records: noises and
-    sampling schemes)."""
+    sampling schemes). A list or tuple given for a field is one array (a batch of values, as a
+    NumPy array would be), never a pytree node of leaves, which the accounting would take for
+    further parameters."""
     cls = dataclasses.dataclass(frozen=True)(cls)
     names = [field.name for field in dataclasses.fields(cls)]
+    own = getattr(cls, "__post_init__", None)
+
+    def __post_init__(self):
+        for name in names:
+            value = getattr(self, name)
+            if isinstance(value, list | tuple):
+                object.__setattr__(self, name, (jnp if is_traced(value) else np).asarray(value))
+        if own is not None:
+            own(self)
+
+    cls.__post_init__ = __post_init__
     return jax.tree_util.register_dataclass(cls, data_fields=names, meta_fields=[])
 
 

@@ -147,6 +147,14 @@ def test_bad_q_min_is_refused(linear_epsilon, q_min):
         pj.calibrate_sampling_prob(1.0, DELTA, 1.0, 10, q_min=q_min)
 
 
+@pytest.mark.parametrize("steps", [2.5, float("nan"), -1])
+def test_bad_steps_are_refused_before_any_evaluation(linear_epsilon, steps):
+    # (calibrate_sampling_prob searched first, and its evaluation's error blamed the search)
+    for call in (pj.calibrate_noise_multiplier, pj.calibrate_sampling_prob):
+        with pytest.raises(ValueError, match="^steps must"):
+            call(1.0, DELTA, 0.5, steps)
+
+
 def test_extreme_valid_limits_converge(monkeypatch):
     # epsilon = 1 / sigma and q: the answers are closed forms, from the widest float64 limits
     monkeypatch.setattr(calibrate, "event_epsilon", fake(lambda s, q, t: q / s))

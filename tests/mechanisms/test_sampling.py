@@ -386,3 +386,26 @@ def test_mixture_tiny_probability_of_a_contribution_is_sound():
         upper, lower = np.asarray(up.directions()[i].delta(eps)), np.asarray(lo.directions()[i].delta(eps))
         assert np.all(upper >= exact) and np.all(upper <= 1e-8)
         assert np.all(lower == 0.0)
+
+
+def test_lists_of_parameters_are_batches_as_arrays_are():
+    """A list (or tuple) in an event's parameters is one array, a batch: RandomAllocation's
+    steps as a list raised a refusal that named event_epsilon itself, a list of sigmas a
+    TypeError, and calibrate_steps an ambiguous truth value after its whole search (each list
+    was a pytree node of several leaves)."""
+    noise, sampling = pj.noise, pj.sampling
+    for listed, array in [
+        (pj.Event(noise.Gaussian(1.0), sampling.RandomAllocation([2, 3])),
+         pj.Event(noise.Gaussian(1.0), sampling.RandomAllocation(np.array([2, 3])))),
+        (pj.Event(noise.Gaussian((1.0, 2.0)), sampling.RandomAllocation(2)),
+         pj.Event(noise.Gaussian(np.array([1.0, 2.0])), sampling.RandomAllocation(2))),
+    ]:
+        np.testing.assert_array_equal(pj.event_epsilon(listed, 1, 1e-5),
+                                      pj.event_epsilon(array, 1, 1e-5))
+    # one leaf each: every accounting function sees the array
+    event = pj.Event(noise.Gaussian([1.0, 2.0]), sampling.Poisson((0.01, 0.02)))
+    assert len(jax.tree_util.tree_leaves(event)) == 3  # sigma, sensitivity, sampling_prob
+    assert isinstance(event.noise.sigma, np.ndarray)
+    assert isinstance(event.sampling.sampling_prob, np.ndarray)
+    with pytest.raises(ValueError, match="sigma must be a real number"):
+        noise.Gaussian(["1.0"])
