@@ -145,13 +145,14 @@ def record(cls):
     """A frozen dataclass whose fields are the leaves of a pytree (the parts' records: noises and
     sampling schemes). A list or tuple given for a field is one array (a batch of values, as a
     NumPy array would be), never a pytree node of leaves, which the accounting would take for
-    further parameters."""
+    further parameters; except in a record whose ``batch_sequences`` is False
+    (:class:`~pldjax.mechanisms.sampling.Mixture`, whose components a sequence lists)."""
     cls = dataclasses.dataclass(frozen=True)(cls)
     names = [field.name for field in dataclasses.fields(cls)]
     own = getattr(cls, "__post_init__", None)
 
     def __post_init__(self):
-        for name in names:
+        for name in names if getattr(type(self), "batch_sequences", True) else ():
             value = getattr(self, name)
             if isinstance(value, list | tuple):
                 object.__setattr__(self, name, (jnp if is_traced(value) else np).asarray(value))

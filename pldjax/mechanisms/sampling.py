@@ -326,6 +326,9 @@ class Mixture(Sampling):
     probs: Any
 
     ranges: ClassVar[dict] = {"scales": dict(low=0.0), "probs": dict(low=0.0, high=1.0)}
+    #: A list or tuple of components stays one (its length is the event's structure: states
+    #: saved for such a template keep loading)
+    batch_sequences: ClassVar[bool] = False
 
     def __post_init__(self):
         if any(type(v) is object for v in (self.scales, self.probs)):
