@@ -802,8 +802,15 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     mu = xp.asarray(mu, xp.float64)
     if nu is None:
         nu = query_mu(probs, inf_mass, offset, step, delta_slack, mu)
-    accepted = nu <= mu
-    naive = xp.where(accepted, root_of_difference_down(mu, nu), 0.0)
+    # the budget 0 (G_0, the identity) holds exactly the queries whose delta(0), in every
+    # direction, the slack covers (nu's search starts at 1e-300): residue 0 (a sum of positive
+    # terms, each rounded up in relative 1e-12; each direction's delta at eps < 0 then follows
+    # from the other's at -eps)
+    points = (offset[:, None] + xp.arange(probs.shape[-1])) * step[:, None]
+    at_zero = inf_mass + xp.sum(probs * -xp.expm1(-xp.maximum(points, 0.0)), axis=-1)
+    free = (mu == 0) & xp.all(at_zero * (1.0 + 1e-12) <= delta_slack)
+    accepted = (nu <= mu) | free
+    naive = xp.where(accepted & ~free, root_of_difference_down(mu, nu), 0.0)
     if factor > 1:
         coarse = functools.partial(regrid_kernel, size=_coarse_points(probs.shape[-1], factor),
                                    pessimistic=True)
@@ -860,7 +867,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
     low = newton_search(evaluate, (s_naive, naive), xp.where(accepted, s_top, s_naive),
                         s_naive + 0.3 * (s_top - s_naive), steps,
                         lambda good: _RESIDUE_RTOL * good + _RESIDUE_ATOL * s_top)
-    return xp.where(accepted, xp.maximum(low, naive), 0.0), accepted
+    return xp.where(accepted & ~free, xp.maximum(low, naive), 0.0), accepted
 
 
 @np.errstate(all="ignore")  # NaN and inf are values the searches handle

@@ -535,3 +535,15 @@ def test_size_classes_are_the_smallest_five_smooth_sizes_above():
     counts = np.concatenate([np.arange(0, 3000), [12289, 2**31 + 1, 2**40 + 1, 10**15]])
     np.testing.assert_array_equal(size_class(counts), [smallest(int(n)) for n in counts])
     assert size_class(17) == 18 and isinstance(size_class(17), int)
+
+
+def test_the_residue_of_a_free_query_at_budget_zero_is_zero():
+    """G_0 is the identity: a query revealing nothing fits it, with residue 0 (the search of
+    the query's mu starts at 1e-300 and read -inf); one that reveals anything does not."""
+    for query in (pj.identity(), pj.randomized_response(0.0)):
+        assert float(pj.gdp_residue(0.0, query)) == 0.0
+        np.testing.assert_array_equal(pj.gdp_residue(np.array([0.0, 0.5]), query)[:1], [0.0])
+    assert float(pj.gdp_residue(0.0, pj.randomized_response(0.1))) == -np.inf
+    # a slack covers an atom of delta(0): RR_0 with delta 1e-9 fits G_0 given 2e-9
+    assert float(pj.gdp_residue(0.0, pj.randomized_response(0.0, 1e-9), delta_slack=2e-9)) == 0.0
+    assert float(pj.gdp_residue(0.0, pj.randomized_response(0.0, 1e-9))) == -np.inf
