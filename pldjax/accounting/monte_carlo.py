@@ -327,19 +327,28 @@ def _upper_confidence(estimate, samples: int, failure: float):
     return high
 
 
+#: The smallest failure probability taken (half of it, each direction's, stays a normal float).
+SMALLEST_FAILURE_PROBABILITY = 1e-300
+
+
 def _checked(function, target, noise_multiplier, sampling_prob, steps, min_sep, samples,
              failure_probability, key, warm_start):
     """The arguments of ``function`` (``target``: its epsilon or delta, (name, value)) checked,
     as (mu, sampling_prob, steps, min_sep, samples, key) in Python numbers."""
+    if jax.dtypes.issubdtype(getattr(key, "dtype", np.float64), jax.dtypes.prng_key):
+        raise ValueError("key must be an integer seed in [-2^63, 2^63), got a JAX random key "
+                         "(the samples are drawn in chunks from the seed)")
     for name, value in (target, ("noise_multiplier", noise_multiplier),
                         ("sampling_prob", sampling_prob), ("steps", steps), ("min_sep", min_sep),
-                        ("samples", samples), ("key", key)):
+                        ("samples", samples), ("failure_probability", failure_probability),
+                        ("key", key)):
         check_single(function, name, value)
     if not isinstance(warm_start, bool | np.bool_):
         raise ValueError(f"warm_start must be True or False, got {warm_start!r}")
     check_noise_multiplier(noise_multiplier)
     check_range("sampling_prob", sampling_prob, 0.0, 1.0)
-    check_range("failure_probability", failure_probability, 0.0, 1.0, low_open=True,
+    # each direction's bound fails with half of it: a half that rounds to 0 is no probability
+    check_range("failure_probability", failure_probability, SMALLEST_FAILURE_PROBABILITY, 1.0,
                 high_open=True)
     steps, min_sep = check_count("steps", steps, minimum=1), check_count("min_sep", min_sep, minimum=1)
     samples = check_count("samples", samples, minimum=1)
@@ -401,7 +410,7 @@ def monte_carlo_delta(noise_multiplier: float, sampling_prob: float, steps: int,
       samples: draws in each direction, an integer >= 1; at most ``MAX_SAMPLES`` (10^8), and
         samples (drawn in whole chunks of :func:`chunk_size`) times steps at most ``MAX_WORK``
         (10^11); default 10^6.
-      failure_probability: in (0, 1): the probability, over the draws, that the bound fails
+      failure_probability: in [1e-300, 1): the probability, over the draws, that the bound fails
         (half of it for each direction); default 1e-3.
       warm_start: True (default): the process starts in its stationary law; False: every record
         starts eligible.
@@ -445,7 +454,7 @@ def monte_carlo_epsilon(noise_multiplier: float, sampling_prob: float, steps: in
       samples: draws in each direction, an integer >= 1; at most ``MAX_SAMPLES`` (10^8), and
         samples (drawn in whole chunks of :func:`chunk_size`) times steps at most ``MAX_WORK``
         (10^11); default 10^6.
-      failure_probability: in (0, 1): the probability, over the draws, that the bound fails
+      failure_probability: in [1e-300, 1): the probability, over the draws, that the bound fails
         (half of it for each direction); default 1e-3.
       warm_start: True (default): the process starts in its stationary law; False: every record
         starts eligible.

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import dp_accounting as _dpa
 import jax.numpy as jnp
@@ -721,11 +722,11 @@ def jax_privacy_config(value_discretization_interval: float = 1e-4):
 
 def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
                           neighboring=_NR.ADD_OR_REMOVE_ONE) -> _ev.DpEvent:
-    """The dp_accounting event of DP-SGD (fresh Gaussian noise at every step, ``noise_multiplier``
-    in jax-privacy's convention) trained on ``dataset_size`` records with batches from
-    ``strategy``, a ``jax_privacy.batch_selection`` strategy, for an accountant with
-    ``neighboring`` (a ``dp_accounting.NeighboringRelation``); built with jax-privacy's own event
-    builders, so that its conventions hold. Compose it into :class:`PLDAccountant`.
+    """The dp_accounting event of DP-SGD (fresh Gaussian noise at every step, of standard
+    deviation ``noise_multiplier`` times the clip norm, as jax-privacy trains) trained on
+    ``dataset_size`` records with batches from ``strategy``, a ``jax_privacy.batch_selection``
+    strategy, for an accountant with ``neighboring`` (a ``dp_accounting.NeighboringRelation``);
+    built with jax-privacy's own event builders. Compose it into :class:`PLDAccountant`.
 
     * ``CyclicPoissonSampling(q, T, truncated_batch_size, cycle_length=b, partition_type)``: a
       record is eligible at every b-th step only (its group's), and each step's noise is fresh,
@@ -734,7 +735,10 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
       With b > 1 an EQUAL_SPLIT partition (jax-privacy's default) is refused under add/remove,
       where it does not hold (the groups change with the dataset), and an INDEPENDENT one with
       truncation (its groups' sizes are random).
-    * ``FixedBatchSampling(batch_size, T, replace=False)``: ``fixed_dpsgd_event`` (replace-one).
+    * ``FixedBatchSampling(batch_size, T, replace=False)`` under replace-one: jax-privacy's
+      ``fixed_dpsgd_event`` of noise_multiplier / 2 (dp_accounting's
+      ``SampledWithoutReplacementDpEvent`` takes the noise over the replace-one sensitivity,
+      twice the clip norm); refused under add/remove and zero-out.
     * ``FixedBatchSampling(batch_size=B, T, replace=True)`` under zero-out (REPLACE_SPECIAL) or
       replace-one: ``SampledWithReplacementDpEvent(dataset_size, B,
       GaussianDpEvent(noise_multiplier))`` composed T times (noise standard deviation over the
@@ -774,7 +778,14 @@ def batch_selection_event(strategy, noise_multiplier: float, dataset_size: int,
             num_examples=dataset_size // cycle,
             truncated_batch_size=strategy.truncated_batch_size)
     if isinstance(strategy, batch_selection.FixedBatchSampling) and not strategy.replace:
-        return events.fixed_dpsgd_event(noise_multiplier, strategy.iterations,
+        if neighboring != _NR.REPLACE_ONE:
+            raise ValueError(f"{name} without replacement is accounted for under REPLACE_ONE "
+                             "neighbours only (both datasets hold dataset_size records, and "
+                             "dp_accounting analyses it there): pass that as neighboring")
+        # the event's Gaussian is over the replace-one sensitivity, twice the clip norm (as
+        # jax-privacy's DpsgdTrainingAccountant counts fixed batches: "the sensitivity
+        # doubled"); its fixed_dpsgd_event passes the noise multiplier on unchanged
+        return events.fixed_dpsgd_event(noise_multiplier / 2, strategy.iterations,
                                         dataset_size=dataset_size,
                                         batch_size=strategy.batch_size)
     if isinstance(strategy, batch_selection.FixedBatchSampling):
@@ -811,7 +822,9 @@ def batch_selection_accounting(strategy, noise_multiplier: float, dataset_size: 
     * ``BallsInBinsSampling(T, cycle_length=b)``: each record's bin is drawn once and used in
       every cycle, so the record's E = ceil(T / b) uses of its bin add up to one Gaussian of
       sensitivity sqrt(E) (exactly when b divides T; above it otherwise, the bins with fewer
-      uses being a post-processing); the pair is random allocation of one of b steps
+      uses being a post-processing: then the event's pessimistic readings bound the run from
+      above, but its optimistic ones are no lower bounds, and a UserWarning says so); the pair
+      is random allocation of one of b steps
       (:class:`pldjax.mechanisms.sampling.RandomAllocation`, count 1), under add/remove or
       zero-out: the mixture over the bins of the shifted outputs against none, the pair
       jax-privacy's Monte Carlo accounting of this strategy samples.
@@ -831,6 +844,12 @@ def batch_selection_accounting(strategy, noise_multiplier: float, dataset_size: 
                              "(REPLACE_SPECIAL) neighbours, not replace-one: random allocation's "
                              "pair covers a record against none")
         uses = max(-(-iterations // bins), 1)
+        if iterations % bins:
+            warnings.warn(f"BallsInBinsSampling: cycle_length {bins} does not divide iterations "
+                          f"{iterations}, so some bins are used fewer than {uses} times: the "
+                          f"event's pessimistic readings bound the run from above, its "
+                          f"optimistic ones (pessimistic=False, a report's lower bounds) are no "
+                          f"lower bounds", UserWarning, stacklevel=2)
         event = Event(noise.Gaussian(float(noise_multiplier), sensitivity=math.sqrt(uses)),
                       sampling.RandomAllocation(bins), _RELATION[neighboring])
         return event, int(iterations > 0)

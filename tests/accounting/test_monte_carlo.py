@@ -190,8 +190,10 @@ def test_epsilon_is_where_the_delta_bound_meets_the_target():
 def test_bad_arguments_are_refused_by_name(arguments, named):
     with pytest.raises(ValueError, match=named):
         pj.monte_carlo_delta(*arguments)
-    with pytest.raises(ValueError, match="failure_probability"):
-        pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, failure_probability=0.0)
+    # (5e-324 halved to 0 for each direction's bound: ZeroDivisionError)
+    for failure in (0.0, 5e-324, np.array([0.1, 0.2])):
+        with pytest.raises(ValueError, match="failure_probability"):
+            pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, failure_probability=failure)
     with pytest.raises(ValueError, match="delta"):
         pj.monte_carlo_epsilon(1.0, 0.1, 10, 2, 0.0)
 
@@ -207,8 +209,9 @@ def test_the_work_guard_counts_the_whole_chunks_drawn():
         pj.monte_carlo_delta(1.0, 0.01, steps, 2, 1.0, samples=64)
 
 
-@pytest.mark.parametrize("key", [1.5, True, "a", 2**63, -(2**63) - 1])
+@pytest.mark.parametrize("key", [1.5, True, "a", 2**63, -(2**63) - 1, "jax key"])
 def test_a_key_that_is_no_64_bit_integer_is_refused_by_name(key):
+    key = jax.random.key(0) if key == "jax key" else key
     with pytest.raises(ValueError, match=r"key must be an integer seed in \[-2\^63, 2\^63\)"):
         pj.monte_carlo_delta(1.0, 0.1, 10, 2, 1.0, key=key)
 

@@ -3,6 +3,7 @@ accountants (whose PLD type checks must pass) and its BandMF execution plan with
 sampling. Reference values come from dp_accounting's own accountants."""
 
 import math
+import warnings
 
 import dp_accounting as dpa
 import numpy as np
@@ -148,12 +149,39 @@ def test_truncated_cyclic_poisson_group_has_a_finite_epsilon():
     assert math.isfinite(_epsilon(event, NR.REPLACE_SPECIAL))
 
 
-def test_fixed_batches_without_replacement_are_sampled_without_replacement():
+def test_fixed_batches_without_replacement_are_accounted_over_twice_the_clip_norm():
+    """Noise of sigma clip norms against replace-one's sensitivity of two: the event's Gaussian
+    is sigma / 2 over that sensitivity (jax-privacy's fixed_dpsgd_event passed sigma on, and one
+    step of sigma 1, q 0.1 read epsilon(1e-3) = 0.650, below 0.752 of a run that meets it: a
+    record's clipped gradient +1 against -1, all others 0, computed here by quadrature)."""
     from jax_privacy import batch_selection as bs
+    from scipy import integrate, optimize, stats
 
     event = pj.dp_accounting.batch_selection_event(bs.FixedBatchSampling(10, 100), 1.0, 1000,
                                                    NR.REPLACE_ONE)
-    assert event == jp_events.fixed_dpsgd_event(1.0, 100, dataset_size=1000, batch_size=10)
+    assert event == jp_events.fixed_dpsgd_event(0.5, 100, dataset_size=1000, batch_size=10)
+    step, count = pj.dp_accounting.batch_selection_accounting(bs.FixedBatchSampling(100, 1), 1.0,
+                                                              1000, NR.REPLACE_ONE)
+    assert count == 1
+    q, delta = 0.1, 1e-3
+    own = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.FixedBatch(q), "replace_one")
+    assert pj.event_epsilon(step, 1, delta) == pytest.approx(pj.event_epsilon(own, 1, delta),
+                                                              rel=1e-12)
+
+    def run_delta(eps):  # the run's pair: (1 - q) N(0, 1) + q N(1, 1) against N(-1, 1)'s
+        def excess(x):
+            p = (1 - q) * stats.norm.pdf(x) + q * stats.norm.pdf(x, 1.0)
+            r = (1 - q) * stats.norm.pdf(x) + q * stats.norm.pdf(x, -1.0)
+            return max(0.0, p - np.exp(eps) * r)
+        return integrate.quad(excess, -40, 40, points=[0.0], limit=400, epsabs=1e-14)[0]
+
+    run = optimize.brentq(lambda eps: run_delta(eps) - delta, 0.0, 5.0)
+    assert run == pytest.approx(0.752, abs=1e-3)
+    assert pj.event_epsilon(step, 1, delta) >= run
+    for relation in (NR.ADD_OR_REMOVE_ONE, NR.REPLACE_SPECIAL):
+        with pytest.raises(ValueError, match="FixedBatchSampling without replacement .* REPLACE_ONE"):
+            pj.dp_accounting.batch_selection_accounting(bs.FixedBatchSampling(10, 100), 1.0, 1000,
+                                                        relation)
 
 
 @pytest.mark.parametrize("relation", [NR.REPLACE_SPECIAL, NR.REPLACE_ONE])
@@ -238,6 +266,21 @@ def test_balls_in_bins_accounting_brackets_jax_privacys_monte_carlo():
             assert float(upper.directions()[direction].delta(eps)) >= mean - 5 * error
     with pytest.raises(ValueError, match="replace-one"):
         pj.dp_accounting.batch_selection_accounting(strategy, sigma, 1000, NR.REPLACE_ONE)
+
+
+def test_balls_in_bins_of_unequal_uses_warns_that_its_lower_bounds_are_none():
+    """One iteration in two bins: only one bin is used, Poisson sampling at q = 1/2; the event
+    (the record's bin used once, whichever it is) read 0.149 as an optimistic delta(0.5) against
+    that run's 0.080 (dp-accounting), so a report's bracket missed the truth."""
+    from jax_privacy import batch_selection as bs
+
+    with pytest.warns(UserWarning, match="optimistic ones .* are no lower bounds"):
+        event, count = pj.dp_accounting.batch_selection_accounting(bs.BallsInBinsSampling(1, 2),
+                                                                   1.0, 100)
+    assert float(pj.event_delta(event, count, 0.5)) >= 0.0799  # still above the run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # b divides T: exact, no warning
+        pj.dp_accounting.batch_selection_accounting(bs.BallsInBinsSampling(12, 6), 1.0, 100)
 
 
 def test_batch_selection_accounting_reads_the_strategies_events():
