@@ -51,7 +51,6 @@ _ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128
 _TOO_WIDE = object()
 
 
-
 def _number(name: str, value, up: bool):
     """``value`` as a Python float where it is a torch tensor (Opacus's own accountants take one),
     on its pessimistic side where its dtype rounded it (``up``: the largest real that rounds to it,

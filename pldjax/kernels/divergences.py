@@ -302,22 +302,27 @@ def tradeoff_from_profile(epsilons, deltas, alphas) -> jax.Array:
     check_range("alphas", alphas, 0.0, 1.0)
     check_range("deltas", deltas, 0.0, 1.0)
     _check_points("epsilons", epsilons, "deltas", deltas)
-    eps = jnp.asarray(epsilons, jnp.float64).reshape(-1)
-    d = jnp.asarray(deltas, jnp.float64).reshape(-1)
-    a = jnp.asarray(alphas, jnp.float64)
+    traced = is_traced((epsilons, deltas, alphas))
+    xp = jnp if traced else np  # concrete values in NumPy: no small program per operation
+    eps = xp.asarray(epsilons, xp.float64).reshape(-1)
+    d = xp.asarray(deltas, xp.float64).reshape(-1)
+    a = xp.asarray(alphas, xp.float64)
     # every privacy curve has delta(eps) >= 1 - e^eps: a point below it (beyond round-off)
     # comes from none
-    possible = d >= -jnp.expm1(jnp.minimum(eps, 0.0)) - 1e-12
-    if not is_traced((epsilons, deltas)) and not bool(jnp.all(possible)):
-        j = int(np.argmin(np.asarray(possible)))
+    possible = d >= -xp.expm1(xp.minimum(eps, 0.0)) - 1e-12
+    if not traced and not np.all(possible):
+        j = int(np.argmin(possible))
         raise ValueError(f"deltas must be at least 1 - e^eps at each point (every privacy curve "
                          f"is), got delta {float(d[j])!r} at epsilon {float(eps[j])!r}")
     gap = 1.0 - d - a[..., None]
-    bounds = jnp.where(gap > 0, jnp.exp(-eps) * jnp.maximum(gap, 0.0), 0.0)  # (no inf times 0)
-    bound = jnp.clip(jnp.max(bounds, axis=-1), 0.0, 1.0 - a)  # beta(alpha) <= 1 - alpha always
-    valid = (jnp.all(within(epsilons, -np.inf)) & jnp.all(within(deltas, 0.0, 1.0))
-             & jnp.all(possible))
-    return host_result(jnp.where(valid & within(alphas, 0.0, 1.0), bound, 0.0))
+    with np.errstate(over="ignore", invalid="ignore"):  # e^-eps = inf where the gap is 0: not kept
+        bounds = xp.where(gap > 0, xp.exp(-eps) * xp.maximum(gap, 0.0), 0.0)
+    bound = xp.clip(xp.max(bounds, axis=-1), 0.0, 1.0 - a)  # beta(alpha) <= 1 - alpha always
+    if traced:  # an invalid value claims nothing
+        valid = (jnp.all(within(epsilons, -np.inf)) & jnp.all(within(deltas, 0.0, 1.0))
+                 & jnp.all(possible))
+        bound = jnp.where(valid & within(alphas, 0.0, 1.0), bound, 0.0)
+    return host_result(bound)
 
 
 def _check_points(first_name: str, first, second_name: str, second) -> None:
@@ -356,13 +361,18 @@ def profile_from_tradeoff(alphas, betas, epsilons) -> jax.Array:
     check_range("betas", betas, 0.0, 1.0)
     check_range("epsilons", epsilons)
     _check_points("alphas", alphas, "betas", betas)
-    a = jnp.asarray(alphas, jnp.float64).reshape(-1)
-    b = jnp.asarray(betas, jnp.float64).reshape(-1)
-    e = jnp.asarray(epsilons, jnp.float64)
-    lines = 1.0 - a - jnp.where(b > 0, jnp.exp(e[..., None]) * b, 0.0)  # (no inf times 0)
-    bound = jnp.maximum(jnp.max(lines, axis=-1), 0.0)
-    valid = jnp.all(within(alphas, 0.0, 1.0)) & jnp.all(within(betas, 0.0, 1.0))
-    return host_result(jnp.where(valid & within(epsilons), bound, 1.0))
+    traced = is_traced((alphas, betas, epsilons))
+    xp = jnp if traced else np  # concrete values in NumPy: no small program per operation
+    a = xp.asarray(alphas, xp.float64).reshape(-1)
+    b = xp.asarray(betas, xp.float64).reshape(-1)
+    e = xp.asarray(epsilons, xp.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # e^eps = inf where beta is 0: not kept
+        lines = 1.0 - a - xp.where(b > 0, xp.exp(e[..., None]) * b, 0.0)
+    bound = xp.maximum(xp.max(lines, axis=-1), 0.0)
+    if traced:  # an invalid value claims nothing
+        valid = jnp.all(within(alphas, 0.0, 1.0)) & jnp.all(within(betas, 0.0, 1.0))
+        bound = jnp.where(valid & within(epsilons), bound, 1.0)
+    return host_result(bound)
 
 
 # ``pessimistic`` is data in these programs: a pessimistic and an optimistic PLD of one shape share
