@@ -823,7 +823,8 @@ def batch_selection_accounting(strategy, noise_multiplier: float, dataset_size: 
       every cycle, so the record's E = ceil(T / b) uses of its bin add up to one Gaussian of
       sensitivity sqrt(E) (exactly when b divides T; above it otherwise, the bins with fewer
       uses being a post-processing: then the event's pessimistic readings bound the run from
-      above, but its optimistic ones are no lower bounds, and a UserWarning says so); the pair
+      above, but its optimistic ones are no lower bounds, and a UserWarning says so; those of
+      the event of sensitivity sqrt(floor(T / b)) are, every bin being used that often); the pair
       is random allocation of one of b steps
       (:class:`pldjax.mechanisms.sampling.RandomAllocation`, count 1), under add/remove or
       zero-out: the mixture over the bins of the shifted outputs against none, the pair
@@ -845,11 +846,15 @@ def batch_selection_accounting(strategy, noise_multiplier: float, dataset_size: 
                              "pair covers a record against none")
         uses = max(-(-iterations // bins), 1)
         if iterations % bins:
+            fewer = iterations // bins
             warnings.warn(f"BallsInBinsSampling: cycle_length {bins} does not divide iterations "
-                          f"{iterations}, so some bins are used fewer than {uses} times: the "
+                          f"{iterations}, so some bins are used {fewer} times, not {uses}: the "
                           f"event's pessimistic readings bound the run from above, its "
                           f"optimistic ones (pessimistic=False, a report's lower bounds) are no "
-                          f"lower bounds", UserWarning, stacklevel=2)
+                          + (f"lower bounds; those of the same event with sensitivity "
+                             f"sqrt({fewer}) are (every bin is used at least that often)"
+                             if fewer else "lower bounds (with a bin never used, only 0 is)"),
+                          UserWarning, stacklevel=2)
         event = Event(noise.Gaussian(float(noise_multiplier), sensitivity=math.sqrt(uses)),
                       sampling.RandomAllocation(bins), _RELATION[neighboring])
         return event, int(iterations > 0)

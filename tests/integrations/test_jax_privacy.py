@@ -2,6 +2,7 @@
 accountants (whose PLD type checks must pass) and its BandMF execution plan with truncated Poisson
 sampling. Reference values come from dp_accounting's own accountants."""
 
+import dataclasses
 import math
 import warnings
 
@@ -278,6 +279,25 @@ def test_balls_in_bins_of_unequal_uses_warns_that_its_lower_bounds_are_none():
         event, count = pj.dp_accounting.batch_selection_accounting(bs.BallsInBinsSampling(1, 2),
                                                                    1.0, 100)
     assert float(pj.event_delta(event, count, 0.5)) >= 0.0799  # still above the run
+    # 7 iterations in 3 bins (used 3, 2, 2 times): the run lies between the event (3 uses) read
+    # pessimistically and the one of 2 uses the warning names read optimistically, against
+    # jax-privacy's own sampler of the run
+    from jax_privacy.experimental.monte_carlo import sample_generation
+
+    strategy, sigma, samples = bs.BallsInBinsSampling(7, 3), 2.0, 4_000
+    with pytest.warns(UserWarning, match=r"sensitivity sqrt\(2\) are"):
+        upper, _ = pj.dp_accounting.batch_selection_accounting(strategy, sigma, 1000)
+    lower = dataclasses.replace(upper, noise=pj.noise.Gaussian(sigma, math.sqrt(2)))
+    upper, lower = upper.pld(), lower.pld(pessimistic=False)
+    for direction, (seed, positive) in enumerate(((3, True), (4, False))):
+        losses, _ = sample_generation.get_privacy_loss_sample(
+            strategy, sigma, np.array([1.0]), seed=seed, positive_sample=positive,
+            num_samples=samples)
+        for eps in (0.1, 0.4):
+            values = -np.expm1(np.minimum(eps - losses, 0.0))
+            mean, error = values.mean(), values.std() / np.sqrt(samples)
+            assert float(lower.directions()[direction].delta(eps)) <= mean + 5 * error
+            assert float(upper.directions()[direction].delta(eps)) >= mean - 5 * error
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # b divides T: exact, no warning
         pj.dp_accounting.batch_selection_accounting(bs.BallsInBinsSampling(12, 6), 1.0, 100)
