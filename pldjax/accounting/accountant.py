@@ -103,11 +103,14 @@ def _parts(event: Event):
 
 
 def _as_arrays(event: Event) -> Event:
-    """The event with every parameter an array (a list would be several pytree leaves)."""
+    """The event with every parameter an array (a list would be several pytree leaves): NumPy
+    where concrete (no compiled program), traced ones as they are."""
+    def array(value):
+        return jnp.asarray(value) if is_traced(value) else np.asarray(value)
+
     def arrays(part):
         return None if part is None else dataclasses.replace(part, **{
-            field.name: jnp.asarray(getattr(part, field.name))
-            for field in dataclasses.fields(part)})
+            field.name: array(getattr(part, field.name)) for field in dataclasses.fields(part)})
     return Event(arrays(event.noise), arrays(event.sampling), event.neighboring)
 
 
@@ -122,12 +125,13 @@ def _check_template(event) -> Event:
 
 
 def _plain(capacity: int, template: Event) -> AccountantState:
+    """The empty run, in NumPy (:func:`pack` places it on the device)."""
     leaves, treedef = jax.tree.flatten(template)
     structure = (treedef, _classes(template))
-    rows = tuple(jnp.broadcast_to(jnp.asarray(leaf, jnp.float64), (capacity, *np.shape(leaf)))
+    rows = tuple(np.broadcast_to(np.asarray(leaf, np.float64), (capacity, *np.shape(leaf)))
                  for leaf in leaves)
-    return AccountantState(rows, jnp.zeros(capacity, jnp.int64), jnp.zeros((), jnp.int64),
-                           jnp.zeros((), bool), structure)
+    return AccountantState(rows, np.zeros(capacity, np.int64), np.zeros((), np.int64),
+                           np.zeros((), bool), structure)
 
 
 def _row_shape(leaf) -> tuple:

@@ -246,8 +246,8 @@ class _Budget(NamedTuple):
 def _budget(budget: PLD) -> _Budget:
     if not isinstance(budget, PLD) or budget.batch_shape or budget.reverse is not None:
         raise ValueError("budget must be one unbatched, symmetric PLD")
-    return _Budget(jnp.asarray(budget.probs, jnp.float64), jnp.asarray(budget.inf_mass, jnp.float64),
-                   jnp.asarray(budget.offset, jnp.int64), jnp.asarray(budget.step, jnp.float64))
+    return _Budget(np.asarray(budget.probs, np.float64), np.asarray(budget.inf_mass, np.float64),
+                   np.asarray(budget.offset, np.int64), np.asarray(budget.step, np.float64))
 
 
 class _Limits(NamedTuple):
@@ -673,11 +673,12 @@ def _witness(a: Analysis, rounds: int) -> dict | None:
                         options.append((more, whole))
             if len(options) < 2:
                 continue
-            top = jnp.max(jnp.stack([curves[len(more)][a.index[more][1]]
-                                     for more, _ in options]), axis=0)
+            top = np.max(np.stack([np.asarray(curves[len(more)])[a.index[more][1]]
+                                   for more, _ in options]), axis=0)
             for i in prefix:
-                rows = jnp.broadcast_to(top, (p.capacity, window.size))
-                top = _forward(p, rows, [0], [(0, i)], a.limits, _fresh(p, a.budget)[1])[0][0]
+                rows = np.broadcast_to(top, (p.capacity, window.size))
+                top = np.asarray(_forward(p, rows, [0], [(0, i)], a.limits,
+                                          _fresh(p, a.budget)[1])[0])[0]
             excess = np.where(eps >= 0, np.asarray(top) - budget_curve, -np.inf)
             j = int(np.argmax(excess))
             if excess[j] > rounds * ROUNDOFF and (best is None or excess[j] > best["excess"]):
@@ -772,10 +773,10 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
     levels = _all_curves(p, depth, None)
     window = p.plan.window
     nonnegative = np.asarray((window.start + np.arange(window.size)) * family.step >= 0)
-    stacked = jnp.concatenate([levels[t][:math.comb(m + t - 1, t)]
-                               for t in range(1, depth + 1)])[:, nonnegative]
-    below = _largest_differences(stacked) <= tolerance
-    return bool(jnp.all(below | below.T))
+    stacked = np.concatenate([np.asarray(levels[t])[:math.comb(m + t - 1, t)]
+                              for t in range(1, depth + 1)])[:, nonnegative]
+    below = np.asarray(_largest_differences(stacked)) <= tolerance
+    return bool(np.all(below | below.T))
 
 
 @kernel_jit

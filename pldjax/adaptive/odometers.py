@@ -73,7 +73,7 @@ import numpy as np
 from pldjax.adaptive.filters.base import keep_if, state_structure, structure_like
 from pldjax.adaptive.filters.residue import GDPState, ResidueState, gdp_filter, gdp_residue_filter
 from pldjax.adaptive.filters.whitehouse import residue_epsilon_squared
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import array_module, kernel_jit
 from pldjax.core.namespace import public_dir
 from pldjax.core.pld import PLD, pld_problems
 from pldjax.core.precision import (
@@ -116,8 +116,9 @@ class Odometer(NamedTuple):
 def _round_up(x):
     """A reading moved above the round-off of its formula (+inf and 0 stay as they are; NaN, which
     only an infinite intermediate can produce, becomes +inf)."""
-    x = jnp.asarray(x, jnp.float64)
-    return jnp.where(jnp.isnan(x), jnp.inf, x * (1.0 + READING_MARGIN))
+    xp = array_module(x)
+    x = xp.asarray(x, xp.float64)
+    return xp.where(xp.isnan(x), xp.inf, x * (1.0 + READING_MARGIN))
 
 
 @functools.cache
@@ -168,8 +169,8 @@ def _make_odometer(kind: str, params: dict, guarantee: dict, *, init: Callable[[
         return pack(init())
 
     @float64
-    def bound(state):
-        return jax.tree_util.tree_map(host_result, read(unpack(state, like)))
+    def bound(state):  # concrete states are read in NumPy, traced ones in the trace
+        return jax.tree_util.tree_map(host_result, read(unpack(state, like, host=True)))
 
     @float64
     def state_problem(state):
@@ -219,11 +220,12 @@ def _variance_odometer(kind: str, params: dict, delta: float, delta_prime: float
     """An odometer reading ``boundary(V_n)`` while the delta_n sum to at most delta''."""
 
     def init():
-        return VarianceState(jnp.zeros(()), jnp.zeros(()))
+        return VarianceState(np.zeros(()), np.zeros(()))
 
     def read(state):
+        xp = array_module(state.variance)
         value = _round_up(boundary(state.variance))
-        return {"epsilon": jnp.where(state.delta_spent <= delta_queries, value, jnp.inf)}
+        return {"epsilon": xp.where(state.delta_spent <= delta_queries, value, xp.inf)}
 
     def problem(state):
         # sums of numbers >= 0 (+inf included): every such value is reached, and nothing else
@@ -333,7 +335,8 @@ def mixture_odometer(delta: float, *, gamma: float,
     log_inv = math.log(1.0 / delta_prime)
 
     def boundary(v):
-        return jnp.sqrt(2.0 * (gamma + v) * (log_inv + 0.5 * jnp.log1p(v / gamma))) + v / 2
+        xp = array_module(v)
+        return xp.sqrt(2.0 * (gamma + v) * (log_inv + 0.5 * xp.log1p(v / gamma))) + v / 2
 
     params = {"delta": float(delta), "delta_queries": delta_queries, "gamma": gamma}
     return _variance_odometer("mixture_odometer", params, float(delta), delta_prime,
@@ -373,10 +376,11 @@ def stitched_odometer(delta: float, *, v0: float,
     log_term = 0.72 * math.log(5.2 / delta_prime)
 
     def boundary(v):
+        xp = array_module(v)
         started = v >= v0
-        safe = jnp.where(started, v, v0)  # keeps log log finite where the reading is +inf
-        value = 1.7 * jnp.sqrt(safe * (jnp.log(jnp.log(2.0 * safe / v0)) + log_term)) + safe / 2
-        return jnp.where(started, value, jnp.inf)
+        safe = xp.where(started, v, v0)  # keeps log log finite where the reading is +inf
+        value = 1.7 * xp.sqrt(safe * (xp.log(xp.log(2.0 * safe / v0)) + log_term)) + safe / 2
+        return xp.where(started, value, xp.inf)
 
     params = {"delta": float(delta), "delta_queries": delta_queries, "v0": v0}
     return _variance_odometer("stitched_odometer", params, float(delta), delta_prime,
@@ -428,9 +432,10 @@ def rogers_odometer(delta: float, *, dataset_size: int,
     n_squared = float(size) * float(size)
 
     def boundary(v):
-        middle = jnp.sqrt(2.0 * v * inner)
-        other = jnp.sqrt(2.0 * (floor + v) * (1.0 + 0.5 * jnp.log1p(n_squared * v)) * outer)
-        return jnp.where((v >= floor) & (v <= 1.0), middle, other) + v / 2
+        xp = array_module(v)
+        middle = xp.sqrt(2.0 * v * inner)
+        other = xp.sqrt(2.0 * (floor + v) * (1.0 + 0.5 * xp.log1p(n_squared * v)) * outer)
+        return xp.where((v >= floor) & (v <= 1.0), middle, other) + v / 2
 
     params = {"delta": float(delta), "delta_queries": delta_queries, "dataset_size": size}
     return _variance_odometer("rogers_odometer", params, float(delta), delta_prime,
@@ -625,16 +630,15 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
 
     def init():
         if residue:
-            rung_states = pack(ResidueState(jnp.asarray(mus),
-                                            jnp.full((count,), slack, jnp.float64)))
+            rung_states = pack(ResidueState(mus, np.full((count,), slack)))
         else:
             rung_states = rung_filter.init()
-        return LadderState(rung_states, jnp.ones((count,), bool))
+        return pack(LadderState(rung_states, np.ones((count,), bool)))
 
-    def valid_query(query):
+    def valid_query(query, xp):
         if isinstance(query, PLD):
-            return ~jnp.any(jnp.stack([bad for *_, bad in pld_problems(query)]))
-        return jnp.all(upper_of_rounded(query) >= 0)  # False for NaN
+            return ~xp.any(xp.stack([bad for *_, bad in pld_problems(query)]))
+        return xp.all(upper_of_rounded(query) >= 0)  # False for NaN
 
     @float64
     def step(state, query):
@@ -646,29 +650,35 @@ def gdp_ladder_odometer(mu0: float, *, delta: float, growth: float = 2.0 ** 0.25
         if residue:
             rung_states, accepted = jax.vmap(rung_filter.spend, in_axes=(0, None))(
                 state.rungs, query)
-            plain = unpack(rung_states, residue_like)
-            plain = plain._replace(mu=jnp.where(state.alive & accepted, plain.mu, -jnp.inf))
-            rung_states = pack(plain)
         else:
             rung_states, taken = rung_filter.spend(state.rungs, query)
-            plain = unpack(rung_states, spent_like)
-            spent = jnp.where(taken, plain.mu_squared_spent, jnp.inf)
+        # the glue around the filters' spends: in NumPy where concrete (no compiled program)
+        host = not is_traced((state, query, rung_states))
+        xp = np if host else jnp
+        alive_before = xp.asarray(state.alive)
+        if residue:
+            plain = unpack(rung_states, residue_like, host=host)
+            plain = plain._replace(mu=xp.where(alive_before & xp.asarray(accepted), plain.mu,
+                                               -xp.inf))
+            rung_states = pack(plain)
+        else:
+            plain = unpack(rung_states, spent_like, host=host)
+            spent = xp.where(xp.asarray(taken), plain.mu_squared_spent, xp.inf)
             rung_states = pack(plain._replace(mu_squared_spent=spent))
-            accepted = spent <= jnp.asarray(budgets)
-        ok = valid_query(query)
-        alive = jnp.where(ok, state.alive & accepted, state.alive)
-        return LadderState(keep_if(ok, rung_states, state.rungs), alive), ok
-
-    mus_table = jnp.asarray(mus)
-    eps_table = jnp.asarray(epsilons)
+            accepted = spent <= budgets
+        ok = valid_query(query, xp)
+        alive = xp.where(ok, alive_before & accepted, alive_before)
+        kept = keep_if(ok, rung_states, state.rungs)
+        return pack(LadderState(kept, alive)), pack(ok)
 
     @float64
     def bound(state):
-        alive = jnp.asarray(state.alive)  # (..., K): batched states read one by one
-        lowest = jnp.argmax(alive, axis=-1)
-        some = jnp.any(alive, axis=-1)
-        reading = {"mu": jnp.where(some, mus_table[lowest], jnp.inf),
-                   "epsilon": jnp.where(some, eps_table[lowest], jnp.inf)}
+        alive = np.asarray(state.alive) if not is_traced(state) else state.alive  # (..., K)
+        xp = array_module(alive)
+        lowest = xp.argmax(alive, axis=-1)  # batched states read one by one
+        some = xp.any(alive, axis=-1)
+        reading = {"mu": xp.where(some, xp.asarray(mus)[lowest], xp.inf),
+                   "epsilon": xp.where(some, xp.asarray(epsilons)[lowest], xp.inf)}
         return jax.tree_util.tree_map(host_result, reading)
 
     @float64

@@ -25,7 +25,6 @@ import zipfile
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core.namespace import public_dir
@@ -169,7 +168,7 @@ def load(path, template, *, kind: str, params: dict, batched: bool = False):
         if (header["version"] == 1 and got.dtype in (np.float64, np.int64)
                 and want.dtype == np.uint32 and want.shape[-1:] == (2,)):
             with jax.enable_x64(True):
-                got = np.asarray(pack(jnp.asarray(got)))
+                got = np.asarray(pack(got))
         axes = got.ndim - want.ndim if batched else 0
         shape = want.shape if batch is None or axes < 0 else batch + want.shape
         if axes < 0 or got.shape != got.shape[:axes] + want.shape or got.dtype != want.dtype:
@@ -195,7 +194,7 @@ def _plain_leaf(leaf):
 def _like(array: np.ndarray, template_leaf):
     if _is_key(template_leaf):
         return jax.random.wrap_key_data(array, impl=jax.random.key_impl(template_leaf))
-    return jnp.asarray(array)
+    return jax.device_put(array)  # (jnp.asarray compiles a program per shape)
 
 
 def save_filter_state(path, filter_, state) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.align import align, regrid
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import kernel_jit, to_device
 from pldjax.core.mass import settle
 from pldjax.core.pld import PLD, batched, check_same_kind, unchecked_pld
 from pldjax.core.precision import float64, host_result
@@ -92,7 +92,8 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
             len(q.batch_shape),
         )
         out = fn(q.probs, q.inf_mass, q.offset, q.step)
-        excess = out if excess is None else jnp.maximum(excess, out)
+        out = out if is_traced(out) else np.asarray(out)  # compared on the host
+        excess = out if excess is None else (jnp if is_traced(out) else np).maximum(excess, out)
     result = host_result(excess <= delta_slack + ROUNDOFF)
     return bool(result) if not query.batch_shape and not is_traced(result) else result
 
@@ -163,10 +164,11 @@ def sup(plds, *, size: int | None = None) -> PLD:
                 raise ValueError(f"plds: their sup spans {n} grid points from the lowest member's "
                                  f"first to the highest's last (more than grid.MAX_SIZE = "
                                  f"{grid_lib.MAX_SIZE}, a memory guard); pass a smaller size=")
+        step = direction.step[0] if traced else to_device(np.asarray(direction.step)[0])
         probs, inf_mass, offset = _sup_jit(
-            direction.probs, direction.inf_mass, direction.offset, direction.step[0], size=n
+            direction.probs, direction.inf_mass, direction.offset, step, size=n
         )
-        return unchecked_pld(probs, inf_mass, offset, direction.step[0], True)
+        return unchecked_pld(probs, inf_mass, offset, step, True)
 
     return family.map_directions(one)
 
@@ -195,13 +197,12 @@ def _as_family(plds) -> PLD:
     def stack(directions: list[PLD]) -> PLD:
         directions = align(directions, "sup")
         n = max(d.size for d in directions)  # zero mass appended above a window changes nothing
-        return unchecked_pld(
-            jnp.stack([jnp.pad(d.probs, (0, n - d.size)) for d in directions]),
-            jnp.stack([d.inf_mass for d in directions]),
-            jnp.stack([jnp.asarray(d.offset, jnp.int64) for d in directions]),
-            jnp.stack([jnp.asarray(d.step, jnp.float64) for d in directions]),
-            members[0].pessimistic,
-        )
+        xp = jnp if is_traced(directions) else np  # NumPy: no program compiled per member
+        parts = (xp.stack([xp.pad(xp.asarray(d.probs), (0, n - d.size)) for d in directions]),
+                 xp.stack([xp.asarray(d.inf_mass) for d in directions]),
+                 xp.stack([xp.asarray(d.offset, np.int64) for d in directions]),
+                 xp.stack([xp.asarray(d.step, np.float64) for d in directions]))
+        return unchecked_pld(*(to_device(a) for a in parts), members[0].pessimistic)
 
     forward = stack([m.forward for m in members])
     return PLD.from_directions(forward, stack([m.backward for m in members]) if two else None)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import kernel_jit, to_device
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
@@ -451,8 +451,8 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
         return pld.where_valid(within(epsilon, 0.0) & within(delta, 0.0, 1.0))
     probs, inf_mass = _lattice_masses(float(epsilon), float(delta), count=count)
     if grid is None and epsilon > 0:
-        return unchecked_pld(probs, inf_mass, jnp.asarray(-count, jnp.int64),
-                             jnp.asarray(float(epsilon)), True)
+        return unchecked_pld(probs, inf_mass, to_device(np.int64(-count)),
+                             to_device(np.float64(epsilon)), True)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
     # each loss up to the first grid point at or above it (a quotient rounded up past a grid
     # point that holds the loss is moved back onto it)
@@ -460,8 +460,8 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     index -= (index - 1) * step >= losses
     on_grid = np.zeros(int(index[-1] - index[0]) + 1)
     np.add.at(on_grid, index - index[0], np.asarray(probs)[::2])
-    probs = jnp.asarray(on_grid)
-    return unchecked_pld(probs, inf_mass, jnp.asarray(index[0], jnp.int64), jnp.asarray(step), True)
+    return unchecked_pld(to_device(on_grid), inf_mass, to_device(index[0]),
+                         to_device(np.float64(step)), True)
 
 
 @float64
@@ -476,8 +476,8 @@ def identity(*, pessimistic: bool = True) -> PLD:
       An unbatched :class:`PLD` with one direction, mass 1 at loss 0 (one point, step 1 nat) and
       none at +inf. Both an upper and a lower bound; flagged as ``pessimistic`` says.
     """
-    one = jnp.ones((1,), jnp.float64)
-    return unchecked_pld(one, jnp.zeros(()), jnp.zeros((), jnp.int64), jnp.ones(()), pessimistic)
+    parts = np.ones(1), np.float64(0.0), np.int64(0), np.float64(1.0)
+    return unchecked_pld(*(to_device(a) for a in parts), pessimistic)
 
 
 __all__ = ["approx_dp_composition", "discrete_gaussian", "discrete_laplace", "from_privacy_curve",

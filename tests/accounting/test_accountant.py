@@ -1,11 +1,13 @@
 """The accountant (pj.accountant): exact composition of changing steps, jit, checkpoints, x64."""
 
+import json
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 
 import pldjax as pj
 
@@ -295,3 +297,19 @@ def test_pure_dp_epsilon_of_a_mixed_run_is_exact_and_reported():
     report = pj.privacy_report(state, deltas=[0.0])
     assert truth <= report.epsilon_upper[0] <= truth * (1 + 1e-12)
     assert report.epsilon_lower[0] <= truth
+
+
+def test_init_compiles_nothing_and_a_first_step_only_its_kernel(tmp_path):
+    names, printed = programs_of_a_new_process("""
+        import json
+        import pldjax as pj
+        state = pj.accountant.init()
+        laplace = pj.Event(pj.noise.Laplace(2.0), pj.sampling.Poisson(0.05))
+        ledger = pj.accountant.init(event=laplace)
+        print(json.dumps([float(pj.accountant.epsilon(state, delta=1e-5)),
+                          float(pj.accountant.epsilon(ledger, delta=1e-5))]))
+        state = pj.accountant.step(state, noise_multiplier=1.1, sampling_prob=0.01)
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    assert names == ["jit(option_probe)", "jit(_step)"]  # the step's, none for the empty states
+    assert json.loads(printed.splitlines()[-1]) == [0.0, 0.0]
+

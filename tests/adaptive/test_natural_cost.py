@@ -3,11 +3,12 @@ non-free witness re-checked with exact arithmetic on the atoms (mpmath), not thr
 
 import functools
 import itertools
+import json
 
 import mpmath
 import numpy as np
 import pytest
-from compiled_programs import compiled_programs
+from compiled_programs import compiled_programs, programs_of_a_new_process
 from reference import gaussian_delta_mp
 
 import pldjax as pj
@@ -348,3 +349,23 @@ def test_results_do_not_depend_on_x64(x64_off):
     np.testing.assert_array_equal(on.upper_deltas, off.upper_deltas)
     np.testing.assert_array_equal(on.lower_deltas, off.lower_deltas)
     assert verdict.status == "free"
+
+
+def test_natural_filter_glue_compiles_only_the_recursions_kernels(tmp_path):
+    # the budget, the witness search and the table of orderings run their glue in NumPy
+    names, printed = programs_of_a_new_process("""
+        import json
+        import pldjax as pj
+        g = pj.Grid(step=1/16)
+        queries = [pj.approx_dp_composition(0.25, 0.1, grid=g),
+                   pj.approx_dp_composition(1.5, 0.01, grid=g)]
+        budget = pj.approx_dp_composition(1.5, 0.2, grid=g)
+        free = pj.natural_filter_free(queries, budget=budget, rounds=2)
+        print(json.dumps([free.status, pj.totally_ordered(queries, rounds=2)]))
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    kernels = {"jit(option_probe)", "jit(_lattice_masses)", "jit(_start)", "jit(_forward_level)",
+               "jit(_identity_rows)", "jit(_backward_level)", "jit(_summary)",
+               "jit(_largest_differences)"}
+    assert set(names) <= kernels, sorted(set(names) - kernels)
+    assert json.loads(printed.splitlines()[-1]) == ["not free", False]
+

@@ -8,6 +8,7 @@ below 1e-6), so a valid odometer fails it with probability below 1e-6 over the s
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
 import pytest
-from compiled_programs import compiled_programs
+from compiled_programs import compiled_programs, programs_of_a_new_process
 from scipy.special import ndtri
 from scipy.stats import binom
 
@@ -504,14 +505,18 @@ def test_jit_and_vmap_agree_with_the_host(name):
         host, _ = od.step(host, *a)
         jitted, _ = step(jitted, *(jnp.asarray(v, jnp.float64) for v in a))
     assert _same(host, jitted)
+    # the reading: on the host in NumPy, under jit in the trace, the same values
+    assert jax.jit(od.bound)(host) == pytest.approx(od.bound(host), rel=1e-15)
     # vmap: three independent odometers, each given its own sequence
     columns = [jnp.asarray(np.array(col, np.float64)) for col in zip(*args, strict=True)]
     batched = _batched_init(od, 3)
     batched, ok = jax.vmap(od.step)(batched, *columns)
     assert bool(np.all(ok))
+    readings = od.bound(batched)
     for i, a in enumerate(args):
         single, _ = od.step(od.init(), *a)
         assert _same(jax.tree_util.tree_map(lambda leaf, i=i: leaf[i], batched), single)
+        assert {k: v[i] for k, v in readings.items()} == od.bound(single)
 
 
 def _save_restore_round_trip(tmp_path, name, suffix):
@@ -686,3 +691,31 @@ def test_a_new_odometer_of_a_family_compiles_nothing():
                   OD.stitched_odometer(1e-6, v0=0.01)):
         (state, ok), names = compiled_programs(lambda o=other: o.step(o.init(), 0.1))
         assert names == [] and bool(ok)
+
+
+def test_first_steps_readings_and_restores_compile_only_the_steps_kernel(tmp_path):
+    # an odometer's glue (its state, its checks, its readings, a restore) runs in NumPy: a new
+    # process compiles the variance odometers' one step program and nothing else
+    names, printed = programs_of_a_new_process(f"""
+        import json
+        import pldjax as pj
+        od = pj.odometers.mixture_odometer(1e-6, gamma=0.1)
+        state, ok = od.step(od.init(), 0.3, 1e-8)
+        lad = pj.odometers.gdp_ladder_odometer(0.05, delta=1e-6)
+        rungs, ok_pld = lad.step(lad.init(), pj.gaussian(2.0, sampling_prob=0.01))
+        rungs, ok_nu = lad.step(rungs, 0.2)
+        pj.io.save_odometer_state({str(tmp_path / "lad.npz")!r}, lad, rungs)
+        back = pj.io.load_odometer_state({str(tmp_path / "lad.npz")!r}, lad)
+        print(json.dumps([bool(ok), bool(ok_pld), bool(ok_nu), float(od.bound(state)["epsilon"]),
+                          {{k: float(v) for k, v in lad.bound(back).items()}}]))
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    assert names == ["jit(option_probe)", "jit(guarded)"]
+    od = OD.mixture_odometer(1e-6, gamma=0.1)
+    state, _ = od.step(od.init(), 0.3, 1e-8)
+    lad = OD.gdp_ladder_odometer(0.05, delta=1e-6)
+    rungs, _ = lad.step(lad.init(), pj.gaussian(2.0, sampling_prob=0.01))
+    rungs, _ = lad.step(rungs, 0.2)
+    expected = [True, True, True, float(od.bound(state)["epsilon"]),
+                {k: float(v) for k, v in lad.bound(rungs).items()}]
+    assert json.loads(printed.splitlines()[-1]) == expected
+

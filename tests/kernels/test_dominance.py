@@ -1,7 +1,10 @@
 """The Blackwell order of PLDs and suprema of families, against closed forms."""
 
+import json
+
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 
 import pldjax as pj
 
@@ -112,4 +115,19 @@ def test_sup_of_a_batched_family_under_jit():
     eps = np.linspace(0.0, 5.0, 21)
     np.testing.assert_allclose(top.delta(eps), pj.gdp(1.5, grid=grid).delta(eps), rtol=1e-9,
                                atol=1e-13)
+
+
+def test_sup_and_dominance_of_host_plds_compile_only_their_kernels(tmp_path):
+    # a list of PLDs is stacked, and a verdict read, in NumPy: a new process compiles the two
+    # kernels and nothing per member
+    names, printed = programs_of_a_new_process("""
+        import json
+        import pldjax as pj
+        top = pj.sup([pj.gdp(1.0), pj.laplace(1.0), pj.randomized_response(0.5)])
+        verdict = pj.gdp(0.5).dominated_by(pj.gdp(1.0, pessimistic=False), delta_slack=1e-15)
+        print(json.dumps([float(top.epsilon(1e-6)), verdict]))
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    assert sorted(names) == ["jit(dominance_excess_kernel)", "jit(option_probe)", "jit(sup_kernel)"]
+    top = pj.sup([pj.gdp(1.0), pj.laplace(1.0), pj.randomized_response(0.5)])
+    assert json.loads(printed.splitlines()[-1]) == [float(top.epsilon(1e-6)), True]
 
