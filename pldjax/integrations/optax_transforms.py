@@ -267,7 +267,8 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
             f"= {noise_multiplier!r}, sampling_prob = {sampling_prob!r}"
         )
     if accounting == "gdp":  # the naive costs: the table's row at budget 0, at every budget
-        table = table._replace(cost=jnp.broadcast_to(table.cost[:1], table.cost.shape))
+        table = table._replace(cost=jax.device_put(np.broadcast_to(np.asarray(table.cost)[:1],
+                                                                   table.cost.shape)))
     sgd = _optax.sgd(learning_rate)
     scale = 1.0 / (sampling_prob * num_examples)
     threshold = np.uint32(np.floor(sampling_prob * 2.0**32)) if sampling_prob < 1 else None

@@ -1,10 +1,13 @@
 """The optax transformations (pj.optax): DP-SGD with its budget, per-example filters (full batch
 and Poisson-sampled, with the residue table), noise, sampling, checkpoints, x64."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 from scipy import stats
 
 import pldjax as pj
@@ -290,6 +293,23 @@ def test_individual_dpsgd_refuses_a_table_of_other_parameters():
         pj.optax.individual_dpsgd(0.1, 1.0, 20.0, mu_budget=1e101, **kwargs)
     with pytest.raises(ValueError, match="mu_budget must lie in"):
         pj.optax.individual_dpsgd(0.1, 1.0, 20.0, sampling_prob=0.01, mu_budget=2e6, **kwargs)
+
+
+def test_a_residue_table_and_its_transformation_compile_no_glue(tmp_path):
+    # a table of naive costs is built, and read into individual_dpsgd, in NumPy
+    _, printed = programs_of_a_new_process("""
+        import json
+        import jax
+        from compiled_programs import compiled_programs
+        import pldjax as pj
+        key = jax.random.key(0)
+        _, names = compiled_programs(lambda: pj.optax.individual_dpsgd(
+            0.1, 1.0, 20.0, sampling_prob=0.01, accounting="gdp", key=key, mu_budget=1.0,
+            num_examples=4, delta_slack=1e-6, table=pj.filters.residue.gdp_residue_table(
+                20.0, 0.01, 1.0, mu_nodes=2, c_nodes=2, residue=False)))
+        print(json.dumps(names))
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    assert json.loads(printed.splitlines()[-1]) == []
 
 
 def _transformations():

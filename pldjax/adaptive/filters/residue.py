@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
-from pldjax.core.compilation import array_module, map_rows
+from pldjax.core.compilation import array_module, map_rows, to_device
 from pldjax.core.pld import PLD
 from pldjax.core.precision import add_up, float64, root_of_difference_down, square_down, square_up
 from pldjax.core.validation import check_count, check_range, is_traced
@@ -359,12 +359,12 @@ def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: flo
     c = np.linspace(0.0, 1.0, c_nodes)
     mus = np.concatenate([[0.0], np.geomspace(mu_min, mu_max, mu_nodes - 1)])
     mus[-1] = mu_max
-    steps = gaussian(jnp.asarray(noise_multiplier / c[1:]), sampling_prob=sampling_prob, grid=grid)
+    steps = gaussian(noise_multiplier / c[1:], sampling_prob=sampling_prob, grid=grid)
     # one slack for all: the largest atom at +inf of any step PLD (each entry certifies with it)
     slack = float(np.max([np.max(np.asarray(d.inf_mass, np.float64)) for d in steps.directions()]))
     naive = np.asarray(gdp_mu(steps, delta_slack=slack, mu_max=float(mu_max)))
     if residue:
-        residue = np.asarray(gdp_residue(jnp.asarray(mus[1:, None]), steps, delta_slack=slack))
+        residue = np.asarray(gdp_residue(mus[1:, None], steps, delta_slack=slack))
     else:
         residue = np.full((mu_nodes - 1, c_nodes - 1), -np.inf)
     fits = residue >= 0  # gdp_residue is -inf where the step does not fit the budget
@@ -378,8 +378,9 @@ def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: flo
     cost = np.minimum.accumulate(cost, axis=0)  # valid for every larger budget
     cost = np.minimum.accumulate(cost[:, ::-1], axis=1)[:, ::-1]  # and every smaller c
     delta = np.concatenate([[0.0], np.full(c_nodes - 1, slack + ROUNDOFF)])
-    return ResidueTable(*(jnp.asarray(a, jnp.float64) for a in (mus, c, cost, delta,
-                                                                noise_multiplier, sampling_prob)))
+    return ResidueTable(*(to_device(np.asarray(a, np.float64)) for a in (mus, c, cost, delta,
+                                                                          noise_multiplier,
+                                                                          sampling_prob)))
 
 
 def table_spend(table: ResidueTable, mu, delta_left, c):
