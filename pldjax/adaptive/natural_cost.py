@@ -65,6 +65,7 @@ import numpy as np
 from pldjax.core.align import align
 from pldjax.core.compilation import kernel_jit
 from pldjax.core.grid import MAX_SIZE, next_pow2
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_count, check_range
@@ -591,6 +592,7 @@ def _bounds(a: Analysis, rounds: int) -> tuple[Bounds, float, float]:
     return bounds, float(upper_excess), float(lower_excess)
 
 
+@announces_slow_calls("pldjax.natural_filter_bounds")
 @float64
 def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
     """Upper and lower bounds on V_rounds(Id), the natural filter's worst-case PLD (Thm 6), for a
@@ -617,6 +619,7 @@ def natural_filter_bounds(queries, *, budget: PLD, rounds: int) -> Bounds:
     return _bounds(_analyse(queries, budget, rounds), rounds)[0]
 
 
+@announces_slow_calls("pldjax.natural_filter_cost")
 @float64
 def natural_filter_cost(queries, *, budget: PLD, rounds: int) -> PLD:
     """V_rounds(Id) as a pessimistic PLD: an upper bound on the privacy of every analyst
@@ -699,6 +702,7 @@ def _path_legal(a: Analysis, prefix: tuple, more: tuple) -> bool:
     return True
 
 
+@announces_slow_calls("pldjax.natural_filter_free")
 @float64
 def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
     """Is the natural filter with ``budget`` free for ``rounds`` rounds of these queries?
@@ -739,6 +743,7 @@ def natural_filter_free(queries, *, budget: PLD, rounds: int) -> Verdict:
     return Verdict("undecided", upper_excess, lower_excess, bounds.gap, None)
 
 
+@announces_slow_calls("pldjax.totally_ordered")
 @float64
 def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> bool:
     """Thm 8's condition: every two compositions of 1 to max(``rounds`` - 1, 1) queries are

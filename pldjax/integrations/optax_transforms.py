@@ -177,6 +177,7 @@ class SampledIndividualState(NamedTuple):
     key: jax.Array  # raw key data of the next step's sampling and noise
 
 
+@announces_slow_calls("pldjax.optax.individual_dpsgd")
 @float64
 def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, *, key,
                      mu_budget: float, num_examples: int, delta_slack: float = 0.0,

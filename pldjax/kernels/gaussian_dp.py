@@ -49,6 +49,7 @@ from pldjax.core.compilation import (
     while_loop,
 )
 from pldjax.core.grid import MAX_SIZE, check_size, next_pow2
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD, batched, broadcast_rows, computed_on_host
 from pldjax.core.precision import float64, host_result, root_of_difference_down
 from pldjax.core.special import MILLS_SERIES, special_functions
@@ -986,6 +987,7 @@ def residue_batch_size(points: int = 0) -> int:
     return 1 << (pairs.bit_length() - 1)
 
 
+@announces_slow_calls("pldjax.gdp_residue")
 @float64
 def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
                 size: int | None = None, batch_size: int | None = None):

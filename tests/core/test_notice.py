@@ -7,6 +7,7 @@ import time
 import jax
 import pytest
 
+import pldjax as pj
 from pldjax.core import notice
 
 
@@ -74,3 +75,29 @@ def test_a_failing_call_leaves_no_notice_running(loud, capsys):
     err = capsys.readouterr().err
     assert "pldjax.failing" not in err and "pldjax.next done in" in err
     assert any(t.name == "pldjax-notice" and t.daemon for t in threading.enumerate())
+
+
+def test_calls_that_may_compile_for_seconds_announce_themselves(monkeypatch):
+    said = []
+    speak = notice.slow_call_notice
+
+    def spy(name, *args, **kwargs):
+        said.append(name)
+        return speak(name, *args, **kwargs)
+
+    monkeypatch.setattr(notice, "slow_call_notice", spy)
+    grid = pj.Grid(step=1 / 16)
+    queries = [pj.randomized_response(0.5, grid=grid)]
+    budget = pj.approx_dp_composition(1.0, 0.0, grid=grid)
+    pj.natural_filter_cost(queries, budget=budget, rounds=1)
+    pj.natural_filter_bounds(queries, budget=budget, rounds=1)
+    pj.natural_filter_free(queries, budget=budget, rounds=1)
+    pj.totally_ordered(queries, rounds=1)
+    pj.gdp_residue(1.0, queries[0])
+    table = pj.filters.residue.gdp_residue_table(20.0, 0.01, 1.0, mu_nodes=2, c_nodes=2,
+                                                 residue=False)
+    pj.optax.individual_dpsgd(0.1, 1.0, 20.0, sampling_prob=0.01, table=table, key=jax.random.key(0),
+                              mu_budget=1.0, num_examples=4, delta_slack=1e-6)
+    assert {"pldjax.natural_filter_cost", "pldjax.natural_filter_bounds",
+            "pldjax.natural_filter_free", "pldjax.totally_ordered", "pldjax.gdp_residue",
+            "pldjax.filters.residue.gdp_residue_table", "pldjax.optax.individual_dpsgd"} <= set(said)

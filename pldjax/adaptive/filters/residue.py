@@ -15,6 +15,7 @@ import numpy as np
 
 from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
 from pldjax.core.compilation import array_module, map_rows, to_device
+from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
 from pldjax.core.precision import add_up, float64, root_of_difference_down, square_down, square_up
 from pldjax.core.validation import check_count, check_range, is_traced
@@ -328,6 +329,7 @@ class ResidueTable(NamedTuple):
 MAX_TABLE_MU = 1e6
 
 
+@announces_slow_calls("pldjax.filters.residue.gdp_residue_table")
 @float64
 def gdp_residue_table(noise_multiplier: float, sampling_prob: float, mu_max: float, *,
                       mu_nodes: int = 16, c_nodes: int = 17, mu_min: float | None = None,
