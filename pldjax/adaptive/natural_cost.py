@@ -47,9 +47,12 @@ does with its queries); the analysis is then that of the aligned family.
 Speed: each level is one compiled call on arrays padded to a power-of-two number of rows (so one
 program serves every level and most calls), looping over the level's actual rows in chunks;
 each curve's spectrum is taken once for all the moves that lead to it, the queries' once per
-call, and the FFT length is the shortest 5-smooth one without wrap-around. A memory guard
-refuses (ValueError) a level of more than 2^16 multisets or a forward kernel of more than 2^30
-values before any multiset is listed.
+call, and the FFT length is the shortest 5-smooth one without wrap-around. Problems of at most
+HOST_VALUES values run the same kernels in NumPy on the host instead, every move of a level at
+once: their programs depend on the window and the family, so each new family compiled its own
+(0.1-0.35 s each on a CPU; the natural-filter notebook compiled 90 of them in 17 s), where NumPy
+answers in milliseconds. A memory guard refuses (ValueError) a level of more than 2^16 multisets
+or a forward kernel of more than 2^30 values before any multiset is listed.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core.align import align
-from pldjax.core.compilation import kernel_jit
+from pldjax.core.compilation import array_module, kernel_jit, map_rows, to_device
 from pldjax.core.grid import MAX_SIZE, next_pow2
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD, unchecked_pld
@@ -143,6 +146,9 @@ _CHUNK = 4
 #: forward kernel holds (two buffers of curves and a spectra table: 2**30 is 8 GiB).
 _MAX_ROWS = 2**16
 _MAX_VALUES = 2**30
+#: Problems whose forward kernel holds at most this many values run in NumPy on the host (see
+#: the module docstring).
+HOST_VALUES = 2**20
 
 
 def _fft_size(n: int) -> int:
@@ -190,22 +196,37 @@ def _capacity(count: int) -> int:
 
 
 def _extend(curve, window: Window, step):
-    """The curve on [start - left, start + size + right): linear in e^eps from (0, 1) on the
-    left, flat on the right."""
-    left = jnp.arange(-window.left, 0) * step  # eps - eps_0
-    head = 1.0 - (1.0 - curve[0]) * jnp.exp(left)
-    tail = jnp.full((window.right,), curve[-1])
-    return jnp.concatenate([head, curve, tail])
+    """The curve (or each of a stack of curves, along the last axis) on
+    [start - left, start + size + right): linear in e^eps from (0, 1) on the left, flat on the
+    right."""
+    xp = array_module(curve)
+    left = xp.arange(-window.left, 0) * step  # eps - eps_0
+    head = 1.0 - (1.0 - curve[..., :1]) * xp.exp(left)
+    tail = xp.broadcast_to(curve[..., -1:], curve.shape[:-1] + (window.right,))
+    return xp.concatenate([head, curve, tail], axis=-1)
 
 
 def _identity_curve(window: Window, step):
-    eps = (window.start + jnp.arange(window.size)) * step
-    return jnp.maximum(-jnp.expm1(eps), 0.0)
+    xp = array_module(step)
+    eps = (window.start + xp.arange(window.size)) * step
+    return xp.maximum(-xp.expm1(eps), 0.0)
+
+
+def _rows_of(curve, rows: int):
+    """``rows`` copies of a curve (a NumPy array one may write into, or a JAX broadcast)."""
+    if array_module(curve) is np:
+        return np.tile(curve, (rows, 1))
+    return jnp.broadcast_to(curve, (rows, curve.shape[0]))
+
+
+def _host_or_compiled(kernel, host: bool):
+    """A level kernel compiled, or with ``host`` its function itself, on NumPy arrays."""
+    return kernel.__wrapped__ if host else kernel
 
 
 @kernel_jit(static_argnames=("window", "rows"))
 def _identity_rows(step, *, window: Window, rows: int):
-    return jnp.broadcast_to(_identity_curve(window, step), (rows, window.size))
+    return _rows_of(_identity_curve(window, step), rows)
 
 
 def _chunks(count):
@@ -261,15 +282,17 @@ class _Limits(NamedTuple):
 
 
 def _limits(budget: _Budget, window: Window, step) -> _Limits:
-    eps = (window.start + jnp.arange(window.size)) * step
-    points = (budget.offset + jnp.arange(budget.probs.shape[0])) * budget.step
+    xp = array_module(budget.probs)
+    eps = (window.start + xp.arange(window.size)) * step
+    points = (budget.offset + xp.arange(budget.probs.shape[0])) * budget.step
     return _Limits(delta_kernel(*budget, eps), points, delta_kernel(*budget, points))
 
 
 def _excess_at_points(curve, limits: _Limits, window: Window, step):
     """max over the window's points eps_j >= 0 of curve_j - delta_B(eps_j)."""
-    eps = (window.start + jnp.arange(window.size)) * step
-    return jnp.max(jnp.where(eps >= 0, curve - limits.at_window, -jnp.inf))
+    xp = array_module(curve)
+    eps = (window.start + xp.arange(window.size)) * step
+    return xp.max(xp.where(eps >= 0, curve - limits.at_window, -xp.inf))
 
 
 def _full_excess(curve, limits: _Limits, window: Window, step):
@@ -280,21 +303,27 @@ def _full_excess(curve, limits: _Limits, window: Window, step):
     its own, so comparing at both sets of points is exact; V is interpolated at B's points
     directly from the values (rebuilding V's masses would amplify their round-off ~1/step-fold).
     """
-    eps = (window.start + jnp.arange(window.size)) * step
+    xp = array_module(curve)
+    eps = (window.start + xp.arange(window.size)) * step
     b_eps = limits.points
     position = b_eps / step - window.start
-    j = jnp.clip(jnp.floor(position).astype(jnp.int64), 0, window.size - 2)
-    weight = jnp.clip(jnp.expm1(b_eps - eps[j]) / jnp.expm1(step), 0.0, 1.0)
+    j = xp.clip(xp.floor(position).astype(np.int64), 0, window.size - 2)
+    weight = xp.clip(xp.expm1(b_eps - eps[j]) / xp.expm1(step), 0.0, 1.0)
     inside = curve[j] + (curve[j + 1] - curve[j]) * weight
-    values = jnp.where(position >= window.size - 1, curve[-1], inside)
-    theirs = jnp.where(b_eps >= 0, values - limits.at_points, -jnp.inf)
-    return jnp.maximum(_excess_at_points(curve, limits, window, step), jnp.max(theirs))
+    values = xp.where(position >= window.size - 1, curve[-1], inside)
+    theirs = xp.where(b_eps >= 0, values - limits.at_points, -xp.inf)
+    return xp.maximum(_excess_at_points(curve, limits, window, step), xp.max(theirs))
 
 
 # -- the level kernels ----------------------------------------------------------------------------
+# Compiled, they loop over chunks of _CHUNK rows; in NumPy (on the host) they take every row of a
+# level at once.
 def _spectra(curves, rows, count, step, plan: _Plan, table):
     """rfft of the extended curves[rows[r]] for r < count, written into the rows of ``table``
-    (the rest is left as it is)."""
+    (the rest is left as it is; in NumPy: those rows alone)."""
+    if array_module(curves) is np:
+        return np.fft.rfft(_extend(curves[rows[:int(count)]], plan.window, step), plan.nfft)
+
     def body(c, table):
         extended = jax.vmap(lambda v: _extend(v, plan.window, step))(curves[_chunk(rows, c)])
         return jax.lax.dynamic_update_slice_in_dim(
@@ -303,15 +332,21 @@ def _spectra(curves, rows, count, step, plan: _Plan, table):
     return jax.lax.fori_loop(0, _chunks(count), body, table)
 
 
-def _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs, inf_mass, step,
-                 plan: _Plan):
-    """L_q (+) V for the chunk c of moves: V = curves[rows[source[e]]], q = query[e]."""
+def _moves(src, q, curves, rows, spectra, query_spectra, probs, inf_mass, step, plan: _Plan):
+    """L_q[e] (+) V for the moves e: V = curves[rows[src[e]]] (the rows of ``spectra``, or its
+    extended values read at the query's taps)."""
+    xp = array_module(curves)
     window = plan.window
-    src, q = _chunk(source, c), _chunk(query, c)
     begin = window.left - plan.offset  # output j reads extended index j + begin - i
     if plan.nfft:
-        full = jnp.fft.irfft(spectra[src] * query_spectra[q], plan.nfft)
+        full = xp.fft.irfft(spectra[src] * query_spectra[q], plan.nfft)
         out = full[:, begin:begin + window.size]
+    elif xp is np:  # tap by tap: never the taps-by-points gather of every move at once
+        extended = _extend(curves[rows[src]], window, step)
+        weights = probs[q]
+        out = np.zeros((src.shape[0], window.size))
+        for i in range(plan.width):
+            out += weights[:, i:i + 1] * extended[:, begin - i:begin - i + window.size]
     else:
         taps = begin + jnp.arange(window.size)[None, :] - jnp.arange(plan.width)[:, None]
         out = jax.vmap(lambda v, p: p @ _extend(v, window, step)[taps])(curves[rows[src]], probs[q])
@@ -321,18 +356,20 @@ def _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs, 
 def _prepare(curves, rows, count, probs, step, plan: _Plan, table):
     if not plan.nfft:
         return None, None
-    return _spectra(curves, rows, count, step, plan, table), jnp.fft.rfft(probs, plan.nfft)
+    xp = array_module(curves)
+    return _spectra(curves, rows, count, step, plan, table), xp.fft.rfft(probs, plan.nfft)
 
 
 @kernel_jit(static_argnames=("plan", "rows"))
 def _start(step, budget, *, plan: _Plan, rows: int):
     """What a forward pass starts from: Id in every row (level 0), a spare buffer and a spectra
     table of as many rows (for :func:`_forward_level` to take over), and the budget's limits."""
+    xp = array_module(step)
     window = plan.window
-    table = jnp.zeros((rows, plan.nfft // 2 + 1), jnp.complex128) if plan.nfft else None
+    table = xp.zeros((rows, plan.nfft // 2 + 1), np.complex128) if plan.nfft else None
     limits = None if budget is None else _limits(budget, window, step)
-    return (jnp.broadcast_to(_identity_curve(window, step), (rows, window.size)),
-            jnp.zeros((rows, window.size)), table, limits)
+    return (_rows_of(_identity_curve(window, step), rows), xp.zeros((rows, window.size)), table,
+            limits)
 
 
 # on a CPU the levels keep XLA's defaults: 3-8% slower with FAST_COMPILE
@@ -343,14 +380,29 @@ def _forward_level(curves, out, table, rows, count, source, query, moves, probs,
     first rows of ``out`` (the rest keep what they held), with their excess over the budget at the
     grid points and everywhere (inf beyond ``moves``; 0 without ``limits``); ``table``: room for
     the sources' spectra. Returns (out, table, excesses at the points, excesses everywhere):
-    ``out`` and ``table`` are taken over (donated), so a pass allocates them once."""
+    ``out`` and ``table`` are taken over (donated; in NumPy ``out`` is written in place), so a
+    pass allocates them once."""
+    xp = array_module(curves)
     window = plan.window
     spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
+    size = source.shape[0]
+    fill = xp.inf if limits is not None else 0.0
+    if xp is np:
+        moves = int(moves)
+        values = _moves(source[:moves], query[:moves], curves, rows, spectra, query_spectra,
+                        probs, inf_mass, step, plan)
+        out[:moves] = values
+        at_points, everywhere = np.full(size, fill), np.full(size, fill)
+        if limits is not None and moves:
+            at_points[:moves] = map_rows(lambda v: _excess_at_points(v, limits, window, step))(
+                values)
+            everywhere[:moves] = map_rows(lambda v: _full_excess(v, limits, window, step))(values)
+        return out, spectra, at_points, everywhere
 
     def body(c, carry):
         out, at_points, everywhere = carry
-        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
-                              inf_mass, step, plan)
+        values = _moves(_chunk(source, c), _chunk(query, c), curves, rows, spectra,
+                        query_spectra, probs, inf_mass, step, plan)
         out = jax.lax.dynamic_update_slice_in_dim(out, values, c * _CHUNK, axis=0)
         if limits is not None:
             points = jax.vmap(lambda v: _excess_at_points(v, limits, window, step))(values)
@@ -359,8 +411,6 @@ def _forward_level(curves, out, table, rows, count, source, query, moves, probs,
             everywhere = jax.lax.dynamic_update_slice_in_dim(everywhere, full, c * _CHUNK, 0)
         return out, at_points, everywhere
 
-    size = source.shape[0]
-    fill = jnp.inf if limits is not None else 0.0
     init = (out, jnp.full((size,), fill), jnp.full((size,), fill))
     out, at_points, everywhere = jax.lax.fori_loop(0, _chunks(moves), body, init)
     return out, spectra, at_points, everywhere
@@ -371,18 +421,25 @@ def _backward_level(curves, count, source, query, target, moves, probs, inf_mass
                     plan: _Plan):
     """W at the level above: row r is max(Id, L_query[e] (+) curves[source[e]] for the moves
     e < ``moves`` with target[e] = r), for the first ``count`` rows of ``curves`` as sources."""
+    xp = array_module(curves)
     window = plan.window
-    rows = jnp.arange(curves.shape[0])
-    table = jnp.zeros((rows.shape[0], plan.nfft // 2 + 1), jnp.complex128) if plan.nfft else None
+    rows = xp.arange(curves.shape[0])
+    table = xp.zeros((rows.shape[0], plan.nfft // 2 + 1), np.complex128) if plan.nfft else None
     spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
+    init = _rows_of(_identity_curve(window, step), curves.shape[0])
+    if xp is np:
+        moves = int(moves)
+        values = _moves(source[:moves], query[:moves], curves, rows, spectra, query_spectra,
+                        probs, inf_mass, step, plan)
+        np.maximum.at(init, target[:moves], values)
+        return init
 
     def body(c, out):
-        values = _moves_chunk(c, curves, rows, spectra, query_spectra, source, query, probs,
-                              inf_mass, step, plan)
+        values = _moves(_chunk(source, c), _chunk(query, c), curves, rows, spectra,
+                        query_spectra, probs, inf_mass, step, plan)
         valid = c * _CHUNK + jnp.arange(_CHUNK) < moves
         return out.at[_chunk(target, c)].max(jnp.where(valid[:, None], values, -jnp.inf))
 
-    init = jnp.broadcast_to(_identity_curve(window, step), curves.shape)
     return jax.lax.fori_loop(0, _chunks(moves), body, init)
 
 
@@ -396,6 +453,7 @@ class _Problem(NamedTuple):
     inf_mass: np.ndarray
     step: np.float64
     capacity: int  # rows of the forward kernels: the largest level, padded
+    host: bool  # whether the kernels run in NumPy (at most HOST_VALUES values)
 
 
 def _problem(family: Family, window: Window, rounds: int) -> _Problem:
@@ -412,7 +470,8 @@ def _problem(family: Family, window: Window, rounds: int) -> _Problem:
             f"once), more than the memory guards allow ({_MAX_ROWS} multisets, {_MAX_VALUES} "
             "values); use fewer queries or rounds, or coarser grids")
     return _Problem(family, plan, np.asarray(family.probs, np.float64),
-                    np.asarray(family.inf_mass, np.float64), np.float64(family.step), capacity)
+                    np.asarray(family.inf_mass, np.float64), np.float64(family.step), capacity,
+                    values <= HOST_VALUES)
 
 
 def _forward(p: _Problem, curves, sources: list[int], moves: list[tuple[int, int]], limits,
@@ -424,14 +483,15 @@ def _forward(p: _Problem, curves, sources: list[int], moves: list[tuple[int, int
     out, table = buffers
     source = _padded_ints([s for s, _ in moves], cap)
     query = _padded_ints([q for _, q in moves], cap)
-    return _forward_level(curves, out, table, _padded_ints(sources, cap), np.int32(len(sources)),
-                          source, query, np.int32(len(moves)), p.probs, p.inf_mass, p.step,
-                          limits, plan=p.plan)
+    return _host_or_compiled(_forward_level, p.host)(
+        curves, out, table, _padded_ints(sources, cap), np.int32(len(sources)), source, query,
+        np.int32(len(moves)), p.probs, p.inf_mass, p.step, limits, plan=p.plan)
 
 
 def _fresh(p: _Problem, budget):
     """(Id rows, (spare rows, spectra table), limits) from :func:`_start`."""
-    identity, spare, table, limits = _start(p.step, budget, plan=p.plan, rows=p.capacity)
+    identity, spare, table, limits = _host_or_compiled(_start, p.host)(
+        p.step, budget, plan=p.plan, rows=p.capacity)
     return identity, (spare, table), limits
 
 
@@ -535,7 +595,8 @@ def _recursion(a: Analysis, rounds: int, upper: bool):
                for level, flags in zip(a.multisets, reach, strict=True)]
     rows = _capacity(max(len(level) for level in reached))
     moves_cap = _capacity(m * rows)
-    values = _identity_rows(p.step, window=p.plan.window, rows=rows)  # W = Id on level rounds
+    # W = Id on level rounds
+    values = _host_or_compiled(_identity_rows, p.host)(p.step, window=p.plan.window, rows=rows)
     position = {ms: k for k, ms in enumerate(reached[rounds])}
     for t in range(rounds - 1, -1, -1):
         source, query, target = [], [], []
@@ -546,7 +607,7 @@ def _recursion(a: Analysis, rounds: int, upper: bool):
                     source.append(position[child])
                     query.append(i)
                     target.append(k)
-        values = _backward_level(
+        values = _host_or_compiled(_backward_level, p.host)(
             values, np.int32(len(position)), _padded_ints(source, moves_cap),
             _padded_ints(query, moves_cap), _padded_ints(target, moves_cap), np.int32(len(source)),
             p.probs, p.inf_mass, p.step, plan=p.plan)
@@ -571,11 +632,12 @@ def _summary(up_rows, low_rows, step, limits: _Limits, *, window: Window):
     """From row 0 of the recursions' results: the grid, both curves, the upper curve's PLD
     (Alg. 1: masses, inf mass, offset, step), the gap, and the excess over the budget of the upper
     bound (everywhere) and of the lower one (at the grid points)."""
+    xp = array_module(up_rows)
     up, low = up_rows[0], low_rows[0]
-    eps = (window.start + jnp.arange(window.size)) * step
-    probs, inf_mass = masses_from_curve(up, step, up + jnp.expm1(eps), eps)
-    offset = jnp.asarray(window.start, jnp.int64)
-    return (eps, up, low, probs, inf_mass, offset, jnp.asarray(step), jnp.max(up - low),
+    eps = (window.start + xp.arange(window.size)) * step
+    probs, inf_mass = masses_from_curve(up, step, up + xp.expm1(eps), eps)
+    offset = xp.asarray(window.start, np.int64)
+    return (eps, up, low, probs, inf_mass, offset, xp.asarray(step), xp.max(up - low),
             _full_excess(up, limits, window, step), _excess_at_points(low, limits, window, step))
 
 
@@ -585,9 +647,9 @@ def _bounds(a: Analysis, rounds: int) -> tuple[Bounds, float, float]:
     up = _recursion(a, rounds, upper=True)
     same_moves = all(np.array_equal(u, v) for u, v in zip(a.reach_upper, a.reach_lower, strict=True))
     low = up if same_moves else _recursion(a, rounds, upper=False)
-    eps, up, low, probs, inf_mass, offset, step, gap, upper_excess, lower_excess = _summary(
-        up, low, p.step, a.limits, window=p.plan.window)
-    pld = unchecked_pld(probs, inf_mass, offset, step, True)
+    eps, up, low, probs, inf_mass, offset, step, gap, upper_excess, lower_excess = (
+        _host_or_compiled(_summary, p.host)(up, low, p.step, a.limits, window=p.plan.window))
+    pld = unchecked_pld(*(to_device(x) for x in (probs, inf_mass, offset, step)), True)
     bounds = Bounds(pld, np.asarray(eps), np.asarray(up), np.asarray(low), float(gap))
     return bounds, float(upper_excess), float(lower_excess)
 
@@ -780,7 +842,7 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
     nonnegative = np.asarray((window.start + np.arange(window.size)) * family.step >= 0)
     stacked = np.concatenate([np.asarray(levels[t])[:math.comb(m + t - 1, t)]
                               for t in range(1, depth + 1)])[:, nonnegative]
-    below = np.asarray(_largest_differences(stacked)) <= tolerance
+    below = np.asarray(_host_or_compiled(_largest_differences, p.host)(stacked)) <= tolerance
     return bool(np.all(below | below.T))
 
 
@@ -788,4 +850,6 @@ def totally_ordered(queries, *, rounds: int, tolerance: float = ROUNDOFF) -> boo
 def _largest_differences(curves):
     """max over the points of curves[i] - curves[j], for every pair (i, j): one fused reduction,
     so the pairs-by-points differences are never held at once."""
+    if array_module(curves) is np:  # a row of pairs at a time
+        return np.stack([np.max(row - curves, axis=-1) for row in curves])
     return jnp.max(curves[:, None, :] - curves[None, :, :], axis=-1)
