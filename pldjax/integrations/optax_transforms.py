@@ -108,8 +108,8 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
     @float64
     def init(params):
         return DPSGDState(aggregate.init(params), sgd.init(params),
-                          _accountant.init(capacity=1, event=event), pack(jnp.zeros((), jnp.int64)),
-                          pack(jnp.asarray(allowed, jnp.int64)))
+                          _accountant.init(capacity=1, event=event), pack(np.int64(0)),
+                          pack(np.int64(allowed)))
 
     @float64
     def update(grads, state, params=None):

@@ -295,19 +295,25 @@ def test_individual_dpsgd_refuses_a_table_of_other_parameters():
         pj.optax.individual_dpsgd(0.1, 1.0, 20.0, sampling_prob=0.01, mu_budget=2e6, **kwargs)
 
 
-def test_a_residue_table_and_its_transformation_compile_no_glue(tmp_path):
-    # a table of naive costs is built, and read into individual_dpsgd, in NumPy
+def test_building_and_initializing_the_transformations_compile_no_glue(tmp_path):
+    # a table of naive costs is built, and read into individual_dpsgd, in NumPy; so is the
+    # initial state of dpsgd
     _, printed = programs_of_a_new_process("""
         import json
         import jax
+        import numpy as np
         from compiled_programs import compiled_programs
         import pldjax as pj
         key = jax.random.key(0)
+        params = {"w": jax.device_put(np.zeros(3, np.float32))}
         _, names = compiled_programs(lambda: pj.optax.individual_dpsgd(
             0.1, 1.0, 20.0, sampling_prob=0.01, accounting="gdp", key=key, mu_budget=1.0,
             num_examples=4, delta_slack=1e-6, table=pj.filters.residue.gdp_residue_table(
                 20.0, 0.01, 1.0, mu_nodes=2, c_nodes=2, residue=False)))
-        print(json.dumps(names))
+        tx = pj.optax.dpsgd(learning_rate=0.1, l2_norm_clip=1.0, noise_multiplier=1.1,
+                            sampling_prob=0.01, key=key, epsilon_budget=3.0, delta=1e-5)
+        _, more = compiled_programs(lambda: tx.init(params))
+        print(json.dumps(names + more))
     """, cache=tmp_path / "xla")  # empty: every program compiles
     assert json.loads(printed.splitlines()[-1]) == []
 
