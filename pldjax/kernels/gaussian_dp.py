@@ -43,7 +43,9 @@ from pldjax.core.compilation import (
     HOST_ROWS,
     array_module,
     computed_once,
+    cores,
     kernel_jit,
+    map_in_threads,
     map_rows,
     on_host,
     while_loop,
@@ -875,8 +877,7 @@ def residue_kernel(probs, inf_mass, offset, step, mu, delta_slack, *, size: int,
 def _residues_on_host(queries, slack, which, mus, mu_max, factors, windows, steps: int):
     """:func:`gdp_residue`'s residues of the pairs (``which`` query, budget ``mus``) in NumPy,
     each query's nu searched once up to its ``mu_max``; -inf where a query does not fit."""
-    nus = [query_mu(*(a[w] for a in queries), slack[w], np.float64(mu_max[w]))
-           for w in range(slack.shape[0])]
+    nus = _nus_on_host(queries, slack, mu_max)
     residue = np.full(which.shape[0], -np.inf)
     for i, (w, budget) in enumerate(zip(which, mus, strict=True)):
         found, fits = residue_kernel(*(a[w] for a in queries), np.float64(budget), slack[w],
@@ -884,6 +885,12 @@ def _residues_on_host(queries, slack, which, mus, mu_max, factors, windows, step
                                      nu=nus[w])
         residue[i] = found if fits else -np.inf
     return residue
+
+
+def _nus_on_host(queries, slack, mu_max) -> np.ndarray:
+    """Each query's nu (:func:`query_mu`, searched up to its ``mu_max``) in NumPy."""
+    return np.array([query_mu(*(a[w] for a in queries), slack[w], np.float64(mu_max[w]))
+                     for w in range(slack.shape[0])])
 
 
 def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
@@ -899,7 +906,8 @@ def residue_plan(mu_max, pld: PLD, size: int | None) -> tuple[int, int]:
 
 def _pad_rows(array, padding: int):
     """``array`` with ``padding`` copies of its last row appended along its leading axis."""
-    return jnp.pad(array, [(0, padding)] + [(0, 0)] * (array.ndim - 1), mode="edge")
+    xp = array_module(array)
+    return xp.pad(array, [(0, padding)] + [(0, 0)] * (array.ndim - 1), mode="edge")
 
 
 def map_chunks(fn, xs, count, fill, *, batch_size: int):
@@ -1071,25 +1079,41 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     # group to its call's number of pairs (the pairs past a group's are not searched)
     queries_batch = chunk(1, 0, count)
     padding = _padded_count(count, queries_batch) - count
+    # a few queries (a residue table's): their nu searched in NumPy, not compiled
+    nu = _nus_on_host(queries, slack, mu_max) if on_the_host and count <= HOST_ROWS else None
     if padding:
         queries, slack = tuple(_pad_rows(a, padding) for a in queries), _pad_rows(slack, padding)
-    nu = _queries_nu_jit(queries, slack, np.pad(mu_max, (0, padding)), np.int32(count),
-                         batch_size=queries_batch)
+    if nu is None:
+        nu = _queries_nu_jit(queries, slack, np.pad(mu_max, (0, padding)), np.int32(count),
+                             batch_size=queries_batch)
+    else:
+        nu = np.pad(nu, (0, padding), mode="edge")
     keys = np.stack([factors, windows], axis=1)[which]
     nus = np.asarray(nu)
-    searched = []  # read back once all groups are queued, so that an accelerator runs ahead
+    groups = []  # the pairs of one window each
     for factor, window in np.unique(keys, axis=0):
         factor, window = int(factor), int(window)
         pairs = np.nonzero((keys[:, 0] == factor) & (keys[:, 1] == window))[0]
         # alike pairs side by side (a chunk searches as long as its slowest pair): by the share
         # of the budget the query's nu takes; the bench's gauss chunks ran 335 tests, not 351
         pairs = pairs[np.argsort(nus[which[pairs]] / np.maximum(mus[pairs], 1e-300), kind="stable")]
+        groups.append((pairs, factor, window))
+
+    @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
+    def search(group):
+        pairs, factor, window = group
         batch = chunk(factor, window, pairs.shape[0])
         padding = _padded_count(which.shape[0], batch) - pairs.shape[0]
-        searched.append((pairs, _residue_pairs_jit(
+        return _residue_pairs_jit(
             queries, slack, nu, np.pad(which[pairs], (0, padding), mode="edge"),
             np.pad(mus[pairs], (0, padding), mode="edge"), np.int32(pairs.shape[0]), size=window,
-            steps=steps, batch_size=batch, factor=factor)))
+            steps=steps, batch_size=batch, factor=factor)
+
+    # the windows' calls in threads, one a core: a first call traces and compiles their programs
+    # side by side; values are read back once all are queued, so that an accelerator runs ahead
+    searched = zip([pairs for pairs, _, _ in groups],
+                   list(map_in_threads(search, groups, min(len(groups), cores()),
+                                       "pldjax-residue")), strict=True)
     residue = np.full(which.shape[0], -np.inf)
     for pairs, (found, fits) in searched:
         residue[pairs] = np.where(np.asarray(fits)[:pairs.shape[0]],

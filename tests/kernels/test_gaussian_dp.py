@@ -3,13 +3,14 @@ independent mpmath evaluation, and the GDP residue is never NaN (-inf for a quer
 fit) and never below the naive update sqrt(mu^2 - nu^2), for mu over its whole practical range."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
 import pytest
-from compiled_programs import compiled_programs
+from compiled_programs import compiled_programs, programs_of_a_new_process
 from reference import gaussian_delta_mp
 
 import pldjax as pj
@@ -547,3 +548,21 @@ def test_the_residue_of_a_free_query_at_budget_zero_is_zero():
     # a slack covers an atom of delta(0): RR_0 with delta 1e-9 fits G_0 given 2e-9
     assert float(pj.gdp_residue(0.0, pj.randomized_response(0.0, 1e-9), delta_slack=2e-9)) == 0.0
     assert float(pj.gdp_residue(0.0, pj.randomized_response(0.0, 1e-9))) == -np.inf
+
+
+def test_a_few_queries_against_many_budgets_compile_only_the_residue_search(tmp_path):
+    # more pairs than run on the host, one query: its nu is searched in NumPy, the pairs in the
+    # one program of their window
+    names, printed = programs_of_a_new_process("""
+        import json
+        import numpy as np
+        import pldjax as pj
+        mus = np.linspace(0.5, 2.0, 20)
+        print(json.dumps(np.asarray(pj.gdp_residue(mus, pj.randomized_response(0.5))).tolist()))
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    assert names == ["jit(option_probe)", "jit(_residue_pairs)"]
+    query = pj.randomized_response(0.5)
+    # the same budgets a few at a time: searched in NumPy, to round-off
+    alone = [float(pj.gdp_residue(mu, query)) for mu in np.linspace(0.5, 2.0, 20)]
+    np.testing.assert_allclose(json.loads(printed.splitlines()[-1]), alone, rtol=1e-9)
+
