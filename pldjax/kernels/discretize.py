@@ -60,7 +60,8 @@ def _difference(log_larger, log_smaller):
     xp = array_module(log_larger, log_smaller)
     none = xp.isneginf(log_larger)
     safe = xp.where(none, 0.0, log_larger)
-    return xp.where(none, 0.0, xp.exp(safe) * -xp.expm1(xp.minimum(log_smaller - safe, 0.0)))
+    with np.errstate(over="ignore"):  # e^a beyond the largest float is +inf, as it should be
+        return xp.where(none, 0.0, xp.exp(safe) * -xp.expm1(xp.minimum(log_smaller - safe, 0.0)))
 
 
 def hockey_stick(log_sf_p, log_sf_q, eps):

@@ -76,8 +76,10 @@ def _threshold(x, q, log_q):
     above = x > 0
     grows = above & (x <= 1.0) & (q < 0.5)
     u, r = log1p_parts((q - 1.0) * (1.0 + m))  # (q - 1) e^-x for x > 0
-    # m + q = e^x - 1 + q for x <= 0; -m / (1 + m) = e^x - 1 for x > 0
-    argument = xp.where(grows, q - m / (1.0 + m), xp.where(above, u, m + q))
+    # m + q = e^x - 1 + q for x <= 0; -m / (1 + m) = e^x - 1 for x > 0 (where it is taken:
+    # elsewhere 1 + m may be 0, and NumPy's division by it is not a result)
+    with np.errstate(divide="ignore"):
+        argument = xp.where(grows, q - m / (1.0 + m), xp.where(above, u, m + q))
     positive = argument > 0
     logged = xp.log(xp.where(positive, argument, 1.0))
     below = xp.where(positive, logged - log_q, -xp.inf)
@@ -289,7 +291,8 @@ def _estimate(base: LossTails, params, eps):
     base_upper = upper != (params[-1] > 0)
     side = _side_values(params, eps, upper, threshold, xp.where(base_upper, sp, cp),
                         xp.where(base_upper, sq, cq), pessimistic=False)
-    linear = xp.expm1(eps)
+    with np.errstate(over="ignore"):  # e^eps - 1 is +inf beyond eps = 709.78, as it should be
+        linear = xp.expm1(eps)
     return (*tails, xp.where(upper, side, side - linear), xp.where(upper, side + linear, side))
 
 

@@ -300,6 +300,8 @@ def test_building_and_initializing_the_transformations_compile_no_glue(tmp_path)
     # initial state of dpsgd
     _, printed = programs_of_a_new_process("""
         import json
+        import os
+        os.environ["PLDJAX_HOST_WORK"] = str(10**15)  # dpsgd's calibration on the host: quick
         import jax
         import numpy as np
         from compiled_programs import compiled_programs
