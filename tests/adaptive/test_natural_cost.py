@@ -8,7 +8,7 @@ import json
 import mpmath
 import numpy as np
 import pytest
-from compiled_programs import compiled_programs, programs_of_a_new_process
+from compiled_programs import accounting_on_the_host, compiled_programs, programs_of_a_new_process
 from reference import gaussian_delta_mp
 
 import pldjax as pj
@@ -25,9 +25,12 @@ def rr(epsilon):
 
 @pytest.fixture(params=["host", "compiled"])
 def kernels(request, monkeypatch):
-    """The level kernels in NumPy on the host (the problems here are small enough) or compiled
-    (as larger problems run them)."""
-    if request.param == "compiled":
+    """The level kernels in NumPy on the host (the problems here are small enough, given host
+    work to spend) or compiled (as larger problems, or a process whose host work is spent, run
+    them)."""
+    if request.param == "host":
+        accounting_on_the_host(monkeypatch)
+    else:
         monkeypatch.setattr(adversary, "HOST_VALUES", -1)
     return request.param
 
@@ -378,3 +381,21 @@ def test_natural_filter_glue_compiles_only_the_recursions_kernels(tmp_path):
     assert set(names) <= kernels, sorted(set(names) - kernels)
     assert json.loads(printed.splitlines()[-1]) == ["not free", False]
 
+
+
+def test_analyses_run_on_the_host_until_its_work_is_spent(monkeypatch):
+    from pldjax.core import compilation
+
+    queries, budget = [rr(0.375), rr(0.625)], rr(1.125)  # shapes no other test compiles
+    accounting_on_the_host(monkeypatch)
+    first, names = compiled_programs(
+        lambda: pj.natural_filter_bounds(queries, budget=budget, rounds=2))
+    assert names == []
+    spent = compilation.host_work.done  # one analysis's work
+    accounting_on_the_host(monkeypatch, points=spent)
+    _, names = compiled_programs(lambda: pj.natural_filter_bounds(queries, budget=budget, rounds=2))
+    assert names == []  # the budget held exactly one analysis
+    second, names = compiled_programs(
+        lambda: pj.natural_filter_bounds(queries, budget=budget, rounds=2))
+    assert "jit(_forward_level)" in names  # spent: the kernels compile
+    np.testing.assert_allclose(second.upper_deltas, first.upper_deltas, rtol=0, atol=1e-12)
