@@ -370,7 +370,8 @@ def _start(step, budget, *, plan: _Plan, rows: int):
     table of as many rows (for :func:`_forward_level` to take over), and the budget's limits."""
     xp = array_module(step)
     window = plan.window
-    table = xp.zeros((rows, plan.nfft // 2 + 1), np.complex128) if plan.nfft else None
+    # (in NumPy the levels take their spectra fresh: no table to hold them)
+    table = jnp.zeros((rows, plan.nfft // 2 + 1), np.complex128) if plan.nfft and xp is jnp else None
     limits = None if budget is None else _limits(budget, window, step)
     return (_rows_of(_identity_curve(window, step), rows), xp.zeros((rows, window.size)), table,
             limits)
@@ -384,8 +385,8 @@ def _forward_level(curves, out, table, rows, count, source, query, moves, probs,
     first rows of ``out`` (the rest keep what they held), with their excess over the budget at the
     grid points and everywhere (inf beyond ``moves``; 0 without ``limits``); ``table``: room for
     the sources' spectra. Returns (out, table, excesses at the points, excesses everywhere):
-    ``out`` and ``table`` are taken over (donated; in NumPy ``out`` is written in place), so a
-    pass allocates them once."""
+    ``out`` and ``table`` are taken over (donated; in NumPy ``out`` is written in place and
+    ``table`` is None), so a pass allocates them once."""
     xp = array_module(curves)
     window = plan.window
     spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
@@ -428,7 +429,8 @@ def _backward_level(curves, count, source, query, target, moves, probs, inf_mass
     xp = array_module(curves)
     window = plan.window
     rows = xp.arange(curves.shape[0])
-    table = xp.zeros((rows.shape[0], plan.nfft // 2 + 1), np.complex128) if plan.nfft else None
+    table = (jnp.zeros((rows.shape[0], plan.nfft // 2 + 1), np.complex128)
+             if plan.nfft and xp is jnp else None)
     spectra, query_spectra = _prepare(curves, rows, count, probs, step, plan, table)
     init = _rows_of(_identity_curve(window, step), curves.shape[0])
     if xp is np:

@@ -1111,11 +1111,9 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
 
     # the windows' calls in threads, one a core: a first call traces and compiles their programs
     # side by side; values are read back once all are queued, so that an accelerator runs ahead
-    searched = zip([pairs for pairs, _, _ in groups],
-                   list(map_in_threads(search, groups, min(len(groups), cores()),
-                                       "pldjax-residue")), strict=True)
+    searched = list(map_in_threads(search, groups, min(len(groups), cores()), "pldjax-residue"))
     residue = np.full(which.shape[0], -np.inf)
-    for pairs, (found, fits) in searched:
+    for (pairs, _, _), (found, fits) in zip(groups, searched, strict=True):
         residue[pairs] = np.where(np.asarray(fits)[:pairs.shape[0]],
                                   np.asarray(found)[:pairs.shape[0]], -np.inf)
     return residue.reshape(shape)
