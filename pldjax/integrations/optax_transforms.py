@@ -60,6 +60,14 @@ def _check_key(key) -> None:
         raise ValueError("key must be a jax.random key (no default noise key is ever used)")
 
 
+def _one_program(update):
+    """A transformation's ``update`` as one jitted program, run in float64: called outside a jit
+    (a notebook's loop) it compiles once for its shapes, where its operations one by one compiled
+    a program each (DP-SGD's update: 46 programs and 2.3 s, then 4 ms a step, against 0.5 s and
+    0.1 ms); inside the caller's jit it is traced inline."""
+    return float64(jax.jit(update))
+
+
 @float64
 @announces_slow_calls("pldjax.optax.dpsgd")
 def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_prob: float, *,
@@ -111,7 +119,7 @@ def dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float, sampling_
                           _accountant.init(capacity=1, event=event), pack(np.int64(0)),
                           pack(np.int64(allowed)))
 
-    @float64
+    @_one_program
     def update(grads, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         batch = leaves[0].shape[0] if leaves and jnp.ndim(leaves[0]) else 0
@@ -275,14 +283,14 @@ def individual_dpsgd(learning_rate, l2_norm_clip: float, noise_multiplier: float
     threshold = np.uint32(np.floor(sampling_prob * 2.0**32)) if sampling_prob < 1 else None
 
     @float64
-    def init(params):
-        full = jnp.full((num_examples,), 1.0, jnp.float64)
+    def init(params):  # in NumPy, placed on the device: no program compiled
+        full = np.ones(num_examples)
         return SampledIndividualState(
             sgd.init(params), pack(full * mu_budget), pack(full * delta_slack),
-            jnp.ones((num_examples,), bool), jnp.zeros((num_examples,), jnp.int32),
-            jax.random.key_data(key))
+            jax.device_put(np.ones(num_examples, bool)),
+            jax.device_put(np.zeros(num_examples, np.int32)), jax.random.key_data(key))
 
-    @float64
+    @_one_program
     def update(grads, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         _check_per_example(leaves, num_examples)
@@ -362,12 +370,13 @@ def _full_batch_individual(learning_rate, l2_norm_clip, noise_multiplier, key, m
 
     @float64
     def init(params):
-        states = jax.tree_util.tree_map(
-            lambda x: jnp.broadcast_to(x, (num_examples,) + x.shape), budget.init())
+        states = jax.tree_util.tree_map(  # in NumPy, placed on the device: no program compiled
+            lambda x: jax.device_put(np.broadcast_to(np.asarray(x), (num_examples,) + x.shape)),
+            budget.init())
         return IndividualState(aggregate.init(params), sgd.init(params), states,
-                               jnp.ones((num_examples,), bool))
+                               jax.device_put(np.ones(num_examples, bool)))
 
-    @float64
+    @_one_program
     def update(grads, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         _check_per_example(leaves, num_examples)

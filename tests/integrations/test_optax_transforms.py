@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compiled_programs import programs_of_a_new_process
+from compiled_programs import compiled_programs, programs_of_a_new_process
 from scipy import stats
 
 import pldjax as pj
@@ -318,6 +318,21 @@ def test_building_and_initializing_the_transformations_compile_no_glue(tmp_path)
         print(json.dumps(names + more))
     """, cache=tmp_path / "xla")  # empty: every program compiles
     assert json.loads(printed.splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("name", ["dpsgd", "full batch", "sampled"])
+def test_an_update_outside_jit_is_one_program(name):
+    # a notebook's loop calls update eagerly: one program for its shapes, none at the next step;
+    # the initial state is built without compiling
+    tx = _transformations()[name]
+    params = {"w": jnp.zeros(3, jnp.float32)}
+    grads = {"w": jnp.ones((4, 3), jnp.float32)}
+    state, at_init = compiled_programs(lambda: tx.init(params))
+    (updates, state), first = compiled_programs(lambda: tx.update(grads, state, params))
+    (again, _), second = compiled_programs(lambda: tx.update(grads, state, params))
+    assert (at_init, first, second) == ([], ["jit(update)"], [])
+    jitted, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+    np.testing.assert_array_equal(jitted["w"], updates["w"])
 
 
 def _transformations():
