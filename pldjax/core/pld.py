@@ -23,7 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.core.compilation import HOST_POINTS, HOST_ROWS, glue_module, keep_freed_host_memory, on_host
+from pldjax.core.compilation import (
+    HOST_POINTS,
+    HOST_ROWS,
+    glue_module,
+    keep_freed_host_memory,
+    readable_on_host,
+)
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_flag, is_traced
@@ -464,12 +470,13 @@ def broadcast_rows(pld: PLD, shape: tuple[int, ...]) -> PLD:
 
 def computed_on_host(plds: Sequence[PLD], points: int) -> bool:
     """Whether a computation on ``plds`` of ``points`` grid points a row runs in NumPy on the
-    host (see :data:`~pldjax.core.compilation.HOST_POINTS`): every array concrete and in host
-    memory, at most HOST_ROWS rows and HOST_POINTS points in all. The first time it does, the
+    host (see :data:`~pldjax.core.compilation.HOST_POINTS`): every array concrete (in host
+    memory, or on an accelerator, copied: :func:`~pldjax.core.compilation.readable_on_host`), at
+    most HOST_ROWS rows and HOST_POINTS points in all. The first time it does, the
     host's allocator is readied (:func:`~pldjax.core.compilation.keep_freed_host_memory`)."""
     rows = max(math.prod(p.batch_shape) for p in plds)
     host = (rows <= HOST_ROWS and rows * points <= HOST_POINTS
-            and all(on_host(a) for p in plds for direction in p.directions()
+            and all(readable_on_host(a) for p in plds for direction in p.directions()
                     for a in (direction.probs, direction.inf_mass, direction.offset,
                               direction.step)))
     if host:

@@ -467,3 +467,34 @@ def test_rows_mapped_on_the_host_are_each_rows_outputs_stacked_and_never_an_inpu
     for value in got.values():
         value[...] = -1
     np.testing.assert_array_equal(table, before)
+
+
+@pytest.mark.skipif(jax.default_backend() == "cpu", reason="needs an accelerator")
+def test_small_computations_on_an_accelerator_run_on_the_host():
+    """PLDs and filter states live on the accelerator; their small compositions, readings and
+    spends copy them to the host and run the host's NumPy code: nothing to compile, the values
+    of the same work on CPU arrays."""
+    def work():
+        pld = pj.gaussian(sigma=1.0)
+        f = pj.filters.gdp_residue_filter(mu=1.0)
+        state = f.init()
+        placed = {d.platform for leaf in (pld.probs, jax.tree_util.tree_leaves(state)[0])
+                  for d in leaf.devices()}
+
+        def run():
+            composed = pld.self_compose(10_000)
+            pair = pj.compose([pj.gdp(mu=0.5), pj.laplace(scale=2.0)])
+            _, accepted = f.spend(state, pj.randomized_response(0.5))
+            return (composed.epsilon(1e-5), composed.delta([1.0, 2.0]), pair.epsilon(1e-6),
+                    accepted)
+
+        values, names = compiled_programs(run)
+        return placed, [np.asarray(v) for v in values], names
+
+    placed, values, names = work()
+    assert placed == {jax.default_backend()} and names == []
+    with jax.default_device(jax.devices("cpu")[0]):
+        on_cpu, cpu_values, _ = work()
+    assert on_cpu == {"cpu"}
+    for got, want in zip(values, cpu_values, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pldjax.core.compilation import array_module, kernel_jit, on_host
+from pldjax.core.compilation import array_module, kernel_jit, readable_on_host
 from pldjax.core.notice import slow_call_notice
 from pldjax.core.pld import PLD, pld_problems
 from pldjax.core.precision import float64, host_result, pack, unpack, upper_of_rounded
@@ -227,10 +227,10 @@ def _guarded_spend(core: Callable, static: tuple[str, ...], structure: tuple) ->
 
 
 def _runs_on_host(state, query) -> bool:
-    """Whether a spend can run in NumPy: concrete state and query in host memory, outside any
-    trace."""
+    """Whether a spend can run in NumPy: concrete state and query (in host memory, or small on
+    an accelerator: :func:`~pldjax.core.compilation.readable_on_host`), outside any trace."""
     leaves = jax.tree_util.tree_leaves((state, query))
-    return all(on_host(leaf) for leaf in leaves) and not _under_trace()
+    return all(readable_on_host(leaf) for leaf in leaves) and not _under_trace()
 
 
 @np.errstate(all="ignore")  # NaN and inf are values the searches handle, as XLA's do
