@@ -44,10 +44,11 @@ from pldjax.core.compilation import (
     array_module,
     computed_once,
     cores,
+    host_work,
     kernel_jit,
     map_in_threads,
     map_rows,
-    on_host,
+    readable_on_host,
     while_loop,
 )
 from pldjax.core.grid import MAX_SIZE, check_size, next_pow2
@@ -879,12 +880,23 @@ def _residues_on_host(queries, slack, which, mus, mu_max, factors, windows, step
     each query's nu searched once up to its ``mu_max``; -inf where a query does not fit."""
     nus = _nus_on_host(queries, slack, mu_max)
     residue = np.full(which.shape[0], -np.inf)
-    for i, (w, budget) in enumerate(zip(which, mus, strict=True)):
-        found, fits = residue_kernel(*(a[w] for a in queries), np.float64(budget), slack[w],
-                                     size=int(windows[w]), steps=steps, factor=int(factors[w]),
-                                     nu=nus[w])
-        residue[i] = found if fits else -np.inf
+    for i, w in enumerate(which):
+        found, fits = _pairs_on_host(queries, slack, nus, which[i:i + 1], mus[i:i + 1],
+                                     int(factors[w]), int(windows[w]), steps)
+        residue[i] = found[0] if fits[0] else -np.inf
     return residue
+
+
+@np.errstate(all="ignore")  # NaN and inf are values the searches handle
+def _pairs_on_host(queries, slack, nus, which, mus, factor: int, window: int, steps: int):
+    """(residue, fits) of :func:`residue_kernel` in NumPy for the pairs (``which`` query, budget
+    ``mus``) of one check window (``factor``, ``window``), the queries' ``nus`` given."""
+    found, fits = np.zeros(which.shape[0]), np.zeros(which.shape[0], bool)
+    for i, (w, budget) in enumerate(zip(which, mus, strict=True)):
+        found[i], fits[i] = residue_kernel(
+            *(np.asarray(a[w]) for a in queries), np.float64(budget), np.asarray(slack[w]),
+            size=window, steps=steps, factor=factor, nu=nus[w])
+    return found, fits
 
 
 def _nus_on_host(queries, slack, mu_max) -> np.ndarray:
@@ -958,6 +970,15 @@ def _residue_pairs(queries, slack, nu, which, mu, count, *, size: int, steps: in
 _queries_nu_jit = kernel_jit(_queries_nu, static_argnames=("batch_size",))
 _residue_pairs_jit = kernel_jit(_residue_pairs,
                                 static_argnames=("size", "steps", "batch_size", "factor"))
+
+
+#: Pairs of one check window that a process searches in NumPy (:func:`gdp_residue`), in place
+#: of the window's compiled program, before it compiles the program: a ski rental, counted in
+#: the process's host work (pldjax.core.compilation.HostWork: each pair as its directions times
+#: its transform's points). On a 2-core CPU a subsampled-Gaussian pair took 25 ms in NumPy
+#: against 5 ms compiled, where a window's program took 1.4-2.4 s to trace and compile: a
+#: first residue table of 16 x 9 nodes (144 pairs, 3 windows) 7.2 s compiled.
+HOST_RESIDUE_PAIRS = 96
 
 
 def _padded_count(count: int, batch_size: int) -> int:
@@ -1039,7 +1060,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     queries_shape = np.broadcast_shapes(query.batch_shape, np.shape(delta_slack))
     shape = np.broadcast_shapes(mu.shape, queries_shape)
     stacked = query.stack_directions()
-    on_the_host = not traced and all(on_host(a) for a in stacked)
+    on_the_host = not traced and all(readable_on_host(a) for a in stacked)
     nb = len(query.batch_shape)
     directions, n = stacked[0].shape[nb:]
     queries = tuple(xp.broadcast_to(xp.asarray(a), queries_shape + a.shape[nb:])
@@ -1099,9 +1120,22 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         pairs = pairs[np.argsort(nus[which[pairs]] / np.maximum(mus[pairs], 1e-300), kind="stable")]
         groups.append((pairs, factor, window))
 
+    def on_host(pairs, factor: int, window: int) -> bool:
+        """Whether a window's pairs are searched in NumPy (see HOST_RESIDUE_PAIRS)."""
+        points = directions * _fft_length(_coarse_points(n, factor), window)
+        return on_the_host and host_work.claim(
+            pairs.shape[0] * points, ("gdp_residue", directions, n, factor, window),
+            HOST_RESIDUE_PAIRS * points)
+
+    groups = [(pairs, factor, window, on_host(pairs, factor, window))
+              for pairs, factor, window in groups]
+
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own
     def search(group):
-        pairs, factor, window = group
+        pairs, factor, window, host = group
+        if host:
+            return _pairs_on_host(queries, slack, np.asarray(nu), which[pairs], mus[pairs],
+                                  factor, window, steps)
         batch = chunk(factor, window, pairs.shape[0])
         padding = _padded_count(which.shape[0], batch) - pairs.shape[0]
         return _residue_pairs_jit(
@@ -1113,7 +1147,7 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
     # side by side; values are read back once all are queued, so that an accelerator runs ahead
     searched = list(map_in_threads(search, groups, min(len(groups), cores()), "pldjax-residue"))
     residue = np.full(which.shape[0], -np.inf)
-    for (pairs, _, _), (found, fits) in zip(groups, searched, strict=True):
+    for (pairs, *_), (found, fits) in zip(groups, searched, strict=True):
         residue[pairs] = np.where(np.asarray(fits)[:pairs.shape[0]],
                                   np.asarray(found)[:pairs.shape[0]], -np.inf)
     return residue.reshape(shape)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import mpmath as mp
 import numpy as np
 import pytest
-from compiled_programs import compiled_programs, programs_of_a_new_process
+from compiled_programs import accounting_on_the_host, compiled_programs, programs_of_a_new_process
 from reference import gaussian_delta_mp
 
 import pldjax as pj
@@ -217,6 +217,27 @@ def test_gdp_residue_does_not_depend_on_its_batch_size_and_numpy_agrees(monkeypa
     np.testing.assert_allclose(host, default, rtol=1e-6)
     np.testing.assert_allclose(host_mu, np.asarray(pj.gdp_mu(queries)), rtol=1e-12)
     assert np.all(host >= np.sqrt(mus**2 - host_mu**2) * (1 - 1e-15))
+
+
+def test_many_residue_pairs_run_on_the_host_until_their_window_is_compiled(monkeypatch):
+    """More pairs than HOST_ROWS are searched in NumPy while the process's host work lasts and
+    their window's rent (HOST_RESIDUE_PAIRS) is not spent; then the window's program runs. Both
+    give the residues of the same certificates and search, up to round-off and the search's
+    path, above the naive update."""
+    from pldjax.core.compilation import host_work
+
+    accounting_on_the_host(monkeypatch)
+    monkeypatch.setattr(gaussian_dp, "HOST_RESIDUE_PAIRS", 30)
+    query = pj.randomized_response(0.3)
+    mus = np.linspace(0.5, 2.0, 20)  # one window, more pairs than HOST_ROWS
+    host = np.asarray(pj.gdp_residue(mus, query))
+    rented = host_work.done
+    assert rented > 0 and len(host_work.rents) == 1
+    compiled = np.asarray(pj.gdp_residue(mus, query))  # 40 pairs would pass the rent of 30
+    assert host_work.done == rented
+    np.testing.assert_allclose(host, compiled, rtol=1e-6)
+    naive = np.sqrt(mus**2 - float(pj.gdp_mu(query)) ** 2)
+    assert np.all(host >= naive * (1 - 1e-15)) and np.all(host <= mus)
 
 
 @pytest.mark.slow
@@ -552,9 +573,11 @@ def test_the_residue_of_a_free_query_at_budget_zero_is_zero():
 
 def test_a_few_queries_against_many_budgets_compile_only_the_residue_search(tmp_path):
     # more pairs than run on the host, one query: its nu is searched in NumPy, the pairs in the
-    # one program of their window
+    # one program of their window (no host work to rent it with)
     names, printed = programs_of_a_new_process("""
         import json
+        import os
+        os.environ["PLDJAX_HOST_WORK"] = "0"
         import numpy as np
         import pldjax as pj
         mus = np.linspace(0.5, 2.0, 20)
