@@ -106,14 +106,14 @@ from statistics import NormalDist
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import ndtr
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import computed_once, kernel_jit
+from pldjax.core.compilation import array_module, computed_once, host_work, kernel_jit
 from pldjax.core.grid import Grid
 from pldjax.core.mass import exact_sum
 from pldjax.core.pld import PLD, from_rows, log_q_mass, unchecked_pld
 from pldjax.core.precision import float64
+from pldjax.core.special import special_functions
 from pldjax.kernels.compose import UNIT_ROUNDOFF, fft_roundoff
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
 from pldjax.kernels.hockey_stick import delta_kernel
@@ -142,6 +142,13 @@ _RESOLUTION = 2.0**6
 #: resolution: sigma far from 1, or millions of steps) the PLDs are :func:`_gaussian_bound`'s.
 _MAX_SHIFT = 8.0
 _MAX_COARSENING = 1024.0
+#: Points (as :class:`pldjax.core.compilation.HostWork` counts them: grid points, about 5 million
+#: a second) of lattice laws of one size that a process computes in NumPy, while its host work
+#: lasts, before it compiles that size's program (a ski rental), on an accelerator. On a CPU the
+#: NumPy laws are as fast as the compiled ones (1.2 s against 1.3 s for one selection of 1,000
+#: steps at sigma 1, where the program took 1.1-1.3 s to compile): they always run in NumPy
+#: there, unless PLDJAX_HOST_WORK is 0.
+HOST_LATTICE_POINTS = 2**24
 #: The widest window (nats) of :func:`_join`'s curves, read in e^eps.
 _HULL_NATS = 700.0
 #: Cells narrower than this in standardized log Z are integrated by Gauss-Legendre on _NODES.
@@ -156,11 +163,12 @@ def _cdf_differences(edges):
     is narrow where Phi is far from 0 and 1."""
     # Phi(x) for x <= 0, Phi(-x) = 1 - Phi(x) above; read through two slices each (computed once:
     # XLA's CPU fusion computed Phi at every read)
-    tail = computed_once(ndtr(-jnp.abs(edges)))
+    xp = array_module(edges)
+    tail = computed_once(special_functions(xp).ndtr(-xp.abs(edges)))
     lower, upper = edges[:-1], edges[1:]
     from_cdf = tail[1:] - tail[:-1]
-    from_sf = jnp.where(lower >= 0.0, tail[:-1], 1.0 - tail[:-1]) - tail[1:]
-    return jnp.maximum(jnp.where(upper <= 0.0, from_cdf, from_sf), 0.0)
+    from_sf = xp.where(lower >= 0.0, tail[:-1], 1.0 - tail[:-1]) - tail[1:]
+    return xp.maximum(xp.where(upper <= 0.0, from_cdf, from_sf), 0.0)
 
 
 def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None):
@@ -177,50 +185,52 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None
     cell's own mass. A wide one's mass is a difference of Phi taken on the side of its tail
     (:func:`_cdf_differences`; with Phi(x - mu), which gives E[Z] over the cell, for the
     spread)."""
-    index = jnp.arange(size, dtype=jnp.float64)
-    points = jnp.arange(size + 1, dtype=jnp.float64)  # the cells' edges
+    xp = array_module(mu, width)
+    index = xp.arange(size, dtype=xp.float64)
+    points = xp.arange(size + 1, dtype=xp.float64)  # the cells' edges
     centre = 0.5 * mu * mu if tilted else -0.5 * mu * mu
     if scale is None:
-        log_edges = jnp.log(points * width)  # -inf at j = 0
-        log_width = jnp.log1p(1.0 / index)  # inf at j = 0
+        log_edges = xp.log(points * width)  # -inf at j = 0
+        log_width = xp.log1p(1.0 / index)  # inf at j = 0
         # a wide cell lies below Z / width = 1 / expm1(mu _NARROW), where Phi's differences lose
         # at most that factor
-        wide_loss = 1.0 / jnp.expm1(mu * _NARROW)
+        wide_loss = 1.0 / xp.expm1(mu * _NARROW)
     else:
-        log_edges = jnp.log(jnp.expm1(points * width)) - jnp.log(scale)
-        log_width = jnp.log1p(jnp.exp(index * width) * jnp.expm1(width)
-                              / jnp.expm1(index * width))
+        log_edges = xp.log(xp.expm1(points * width)) - xp.log(scale)
+        log_width = xp.log1p(xp.exp(index * width) * xp.expm1(width)
+                              / xp.expm1(index * width))
         # Phi's differences over at least _NARROW lose at most 1 / (Phi(_NARROW / 2) - 1 / 2)
-        wide_loss = 1.0 / (ndtr(0.5 * _NARROW) - 0.5)
+        wide_loss = 1.0 / (special_functions(xp).ndtr(0.5 * _NARROW) - 0.5)
     edges = (log_edges - centre) / mu
     lower = edges[:-1]
     half = 0.5 * log_width / mu
     narrow = half <= 0.5 * _NARROW
-    half = jnp.where(narrow, half, 0.0)
-    start = jnp.where(narrow, lower, 0.0)
-    mass = jnp.zeros_like(half)
-    moment = jnp.zeros_like(half)
+    half = xp.where(narrow, half, 0.0)
+    start = xp.where(narrow, lower, 0.0)
+    mass = xp.zeros_like(half)
+    moment = xp.zeros_like(half)
     for node, weight in zip(*np.polynomial.legendre.leggauss(_NODES), strict=True):
         offset = half * (1.0 + node)
         x = start + offset
-        density = weight * jnp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        density = weight * xp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
         mass = mass + density
         if spread:
-            moment = moment + density * index * jnp.expm1(mu * offset)
-    probs = jnp.where(narrow, half * mass, _cdf_differences(edges))
+            moment = moment + density * index * xp.expm1(mu * offset)
+    probs = xp.where(narrow, half * mass, _cdf_differences(edges))
     relative = 16.0 * UNIT_ROUNDOFF * (_NODES + 4.0 + wide_loss)
     if not spread:
-        return probs, relative, jnp.zeros(())
+        return probs, relative, xp.zeros(())
     # the share a cell sends up, E[Z / width - j; cell], with E[Z; Z <= z] = Phi(x - mu)
-    up = jnp.where(narrow, half * moment,
+    up = xp.where(narrow, half * moment,
                    _cdf_differences(edges - mu) / width - index * probs)
-    up = computed_once(jnp.clip(up, 0.0, probs))  # read twice, once shifted
-    return probs - up + jnp.concatenate([jnp.zeros(1), up[:-1]]), relative, jnp.zeros(())
+    up = computed_once(xp.clip(up, 0.0, probs))  # read twice, once shifted
+    return probs - up + xp.concatenate([xp.zeros(1), up[:-1]]), relative, xp.zeros(())
 
 
 def _spectrum(law):
     """The real FFT of a lattice law's masses, zero-padded to twice their length."""
-    return jnp.fft.rfft(law[0], 2 * law[0].shape[0])
+    xp = array_module(law[0])
+    return xp.fft.rfft(law[0], 2 * law[0].shape[0])
 
 
 def _product(a, b, a_spectrum=None, b_spectrum=None):
@@ -232,17 +242,33 @@ def _product(a, b, a_spectrum=None, b_spectrum=None):
     a_spectrum = _spectrum(a) if a_spectrum is None else a_spectrum
     b_spectrum = _spectrum(b) if b_spectrum is None else b_spectrum
     (a, a_relative, a_absolute), (b, b_relative, b_absolute) = a, b
+    xp = array_module(a)
     size = a.shape[0]
-    raw = jnp.fft.irfft(a_spectrum * b_spectrum, 2 * size)
+    raw = xp.fft.irfft(a_spectrum * b_spectrum, 2 * size)
     relative = a_relative + b_relative + a_relative * b_relative
     absolute = (1.0 + relative) * (a_absolute + b_absolute) + fft_roundoff(raw)
-    return jnp.maximum(raw[:size], 0.0), relative, absolute
+    return xp.maximum(raw[:size], 0.0), relative, absolute
 
 
 def _power(law, count):
-    """The ``count``-fold convolution (``count`` >= 0, traced) of a lattice law, by repeated
-    squaring (each power's spectrum computed once, for its product and its square; the first
-    factor taken as it is, not multiplied into the identity)."""
+    """The ``count``-fold convolution (``count`` >= 0, traced, or in NumPy a number) of a lattice
+    law, by repeated squaring (each power's spectrum computed once, for its product and its
+    square; the first factor taken as it is, not multiplied into the identity)."""
+    if array_module(law[0]) is np:
+        left, result = int(count), None
+        while left > 0:
+            odd, squared = left % 2 == 1, left // 2 > 0
+            spectrum = _spectrum(law) if (odd and result is not None) or squared else None
+            if odd:
+                result = law if result is None else _product(result, law, b_spectrum=spectrum)
+            if squared:
+                law = _product(law, law, spectrum, spectrum)
+            left //= 2
+        if result is None:
+            identity = np.zeros_like(law[0])
+            identity[0] = 1.0
+            return identity, np.float64(0.0), np.float64(0.0)
+        return result
     identity = (jnp.zeros_like(law[0]).at[0].set(1.0), jnp.zeros(()), jnp.zeros(()))
 
     def step(carry):
@@ -275,7 +301,7 @@ def _lattice_laws(mu, steps, selected, width, scale, *, size: int, pessimistic: 
     plain = _cell_masses(mu, width, size, spread=pessimistic, tilted=False, scale=scale)
     if pessimistic:
         masses, relative, absolute = plain
-        moved = (masses * jnp.arange(size) * width, relative, absolute)
+        moved = (masses * np.arange(size) * width, relative, absolute)
     else:
         moved = _cell_masses(mu, width, size, spread=False, tilted=True, scale=scale)
     rest = _power(plain, steps - selected)
@@ -433,9 +459,22 @@ def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None,
     or with a ``scale`` c of G = sum_i log(1 + c Z_i) (:func:`_log_lattice`'s)."""
     spacing, size = lattice or _lattice(mu, steps, selected)
     width = steps * spacing if scale is None else spacing
-    laws = _lattice_laws(np.float64(mu), np.int64(steps), np.int64(selected), np.float64(width),
-                         np.float64(scale or 0.0), size=size, pessimistic=pessimistic,
-                         logarithmic=scale is not None)
+    args = (np.float64(mu), np.int64(steps), np.int64(selected), np.float64(width),
+            np.float64(scale or 0.0))
+    options = dict(size=size, pessimistic=pessimistic, logarithmic=scale is not None)
+    # its FFTs' points, 2 size (3 log2(steps) + 2), weighed as the host work's grid points (about
+    # 5 million a second): an eighth
+    work = size * (3 * int(steps).bit_length() + 2) // 4
+    if jax.default_backend() == "cpu":  # NumPy as fast as the program: nothing to rent or buy
+        on_host = host_work.budget > 0
+    else:
+        on_host = host_work.claim(work, ("random allocation lattice", *options.items()),
+                                  HOST_LATTICE_POINTS)
+    if on_host:
+        with np.errstate(all="ignore"):  # log(0) = -inf at the lattice's 0, as in XLA
+            laws = _lattice_laws.__wrapped__(*args, **options)
+    else:
+        laws = _lattice_laws(*args, **options)
     return *(_bounds(law) for law in laws), spacing * np.arange(size, dtype=np.float64)
 
 

@@ -8,6 +8,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 from reference import gaussian_epsilon
 from scipy import stats
 
@@ -386,3 +387,21 @@ def test_too_many_epochs_are_refused_naming_the_steps_and_the_event():
     event = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.RandomAllocation(100, 10))
     with pytest.raises(ValueError, match=r"steps = 1000000000 of Event\(.*RandomAllocation"):
         pj.event_epsilon(event, 10**9, 1e-6)
+
+
+def test_a_process_builds_its_lattices_in_numpy_on_a_cpu():
+    # NumPy's FFTs are as fast as the compiled lattice program's on a CPU: a process (with host
+    # work to spend) builds every lattice in NumPy and compiles none; the bounds are those of
+    # the compiled lattices (this run's, PLDJAX_HOST_WORK=0) up to their FFTs' round-off
+    names, printed = programs_of_a_new_process("""
+        import os
+        os.environ["PLDJAX_HOST_WORK"] = str(10**15)
+        import pldjax as pj
+        event = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.RandomAllocation(100, 10))
+        print(float(pj.event_epsilon(event, 1, 1e-6)),
+              float(pj.event_epsilon(event, 1, 1e-6, pessimistic=False)))
+    """)
+    assert not [name for name in names if "lattice" in name]
+    event = pj.Event(pj.noise.Gaussian(2.0), pj.sampling.RandomAllocation(100, 10))
+    compiled = [float(pj.event_epsilon(event, 1, 1e-6, pessimistic=p)) for p in (True, False)]
+    np.testing.assert_allclose([float(v) for v in printed.split()], compiled, rtol=1e-6)
