@@ -132,6 +132,14 @@ def _swept_epsilons(event, pessimistic: bool):
     return pj.event_epsilon(event, 1, 1e-6, pessimistic=pessimistic)
 
 
+def sweep_call(count: int, pessimistic: bool):
+    """The sweep table's call, for a fresh process (:func:`harness.fresh_process`)."""
+    event = _allocation_sweep(count)
+    import numpy as np
+
+    return lambda: float(np.sum(_swept_epsilons(event, pessimistic)))
+
+
 def _shuffled_lower_bound(sigma, batches, epochs):
     import pldjax as pj
 
@@ -247,16 +255,24 @@ def _sweep(args, report) -> None:
     count = min(args.sweep, 8) if args.quick else args.sweep
     harness.log(f"batch_selection: a sweep of {count} random-allocation configurations")
     event = _allocation_sweep(count)
-    rows = report.table(["configurations", "bound", "first call s", "warm s", "configurations/s (warm)"])
+    rows = report.table(["configurations", "bound", "first call s (fresh process)",
+                         "first call s, compiled", "warm s", "configurations/s (warm)"])
     for pessimistic, bound in ((True, "upper"), (False, "lower")):
+        fresh = harness.fresh_process("bench.batch_selection", "sweep_call",
+                                      dict(count=count, pessimistic=pessimistic),
+                                      imports="import pldjax")
         call = functools.partial(_swept_epsilons, event, pessimistic)
         first, _ = harness.timed(call)
         warm, _ = harness.timed(call)
-        rows.append([f"{count:,}", bound, f"{first:.2f}", f"{warm:.2f}", f"{count / warm:.1f}"])
+        rows.append([f"{count:,}", bound, fresh.get("error") or f"{fresh['first_s']:.2f}",
+                     f"{first:.2f}", f"{warm:.2f}", f"{count / warm:.1f}"])
         report.flush()
     report.text("A sweep of random allocation in one call (`pj.event_epsilon` of one event whose "
                 "parameters are arrays, delta 1e-6, one epoch): seeded configurations, sigma "
                 f"uniform in [1, 3], t log-uniform in [100, 1000], k drawn from {SWEEP_SELECTED}. "
                 "Each configuration builds its own lattices (their sizes differ); a few are built "
-                "at once, one a CPU core. The first call compiles the lattice sizes it meets that "
-                "the tables above did not.")
+                "at once, one a CPU core. First call (fresh process): a new process's first call, as a "
+                "user's (import apart; on a CPU its lattices are built in NumPy, see "
+                "pldjax.mechanisms.random_allocation.HOST_LATTICE_POINTS); first call, compiled: "
+                "this process's (PLDJAX_HOST_WORK=0), which compiles the lattice sizes it meets "
+                "that the tables above did not; warm: this process's next call.")
