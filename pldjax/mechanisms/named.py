@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core import grid as grid_lib
-from pldjax.core.compilation import kernel_jit, to_device
+from pldjax.core.compilation import array_module, kernel_jit, to_device
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
-from pldjax.core.special import binomial_pmf, log1p
+from pldjax.core.special import binomial_pmf, log1p, special_functions
 from pldjax.core.validation import check_count, check_range, is_traced, refuse_traced, within
 from pldjax.kernels.discretize import lower_hull_at, masses_from_curve
 from pldjax.mechanisms import sampling as sampling_lib
@@ -373,18 +372,27 @@ def zcdp(rho: float, xi: float = 0.0) -> PLD:
                               epsilon_max=float(grid[-1]), step=step)
 
 
-@kernel_jit(static_argnames="count")
 def _lattice_masses(epsilon, delta, count: int):
     """The masses of the losses -count epsilon, ..., count epsilon (ascending, 2 count + 1 points
     of step epsilon, every other one 0) of ``count`` compositions of R_{epsilon,delta}, and the
-    atom at +inf: one program for each count."""
-    eps = jnp.asarray(epsilon, jnp.float64)
-    log_keep = count * log1p(-jnp.asarray(delta, jnp.float64), jnp)
+    atom at +inf; NumPy's for NumPy scalars (``_lattice_masses_jit`` under a trace: one program
+    for each count)."""
+    xp = array_module(epsilon, delta)
+    eps = xp.asarray(epsilon, xp.float64)
+    log_keep = count * log1p(-xp.asarray(delta, xp.float64), xp)
     # j of the count steps at loss -eps (probability 1 / (1 + e^eps) each): losses
     # (count - 2 j) eps, ascending in the index i = count - j
-    masses = jnp.exp(log_keep) * binomial_pmf(jnp.arange(count + 1.0), count,
-                                              jax.nn.sigmoid(-eps), jax.nn.sigmoid(eps))[::-1]
+    expit = special_functions(xp).expit
+    masses = xp.exp(log_keep) * binomial_pmf(xp.arange(count + 1.0), count, expit(-eps),
+                                             expit(eps), xp)[::-1]
+    if xp is np:
+        probs = np.zeros(2 * count + 1)
+        probs[::2] = masses
+        return probs, -np.expm1(log_keep)
     return jnp.zeros(2 * count + 1).at[::2].set(masses), -jnp.expm1(log_keep)
+
+
+_lattice_masses_jit = kernel_jit(_lattice_masses, static_argnames="count")
 
 
 @float64
@@ -442,16 +450,17 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     if is_traced((epsilon, delta)):
         # the lattice of step epsilon, or at epsilon = 0 every mass at loss 0 (on step 1); an
         # invalid epsilon or delta claims nothing (see pldjax.core.validation)
-        probs, inf_mass = _lattice_masses(epsilon, delta, count=count)
+        probs, inf_mass = _lattice_masses_jit(epsilon, delta, count=count)
         positive = epsilon > 0
         at_zero = jnp.zeros(2 * count + 1).at[count].set(jnp.sum(probs))
         pld = unchecked_pld(jnp.where(positive, probs, at_zero), inf_mass,
                             jnp.asarray(-count, jnp.int64),
                             jnp.where(positive, jnp.asarray(epsilon, jnp.float64), 1.0), True)
         return pld.where_valid(within(epsilon, 0.0) & within(delta, 0.0, 1.0))
-    probs, inf_mass = _lattice_masses(float(epsilon), float(delta), count=count)
+    with np.errstate(divide="ignore"):  # log(1 - delta) = -inf at delta = 1, as in XLA
+        probs, inf_mass = _lattice_masses(np.float64(epsilon), np.float64(delta), count=count)
     if grid is None and epsilon > 0:
-        return unchecked_pld(probs, inf_mass, to_device(np.int64(-count)),
+        return unchecked_pld(to_device(probs), to_device(inf_mass), to_device(np.int64(-count)),
                              to_device(np.float64(epsilon)), True)
     losses = (2 * np.arange(count + 1) - count) * float(epsilon)
     # each loss up to the first grid point at or above it (a quotient rounded up past a grid
@@ -460,7 +469,7 @@ def approx_dp_composition(epsilon: float, delta: float, count: int = 1, *,
     index -= (index - 1) * step >= losses
     on_grid = np.zeros(int(index[-1] - index[0]) + 1)
     np.add.at(on_grid, index - index[0], np.asarray(probs)[::2])
-    return unchecked_pld(to_device(on_grid), inf_mass, to_device(index[0]),
+    return unchecked_pld(to_device(on_grid), to_device(inf_mass), to_device(index[0]),
                          to_device(np.float64(step)), True)
 
 
