@@ -64,12 +64,12 @@ from scipy import stats
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.align import align
-from pldjax.core.compilation import kernel_jit, matmul
+from pldjax.core.compilation import array_module, kernel_jit, matmul
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD, from_rows, unchecked_pld
 from pldjax.core.precision import float64
 from pldjax.core.validation import check_range
-from pldjax.kernels.envelope import HULL_REACH, envelope_masses, excess_on_grid
+from pldjax.kernels.envelope import HULL_REACH, envelope_masses, envelope_on_host, excess_on_grid
 from pldjax.kernels.hockey_stick import delta_kernel
 from pldjax.mechanisms.events import privacy_loss
 from pldjax.mechanisms.named import identity
@@ -118,28 +118,42 @@ def mixture(weights, plds: list[PLD]) -> PLD:
     return PLD.from_directions(*directions)
 
 
-@kernel_jit(static_argnames=("size", "hull"))
 def _envelope_kernel(probs, inf_mass, offset, step, *, size: int, hull: bool):
     """One direction: the PLD whose curve is the lower convex envelope (in x = e^z) of the
     pointwise minimum of the K curves at the window's grid points (see :func:`tightest`); without
     ``hull``, the component whose curve has the smallest sum. A component whose curve is the
     minimum at every grid point is that envelope already: it is kept as it is (rebuilt, its
-    masses' round-off left an atom of 2e-16 at +inf)."""
-    z = (offset + jnp.arange(size, dtype=jnp.float64)) * step
-    curves = jax.vmap(delta_kernel, in_axes=(0, 0, None, None, None))(probs, inf_mass, offset,
-                                                                       step, z)
+    masses' round-off left an atom of 2e-16 at +inf). NumPy's for NumPy arrays
+    (``_envelope_jit``: one program for each size)."""
+    xp = array_module(probs)
+    z = (offset + xp.arange(size, dtype=xp.float64)) * step
+    if xp is np:
+        curves = np.stack([delta_kernel(p, m, offset, step, z)
+                           for p, m in zip(probs, inf_mass, strict=True)])
+    else:
+        curves = jax.vmap(delta_kernel, in_axes=(0, 0, None, None, None))(probs, inf_mass, offset,
+                                                                           step, z)
     if not hull:
-        best = jnp.argmin(jnp.sum(curves, axis=1))
+        best = xp.argmin(xp.sum(curves, axis=1))
         return probs[best], inf_mass[best]
-    least = jnp.min(curves, axis=0)
-    lowest = jnp.all(curves <= least, axis=1)
+    least = xp.min(curves, axis=0)
+    lowest = xp.all(curves <= least, axis=1)
+    if xp is np:
+        if lowest.any():
+            return probs[np.argmax(lowest)], inf_mass[np.argmax(lowest)]
+        return envelope_masses(least, _least_excess(probs, z, step), z, step)
     return jax.lax.cond(jnp.any(lowest),
                         lambda: (probs[jnp.argmax(lowest)], inf_mass[jnp.argmax(lowest)]),
                         lambda: envelope_masses(least, _least_excess(probs, z, step), z, step))
 
 
+_envelope_jit = kernel_jit(_envelope_kernel, static_argnames=("size", "hull"))
+
+
 def _least_excess(probs, z, step):
     """The smallest of the components' excesses over 1 - e^z at the grid points ``z``."""
+    if array_module(probs) is np:
+        return np.min([excess_on_grid(p, z, step) for p in probs], axis=0)
     return jnp.min(jax.vmap(excess_on_grid, in_axes=(0, None, None))(probs, z, step), axis=0)
 
 
@@ -160,9 +174,15 @@ def tightest(plds: list[PLD]) -> PLD:
     for d in range(len(plds[0].directions())):
         step, lo, probs, inf = _common_window([p.directions()[d] for p in plds])
         size = probs.shape[1]
-        out, out_inf = _envelope_kernel(jnp.asarray(probs), jnp.asarray(inf), np.int64(lo),
-                                        np.float64(step), size=size,
-                                        hull=size * step / 2 <= HULL_REACH)
+        options = dict(size=size, hull=size * step / 2 <= HULL_REACH)
+        if envelope_on_host(probs.size, ("envelope of components", probs.shape, options["hull"])):
+            with np.errstate(all="ignore"):
+                out, out_inf = _envelope_kernel(np.asarray(probs, np.float64),
+                                                np.asarray(inf, np.float64), np.int64(lo),
+                                                np.float64(step), **options)
+        else:
+            out, out_inf = _envelope_jit(jnp.asarray(probs), jnp.asarray(inf), np.int64(lo),
+                                         np.float64(step), **options)
         directions.append(from_rows(out, out_inf, np.int64(lo), np.float64(step), (), True))
     return PLD.from_directions(*directions)
 

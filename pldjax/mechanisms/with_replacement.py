@@ -75,7 +75,7 @@ from pldjax.core import grid as grid_lib
 from pldjax.core.grid import Grid
 from pldjax.core.pld import PLD, from_rows
 from pldjax.core.precision import float64
-from pldjax.kernels.envelope import curve_envelope_kernel
+from pldjax.kernels.envelope import curve_envelope_kernel, envelope_on_host
 from pldjax.kernels.gaussian_dp import gdp_delta_upper
 from pldjax.mechanisms import subsampling
 from pldjax.mechanisms.atoms import MOVED_MASS, pld_from_atoms
@@ -218,8 +218,10 @@ def _upper(bounds: _Bounds, step: float, replace_one: bool) -> PLD:
         with np.errstate(over="ignore"):
             excess = np.where(above, own + np.expm1(z), below * other)
         curve = np.where(above, own, -np.expm1(np.minimum(z, 0.0)) + below * other)
-        probs, inf_mass = curve_envelope_kernel(curve, excess, np.int64(offset), np.float64(step),
-                                                size=size)
+        envelope = curve_envelope_kernel
+        if envelope_on_host(size, ("curve envelope", size)):
+            envelope = np.errstate(all="ignore")(curve_envelope_kernel.__wrapped__)
+        probs, inf_mass = envelope(curve, excess, np.int64(offset), np.float64(step), size=size)
         directions.append(from_rows(np.asarray(probs), np.float64(inf_mass), np.int64(offset),
                                     np.float64(step), (), True))
     return PLD.from_directions(*directions)

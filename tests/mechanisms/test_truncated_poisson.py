@@ -9,6 +9,7 @@ from fractions import Fraction
 import mpmath as mp
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 from reference import gaussian_delta, subsampled_add_delta, subsampled_remove_delta
@@ -330,3 +331,28 @@ def test_a_thousand_steps_stay_finite_at_small_delta():
         10_000, 0.01, 120, 1.0, neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
     assert ours <= theirs.self_compose(1000).get_epsilon_for_delta(1e-6)
     assert ours >= float(pj.event_epsilon(event, 1000, 1e-6, pessimistic=False))
+
+
+def test_a_process_takes_its_first_envelopes_in_numpy():
+    # truncated Poisson's envelope of its analyses, and sampling with replacement's of its
+    # bounds: a process's first ones run in NumPy (a ski rental of each window's program) and
+    # compile nothing; the epsilons of the compiled envelopes (this run's, PLDJAX_HOST_WORK=0) to
+    # their round-off (each an upper bound)
+    code = """
+        import os
+        os.environ["PLDJAX_HOST_WORK"] = str(10**15)
+        import pldjax as pj
+        truncated = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.TruncatedPoisson(0.01, 10_000, 120))
+        drawn = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.WithReplacement(10_000, 10),
+                         "replace_special")
+        print(float(pj.event_epsilon(truncated, 1000, 1e-6)),
+              float(pj.event_epsilon(drawn, 100, 1e-5)))
+    """
+    names, printed = programs_of_a_new_process(code)
+    assert not [name for name in names if "envelope" in name]
+    truncated = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.TruncatedPoisson(0.01, 10_000, 120))
+    drawn = pj.Event(pj.noise.Gaussian(1.0), pj.sampling.WithReplacement(10_000, 10),
+                     "replace_special")
+    compiled = [float(pj.event_epsilon(truncated, 1000, 1e-6)),
+                float(pj.event_epsilon(drawn, 100, 1e-5))]
+    np.testing.assert_allclose([float(v) for v in printed.split()], compiled, rtol=1e-8)
