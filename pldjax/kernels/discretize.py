@@ -574,7 +574,7 @@ def masses_at_vertices(xs, curve, excess, kept, below_zero, rise):
     chord_curve = xp.where(last, 0.0, xp.where(below_zero, from_excess - rise, from_curve))
     chord_excess = xp.where(last, rise, xp.where(below_zero, from_excess, from_curve + rise))
     turn = xp.where(below_zero, chord_excess - chord_excess[before],
-                     chord_curve - chord_curve[before])
+                    chord_curve - chord_curve[before])
     return xp.maximum(xp.where(kept, xs * turn, 0.0)[1:], 0.0)
 
 

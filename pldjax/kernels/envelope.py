@@ -85,7 +85,7 @@ def envelope_masses(least, least_excess, z, step):
     # subtracting a line in x): from the excesses, which keep their digits at z < 0; its value
     # at x = 0 is 0. Both hulls in one call (one copy of the hull in the program, not two)
     ys = xp.stack([xp.concatenate([xp.ones((1,)), least]),
-                    xp.concatenate([xp.zeros((1,)), least_excess])])
+                   xp.concatenate([xp.zeros((1,)), least_excess])])
     hulls, kept = lower_hull_rows(xp.broadcast_to(xs, ys.shape), ys)
     curve, excess = hulls[:, 1:]
     excess = xp.where((z < 0) & xp.isfinite(excess), excess, curve + xp.expm1(z))
@@ -108,7 +108,8 @@ def envelope_masses(least, least_excess, z, step):
     # as excesses at z < 0, where the curve near 1 has lost the digits that differ)
     if xp is np:
         rebuilt_excess = np.stack([excess_on_grid(out, z, step) for out in outs])
-        rebuilt_curve = np.stack([grid_deltas(out, inf, step) for out, inf in zip(outs, infs, strict=True)])
+        rebuilt_curve = np.stack([grid_deltas(out, inf, step)
+                                  for out, inf in zip(outs, infs, strict=True)])
     else:
         rebuilt_excess = jax.vmap(excess_on_grid, in_axes=(0, None, None))(outs, z, step)
         rebuilt_curve = jax.vmap(grid_deltas, in_axes=(0, 0, None))(outs, infs, step)

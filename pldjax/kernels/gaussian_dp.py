@@ -1120,14 +1120,14 @@ def gdp_residue(mu, query: PLD, *, delta_slack=0.0, steps: int = RESIDUE_STEPS,
         pairs = pairs[np.argsort(nus[which[pairs]] / np.maximum(mus[pairs], 1e-300), kind="stable")]
         groups.append((pairs, factor, window))
 
-    def on_host(pairs, factor: int, window: int) -> bool:
+    def rented(pairs, factor: int, window: int) -> bool:
         """Whether a window's pairs are searched in NumPy (see HOST_RESIDUE_PAIRS)."""
         points = directions * _fft_length(_coarse_points(n, factor), window)
         return on_the_host and host_work.claim(
             pairs.shape[0] * points, ("gdp_residue", directions, n, factor, window),
             HOST_RESIDUE_PAIRS * points)
 
-    groups = [(pairs, factor, window, on_host(pairs, factor, window))
+    groups = [(pairs, factor, window, rented(pairs, factor, window))
               for pairs, factor, window in groups]
 
     @float64  # in each worker thread: JAX's 64-bit switch is the thread's own

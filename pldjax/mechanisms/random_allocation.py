@@ -198,7 +198,7 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None
     else:
         log_edges = xp.log(xp.expm1(points * width)) - xp.log(scale)
         log_width = xp.log1p(xp.exp(index * width) * xp.expm1(width)
-                              / xp.expm1(index * width))
+                             / xp.expm1(index * width))
         # Phi's differences over at least _NARROW lose at most 1 / (Phi(_NARROW / 2) - 1 / 2)
         wide_loss = 1.0 / (special_functions(xp).ndtr(0.5 * _NARROW) - 0.5)
     edges = (log_edges - centre) / mu
@@ -222,7 +222,7 @@ def _cell_masses(mu, width, size: int, *, spread: bool, tilted: bool, scale=None
         return probs, relative, xp.zeros(())
     # the share a cell sends up, E[Z / width - j; cell], with E[Z; Z <= z] = Phi(x - mu)
     up = xp.where(narrow, half * moment,
-                   _cdf_differences(edges - mu) / width - index * probs)
+                  _cdf_differences(edges - mu) / width - index * probs)
     up = computed_once(xp.clip(up, 0.0, probs))  # read twice, once shifted
     return probs - up + xp.concatenate([xp.zeros(1), up[:-1]]), relative, xp.zeros(())
 
@@ -301,7 +301,7 @@ def _lattice_laws(mu, steps, selected, width, scale, *, size: int, pessimistic: 
     plain = _cell_masses(mu, width, size, spread=pessimistic, tilted=False, scale=scale)
     if pessimistic:
         masses, relative, absolute = plain
-        moved = (masses * np.arange(size) * width, relative, absolute)
+        moved = (masses * array_module(masses).arange(size) * width, relative, absolute)
     else:
         moved = _cell_masses(mu, width, size, spread=False, tilted=True, scale=scale)
     rest = _power(plain, steps - selected)
@@ -462,12 +462,12 @@ def _laws(mu: float, steps: int, selected: int, pessimistic: bool, lattice=None,
     args = (np.float64(mu), np.int64(steps), np.int64(selected), np.float64(width),
             np.float64(scale or 0.0))
     options = dict(size=size, pessimistic=pessimistic, logarithmic=scale is not None)
-    # its FFTs' points, 2 size (3 log2(steps) + 2), weighed as the host work's grid points (about
-    # 5 million a second): an eighth
-    work = size * (3 * int(steps).bit_length() + 2) // 4
     if jax.default_backend() == "cpu":  # NumPy as fast as the program: nothing to rent or buy
         on_host = host_work.budget > 0
     else:
+        # its FFTs' points, 2 size (3 log2(steps) + 2), weighed as the host work's grid points
+        # (about 5 million a second): an eighth
+        work = size * (3 * int(steps).bit_length() + 2) // 4
         on_host = host_work.claim(work, ("random allocation lattice", *options.items()),
                                   HOST_LATTICE_POINTS)
     if on_host:
