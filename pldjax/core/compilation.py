@@ -43,7 +43,7 @@ import threading
 import types
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -298,11 +298,43 @@ def map_in_threads(fn: Callable, items: Iterable, workers: int, name: str) -> It
     if workers <= 1:
         yield from map(fn, items)
         return
-    pool = ThreadPoolExecutor(workers, name)
+    pool = ThreadPoolExecutor(workers, name, initializer=_mark_worker)
     try:
         yield from pool.map(fn, items)
     finally:
         pool.shutdown(cancel_futures=True)
+
+
+_thread = threading.local()
+
+
+def _mark_worker() -> None:
+    _thread.worker = True
+
+
+class _InThisThread(Executor):
+    """An executor that runs each call at once, in the caller's thread."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        done = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except Exception as error:  # held for result(), as a thread's future holds it
+            done.set_exception(error)
+        return done
+
+
+@contextlib.contextmanager
+def side_thread(name: str, worth_it: bool = True) -> Iterator[Executor]:
+    """An executor for work beside this thread's own: one thread named ``name`` where the
+    process has a core to spare (more than one, and this thread is not one of
+    :func:`map_in_threads`' workers, which keep them all busy) and the work is ``worth_it``;
+    else each call runs at once, in this thread."""
+    if worth_it and cores() > 1 and not getattr(_thread, "worker", False):
+        with ThreadPoolExecutor(1, name) as pool:
+            yield pool
+    else:
+        yield _InThisThread()
 
 
 #: Most programs compiled at once (each compile holds a few hundred MB while it runs).

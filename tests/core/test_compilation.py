@@ -469,6 +469,34 @@ def test_rows_mapped_on_the_host_are_each_rows_outputs_stacked_and_never_an_inpu
     np.testing.assert_array_equal(table, before)
 
 
+def test_work_beside_a_thread_runs_in_another_only_where_a_core_is_spare(monkeypatch):
+    """side_thread's executor runs its calls in a thread of their own where the process has a
+    core to spare and the work is worth it; in the caller's thread otherwise, and inside
+    map_in_threads' workers (which keep the cores busy); an error comes back from result()."""
+    from pldjax.core.compilation import map_in_threads, side_thread
+
+    def where(worth_it=True):
+        with side_thread("pldjax-test", worth_it) as side:
+            return side.submit(threading.current_thread).result()
+
+    def fails():
+        raise ValueError("from the side")
+
+    here = threading.current_thread()
+    monkeypatch.setattr(compilation, "cores", lambda: 2)
+    assert where() is not here
+    assert where(worth_it=False) is here
+    workers = list(map_in_threads(lambda _: (threading.current_thread(), where()), range(2), 2,
+                                  "pldjax-test-workers"))
+    assert all(worker is beside and worker is not here for worker, beside in workers)
+    monkeypatch.setattr(compilation, "cores", lambda: 1)
+    assert where() is here
+    for worth_it in (True, False):
+        with side_thread("pldjax-test", worth_it) as side:
+            with pytest.raises(ValueError, match="from the side"):
+                side.submit(fails).result()
+
+
 @pytest.mark.skipif(jax.default_backend() == "cpu", reason="needs an accelerator")
 def test_small_computations_on_an_accelerator_run_on_the_host():
     """PLDs and filter states live on the accelerator; their small compositions, readings and
