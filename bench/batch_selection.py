@@ -15,15 +15,18 @@ release has no accountant for: beside it, Feldman and Shenfeld's random-allocati
 ``PLD_accounting`` package, ``gaussian_allocation_epsilon_range`` at its default accuracy: the
 epsilons of its dominating and dominated PLDs, and its time; one-epoch runs only); and shuffled
 batches, for which only a lower bound exists (``pj.shuffling_lower_bound``, Chua et al.'s input),
-under replace-one. Seconds: pldjax's second (warm) call in this process, both bounds; a peer's
-one call. A second table sets random allocation of several steps beside the same peer; a third
+under replace-one. Seconds: pldjax's second (warm) call in this process, both bounds (random
+allocation's lattices, balls-in-bins' included, as a user's process builds them: in NumPy on a
+CPU); a peer's one call. A second table sets random allocation of several steps beside the same peer; a third
 times a sweep of random-allocation configurations in one call (``--sweep``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 
 from bench import harness
 
@@ -100,6 +103,24 @@ def _random_allocation_bounds(sigma, steps, selected, delta):
     event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.RandomAllocation(steps, selected))
     return (pj.event_epsilon(event, 1, delta, pessimistic=False),
             pj.event_epsilon(event, 1, delta))
+
+
+@contextlib.contextmanager
+def _lattices_as_a_users():
+    """Random allocation's lattices as in a user's process: on a CPU they run in NumPy in every
+    process (the steady state: pldjax.mechanisms.random_allocation's ``_laws``), so the suite's
+    PLDJAX_HOST_WORK=0 (compiled kernels) is lifted while they are timed; on an accelerator the
+    compiled lattices are the steady state, and nothing changes."""
+    import jax
+
+    if jax.default_backend() != "cpu" or "PLDJAX_HOST_WORK" not in harness.PARENT_ONLY:
+        yield
+        return
+    os.environ.pop("PLDJAX_HOST_WORK")
+    try:
+        yield
+    finally:
+        os.environ["PLDJAX_HOST_WORK"] = "0"
 
 
 def _random_allocation_peer(sigma, steps, selected, epochs, delta):
@@ -192,8 +213,9 @@ def _schemes(args, report, peer: bool) -> None:
         report.flush()
         harness.log(f"batch_selection: balls-in-bins sigma={sigma} T={batches} E={epochs}")
         call = functools.partial(_balls_in_bins_bounds, sigma, batches, epochs)
-        call()
-        seconds, (lower, upper) = harness.timed(call)
+        with _lattices_as_a_users():
+            call()
+            seconds, (lower, upper) = harness.timed(call)
         peer_s, bracket = (harness.timed(functools.partial(
             _random_allocation_peer, sigma, batches, 1, epochs, DELTA))
             if peer and epochs <= PEER_EPOCHS else (None, None))
@@ -217,6 +239,7 @@ def _schemes(args, report, peer: bool) -> None:
                 "Poisson sampling: a drawn copy of the record also takes the place of another "
                 "record's draw, as in sampling without replacement under replace-one; its bounds "
                 "lie further apart (the upper holds for every dataset, the lower is one dataset). "
+                "Balls-in-bins' lattices are built as in a user's process (on a CPU in NumPy). "
                 "Balls-in-bins and sampling with replacement have no dp-accounting value: "
                 "its random-allocation accountant is not in the release, and neither its PLD nor "
                 "its RDP accountant takes SampledWithReplacementDpEvent. B-min-sep is accounted for "
@@ -230,8 +253,9 @@ def _allocations(args, report, peer: bool) -> None:
     for sigma, steps, selected, delta in ALLOCATIONS[:1] if args.quick else ALLOCATIONS:
         harness.log(f"batch_selection: random allocation {selected} of {steps}, sigma={sigma}")
         call = functools.partial(_random_allocation_bounds, sigma, steps, selected, delta)
-        call()
-        seconds, (lower, upper) = harness.timed(call)
+        with _lattices_as_a_users():
+            call()
+            seconds, (lower, upper) = harness.timed(call)
         peer_s, bracket = (harness.timed(functools.partial(
             _random_allocation_peer, sigma, steps, selected, 1, delta)) if peer
             else (None, (None, None)))
@@ -239,7 +263,9 @@ def _allocations(args, report, peer: bool) -> None:
                      f"{float(upper):.4f}", harness.fmt(bracket[0], ".4f"),
                      harness.fmt(bracket[1], ".4f"), f"{seconds:.3f}", harness.fmt(peer_s, ".2f")])
         report.flush()
-    report.text("Random allocation of k of t steps, one epoch, add/remove. pldjax's bounds hold the "
+    report.text("Random allocation of k of t steps, one epoch, add/remove; pldjax's time is its second "
+                "call's, its lattices built as in a user's process (on a CPU in NumPy, see "
+                "pldjax.mechanisms.random_allocation.HOST_LATTICE_POINTS). pldjax's bounds hold the "
                 "true epsilon between them (for k > 1 the upper bound composes k allocations of one "
                 "step in t / k; the lower one reads a statistic of the outputs, for k > 1 sum_i "
                 "log(1 + k Z_i / (t - k)) of the steps' likelihood ratios Z_i, joined with the "
