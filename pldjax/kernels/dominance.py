@@ -25,9 +25,9 @@ import numpy as np
 
 from pldjax.core import grid as grid_lib
 from pldjax.core.align import align, regrid
-from pldjax.core.compilation import kernel_jit, to_device
+from pldjax.core.compilation import array_module, kernel_jit, map_rows, to_device
 from pldjax.core.mass import settle
-from pldjax.core.pld import PLD, batched, check_same_kind, unchecked_pld
+from pldjax.core.pld import PLD, batched, broadcast_rows, check_same_kind, computed_on_host, unchecked_pld
 from pldjax.core.precision import float64, host_result
 from pldjax.core.validation import check_range, is_traced
 from pldjax.kernels.discretize import masses_from_curve
@@ -41,12 +41,15 @@ ROUNDOFF = 1e-14
 
 def dominance_excess_kernel(l_probs, l_inf, l_off, l_step, b_probs, b_inf, b_off, b_step):
     """max over every real eps of delta_L(eps) - delta_B(eps), single directions: both curves are
-    piecewise linear in e^eps between their grid points, so the union of the two grids suffices."""
-    def points(probs, off, step):
-        return (off + jnp.arange(probs.shape[-1], dtype=jnp.float64)) * step
+    piecewise linear in e^eps between their grid points, so the union of the two grids suffices.
+    NumPy arrays are compared in NumPy."""
+    xp = array_module(l_probs, b_probs)
 
-    union = jnp.concatenate([points(l_probs, l_off, l_step), points(b_probs, b_off, b_step)])
-    return jnp.max(
+    def points(probs, off, step):
+        return (off + xp.arange(probs.shape[-1], dtype=xp.float64)) * step
+
+    union = xp.concatenate([points(l_probs, l_off, l_step), points(b_probs, b_off, b_step)])
+    return xp.max(
         delta_kernel(l_probs, l_inf, l_off, l_step, union)
         - delta_kernel(b_probs, b_inf, b_off, b_step, union)
     )
@@ -87,12 +90,25 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
         zip((query.forward, query.backward), (budget.forward, budget.backward), strict=True))
     excess = None
     for q, b in pairs:
-        fn = batched(
-            lambda p, m, o, h, b=b: _dominance_excess_jit(p, m, o, h, b.probs, b.inf_mass, b.offset, b.step),
-            len(q.batch_shape),
-        )
-        out = fn(q.probs, q.inf_mass, q.offset, q.step)
-        out = out if is_traced(out) else np.asarray(out)  # compared on the host
+        if computed_on_host([q, b], q.size + b.size):
+            budget_arrays = [np.asarray(a) for a in (b.probs, b.inf_mass, b.offset, b.step)]
+
+            def excess_of(*row, budget=budget_arrays):
+                return dominance_excess_kernel(*row, *budget)
+
+            rows = broadcast_rows(q, q.batch_shape)
+            with np.errstate(all="ignore"):  # as in XLA: exp(-inf) = 0 and the like
+                out = map_rows(excess_of)(*(np.asarray(a) for a in (rows.probs, rows.inf_mass,
+                                                                    rows.offset, rows.step)))
+            out = out.reshape(q.batch_shape)
+        else:
+            fn = batched(
+                lambda p, m, o, h, b=b: _dominance_excess_jit(p, m, o, h, b.probs, b.inf_mass,
+                                                              b.offset, b.step),
+                len(q.batch_shape),
+            )
+            out = fn(q.probs, q.inf_mass, q.offset, q.step)
+            out = out if is_traced(out) else np.asarray(out)  # compared on the host
         excess = out if excess is None else (jnp if is_traced(out) else np).maximum(excess, out)
     result = host_result(excess <= delta_slack + ROUNDOFF)
     return bool(result) if not query.batch_shape and not is_traced(result) else result
@@ -101,18 +117,22 @@ def dominated_by(query: PLD, budget: PLD, *, delta_slack: float = 0.0):
 # -- supremum -------------------------------------------------------------------------------------
 def sup_kernel(probs, inf_mass, offset, step, *, size: int):
     """The sup of a family (arrays with a leading family axis, one step) on ``size`` grid points
-    from the lowest member offset: (probs, inf_mass, offset)."""
-    low = jnp.min(offset)
-    points = (low + jnp.arange(size, dtype=jnp.float64)) * step
-    curves = jax.vmap(delta_kernel, in_axes=(0, 0, 0, None, None))(
-        probs, inf_mass, offset, step, points
-    )
-    curve = jnp.max(curves, axis=0)
-    out, out_inf = masses_from_curve(curve, step, curve + jnp.expm1(points), points)
+    from the lowest member offset: (probs, inf_mass, offset). NumPy arrays are computed in
+    NumPy."""
+    xp = array_module(probs)
+    low = xp.min(offset)
+    points = (low + xp.arange(size, dtype=xp.float64)) * step
+    if xp is np:
+        curve = np.max([delta_kernel(*member, step, points)
+                        for member in zip(probs, inf_mass, offset, strict=True)], axis=0)
+    else:
+        curve = jnp.max(jax.vmap(delta_kernel, in_axes=(0, 0, 0, None, None))(
+            probs, inf_mass, offset, step, points), axis=0)
+    out, out_inf = masses_from_curve(curve, step, curve + xp.expm1(points), points)
     # round-off in the masses may leave the rebuilt curve a few 1e-13 below the maximum: move that
     # much mass from the bottom to +inf, which raises delta by it at every grid point
-    shortfall = jnp.max(curve - grid_deltas(out, out_inf, step))
-    out, out_inf = settle(out, out_inf, 0.0, jnp.maximum(shortfall, 0.0), True)
+    shortfall = xp.max(curve - grid_deltas(out, out_inf, step))
+    out, out_inf = settle(out, out_inf, 0.0, xp.maximum(shortfall, 0.0), True, xp)
     return out, out_inf, low
 
 
@@ -164,6 +184,12 @@ def sup(plds, *, size: int | None = None) -> PLD:
                 raise ValueError(f"plds: their sup spans {n} grid points from the lowest member's "
                                  f"first to the highest's last (more than grid.MAX_SIZE = "
                                  f"{grid_lib.MAX_SIZE}, a memory guard); pass a smaller size=")
+        if not traced and computed_on_host([direction], n):
+            step = np.asarray(direction.step, np.float64)[0]
+            with np.errstate(all="ignore"):  # as in XLA: exp(-inf) = 0 and the like
+                parts = sup_kernel(*(np.asarray(a) for a in (direction.probs, direction.inf_mass,
+                                                             direction.offset)), step, size=n)
+            return unchecked_pld(*(to_device(np.asarray(a)) for a in (*parts, step)), True)
         step = direction.step[0] if traced else to_device(np.asarray(direction.step)[0])
         probs, inf_mass, offset = _sup_jit(
             direction.probs, direction.inf_mass, direction.offset, step, size=n
