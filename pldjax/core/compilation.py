@@ -327,11 +327,11 @@ class _InThisThread(Executor):
 @contextlib.contextmanager
 def side_thread(name: str, worth_it: bool = True) -> Iterator[Executor]:
     """An executor for work beside this thread's own: one thread named ``name`` where the
-    process has a core to spare (more than one, and this thread is not one of
-    :func:`map_in_threads`' workers, which keep them all busy) and the work is ``worth_it``;
-    else each call runs at once, in this thread."""
+    process has a core to spare (more than one, and this thread is neither one of
+    :func:`map_in_threads`' workers, which keep them all busy, nor a side thread itself) and the
+    work is ``worth_it``; else each call runs at once, in this thread."""
     if worth_it and cores() > 1 and not getattr(_thread, "worker", False):
-        with ThreadPoolExecutor(1, name) as pool:
+        with ThreadPoolExecutor(1, name, initializer=_mark_worker) as pool:
             yield pool
     else:
         yield _InThisThread()

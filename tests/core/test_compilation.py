@@ -471,8 +471,9 @@ def test_rows_mapped_on_the_host_are_each_rows_outputs_stacked_and_never_an_inpu
 
 def test_work_beside_a_thread_runs_in_another_only_where_a_core_is_spare(monkeypatch):
     """side_thread's executor runs its calls in a thread of their own where the process has a
-    core to spare and the work is worth it; in the caller's thread otherwise, and inside
-    map_in_threads' workers (which keep the cores busy); an error comes back from result()."""
+    core to spare and the work is worth it; in the caller's thread otherwise, inside
+    map_in_threads' workers (which keep the cores busy) and inside a side thread; an error comes
+    back from result()."""
     from pldjax.core.compilation import map_in_threads, side_thread
 
     def where(worth_it=True):
@@ -489,6 +490,9 @@ def test_work_beside_a_thread_runs_in_another_only_where_a_core_is_spare(monkeyp
     workers = list(map_in_threads(lambda _: (threading.current_thread(), where()), range(2), 2,
                                   "pldjax-test-workers"))
     assert all(worker is beside and worker is not here for worker, beside in workers)
+    with side_thread("pldjax-test") as side:  # a side thread's own side work stays in it
+        outer, inner = side.submit(lambda: (threading.current_thread(), where())).result()
+    assert outer is inner and outer is not here
     monkeypatch.setattr(compilation, "cores", lambda: 1)
     assert where() is here
     for worth_it in (True, False):
