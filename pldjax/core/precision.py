@@ -47,33 +47,46 @@ _MAGNITUDE = np.int64(2**63 - 1)
 FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
-def _ordered(x):
+def _bitcast(x, dtype, xp):
+    """The bits of ``x`` read as ``dtype`` (64 bits to 64 bits)."""
+    if xp is np:
+        return np.asarray(x).view(dtype)
+    return jax.lax.bitcast_convert_type(x, dtype)
+
+
+def _ordered(x, xp=jnp):
     """float64 -> int64 in the same order (-0.0 and +0.0 both 0)."""
-    bits = jax.lax.bitcast_convert_type(x, jnp.int64)
-    return jnp.where(bits >= 0, bits, -(bits & _MAGNITUDE))
+    bits = _bitcast(x, np.int64, xp)
+    return xp.where(bits >= 0, bits, -(bits & _MAGNITUDE))
 
 
-def _unordered(key):
+def _unordered(key, xp=jnp):
     """The inverse of :func:`_ordered`."""
-    bits = jnp.where(key >= 0, key, (-key) | _SIGN)
-    return jax.lax.bitcast_convert_type(bits, jnp.float64)
+    bits = xp.where(key >= 0, key, (-key) | _SIGN)
+    return _bitcast(bits, np.float64, xp)
 
 
-def last_float_before(rises: Callable, shape) -> jax.Array:
+def last_float_before(rises: Callable, shape, xp=jnp) -> jax.Array:
     """The largest float64 x in [-FLOAT_MAX, FLOAT_MAX] with ``rises(x)`` False, for a predicate
     that is False below some point and True from it on (elementwise, an array of ``shape``):
     64 halvings of the floats' ordered bit patterns, which reach adjacent floats whatever the
     range. -FLOAT_MAX where ``rises`` is True everywhere; FLOAT_MAX where it is never True (both
-    ends are taken as they are, never evaluated). A traceable jnp function."""
-    lo = jnp.broadcast_to(_ordered(jnp.asarray(-FLOAT_MAX)), shape)
-    hi = jnp.broadcast_to(_ordered(jnp.asarray(FLOAT_MAX)), shape)
+    ends are taken as they are, never evaluated). A traceable jnp function, or with ``xp``
+    NumPy a NumPy one (the same halvings)."""
+    lo = xp.broadcast_to(_ordered(xp.asarray(-FLOAT_MAX), xp), shape)
+    hi = xp.broadcast_to(_ordered(xp.asarray(FLOAT_MAX), xp), shape)
 
     def halve(_, bounds):
         lo, hi = bounds
         mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
-        up = rises(_unordered(mid))
-        return jnp.where(up, lo, mid), jnp.where(up, mid, hi)
+        up = rises(_unordered(mid, xp))
+        return xp.where(up, lo, mid), xp.where(up, mid, hi)
 
+    if xp is np:
+        bounds = (lo, hi)
+        for i in range(64):
+            bounds = halve(i, bounds)
+        return _unordered(bounds[0], xp)
     lo, _ = jax.lax.fori_loop(0, 64, halve, (lo, hi))
     return _unordered(lo)
 

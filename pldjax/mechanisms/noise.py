@@ -288,8 +288,8 @@ GAUSSIAN_LOCATION = Location(
     log_ratio=lambda x, a: a * (x - a / 2),
     log_sf=lambda x: log_ndtr(-x),
     log_cdf=log_ndtr,
-    cross=lambda a, b: jnp.expm1(a * b),
-    reach=lambda p: -jax.scipy.special.ndtri(p),
+    cross=lambda a, b: array_module(a, b).expm1(a * b),
+    reach=lambda p: -special_functions(array_module(p)).ndtri(p),
 )
 
 

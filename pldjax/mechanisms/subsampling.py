@@ -43,11 +43,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import logsumexp
 
 from pldjax.core.compilation import array_module, computed_once
 from pldjax.core.precision import last_float_before
-from pldjax.core.special import log1p, log1p_parts, log_ndtr_pair
+from pldjax.core.special import log1p, log1p_parts, log_ndtr_pair, special_functions
 from pldjax.kernels.discretize import (
     LossTails,
     curve_values,
@@ -431,14 +430,17 @@ REPLACE_ONE = {GAUSSIAN: GAUSSIAN_REPLACE_ONE}
 
 # -- mixture of shifts ------------------------------------------------------------------------------
 def _components(values, x):
-    """``values`` (one per component, on the first axis) shaped to broadcast against ``x``."""
-    return values.reshape(values.shape + (1,) * jnp.ndim(x))
+    """``values`` (one per component, on the first axis, then any batch axes, which ``x`` has
+    first too: NumPy evaluates a batch's windows at once) shaped to broadcast against ``x``."""
+    return values.reshape(values.shape + (1,) * (np.ndim(x) - (np.ndim(values) - 1)))
 
 
 def _mixture_loss(location: Location, x, shifts, log_probs):
     """l(x) = log sum_k p_k f(x - a_k) / f(x); components with p_k = 0 left out (no -inf + inf)."""
+    xp = array_module(x, shifts)
     a, lp = _components(shifts, x), _components(log_probs, x)
-    return logsumexp(jnp.where(jnp.isneginf(lp), -jnp.inf, lp + location.log_ratio(x, a)), axis=0)
+    return special_functions(xp).logsumexp(
+        xp.where(xp.isneginf(lp), -xp.inf, lp + location.log_ratio(x, a)), axis=0)
 
 
 def _mixture_threshold(location: Location, shifts, log_probs, eps):
@@ -446,7 +448,7 @@ def _mixture_threshold(location: Location, shifts, log_probs, eps):
     the one float between x and its successor. -FLOAT_MAX when l > eps everywhere, FLOAT_MAX
     when l <= eps everywhere (their tails are 1 and 0 to float64's resolution)."""
     return last_float_before(lambda x: _mixture_loss(location, x, shifts, log_probs) > eps,
-                             eps.shape)
+                             eps.shape, array_module(shifts, eps))
 
 
 def _mixture_parts(params):
@@ -454,11 +456,13 @@ def _mixture_parts(params):
     direction), the components stacked on a leading axis (the programs' size does not grow with
     K); r is the mass of the output that reveals the record (see :func:`mixture`)."""
     reveal, shift, *rest, direction = params
+    xp = array_module(*params)
     count = len(rest) // 2
-    weights, probs = jnp.stack(rest[:count]), jnp.stack(rest[count:])
+    weights, probs = xp.stack(rest[:count]), xp.stack(rest[count:])
     # at most MAX_SHIFT (see pldjax.mechanisms.noise: a (x - a/2) stays finite); a zero scale is no shift
-    shifts = jnp.where(weights > 0, jnp.minimum(weights * shift, MAX_SHIFT), 0.0)
-    return shifts, jnp.log(probs), direction, jnp.log(reveal)
+    shifts = xp.where(weights > 0, xp.minimum(weights * shift, MAX_SHIFT), 0.0)
+    with np.errstate(divide="ignore"):  # log(0) = -inf: an absent component, as in XLA
+        return shifts, xp.log(probs), direction, xp.log(reveal)
 
 
 #: The error allowed a mixture component's tail argument x - a_k, in float64 epsilons times
@@ -477,24 +481,26 @@ def _mixture_tails(location: Location, params, eps, pessimistic=None):
     The threshold needs no such care: a set off the optimal one by its rounding changes the
     curve by its square."""
     shifts, log_probs, direction, log_reveal = _mixture_parts(params)
+    xp = array_module(shifts, eps)
     add = direction > 0
-    x = _mixture_threshold(location, shifts, log_probs, jnp.where(add, -eps, eps))
+    x = _mixture_threshold(location, shifts, log_probs, xp.where(add, -eps, eps))
     arguments = x - _components(shifts, x)
     if pessimistic is not None:
-        error = MIXTURE_ARGUMENT_ULPS * np.finfo(np.float64).eps * (jnp.abs(x)
+        error = MIXTURE_ARGUMENT_ULPS * np.finfo(np.float64).eps * (xp.abs(x)
                                                                      + _components(shifts, x))
         arguments = arguments + (-error if pessimistic else error)
 
     def mixed(tail):
-        return logsumexp(_components(log_probs, x) + tail(arguments), axis=0)
+        return special_functions(xp).logsumexp(_components(log_probs, x) + tail(arguments),
+                                               axis=0)
 
     sf, cdf = location.log_sf(x), location.log_cdf(x)
     # the revealing output lies above every x (its loss is +inf removing, -inf adding)
-    mixed_sf = jnp.logaddexp(mixed(location.log_sf), log_reveal)
+    mixed_sf = xp.logaddexp(mixed(location.log_sf), log_reveal)
     mixed_cdf = mixed(location.log_cdf)
     remove = (mixed_sf, sf, mixed_cdf, cdf)  # L > eps  <=>  X > x
     added = (cdf, mixed_cdf, sf, mixed_sf)  # L = -l(X) > eps  <=>  l(X) < -eps  <=>  X <= x
-    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added, strict=True))
+    return tuple(xp.where(add, a, r) for r, a in zip(remove, added, strict=True))
 
 
 #: The window covers outputs within this many scales of the components (their mass beyond is
@@ -518,7 +524,7 @@ def _weighty(log_probs):
 
 def _reaching(shifts, log_probs):
     """The shifts of the components that are not negligible, 0 elsewhere."""
-    return jnp.where(_weighty(log_probs), shifts, 0.0)
+    return array_module(shifts).where(_weighty(log_probs), shifts, 0.0)
 
 
 def _mixture_range(location: Location, params, tail=0.0):
@@ -536,22 +542,24 @@ def _mixture_range(location: Location, params, tail=0.0):
     step leave out, and the window shrinks to the likely components' losses (10 draws at rate
     1e-4, 1,000 steps at delta 1e-6: up to 1.8 nats instead of 23)."""
     shifts, log_probs, direction, _ = _mixture_parts(params)
-    tail = jnp.asarray(tail, jnp.float64)
+    xp = array_module(shifts)
+    tail = xp.asarray(tail, xp.float64)
     parts = 4.0 * shifts.shape[0]
 
     def reach(log_share):
-        return jnp.clip(location.reach(jnp.exp(log_share)), 0.0, _REACH)
+        return xp.clip(location.reach(xp.exp(log_share)), 0.0, _REACH)
 
-    log_tail = jnp.log(tail)  # -inf for 0
+    with np.errstate(divide="ignore"):
+        log_tail = xp.log(tail)  # -inf for 0
     own = log_tail - math.log(parts) - log_probs
     kept = _weighty(log_probs) & (own < 0.0)
-    top = jnp.max(jnp.where(kept, shifts + reach(jnp.minimum(own, 0.0)), 0.0), axis=0)
+    top = xp.max(xp.where(kept, shifts + reach(xp.minimum(own, 0.0)), 0.0), axis=0)
     base = reach(log_tail - math.log(4.0))
     low = _mixture_loss(location, -base, shifts, log_probs)
-    high = _mixture_loss(location, jnp.maximum(top, base), shifts, log_probs)
-    low, high = (jnp.clip(v, -BASE_REACH_MAX, BASE_REACH_MAX) for v in (low, high))
+    high = _mixture_loss(location, xp.maximum(top, base), shifts, log_probs)
+    low, high = (xp.clip(v, -BASE_REACH_MAX, BASE_REACH_MAX) for v in (low, high))
     add = direction > 0
-    return jnp.where(add, -high, low), jnp.where(add, -low, high)
+    return xp.where(add, -high, low), xp.where(add, -low, high)
 
 
 def _mixture_spread(location: Location, params):
@@ -560,21 +568,27 @@ def _mixture_spread(location: Location, params):
     sqrt(q) (a_max^2/2 + a_max) (a rare, large loss; q the probability of a shift > 0), over the
     components that are not negligible (:data:`NEGLIGIBLE_COMPONENT`)."""
     shifts, log_probs, _, _ = _mixture_parts(params)
-    probs = jnp.where(_weighty(log_probs), jnp.exp(log_probs), 0.0)
+    xp = array_module(shifts)
+    probs = xp.where(_weighty(log_probs), xp.exp(log_probs), 0.0)
 
     def add_row(j, total):
         # absent components (p = 0) add nothing, even where the moment overflows (no 0 * inf)
         pair = probs[j] * probs
-        return total + jnp.sum(jnp.where(pair > 0, pair * location.cross(shifts[j], shifts), 0.0),
-                               axis=0)
+        return total + xp.sum(xp.where(pair > 0, pair * location.cross(shifts[j], shifts), 0.0),
+                              axis=0)
 
     # row by row: K values in memory at a time, not K^2
-    chi2 = jax.lax.fori_loop(0, shifts.shape[0], add_row, jnp.zeros(shifts.shape[1:]))
-    top = jnp.max(_reaching(shifts, log_probs), axis=0)
-    moving = jnp.sum(jnp.where(shifts > 0, probs, 0.0), axis=0)
-    rare = jnp.sqrt(moving) * (top**2 / 2 + top)
-    spread = jnp.minimum(jnp.minimum(jnp.sqrt(jnp.maximum(chi2, 0.0)), rare), top)
-    return jnp.where(spread > 0, spread, 1.0)
+    chi2 = xp.zeros(shifts.shape[1:])
+    if xp is np:
+        for j in range(shifts.shape[0]):
+            chi2 = add_row(j, chi2)
+    else:
+        chi2 = jax.lax.fori_loop(0, shifts.shape[0], add_row, chi2)
+    top = xp.max(_reaching(shifts, log_probs), axis=0)
+    moving = xp.sum(xp.where(shifts > 0, probs, 0.0), axis=0)
+    rare = xp.sqrt(moving) * (top**2 / 2 + top)
+    spread = xp.minimum(xp.minimum(xp.sqrt(xp.maximum(chi2, 0.0)), rare), top)
+    return xp.where(spread > 0, spread, 1.0)
 
 
 @functools.cache
@@ -603,4 +617,5 @@ def mixture(location: Location) -> LossTails:
         center=center,
         half_width=half_width,
         bulk=functools.partial(_mixture_range, location),
+        host=True,
     )

@@ -9,6 +9,7 @@ import mpmath as mp
 import numpy as np
 import pytest
 import scipy.special
+from compiled_programs import programs_of_a_new_process
 from reference import mixture_delta_mp
 
 import pldjax as pj
@@ -29,10 +30,10 @@ def _mixture(pessimistic=True, sigma=MIX[0], scales=MIX[1], probs=MIX[2]):
                                                    (1.0, (0.0, 1.0, 2.0), (0.98, 0.015, 0.005))])
 def test_a_mixtures_curves_bracket_mpmath_across_its_window(sigma, scales, probs):
     """The pessimistic and optimistic curves of a mixture of shifts at 61 points across each
-    direction's window (eps >= 0), compiled: at or above (at or below) the mixture's curve at 50
-    digits, within 1e-7. The shifts a_k = w_k / sigma are rounded, which moves the tails at
-    x - a_k by their slope times an ulp of a_k: the optimistic curve of sigma = 0.05 sat 5e-15
-    above the truth (a_k = 60 at eps = 2,084)."""
+    direction's window (eps >= 0), compiled and in NumPy: at or above (at or below) the
+    mixture's curve at 50 digits, within 1e-7. The shifts a_k = w_k / sigma are rounded, which
+    moves the tails at x - a_k by their slope times an ulp of a_k: the optimistic curve of
+    sigma = 0.05 sat 5e-15 above the truth (a_k = 60 at eps = 2,084)."""
     event = pj.Event(pj.noise.Gaussian(sigma), pj.sampling.Mixture(scales, probs))
     mechanism, params, _ = event.directions()
     lower_params = event.directions(False)[1]
@@ -44,11 +45,33 @@ def test_a_mixtures_curves_bracket_mpmath_across_its_window(sigma, scales, probs
         truth = np.array([mixture_delta_mp(sigma, scales, probs, e, add=direction == 1) for e in z])
         held = truth > 1e-300
         row, lower_row = (*params, np.float64(direction)), (*lower_params, np.float64(direction))
-        upper, lower = np.asarray(pessimistic(row, z)), np.asarray(optimistic(lower_row, z))
-        assert np.all(upper[held] >= truth[held])
-        assert np.all(upper[held] <= truth[held] * (1 + 1e-7))
-        assert np.all(lower[held] <= truth[held])
-        assert np.all(lower[held] >= truth[held] * (1 - 1e-7))
+        with np.errstate(all="ignore"):
+            in_numpy = (mechanism_curve(mechanism, tuple(np.asarray(p) for p in row), z),
+                        mechanism_estimate(mechanism, tuple(np.asarray(p) for p in lower_row))(z)[4])
+        for upper, lower in ((np.asarray(pessimistic(row, z)), np.asarray(optimistic(lower_row, z))),
+                             in_numpy):
+            assert isinstance(upper, np.ndarray) and isinstance(lower, np.ndarray)
+            assert np.all(upper[held] >= truth[held])
+            assert np.all(upper[held] <= truth[held] * (1 + 1e-7))
+            assert np.all(lower[held] <= truth[held])
+            assert np.all(lower[held] >= truth[held] * (1 - 1e-7))
+
+
+def test_a_mixtures_pld_compiles_nothing_in_a_new_process(tmp_path):
+    """A mixture's PLD (both estimates) is built in NumPy, as the Gaussian's is: a new process
+    compiles no program, and reads the epsilon this process reads."""
+    names, printed = programs_of_a_new_process("""
+        import pldjax as pj
+        mixture = pj.sampling.Mixture.binomial(0.01, 4)
+        for pessimistic in (True, False):
+            print(float(pj.privacy_loss(pj.noise.Gaussian(1.0), mixture,
+                                        pessimistic=pessimistic).epsilon(1e-6)))
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    assert names == []
+    mixture = pj.sampling.Mixture.binomial(0.01, 4)
+    assert [float(line) for line in printed.splitlines()[-2:]] == [
+        float(pj.privacy_loss(pj.noise.Gaussian(1.0), mixture, pessimistic=p).epsilon(1e-6))
+        for p in (True, False)]
 
 
 def test_mixture_single_step_against_mpmath():
