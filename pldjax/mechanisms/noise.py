@@ -661,9 +661,9 @@ class DiscreteGaussian(Noise):
                          f"{_DGAUSS_MAX_SUPPORT}); use a Gaussian for such wide noise")
 
     def pair(self, neighboring: Neighboring, pessimistic: bool) -> tuple[LossTails, tuple]:
-        s = jnp.asarray(self.sigma, jnp.float64)
-        shift = jnp.asarray(np.asarray(self.sensitivity, np.float64), jnp.float64)
-        return _discrete_gaussian(self._support()), (s, _shift(shift, neighboring))
+        support = self._support()  # concrete parameters (else a clear error), kept in NumPy
+        sigma, shift = (np.asarray(a, np.float64) for a in (self.sigma, self.sensitivity))
+        return _discrete_gaussian(support), (sigma, _shift(shift, neighboring))
 
     def lattice(self, params: tuple, pessimistic: bool) -> Grid | None:
         sigma = float(np.max(self.sigma))
