@@ -22,12 +22,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import logsumexp
 
 from pldjax.core.compilation import array_module, cumulative_sum, kernel_jit
 from pldjax.core.pld import PLD
 from pldjax.core.precision import FLOAT_MAX, float64, host_result, last_float_before
-from pldjax.core.special import log1p
+from pldjax.core.special import log1p, special_functions
 from pldjax.core.validation import check_range, is_traced, within
 from pldjax.kernels.hockey_stick import per_direction, read_or_nothing, stored_length
 
@@ -38,15 +37,6 @@ def _log_masses(probs, offset, step):
     positive = probs > 0
     log_p = xp.where(positive, xp.log(xp.where(positive, probs, 1.0)), -xp.inf)
     return z, log_p
-
-
-def _logsumexp(values, axis):
-    """logsumexp of NumPy values with SciPy's, of JAX ones with JAX's."""
-    if array_module(values) is np:
-        import scipy.special  # on first use: importing SciPy slows `import pldjax`
-
-        return scipy.special.logsumexp(values, axis=axis)
-    return logsumexp(values, axis=axis)
 
 
 def _on_its_side(pessimistic, upper, lower):
@@ -210,7 +200,8 @@ def log_mgf_kernel(probs, inf_mass, offset, step, ts, pessimistic=True):
     the cell below its window (see :func:`_log_below_window`)."""
     xp = array_module(probs)
     z, log_p = _log_masses(probs, offset, step)
-    finite = _logsumexp(log_p[None, :] + ts[:, None] * z[None, :], axis=1)
+    finite = special_functions(xp).logsumexp(
+        log_p[None, :] + ts[:, None] * z[None, :], axis=1)
 
     def with_cell():  # (a cell that cannot be placed is left out)
         cell = _log_below_window(probs, inf_mass, z, log_p, ts + 1.0)
@@ -244,7 +235,8 @@ def renyi_kernel(probs, inf_mass, offset, step, orders, pessimistic=True):
     safe = xp.where(a == 1.0, 2.0, a)
     shift = safe - 1.0
     kl = xp.sum(probs * z)
-    grid_log_sum = _logsumexp(log_p[None, :] + shift * z[None, :], axis=1)
+    grid_log_sum = special_functions(xp).logsumexp(
+        log_p[None, :] + shift * z[None, :], axis=1)
     grid_total = xp.sum(probs)
     reach = xp.max(xp.where(probs > 0, xp.abs(z), 0.0))
     near = xp.abs(shift[:, 0]) * reach <= _NEAR_ORDER_ONE
