@@ -575,38 +575,51 @@ class DiscreteLaplace(Noise):
 
 
 def _dgauss_log_pmf(support: int, sigma, offset=0.0):
-    """(integers k, log P(K = k + offset)) for the discrete Gaussian on ``support`` integers."""
+    """(integers k, log P(K = k + offset)) for the discrete Gaussian on ``support`` integers: k
+    of shape (support,), the log-masses of shape sigma's and offset's (broadcast) + (support,);
+    NumPy's for NumPy parameters."""
+    xp = array_module(sigma, offset)
     half = support // 2
-    ks = jnp.arange(-half, support - half, dtype=jnp.float64)
-    log_norm = jax.scipy.special.logsumexp(-(ks**2) / (2 * sigma**2))
-    return ks, -((ks - offset) ** 2) / (2 * sigma**2) - log_norm
+    ks = xp.arange(-half, support - half, dtype=xp.float64)
+    scale = 2 * xp.asarray(sigma)[..., None] ** 2
+    log_norm = special_functions(xp).logsumexp(-(ks**2) / scale, axis=-1, keepdims=True)
+    return ks, -((ks - xp.asarray(offset)[..., None]) ** 2) / scale - log_norm
+
+
+def _cumulative_logsumexp(x, xp, reverse: bool = False):
+    """log of the running sums of e^x (from the end where ``reverse``)."""
+    if xp is np:
+        return np.logaddexp.accumulate(x[::-1])[::-1] if reverse else np.logaddexp.accumulate(x)
+    return jax.lax.cumlogsumexp(x, reverse=reverse)
 
 
 def _dgauss_tails(support: int, params, eps):
     # P(K = k) proportional to e^{-k^2 / (2 s^2)} on k in [-support/2, support/2), Q shifted by D;
     # loss (D^2 - 2 k D) / (2 s^2) decreases in k: loss > eps  <=>  k <= ceil((D^2 - 2 s^2 eps)/(2D)) - 1
     sigma, shift = params
+    xp = array_module(sigma, shift, eps)
     half = support // 2
     _, log_p = _dgauss_log_pmf(support, sigma)
-    cdf = jax.lax.cumlogsumexp(log_p)
-    sf = jnp.concatenate([jax.lax.cumlogsumexp(log_p, reverse=True)[1:], jnp.full((1,), -jnp.inf)])
-    k = jnp.ceil((shift**2 - 2 * sigma**2 * eps) / (2 * shift)) - 1
+    cdf = _cumulative_logsumexp(log_p, xp)
+    sf = xp.concatenate([_cumulative_logsumexp(log_p, xp, reverse=True)[1:], xp.full((1,), -xp.inf)])
+    k = xp.ceil((shift**2 - 2 * sigma**2 * eps) / (2 * shift)) - 1
 
     def lookup(table, index, below, above):
-        inside = jnp.clip(index + half, 0, support - 1).astype(jnp.int32)
-        return jnp.where(index < -half, below, jnp.where(index > support - half - 1, above, table[inside]))
+        inside = xp.clip(index + half, 0, support - 1).astype(xp.int32)
+        return xp.where(index < -half, below, xp.where(index > support - half - 1, above, table[inside]))
 
     return (
-        lookup(cdf, k, -jnp.inf, 0.0), lookup(cdf, k - shift, -jnp.inf, 0.0),
-        lookup(sf, k, 0.0, -jnp.inf), lookup(sf, k - shift, 0.0, -jnp.inf),
+        lookup(cdf, k, -xp.inf, 0.0), lookup(cdf, k - shift, -xp.inf, 0.0),
+        lookup(sf, k, 0.0, -xp.inf), lookup(sf, k - shift, 0.0, -xp.inf),
     )
 
 
 def _dgauss_chi2(support: int, params):
     sigma, shift = params
+    xp = array_module(sigma, shift)
     _, log_p = _dgauss_log_pmf(support, sigma)
     _, log_q = _dgauss_log_pmf(support, sigma, shift)
-    return jnp.exp(jax.scipy.special.logsumexp(2 * log_p - log_q)) - 1
+    return xp.exp(special_functions(xp).logsumexp(2 * log_p - log_q, axis=-1)) - 1
 
 
 @functools.cache
@@ -618,6 +631,7 @@ def _discrete_gaussian(support: int) -> LossTails:
         center=lambda p: p[1] ** 2 / (2 * p[0] ** 2),
         half_width=lambda p: (p[1] ** 2 + 2 * p[1] * (40 * p[0] + p[1])) / (2 * p[0] ** 2),
         chi2=functools.partial(_dgauss_chi2, support),
+        host=True,
     )
 
 

@@ -4,6 +4,7 @@ import logging
 
 import numpy as np
 import pytest
+from compiled_programs import programs_of_a_new_process
 from dp_accounting.pld import privacy_loss_distribution as pldlib
 
 import pldjax as pj
@@ -43,6 +44,38 @@ def test_single_profile_against_explicit_sums(make, exact, args):
     assert np.all(lo <= want * (1 + 1e-12) + 1e-15)
     # every loss sits on the automatic grid: the pessimistic PLD is exact
     np.testing.assert_allclose(up, want, rtol=1e-9, atol=1e-14)
+
+
+def test_a_discrete_gaussian_is_built_in_numpy_alone_and_compiled_in_a_large_batch(tmp_path):
+    """One discrete Gaussian (either estimate, subsampled too) is built in NumPy, as the other
+    noises are: a new process compiles no program. A batch of more rows than the host takes
+    runs the compiled kernels; both are sound against the explicit sums, and the pessimistic
+    PLDs exact on their grids."""
+    names, printed = programs_of_a_new_process("""
+        import pldjax as pj
+        for pessimistic in (True, False):
+            print(float(pj.discrete_gaussian(3.0, pessimistic=pessimistic).epsilon(1e-6)))
+            print(float(pj.discrete_gaussian(2.0, sampling_prob=0.01,
+                                             pessimistic=pessimistic).epsilon(1e-6)))
+    """, cache=tmp_path / "xla")  # empty: every program compiles
+    assert names == []
+    assert [float(line) for line in printed.splitlines()[-4:]] == [
+        float(pld.epsilon(1e-6)) for p in (True, False)
+        for pld in (pj.discrete_gaussian(3.0, pessimistic=p),
+                    pj.discrete_gaussian(2.0, sampling_prob=0.01, pessimistic=p))]
+    sigmas = np.linspace(1.0, 3.0, 17)
+    want = np.stack([_exact_delta(*_dgauss(sigma, 1), EPS) for sigma in sigmas])
+    for pessimistic in (True, False):
+        lone = np.stack([np.asarray(pj.discrete_gaussian(sigma, pessimistic=pessimistic).delta(EPS))
+                         for sigma in sigmas[::4]])
+        batch = pj.discrete_gaussian(sigmas, pessimistic=pessimistic)
+        batched = np.stack([np.asarray(batch.delta(eps)) for eps in EPS], axis=1)
+        for got, exact in ((lone, want[::4]), (batched, want)):
+            if pessimistic:
+                assert np.all(got >= exact * (1 - 1e-12) - 1e-15)
+                np.testing.assert_allclose(got, exact, rtol=1e-9, atol=1e-14)
+            else:
+                assert np.all(got <= exact * (1 + 1e-12) + 1e-15)
 
 
 def _peer(factory, count, pessimistic):
