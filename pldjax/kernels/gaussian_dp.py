@@ -670,42 +670,33 @@ def gdp_mu(pld: PLD, *, delta_slack: float = 0.0, mu_max: float = 64.0):
 _BELOW_STEPS = 80
 
 
-def gdp_mu_below_kernel(epsilons, deltas):
+def gdp_mu_below_kernel(epsilons: np.ndarray, deltas: np.ndarray) -> np.float64:
     """The largest mu (rounded down) that points below a privacy profile force on any mu-GDP
     guarantee of it: for a pair with delta(eps_i) >= ``deltas[i]`` at each ``epsilons[i]`` (eps >= 0;
     an optimistic PLD's profile is such a lower bound), every mu whose G_mu dominates the pair
     (delta <= delta_mu at every eps) is at least the value returned (0 where no point forces
-    anything).
+    anything). In NumPy (the points are a PLD's readings, on the host).
 
     delta_mu(eps) grows with mu, so each point's mu is found by bisection in log mu, keeping the
     lower end only where delta_mu(eps) raised by :func:`gdp_error` is at most the point's delta: a
     mu certified there is below any mu whose curve reaches that delta."""
-    def one(eps, delta):
-        def certified(mu):
-            return (_gdp_delta(mu, eps) * (1.0 + gdp_error(mu)) <= delta) & (delta > 0)
+    def certified(mu):
+        return (_gdp_delta(mu, epsilons) * (1.0 + gdp_error(mu)) <= deltas) & (deltas > 0)
 
-        def halve(_, bracket):
-            low, high = bracket
-            middle = jnp.sqrt(low) * jnp.sqrt(high)
-            ok = certified(middle)
-            return jnp.where(ok, middle, low), jnp.where(ok, high, middle)
-
-        low, _ = jax.lax.fori_loop(0, _BELOW_STEPS, halve,
-                                   (jnp.asarray(_TINY_MU), jnp.asarray(MAX_MU)))
-        return jnp.where(certified(low) & (eps >= 0), low, 0.0)
-
-    return jnp.max(jax.vmap(one)(epsilons, deltas))
-
-
-_gdp_mu_below_jit = kernel_jit(gdp_mu_below_kernel)
+    low, high = np.full(np.shape(epsilons), _TINY_MU), np.full(np.shape(epsilons), MAX_MU)
+    for _ in range(_BELOW_STEPS):
+        middle = np.sqrt(low) * np.sqrt(high)
+        ok = certified(middle)
+        low, high = np.where(ok, middle, low), np.where(ok, high, middle)
+    return np.max(np.where(certified(low) & (epsilons >= 0), low, 0.0))
 
 
 @float64
 def gdp_mu_below(pld: PLD, epsilons):
     """A lower bound on the smallest mu with the true mechanism mu-GDP, from its optimistic PLD
     read at ``epsilons`` (nats, >= 0; the more, and the closer to where G_mu binds, the tighter):
-    see :func:`gdp_mu_below_kernel`. The worse direction of a two-direction PLD counts; not
-    batched."""
+    see :func:`gdp_mu_below_kernel`, run in NumPy. The worse direction of a two-direction PLD
+    counts; not batched."""
     if pld.pessimistic:
         raise ValueError("gdp_mu_below needs an optimistic PLD (a lower bound) for a sound answer")
     if pld.batch_shape:
@@ -715,7 +706,8 @@ def gdp_mu_below(pld: PLD, epsilons):
     if epsilons.size == 0:
         return 0.0
     deltas = np.asarray(pld.delta(epsilons), np.float64)
-    return float(_gdp_mu_below_jit(epsilons, deltas))
+    with np.errstate(all="ignore"):  # as in XLA
+        return float(gdp_mu_below_kernel(epsilons, deltas))
 
 
 # -- residue --------------------------------------------------------------------------------------
