@@ -475,15 +475,25 @@ def top_loss_lattice(top, mechanism: LossTails, params: tuple, pessimistic: bool
     """For a mechanism whose largest loss ``top`` is an atom: a grid step of top / 2^j, so that
     it sits on a grid point (see :func:`_lattice`), with at least 64 points up to it, no larger
     than ``step_at_most`` (nats) unless that would take it below ``step_at_least`` (where the
-    largest window no longer holds the losses); None (the automatic grid) for a batch or where
-    ``top`` is 0."""
+    largest window no longer holds the losses), and no larger than grid.MAX_STEP (a top beyond
+    64 of them gets more points, up to a window of grid.MAX_MECHANISM_SIZE: randomized response
+    of epsilon 1e5 read epsilon(0) = 100,096 and delta(1e5) = 1 on the automatic grid); None
+    (the automatic grid) for a batch, where ``top`` is 0, or where such a window would be
+    larger."""
     if np.size(top) != 1 or is_traced(top) or not float(np.asarray(top).reshape(())) > 0:
         return None
     top = float(np.asarray(top).reshape(()))
     halvings = math.ceil(math.log2(top / step_at_most)) if step_at_most < math.inf else 0
     if step_at_least > 0:
         halvings = min(halvings, math.floor(math.log2(top / step_at_least)))
-    return _lattice(top, 2.0 ** max(6, halvings), mechanism, params, pessimistic)
+    halvings = max(6, halvings)
+    coarsest = math.ceil(math.log2(top / grid_lib.MAX_STEP))
+    if coarsest > halvings:  # a window of [-top, top] at that step, and still above the least
+        if (2.0 ** (coarsest + 1) + 1 > grid_lib.MAX_MECHANISM_SIZE
+                or top / 2.0**coarsest < step_at_least):
+            return None
+        halvings = coarsest
+    return _lattice(top, 2.0**halvings, mechanism, params, pessimistic)
 
 
 def _dlap_log_cdf(t, k):

@@ -201,17 +201,23 @@ def _pure_epsilon(eps0: float, q: float, runs: int) -> float:
      _pure_epsilon(1 / 0.7, 0.1, 3)),
     (pj.Event(pj.noise.Laplace(1.0), pj.sampling.FixedBatch(0.1), "replace_one"), 20,
      _pure_epsilon(2.0, 0.1, 20)),
+    # largest losses beyond 64 grid.MAX_STEPs: more points on their lattice
+    (pj.Event(pj.noise.RandomizedResponse(1e5)), 1, 1e5),
+    (pj.Event(pj.noise.RandomizedResponse(1e5)), 10, 1e6),
+    (pj.Event(pj.noise.Laplace(1e-6)), 10, 1e7),
 ])
 def test_pure_dp_epsilon_is_exact_from_above(event, runs, truth):
     """Bounded noise's epsilon at delta = 0 adds up over runs (the largest losses are atoms,
     which occur together): within 1e-12 above the truth, where a grid step between the atoms
-    read up to a step more and a composition's window could cut the top off to inf. The
+    read up to a step more and a composition's window could cut the top off to inf (and a
+    largest loss of 1e5 nats, on the automatic grid's largest step, read 100,096). The
     optimistic value is a lower bound."""
     upper = pj.event_epsilon(event, runs, 0.0)
     assert truth <= upper <= truth * (1 + 1e-12)
     assert pj.event_epsilon(event, runs, 0.0, pessimistic=False) <= truth
     if runs == 1:
         assert truth * (1 - 1e-15) <= float(event.pld().epsilon(0.0)) <= truth * (1 + 1e-12)
+        assert float(event.pld().delta(truth)) <= 1e-15  # round-off (it read 1 at 1e5 nats)
 
 
 def test_randomized_response_pld_is_exact_on_its_lattice():
