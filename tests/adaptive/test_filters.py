@@ -278,6 +278,28 @@ def test_natural_filter_accepts_the_identity_and_keeps_its_state():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_natural_filter_spends_queries_of_many_lengths_with_one_program():
+    """Queries whose lengths on the filter's step differ (515, 259, 67 and 42 points here) are
+    convolved on the same FFT length with the state: after the first spend, the others compile
+    nothing, and they are accepted as against the budget's curve."""
+    f = F.natural_filter(pj.gaussian(0.5))
+    state, ok = f.spend(f.init(), pj.gaussian(2.0))
+    assert bool(ok)
+    queries = [pj.gaussian(3.0), pj.laplace(2.0), rr(0.3)]
+
+    def spend_all(state):
+        for query in queries:
+            state, ok = f.spend(state, query)
+            assert bool(ok)
+        return state
+
+    state, names = compiled_programs(lambda: spend_all(state))
+    assert names == []
+    composed = pj.compose([pj.gaussian(2.0), *queries])
+    eps = np.array([0.0, 1.0, 2.0])
+    assert np.all(np.asarray(f.remaining(state).delta(eps)) >= np.asarray(composed.delta(eps)) - 1e-12)
+
+
 def test_additive_profile_parameters_and_guarantee():
     f = F.additive_profile_filter(1.0, 1e-6, 10)
     g = f.guarantee

@@ -152,7 +152,7 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
             raise ValueError(f"natural: the query must be a pessimistic PLD (this filter has no "
                              f"cost in numbers), got {shown!r}")
         if not is_traced(query.step):
-            return onto_step(query, step, "natural"), {"aligned": True}
+            return _filling_the_transform(onto_step(query, step, "natural"), size), {"aligned": True}
         return query, {"aligned": False}
 
     def remaining(state):
@@ -170,6 +170,21 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
                        settings=(np.float64(step), low, (b_probs, b_inf, b_off, b_step),
                                  np.float64(delta_slack)),
                        static=("aligned",))
+
+
+def _filling_the_transform(query: PLD, size: int) -> PLD:
+    """``query`` with zero masses appended above each direction's window, up to the most points
+    that the convolution with a state of ``size`` points takes on the same FFT length
+    (:func:`~pldjax.kernels.compose.convolve_kernel`'s): the same values, and one compiled
+    spend for every query of a length between two powers of two (each query size was a
+    program of its own, about a second each on a CPU)."""
+    def padded(d: PLD) -> PLD:
+        width = next_pow2(size + d.size - 1) - size + 1
+        xp = jnp if is_traced(d.probs) else np
+        return unchecked_pld(xp.pad(d.probs, (0, width - d.size)), d.inf_mass, d.offset, d.step,
+                             d.pessimistic)
+
+    return query.map_directions(padded)
 
 
 # -- additive discretized profile filter ----------------------------------------------------------
