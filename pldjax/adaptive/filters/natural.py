@@ -176,8 +176,8 @@ def _filling_the_transform(query: PLD, size: int) -> PLD:
     """``query`` with zero masses appended above each direction's window, up to the most points
     that the convolution with a state of ``size`` points takes on the same FFT length
     (:func:`~pldjax.kernels.compose.convolve_kernel`'s): the same values, and one compiled
-    spend for every query of a length between two powers of two (each query size was a
-    program of its own, about a second each on a CPU)."""
+    spend for all queries convolved on one FFT length, any length up to the state's (each
+    query length was a program of its own, about a second each on a CPU)."""
     def padded(d: PLD) -> PLD:
         width = next_pow2(size + d.size - 1) - size + 1
         xp = jnp if is_traced(d.probs) else np
