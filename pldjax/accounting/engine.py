@@ -473,14 +473,20 @@ def _account_chunk(params, steps, target, *, compositions, mechanism, mechanism_
             for row in range(counts.shape[0]):
                 try:
                     row_sizes(slice(row, row + 1))
-                except CompositionTooWide:
+                except CompositionTooWide as wide:
                     k = row % steps.shape[0]
                     values = ", ".join(f"{float(p[k]):.6g}" for p in params)
                     given = "delta" if evaluate == "epsilon" else "epsilon"
-                    raise CompositionTooWide(
+                    named = CompositionTooWide(
                         f"{str(error).removesuffix('; ' + remedy)} (at steps {steps[k]:.6g} and "
                         f"{given} {target[k]:.6g}, the mechanism's parameters ({values})); "
-                        f"{remedy}") from None
+                        f"{remedy}")
+                    if grid is None and grid_steps is None and wide.points is not None:
+                        # on its automatic step: the step on which its window would fit
+                        named.automatic_step = float(np.asarray(step)[row])
+                        named.fitting_step = named.automatic_step * float(
+                            grid_lib.next_pow2(-(-wide.points // grid_lib.MAX_SIZE)))
+                    raise named from None
             raise
         if pair:  # an add row no window holds (0) is left to the add phase, which needs it or not
             try:
@@ -1070,11 +1076,46 @@ def account(event: Event, steps, target, target_name, *, pessimistic, grid, eval
     keep_freed_host_memory()
     options = dict(pessimistic=pessimistic, grid=grid, evaluate=evaluate, progress=progress,
                    rtol=rtol, function=function)
+    def attempt(**changed):
+        try:
+            return _account(event, steps, target, target_name, **{**options, **changed})
+        except _BulkStepTooWide:
+            return _account(event, steps, target, target_name, refine_bulk=False,
+                            **{**options, **changed})
+
     with slow_call_notice(f"pldjax.{function}"):
         try:
-            return _account(event, steps, target, target_name, **options)
-        except _BulkStepTooWide:
-            return _account(event, steps, target, target_name, refine_bulk=False, **options)
+            return attempt()
+        except _AutomaticStepTooFine as too_fine:
+            # one configuration on its automatic step (a sound estimate on any step): doubled
+            # until its composition fits, up to AUTOMATIC_COARSENING times the automatic step
+            step = too_fine.step
+            while True:
+                try:
+                    return attempt(grid=Grid(step=step))
+                except CompositionTooWide:
+                    step *= 2.0
+                    if step > too_fine.most:
+                        raise too_fine.__cause__ from None
+
+
+#: The most a configuration's automatic mechanism step is made coarser (a power of two) where
+#: its composition would need more than grid.MAX_SIZE points (DP-SGD at 10^9 steps): each
+#: doubling of the step costs about four times the discretization's error (sigma 8, q 0.01,
+#: 10^9 steps, delta 1e-5 on twice the step: epsilon between 955.14 and 955.64), so beyond
+#: this the call refuses instead (with CompositionTooWide, whose remedy is a coarser Grid or
+#: rtol).
+AUTOMATIC_COARSENING = 8
+
+
+class _AutomaticStepTooFine(Exception):
+    """One configuration whose composition on its automatic mechanism step no window holds:
+    :func:`account` runs it again on ``step``, a coarser one, and on its doublings up to
+    ``most`` (its CompositionTooWide is the ``__cause__``, raised where none fits)."""
+
+    def __init__(self, step: float, most: float):
+        super().__init__(step, most)
+        self.step, self.most = step, most
 
 
 class _BulkStepTooWide(Exception):
@@ -1264,9 +1305,13 @@ def _account(event: Event, steps, target, target_name, *, pessimistic, grid, eva
         if len(again):  # the swapped bound did not settle their add direction: composed now
             compositions.phase = "add"
             run(np.isin(active, again), lambda done: None)
-    except CompositionTooWide:
+    except CompositionTooWide as error:
         if refined_bulk:
             raise _BulkStepTooWide from None
+        if error.fitting_step is not None and rtol is None and len(active) == 1:
+            most = min(error.automatic_step * AUTOMATIC_COARSENING, grid_lib.MAX_STEP)
+            if error.fitting_step <= most:
+                raise _AutomaticStepTooFine(error.fitting_step, most) from error
         raise
     finally:
         compositions.close()

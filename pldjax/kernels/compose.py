@@ -1001,7 +1001,14 @@ class CompositionTooWide(ValueError):
     """A composition that no window holds: more points than grid.MAX_SIZE (a memory guard), or
     losses float64 cannot place (MAX_INDEX grid steps, a Chernoff window below round-off). A
     ValueError; a caller with another sound answer (the adapters' Chernoff bound) catches this
-    one alone."""
+    one alone. ``points``: the window's points where that was the reason (else None);
+    ``automatic_step`` and ``fitting_step``: the mechanism grid step (nats) it was on, chosen
+    automatically, and a coarser one on which the window would fit, where the raiser knows them
+    (else None)."""
+
+    points: int | None = None
+    automatic_step: float | None = None
+    fitting_step: float | None = None
 
 
 def checked_size(size: int, what: str, argument: str,
@@ -1009,10 +1016,12 @@ def checked_size(size: int, what: str, argument: str,
     """``size`` if it fits grid.MAX_SIZE, else a :class:`CompositionTooWide` naming the
     ``argument`` that asked and the ``remedy``."""
     if size > grid_lib.MAX_SIZE:
-        raise CompositionTooWide(
+        error = CompositionTooWide(
             f"{argument}: {what} needs a window of {size} grid points (more than grid.MAX_SIZE = "
             f"{grid_lib.MAX_SIZE}, a memory guard); {remedy}"
         )
+        error.points = size
+        raise error
     return size
 
 

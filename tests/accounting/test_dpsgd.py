@@ -177,6 +177,45 @@ def test_an_optimistic_step_whose_composition_no_window_holds_falls_back_to_the_
     assert pj.dpsgd_epsilon(0.3, 1e-3, 1000, 1e-8, pessimistic=False) == automatic < refined
 
 
+def test_one_configuration_too_wide_for_its_automatic_step_is_answered_on_a_coarser_one(
+        monkeypatch):
+    """Where a configuration's composition on its automatic mechanism step would need more than
+    grid.MAX_SIZE points (here made smaller, so that DP-SGD at 10^4 steps needs 1.5x it), the
+    call runs on a step twice as coarse: still bounds on each side of the truth (the ones on the
+    automatic step bracket it), within 1e-3 of them; up to AUTOMATIC_COARSENING times the step,
+    and for one configuration alone (a batch, or 24x, is refused as before)."""
+    from pldjax.core import grid
+    from pldjax.kernels.compose import CompositionTooWide
+
+    args = (1.0, 0.01, 10_000, 1e-5)
+    upper, lower = pj.dpsgd_epsilon(*args), pj.dpsgd_epsilon(*args, pessimistic=False)
+    monkeypatch.setattr(grid, "MAX_SIZE", 2**16)
+    coarse_upper = pj.dpsgd_epsilon(*args)
+    coarse_lower = pj.dpsgd_epsilon(*args, pessimistic=False)
+    assert lower <= coarse_upper <= upper * (1 + 1e-3)
+    assert lower * (1 - 1e-3) <= coarse_lower <= upper
+    with pytest.raises(CompositionTooWide, match="window of 98304"):
+        pj.dpsgd_epsilon(np.array([1.0, 1.1]), 0.01, 10_000, 1e-5)
+    monkeypatch.setattr(grid, "MAX_SIZE", 2**12)
+    with pytest.raises(CompositionTooWide, match="window of 98304"):
+        pj.dpsgd_epsilon(*args)
+
+
+@pytest.mark.slow
+def test_a_billion_steps_on_a_coarser_automatic_step_stay_below_renyi_dp():
+    """sigma 8, q 0.01, 10^9 steps: 5 x 10^7 points on the automatic step (refused before), on
+    twice the step the bounds bracket epsilon within 1e-3 and stay below dp-accounting's RDP
+    bound (an upper bound on the truth)."""
+    from dp_accounting import dp_event, rdp
+
+    upper = pj.dpsgd_epsilon(8.0, 0.01, 10**9, 1e-5)
+    lower = pj.dpsgd_epsilon(8.0, 0.01, 10**9, 1e-5, pessimistic=False)
+    accountant = rdp.RdpAccountant()
+    accountant.compose(dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(8.0)), 10**9)
+    assert lower <= upper <= lower * (1 + 1e-3)
+    assert upper <= accountant.get_epsilon(1e-5)
+
+
 def test_epsilon_at_delta_one_is_zero_however_many_steps():
     """Every mechanism is (0, 1)-DP: no window is needed (10^9 steps of sigma 1e-3 needed one of
     5 x 10^7 points and raised CompositionTooWide), for one mechanism or a mixture of PLDs."""
