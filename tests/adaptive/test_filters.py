@@ -300,36 +300,6 @@ def test_natural_filter_spends_queries_of_many_lengths_with_one_program():
     assert np.all(np.asarray(f.remaining(state).delta(eps)) >= np.asarray(composed.delta(eps)) - 1e-12)
 
 
-@pytest.mark.parametrize("kind", ["renyi", "approx_zcdp", "additive_profile"])
-def test_filters_reading_a_querys_masses_spend_queries_of_many_lengths_with_one_program(kind):
-    """The Rényi, zCDP and additive filters read a PLD query's masses in their compiled spend:
-    queries of 256, 128 and 2,048 points are padded with zero masses to one length, so that
-    after the first spend the others compile nothing; their costs are those of the queries as
-    given (the Rényi filter's against pj.PLD.renyi, of PLDs with no atom at +inf)."""
-    make = {"renyi": lambda: F.renyi_filter([2.0, 8.0], 1e3),
-            "approx_zcdp": lambda: F.approx_zcdp_filter(1e3, 1.0),
-            "additive_profile": lambda: F.additive_profile_filter(2.0, 1e-6, 10)}[kind]
-    f = make()
-    state, ok = f.spend(f.init(), pj.laplace(1.0))
-    assert bool(ok)
-    queries = [pj.laplace(2.0), rr(0.3)] + ([] if kind == "renyi" else [pj.gaussian(3.0)])
-    assert {int(q.size) for q in queries} >= {256, 128}
-
-    def spend_all(state):
-        for query in queries:
-            state, ok = f.spend(state, query)
-            assert bool(ok)
-        return state
-
-    state, names = compiled_programs(lambda: spend_all(state))
-    assert names == []
-    if kind == "renyi":
-        spent = 1e3 - f.remaining(state)["budget"]
-        orders = np.array([2.0, 8.0])
-        want = sum(np.asarray(q.renyi(orders)) for q in [pj.laplace(1.0), *queries])
-        np.testing.assert_allclose(spent, want, rtol=1e-12)
-
-
 def test_additive_profile_parameters_and_guarantee():
     f = F.additive_profile_filter(1.0, 1e-6, 10)
     g = f.guarantee

@@ -43,9 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pldjax.core.compilation import array_module, kernel_jit, readable_on_host
-from pldjax.core.grid import next_pow2
 from pldjax.core.notice import slow_call_notice
-from pldjax.core.pld import PLD, pld_problems, unchecked_pld
+from pldjax.core.pld import PLD, pld_problems
 from pldjax.core.precision import float64, host_result, pack, unpack, upper_of_rounded
 from pldjax.core.validation import is_traced
 
@@ -78,36 +77,6 @@ def query_directions(query: PLD, filter_name: str):
         raise ValueError(
             f"{filter_name}: spend takes one query; vmap spend over a batch of queries")
     return query.stack_directions()
-
-
-#: Fewest points a PLD query is padded to (zero masses above its window) before the compiled
-#: spends that read its masses alone (the Rényi, zCDP and additive filters): one program for
-#: the queries of the usual mechanisms' grids (256 to 4,096 points: randomized response,
-#: Laplace, a Gaussian, a subsampled one), where each length was a program of its own (0.3-0.45
-#: s each on a CPU); the spend took 0.14 ms at 256 and at 2,048 points alike, warm.
-QUERY_POINTS = 4096
-
-
-def padded_query(query: PLD, width: Callable[[int], int] | None = None) -> PLD:
-    """``query`` with zero masses appended above each direction's window, to ``width(points)``
-    points (default: the power of two at or above them, at least QUERY_POINTS): the same PLD,
-    on a length shared by many queries, so that a spend compiled for one serves them all."""
-    width = width or (lambda points: max(next_pow2(points), QUERY_POINTS))
-
-    def padded(d: PLD) -> PLD:
-        xp = jnp if is_traced(d.probs) else np
-        return unchecked_pld(xp.pad(d.probs, (0, width(d.size) - d.size)), d.inf_mass, d.offset,
-                             d.step, d.pessimistic)
-
-    return query.map_directions(padded)
-
-
-def padded_pld_queries(state, query):
-    """A filter's ``prepare`` (see :func:`make_filter`) for spends that read a PLD query's
-    masses alone: a concrete PLD query :func:`padded_query`, anything else as it is."""
-    if isinstance(query, PLD) and not is_traced(query):
-        return padded_query(query), {}
-    return query, {}
 
 
 def pld_cost(cost):

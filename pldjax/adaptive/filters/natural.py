@@ -18,14 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pldjax.adaptive.filters.base import (
-    Filter,
-    keep_if,
-    make_filter,
-    padded_pld_queries,
-    padded_query,
-    query_directions,
-)
+from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, query_directions
 from pldjax.core.align import STEP_RTOL, onto_step, regrid_kernel
 from pldjax.core.grid import MAX_SIZE, MAX_STEP, check_size, next_pow2
 from pldjax.core.pld import PLD, unchecked_pld
@@ -180,12 +173,18 @@ def natural_filter(budget: PLD, *, step: float | None = None, size: int | None =
 
 
 def _filling_the_transform(query: PLD, size: int) -> PLD:
-    """``query`` padded (:func:`~pldjax.adaptive.filters.base.padded_query`) to the most points
-    that its convolution with a state of ``size`` points takes on the same FFT length
+    """``query`` with zero masses appended above each direction's window, up to the most points
+    that the convolution with a state of ``size`` points takes on the same FFT length
     (:func:`~pldjax.kernels.compose.convolve_kernel`'s): the same values, and one compiled
     spend for all queries convolved on one FFT length, any length up to the state's (each
     query length was a program of its own, about a second each on a CPU)."""
-    return padded_query(query, lambda points: next_pow2(size + points - 1) - size + 1)
+    def padded(d: PLD) -> PLD:
+        width = next_pow2(size + d.size - 1) - size + 1
+        xp = jnp if is_traced(d.probs) else np
+        return unchecked_pld(xp.pad(d.probs, (0, width - d.size)), d.inf_mass, d.offset, d.step,
+                             d.pessimistic)
+
+    return query.map_directions(padded)
 
 
 # -- additive discretized profile filter ----------------------------------------------------------
@@ -321,5 +320,4 @@ def additive_profile_filter(epsilon: float, delta: float, rounds: int) -> Filter
                        {"epsilon": eps_out, "delta": delta_out, "bands": n, "edges": edges,
                         "budgets": budgets},
                        init=init, core=_additive_profile_core, remaining=remaining,
-                       settings=(edges, budgets, np.int64(rounds)), cost_shape=(n,),
-                       prepare=padded_pld_queries)
+                       settings=(edges, budgets, np.int64(rounds)), cost_shape=(n,))

@@ -13,14 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pldjax.adaptive.filters.base import (
-    Filter,
-    keep_if,
-    make_filter,
-    padded_pld_queries,
-    pld_cost,
-    query_directions,
-)
+from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
 from pldjax.core.compilation import array_module, map_rows, to_device
 from pldjax.core.notice import announces_slow_calls
 from pldjax.core.pld import PLD
@@ -310,8 +303,7 @@ def renyi_filter(orders, budget) -> Filter:
 
     return make_filter("renyi", {"orders": orders.tolist(), "budget": budget.tolist()},
                        {"orders": orders, "rdp": budget}, init=init, core=_renyi_core,
-                       remaining=remaining, settings=(orders, budget), cost_shape=orders.shape,
-                       prepare=padded_pld_queries)
+                       remaining=remaining, settings=(orders, budget), cost_shape=orders.shape)
 
 
 # -- GDP residue table (per-example accounting at training speed) ---------------------------------

@@ -27,14 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from pldjax.adaptive.filters.base import (
-    Filter,
-    keep_if,
-    make_filter,
-    padded_pld_queries,
-    pld_cost,
-    query_directions,
-)
+from pldjax.adaptive.filters.base import Filter, keep_if, make_filter, pld_cost, query_directions
 from pldjax.core.pld import PLD
 from pldjax.core.precision import add_up, float64, square_up
 from pldjax.core.special import log1p
@@ -99,8 +92,7 @@ def _zcdp_filter(rho_budget, delta_budget, core, guarantee, kind, params,
 
     return make_filter(kind, params, guarantee, init=init, core=core,
                        remaining=left if remaining is None else remaining,
-                       settings=(np.float64(rho_budget), np.float64(delta_budget)), cost_pair=True,
-                       prepare=padded_pld_queries)
+                       settings=(np.float64(rho_budget), np.float64(delta_budget)), cost_pair=True)
 
 
 def _pair(query):
